@@ -1,0 +1,4 @@
+//! CPU execution: the engine's thread pool and its GEMM.
+
+pub mod gemm;
+pub mod pool;

@@ -1,0 +1,246 @@
+//! The engine's own fork-join pool: `threads - 1` persistent workers plus the calling thread.
+//!
+//! Why not rayon: entering a rayon pool from a user thread goes through its global injector,
+//! which allocates a block every few dozen jobs, and a step must allocate nothing. This pool
+//! hands a borrowed closure to its workers through one slot, so `run` never allocates; workers
+//! spin briefly between runs (a step is many short parallel regions) and then sleep on a condvar.
+
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// How many spins a worker makes waiting for the next run before it sleeps (~tens of µs).
+const SPINS_BEFORE_SLEEP: u32 = 1 << 15;
+
+type Task<'a> = dyn Fn(usize, usize) + Sync + 'a;
+
+struct Shared {
+    /// The closure of the current run, erased to `'static`; valid while `pending > 0`.
+    job: UnsafeCell<Option<*const Task<'static>>>,
+    tasks: AtomicUsize,
+    next_task: AtomicUsize,
+    /// Workers that have not finished the current run.
+    pending: AtomicUsize,
+    generation: AtomicUsize,
+    sleepers: AtomicUsize,
+    panicked: AtomicBool,
+    shutdown: AtomicBool,
+    lock: Mutex<()>,
+    wake: Condvar,
+}
+
+// SAFETY: `job` is written only by the thread inside `Pool::run` while every worker is idle
+// (pending == 0), and read by workers only between the generation bump and their decrement of
+// `pending`; the closure itself is `Sync`.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// A fixed set of threads that runs `f(task, worker)` for `task in 0..tasks`.
+pub struct Pool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// Guards against two threads using the pool at once (the slot holds one job).
+    busy: AtomicBool,
+}
+
+impl Pool {
+    /// A pool of `threads` threads in all (the caller counts as one); `threads` ≥ 1.
+    pub fn new(threads: usize) -> std::io::Result<Pool> {
+        let threads = threads.max(1);
+        let shared = Arc::new(Shared {
+            job: UnsafeCell::new(None),
+            tasks: AtomicUsize::new(0),
+            next_task: AtomicUsize::new(0),
+            pending: AtomicUsize::new(0),
+            generation: AtomicUsize::new(0),
+            sleepers: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let mut workers = Vec::with_capacity(threads - 1);
+        for worker in 1..threads {
+            let shared = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("flatnn-{worker}"))
+                .spawn(move || worker_loop(&shared, worker))?;
+            workers.push(handle);
+        }
+        Ok(Pool { shared, workers, busy: AtomicBool::new(false) })
+    }
+
+    /// Number of threads, the caller included.
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `f(task, worker)` for every `task in 0..tasks` and returns when all have finished.
+    /// `worker` is in `0..threads()` and no two concurrent calls share one, so it can index
+    /// per-thread scratch. Tasks are handed out dynamically: results must not depend on which
+    /// worker ran a task. Allocates nothing. A panic in a task is re-raised here.
+    pub fn run(&self, tasks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        if tasks == 0 {
+            return;
+        }
+        if self.workers.is_empty() || tasks == 1 || self.busy.swap(true, Acquire) {
+            // Serial: one thread, a single task, or a nested/concurrent call.
+            for task in 0..tasks {
+                f(task, 0);
+            }
+            return;
+        }
+        let s = &*self.shared;
+        // SAFETY: the erased lifetime is never observed past this call: we wait below until
+        // every worker has decremented `pending`, after which none reads `job` again.
+        let erased: *const Task<'static> = unsafe { std::mem::transmute(f as *const Task<'_>) };
+        // SAFETY: all workers are idle (pending == 0 since the last run), so nobody reads `job`.
+        unsafe { *s.job.get() = Some(erased) };
+        s.tasks.store(tasks, Relaxed);
+        s.next_task.store(0, Relaxed);
+        s.pending.store(self.workers.len(), Relaxed);
+        s.generation.fetch_add(1, SeqCst);
+        if s.sleepers.load(SeqCst) > 0 {
+            let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| take_tasks(s, f, 0)));
+        while s.pending.load(Acquire) != 0 {
+            std::hint::spin_loop();
+        }
+        self.busy.store(false, Release);
+        if mine.is_err() || s.panicked.swap(false, AcqRel) {
+            panic!("a flatnn pool task panicked");
+        }
+    }
+}
+
+fn take_tasks(s: &Shared, f: &Task<'_>, worker: usize) {
+    let tasks = s.tasks.load(Relaxed);
+    loop {
+        let task = s.next_task.fetch_add(1, Relaxed);
+        if task >= tasks {
+            return;
+        }
+        f(task, worker);
+    }
+}
+
+fn worker_loop(s: &Shared, worker: usize) {
+    let mut seen = 0usize;
+    loop {
+        let mut spins = 0u32;
+        while s.generation.load(Acquire) == seen && !s.shutdown.load(Relaxed) {
+            if spins < SPINS_BEFORE_SLEEP {
+                spins += 1;
+                std::hint::spin_loop();
+                continue;
+            }
+            let guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.sleepers.fetch_add(1, SeqCst);
+            let mut guard = guard;
+            while s.generation.load(SeqCst) == seen && !s.shutdown.load(SeqCst) {
+                guard = s.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+            }
+            s.sleepers.fetch_sub(1, SeqCst);
+        }
+        if s.shutdown.load(Acquire) {
+            return;
+        }
+        seen = s.generation.load(Acquire);
+        // SAFETY: the generation bump (Acquire above) publishes `job`, which stays valid
+        // until we decrement `pending`.
+        let job = unsafe { (*s.job.get()).expect("job set before generation bump") };
+        // SAFETY: see above; the pointee lives on the stack of the thread inside `run`.
+        let f = unsafe { &*job };
+        if catch_unwind(AssertUnwindSafe(|| take_tasks(s, f, worker))).is_err() {
+            s.panicked.store(true, Release);
+        }
+        s.pending.fetch_sub(1, Release);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, SeqCst);
+        {
+            let _guard = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for handle in self.workers.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Physical cores of this machine (logical CPUs when that cannot be read).
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let Ok(cpuinfo) = std::fs::read_to_string("/proc/cpuinfo") else {
+        return logical;
+    };
+    let mut cores = std::collections::BTreeSet::new();
+    let (mut physical, mut core) = (None, None);
+    for line in cpuinfo.lines() {
+        let value = line.split(':').nth(1).map(str::trim);
+        if line.starts_with("physical id") {
+            physical = value.and_then(|v| v.parse::<usize>().ok());
+        } else if line.starts_with("core id") {
+            core = value.and_then(|v| v.parse::<usize>().ok());
+        } else if line.trim().is_empty() {
+            if let (Some(p), Some(c)) = (physical, core) {
+                cores.insert((p, c));
+            }
+            (physical, core) = (None, None);
+        }
+    }
+    if cores.is_empty() {
+        logical
+    } else {
+        cores.len().min(logical)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn runs_every_task_once() {
+        for threads in 1..=3 {
+            let pool = Pool::new(threads).unwrap();
+            for tasks in [0, 1, 2, 7, 100] {
+                let hits: Vec<AtomicU64> = (0..tasks).map(|_| AtomicU64::new(0)).collect();
+                for _ in 0..50 {
+                    pool.run(tasks, &|task, worker| {
+                        assert!(worker < threads);
+                        hits[task].fetch_add(1, Relaxed);
+                    });
+                }
+                assert!(hits.iter().all(|h| h.load(Relaxed) == 50));
+            }
+        }
+    }
+
+    #[test]
+    fn panic_in_task_reaches_caller_and_pool_survives() {
+        let pool = Pool::new(2).unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(8, &|task, _| assert!(task != 5, "boom"));
+        }));
+        assert!(r.is_err());
+        let count = AtomicU64::new(0);
+        pool.run(8, &|_, _| {
+            count.fetch_add(1, Relaxed);
+        });
+        assert_eq!(count.load(Relaxed), 8);
+    }
+
+    #[test]
+    fn physical_cores_is_positive() {
+        assert!(physical_cores() >= 1);
+    }
+}

@@ -1,0 +1,3 @@
+//! flatnn: a neural-network engine with static shapes and zero allocation per step.
+
+pub mod cpu;
