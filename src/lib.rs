@@ -1,3 +1,55 @@
-//! flatnn: a neural-network engine with static shapes and zero allocation per step.
+//! flatnn: a neural-network engine for programs where latency and predictability matter.
+//!
+//! A model's shapes are fixed when it is built; every buffer it will touch (parameters,
+//! gradients, activations, optimiser state, scratch) is allocated once, and a training step or
+//! an inference call then allocates nothing.
+//!
+//! ```
+//! use flatnn::prelude::*;
+//!
+//! let model = Chain::new(Input::vector(4)).dense(8, Relu).dense(3, Identity).build()?;
+//! let mut model = model.init(Init::GlorotNormal, 42).with_threads(1)?;
+//! let mut fwd = model.preallocate(2)?;
+//! let mut bwd = model.preallocate_grads(2)?;
+//! let mut opt = Optimizer::new(&model, Optim::adam(1e-2))?;
+//! fwd.set_inputs(&[0.1, 0.2, 0.3, 0.4, 1.0, 0.0, -1.0, 0.5])?;
+//! fwd.set_labels(&[2, 0])?;
+//! let first = model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
+//! for _ in 0..50 {
+//!     model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
+//!     opt.update(&mut model, &bwd)?;
+//! }
+//! assert!(model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)? < first);
+//! # Ok::<(), flatnn::Error>(())
+//! ```
 
+pub mod activation;
+pub mod cache;
+pub mod chain;
 pub mod cpu;
+pub mod error;
+pub(crate) mod float;
+pub mod init;
+pub(crate) mod layers;
+pub mod loss;
+pub mod model;
+pub mod optim;
+#[doc(hidden)]
+pub mod testutil;
+
+pub use activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
+pub use cache::{Cache, Grads};
+pub use chain::{Chain, ConvOptions, Input, Layer, Plan, Shape};
+pub use error::{Error, Result};
+pub use init::Init;
+pub use loss::Loss;
+pub use model::Model;
+pub use optim::{Optim, Optimizer};
+
+/// Everything a training program needs, in one import.
+pub mod prelude {
+    pub use crate::{
+        Activation, Cache, Chain, ConvOptions, Error, Gelu, Grads, Identity, Init, Input, LeakyRelu, Loss, Model, Optim, Optimizer, Relu,
+        Shape, Sigmoid, Tanh,
+    };
+}

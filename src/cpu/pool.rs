@@ -64,9 +64,7 @@ impl Pool {
         let mut workers = Vec::with_capacity(threads - 1);
         for worker in 1..threads {
             let shared = Arc::clone(&shared);
-            let handle = std::thread::Builder::new()
-                .name(format!("flatnn-{worker}"))
-                .spawn(move || worker_loop(&shared, worker))?;
+            let handle = std::thread::Builder::new().name(format!("flatnn-{worker}")).spawn(move || worker_loop(&shared, worker))?;
             workers.push(handle);
         }
         Ok(Pool { shared, workers, busy: AtomicBool::new(false) })

@@ -1,0 +1,147 @@
+//! Element-wise activations: y = act(z), and the derivative used by backprop.
+
+use crate::float::Float;
+
+/// An activation applied after a Dense or Conv layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// y = z
+    Identity,
+    /// y = max(0, z)
+    Relu,
+    /// y = z for z > 0, else slope·z (PyTorch's default slope is 0.01)
+    LeakyRelu(f32),
+    /// y = tanh(z)
+    Tanh,
+    /// y = 1 / (1 + e^−z)
+    Sigmoid,
+    /// y = z·Φ(z), Φ the standard normal CDF (PyTorch's exact `GELU()`, erf-based)
+    Gelu,
+}
+
+pub use Activation::{Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
+
+const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
+impl Activation {
+    /// y = act(z).
+    #[inline(always)]
+    pub fn apply<F: Float>(self, z: F) -> F {
+        match self {
+            Identity => z,
+            Relu => z.max(F::ZERO),
+            LeakyRelu(slope) => {
+                if z > F::ZERO {
+                    z
+                } else {
+                    F::of(slope as f64) * z
+                }
+            }
+            Tanh => z.tanh(),
+            Sigmoid => F::ONE / (F::ONE + (-z).exp()),
+            Gelu => z * normal_cdf(z),
+        }
+    }
+
+    /// d act / dz at z, given also y = act(z) (cheaper for tanh and sigmoid).
+    #[inline(always)]
+    pub fn derivative<F: Float>(self, z: F, y: F) -> F {
+        match self {
+            Identity => F::ONE,
+            Relu => {
+                if z > F::ZERO {
+                    F::ONE
+                } else {
+                    F::ZERO
+                }
+            }
+            LeakyRelu(slope) => {
+                if z > F::ZERO {
+                    F::ONE
+                } else {
+                    F::of(slope as f64)
+                }
+            }
+            Tanh => F::ONE - y * y,
+            Sigmoid => y * (F::ONE - y),
+            // d/dz z·Φ(z) = Φ(z) + z·φ(z)
+            Gelu => normal_cdf(z) + z * F::of(FRAC_1_SQRT_2PI) * (-(z * z) * F::of(0.5)).exp(),
+        }
+    }
+
+    /// The name used in model files (`"relu"`, `"leaky_relu:0.01"`, …).
+    pub fn name(self) -> String {
+        match self {
+            Identity => "identity".into(),
+            Relu => "relu".into(),
+            LeakyRelu(slope) => format!("leaky_relu:{slope}"),
+            Tanh => "tanh".into(),
+            Sigmoid => "sigmoid".into(),
+            Gelu => "gelu".into(),
+        }
+    }
+
+    /// Parses what [`Activation::name`] writes.
+    pub fn from_name(name: &str) -> Option<Activation> {
+        Some(match name {
+            "identity" => Identity,
+            "relu" => Relu,
+            "tanh" => Tanh,
+            "sigmoid" => Sigmoid,
+            "gelu" => Gelu,
+            _ => {
+                let slope = name.strip_prefix("leaky_relu:")?.parse::<f32>().ok()?;
+                LeakyRelu(slope)
+            }
+        })
+    }
+}
+
+/// Φ(z) = (1 + erf(z/√2)) / 2.
+#[inline(always)]
+fn normal_cdf<F: Float>(z: F) -> F {
+    F::of(0.5) * (F::ONE + erf(z * F::of(std::f64::consts::FRAC_1_SQRT_2)))
+}
+
+/// erf(x) with absolute error below 1.2e-7 (Numerical Recipes' erfc Chebyshev fit), accurate
+/// enough for f32 and smooth, so its finite differences agree with the analytic derivative.
+#[inline(always)]
+fn erf<F: Float>(x: F) -> F {
+    let z = if x < F::ZERO { -x } else { x };
+    let t = F::ONE / (F::ONE + F::of(0.5) * z);
+    let poly = F::of(-1.265_512_23)
+        + t * (F::of(1.000_023_68)
+            + t * (F::of(0.374_091_96)
+                + t * (F::of(0.096_784_18)
+                    + t * (F::of(-0.186_288_06)
+                        + t * (F::of(0.278_868_07)
+                            + t * (F::of(-1.135_203_98)
+                                + t * (F::of(1.488_515_87) + t * (F::of(-0.822_152_23) + t * F::of(0.170_872_77)))))))));
+    let erfc = t * (-(z * z) + poly).exp();
+    let r = F::ONE - erfc;
+    if x < F::ZERO {
+        -r
+    } else {
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_known_values() {
+        for (x, want) in [(0.0, 0.0), (0.5, 0.520_499_877_8), (1.0, 0.842_700_792_9), (-2.0, -0.995_322_265)] {
+            assert!((erf(x as f64) - want).abs() < 2e-7, "erf({x})");
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for a in [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu] {
+            assert_eq!(Activation::from_name(&a.name()), Some(a));
+        }
+        assert_eq!(Activation::from_name("swish"), None);
+    }
+}

@@ -1,0 +1,354 @@
+//! Conv: 2-D cross-correlation with zero padding, as PyTorch's `nn.Conv2d`.
+//! Weight (out_channels, in_channels, kh, kw) then bias (out_channels); a sample is (C, H, W).
+//!
+//!   z[oc, y, x] = b[oc] + Σ_{c,i,j} w[oc, c, i, j] · in[c, y·sh + i − ph, x·sw + j − pw]
+//!
+//! The fast path lowers each sample to a matrix (im2col, CKK × OHW with CKK = C·kh·kw) in
+//! per-thread scratch from the cache and multiplies: Z_s (OC × OHW) = W (OC × CKK) · col_s.
+//! Backward: dW = Σ_s dZ_s · col_sᵀ, dcol_s = Wᵀ · dZ_s, then col2im adds dcol_s into dX_s.
+
+use crate::chain::Shape;
+use crate::cpu::gemm::{sgemm_on, GemmWorkspace, Mat, MatMut};
+use crate::cpu::pool::Pool;
+use crate::cpu::{chunk_count, chunk_range, SharedMut};
+#[cfg(test)]
+use crate::float::Float;
+
+/// Geometry of one convolution, derived from its plan step.
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    pub in_channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub out_channels: usize,
+    pub out_height: usize,
+    pub out_width: usize,
+    pub kernel: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+}
+
+impl Geometry {
+    /// From the layer's input and output shapes and its kernel, stride and padding.
+    pub fn new(input: Shape, output: Shape, kernel: (usize, usize), stride: (usize, usize), padding: (usize, usize)) -> Geometry {
+        let (Shape::Image { channels, height, width }, Shape::Image { channels: oc, height: oh, width: ow }) = (input, output) else {
+            unreachable!("the plan gives convolutions image shapes");
+        };
+        Geometry { in_channels: channels, height, width, out_channels: oc, out_height: oh, out_width: ow, kernel, stride, padding }
+    }
+
+    /// Rows of the lowered matrix: C·kh·kw.
+    pub fn ckk(&self) -> usize {
+        self.in_channels * self.kernel.0 * self.kernel.1
+    }
+
+    /// Output pixels per channel: OH·OW.
+    pub fn ohw(&self) -> usize {
+        self.out_height * self.out_width
+    }
+
+    fn in_len(&self) -> usize {
+        self.in_channels * self.height * self.width
+    }
+
+    fn out_len(&self) -> usize {
+        self.out_channels * self.ohw()
+    }
+
+    /// Scratch floats one thread needs for a lowered sample.
+    pub fn col_len(&self) -> usize {
+        self.ckk() * self.ohw()
+    }
+
+    /// Input pixel read by lowered row `r` = (c, i, j) at output pixel (y, x), if not padding.
+    #[inline(always)]
+    fn source(&self, c: usize, i: usize, j: usize, y: usize, x: usize) -> Option<usize> {
+        let iy = (y * self.stride.0 + i).checked_sub(self.padding.0).filter(|&v| v < self.height)?;
+        let ix = (x * self.stride.1 + j).checked_sub(self.padding.1).filter(|&v| v < self.width)?;
+        Some((c * self.height + iy) * self.width + ix)
+    }
+}
+
+#[cfg(test)]
+/// Plain-loop forward (the spec), bias included.
+pub fn forward_spec<F: Float>(g: &Geometry, batch: usize, w: &[F], b: &[F], x: &[F], z: &mut [F]) {
+    let (kh, kw) = g.kernel;
+    for s in 0..batch {
+        let (xs, zs) = (&x[s * g.in_len()..], &mut z[s * g.out_len()..]);
+        for oc in 0..g.out_channels {
+            for y in 0..g.out_height {
+                for xo in 0..g.out_width {
+                    let mut acc = b[oc];
+                    for c in 0..g.in_channels {
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                if let Some(src) = g.source(c, i, j, y, xo) {
+                                    acc += w[((oc * g.in_channels + c) * kh + i) * kw + j] * xs[src];
+                                }
+                            }
+                        }
+                    }
+                    zs[(oc * g.out_height + y) * g.out_width + xo] = acc;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+/// Plain-loop backward (the spec): dW, db overwritten; dX overwritten when given.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_spec<F: Float>(
+    g: &Geometry,
+    batch: usize,
+    w: &[F],
+    x: &[F],
+    dz: &[F],
+    dw: &mut [F],
+    db: &mut [F],
+    mut dx: Option<&mut [F]>,
+) {
+    let (kh, kw) = g.kernel;
+    dw.iter_mut().chain(db.iter_mut()).for_each(|v| *v = F::ZERO);
+    if let Some(dx) = dx.as_deref_mut() {
+        dx[..batch * g.in_len()].iter_mut().for_each(|v| *v = F::ZERO);
+    }
+    for s in 0..batch {
+        for oc in 0..g.out_channels {
+            for y in 0..g.out_height {
+                for xo in 0..g.out_width {
+                    let d = dz[s * g.out_len() + (oc * g.out_height + y) * g.out_width + xo];
+                    db[oc] += d;
+                    for c in 0..g.in_channels {
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                if let Some(src) = g.source(c, i, j, y, xo) {
+                                    let wi = ((oc * g.in_channels + c) * kh + i) * kw + j;
+                                    dw[wi] += d * x[s * g.in_len() + src];
+                                    if let Some(dx) = dx.as_deref_mut() {
+                                        dx[s * g.in_len() + src] += d * w[wi];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// col (CKK × OHW) ← lowered sample `x` (C, H, W); padding reads as zero.
+fn im2col(g: &Geometry, x: &[f32], col: &mut [f32]) {
+    let (kh, kw, ohw) = (g.kernel.0, g.kernel.1, g.ohw());
+    for c in 0..g.in_channels {
+        for i in 0..kh {
+            for j in 0..kw {
+                let row = &mut col[((c * kh + i) * kw + j) * ohw..][..ohw];
+                for y in 0..g.out_height {
+                    for xo in 0..g.out_width {
+                        row[y * g.out_width + xo] = g.source(c, i, j, y, xo).map_or(0.0, |src| x[src]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// dx (C, H, W) += col2im(dcol): each lowered entry added back to the pixel it was read from.
+fn col2im_add(g: &Geometry, dcol: &[f32], dx: &mut [f32]) {
+    let (kh, kw, ohw) = (g.kernel.0, g.kernel.1, g.ohw());
+    for c in 0..g.in_channels {
+        for i in 0..kh {
+            for j in 0..kw {
+                let row = &dcol[((c * kh + i) * kw + j) * ohw..][..ohw];
+                for y in 0..g.out_height {
+                    for xo in 0..g.out_width {
+                        if let Some(src) = g.source(c, i, j, y, xo) {
+                            dx[src] += row[y * g.out_width + xo];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Per-thread scratch the fast path uses: `threads` lowered samples of `col_len` each.
+pub(crate) struct Scratch<'a> {
+    pub cols: SharedMut<'a, f32>,
+    pub col_len: usize,
+}
+
+impl Scratch<'_> {
+    /// # Safety
+    /// `worker` must be the pool's worker index of the calling task (so no other thread uses it).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn col(&self, worker: usize, len: usize) -> &mut [f32] {
+        // SAFETY: one range per worker index, used by one task at a time.
+        unsafe { self.cols.slice(worker * self.col_len..worker * self.col_len + len) }
+    }
+}
+
+/// Fast forward without the bias: Z_s ← W · im2col(X_s), samples spread over the pool.
+#[allow(clippy::too_many_arguments)]
+pub fn forward(pool: &Pool, ws: &GemmWorkspace, scratch: &Scratch, g: &Geometry, batch: usize, w: &[f32], x: &[f32], z: &mut [f32]) {
+    let (ckk, ohw) = (g.ckk(), g.ohw());
+    let z = SharedMut::new(&mut z[..batch * g.out_len()]);
+    pool.run(batch, &|s, worker| {
+        // SAFETY: `worker` is this task's worker index; sample s owns z[s·out_len..][..out_len].
+        let (col, zs) = unsafe { (scratch.col(worker, g.col_len()), z.slice(s * g.out_len()..(s + 1) * g.out_len())) };
+        im2col(g, &x[s * g.in_len()..][..g.in_len()], col);
+        let wm = Mat { data: w, rs: ckk, cs: 1 };
+        sgemm_on(
+            ws,
+            worker,
+            g.out_channels,
+            ohw,
+            ckk,
+            1.0,
+            wm,
+            Mat { data: col, rs: ohw, cs: 1 },
+            0.0,
+            MatMut { data: zs, rs: ohw, cs: 1 },
+        );
+    });
+}
+
+/// Fast backward without the bias: dW ← Σ_s dZ_s·col_sᵀ; dX_s ← col2im(Wᵀ·dZ_s) when given.
+///
+/// The batch is cut into `chunk_count(threads, batch, 1)` fixed chunks; chunk 0 accumulates
+/// into `dw`, chunk t > 0 into `partials[t−1]`, and the partials are added in chunk order, so
+/// the result depends on the thread count but never on timing. `dcols` is a second per-thread
+/// scratch like `scratch.cols`; `partials` holds (threads − 1) weight-sized buffers.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    pool: &Pool,
+    ws: &GemmWorkspace,
+    scratch: &Scratch,
+    dcols: &Scratch,
+    partials: &mut [f32],
+    g: &Geometry,
+    batch: usize,
+    w: &[f32],
+    x: &[f32],
+    dz: &[f32],
+    dw: &mut [f32],
+    dx: Option<&mut [f32]>,
+) {
+    let (ckk, ohw, w_len) = (g.ckk(), g.ohw(), dw.len());
+    let chunks = chunk_count(pool.threads(), batch, 1);
+    assert!(partials.len() >= (chunks - 1) * w_len, "conv partials too small");
+    let dw_shared = SharedMut::new(dw);
+    let partials_shared = SharedMut::new(partials);
+    let dx = dx.map(|dx| SharedMut::new(&mut dx[..batch * g.in_len()]));
+    pool.run(chunks, &|chunk, worker| {
+        // SAFETY: chunk t alone writes its dW buffer and the dX of its own samples; `worker`
+        // is this task's worker index.
+        let acc = unsafe {
+            if chunk == 0 {
+                dw_shared.slice(0..w_len)
+            } else {
+                partials_shared.slice((chunk - 1) * w_len..chunk * w_len)
+            }
+        };
+        let (col, dcol) = unsafe { (scratch.col(worker, g.col_len()), dcols.col(worker, g.col_len())) };
+        for (n, s) in chunk_range(batch, chunks, chunk).enumerate() {
+            im2col(g, &x[s * g.in_len()..][..g.in_len()], col);
+            let dzs = &dz[s * g.out_len()..][..g.out_len()];
+            let beta = if n == 0 { 0.0 } else { 1.0 };
+            // dW (OC × CKK) += dZ_s (OC × OHW) · col_sᵀ (OHW × CKK)
+            let col_t = Mat { data: col, rs: 1, cs: ohw };
+            sgemm_on(
+                ws,
+                worker,
+                g.out_channels,
+                ckk,
+                ohw,
+                1.0,
+                Mat { data: dzs, rs: ohw, cs: 1 },
+                col_t,
+                beta,
+                MatMut { data: &mut acc[..], rs: ckk, cs: 1 },
+            );
+            if let Some(dx) = &dx {
+                // dcol (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW)
+                let w_t = Mat { data: w, rs: 1, cs: ckk };
+                sgemm_on(
+                    ws,
+                    worker,
+                    ckk,
+                    ohw,
+                    g.out_channels,
+                    1.0,
+                    w_t,
+                    Mat { data: dzs, rs: ohw, cs: 1 },
+                    0.0,
+                    MatMut { data: &mut dcol[..], rs: ohw, cs: 1 },
+                );
+                // SAFETY: sample s belongs to this chunk only.
+                let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
+                dxs.fill(0.0);
+                col2im_add(g, dcol, dxs);
+            }
+        }
+    });
+    if chunks > 1 {
+        let dw = unsafe { dw_shared.slice(0..w_len) };
+        for t in 1..chunks {
+            let part = unsafe { partials_shared.slice((t - 1) * w_len..t * w_len) };
+            dw.iter_mut().zip(part.iter()).for_each(|(d, p)| *d += *p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{assert_close, poisoned, Rng};
+
+    #[test]
+    fn fast_matches_spec_with_stride_and_padding() {
+        let mut rng = Rng::new(11);
+        let cases = [
+            (Shape::image(5, 5, 1), 2, (3, 3), (1, 1), (0, 0)),
+            (Shape::image(7, 6, 3), 4, (3, 2), (2, 1), (1, 1)),
+            (Shape::image(9, 9, 2), 3, (5, 5), (2, 2), (2, 2)),
+            (Shape::image(1, 1, 2), 5, (1, 1), (1, 1), (0, 0)),
+            (Shape::image(28, 28, 1), 6, (5, 5), (1, 1), (2, 2)),
+        ];
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads).unwrap();
+            let ws = GemmWorkspace::new(threads);
+            for (input, oc, kernel, stride, padding) in cases {
+                let Shape::Image { channels, height, width } = input else { unreachable!() };
+                let (oh, ow) = ((height + 2 * padding.0 - kernel.0) / stride.0 + 1, (width + 2 * padding.1 - kernel.1) / stride.1 + 1);
+                let g = Geometry::new(input, Shape::image(oh, ow, oc), kernel, stride, padding);
+                for batch in [1, 2, 5] {
+                    let w = rng.ints(oc * channels * kernel.0 * kernel.1);
+                    let zero_b = vec![0.0; oc];
+                    let x = rng.ints(batch * input.len());
+                    let dz = rng.ints(batch * g.out_len());
+                    let mut cols = poisoned(threads * g.col_len());
+                    let mut dcols = poisoned(threads * g.col_len());
+                    let scratch = Scratch { cols: SharedMut::new(&mut cols), col_len: g.col_len() };
+                    let dscratch = Scratch { cols: SharedMut::new(&mut dcols), col_len: g.col_len() };
+
+                    let mut z_spec = vec![0.0; batch * g.out_len()];
+                    forward_spec(&g, batch, &w, &zero_b, &x, &mut z_spec);
+                    let mut z = poisoned(batch * g.out_len() + 3);
+                    forward(&pool, &ws, &scratch, &g, batch, &w, &x, &mut z);
+                    assert_eq!(&z[..batch * g.out_len()], &z_spec[..], "forward {g:?}");
+                    assert!(z[batch * g.out_len()..].iter().all(|v| v.is_nan()), "wrote past the batch");
+
+                    let (mut dw_s, mut db_s, mut dx_s) = (vec![0.0; w.len()], vec![0.0; oc], vec![0.0; x.len()]);
+                    backward_spec(&g, batch, &w, &x, &dz, &mut dw_s, &mut db_s, Some(&mut dx_s));
+                    let (mut dw, mut dx, mut partials) = (poisoned(w.len()), poisoned(x.len()), poisoned(threads * w.len()));
+                    backward(&pool, &ws, &scratch, &dscratch, &mut partials, &g, batch, &w, &x, &dz, &mut dw, Some(&mut dx));
+                    assert_close(&dw, &dw_s, 0.0, 0.0, "conv dW");
+                    assert_close(&dx, &dx_s, 0.0, 0.0, "conv dX");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! Runs a plan over flat buffers: the fast CPU path, and (in `spec`) the plain loops it is
+//! tested against. One file per layer kind; the bias and activation pass is shared here.
+//!
+//! Buffers: `params`/`grads` in the plan's parameter layout; `acts`/`dacts` hold, per region
+//! r, `capacity × plan.regions[r]` values, sample-major; a batch ≤ capacity uses the front.
+
+pub mod conv;
+pub mod dense;
+#[cfg(test)]
+mod gradcheck;
+pub mod pool;
+#[cfg(test)]
+pub mod spec;
+
+use crate::activation::Activation;
+use crate::chain::{Layer, Plan, Step};
+use crate::cpu::gemm::GemmWorkspace;
+use crate::cpu::pool::Pool;
+use crate::cpu::{for_chunks, SharedMut};
+use std::ops::Range;
+
+/// Values of region `r` for `batch` samples, in a buffer built for `capacity`.
+pub(crate) fn region(plan: &Plan, r: usize, capacity: usize, batch: usize) -> Range<usize> {
+    let start = plan.region_offset(r, capacity);
+    start..start + batch * plan.regions[r]
+}
+
+/// Borrows two ordered, disjoint ranges: the first shared, the second mutable.
+pub(crate) fn split2<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
+    debug_assert!(a.end <= b.start);
+    let (lo, hi) = buf.split_at_mut(b.start);
+    (&lo[a], &mut hi[..b.end - b.start])
+}
+
+/// (channels, pixels per channel) of a parametrised layer's output, for the bias pass.
+pub(crate) fn bias_layout(step: &Step) -> (usize, usize) {
+    match step.output {
+        crate::chain::Shape::Vector(n) => (n, 1),
+        crate::chain::Shape::Image { channels, height, width } => (channels, height * width),
+    }
+}
+
+/// Conv geometry of a step (which must be a conv).
+pub(crate) fn conv_geometry(step: &Step) -> conv::Geometry {
+    let Layer::Conv { kernel, stride, padding, .. } = step.layer else { unreachable!("not a conv") };
+    conv::Geometry::new(step.input, step.output, kernel, stride, padding)
+}
+
+/// Max-pool geometry of a step (which must be a pool).
+pub(crate) fn pool_geometry(step: &Step) -> pool::Geometry {
+    let Layer::MaxPool { window, stride } = step.layer else { unreachable!("not a pool") };
+    pool::Geometry::new(step.input, step.output, window, stride)
+}
+
+/// Scratch a forward pass needs beyond the activations, allocated once per cache.
+pub(crate) struct Workspace {
+    pub gemm: GemmWorkspace,
+    pub cols: Vec<f32>,
+    pub col_len: usize,
+}
+
+impl Workspace {
+    pub fn new(plan: &Plan, threads: usize) -> Workspace {
+        let col_len = conv_steps(plan).map(|s| conv_geometry(s).col_len()).max().unwrap_or(0);
+        Workspace { gemm: GemmWorkspace::new(threads), cols: vec![0.0; threads * col_len], col_len }
+    }
+}
+
+/// Scratch a backward pass needs beyond the gradients: lowered-gradient columns and per-chunk
+/// partial conv weight gradients.
+pub(crate) struct GradWorkspace {
+    pub dcols: Vec<f32>,
+    pub partials: Vec<f32>,
+}
+
+impl GradWorkspace {
+    pub fn new(plan: &Plan, threads: usize) -> GradWorkspace {
+        let col_len = conv_steps(plan).map(|s| conv_geometry(s).col_len()).max().unwrap_or(0);
+        let w_len = conv_steps(plan).map(Step::weight_len).max().unwrap_or(0);
+        GradWorkspace { dcols: vec![0.0; threads * col_len], partials: vec![0.0; threads.saturating_sub(1) * w_len] }
+    }
+}
+
+fn conv_steps(plan: &Plan) -> impl Iterator<Item = &Step> {
+    plan.steps.iter().filter(|s| matches!(s.layer, Layer::Conv { .. }))
+}
+
+/// The fast forward: every step's output for the first `batch` samples.
+pub(crate) fn forward(plan: &Plan, params: &[f32], acts: &mut [f32], capacity: usize, batch: usize, pool: &Pool, ws: &mut Workspace) {
+    let scratch = conv::Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut ws.cols) };
+    for step in &plan.steps {
+        let x = region(plan, step.input_region, capacity, batch);
+        let z = region(plan, step.z_region, capacity, batch);
+        let y = region(plan, step.output_region, capacity, batch);
+        let (w_range, b_range) = step.weight_and_bias();
+        let (w, b) = (&params[w_range], &params[b_range]);
+        match step.layer {
+            Layer::Dense { out_features, .. } => {
+                let (xs, zs) = split2(acts, x, z.clone());
+                dense::forward(pool, &ws.gemm, batch, step.input.len(), out_features, w, xs, zs);
+            }
+            Layer::Conv { .. } => {
+                let (xs, zs) = split2(acts, x, z.clone());
+                conv::forward(pool, &ws.gemm, &scratch, &conv_geometry(step), batch, w, xs, zs);
+            }
+            Layer::MaxPool { .. } => {
+                let (xs, ys) = split2(acts, x, y);
+                pool::forward(pool, &pool_geometry(step), batch, xs, ys);
+                continue;
+            }
+            Layer::Flatten => continue,
+        }
+        let (channels, pixels) = bias_layout(step);
+        let act = step.layer.activation();
+        if z == y {
+            bias_act(pool, act, b, channels, pixels, batch, &mut acts[z], None);
+        } else {
+            let (zs, ys) = acts[z.start..y.end].split_at_mut(y.start - z.start);
+            bias_act(pool, act, b, channels, pixels, batch, zs, Some(&mut ys[..]));
+        }
+    }
+}
+
+/// The fast backward. `dacts` holds the loss gradient in the last step's output region;
+/// fills `grads` (overwriting) and every needed activation gradient. The model input's
+/// gradient is not computed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(
+    plan: &Plan,
+    params: &[f32],
+    acts: &[f32],
+    dacts: &mut [f32],
+    grads: &mut [f32],
+    capacity: usize,
+    batch: usize,
+    pool: &Pool,
+    ws: &mut Workspace,
+    gws: &mut GradWorkspace,
+) {
+    let scratch = conv::Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut ws.cols) };
+    let dscratch = conv::Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut gws.dcols) };
+    for step in plan.steps.iter().rev() {
+        let x = region(plan, step.input_region, capacity, batch);
+        let z = region(plan, step.z_region, capacity, batch);
+        let y = region(plan, step.output_region, capacity, batch);
+        let need_dx = step.input_region != 0;
+        match step.layer {
+            Layer::Dense { .. } | Layer::Conv { .. } => {
+                let act = step.layer.activation();
+                let (channels, pixels) = bias_layout(step);
+                if z != y {
+                    let (dzs, dys) = dacts[z.start..y.end].split_at_mut(y.start - z.start);
+                    act_backward(pool, act, &acts[z.clone()], &acts[y.clone()], &dys[..y.len()], &mut dzs[..z.len()]);
+                }
+                let (w_range, _) = step.weight_and_bias();
+                let (dw, db) = grads[step.params.clone()].split_at_mut(w_range.len());
+                let (dxs, dzs) = dacts.split_at_mut(z.start);
+                let dz = &dzs[..z.len()];
+                bias_grad(channels, pixels, batch, dz, db);
+                let dx = need_dx.then(|| &mut dxs[x.clone()]);
+                let (w, xs) = (&params[w_range], &acts[x.clone()]);
+                if let Layer::Dense { out_features, .. } = step.layer {
+                    dense::backward(pool, &ws.gemm, batch, step.input.len(), out_features, w, xs, dz, dw, dx);
+                } else {
+                    let g = conv_geometry(step);
+                    conv::backward(pool, &ws.gemm, &scratch, &dscratch, &mut gws.partials, &g, batch, w, xs, dz, dw, dx);
+                }
+            }
+            Layer::MaxPool { .. } if need_dx => {
+                let (dxs, dys) = dacts.split_at_mut(y.start);
+                pool::backward(pool, &pool_geometry(step), batch, &acts[x.clone()], &dys[..y.len()], &mut dxs[x]);
+            }
+            Layer::MaxPool { .. } | Layer::Flatten => {}
+        }
+    }
+}
+
+/// z[s, c, p] += b[c]; y = act(z) when `y` is given (else the activation is the identity).
+#[allow(clippy::too_many_arguments)]
+fn bias_act(pool: &Pool, act: Activation, b: &[f32], channels: usize, pixels: usize, batch: usize, z: &mut [f32], y: Option<&mut [f32]>) {
+    let per_sample = channels * pixels;
+    let z = SharedMut::new(&mut z[..batch * per_sample]);
+    let y = y.map(|y| SharedMut::new(&mut y[..batch * per_sample]));
+    for_chunks(pool, batch, (8192 / per_sample).max(1), &|_, samples| {
+        let range = samples.start * per_sample..samples.end * per_sample;
+        // SAFETY: chunks are disjoint sample ranges.
+        let zs = unsafe { z.slice(range.clone()) };
+        for sample in zs.chunks_exact_mut(per_sample) {
+            for (c, row) in sample.chunks_exact_mut(pixels).enumerate() {
+                row.iter_mut().for_each(|v| *v += b[c]);
+            }
+        }
+        if let Some(y) = &y {
+            // SAFETY: as above.
+            let ys = unsafe { y.slice(range) };
+            map_activation(act, zs, ys);
+        }
+    });
+}
+
+/// y = act(z), the match hoisted out of the loop so each arm vectorises.
+fn map_activation(act: Activation, z: &[f32], y: &mut [f32]) {
+    fn map(z: &[f32], y: &mut [f32], f: impl Fn(f32) -> f32) {
+        y.iter_mut().zip(z).for_each(|(y, &z)| *y = f(z));
+    }
+    match act {
+        Activation::Identity => y.copy_from_slice(z),
+        Activation::Relu => map(z, y, |v| Activation::Relu.apply(v)),
+        Activation::LeakyRelu(_) => map(z, y, |v| act.apply(v)),
+        Activation::Tanh => map(z, y, |v| Activation::Tanh.apply(v)),
+        Activation::Sigmoid => map(z, y, |v| Activation::Sigmoid.apply(v)),
+        Activation::Gelu => map(z, y, |v| Activation::Gelu.apply(v)),
+    }
+}
+
+/// dz = dy ⊙ act'(z), element-wise, spread over the pool.
+fn act_backward(pool: &Pool, act: Activation, z: &[f32], y: &[f32], dy: &[f32], dz: &mut [f32]) {
+    fn map(z: &[f32], y: &[f32], dy: &[f32], dz: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+        for i in 0..dz.len() {
+            dz[i] = dy[i] * f(z[i], y[i]);
+        }
+    }
+    let n = dz.len();
+    let dz = SharedMut::new(dz);
+    for_chunks(pool, n, 16384, &|_, r| {
+        // SAFETY: chunks are disjoint element ranges.
+        let dz = unsafe { dz.slice(r.clone()) };
+        let (z, y, dy) = (&z[r.clone()], &y[r.clone()], &dy[r]);
+        match act {
+            Activation::Identity => dz.copy_from_slice(dy),
+            Activation::Relu => map(z, y, dy, dz, |z, y| Activation::Relu.derivative(z, y)),
+            Activation::LeakyRelu(_) => map(z, y, dy, dz, |z, y| act.derivative(z, y)),
+            Activation::Tanh => map(z, y, dy, dz, |z, y| Activation::Tanh.derivative(z, y)),
+            Activation::Sigmoid => map(z, y, dy, dz, |z, y| Activation::Sigmoid.derivative(z, y)),
+            Activation::Gelu => map(z, y, dy, dz, |z, y| Activation::Gelu.derivative(z, y)),
+        }
+    });
+}
+
+/// db[c] = Σ_{s,p} dz[s, c, p], in a fixed order.
+fn bias_grad(channels: usize, pixels: usize, batch: usize, dz: &[f32], db: &mut [f32]) {
+    db.fill(0.0);
+    for sample in dz[..batch * channels * pixels].chunks_exact(channels * pixels) {
+        if pixels == 1 {
+            db.iter_mut().zip(sample).for_each(|(d, v)| *d += v);
+        } else {
+            for (d, row) in db.iter_mut().zip(sample.chunks_exact(pixels)) {
+                *d += row.iter().sum::<f32>();
+            }
+        }
+    }
+}

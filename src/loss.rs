@@ -1,0 +1,84 @@
+//! Losses: the value reported and exactly its gradient with respect to the model's output.
+
+use crate::float::Float;
+
+/// A loss over a batch of model outputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// Mean squared error, averaged over the batch and the outputs:
+    /// L = Σ (y − t)² / (batch · outputs), with real-valued targets (`Cache::set_targets`).
+    Mse,
+    /// Softmax cross-entropy on raw scores (logits) with integer class labels, averaged over
+    /// the batch: L = Σ_s (log Σ_j e^{y_sj} − y_s,label) / batch (`Cache::set_labels`).
+    LogitCrossEntropy,
+}
+
+/// L and dL/dy for MSE; `y`, `t` and `dy` have the same length (batch · outputs).
+pub fn mse<F: Float>(y: &[F], t: &[F], dy: &mut [F]) -> f64 {
+    let scale = 1.0 / y.len() as f64;
+    let mut sum = 0.0f64;
+    for i in 0..y.len() {
+        let d = y[i] - t[i];
+        sum += d.f64() * d.f64();
+        dy[i] = F::of(2.0 * scale) * d;
+    }
+    sum * scale
+}
+
+/// L and dL/dy for softmax cross-entropy; `y` and `dy` are (labels.len(), classes).
+pub fn logit_cross_entropy<F: Float>(y: &[F], labels: &[u32], classes: usize, dy: &mut [F]) -> f64 {
+    let scale = 1.0 / labels.len() as f64;
+    let mut sum = 0.0f64;
+    for (s, &label) in labels.iter().enumerate() {
+        let (row, drow) = (&y[s * classes..][..classes], &mut dy[s * classes..][..classes]);
+        let max = row.iter().fold(row[0], |m, &v| m.max(v));
+        let mut denom = F::ZERO;
+        for (d, &v) in drow.iter_mut().zip(row) {
+            *d = (v - max).exp();
+            denom += *d;
+        }
+        let label = label as usize;
+        sum += (max + denom.ln() - row[label]).f64();
+        let inv = F::ONE / denom;
+        for d in drow.iter_mut() {
+            *d = *d * inv * F::of(scale);
+        }
+        drow[label] = drow[label] - F::of(scale);
+    }
+    sum * scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_gradient(f: impl Fn(&[f64], &mut [f64]) -> f64, y: &[f64]) {
+        let mut dy = vec![f64::NAN; y.len()];
+        f(y, &mut dy);
+        let mut scratch = vec![0.0; y.len()];
+        for i in 0..y.len() {
+            let h = 1e-6;
+            let (mut plus, mut minus) = (y.to_vec(), y.to_vec());
+            plus[i] += h;
+            minus[i] -= h;
+            let numeric = (f(&plus, &mut scratch) - f(&minus, &mut scratch)) / (2.0 * h);
+            assert!((numeric - dy[i]).abs() <= 1e-7 + 1e-6 * numeric.abs(), "d/dy[{i}]: {numeric} vs {}", dy[i]);
+        }
+    }
+
+    #[test]
+    fn gradients_are_the_derivative_of_the_value() {
+        let y = [0.3, -1.2, 2.5, 0.0, 0.7, -0.4];
+        let t = [1.0, 0.0, 2.0, -1.0, 0.5, 0.5];
+        check_gradient(|y, dy| mse(y, &t, dy), &y);
+        check_gradient(|y, dy| logit_cross_entropy(y, &[2, 0], 3, dy), &y);
+    }
+
+    #[test]
+    fn known_values() {
+        let mut dy = [0.0f64; 4];
+        assert!((mse(&[1.0, 2.0, 3.0, 4.0], &[1.0, 0.0, 3.0, 0.0], &mut dy) - 5.0).abs() < 1e-12);
+        // uniform logits over 4 classes: ln 4, large logits do not overflow
+        assert!((logit_cross_entropy(&[1000.0f64; 4], &[3], 4, &mut dy) - 4f64.ln()).abs() < 1e-12);
+    }
+}
