@@ -1,0 +1,118 @@
+//! Bad input is an Err that says what was wrong, checked before any buffer is written.
+
+use flatnn::prelude::*;
+
+fn mlp() -> Model {
+    Chain::new(Input::vector(4)).dense(5, Relu).dense(3, Identity).build().unwrap().init(Init::GlorotNormal, 1).with_threads(1).unwrap()
+}
+
+fn ready(model: &Model) -> (Cache, Grads) {
+    let mut fwd = model.preallocate(2).unwrap();
+    let bwd = model.preallocate_grads(2).unwrap();
+    fwd.set_inputs(&[0.5; 8]).unwrap();
+    fwd.set_labels(&[0, 2]).unwrap();
+    fwd.set_targets(&[0.0; 6]).unwrap();
+    (fwd, bwd)
+}
+
+#[test]
+fn wrong_input_length() {
+    let model = mlp();
+    let (mut fwd, _) = ready(&model);
+    let before = fwd.inputs().to_vec();
+    for bad in [&[1.0; 7][..], &[1.0; 3], &[]] {
+        let err = fwd.set_inputs(bad).unwrap_err();
+        assert!(matches!(err, Error::Shape(_)), "{err}");
+        assert!(err.to_string().contains("samples of 4"), "{err}");
+    }
+    assert_eq!(fwd.inputs(), &before[..], "a failed set_inputs changed the inputs");
+}
+
+#[test]
+fn batch_over_capacity() {
+    let model = mlp();
+    let (mut fwd, _) = ready(&model);
+    let err = fwd.set_inputs(&[1.0; 12]).unwrap_err();
+    assert!(matches!(err, Error::Capacity { batch: 3, capacity: 2 }), "{err}");
+    assert_eq!(fwd.batch(), 2);
+    assert!(matches!(fwd.set_labels(&[0, 1, 2]), Err(Error::Capacity { .. })));
+    assert!(matches!(model.preallocate(0), Err(Error::Config(_))));
+}
+
+#[test]
+fn label_out_of_range() {
+    let model = mlp();
+    let (mut fwd, mut bwd) = ready(&model);
+    let err = fwd.set_labels(&[1, 3]).unwrap_err();
+    assert!(matches!(err, Error::Label { index: 1, label: 3, classes: 3 }), "{err}");
+    assert!(err.to_string().contains("label 3"), "{err}");
+    // labels written in place are checked by backprop before anything runs
+    fwd.labels_mut(2).unwrap()[0] = 7;
+    let grads_before = bwd.gradients().to_vec();
+    assert!(matches!(model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy), Err(Error::Label { index: 0, label: 7, .. })));
+    assert_eq!(bwd.gradients(), &grads_before[..]);
+}
+
+#[test]
+fn non_finite_targets() {
+    let model = mlp();
+    let (mut fwd, _) = ready(&model);
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut t = [0.0f32; 6];
+        t[4] = bad;
+        let err = fwd.set_targets(&t).unwrap_err();
+        assert!(matches!(err, Error::NonFinite { what: "targets", index: 4 }), "{err}");
+    }
+}
+
+#[test]
+fn targets_missing_for_the_batch() {
+    let model = mlp();
+    let mut fwd = model.preallocate(2).unwrap();
+    let mut bwd = model.preallocate_grads(2).unwrap();
+    assert!(matches!(model.forward(&mut fwd), Err(Error::Shape(_))), "forward before set_inputs");
+    fwd.set_inputs(&[0.5; 8]).unwrap();
+    fwd.set_labels(&[0]).unwrap();
+    let err = model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap_err();
+    assert!(err.to_string().contains("1 labels set for a batch of 2"), "{err}");
+    assert!(matches!(model.backprop(&mut bwd, &mut fwd, Loss::Mse), Err(Error::Shape(_))));
+}
+
+#[test]
+fn cache_grads_or_optimiser_of_another_model() {
+    let (model, other) = (mlp(), mlp());
+    let (mut fwd, mut bwd) = ready(&model);
+    let (mut other_fwd, mut other_bwd) = ready(&other);
+    assert!(matches!(model.forward(&mut other_fwd), Err(Error::Mismatch(_))));
+    assert!(matches!(model.backprop(&mut other_bwd, &mut fwd, Loss::Mse), Err(Error::Mismatch(_))));
+    assert!(matches!(model.backprop(&mut bwd, &mut other_fwd, Loss::Mse), Err(Error::Mismatch(_))));
+    model.backprop(&mut bwd, &mut fwd, Loss::Mse).unwrap();
+    let mut model = model;
+    let mut opt = Optimizer::new(&other, Optim::adam(1e-3)).unwrap();
+    let params = model.parameters().to_vec();
+    assert!(matches!(opt.update(&mut model, &bwd), Err(Error::Mismatch(_))));
+    assert_eq!(model.parameters(), &params[..], "a refused update changed the parameters");
+    let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+    assert!(matches!(opt.update(&mut model, &other_bwd), Err(Error::Mismatch(_))));
+    // a clone shares the plan, so its caches are compatible
+    let twin = model.clone();
+    twin.forward(&mut fwd).unwrap();
+}
+
+#[test]
+fn caches_from_before_a_thread_change_are_refused() {
+    let model = mlp();
+    let (mut fwd, _) = ready(&model);
+    let model = model.with_threads(2).unwrap();
+    assert!(matches!(model.forward(&mut fwd), Err(Error::Mismatch(_))));
+    assert!(matches!(mlp().with_threads(0), Err(Error::Config(_))));
+}
+
+#[test]
+fn bad_hyper_parameters() {
+    let model = mlp();
+    assert!(matches!(Optimizer::new(&model, Optim::adam(-1.0)), Err(Error::Config(_))));
+    let mut opt = Optimizer::new(&model, Optim::sgd(0.1, 0.0)).unwrap();
+    assert!(opt.set_lr(f32::NAN).is_err());
+    assert_eq!(opt.config(), Optim::sgd(0.1, 0.0));
+}

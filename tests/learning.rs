@@ -1,0 +1,99 @@
+//! The engine learns, and it is deterministic: same seed and thread count, same bits.
+
+use flatnn::prelude::*;
+use flatnn::testutil::Rng;
+
+/// Two interleaved spirals-ish classes: label = sign of x·y, a problem a linear model cannot solve.
+fn quadrants(n: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
+    let mut rng = Rng::new(seed);
+    let x = rng.uniform(2 * n);
+    let labels = x.chunks(2).map(|p| u32::from(p[0] * p[1] > 0.0)).collect();
+    (x, labels)
+}
+
+fn train(chain: Chain, threads: usize, optim: Optim, steps: usize) -> (Model, f32, f32) {
+    let mut model = chain.build().unwrap().init(Init::HeNormal, 7).with_threads(threads).unwrap();
+    let (x, labels) = quadrants(256, 3);
+    let mut fwd = model.preallocate(64).unwrap();
+    let mut bwd = model.preallocate_grads(64).unwrap();
+    let mut opt = Optimizer::new(&model, optim).unwrap();
+    let (mut first, mut last) = (f32::NAN, f32::NAN);
+    for step in 0..steps {
+        let b = step % 4;
+        fwd.set_inputs(&x[b * 128..(b + 1) * 128]).unwrap();
+        fwd.set_labels(&labels[b * 64..(b + 1) * 64]).unwrap();
+        last = model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+        if step == 0 {
+            first = last;
+        }
+        opt.update(&mut model, &bwd).unwrap();
+    }
+    (model, first, last)
+}
+
+fn mlp() -> Chain {
+    Chain::new(Input::vector(2)).dense(32, Relu).dense(32, Tanh).dense(2, Identity)
+}
+
+#[test]
+fn loss_falls_with_every_optimiser() {
+    let optims = [Optim::adam(1e-2), Optim::adamw(1e-2, 1e-3), Optim::sgd(0.1, 0.9), Optim::Sgd { lr: 0.1, momentum: 0.9, nesterov: true }, Optim::rmsprop(1e-3)];
+    for optim in optims {
+        let (model, first, last) = train(mlp(), 1, optim, 400);
+        assert!(last < 0.5 * first, "{optim:?}: loss {first} -> {last}");
+        // and it classifies held-out points
+        let (x, labels) = quadrants(200, 99);
+        let mut fwd = model.preallocate(200).unwrap();
+        fwd.set_inputs(&x).unwrap();
+        let out = model.forward(&mut fwd).unwrap();
+        let correct = out.chunks(2).zip(&labels).filter(|(o, &l)| u32::from(o[1] > o[0]) == l).count();
+        assert!(correct >= 170, "{optim:?}: {correct}/200 held-out points right");
+    }
+}
+
+#[test]
+fn mse_regression_learns() {
+    let mut model = Chain::new(Input::vector(3)).dense(16, Gelu).dense(1, Identity).build().unwrap().init(Init::GlorotUniform, 1);
+    let mut rng = Rng::new(4);
+    let x = rng.uniform(3 * 128);
+    let t: Vec<f32> = x.chunks(3).map(|v| v[0] - 2.0 * v[1] + 0.5 * v[2] * v[2]).collect();
+    let mut fwd = model.preallocate(128).unwrap();
+    let mut bwd = model.preallocate_grads(128).unwrap();
+    let mut opt = Optimizer::new(&model, Optim::adam(1e-2)).unwrap();
+    fwd.set_inputs(&x).unwrap();
+    fwd.set_targets(&t).unwrap();
+    let first = model.backprop(&mut bwd, &mut fwd, Loss::Mse).unwrap();
+    for _ in 0..300 {
+        model.backprop(&mut bwd, &mut fwd, Loss::Mse).unwrap();
+        opt.update(&mut model, &bwd).unwrap();
+    }
+    let last = model.backprop(&mut bwd, &mut fwd, Loss::Mse).unwrap();
+    assert!(last < 0.05 * first, "mse {first} -> {last}");
+}
+
+#[test]
+fn same_seed_same_threads_same_bits() {
+    let cnn = || Chain::new(Input::image(6, 6, 1)).conv(4, (3, 3), Relu).max_pool((2, 2)).flatten().dense(2, Identity);
+    for threads in [1, 2] {
+        let run = |chain: Chain| {
+            let mut model = chain.build().unwrap().init(Init::GlorotNormal, 11).with_threads(threads).unwrap();
+            let mut rng = Rng::new(5);
+            let in_len = model.input_shape().len();
+            let x = rng.uniform(16 * in_len);
+            let labels: Vec<u32> = (0..16).map(|_| rng.below(2) as u32).collect();
+            let mut fwd = model.preallocate(16).unwrap();
+            let mut bwd = model.preallocate_grads(16).unwrap();
+            let mut opt = Optimizer::new(&model, Optim::adam(1e-2)).unwrap();
+            for _ in 0..50 {
+                fwd.set_inputs(&x).unwrap();
+                fwd.set_labels(&labels).unwrap();
+                model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+                opt.update(&mut model, &bwd).unwrap();
+            }
+            model.parameters().iter().map(|p| p.to_bits()).collect::<Vec<u32>>()
+        };
+        assert_eq!(run(cnn()), run(cnn()), "cnn, {threads} threads");
+        let mlp16 = || Chain::new(Input::image(6, 6, 1)).flatten().dense(64, Relu).dense(2, Identity);
+        assert_eq!(run(mlp16()), run(mlp16()), "mlp, {threads} threads");
+    }
+}

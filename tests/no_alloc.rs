@@ -1,0 +1,93 @@
+//! A counting global allocator proves that a step allocates nothing: after one warm-up step,
+//! 100 steps of set_inputs + set_labels + backprop + update (and forward) make 0 allocations
+//! and 0 deallocations, for an MLP and a CNN, on 1 thread and on 2.
+//!
+//! One #[test] only: the counter is global, so tests running beside it would be counted.
+
+use flatnn::prelude::*;
+use flatnn::testutil::Rng;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+static DEALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator, only counting calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        DEALLOCS.fetch_add(1, Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Relaxed);
+        DEALLOCS.fetch_add(1, Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn mlp() -> Chain {
+    Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity)
+}
+
+fn cnn() -> Chain {
+    Chain::new(Input::image(28, 28, 1)).conv(16, (5, 5), Relu).max_pool((2, 2)).conv(8, (3, 3), Relu).max_pool((4, 4)).flatten().dense(10, Identity)
+}
+
+/// Allocations and deallocations over 100 steps after one warm-up step.
+fn count(chain: Chain, threads: usize, batch: usize, optim: Optim) -> (usize, usize) {
+    let mut model = chain.build().unwrap().init(Init::GlorotNormal, 1).with_threads(threads).unwrap();
+    let mut fwd = model.preallocate(batch).unwrap();
+    let mut bwd = model.preallocate_grads(batch).unwrap();
+    let mut opt = Optimizer::new(&model, optim).unwrap();
+    let mut rng = Rng::new(2);
+    let x = rng.uniform(batch * model.input_shape().len());
+    let labels: Vec<u32> = (0..batch).map(|_| rng.below(10) as u32).collect();
+    let mut step = |fwd: &mut Cache| {
+        // a smaller batch every other step: same buffers
+        let b = if fwd.batch() == batch { batch - 1 } else { batch };
+        fwd.set_inputs(&x[..b * 784]).unwrap();
+        fwd.set_labels(&labels[..b]).unwrap();
+        let loss = model.backprop(&mut bwd, fwd, Loss::LogitCrossEntropy).unwrap();
+        assert!(loss.is_finite());
+        opt.update(&mut model, &bwd).unwrap();
+        model.forward(fwd).unwrap();
+    };
+    step(&mut fwd);
+    let (a0, d0) = (ALLOCS.load(Relaxed), DEALLOCS.load(Relaxed));
+    for _ in 0..100 {
+        step(&mut fwd);
+    }
+    (ALLOCS.load(Relaxed) - a0, DEALLOCS.load(Relaxed) - d0)
+}
+
+#[test]
+fn a_step_allocates_nothing() {
+    // the counter sees what it should: one Vec is one allocation and one deallocation
+    let (a0, d0) = (ALLOCS.load(Relaxed), DEALLOCS.load(Relaxed));
+    drop(std::hint::black_box(vec![1u8; 16]));
+    assert_eq!((ALLOCS.load(Relaxed) - a0, DEALLOCS.load(Relaxed) - d0), (1, 1));
+
+    let optims = [Optim::adam(1e-3), Optim::sgd(0.01, 0.9), Optim::adamw(1e-3, 0.01), Optim::rmsprop(1e-3)];
+    let mut report = Vec::new();
+    for threads in [1, 2] {
+        for (name, chain, batch) in [("mlp", mlp(), 32), ("cnn", cnn(), 8)] {
+            for optim in optims {
+                let counts = count(chain.clone(), threads, batch, optim);
+                report.push((name, threads, optim, counts));
+            }
+        }
+    }
+    for (name, threads, optim, (allocs, deallocs)) in &report {
+        println!("{name} threads={threads} {optim:?}: {allocs} allocations, {deallocs} deallocations in 100 steps");
+    }
+    assert!(report.iter().all(|r| r.3 == (0, 0)), "a step allocated");
+}
