@@ -30,6 +30,7 @@ pub mod cpu;
 pub mod error;
 pub(crate) mod float;
 pub mod init;
+pub mod io;
 pub(crate) mod layers;
 pub mod loss;
 pub mod model;

@@ -173,3 +173,14 @@ impl Model {
 fn new_pool(threads: usize) -> Result<Pool> {
     Pool::new(threads).map_err(|e| Error::Config(format!("cannot start {threads} threads: {e}")))
 }
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("input", &self.plan.input)
+            .field("layers", &self.plan.steps.iter().map(|s| s.layer).collect::<Vec<_>>())
+            .field("parameters", &self.params.len())
+            .field("threads", &self.threads())
+            .finish()
+    }
+}

@@ -1,0 +1,95 @@
+//! Train step (forward + backprop + Adam) and batch-1 inference on the CPU, 1 and 2 threads.
+//!
+//! Throughput is reported in "elements" that are FLOPs: 2·MAC of the forward, of dW and of the
+//! dX actually needed (not the model input's), so criterion's `elem/s` reads as FLOP/s.
+//! `cargo bench --bench train_step [-- FILTER]`
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use flatnn::prelude::*;
+use flatnn::testutil::Rng;
+use flatnn::Layer;
+use std::time::Duration;
+
+fn mlp() -> Chain {
+    Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity)
+}
+
+/// The SimpleNNs documentation network.
+fn cnn() -> Chain {
+    Chain::new(Input::image(28, 28, 1))
+        .conv(16, (5, 5), Relu)
+        .max_pool((2, 2))
+        .conv(8, (3, 3), Relu)
+        .max_pool((4, 4))
+        .flatten()
+        .dense(10, Identity)
+}
+
+/// Multiply-accumulates per sample of the forward pass, and of the dX that backprop needs.
+fn macs(model: &Model) -> (u64, u64) {
+    let (mut forward, mut dx) = (0u64, 0u64);
+    for (i, step) in model.plan().steps.iter().enumerate() {
+        let m = match step.layer {
+            Layer::Dense { .. } => step.weight_len() as u64,
+            Layer::Conv { out_channels, .. } => (step.weight_len() / out_channels * step.output.len()) as u64,
+            _ => 0,
+        };
+        forward += m;
+        if i > 0 && m > 0 {
+            dx += m;
+        }
+    }
+    (forward, dx)
+}
+
+fn setup(chain: Chain, threads: usize, batch: usize) -> (Model, Cache, Grads, Optimizer) {
+    let model = chain.build().unwrap().init(Init::GlorotNormal, 1).with_threads(threads).unwrap();
+    let mut fwd = model.preallocate(batch).unwrap();
+    let bwd = model.preallocate_grads(batch).unwrap();
+    let opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+    let mut rng = Rng::new(3);
+    fwd.set_inputs(&rng.uniform(batch * model.input_shape().len())).unwrap();
+    fwd.set_labels(&(0..batch).map(|_| rng.below(10) as u32).collect::<Vec<_>>()).unwrap();
+    (model, fwd, bwd, opt)
+}
+
+fn train_step(c: &mut Criterion) {
+    for (name, chain, batches) in [("mlp", mlp as fn() -> Chain, &[1usize, 32, 128, 1024, 4096][..]), ("cnn", cnn, &[1, 32, 128, 1024])] {
+        let mut group = c.benchmark_group(format!("train_step/{name}"));
+        group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+        for threads in [1, 2] {
+            for &batch in batches {
+                let (mut model, mut fwd, mut bwd, mut opt) = setup(chain(), threads, batch);
+                let (forward, dx) = macs(&model);
+                group.throughput(Throughput::Elements(2 * batch as u64 * (2 * forward + dx)));
+                group.bench_function(BenchmarkId::new(format!("{threads}t"), batch), |b| {
+                    b.iter(|| {
+                        model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+                        opt.update(&mut model, &bwd).unwrap();
+                    })
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+fn inference(c: &mut Criterion) {
+    let mut group = c.benchmark_group("forward");
+    group.sample_size(50).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    for (name, chain) in [("mlp", mlp as fn() -> Chain), ("cnn", cnn)] {
+        for threads in [1, 2] {
+            for batch in [1, 128] {
+                let (model, mut fwd, _, _) = setup(chain(), threads, batch);
+                group.throughput(Throughput::Elements(2 * batch as u64 * macs(&model).0));
+                group.bench_function(BenchmarkId::new(format!("{name}/{threads}t"), batch), |b| {
+                    b.iter(|| model.forward(&mut fwd).unwrap().len())
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, train_step, inference);
+criterion_main!(benches);

@@ -1,0 +1,171 @@
+//! Model files: round trip, PyTorch-layout files, and every corrupt-file case.
+
+use flatnn::prelude::*;
+use safetensors::tensor::{Dtype, TensorView};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("flatnn-io-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn lenet() -> Chain {
+    Chain::new(Input::image(12, 12, 1))
+        .conv_with(3, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
+        .max_pool((2, 2))
+        .conv(4, (3, 3), Tanh)
+        .max_pool((2, 2))
+        .flatten()
+        .dense(7, LeakyRelu(0.05))
+        .dense(3, Identity)
+}
+
+fn outputs(model: &Model, x: &[f32]) -> Vec<f32> {
+    let mut fwd = model.preallocate(x.len() / model.input_shape().len()).unwrap();
+    fwd.set_inputs(x).unwrap();
+    model.forward(&mut fwd).unwrap().to_vec()
+}
+
+#[test]
+fn save_then_load_gives_the_same_outputs_bit_for_bit() {
+    let dir = temp_dir("roundtrip");
+    let model = lenet().build().unwrap().init(Init::GlorotNormal, 3);
+    let x = flatnn::testutil::Rng::new(1).uniform(2 * 144);
+    let path = dir.join("lenet.safetensors");
+    model.save(&path).unwrap();
+    let loaded = Model::load(&path).unwrap();
+    assert_eq!(loaded.plan(), model.plan());
+    assert_eq!(loaded.parameters(), model.parameters());
+    let (a, b) = (outputs(&model, &x), outputs(&loaded, &x));
+    assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    // saving again replaces the file and leaves no temporary behind
+    model.save(&path).unwrap();
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["lenet.safetensors"]);
+    // load_weights into a fresh chain of the same shape
+    let mut fresh = lenet().build().unwrap();
+    fresh.load_weights(&path).unwrap();
+    assert_eq!(fresh.parameters(), model.parameters());
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Writes a safetensors file the way `safetensors.torch.save_file(model.state_dict())` does:
+/// no metadata of ours, tensors named by `nn.Sequential` index.
+fn write_torch_style(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+    let views: Vec<(&str, TensorView)> = tensors.iter().map(|(n, d, s, b)| (*n, TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    let metadata = Some(HashMap::from([("format".to_owned(), "pt".to_owned())]));
+    std::fs::write(path, safetensors::serialize(views, &metadata).unwrap()).unwrap();
+}
+
+/// Sequential(Linear(2, 2), ReLU(), Linear(2, 1)) with weights chosen so the output is easy
+/// to compute by hand.
+fn tiny_torch_file(path: &Path) {
+    write_torch_style(
+        path,
+        &[
+            ("0.weight", Dtype::F32, vec![2, 2], f32_bytes(&[1.0, 2.0, -1.0, 0.5])),
+            ("0.bias", Dtype::F32, vec![2], f32_bytes(&[0.5, -3.0])),
+            ("2.weight", Dtype::F32, vec![1, 2], f32_bytes(&[2.0, -4.0])),
+            ("2.bias", Dtype::F32, vec![1], f32_bytes(&[0.25])),
+        ],
+    );
+}
+
+#[test]
+fn a_pytorch_state_dict_loads_and_computes_what_pytorch_would() {
+    let dir = temp_dir("torch");
+    let path = dir.join("tiny.safetensors");
+    tiny_torch_file(&path);
+    let mut model = Chain::new(Input::vector(2)).dense(2, Relu).dense(1, Identity).build().unwrap();
+    model.load_weights(&path).unwrap();
+    // x = (1, 2): h = relu(1·1 + 2·2 + 0.5, −1 + 1 − 3) = (5.5, 0); y = 2·5.5 − 0 + 0.25
+    // x = (−2, 4): h = relu(−2 + 8 + 0.5, 2 + 2 − 3) = (6.5, 1); y = 13 − 4 + 0.25
+    assert_eq!(outputs(&model, &[1.0, 2.0, -2.0, 4.0]), [11.25, 9.25]);
+    // without our metadata, Model::load cannot know the architecture, and says so
+    let err = Model::load(&path).unwrap_err();
+    assert!(err.to_string().contains("load_weights"), "{err}");
+}
+
+#[test]
+fn corrupt_and_mismatched_files_are_refused_by_name() {
+    let dir = temp_dir("corrupt");
+    let good = dir.join("good.safetensors");
+    tiny_torch_file(&good);
+    let bytes = std::fs::read(&good).unwrap();
+    let chain = || Chain::new(Input::vector(2)).dense(2, Relu).dense(1, Identity);
+    let w = |n: &'static str, shape: Vec<usize>| (n, Dtype::F32, shape.clone(), f32_bytes(&vec![0.0; shape.iter().product()]));
+    let cases: Vec<(&str, Box<dyn Fn(&Path)>, &str)> = vec![
+        ("empty", Box::new(|p: &Path| std::fs::write(p, b"").unwrap()), "not a valid safetensors"),
+        ("truncated", Box::new(move |p: &Path| std::fs::write(p, &bytes[..bytes.len() - 3]).unwrap()), "not a valid safetensors"),
+        ("garbage", Box::new(|p: &Path| std::fs::write(p, [0xffu8; 64]).unwrap()), "not a valid safetensors"),
+        (
+            "missing",
+            Box::new(move |p: &Path| write_torch_style(p, &[w("0.weight", vec![2, 2]), w("0.bias", vec![2]), w("2.weight", vec![1, 2])])),
+            "2.bias [1] is missing",
+        ),
+        (
+            "extra",
+            Box::new(move |p: &Path| {
+                write_torch_style(
+                    p,
+                    &[
+                        w("0.weight", vec![2, 2]),
+                        w("0.bias", vec![2]),
+                        w("2.weight", vec![1, 2]),
+                        w("2.bias", vec![1]),
+                        w("4.weight", vec![1]),
+                    ],
+                )
+            }),
+            "\"4.weight\"",
+        ),
+        (
+            "misshaped",
+            Box::new(move |p: &Path| {
+                write_torch_style(p, &[w("0.weight", vec![2, 3]), w("0.bias", vec![2]), w("2.weight", vec![1, 2]), w("2.bias", vec![1])])
+            }),
+            "0.weight has shape [2, 3], expected [2, 2]",
+        ),
+        (
+            "f64",
+            Box::new(move |p: &Path| {
+                let f64_weight = ("0.weight", Dtype::F64, vec![2, 2], vec![0u8; 32]);
+                write_torch_style(p, &[f64_weight, w("0.bias", vec![2]), w("2.weight", vec![1, 2]), w("2.bias", vec![1])])
+            }),
+            "0.weight is F64",
+        ),
+    ];
+    for (name, write, needle) in cases {
+        let path = dir.join(format!("{name}.safetensors"));
+        write(&path);
+        let mut model = chain().build().unwrap().init(Init::GlorotNormal, 1);
+        let before = model.parameters().to_vec();
+        let err = model.load_weights(&path).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::Format { .. }), "{name}: {msg}");
+        assert!(msg.contains(needle) && msg.contains(&format!("{name}.safetensors")), "{name}: {msg:?} lacks {needle:?}");
+        assert_eq!(model.parameters(), &before[..], "{name}: a refused file changed the parameters");
+    }
+    assert!(matches!(Model::load(dir.join("absent.safetensors")), Err(Error::Io { .. })));
+    let model = chain().build().unwrap();
+    assert!(matches!(model.save(dir.join("no/such/dir/m.safetensors")), Err(Error::Io { .. })));
+}
+
+#[test]
+fn bad_architecture_metadata_is_a_format_error() {
+    let dir = temp_dir("arch");
+    let path = dir.join("m.safetensors");
+    let views: Vec<(&str, TensorView)> = vec![];
+    for arch in ["vector 0; dense 3 relu", "vector 2; dense 3 swish", "image 2 2 1; dense 3 relu", "nonsense"] {
+        let metadata = Some(HashMap::from([("flatnn.architecture".to_owned(), arch.to_owned())]));
+        std::fs::write(&path, safetensors::serialize(views.clone(), &metadata).unwrap()).unwrap();
+        let err = Model::load(&path).unwrap_err();
+        assert!(matches!(err, Error::Format { .. }), "{arch}: {err}");
+    }
+}
