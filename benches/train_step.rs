@@ -91,5 +91,21 @@ fn inference(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, train_step, inference);
+/// One optimiser update over the MLP's 109,386 parameters: a memory-bound pass.
+fn update(c: &mut Criterion) {
+    let mut group = c.benchmark_group("update/mlp");
+    group.sample_size(50).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    for threads in [1, 2] {
+        for (name, optim) in [("adam", Optim::adam(1e-3)), ("sgd_momentum", Optim::sgd(1e-2, 0.9))] {
+            let (mut model, mut fwd, mut bwd, _) = setup(mlp(), threads, 1);
+            model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+            let mut opt = Optimizer::new(&model, optim).unwrap();
+            group.throughput(Throughput::Elements(model.parameters().len() as u64));
+            group.bench_function(BenchmarkId::new(name, format!("{threads}t")), |b| b.iter(|| opt.update(&mut model, &bwd).unwrap()));
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, train_step, inference, update);
 criterion_main!(benches);

@@ -181,13 +181,36 @@ fn step(config: Optim, t: i32, p: &mut [f32], g: &[f32], s1: Option<&mut [f32]>,
     }
 }
 
+/// The Adam rule over one chunk, compiled twice: for AVX2+FMA when the CPU has it (chosen at
+/// run time), and for the baseline target. The body is the same plain loop.
 #[allow(clippy::too_many_arguments)]
 fn adam(lr: f32, beta1: f32, beta2: f32, eps: f32, decay: f32, t: i32, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-    // p ← p − (lr / (1−β₁ᵗ))·m / (√v / √(1−β₂ᵗ) + ε)
+    // p ← p·(1 − lr·λ) − (lr / (1−β₁ᵗ))·m / (√v / √(1−β₂ᵗ) + ε)
     let step_size = lr / (1.0 - beta1.powi(t));
     let inv_bias2 = 1.0 / (1.0 - beta2.powi(t)).sqrt();
     let shrink = 1.0 - lr * decay;
-    for i in 0..p.len() {
+    let args = (beta1, beta2, eps, step_size, inv_bias2, shrink);
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { adam_avx2(args, p, g, m, v) };
+    }
+    adam_loop(args, p, g, m, v)
+}
+
+type AdamArgs = (f32, f32, f32, f32, f32, f32);
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn adam_avx2(args: AdamArgs, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    adam_loop(args, p, g, m, v)
+}
+
+#[inline(always)]
+fn adam_loop((beta1, beta2, eps, step_size, inv_bias2, shrink): AdamArgs, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    let n = p.len();
+    let (g, m, v) = (&g[..n], &mut m[..n], &mut v[..n]);
+    for i in 0..n {
         m[i] = beta1 * m[i] + (1.0 - beta1) * g[i];
         v[i] = beta2 * v[i] + (1.0 - beta2) * g[i] * g[i];
         p[i] = p[i] * shrink - step_size * m[i] / (v[i].sqrt() * inv_bias2 + eps);

@@ -37,7 +37,13 @@ fn mlp() -> Chain {
 
 #[test]
 fn loss_falls_with_every_optimiser() {
-    let optims = [Optim::adam(1e-2), Optim::adamw(1e-2, 1e-3), Optim::sgd(0.1, 0.9), Optim::Sgd { lr: 0.1, momentum: 0.9, nesterov: true }, Optim::rmsprop(1e-3)];
+    let optims = [
+        Optim::adam(1e-2),
+        Optim::adamw(1e-2, 1e-3),
+        Optim::sgd(0.1, 0.9),
+        Optim::Sgd { lr: 0.1, momentum: 0.9, nesterov: true },
+        Optim::rmsprop(1e-3),
+    ];
     for optim in optims {
         let (model, first, last) = train(mlp(), 1, optim, 400);
         assert!(last < 0.5 * first, "{optim:?}: loss {first} -> {last}");

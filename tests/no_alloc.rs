@@ -39,7 +39,13 @@ fn mlp() -> Chain {
 }
 
 fn cnn() -> Chain {
-    Chain::new(Input::image(28, 28, 1)).conv(16, (5, 5), Relu).max_pool((2, 2)).conv(8, (3, 3), Relu).max_pool((4, 4)).flatten().dense(10, Identity)
+    Chain::new(Input::image(28, 28, 1))
+        .conv(16, (5, 5), Relu)
+        .max_pool((2, 2))
+        .conv(8, (3, 3), Relu)
+        .max_pool((4, 4))
+        .flatten()
+        .dense(10, Identity)
 }
 
 /// Allocations and deallocations over 100 steps after one warm-up step.

@@ -7,6 +7,14 @@ use pool::Pool;
 use std::marker::PhantomData;
 use std::ops::Range;
 
+/// True when this CPU has AVX2 and FMA (checked once; cheap after).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2_fma() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+}
+
 /// A mutable slice that pool tasks write in disjoint parts.
 pub(crate) struct SharedMut<'a, T> {
     ptr: *mut T,
