@@ -58,7 +58,7 @@ impl Cache {
     /// batch size is the length over the input length. Nothing is written on error.
     pub fn set_inputs(&mut self, inputs: &[f32]) -> Result<()> {
         let per_sample = self.plan.input.len();
-        if inputs.is_empty() || inputs.len() % per_sample != 0 {
+        if inputs.is_empty() || !inputs.len().is_multiple_of(per_sample) {
             return Err(Error::Shape(format!(
                 "{} input values is not a whole, non-zero number of samples of {} ({})",
                 inputs.len(),
@@ -115,7 +115,7 @@ impl Cache {
     /// be finite. Nothing is written on error.
     pub fn set_targets(&mut self, targets: &[f32]) -> Result<()> {
         let outputs = self.plan.output().len();
-        if targets.len() % outputs != 0 {
+        if !targets.len().is_multiple_of(outputs) {
             return Err(Error::Shape(format!("{} target values is not a whole number of samples of {outputs}", targets.len())));
         }
         let batch = targets.len() / outputs;

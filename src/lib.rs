@@ -27,6 +27,7 @@ pub mod activation;
 pub mod cache;
 pub mod chain;
 pub mod cpu;
+pub mod data;
 pub mod error;
 pub(crate) mod float;
 pub mod init;

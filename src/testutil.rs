@@ -35,7 +35,7 @@ pub fn poisoned(n: usize) -> Vec<f32> {
 pub fn assert_close(a: &[f32], b: &[f32], atol: f32, rtol: f32, what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: lengths differ");
     let bad: Vec<String> = (0..a.len())
-        .filter(|&i| !((a[i] - b[i]).abs() <= atol + rtol * b[i].abs()))
+        .filter(|&i| (a[i] - b[i]).abs().partial_cmp(&(atol + rtol * b[i].abs())).is_none_or(|o| o.is_gt()))
         .take(5)
         .map(|i| format!("[{i}] {} vs {}", a[i], b[i]))
         .collect();

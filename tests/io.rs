@@ -100,7 +100,8 @@ fn corrupt_and_mismatched_files_are_refused_by_name() {
     let bytes = std::fs::read(&good).unwrap();
     let chain = || Chain::new(Input::vector(2)).dense(2, Relu).dense(1, Identity);
     let w = |n: &'static str, shape: Vec<usize>| (n, Dtype::F32, shape.clone(), f32_bytes(&vec![0.0; shape.iter().product()]));
-    let cases: Vec<(&str, Box<dyn Fn(&Path)>, &str)> = vec![
+    type Writer = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, Writer, &str)> = vec![
         ("empty", Box::new(|p: &Path| std::fs::write(p, b"").unwrap()), "not a valid safetensors"),
         ("truncated", Box::new(move |p: &Path| std::fs::write(p, &bytes[..bytes.len() - 3]).unwrap()), "not a valid safetensors"),
         ("garbage", Box::new(|p: &Path| std::fs::write(p, [0xffu8; 64]).unwrap()), "not a valid safetensors"),

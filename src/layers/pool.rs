@@ -45,8 +45,8 @@ impl Geometry {
         for i in 0..self.window.0 {
             let row = (c * self.height + y0 + i) * self.width + x0;
             for j in 0..self.window.1 {
-                // `!(a <= b)` rather than `a > b`: a NaN wins, so it propagates as in PyTorch.
-                if !(xs[row + j] <= xs[best]) {
+                // a NaN wins (it compares as neither smaller nor equal), as in PyTorch
+                if matches!(xs[row + j].partial_cmp(&xs[best]), Some(std::cmp::Ordering::Greater) | None) {
                     best = row + j;
                 }
             }

@@ -1,0 +1,61 @@
+//! Batch-1 inference latency in a host program (the embedded use case): p50, p99, p99.9 and
+//! max over many calls of `forward` on one sample, after a warm-up.
+//!
+//!   cargo run --release --example latency -- [--model mlp|cnn] [--calls N] [--threads N]
+
+use flatnn::prelude::*;
+use std::time::Instant;
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let (mut name, mut calls, mut threads) = ("mlp".to_string(), 100_000usize, 1usize);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--model" => name = value,
+            "--calls" => calls = value.parse().map_err(|_| format!("--calls: {value:?} is not a whole number"))?,
+            "--threads" => threads = value.parse().map_err(|_| format!("--threads: {value:?} is not a whole number"))?,
+            _ => return Err(format!("unknown option {flag} (usage: latency [--model mlp|cnn] [--calls N] [--threads N])").into()),
+        }
+    }
+    let chain = match name.as_str() {
+        "mlp" => Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity),
+        "cnn" => Chain::new(Input::image(28, 28, 1))
+            .conv(16, (5, 5), Relu)
+            .max_pool((2, 2))
+            .conv(8, (3, 3), Relu)
+            .max_pool((4, 4))
+            .flatten()
+            .dense(10, Identity),
+        _ => return Err(format!("--model must be mlp or cnn, not {name:?}").into()),
+    };
+    if calls == 0 {
+        return Err("--calls must be at least 1".into());
+    }
+    let model = chain.build()?.init(Init::HeNormal, 1).with_threads(threads)?;
+    let mut fwd = model.preallocate(1)?;
+    let sample = flatnn::testutil::Rng::new(2).uniform(model.input_shape().len());
+    fwd.set_inputs(&sample)?;
+    let mut nanos = vec![0u64; calls];
+    for _ in 0..calls.min(1000) {
+        model.forward(&mut fwd)?;
+    }
+    let mut checksum = 0.0f32;
+    for slot in nanos.iter_mut() {
+        let start = Instant::now();
+        checksum += model.forward(&mut fwd)?[0];
+        *slot = start.elapsed().as_nanos() as u64;
+    }
+    nanos.sort_unstable();
+    let at = |q: f64| nanos[((calls as f64 * q) as usize).min(calls - 1)] as f64 / 1000.0;
+    println!("{name}, batch 1, CPU, {threads} thread(s), {calls} calls (checksum {checksum:.3})");
+    println!("  p50 {:.2} µs   p99 {:.2} µs   p99.9 {:.2} µs   max {:.2} µs", at(0.5), at(0.99), at(0.999), at(1.0));
+    Ok(())
+}

@@ -1,0 +1,186 @@
+//! Trains a classifier on MNIST and reports, per epoch, training loss, test accuracy, seconds
+//! and samples/s.
+//!
+//!   cargo run --release --example mnist -- [--model mlp|cnn|lenet] [--epochs N] [--batch N]
+//!       [--lr X] [--optimizer adam|adamw|sgd|rmsprop] [--threads N] [--seed N]
+//!       [--device cpu|cuda|cuda:N|auto] [--data DIR] [--save FILE] [--load FILE]
+
+use flatnn::data::{Dataset, Loader, Split};
+use flatnn::prelude::*;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::time::Instant;
+
+struct Options {
+    model: String,
+    epochs: usize,
+    batch: usize,
+    lr: Option<f32>,
+    optimizer: String,
+    threads: Option<usize>,
+    seed: u64,
+    device: String,
+    data: PathBuf,
+    save: Option<PathBuf>,
+    load: Option<PathBuf>,
+}
+
+const USAGE: &str = "usage: mnist [--model mlp|cnn|lenet] [--epochs N] [--batch N] [--lr X] [--optimizer adam|adamw|sgd|rmsprop] \
+                     [--threads N] [--seed N] [--device cpu|cuda|cuda:N|auto] [--data DIR] [--save FILE] [--load FILE]";
+
+fn parse() -> Result<Options, String> {
+    let mut o = Options {
+        model: "mlp".into(),
+        epochs: 10,
+        batch: 128,
+        lr: None,
+        optimizer: "adam".into(),
+        threads: None,
+        seed: 1,
+        device: "auto".into(),
+        data: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist"),
+        save: None,
+        load: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = |v: &str| v.parse::<usize>().map_err(|_| format!("{flag}: {v:?} is not a whole number"));
+        match flag.as_str() {
+            "--model" => o.model = value,
+            "--epochs" => o.epochs = number(&value)?,
+            "--batch" => o.batch = number(&value)?,
+            "--lr" => o.lr = Some(value.parse().map_err(|_| format!("--lr: {value:?} is not a number"))?),
+            "--optimizer" => o.optimizer = value,
+            "--threads" => o.threads = Some(number(&value)?),
+            "--seed" => o.seed = number(&value)? as u64,
+            "--device" => o.device = value,
+            "--data" => o.data = value.into(),
+            "--save" => o.save = Some(value.into()),
+            "--load" => o.load = Some(value.into()),
+            _ => return Err(format!("unknown option {flag}\n{USAGE}")),
+        }
+    }
+    if !["mlp", "cnn", "lenet"].contains(&o.model.as_str()) {
+        return Err(format!("--model must be mlp, cnn or lenet, not {:?}", o.model));
+    }
+    if !matches!(o.device.as_str(), "cpu" | "auto") {
+        return Err(format!("--device {}: this build runs on the CPU only (cpu or auto)", o.device));
+    }
+    Ok(o)
+}
+
+fn chain(name: &str) -> Chain {
+    match name {
+        "mlp" => Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity),
+        // the SimpleNNs documentation network
+        "cnn" => Chain::new(Input::image(28, 28, 1))
+            .conv(16, (5, 5), Relu)
+            .max_pool((2, 2))
+            .conv(8, (3, 3), Relu)
+            .max_pool((4, 4))
+            .flatten()
+            .dense(10, Identity),
+        // LeNet-5 with ReLU
+        _ => Chain::new(Input::image(28, 28, 1))
+            .conv_with(6, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
+            .max_pool((2, 2))
+            .conv(16, (5, 5), Relu)
+            .max_pool((2, 2))
+            .flatten()
+            .dense(120, Relu)
+            .dense(84, Relu)
+            .dense(10, Identity),
+    }
+}
+
+fn optimizer(name: &str, lr: Option<f32>) -> Result<Optim, String> {
+    Ok(match name {
+        "adam" => Optim::adam(lr.unwrap_or(1e-3)),
+        "adamw" => Optim::adamw(lr.unwrap_or(1e-3), 1e-4),
+        "sgd" => Optim::Sgd { lr: lr.unwrap_or(0.05), momentum: 0.9, nesterov: true },
+        "rmsprop" => Optim::rmsprop(lr.unwrap_or(1e-3)),
+        _ => return Err(format!("--optimizer must be adam, adamw, sgd or rmsprop, not {name:?}")),
+    })
+}
+
+/// Fraction of `data` classified right, in batches through `fwd`.
+fn accuracy(model: &Model, fwd: &mut Cache, data: &Dataset, loader: &mut Loader) -> flatnn::Result<f64> {
+    loader.rewind();
+    let (mut right, mut seen) = (0usize, 0usize);
+    while let Some(batch) = loader.next_batch(data, fwd)? {
+        let out = model.forward(fwd)?;
+        let labels = &data.labels()[seen..seen + batch];
+        for (scores, &label) in out.chunks_exact(10).zip(labels) {
+            let best = scores.iter().enumerate().fold(0, |b, (i, &s)| if s > scores[b] { i } else { b });
+            right += usize::from(best as u32 == label);
+        }
+        seen += batch;
+    }
+    Ok(right as f64 / seen as f64)
+}
+
+fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
+    if !o.data.is_dir() {
+        return Err(format!("data directory {} not found (pass --data DIR)", o.data.display()).into());
+    }
+    let train = Dataset::mnist(&o.data, Split::Train)?;
+    let test = Dataset::mnist(&o.data, Split::Test)?;
+    let mut model = chain(&o.model).build()?.init(Init::HeNormal, o.seed);
+    if let Some(threads) = o.threads {
+        model = model.with_threads(threads)?;
+    }
+    let mut fwd = model.preallocate(o.batch)?;
+    let mut bwd = model.preallocate_grads(o.batch)?;
+    let mut opt = Optimizer::new(&model, optimizer(&o.optimizer, o.lr)?)?;
+    let mut train_loader = Loader::new(train.len(), o.batch, o.seed, false)?;
+    let mut test_loader = Loader::new(test.len(), o.batch, 0, false)?;
+    println!(
+        "{} ({} parameters) on the CPU, {} threads, batch {}, {:?}",
+        o.model,
+        model.parameters().len(),
+        model.threads(),
+        o.batch,
+        opt.config()
+    );
+    let bar_style = ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} {msg}").map_err(|e| e.to_string())?.progress_chars("=> ");
+    for epoch in 1..=o.epochs {
+        let bar = ProgressBar::new(train_loader.batches() as u64).with_style(bar_style.clone()).with_prefix(format!("epoch {epoch}"));
+        let start = Instant::now();
+        train_loader.shuffle();
+        let (mut loss_sum, mut batches) = (0.0f64, 0usize);
+        while train_loader.next_batch(&train, &mut fwd)?.is_some() {
+            loss_sum += model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)? as f64;
+            opt.update(&mut model, &bwd)?;
+            batches += 1;
+            if batches % 50 == 0 {
+                bar.set_position(batches as u64);
+                bar.set_message(format!("loss {:.4}", loss_sum / batches as f64));
+            }
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        bar.finish_and_clear();
+        let acc = accuracy(&model, &mut fwd, &test, &mut test_loader)?;
+        println!(
+            "epoch {epoch:>2}  loss {:.4}  test accuracy {:.2}%  {:.2} s  {:.0} samples/s",
+            loss_sum / batches as f64,
+            100.0 * acc,
+            seconds,
+            train.len() as f64 / seconds
+        );
+    }
+    let _ = (&o.save, &o.load);
+    Ok(())
+}
+
+fn main() {
+    let result = parse().map_err(Into::into).and_then(run);
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+}
