@@ -152,22 +152,25 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         let bar = ProgressBar::new(train_loader.batches() as u64).with_style(bar_style.clone()).with_prefix(format!("epoch {epoch}"));
         let start = Instant::now();
         train_loader.shuffle();
-        let (mut loss_sum, mut batches) = (0.0f64, 0usize);
+        let mut batches = 0usize;
+        bwd.mean_loss()?;
         while train_loader.next_batch(&train, &mut fwd)?.is_some() {
-            loss_sum += model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)? as f64;
+            model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
             opt.update(&mut model, &bwd)?;
             batches += 1;
-            if batches % 50 == 0 {
+            if batches.is_multiple_of(100) {
+                // reading the loss waits for the device: only every 100 steps
                 bar.set_position(batches as u64);
-                bar.set_message(format!("loss {:.4}", loss_sum / batches as f64));
+                bar.set_message(format!("loss {:.4}", bwd.last_loss()?));
             }
         }
+        let epoch_loss = bwd.mean_loss()?;
         let seconds = start.elapsed().as_secs_f64();
         bar.finish_and_clear();
         let acc = accuracy(&model, &mut fwd, &test, &mut test_loader)?;
         println!(
             "epoch {epoch:>2}  loss {:.4}  test accuracy {:.2}%  {:.2} s  {:.0} samples/s",
-            loss_sum / batches as f64,
+            epoch_loss,
             100.0 * acc,
             seconds,
             train.len() as f64 / seconds

@@ -143,6 +143,10 @@ pub struct Grads {
     pub(crate) grads: Vec<f32>,
     pub(crate) dacts: Vec<f32>,
     pub(crate) gws: GradWorkspace,
+    /// The last loss, and the sum and count of losses since `mean_loss` last read them.
+    last_loss: f64,
+    loss_sum: f64,
+    losses: usize,
 }
 
 impl Grads {
@@ -155,7 +159,29 @@ impl Grads {
             grads: vec![0.0; plan.param_len],
             dacts: vec![0.0; plan.acts_len(capacity)],
             gws: GradWorkspace::new(plan, threads),
+            last_loss: f64::NAN,
+            loss_sum: 0.0,
+            losses: 0,
         })
+    }
+
+    pub(crate) fn record_loss(&mut self, value: f64) {
+        self.last_loss = value;
+        self.loss_sum += value;
+        self.losses += 1;
+    }
+
+    /// The loss of the last `backprop` (NaN before the first).
+    pub fn last_loss(&self) -> Result<f32> {
+        Ok(self.last_loss as f32)
+    }
+
+    /// The mean loss of every `backprop` since the previous call (NaN if there was none), and
+    /// starts a new count: an epoch's training loss without reading each step's.
+    pub fn mean_loss(&mut self) -> Result<f32> {
+        let mean = self.loss_sum / self.losses as f64;
+        (self.loss_sum, self.losses) = (0.0, 0);
+        Ok(mean as f32)
     }
 
     /// The gradient of the last loss with respect to every parameter, in the parameters' layout.

@@ -95,10 +95,11 @@ impl Model {
     }
 
     /// Forward, loss and backward on the cache's current batch: fills `grads` with the
-    /// gradient of the returned loss. Targets come from `set_labels` (cross-entropy) or
+    /// gradient of the loss, which stays in `grads` ([`Grads::last_loss`], [`Grads::mean_loss`]),
+    /// so a GPU step never waits for it. Targets come from `set_labels` (cross-entropy) or
     /// `set_targets` (MSE) and must cover the batch. Every check runs before any buffer is
     /// written. Allocates nothing.
-    pub fn backprop(&self, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<f32> {
+    pub fn backprop(&self, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
         self.check_cache(cache)?;
         if !Arc::ptr_eq(&grads.plan, &self.plan) {
             return Err(Error::Mismatch("these gradient buffers were preallocated for another model".into()));
@@ -149,7 +150,8 @@ impl Model {
             &mut cache.ws,
             &mut grads.gws,
         );
-        Ok(value as f32)
+        grads.record_loss(value);
+        Ok(())
     }
 
     fn check_cache(&self, cache: &Cache) -> Result<()> {

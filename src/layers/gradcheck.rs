@@ -120,7 +120,8 @@ fn fast_engine_matches_spec_in_smaller_batches_with_poisoned_buffers() {
             let labels: Vec<u32> = (0..batch).map(|_| rng.below(classes) as u32).collect();
             cache.set_inputs(&x).unwrap();
             cache.set_labels(&labels).unwrap();
-            let value = model.backprop(&mut grads, &mut cache, Loss::LogitCrossEntropy).unwrap();
+            model.backprop(&mut grads, &mut cache, Loss::LogitCrossEntropy).unwrap();
+            let value = grads.last_loss().unwrap();
 
             let params64: Vec<f64> = model.params.iter().map(|&p| p as f64).collect();
             let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
