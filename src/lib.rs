@@ -29,6 +29,8 @@ pub mod activation;
 pub mod cache;
 pub mod chain;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod data;
 pub mod error;
 pub(crate) mod float;

@@ -1,0 +1,20 @@
+// The data loader's gather: the data set lives on the device as f32, already normalised
+// (samples × sample_len), its labels as u32; a batch is picked by an index list.
+
+// out[b, k] = data[indices[b], k]; an index ≥ samples gives NaN (the host makes the indices).
+extern "C" __global__ void gather_batch(const float* data, const unsigned int* indices, float* out, int sample_len, int batch, int samples) {
+    int n = batch * sample_len;
+    GRID_STRIDE(i, n) {
+        int b = i / sample_len, k = i - b * sample_len;
+        unsigned int idx = indices[b];
+        out[i] = idx < (unsigned int)samples ? data[(long long)idx * sample_len + k] : __int_as_float(0x7fc00000);
+    }
+}
+
+// out[b] = labels[indices[b]]; an index ≥ samples gives 0xFFFFFFFF (never a valid class).
+extern "C" __global__ void gather_labels(const unsigned int* labels, const unsigned int* indices, unsigned int* out, int batch, int samples) {
+    GRID_STRIDE(b, batch) {
+        unsigned int idx = indices[b];
+        out[b] = idx < (unsigned int)samples ? labels[idx] : 0xFFFFFFFFu;
+    }
+}

@@ -1,0 +1,181 @@
+//! One [`Gpu`] per device per process: the driver context, flatnn's kernels compiled for the
+//! device with NVRTC, and every kernel's handle looked up once.
+
+use super::driver_error;
+use crate::error::{Error, Result};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
+use std::ffi::{c_char, CStr, CString};
+use std::sync::Arc;
+
+/// Every `kernels/*.cu` file, concatenated in this order (common.cu first: it defines helpers).
+pub(crate) const SOURCE_FILES: &[(&str, &str)] = &[
+    ("common.cu", include_str!("../../kernels/common.cu")),
+    ("activation.cu", include_str!("../../kernels/activation.cu")),
+    ("loss.cu", include_str!("../../kernels/loss.cu")),
+    ("pool.cu", include_str!("../../kernels/pool.cu")),
+    ("conv.cu", include_str!("../../kernels/conv.cu")),
+    ("optim.cu", include_str!("../../kernels/optim.cu")),
+    ("data.cu", include_str!("../../kernels/data.cu")),
+];
+
+/// Declares the kernels: the `Kernel` enum indexes `KERNELS`, the names looked up in the module
+/// (and checked against the sources by a CPU test).
+macro_rules! kernels {
+    ($($variant:ident = $name:literal,)*) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub(crate) enum Kernel { $($variant,)* }
+        pub(crate) const KERNELS: &[&str] = &[$($name,)*];
+    };
+}
+
+kernels! {
+    BiasActForward = "bias_act_forward",
+    ActBackward = "act_backward",
+    BiasGrad = "bias_grad",
+    SoftmaxXent = "softmax_xent",
+    Mse = "mse",
+    SumPartials = "sum_partials",
+    MaxpoolForward = "maxpool_forward",
+    MaxpoolBackward = "maxpool_backward",
+    Im2col = "im2col",
+    Col2im = "col2im",
+    Sgd = "sgd",
+    SgdMomentum = "sgd_momentum",
+    Adam = "adam",
+    RmsProp = "rmsprop",
+    GatherBatch = "gather_batch",
+    GatherLabels = "gather_labels",
+}
+
+/// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.
+pub struct Gpu {
+    pub(crate) ctx: Arc<CudaContext>,
+    /// Indexed by `Kernel as usize`; each holds the module alive.
+    functions: Vec<CudaFunction>,
+    ordinal: usize,
+    name: String,
+    compute_capability: (u32, u32),
+    multiprocessors: u32,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpu({}: {}, sm_{}{})", self.ordinal, self.name, self.compute_capability.0, self.compute_capability.1)
+    }
+}
+
+impl Gpu {
+    /// Context on device `ordinal` (checked to exist), kernels compiled and looked up.
+    pub(crate) fn new(ordinal: usize) -> Result<Gpu> {
+        let err = |what: &str| {
+            let what = format!("{what} on device {ordinal}");
+            move |e| driver_error(&what, e)
+        };
+        let ctx = CudaContext::new(ordinal).map_err(err("creating a context"))?;
+        // SAFETY: flatnn orders work by stream and frees nothing in use (see the module doc);
+        // without tracking, a CudaSlice carries no events, so using one records none.
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().map_err(err("reading the compute capability"))?;
+        let multiprocessors =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(err("reading the SM count"))?;
+        let name = ctx.name().map_err(err("reading the name"))?;
+        let cubin = compile((major, minor))?;
+        let module: Arc<CudaModule> = ctx.load_module(Ptx::from_binary(cubin)).map_err(err("loading the compiled kernels"))?;
+        let functions = KERNELS
+            .iter()
+            .map(|name| module.load_function(name).map_err(|e| driver_error(&format!("looking up kernel {name}"), e)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Gpu { ctx, functions, ordinal, name, compute_capability: (major as u32, minor as u32), multiprocessors: multiprocessors as u32 })
+    }
+
+    /// A new stream on this device (non-blocking with respect to the legacy default stream).
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.ctx.new_stream().map_err(|e| driver_error("creating a stream", e))
+    }
+
+    /// The driver context (for allocation and copies through cudarc).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// (major, minor); the kernels were compiled for exactly this.
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.compute_capability
+    }
+
+    pub fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
+    }
+
+    /// Waits until all work on this device is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.synchronize().map_err(|e| driver_error("synchronising the device", e))
+    }
+
+    /// The handle of a kernel.
+    pub(crate) fn function(&self, kernel: Kernel) -> sys::CUfunction {
+        self.functions[kernel as usize].cu_function()
+    }
+
+    /// Makes this device's context current on the calling thread (a no-op when it is).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| driver_error("binding the CUDA context", e))
+    }
+}
+
+/// `kernels/*.cu` compiled by NVRTC to machine code for compute capability `cc` (a cubin, so no
+/// PTX is left to the driver's JIT and a newer NVRTC than the driver still works).
+fn compile(cc: (i32, i32)) -> Result<Vec<u8>> {
+    let source: String = SOURCE_FILES.iter().map(|(name, text)| format!("// ---- kernels/{name}\n{text}\n")).collect();
+    let source = CString::new(source).map_err(|_| Error::Cuda { what: "kernels/*.cu contain a NUL byte".into() })?;
+    let arch = format!("--gpu-architecture=sm_{}{}", cc.0, cc.1);
+    // --fmad=false: a·b + c rounds twice, as on the CPU, so element-wise kernels match it exactly.
+    let options = [arch.as_str(), "--fmad=false", "--std=c++17"];
+    let nvrtc_err = |what: &str, e: nvrtc::NvrtcError| Error::Cuda { what: format!("NVRTC {what}: {e:?}") };
+    let program = nvrtc::create_program(&source, Some(c"flatnn_kernels.cu")).map_err(|e| nvrtc_err("could not create a program", e))?;
+    // SAFETY: `program` is live until destroyed below; buffers are sized by NVRTC's own answers.
+    let compiled = unsafe {
+        match nvrtc::compile_program(program, &options) {
+            Ok(()) => cubin(program),
+            Err(e) => {
+                let log = nvrtc::get_program_log(program).map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned());
+                Err(Error::Cuda {
+                    what: format!("NVRTC could not compile kernels/*.cu for sm_{}{} ({e:?}):\n{}", cc.0, cc.1, log.unwrap_or_default()),
+                })
+            }
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { nvrtc::destroy_program(program) };
+    compiled
+}
+
+/// The compiled machine code of a program NVRTC compiled successfully.
+///
+/// # Safety
+/// `program` must be live and compiled for a real architecture (sm_XY).
+unsafe fn cubin(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>> {
+    let mut size = 0usize;
+    let mut code = Vec::new();
+    // SAFETY: the caller's contract; `code` holds `size` bytes.
+    let status = unsafe {
+        let status = nvrtc_sys::nvrtcGetCUBINSize(program, &mut size);
+        if status == nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+            code.resize(size, 0u8);
+            nvrtc_sys::nvrtcGetCUBIN(program, code.as_mut_ptr() as *mut c_char)
+        } else {
+            status
+        }
+    };
+    status.result().map_err(|e| Error::Cuda { what: format!("NVRTC gave no cubin: {e:?}") })?;
+    Ok(code)
+}

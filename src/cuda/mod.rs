@@ -1,0 +1,181 @@
+//! The CUDA building blocks: finding a usable GPU, one compiled module of flatnn's kernels per
+//! device, a zero-allocation kernel launch, typed wrappers per kernel, and cuBLAS SGEMM.
+//!
+//! Nothing here needs CUDA at build time: cudarc loads libcuda, libnvrtc and libcublas when
+//! first used. [`is_functional`] and [`device_count`] answer `false` / `0` on a machine without
+//! them and never panic; everything else returns [`Error::Cuda`] naming what is missing.
+//!
+//! ```text
+//! let gpu = cuda::gpu(0)?;                    // context + kernels compiled once (NVRTC)
+//! let stream = gpu.new_stream()?;
+//! let blas = gpu.blas(&stream, false)?;       // cuBLAS handle bound to the stream, FP32
+//! gpu.bias_act(&stream, Relu, b, (channels, pixels), z, Some(y))?;   // no host allocation
+//! ```
+//!
+//! Device memory is passed as [`View`] / [`ViewMut`]: a device pointer and a length, borrowed
+//! from a cudarc `CudaSlice`. Work on one stream is ordered by the stream; the context's
+//! event tracking is turned off (flatnn does its own ordering), so a `CudaSlice` allocated from
+//! a [`Gpu`]'s context carries no events.
+
+mod blas;
+mod context;
+mod launch;
+mod ops;
+#[cfg(test)]
+mod tests;
+
+pub use blas::{Blas, DevMat, DevMatMut};
+pub use context::Gpu;
+pub use launch::{launch, View, ViewMut};
+pub use ops::loss_partials_len;
+
+use crate::error::{Error, Result};
+use cudarc::driver::{result, sys, CudaContext, DriverError};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// What a device is, as the driver reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub name: String,
+    /// Bytes of device memory.
+    pub total_memory: usize,
+    /// Bytes free when asked.
+    pub free_memory: usize,
+    /// (major, minor), e.g. (9, 0) for an H100.
+    pub compute_capability: (u32, u32),
+}
+
+/// True when CUDA can be used here: libcuda, libnvrtc and libcublas load, at least one device
+/// exists, and a context can be made on device 0. Probed once per process; never panics.
+pub fn is_functional() -> bool {
+    static FUNCTIONAL: OnceLock<bool> = OnceLock::new();
+    *FUNCTIONAL.get_or_init(|| {
+        libraries_present().is_ok()
+            && guarded(|| device_count_checked().and_then(|n| if n > 0 { CudaContext::new(0).map(|_| ()) } else { Err(no_device()) }))
+                .is_ok()
+    })
+}
+
+/// Number of CUDA devices; 0 where there is no driver or no device. Never panics.
+pub fn device_count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    guarded(device_count_checked).unwrap_or(0)
+}
+
+/// Name, memory and compute capability of device `ordinal`.
+pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
+    check_ordinal(ordinal)?;
+    guarded(|| {
+        let ctx = CudaContext::new(ordinal)?;
+        let (free_memory, total_memory) = ctx.mem_get_info()?;
+        let (major, minor) = ctx.compute_capability()?;
+        Ok(DeviceInfo { name: ctx.name()?, total_memory, free_memory, compute_capability: (major as u32, minor as u32) })
+    })
+    .map_err(|e| driver_error(&format!("querying device {ordinal}"), e))
+}
+
+/// The process's one [`Gpu`] for device `ordinal`, made (context, kernels compiled and looked
+/// up) on first use. A failure is not cached: a later call tries again.
+pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
+    static GPUS: Mutex<Vec<Option<Arc<Gpu>>>> = Mutex::new(Vec::new());
+    libraries_present()?;
+    let count = check_ordinal(ordinal)?;
+    // A panic while the lock was held leaves only a missing entry behind: safe to go on.
+    let mut gpus = GPUS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if gpus.len() < count {
+        gpus.resize(count, None);
+    }
+    if let Some(gpu) = &gpus[ordinal] {
+        return Ok(Arc::clone(gpu));
+    }
+    let gpu = Arc::new(guarded_result(|| Gpu::new(ordinal))?);
+    gpus[ordinal] = Some(Arc::clone(&gpu));
+    Ok(gpu)
+}
+
+/// `Error::Cuda` for a driver call that failed.
+pub(crate) fn driver_error(what: &str, e: DriverError) -> Error {
+    Error::Cuda { what: format!("{what}: {e}") }
+}
+
+fn no_device() -> DriverError {
+    DriverError(sys::CUresult::CUDA_ERROR_NO_DEVICE)
+}
+
+fn driver_present() -> bool {
+    // SAFETY: only tries to open the library, then closes it.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Ok when the three libraries cudarc loads lazily can be opened (else cudarc would panic).
+fn libraries_present() -> Result<()> {
+    let missing =
+        |lib: &str| Err(Error::Cuda { what: format!("{lib} not found (is the NVIDIA driver / CUDA toolkit on LD_LIBRARY_PATH?)") });
+    if !driver_present() {
+        return missing("libcuda");
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return missing("libnvrtc");
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        return missing("libcublas");
+    }
+    Ok(())
+}
+
+fn device_count_checked() -> Result<usize, DriverError> {
+    result::init()?;
+    Ok(result::device::get_count()?.max(0) as usize)
+}
+
+/// The device count, or an error naming why device `ordinal` cannot be used.
+fn check_ordinal(ordinal: usize) -> Result<usize> {
+    if !driver_present() {
+        return Err(Error::Cuda { what: "libcuda not found (no NVIDIA driver here)".into() });
+    }
+    let count = guarded(device_count_checked).map_err(|e| driver_error("initialising the CUDA driver", e))?;
+    if ordinal >= count {
+        return Err(Error::Cuda { what: format!("no CUDA device {ordinal} ({count} present)") });
+    }
+    Ok(count)
+}
+
+/// Runs a driver call, turning a panic inside cudarc (a symbol missing from an old driver) into
+/// an error instead of unwinding into the caller.
+fn guarded<T>(f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, DriverError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED)))
+}
+
+fn guarded_result<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f))
+        .unwrap_or_else(|_| Err(Error::Cuda { what: "a CUDA library lacks a function flatnn needs (driver or toolkit too old?)".into() }))
+}
+
+/// The device-0 [`Gpu`] for a test, or `None` (after printing the skip line) without CUDA.
+#[cfg(test)]
+pub(crate) fn test_gpu() -> Option<Arc<Gpu>> {
+    if !is_functional() {
+        println!("skipped: no CUDA device");
+        return None;
+    }
+    Some(gpu(0).expect("device 0 works (is_functional said so)"))
+}
+
+/// First line of every GPU test: the device-0 [`Gpu`], or return after printing
+/// `skipped: no CUDA device`.
+#[cfg(test)]
+macro_rules! gpu_or_skip {
+    () => {
+        match $crate::cuda::test_gpu() {
+            Some(gpu) => gpu,
+            None => return,
+        }
+    };
+}
+#[cfg(test)]
+pub(crate) use gpu_or_skip;

@@ -1,0 +1,348 @@
+//! Typed wrappers, one per kernel: each checks the views' lengths on the host (a panic on a
+//! short view: that is a bug in the caller, not a user error), computes the launch shape and
+//! launches. None allocates on the host; sizes of 2^30 values or more are an `Error::Shape`.
+//!
+//! Sizes are explicit (`batch`, `n`, a geometry); views may be longer than what is touched, as
+//! the CPU fast paths take capacity-sized buffers.
+
+use super::context::{Gpu, Kernel};
+use super::launch::{blocks, int, kernel_args, launch, View, ViewMut, BLOCK};
+use crate::activation::Activation;
+use crate::error::Result;
+use crate::layers::{conv, pool};
+use crate::loss::Loss;
+use crate::optim::Optim;
+use cudarc::driver::CudaStream;
+use std::ffi::c_void;
+
+/// Blocks of the `mse` kernel for `n` values: a function of `n` alone, so the order in which
+/// the loss is summed never changes.
+fn mse_blocks(n: usize) -> u32 {
+    n.div_ceil(BLOCK as usize).clamp(1, 1024) as u32
+}
+
+/// f64 partial sums a loss needs on the device (the `partials` of [`Gpu::softmax_xent`] and
+/// [`Gpu::mse`]) for `batch` samples of `outputs` values.
+pub fn loss_partials_len(loss: Loss, batch: usize, outputs: usize) -> usize {
+    match loss {
+        Loss::LogitCrossEntropy => batch,
+        Loss::Mse => mse_blocks(batch * outputs) as usize,
+    }
+}
+
+/// The kernels' activation id and leaky slope (see kernels/activation.cu).
+fn act_code(act: Activation) -> (i32, f32) {
+    match act {
+        Activation::Identity => (0, 0.0),
+        Activation::Relu => (1, 0.0),
+        Activation::LeakyRelu(slope) => (2, slope),
+        Activation::Tanh => (3, 0.0),
+        Activation::Sigmoid => (4, 0.0),
+        Activation::Gelu => (5, 0.0),
+    }
+}
+
+impl Gpu {
+    /// Launches `kernel` on `grid` blocks of [`BLOCK`] threads.
+    fn run<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: u32, mut args: [*mut c_void; N]) -> Result<()> {
+        assert_eq!(stream.context().cu_ctx(), self.ctx.cu_ctx(), "a stream of another device");
+        self.bind()?;
+        // SAFETY: every wrapper below passes its kernel's parameters in order with their C
+        // types, after checking on the host that each view holds what the kernel touches.
+        unsafe { launch(self.function(kernel), (grid, 1, 1), (BLOCK, 1, 1), 0, stream.cu_stream(), &mut args) }
+    }
+
+    /// z[s, c, p] += bias[c] for `batch` samples of `channels × pixels`; then y = act(z) when
+    /// `y` is given. Without `y` only the bias is added (an identity layer, whose z is its y).
+    #[allow(clippy::too_many_arguments)]
+    pub fn bias_act(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        bias: View<f32>,
+        channels: usize,
+        pixels: usize,
+        batch: usize,
+        z: ViewMut<f32>,
+        y: Option<ViewMut<f32>>,
+    ) -> Result<()> {
+        let len = batch * channels * pixels;
+        assert!(bias.len() >= channels && z.len() >= len, "bias_act: short bias or z");
+        assert!(y.as_ref().is_none_or(|y| y.len() >= len), "bias_act: short y");
+        if len == 0 {
+            return Ok(());
+        }
+        let (code, slope) = act_code(act);
+        let (z, y, bias) = (z.ptr(), y.map_or(0, |y| y.ptr()), bias.ptr());
+        let (channels, pixels, n) = (int(channels)?, int(pixels)?, int(len)?);
+        self.run(stream, Kernel::BiasActForward, blocks(len), kernel_args![z, y, bias, code, slope, channels, pixels, n])
+    }
+
+    /// dz = dy ⊙ act'(z) over the first `n` values (y = act(z), from the forward pass).
+    #[allow(clippy::too_many_arguments)]
+    pub fn act_backward(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        n: usize,
+        z: View<f32>,
+        y: View<f32>,
+        dy: View<f32>,
+        dz: ViewMut<f32>,
+    ) -> Result<()> {
+        assert!(z.len() >= n && y.len() >= n && dy.len() >= n && dz.len() >= n, "act_backward: a view is shorter than {n}");
+        if n == 0 {
+            return Ok(());
+        }
+        let (code, slope) = act_code(act);
+        let (z, y, dy, dz, len) = (z.ptr(), y.ptr(), dy.ptr(), dz.ptr(), int(n)?);
+        self.run(stream, Kernel::ActBackward, blocks(n), kernel_args![z, y, dy, dz, code, slope, len])
+    }
+
+    /// db[c] = Σ_{s,p} dz[s, c, p], overwritten; a fixed summation order (bit-identical runs).
+    pub fn bias_grad(
+        &self,
+        stream: &CudaStream,
+        channels: usize,
+        pixels: usize,
+        batch: usize,
+        dz: View<f32>,
+        db: ViewMut<f32>,
+    ) -> Result<()> {
+        assert!(dz.len() >= batch * channels * pixels && db.len() >= channels, "bias_grad: short dz or db");
+        if channels == 0 {
+            return Ok(());
+        }
+        let _ = int(batch * channels * pixels)?;
+        let (dz, db, c, p, b) = (dz.ptr(), db.ptr(), int(channels)?, int(pixels)?, int(batch)?);
+        self.run(stream, Kernel::BiasGrad, c as u32, kernel_args![dz, db, c, p, b])
+    }
+
+    /// Softmax cross-entropy of logits y (batch, classes) against `labels`: dy as
+    /// [`crate::loss::logit_cross_entropy`] computes it, and loss[0] (f64) = the mean over the
+    /// batch, summed on the device in a fixed order. `partials`: [`loss_partials_len`] values.
+    /// A label outside 0..classes makes the loss NaN (labels are checked on the host).
+    #[allow(clippy::too_many_arguments)]
+    pub fn softmax_xent(
+        &self,
+        stream: &CudaStream,
+        classes: usize,
+        batch: usize,
+        y: View<f32>,
+        labels: View<u32>,
+        dy: ViewMut<f32>,
+        partials: ViewMut<f64>,
+        loss: ViewMut<f64>,
+    ) -> Result<()> {
+        let len = batch * classes;
+        assert!(y.len() >= len && dy.len() >= len && labels.len() >= batch, "softmax_xent: short y, dy or labels");
+        assert!(partials.len() >= batch && !loss.is_empty(), "softmax_xent: short partials or loss");
+        assert!(batch > 0 && classes > 0, "softmax_xent: empty batch");
+        let _ = int(len)?;
+        let scale = 1.0 / batch as f64;
+        let (y, labels, dy, partial_ptr) = (y.ptr(), labels.ptr(), dy.ptr(), partials.ptr());
+        let (c, b, scale_f32) = (int(classes)?, int(batch)?, scale as f32);
+        self.run(stream, Kernel::SoftmaxXent, blocks(batch), kernel_args![y, labels, dy, partial_ptr, c, b, scale_f32])?;
+        self.sum_partials(stream, partials.as_view(), batch, scale, loss)
+    }
+
+    /// Mean squared error over the first `n` values: dy = 2(y − t)/n, and loss[0] (f64) =
+    /// Σ(y − t)²/n summed on the device in a fixed order. `partials`: [`loss_partials_len`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn mse(
+        &self,
+        stream: &CudaStream,
+        n: usize,
+        y: View<f32>,
+        t: View<f32>,
+        dy: ViewMut<f32>,
+        partials: ViewMut<f64>,
+        loss: ViewMut<f64>,
+    ) -> Result<()> {
+        let grid = mse_blocks(n);
+        assert!(y.len() >= n && t.len() >= n && dy.len() >= n, "mse: a view is shorter than {n}");
+        assert!(partials.len() >= grid as usize && !loss.is_empty(), "mse: short partials or loss");
+        assert!(n > 0, "mse: no values");
+        let scale = 1.0 / n as f64;
+        let (y, t, dy, partial_ptr, len, grad_scale) = (y.ptr(), t.ptr(), dy.ptr(), partials.ptr(), int(n)?, (2.0 * scale) as f32);
+        self.run(stream, Kernel::Mse, grid, kernel_args![y, t, dy, partial_ptr, len, grad_scale])?;
+        self.sum_partials(stream, partials.as_view(), grid as usize, scale, loss)
+    }
+
+    /// loss[0] = scale · Σ partials[..n], one block.
+    fn sum_partials(&self, stream: &CudaStream, partials: View<f64>, n: usize, scale: f64, loss: ViewMut<f64>) -> Result<()> {
+        let (partials, loss, n) = (partials.ptr(), loss.ptr(), int(n)?);
+        self.run(stream, Kernel::SumPartials, 1, kernel_args![partials, loss, n, scale])
+    }
+
+    /// Max-pool forward of `batch` samples, as [`pool::forward_spec`].
+    pub fn maxpool_forward(&self, stream: &CudaStream, g: &pool::Geometry, batch: usize, x: View<f32>, y: ViewMut<f32>) -> Result<()> {
+        let (in_len, out_len) = (g.channels * g.height * g.width, g.channels * g.out_height * g.out_width);
+        assert!(x.len() >= batch * in_len && y.len() >= batch * out_len, "maxpool_forward: short x or y");
+        if batch * out_len == 0 {
+            return Ok(());
+        }
+        let _ = int(batch * in_len)?;
+        let (x, y) = (x.ptr(), y.ptr());
+        let [c, h, w, oh, ow, kh, kw, sh, sw, b] = pool_dims(g, batch)?;
+        self.run(stream, Kernel::MaxpoolForward, blocks(batch * out_len), kernel_args![x, y, c, h, w, oh, ow, kh, kw, sh, sw, b])
+    }
+
+    /// Max-pool backward, dx overwritten, as [`pool::backward_spec`] (bit-equal: the same sums
+    /// in the same order).
+    pub fn maxpool_backward(
+        &self,
+        stream: &CudaStream,
+        g: &pool::Geometry,
+        batch: usize,
+        x: View<f32>,
+        dy: View<f32>,
+        dx: ViewMut<f32>,
+    ) -> Result<()> {
+        let (in_len, out_len) = (g.channels * g.height * g.width, g.channels * g.out_height * g.out_width);
+        assert!(x.len() >= batch * in_len && dx.len() >= batch * in_len && dy.len() >= batch * out_len, "maxpool_backward: short view");
+        if batch * in_len == 0 {
+            return Ok(());
+        }
+        let (x, dy, dx) = (x.ptr(), dy.ptr(), dx.ptr());
+        let [c, h, w, oh, ow, kh, kw, sh, sw, b] = pool_dims(g, batch)?;
+        self.run(stream, Kernel::MaxpoolBackward, blocks(batch * in_len), kernel_args![x, dy, dx, c, h, w, oh, ow, kh, kw, sh, sw, b])
+    }
+
+    /// col (batch, CKK, OHW) ← the lowered samples of x (batch, C, H, W), padding read as 0:
+    /// per sample exactly the CPU's im2col, so Z_s = W · col_s.
+    pub fn im2col(&self, stream: &CudaStream, g: &conv::Geometry, batch: usize, x: View<f32>, col: ViewMut<f32>) -> Result<()> {
+        let in_len = g.in_channels * g.height * g.width;
+        assert!(x.len() >= batch * in_len && col.len() >= batch * g.col_len(), "im2col: short x or col");
+        if batch * g.col_len() == 0 {
+            return Ok(());
+        }
+        let _ = int(batch * in_len)?;
+        let (x, col) = (x.ptr(), col.ptr());
+        let [c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b] = conv_dims(g, batch)?;
+        self.run(stream, Kernel::Im2col, blocks(batch * g.col_len()), kernel_args![x, col, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b])
+    }
+
+    /// dx (batch, C, H, W) ← col2im(dcol), overwritten: each pixel the sum of the lowered
+    /// entries read from it, gathered in the CPU's order.
+    pub fn col2im(&self, stream: &CudaStream, g: &conv::Geometry, batch: usize, dcol: View<f32>, dx: ViewMut<f32>) -> Result<()> {
+        let in_len = g.in_channels * g.height * g.width;
+        assert!(dx.len() >= batch * in_len && dcol.len() >= batch * g.col_len(), "col2im: short dx or dcol");
+        if batch * in_len == 0 {
+            return Ok(());
+        }
+        let _ = int(batch * g.col_len())?;
+        let (dcol, dx) = (dcol.ptr(), dx.ptr());
+        let [c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b] = conv_dims(g, batch)?;
+        self.run(stream, Kernel::Col2im, blocks(batch * in_len), kernel_args![dcol, dx, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b])
+    }
+
+    /// One optimiser update over the first `n` parameters, as `Optimizer::update` on the CPU:
+    /// `step` is the 1-based step number; `state` holds the optimiser's flat state in the CPU's
+    /// layout (`state[..n]` first moment / momentum / square average, `state[n..2n]` Adam's
+    /// second moment), zero before the first step.
+    #[allow(clippy::too_many_arguments)]
+    pub fn optim_step(
+        &self,
+        stream: &CudaStream,
+        config: Optim,
+        step: u64,
+        n: usize,
+        params: ViewMut<f32>,
+        grads: View<f32>,
+        state: ViewMut<f32>,
+    ) -> Result<()> {
+        let per_param = match config {
+            Optim::Sgd { momentum, .. } => usize::from(momentum != 0.0),
+            Optim::Adam { .. } | Optim::AdamW { .. } => 2,
+            Optim::RmsProp { .. } => 1,
+        };
+        assert!(params.len() >= n && grads.len() >= n && state.len() >= per_param * n, "optim_step: short view");
+        if n == 0 {
+            return Ok(());
+        }
+        let (p, g, s1, s2, len, grid) = (params.ptr(), grads.ptr(), state.ptr(), state.ptr() + 4 * n as u64, int(n)?, blocks(n));
+        match config {
+            Optim::Sgd { lr, momentum: 0.0, .. } => self.run(stream, Kernel::Sgd, grid, kernel_args![p, g, lr, len]),
+            Optim::Sgd { lr, momentum, nesterov } => {
+                let nesterov = i32::from(nesterov);
+                self.run(stream, Kernel::SgdMomentum, grid, kernel_args![p, g, s1, lr, momentum, nesterov, len])
+            }
+            Optim::Adam { lr, beta1, beta2, eps } | Optim::AdamW { lr, beta1, beta2, eps, weight_decay: _ } => {
+                let decay = if let Optim::AdamW { weight_decay, .. } = config { weight_decay } else { 0.0 };
+                // the CPU's scalars, computed the same way (src/optim.rs, adam)
+                let t = step as i32;
+                let step_size = lr / (1.0 - beta1.powi(t));
+                let inv_bias2 = 1.0 / (1.0 - beta2.powi(t)).sqrt();
+                let shrink = 1.0 - lr * decay;
+                self.run(stream, Kernel::Adam, grid, kernel_args![p, g, s1, s2, beta1, beta2, eps, step_size, inv_bias2, shrink, len])
+            }
+            Optim::RmsProp { lr, alpha, eps } => self.run(stream, Kernel::RmsProp, grid, kernel_args![p, g, s1, lr, alpha, eps, len]),
+        }
+    }
+
+    /// out[b, ..] = data[indices[b], ..] for `batch` samples of `sample_len` f32 values; the data
+    /// set `data` is (samples, sample_len) on the device, already normalised. An index past the
+    /// data set gives a NaN sample.
+    pub fn gather_batch(
+        &self,
+        stream: &CudaStream,
+        sample_len: usize,
+        batch: usize,
+        data: View<f32>,
+        indices: View<u32>,
+        out: ViewMut<f32>,
+    ) -> Result<()> {
+        assert!(sample_len > 0 && indices.len() >= batch && out.len() >= batch * sample_len, "gather_batch: short indices or out");
+        if batch == 0 {
+            return Ok(());
+        }
+        let (samples, n) = (data.len() / sample_len, int(batch * sample_len)?);
+        let (data, indices, out, len, b, samples) = (data.ptr(), indices.ptr(), out.ptr(), int(sample_len)?, int(batch)?, int(samples)?);
+        self.run(stream, Kernel::GatherBatch, blocks(n as usize), kernel_args![data, indices, out, len, b, samples])
+    }
+
+    /// out[b] = labels[indices[b]]; an index past the labels gives 0xFFFF_FFFF.
+    pub fn gather_labels(&self, stream: &CudaStream, batch: usize, labels: View<u32>, indices: View<u32>, out: ViewMut<u32>) -> Result<()> {
+        assert!(indices.len() >= batch && out.len() >= batch, "gather_labels: short indices or out");
+        if batch == 0 {
+            return Ok(());
+        }
+        let (labels, samples, indices, out, b) = (labels.ptr(), int(labels.len())?, indices.ptr(), out.ptr(), int(batch)?);
+        self.run(stream, Kernel::GatherLabels, blocks(batch), kernel_args![labels, indices, out, b, samples])
+    }
+}
+
+/// A pool's sizes as the kernels' ints: channels, height, width, out h/w, window, stride, batch.
+fn pool_dims(g: &pool::Geometry, batch: usize) -> Result<[i32; 10]> {
+    let dims = [g.channels, g.height, g.width, g.out_height, g.out_width, g.window.0, g.window.1, g.stride.0, g.stride.1, batch];
+    let mut out = [0i32; 10];
+    for (o, d) in out.iter_mut().zip(dims) {
+        *o = int(d)?;
+    }
+    Ok(out)
+}
+
+/// A convolution's sizes as the kernels' ints: channels, height, width, kernel, stride,
+/// padding, out h/w, batch.
+fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 12]> {
+    let dims = [
+        g.in_channels,
+        g.height,
+        g.width,
+        g.kernel.0,
+        g.kernel.1,
+        g.stride.0,
+        g.stride.1,
+        g.padding.0,
+        g.padding.1,
+        g.out_height,
+        g.out_width,
+        batch,
+    ];
+    let mut out = [0i32; 12];
+    for (o, d) in out.iter_mut().zip(dims) {
+        *o = int(d)?;
+    }
+    Ok(out)
+}

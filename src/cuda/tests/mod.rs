@@ -1,0 +1,147 @@
+//! Tests of the CUDA layer. The CPU-only ones run everywhere; every GPU test starts with
+//! `gpu_or_skip!()`, which prints `skipped: no CUDA device` and returns where CUDA is missing.
+
+mod ops;
+
+use super::context::{KERNELS, SOURCE_FILES};
+use super::*;
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+/// Uploads `data` to a new device buffer.
+fn upload<T: DeviceRepr>(stream: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
+    stream.clone_htod(data).expect("upload")
+}
+
+/// Waits for the stream, then copies `buf` back.
+fn download<T: DeviceRepr + Default + Clone>(stream: &Arc<CudaStream>, buf: &CudaSlice<T>) -> Vec<T> {
+    stream.synchronize().expect("kernel ran");
+    let out = stream.clone_dtoh(buf).expect("download");
+    stream.synchronize().expect("copy done");
+    out
+}
+
+/// Asserts |got − want| ≤ atol + rtol·|want| everywhere (NaN fails unless both are the same
+/// NaN bits) and prints the largest errors, for the record.
+fn check(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let (mut max_abs, mut max_rel) = (0.0f32, 0.0f32);
+    let mut bad = Vec::new();
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if g.to_bits() == w.to_bits() {
+            continue;
+        }
+        let err = (g - w).abs();
+        if (err.is_nan() || err > atol + rtol * w.abs()) && bad.len() < 5 {
+            bad.push(format!("[{i}] {g} vs {w}"));
+        }
+        max_abs = max_abs.max(err);
+        if w != 0.0 {
+            max_rel = max_rel.max(err / w.abs());
+        }
+    }
+    println!("{what}: {} values, max |err| {max_abs:e}, max rel err {max_rel:e}", got.len());
+    assert!(bad.is_empty(), "{what}: {}", bad.join(", "));
+}
+
+/// Asserts two runs gave the same bits.
+fn same_bits(what: &str, a: &[f32], b: &[f32]) {
+    assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()) && a.len() == b.len(), "{what}: runs differ");
+}
+
+#[test]
+fn every_launched_kernel_is_defined_in_the_sources() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .expect("kernels/ exists")
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".cu"))
+        .collect();
+    on_disk.sort();
+    let mut compiled: Vec<String> = SOURCE_FILES.iter().map(|(name, _)| name.to_string()).collect();
+    compiled.sort();
+    assert_eq!(on_disk, compiled, "every kernels/*.cu file is compiled, and only those");
+    let mut defined = Vec::new();
+    for (name, text) in SOURCE_FILES {
+        let on_disk = std::fs::read_to_string(dir.join(name)).unwrap();
+        assert_eq!(&on_disk, text, "{name} changed since the build");
+        let mut rest = *text;
+        while let Some(at) = rest.find("extern \"C\" __global__ void ") {
+            rest = &rest[at + "extern \"C\" __global__ void ".len()..];
+            defined.push(rest[..rest.find('(').unwrap()].trim().to_string());
+        }
+    }
+    for kernel in KERNELS {
+        assert!(defined.iter().any(|d| d == kernel), "kernel {kernel} is launched but not defined in kernels/*.cu");
+    }
+    for d in &defined {
+        assert!(KERNELS.contains(&d.as_str()), "kernel {d} is defined but never looked up");
+    }
+}
+
+#[test]
+fn probing_never_panics_and_errors_name_what_is_missing() {
+    let functional = is_functional();
+    let count = device_count();
+    println!("is_functional = {functional}, device_count = {count}");
+    assert!(!functional || count > 0);
+    let Err(Error::Cuda { what }) = gpu(count + 3) else { panic!("device {} should not exist", count + 3) };
+    if driver_present() {
+        assert!(what.contains(&format!("no CUDA device {} ({count} present)", count + 3)) || what.contains("not found"), "{what}");
+    } else {
+        assert!(what.contains("libcuda not found"), "{what}");
+        assert!(matches!(device_info(0), Err(Error::Cuda { .. })));
+    }
+}
+
+#[test]
+fn device_info_reads_the_device() {
+    let gpu = gpu_or_skip!();
+    let info = device_info(0).unwrap();
+    println!("device 0: {info:?}; {gpu:?}, {} SMs", gpu.multiprocessors());
+    assert!(info.total_memory > 0 && info.free_memory <= info.total_memory);
+    assert_eq!(info.compute_capability, gpu.compute_capability());
+    assert!(Arc::ptr_eq(&gpu, &super::gpu(0).unwrap()), "one Gpu per device per process");
+}
+
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Counts the calling thread's heap allocations, so a test can see that its own calls made
+/// none while other tests run beside it.
+struct Counting;
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// Heap allocations made by this thread during `f`.
+fn allocations_in(f: impl FnOnce()) -> usize {
+    let before = ALLOCATIONS.with(Cell::get);
+    f();
+    ALLOCATIONS.with(Cell::get) - before
+}

@@ -1,0 +1,379 @@
+//! Each kernel against its CPU twin, on seeded random inputs of odd sizes, outputs poisoned.
+
+use super::{allocations_in, check, download, same_bits, upload};
+use crate::activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
+use crate::chain::{Chain, Input, Shape};
+use crate::cuda::{gpu_or_skip, loss_partials_len, DevMat, DevMatMut, View, ViewMut};
+use crate::init::Init;
+use crate::layers::{conv, pool};
+use crate::loss::{self, Loss};
+use crate::optim::{Optim, Optimizer};
+use crate::testutil::{poisoned, Rng};
+
+const ACTS: [Activation; 6] = [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu];
+
+#[test]
+fn bias_act_matches_the_cpu() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(1);
+    for (channels, pixels, batch) in [(7, 13, 5), (37, 1, 3), (1, 1, 1), (16, 576, 33)] {
+        let n = batch * channels * pixels;
+        let z0: Vec<f32> = rng.uniform(n).iter().map(|v| 4.0 * v).collect();
+        let bias = rng.uniform(channels);
+        let z_want: Vec<f32> = (0..n).map(|i| z0[i] + bias[(i / pixels) % channels]).collect();
+        let b = upload(&stream, &bias);
+        for act in ACTS {
+            let (mut z, mut y) = (upload(&stream, &z0), upload(&stream, &poisoned(n + 1)));
+            gpu.bias_act(&stream, act, View::of(&b), channels, pixels, batch, ViewMut::of(&mut z), Some(ViewMut::of(&mut y))).unwrap();
+            let y_want: Vec<f32> = z_want.iter().map(|&v| act.apply(v)).chain([f32::NAN]).collect();
+            check(&format!("bias_act z {act:?}"), &download(&stream, &z), &z_want, 0.0, 0.0);
+            check(&format!("bias_act y {act:?} {channels}x{pixels}x{batch}"), &download(&stream, &y), &y_want, 1e-6, 1e-5);
+        }
+        // no y: the bias alone, in place
+        let mut z = upload(&stream, &z0);
+        gpu.bias_act(&stream, Relu, View::of(&b), channels, pixels, batch, ViewMut::of(&mut z), None).unwrap();
+        check("bias_act in place", &download(&stream, &z), &z_want, 0.0, 0.0);
+    }
+}
+
+#[test]
+fn act_backward_matches_the_cpu() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(2);
+    for n in [1, 1001, (1 << 24) + 3] {
+        let acts: &[Activation] = if n > 1 << 20 { &[LeakyRelu(0.02)] } else { &ACTS };
+        let z: Vec<f32> = rng.uniform(n).iter().map(|v| 4.0 * v).collect();
+        let dy = rng.uniform(n);
+        for &act in acts {
+            let y: Vec<f32> = z.iter().map(|&v| act.apply(v)).collect();
+            let want: Vec<f32> = (0..n).map(|i| dy[i] * act.derivative(z[i], y[i])).chain([f32::NAN]).collect();
+            let (zd, yd, dyd, mut dz) = (upload(&stream, &z), upload(&stream, &y), upload(&stream, &dy), upload(&stream, &poisoned(n + 1)));
+            gpu.act_backward(&stream, act, n, View::of(&zd), View::of(&yd), View::of(&dyd), ViewMut::of(&mut dz)).unwrap();
+            check(&format!("act_backward {act:?} n={n}"), &download(&stream, &dz), &want, 1e-6, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn bias_grad_is_exact_on_integers_and_deterministic() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(3);
+    for (channels, pixels, batch) in [(7, 13, 5), (10, 1, 1000), (3, 784, 64), (1, 1, 1)] {
+        let n = batch * channels * pixels;
+        let dz = rng.ints(n);
+        let mut want = vec![0.0f32; channels];
+        for i in 0..n {
+            want[(i / pixels) % channels] += dz[i];
+        }
+        let run = |dz: &[f32]| {
+            let (dzd, mut db) = (upload(&stream, dz), upload(&stream, &poisoned(channels + 1)));
+            gpu.bias_grad(&stream, channels, pixels, batch, View::of(&dzd), ViewMut::of(&mut db)).unwrap();
+            download(&stream, &db)
+        };
+        want.push(f32::NAN);
+        check(&format!("bias_grad {channels}x{pixels}x{batch}"), &run(&dz), &want, 0.0, 0.0);
+        let dz = rng.uniform(n);
+        same_bits("bias_grad", &run(&dz), &run(&dz));
+    }
+}
+
+#[test]
+fn softmax_xent_matches_the_cpu_and_is_deterministic() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(4);
+    for (classes, batch) in [(10, 1), (13, 37), (10, 1000), (1000, 3)] {
+        let y: Vec<f32> = rng.uniform(batch * classes).iter().map(|v| 8.0 * v).collect();
+        let labels: Vec<u32> = (0..batch).map(|_| rng.below(classes) as u32).collect();
+        let mut dy_want = vec![0.0f32; batch * classes];
+        let loss_want = loss::logit_cross_entropy(&y, &labels, classes, &mut dy_want);
+        let (yd, ld) = (upload(&stream, &y), upload(&stream, &labels));
+        let partials_len = loss_partials_len(Loss::LogitCrossEntropy, batch, classes);
+        let run = || {
+            let (mut dy, mut partials, mut loss) =
+                (upload(&stream, &poisoned(batch * classes)), upload(&stream, &vec![f64::NAN; partials_len]), upload(&stream, &[f64::NAN]));
+            let (y, labels) = (View::of(&yd), View::of(&ld));
+            gpu.softmax_xent(&stream, classes, batch, y, labels, ViewMut::of(&mut dy), ViewMut::of(&mut partials), ViewMut::of(&mut loss))
+                .unwrap();
+            (download(&stream, &dy), download(&stream, &loss)[0])
+        };
+        let (dy, loss) = run();
+        let scale = 1.0 / batch as f32;
+        check(&format!("softmax_xent dy {classes}x{batch}"), &dy, &dy_want, 1e-6 * scale, 1e-5);
+        let rel = ((loss - loss_want) / loss_want).abs();
+        println!("softmax_xent loss {classes}x{batch}: {loss} vs {loss_want}, rel err {rel:e}");
+        assert!(rel <= 1e-5, "loss {loss} vs {loss_want}");
+        let (dy2, loss2) = run();
+        same_bits("softmax_xent dy", &dy, &dy2);
+        assert_eq!(loss.to_bits(), loss2.to_bits(), "softmax_xent loss differs between runs");
+    }
+}
+
+#[test]
+fn mse_matches_the_cpu_and_is_deterministic() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(5);
+    for n in [1, 7, 1000, 300_001] {
+        let (y, t) = (rng.uniform(n), rng.uniform(n));
+        let mut dy_want = vec![0.0f32; n];
+        let loss_want = loss::mse(&y, &t, &mut dy_want);
+        let (yd, td) = (upload(&stream, &y), upload(&stream, &t));
+        let run = || {
+            let partials = vec![f64::NAN; loss_partials_len(Loss::Mse, n, 1)];
+            let (mut dy, mut partials, mut loss) =
+                (upload(&stream, &poisoned(n)), upload(&stream, &partials), upload(&stream, &[f64::NAN]));
+            gpu.mse(&stream, n, View::of(&yd), View::of(&td), ViewMut::of(&mut dy), ViewMut::of(&mut partials), ViewMut::of(&mut loss))
+                .unwrap();
+            (download(&stream, &dy), download(&stream, &loss)[0])
+        };
+        let (dy, loss) = run();
+        check(&format!("mse dy n={n}"), &dy, &dy_want, 0.0, 0.0);
+        let rel = ((loss - loss_want) / loss_want).abs();
+        println!("mse loss n={n}: {loss} vs {loss_want}, rel err {rel:e}");
+        assert!(rel <= 1e-5, "loss {loss} vs {loss_want}");
+        let (dy2, loss2) = run();
+        same_bits("mse dy", &dy, &dy2);
+        assert_eq!(loss.to_bits(), loss2.to_bits(), "mse loss differs between runs");
+    }
+}
+
+#[test]
+fn maxpool_matches_the_spec_bit_for_bit() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(6);
+    // (H, W, C, window, stride): disjoint, overlapping, stride 1, uneven, stride > window
+    let cases = [
+        (7, 9, 3, (2, 2), (2, 2)),
+        (9, 11, 2, (3, 3), (2, 2)),
+        (5, 6, 1, (2, 2), (1, 1)),
+        (6, 7, 4, (3, 2), (1, 2)),
+        (8, 8, 2, (2, 2), (3, 3)),
+    ];
+    for (h, w, c, window, stride) in cases {
+        let (oh, ow) = ((h - window.0) / stride.0 + 1, (w - window.1) / stride.1 + 1);
+        let g = pool::Geometry::new(Shape::image(h, w, c), Shape::image(oh, ow, c), window, stride);
+        for batch in [1, 3] {
+            let (in_len, out_len) = (batch * c * h * w, batch * c * oh * ow);
+            let mut x = rng.ints(in_len); // small integers: many ties
+            x[in_len / 2] = f32::NAN; // a NaN wins its windows, as on the CPU
+            let dy = rng.ints(out_len);
+            let (mut y_want, mut dx_want) = (poisoned(out_len), poisoned(in_len));
+            pool::forward_spec(&g, batch, &x, &mut y_want);
+            pool::backward_spec(&g, batch, &x, &dy, &mut dx_want);
+            let (xd, dyd, mut y, mut dx) = (
+                upload(&stream, &x),
+                upload(&stream, &dy),
+                upload(&stream, &poisoned(out_len + 1)),
+                upload(&stream, &poisoned(in_len + 1)),
+            );
+            gpu.maxpool_forward(&stream, &g, batch, View::of(&xd), ViewMut::of(&mut y)).unwrap();
+            gpu.maxpool_backward(&stream, &g, batch, View::of(&xd), View::of(&dyd), ViewMut::of(&mut dx)).unwrap();
+            y_want.push(f32::NAN);
+            dx_want.push(f32::NAN);
+            check(&format!("maxpool y {g:?} batch {batch}"), &download(&stream, &y), &y_want, 0.0, 0.0);
+            check(&format!("maxpool dx {g:?} batch {batch}"), &download(&stream, &dx), &dx_want, 0.0, 0.0);
+        }
+    }
+}
+
+/// The CPU's im2col for one sample, written out from the geometry.
+fn im2col_reference(g: &conv::Geometry, x: &[f32]) -> Vec<f32> {
+    let (kh, kw, ohw) = (g.kernel.0, g.kernel.1, g.ohw());
+    let mut col = vec![0.0; g.col_len()];
+    for c in 0..g.in_channels {
+        for i in 0..kh {
+            for j in 0..kw {
+                for oy in 0..g.out_height {
+                    for ox in 0..g.out_width {
+                        let (iy, ix) =
+                            ((oy * g.stride.0 + i) as isize - g.padding.0 as isize, (ox * g.stride.1 + j) as isize - g.padding.1 as isize);
+                        if iy >= 0 && ix >= 0 && (iy as usize) < g.height && (ix as usize) < g.width {
+                            col[((c * kh + i) * kw + j) * ohw + oy * g.out_width + ox] =
+                                x[(c * g.height + iy as usize) * g.width + ix as usize];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    col
+}
+
+/// im2col, then W·col (strided-batched SGEMM), equals the conv spec; Wᵀ·dZ then col2im equals
+/// its dX, and Σ dZ_s·col_sᵀ its dW. Small integers: everything is exact.
+#[test]
+fn conv_lowering_with_sgemm_matches_the_spec() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let blas = gpu.blas(&stream, false).unwrap();
+    let mut rng = Rng::new(7);
+    let cases = [
+        (Shape::image(5, 5, 1), 2, (3, 3), (1, 1), (0, 0)),
+        (Shape::image(7, 6, 3), 4, (3, 2), (2, 1), (1, 1)),
+        (Shape::image(9, 9, 2), 3, (5, 5), (2, 2), (2, 2)),
+        (Shape::image(1, 1, 2), 5, (1, 1), (1, 1), (0, 0)),
+        (Shape::image(28, 28, 1), 6, (5, 5), (1, 1), (2, 2)),
+    ];
+    for (input, oc, kernel, stride, padding) in cases {
+        let Shape::Image { channels: _, height, width } = input else { unreachable!() };
+        let (oh, ow) = ((height + 2 * padding.0 - kernel.0) / stride.0 + 1, (width + 2 * padding.1 - kernel.1) / stride.1 + 1);
+        let g = conv::Geometry::new(input, Shape::image(oh, ow, oc), kernel, stride, padding);
+        let (ckk, ohw, out_len) = (g.ckk(), g.ohw(), oc * g.ohw());
+        for batch in [1, 2, 5] {
+            let (w, x, dz) = (rng.ints(oc * ckk), rng.ints(batch * input.len()), rng.ints(batch * out_len));
+            let (mut z_want, mut dw_want, mut db_want, mut dx_want) =
+                (vec![0.0; batch * out_len], vec![0.0; w.len()], vec![0.0; oc], vec![0.0; x.len()]);
+            conv::forward_spec(&g, batch, &w, &vec![0.0; oc], &x, &mut z_want);
+            conv::backward_spec(&g, batch, &w, &x, &dz, &mut dw_want, &mut db_want, Some(&mut dx_want));
+            let col_want: Vec<f32> = x.chunks(input.len()).flat_map(|xs| im2col_reference(&g, xs)).collect();
+
+            let (wd, xd, dzd) = (upload(&stream, &w), upload(&stream, &x), upload(&stream, &dz));
+            let (mut col, mut z, mut dcol, mut dx, mut dw) = (
+                upload(&stream, &poisoned(batch * g.col_len())),
+                upload(&stream, &poisoned(batch * out_len)),
+                upload(&stream, &poisoned(batch * g.col_len())),
+                upload(&stream, &poisoned(x.len())),
+                upload(&stream, &poisoned(w.len())),
+            );
+            gpu.im2col(&stream, &g, batch, View::of(&xd), ViewMut::of(&mut col)).unwrap();
+            // Z_s (OC × OHW) = W (OC × CKK) · col_s (CKK × OHW)
+            let w_mat = DevMat { data: View::of(&wd), rs: ckk, cs: 1 };
+            let col_mat = DevMat { data: View::of(&col), rs: ohw, cs: 1 };
+            let z_mat = DevMatMut { data: ViewMut::of(&mut z), rs: ohw, cs: 1 };
+            blas.sgemm_batched(batch, oc, ohw, ckk, 1.0, (w_mat, 0), (col_mat, ckk * ohw), 0.0, (z_mat, out_len)).unwrap();
+            // dcol_s (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW)
+            let w_t = DevMat { data: View::of(&wd), rs: 1, cs: ckk };
+            let dz_mat = DevMat { data: View::of(&dzd), rs: ohw, cs: 1 };
+            let dcol_mat = DevMatMut { data: ViewMut::of(&mut dcol), rs: ohw, cs: 1 };
+            blas.sgemm_batched(batch, ckk, ohw, oc, 1.0, (w_t, 0), (dz_mat, out_len), 0.0, (dcol_mat, ckk * ohw)).unwrap();
+            gpu.col2im(&stream, &g, batch, View::of(&dcol), ViewMut::of(&mut dx)).unwrap();
+            // dW (OC × CKK) = Σ_s dZ_s (OC × OHW) · col_sᵀ (OHW × CKK)
+            for s in 0..batch {
+                let dz_s = DevMat { data: View::of(&dzd).slice(s * out_len..(s + 1) * out_len), rs: ohw, cs: 1 };
+                let col_t = DevMat { data: View::of(&col).slice(s * g.col_len()..(s + 1) * g.col_len()), rs: 1, cs: ohw };
+                let beta = if s == 0 { 0.0 } else { 1.0 };
+                blas.sgemm(oc, ckk, ohw, 1.0, dz_s, col_t, beta, DevMatMut { data: ViewMut::of(&mut dw), rs: ckk, cs: 1 }).unwrap();
+            }
+            let what = format!("{g:?} batch {batch}");
+            check(&format!("im2col {what}"), &download(&stream, &col), &col_want, 0.0, 0.0);
+            check(&format!("conv z {what}"), &download(&stream, &z), &z_want, 0.0, 0.0);
+            check(&format!("col2im dx {what}"), &download(&stream, &dx), &dx_want, 0.0, 0.0);
+            check(&format!("conv dw {what}"), &download(&stream, &dw), &dw_want, 0.0, 0.0);
+        }
+    }
+}
+
+#[test]
+fn optimisers_match_the_cpu() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(8);
+    let nesterov = Optim::Sgd { lr: 0.05, momentum: 0.9, nesterov: true };
+    for config in [Optim::sgd(0.1, 0.0), Optim::sgd(0.1, 0.9), nesterov, Optim::adam(0.01), Optim::adamw(0.01, 0.1), Optim::rmsprop(0.001)]
+    {
+        let mut model =
+            Chain::new(Input::vector(37)).dense(29, Identity).build().unwrap().init(Init::GlorotNormal, 1).with_threads(1).unwrap();
+        let mut grads = model.preallocate_grads(1).unwrap();
+        let mut opt = Optimizer::new(&model, config).unwrap();
+        let n = model.params.len();
+        let (mut params, mut state) = (upload(&stream, &model.params), upload(&stream, &vec![0.0f32; 2 * n]));
+        for step in 1..=3 {
+            let g = rng.uniform(n);
+            grads.grads.copy_from_slice(&g);
+            opt.update(&mut model, &grads).unwrap();
+            let gd = upload(&stream, &g);
+            gpu.optim_step(&stream, config, step, n, ViewMut::of(&mut params), View::of(&gd), ViewMut::of(&mut state)).unwrap();
+        }
+        check(&format!("{config:?} after 3 steps"), &download(&stream, &params), &model.params, 0.0, 1e-6);
+    }
+}
+
+#[test]
+fn gather_picks_the_indexed_samples() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(9);
+    let (samples, sample_len, batch) = (100, 37, 33);
+    let data = rng.uniform(samples * sample_len);
+    let labels: Vec<u32> = (0..samples).map(|_| rng.below(10) as u32).collect();
+    let mut indices: Vec<u32> = (0..batch).map(|_| rng.below(samples) as u32).collect();
+    indices[5] = indices[4]; // repeats are fine
+    indices[7] = samples as u32; // out of range: NaN sample, label u32::MAX
+    let x_want: Vec<f32> = indices
+        .iter()
+        .flat_map(
+            |&i| if (i as usize) < samples { data[i as usize * sample_len..][..sample_len].to_vec() } else { vec![f32::NAN; sample_len] },
+        )
+        .collect();
+    let y_want: Vec<u32> = indices.iter().map(|&i| labels.get(i as usize).copied().unwrap_or(u32::MAX)).collect();
+    let (dd, ld, id) = (upload(&stream, &data), upload(&stream, &labels), upload(&stream, &indices));
+    let (mut x, mut y) = (upload(&stream, &poisoned(batch * sample_len)), upload(&stream, &vec![7u32; batch]));
+    gpu.gather_batch(&stream, sample_len, batch, View::of(&dd), View::of(&id), ViewMut::of(&mut x)).unwrap();
+    gpu.gather_labels(&stream, batch, View::of(&ld), View::of(&id), ViewMut::of(&mut y)).unwrap();
+    check("gather_batch", &download(&stream, &x), &x_want, 0.0, 0.0);
+    assert_eq!(download(&stream, &y), y_want, "gather_labels");
+}
+
+/// After one warm-up call each, the wrappers and SGEMM allocate nothing on the host.
+#[test]
+fn launches_allocate_nothing() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let blas = gpu.blas(&stream, false).unwrap();
+    let (channels, pixels, batch) = (8, 36, 4);
+    let n = channels * pixels * batch;
+    let mut rng = Rng::new(10);
+    let (a, b, mut c, mut d) = (
+        upload(&stream, &rng.uniform(n)),
+        upload(&stream, &rng.uniform(n)),
+        upload(&stream, &rng.uniform(n)),
+        upload(&stream, &rng.uniform(n)),
+    );
+    let mut state = upload(&stream, &vec![0.0f32; 2 * n]);
+    let (mut partials, mut loss) = (upload(&stream, &vec![0.0f64; n]), upload(&stream, &[0.0f64]));
+    let labels = upload(&stream, &vec![1u32; batch]);
+    let mut labels_out = upload(&stream, &vec![0u32; batch]);
+    let pool_g = pool::Geometry::new(Shape::image(6, 6, channels), Shape::image(3, 3, channels), (2, 2), (2, 2));
+    let conv_g = conv::Geometry::new(Shape::image(6, 6, 2), Shape::image(4, 4, 3), (3, 3), (1, 1), (0, 0));
+    let mut every_kernel = || {
+        let (av, bv) = (View::of(&a), View::of(&b));
+        gpu.bias_act(&stream, Gelu, av, channels, pixels, batch, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
+        gpu.act_backward(&stream, Tanh, n, av, bv, av, ViewMut::of(&mut c)).unwrap();
+        gpu.bias_grad(&stream, channels, pixels, batch, av, ViewMut::of(&mut c)).unwrap();
+        gpu.softmax_xent(
+            &stream,
+            10,
+            batch,
+            av,
+            View::of(&labels),
+            ViewMut::of(&mut c),
+            ViewMut::of(&mut partials),
+            ViewMut::of(&mut loss),
+        )
+        .unwrap();
+        gpu.mse(&stream, n, av, bv, ViewMut::of(&mut c), ViewMut::of(&mut partials), ViewMut::of(&mut loss)).unwrap();
+        gpu.maxpool_forward(&stream, &pool_g, batch, av, ViewMut::of(&mut c)).unwrap();
+        gpu.maxpool_backward(&stream, &pool_g, batch, av, bv, ViewMut::of(&mut c)).unwrap();
+        gpu.im2col(&stream, &conv_g, 2, av, ViewMut::of(&mut c)).unwrap();
+        gpu.col2im(&stream, &conv_g, 2, av, ViewMut::of(&mut c)).unwrap();
+        for config in [Optim::sgd(0.1, 0.0), Optim::sgd(0.1, 0.9), Optim::adamw(1e-3, 0.1), Optim::rmsprop(1e-3)] {
+            gpu.optim_step(&stream, config, 3, n / 2, ViewMut::of(&mut c), av, ViewMut::of(&mut state)).unwrap();
+        }
+        gpu.gather_batch(&stream, 9, batch, av, View::of(&labels), ViewMut::of(&mut c)).unwrap();
+        gpu.gather_labels(&stream, batch, View::of(&labels), View::of(&labels), ViewMut::of(&mut labels_out)).unwrap();
+        let (ma, mb) = (DevMat { data: av, rs: 17, cs: 1 }, DevMat { data: bv, rs: 1, cs: 17 });
+        blas.sgemm(13, 11, 17, 1.0, ma, mb, 0.5, DevMatMut { data: ViewMut::of(&mut c), rs: 11, cs: 1 }).unwrap();
+        blas.sgemm_batched(3, 5, 7, 9, 1.0, (ma, 0), (mb, 100), 0.0, (DevMatMut { data: ViewMut::of(&mut c), rs: 7, cs: 1 }, 40)).unwrap();
+    };
+    every_kernel();
+    stream.synchronize().unwrap();
+    let count = allocations_in(&mut every_kernel);
+    stream.synchronize().unwrap();
+    println!("host allocations in one call of every wrapper after warm-up: {count}");
+    assert_eq!(count, 0, "the launch path allocated");
+}
