@@ -100,7 +100,7 @@ fn update(c: &mut Criterion) {
             let (mut model, mut fwd, mut bwd, _) = setup(mlp(), threads, 1);
             model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
             let mut opt = Optimizer::new(&model, optim).unwrap();
-            group.throughput(Throughput::Elements(model.parameters().len() as u64));
+            group.throughput(Throughput::Elements(model.plan().param_len as u64));
             group.bench_function(BenchmarkId::new(name, format!("{threads}t")), |b| b.iter(|| opt.update(&mut model, &bwd).unwrap()));
         }
     }

@@ -68,9 +68,6 @@ fn parse() -> Result<Options, String> {
     if !["mlp", "cnn", "lenet"].contains(&o.model.as_str()) {
         return Err(format!("--model must be mlp, cnn or lenet, not {:?}", o.model));
     }
-    if !matches!(o.device.as_str(), "cpu" | "auto") {
-        return Err(format!("--device {}: this build runs on the CPU only (cpu or auto)", o.device));
-    }
     Ok(o)
 }
 
@@ -130,20 +127,32 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
     }
     let train = Dataset::mnist(&o.data, Split::Train)?;
     let test = Dataset::mnist(&o.data, Split::Test)?;
+    let device = Device::parse(&o.device)?;
+    let mut test_loader = Loader::new(test.len(), o.batch, 0, false)?;
+    if let Some(path) = &o.load {
+        let model = Model::load(path)?.to(&device)?;
+        let mut fwd = model.preallocate(o.batch)?;
+        let acc = accuracy(&model, &mut fwd, &test, &mut test_loader)?;
+        println!("{} on {device}: test accuracy {:.2}%", path.display(), 100.0 * acc);
+        return Ok(());
+    }
     let mut model = chain(&o.model).build()?.init(Init::HeNormal, o.seed);
     if let Some(threads) = o.threads {
         model = model.with_threads(threads)?;
     }
+    let mut model = model.to(&device)?;
     let mut fwd = model.preallocate(o.batch)?;
     let mut bwd = model.preallocate_grads(o.batch)?;
     let mut opt = Optimizer::new(&model, optimizer(&o.optimizer, o.lr)?)?;
     let mut train_loader = Loader::new(train.len(), o.batch, o.seed, false)?;
-    let mut test_loader = Loader::new(test.len(), o.batch, 0, false)?;
     println!(
-        "{} ({} parameters) on the CPU, {} threads, batch {}, {:?}",
+        "{} ({} parameters) on {}, batch {}, {:?}",
         o.model,
-        model.parameters().len(),
-        model.threads(),
+        model.plan().param_len,
+        match device {
+            Device::Cpu => format!("the CPU, {} threads", model.threads()),
+            Device::Cuda(n) => format!("CUDA device {n} ({})", flatnn::cuda::device_info(n)?.name),
+        },
         o.batch,
         opt.config()
     );
@@ -176,7 +185,10 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
             train.len() as f64 / seconds
         );
     }
-    let _ = (&o.save, &o.load);
+    if let Some(path) = &o.save {
+        model.save(path)?;
+        println!("saved {}", path.display());
+    }
     Ok(())
 }
 

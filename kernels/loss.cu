@@ -45,11 +45,16 @@ extern "C" __global__ void mse(const float* y, const float* t, float* dy, double
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
-// out[0] = scale · Σ partials[0..n], one block of REDUCE_THREADS threads, fixed order.
+// out[0] = scale · Σ partials[0..n], one block of REDUCE_THREADS threads, fixed order; and the
+// running totals since the host last reset them: out[1] += out[0], out[2] += 1.
 extern "C" __global__ void sum_partials(const double* partials, double* out, int n, double scale) {
     __shared__ double buf[REDUCE_THREADS];
     double acc = 0.0;
     for (int i = threadIdx.x; i < n; i += REDUCE_THREADS) acc += partials[i];
     double sum = block_sum_f64(acc, buf);
-    if (threadIdx.x == 0) out[0] = sum * scale;
+    if (threadIdx.x == 0) {
+        out[0] = sum * scale;
+        out[1] += sum * scale;
+        out[2] += 1.0;
+    }
 }

@@ -6,17 +6,23 @@
 //! capacity runs in the front of the same buffers; a larger one is an [`Error::Capacity`].
 
 use crate::chain::Plan;
+use crate::dev::{DevCache, DevGrads};
+use crate::device::{Device, ToDevice};
 use crate::error::{Error, Result};
 use crate::layers::{region, GradWorkspace, Workspace};
+use std::borrow::Cow;
 use std::sync::Arc;
 
-/// Inputs, targets, activations and forward scratch for up to `capacity` samples.
+/// Inputs, targets, activations and forward scratch for up to `capacity` samples, on the
+/// device of the model that made it. On a GPU the host keeps the batch's inputs, labels and
+/// targets as set, and the next step copies what changed to the device.
 pub struct Cache {
     pub(crate) plan: Arc<Plan>,
     pub(crate) capacity: usize,
     pub(crate) threads: usize,
     /// Samples in the current batch (set by `set_inputs`).
     pub(crate) batch: usize,
+    /// Every activation on the CPU; on a GPU only the inputs (region 0), as staged by the host.
     pub(crate) acts: Vec<f32>,
     pub(crate) labels: Vec<u32>,
     pub(crate) targets: Vec<f32>,
@@ -24,24 +30,39 @@ pub struct Cache {
     pub(crate) labels_set: usize,
     pub(crate) targets_set: usize,
     pub(crate) ws: Workspace,
+    pub(crate) dev: Option<DevCache>,
+    /// What the host changed since the device last saw it (GPU caches only).
+    pub(crate) inputs_dirty: bool,
+    pub(crate) labels_dirty: bool,
+    pub(crate) targets_dirty: bool,
 }
 
 impl Cache {
-    pub(crate) fn new(plan: &Arc<Plan>, capacity: usize, threads: usize) -> Result<Cache> {
+    pub(crate) fn new(plan: &Arc<Plan>, capacity: usize, threads: usize, dev: Option<DevCache>) -> Result<Cache> {
         check_capacity(capacity)?;
         let outputs = plan.output().len();
+        let acts_len = if dev.is_some() { capacity * plan.input.len() } else { plan.acts_len(capacity) };
         Ok(Cache {
             plan: Arc::clone(plan),
             capacity,
             threads,
             batch: 0,
-            acts: vec![0.0; plan.acts_len(capacity)],
+            acts: vec![0.0; acts_len],
             labels: vec![0; capacity],
             targets: vec![0.0; capacity * outputs],
             labels_set: 0,
             targets_set: 0,
             ws: Workspace::new(plan, threads),
+            dev,
+            inputs_dirty: false,
+            labels_dirty: false,
+            targets_dirty: false,
         })
+    }
+
+    /// The device this cache's buffers live on.
+    pub fn device(&self) -> Device {
+        self.dev.as_ref().map_or(Device::Cpu, DevCache::device)
     }
 
     /// The largest batch this cache runs.
@@ -81,6 +102,7 @@ impl Cache {
             return Err(Error::Capacity { batch, capacity: self.capacity });
         }
         self.batch = batch;
+        self.inputs_dirty = true;
         let r = region(&self.plan, 0, self.capacity, batch);
         Ok(&mut self.acts[r])
     }
@@ -99,6 +121,7 @@ impl Cache {
         check_labels(labels, self.plan.output().len())?;
         self.labels[..labels.len()].copy_from_slice(labels);
         self.labels_set = labels.len();
+        self.labels_dirty = true;
         Ok(())
     }
 
@@ -108,6 +131,7 @@ impl Cache {
             return Err(Error::Capacity { batch, capacity: self.capacity });
         }
         self.labels_set = batch;
+        self.labels_dirty = true;
         Ok(&mut self.labels[..batch])
     }
 
@@ -125,11 +149,17 @@ impl Cache {
         check_finite(targets, "targets")?;
         self.targets[..targets.len()].copy_from_slice(targets);
         self.targets_set = batch;
+        self.targets_dirty = true;
         Ok(())
     }
 
-    /// The model's outputs for the current batch (valid after `forward` or `backprop`).
+    /// The model's outputs for the current batch: on the CPU valid after `forward` or
+    /// `backprop`; from a GPU, the copy the last `forward` brought back.
     pub fn outputs(&self) -> &[f32] {
+        let len = self.batch * self.plan.output().len();
+        if let Some(dev) = &self.dev {
+            return dev.outputs(len);
+        }
         let last = self.plan.steps.last().map_or(0, |s| s.output_region);
         &self.acts[region(&self.plan, last, self.capacity, self.batch)]
     }
@@ -143,26 +173,34 @@ pub struct Grads {
     pub(crate) grads: Vec<f32>,
     pub(crate) dacts: Vec<f32>,
     pub(crate) gws: GradWorkspace,
-    /// The last loss, and the sum and count of losses since `mean_loss` last read them.
+    /// The last loss, and the sum and count of losses since `mean_loss` last read them (CPU).
     last_loss: f64,
     loss_sum: f64,
     losses: usize,
+    pub(crate) dev: Option<DevGrads>,
 }
 
 impl Grads {
-    pub(crate) fn new(plan: &Arc<Plan>, capacity: usize, threads: usize) -> Result<Grads> {
+    pub(crate) fn new(plan: &Arc<Plan>, capacity: usize, threads: usize, dev: Option<DevGrads>) -> Result<Grads> {
         check_capacity(capacity)?;
+        let on_cpu = dev.is_none();
         Ok(Grads {
             plan: Arc::clone(plan),
             capacity,
             threads,
-            grads: vec![0.0; plan.param_len],
-            dacts: vec![0.0; plan.acts_len(capacity)],
+            grads: if on_cpu { vec![0.0; plan.param_len] } else { Vec::new() },
+            dacts: if on_cpu { vec![0.0; plan.acts_len(capacity)] } else { Vec::new() },
             gws: GradWorkspace::new(plan, threads),
             last_loss: f64::NAN,
             loss_sum: 0.0,
             losses: 0,
+            dev,
         })
+    }
+
+    /// The device these buffers live on.
+    pub fn device(&self) -> Device {
+        self.dev.as_ref().map_or(Device::Cpu, DevGrads::device)
     }
 
     pub(crate) fn record_loss(&mut self, value: f64) {
@@ -171,22 +209,38 @@ impl Grads {
         self.losses += 1;
     }
 
-    /// The loss of the last `backprop` (NaN before the first).
+    /// The loss of the last `backprop` (NaN before the first). On a GPU the loss stays on the
+    /// device until asked for: this waits for the queued steps.
     pub fn last_loss(&self) -> Result<f32> {
-        Ok(self.last_loss as f32)
+        match &self.dev {
+            Some(dev) => dev.last_loss(),
+            None => Ok(self.last_loss as f32),
+        }
     }
 
     /// The mean loss of every `backprop` since the previous call (NaN if there was none), and
-    /// starts a new count: an epoch's training loss without reading each step's.
+    /// starts a new count: an epoch's training loss without reading each step's. On a GPU the
+    /// sum is kept on the device; this waits for the queued steps.
     pub fn mean_loss(&mut self) -> Result<f32> {
+        if let Some(dev) = &mut self.dev {
+            return dev.mean_loss();
+        }
         let mean = self.loss_sum / self.losses as f64;
         (self.loss_sum, self.losses) = (0.0, 0);
         Ok(mean as f32)
     }
 
-    /// The gradient of the last loss with respect to every parameter, in the parameters' layout.
-    pub fn gradients(&self) -> &[f32] {
-        &self.grads
+    /// The gradient of the last loss with respect to every parameter, in the parameters'
+    /// layout: borrowed on the CPU, copied from a GPU (after its queued steps).
+    pub fn gradients(&self) -> Result<Cow<'_, [f32]>> {
+        match &self.dev {
+            None => Ok(Cow::Borrowed(&self.grads)),
+            Some(dev) => {
+                let mut out = vec![0.0; self.plan.param_len];
+                dev.download(&mut out)?;
+                Ok(Cow::Owned(out))
+            }
+        }
     }
 
     /// The largest batch these buffers serve.
@@ -213,5 +267,41 @@ pub(crate) fn check_finite(values: &[f32], what: &'static str) -> Result<()> {
     match values.iter().position(|v| !v.is_finite()) {
         Some(index) => Err(Error::NonFinite { what, index }),
         None => Ok(()),
+    }
+}
+
+impl ToDevice for Cache {
+    /// The same capacity on `device`, holding the same batch (inputs, labels, targets); the
+    /// activations are not state and are not copied.
+    fn to_device(self, device: &Device) -> Result<Self> {
+        if self.device() == *device {
+            return Ok(self);
+        }
+        let dev = match *device {
+            Device::Cpu => None,
+            Device::Cuda(ordinal) => Some(DevCache::on(ordinal, &self.plan, self.capacity)?),
+        };
+        let mut moved = Cache::new(&self.plan, self.capacity, self.threads, dev)?;
+        let inputs = self.capacity * self.plan.input.len();
+        moved.acts[..inputs].copy_from_slice(&self.acts[..inputs]);
+        (moved.batch, moved.labels, moved.targets) = (self.batch, self.labels, self.targets);
+        (moved.labels_set, moved.targets_set) = (self.labels_set, self.targets_set);
+        (moved.inputs_dirty, moved.labels_dirty, moved.targets_dirty) = (true, true, true);
+        Ok(moved)
+    }
+}
+
+impl ToDevice for Grads {
+    /// Gradient buffers of the same capacity on `device`; gradients and loss totals are
+    /// recomputed by the next step, not copied.
+    fn to_device(self, device: &Device) -> Result<Self> {
+        if self.device() == *device {
+            return Ok(self);
+        }
+        let dev = match *device {
+            Device::Cpu => None,
+            Device::Cuda(ordinal) => Some(DevGrads::on(ordinal, &self.plan, self.capacity)?),
+        };
+        Grads::new(&self.plan, self.capacity, self.threads, dev)
     }
 }

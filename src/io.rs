@@ -132,7 +132,7 @@ impl Model {
     /// then a rename, so a crash never leaves a half-written model).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let params = self.parameters();
+        let params = self.parameters()?;
         let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors(&self.plan)
             .into_iter()
             .map(|t| (t.name, params[t.range].iter().flat_map(|v| v.to_le_bytes()).collect(), t.shape))
@@ -202,13 +202,13 @@ impl Model {
             }
             views.push(view);
         }
-        let params = self.parameters_mut();
+        let mut params = self.parameters()?.into_owned();
         for (t, view) in wanted.iter().zip(views) {
             for (p, b) in params[t.range.clone()].iter_mut().zip(view.data().chunks_exact(4)) {
                 *p = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
         }
-        Ok(())
+        self.set_parameters(&params)
     }
 }
 

@@ -32,6 +32,12 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_off.rs"]
+pub(crate) mod dev;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::state as dev;
+pub mod device;
 pub mod error;
 pub(crate) mod float;
 pub mod init;
@@ -46,6 +52,8 @@ pub mod testutil;
 pub use activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
 pub use cache::{Cache, Grads};
 pub use chain::{Chain, ConvOptions, Input, Layer, Plan, Shape};
+pub use dev::GpuOptions;
+pub use device::{cpu, device, gpu, gpu_or_cpu, Device, ToDevice};
 pub use error::{Error, Result};
 pub use init::Init;
 pub use loss::Loss;
@@ -55,7 +63,7 @@ pub use optim::{Optim, Optimizer};
 /// Everything a training program needs, in one import.
 pub mod prelude {
     pub use crate::{
-        Activation, Cache, Chain, ConvOptions, Error, Gelu, Grads, Identity, Init, Input, LeakyRelu, Loss, Model, Optim, Optimizer, Relu,
-        Shape, Sigmoid, Tanh,
+        Activation, Cache, Chain, ConvOptions, Device, Error, Gelu, GpuOptions, Grads, Identity, Init, Input, LeakyRelu, Loss, Model,
+        Optim, Optimizer, Relu, Shape, Sigmoid, Tanh, ToDevice,
     };
 }

@@ -3,19 +3,28 @@
 use crate::cache::{check_labels, Cache, Grads};
 use crate::chain::{Plan, Shape};
 use crate::cpu::pool::{physical_cores, Pool};
+use crate::dev::{DevModel, GpuOptions};
+use crate::device::{Device, ToDevice};
 use crate::error::{Error, Result};
 use crate::init::{self, Init};
 use crate::layers::{self, region};
 use crate::loss::{self, Loss};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// A model with fixed shapes. Parameters are one flat buffer in the plan's layout: per layer,
 /// Dense weight (out, in) row-major then bias; Conv weight (out_ch, in_ch, kh, kw) then bias.
-#[derive(Clone)]
+///
+/// A model lives on one [`Device`]: its parameters are in host memory (`Device::Cpu`, run on the
+/// model's thread pool) or in the memory of one GPU (`Device::Cuda(n)`, run on the model's own
+/// stream). [`Model::to`] copies it to another device.
 pub struct Model {
     pub(crate) plan: Arc<Plan>,
+    /// The parameters on the CPU; empty while the model is on a GPU (then in `dev`).
     pub(crate) params: Vec<f32>,
     pub(crate) pool: Arc<Pool>,
+    pub(crate) dev: Option<DevModel>,
+    pub(crate) gpu_options: GpuOptions,
 }
 
 /// Threads a new model uses: `FLATNN_THREADS` if set to a positive number, else the physical
@@ -27,13 +36,49 @@ pub fn default_threads() -> usize {
 impl Model {
     pub(crate) fn from_plan(plan: Plan) -> Result<Model> {
         let params = vec![0.0; plan.param_len];
-        Ok(Model { plan: Arc::new(plan), params, pool: Arc::new(new_pool(default_threads())?) })
+        let pool = Arc::new(new_pool(default_threads())?);
+        Ok(Model { plan: Arc::new(plan), params, pool, dev: None, gpu_options: GpuOptions::default() })
     }
 
-    /// Fills the parameters from an initialiser and a seed (biases zero).
+    /// Fills the parameters from an initialiser and a seed (biases zero), on the CPU; call it
+    /// before moving the model to a GPU.
     pub fn init(mut self, init: Init, seed: u64) -> Model {
-        init::fill(&self.plan, &mut self.params, init, seed);
+        if self.dev.is_none() {
+            init::fill(&self.plan, &mut self.params, init, seed);
+        }
         self
+    }
+
+    /// The device this model's parameters live on.
+    pub fn device(&self) -> Device {
+        self.dev.as_ref().map_or(Device::Cpu, DevModel::device)
+    }
+
+    /// A copy of this model on `device` (parameters copied; caches, gradient buffers and
+    /// optimisers must be made or moved for it). From a GPU, waits for the steps queued there.
+    pub fn to(&self, device: &Device) -> Result<Model> {
+        let params = self.parameters()?;
+        let dev = match *device {
+            Device::Cpu => None,
+            Device::Cuda(ordinal) => Some(DevModel::on(ordinal, &params, self.gpu_options)?),
+        };
+        let params = if dev.is_some() { Vec::new() } else { params.into_owned() };
+        Ok(Model { plan: Arc::clone(&self.plan), params, pool: Arc::clone(&self.pool), dev, gpu_options: self.gpu_options })
+    }
+
+    /// The same model with these GPU options (graphs, TF32), which take effect when it is next
+    /// moved to a GPU, or now if it is on one. Caches must be preallocated after this.
+    pub fn with_gpu_options(self, options: GpuOptions) -> Result<Model> {
+        let mut model = Model { gpu_options: options, ..self };
+        if let Some(device) = model.dev.as_ref().map(DevModel::device) {
+            model = model.to(&Device::Cpu)?.to(&device)?;
+        }
+        Ok(model)
+    }
+
+    /// The GPU options this model runs with.
+    pub fn gpu_options(&self) -> GpuOptions {
+        self.gpu_options
     }
 
     /// The same model on `threads` threads (the caller's included). Caches and gradient
@@ -66,30 +111,60 @@ impl Model {
         self.plan.output()
     }
 
-    /// All parameters, flat.
-    pub fn parameters(&self) -> &[f32] {
-        &self.params
+    /// All parameters, flat: borrowed on the CPU, copied from a GPU (after its queued steps).
+    pub fn parameters(&self) -> Result<Cow<'_, [f32]>> {
+        match &self.dev {
+            None => Ok(Cow::Borrowed(&self.params)),
+            Some(dev) => {
+                let mut out = vec![0.0; self.plan.param_len];
+                dev.download(&mut out)?;
+                Ok(Cow::Owned(out))
+            }
+        }
     }
 
-    /// All parameters, flat and writable.
-    pub fn parameters_mut(&mut self) -> &mut [f32] {
-        &mut self.params
+    /// All parameters, flat and writable, for a model on the CPU (on a GPU: an error; use
+    /// [`Model::set_parameters`]).
+    pub fn parameters_mut(&mut self) -> Result<&mut [f32]> {
+        match self.dev {
+            None => Ok(&mut self.params),
+            Some(_) => Err(Error::Mismatch(format!("the parameters live on {}: use set_parameters", self.device()))),
+        }
     }
 
-    /// A cache (inputs, targets, activations, scratch) for batches of up to `capacity`.
+    /// Replaces every parameter, on any device.
+    pub fn set_parameters(&mut self, values: &[f32]) -> Result<()> {
+        if values.len() != self.plan.param_len {
+            return Err(Error::Shape(format!("{} parameter values for a model of {}", values.len(), self.plan.param_len)));
+        }
+        match &mut self.dev {
+            None => self.params.copy_from_slice(values),
+            Some(dev) => dev.upload(values)?,
+        }
+        Ok(())
+    }
+
+    /// A cache (inputs, targets, activations, scratch) for batches of up to `capacity`, on
+    /// this model's device.
     pub fn preallocate(&self, capacity: usize) -> Result<Cache> {
-        Cache::new(&self.plan, capacity, self.threads())
+        let dev = self.dev.as_ref().map(|d| d.new_cache(&self.plan, capacity)).transpose()?;
+        Cache::new(&self.plan, capacity, self.threads(), dev)
     }
 
-    /// Gradient buffers for batches of up to `capacity`.
+    /// Gradient buffers for batches of up to `capacity`, on this model's device.
     pub fn preallocate_grads(&self, capacity: usize) -> Result<Grads> {
-        Grads::new(&self.plan, capacity, self.threads())
+        let dev = self.dev.as_ref().map(|d| d.new_grads(&self.plan, capacity)).transpose()?;
+        Grads::new(&self.plan, capacity, self.threads(), dev)
     }
 
     /// Runs the model on the cache's current batch and returns the outputs
-    /// (`batch × outputs`). Allocates nothing.
+    /// (`batch × outputs`; from a GPU, copied back after the host waits for them). Allocates
+    /// nothing.
     pub fn forward<'c>(&self, cache: &'c mut Cache) -> Result<&'c [f32]> {
         self.check_cache(cache)?;
+        if let Some(dev) = &self.dev {
+            return dev.forward(&self.plan, cache);
+        }
         layers::forward(&self.plan, &self.params, &mut cache.acts, cache.capacity, cache.batch, &self.pool, &mut cache.ws);
         Ok(cache.outputs())
     }
@@ -98,11 +173,14 @@ impl Model {
     /// gradient of the loss, which stays in `grads` ([`Grads::last_loss`], [`Grads::mean_loss`]),
     /// so a GPU step never waits for it. Targets come from `set_labels` (cross-entropy) or
     /// `set_targets` (MSE) and must cover the batch. Every check runs before any buffer is
-    /// written. Allocates nothing.
+    /// written. Allocates nothing. On a GPU the step is queued and the host goes on.
     pub fn backprop(&self, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
         self.check_cache(cache)?;
         if !Arc::ptr_eq(&grads.plan, &self.plan) {
             return Err(Error::Mismatch("these gradient buffers were preallocated for another model".into()));
+        }
+        if grads.device() != self.device() {
+            return Err(Error::Mismatch(format!("gradient buffers on {}, model on {}", grads.device(), self.device())));
         }
         if grads.threads != self.threads() {
             return Err(Error::Mismatch(format!(
@@ -128,6 +206,9 @@ impl Model {
                     return Err(Error::Shape(format!("{} targets set for a batch of {batch}: call set_targets", cache.targets_set)));
                 }
             }
+        }
+        if let Some(dev) = &self.dev {
+            return dev.backprop(&self.plan, grads, cache, loss);
         }
         let (plan, capacity) = (&*self.plan, cache.capacity);
         layers::forward(plan, &self.params, &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws);
@@ -158,6 +239,9 @@ impl Model {
         if !Arc::ptr_eq(&cache.plan, &self.plan) {
             return Err(Error::Mismatch("this cache was preallocated for another model".into()));
         }
+        if cache.device() != self.device() {
+            return Err(Error::Mismatch(format!("cache on {}, model on {}: move them together", cache.device(), self.device())));
+        }
         if cache.threads != self.threads() {
             return Err(Error::Mismatch(format!(
                 "cache built for {} threads, model runs {}: preallocate again",
@@ -181,8 +265,18 @@ impl std::fmt::Debug for Model {
         f.debug_struct("Model")
             .field("input", &self.plan.input)
             .field("layers", &self.plan.steps.iter().map(|s| s.layer).collect::<Vec<_>>())
-            .field("parameters", &self.params.len())
+            .field("parameters", &self.plan.param_len)
+            .field("device", &self.device())
             .field("threads", &self.threads())
             .finish()
+    }
+}
+
+impl ToDevice for Model {
+    fn to_device(self, device: &Device) -> Result<Self> {
+        if self.device() == *device {
+            return Ok(self);
+        }
+        self.to(device)
     }
 }

@@ -5,8 +5,11 @@
 use crate::cache::Grads;
 use crate::chain::Plan;
 use crate::cpu::{for_chunks, SharedMut};
+use crate::dev::DevOptim;
+use crate::device::{Device, ToDevice};
 use crate::error::{Error, Result};
 use crate::model::Model;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// An optimiser and its hyper-parameters.
@@ -94,12 +97,15 @@ impl Optim {
     }
 }
 
-/// An optimiser bound to one model: its state is flat, in the parameters' layout.
+/// An optimiser bound to one model: its state is flat, in the parameters' layout, on the
+/// model's device.
 pub struct Optimizer {
     config: Optim,
     plan: Arc<Plan>,
+    /// The state on the CPU; empty while it is on a GPU (then in `dev`).
     state: Vec<f32>,
     steps: u64,
+    dev: Option<DevOptim>,
 }
 
 impl Optimizer {
@@ -107,7 +113,26 @@ impl Optimizer {
     pub fn new(model: &Model, config: Optim) -> Result<Optimizer> {
         config.check()?;
         let state = vec![0.0; config.state_per_param() * model.plan.param_len];
-        Ok(Optimizer { config, plan: Arc::clone(&model.plan), state, steps: 0 })
+        let dev = model.dev.as_ref().map(|d| d.new_optim(&state)).transpose()?;
+        let state = if dev.is_some() { Vec::new() } else { state };
+        Ok(Optimizer { config, plan: Arc::clone(&model.plan), state, steps: 0, dev })
+    }
+
+    /// The device the state lives on.
+    pub fn device(&self) -> Device {
+        self.dev.as_ref().map_or(Device::Cpu, DevOptim::device)
+    }
+
+    /// The flat state (momenta, moments): borrowed on the CPU, copied from a GPU.
+    pub fn state(&self) -> Result<Cow<'_, [f32]>> {
+        match &self.dev {
+            None => Ok(Cow::Borrowed(&self.state)),
+            Some(dev) => {
+                let mut out = vec![0.0; self.config.state_per_param() * self.plan.param_len];
+                dev.download(&mut out)?;
+                Ok(Cow::Owned(out))
+            }
+        }
     }
 
     /// The hyper-parameters.
@@ -138,6 +163,19 @@ impl Optimizer {
         }
         if !Arc::ptr_eq(&grads.plan, &model.plan) {
             return Err(Error::Mismatch("these gradients belong to another model".into()));
+        }
+        let device = model.device();
+        if self.device() != device || grads.device() != device {
+            return Err(Error::Mismatch(format!(
+                "model on {device}, optimiser state on {}, gradients on {}: move them together",
+                self.device(),
+                grads.device()
+            )));
+        }
+        if let (Some(dev_model), Some(dev)) = (&mut model.dev, &mut self.dev) {
+            dev_model.update(self.config, self.steps + 1, dev, grads)?;
+            self.steps += 1;
+            return Ok(());
         }
         self.steps += 1;
         let n = model.params.len();
@@ -214,6 +252,22 @@ fn adam_loop((beta1, beta2, eps, step_size, inv_bias2, shrink): AdamArgs, p: &mu
         m[i] = beta1 * m[i] + (1.0 - beta1) * g[i];
         v[i] = beta2 * v[i] + (1.0 - beta2) * g[i] * g[i];
         p[i] = p[i] * shrink - step_size * m[i] / (v[i].sqrt() * inv_bias2 + eps);
+    }
+}
+
+impl ToDevice for Optimizer {
+    /// The state copied to `device` (the step count and hyper-parameters kept).
+    fn to_device(self, device: &Device) -> Result<Self> {
+        if self.device() == *device {
+            return Ok(self);
+        }
+        let state = self.state()?.into_owned();
+        let dev = match *device {
+            Device::Cpu => None,
+            Device::Cuda(ordinal) => Some(DevOptim::on(ordinal, &state)?),
+        };
+        let state = if dev.is_some() { Vec::new() } else { state };
+        Ok(Optimizer { state, dev, ..self })
     }
 }
 

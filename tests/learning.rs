@@ -99,7 +99,7 @@ fn same_seed_same_threads_same_bits() {
                 model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
                 opt.update(&mut model, &bwd).unwrap();
             }
-            model.parameters().iter().map(|p| p.to_bits()).collect::<Vec<u32>>()
+            model.parameters().unwrap().iter().map(|p| p.to_bits()).collect::<Vec<u32>>()
         };
         assert_eq!(run(cnn()), run(cnn()), "cnn, {threads} threads");
         let mlp16 = || Chain::new(Input::image(6, 6, 1)).flatten().dense(64, Relu).dense(2, Identity);

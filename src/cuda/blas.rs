@@ -1,12 +1,13 @@
 //! cuBLAS SGEMM on row-major (or column-major) matrices, with the CPU GEMM's vocabulary: a
 //! matrix is a view with a row stride `rs` and a column stride `cs`, one of them 1.
 
+use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::driver_error;
 use super::launch::{View, ViewMut};
 use crate::error::{Error, Result};
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::CudaStream;
 use std::sync::Arc;
 
 /// cuBLAS's workspace, given to it once so that no call (nor graph capture) allocates: 32 MiB,
@@ -34,7 +35,8 @@ pub struct DevMatMut<'a> {
 pub struct Blas {
     handle: cublas_sys::cublasHandle_t,
     stream: Arc<CudaStream>,
-    _workspace: CudaSlice<u8>,
+    tf32: bool,
+    _workspace: DevBuf<u8>,
     gpu: Arc<Gpu>,
 }
 
@@ -44,7 +46,8 @@ unsafe impl Send for Blas {}
 
 impl Drop for Blas {
     fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
+        // Wait for the products queued with this handle before its workspace is freed.
+        if self.gpu.bind().is_ok() && self.stream.synchronize().is_ok() {
             // SAFETY: created in `Gpu::blas`, destroyed once; nothing else holds it.
             let _ = unsafe { cublas::destroy_handle(self.handle) };
         }
@@ -58,20 +61,18 @@ impl Gpu {
         assert_eq!(stream.context().cu_ctx(), self.ctx.cu_ctx(), "a stream of another device");
         self.bind()?;
         let err = |what: &'static str| move |e: cublas::CublasError| Error::Cuda { what: format!("cuBLAS: {what}: {e:?}") };
+        let workspace = DevBuf::zeros(self, stream, WORKSPACE_BYTES)?;
         let handle = cublas::create_handle().map_err(err("creating a handle"))?;
         // Owned from here, so that an error below destroys it.
-        let workspace = stream.alloc_zeros::<u8>(WORKSPACE_BYTES).map_err(|e| driver_error("allocating the cuBLAS workspace", e));
-        let blas = Blas { handle, stream: Arc::clone(stream), _workspace: workspace?, gpu: Arc::clone(self) };
-        let mode = if tf32 { cublas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH } else { cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH };
-        let workspace_ptr = View::of(&blas._workspace).ptr();
-        // SAFETY: a live handle, a stream and workspace of its context that outlive it (held).
+        let mut blas = Blas { handle, stream: Arc::clone(stream), tf32, _workspace: workspace, gpu: Arc::clone(self) };
+        let workspace_ptr = blas._workspace.ptr();
+        // SAFETY: a live handle and a workspace of its context that outlives it (held).
         unsafe {
-            cublas::set_stream(handle, stream.cu_stream() as _).map_err(err("binding the stream"))?;
-            cublas_sys::cublasSetMathMode(handle, mode).result().map_err(err("setting the math mode"))?;
             cublas_sys::cublasSetWorkspace_v2(handle, workspace_ptr as *mut std::ffi::c_void, WORKSPACE_BYTES)
                 .result()
                 .map_err(err("setting the workspace"))?;
         }
+        blas.configure()?;
         Ok(blas)
     }
 }
@@ -184,6 +185,33 @@ impl Blas {
     /// The stream this handle runs on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Moves the handle to `stream` (after the work queued on its old one) and sets FP32 or
+    /// TF32 arithmetic; a no-op when both are as they are.
+    pub fn rebind(&mut self, stream: &Arc<CudaStream>, tf32: bool) -> Result<()> {
+        if Arc::ptr_eq(&self.stream, stream) && self.tf32 == tf32 {
+            return Ok(());
+        }
+        if !Arc::ptr_eq(&self.stream, stream) {
+            self.stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
+        }
+        (self.stream, self.tf32) = (Arc::clone(stream), tf32);
+        self.configure()
+    }
+
+    /// Applies `stream` and `tf32` to the handle.
+    fn configure(&mut self) -> Result<()> {
+        let err = |what: &'static str| move |e: cublas::CublasError| Error::Cuda { what: format!("cuBLAS: {what}: {e:?}") };
+        let mode =
+            if self.tf32 { cublas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH } else { cublas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH };
+        self.gpu.bind()?;
+        // SAFETY: a live handle and a stream of its context, held by `self`.
+        unsafe {
+            cublas::set_stream(self.handle, self.stream.cu_stream() as _).map_err(err("binding the stream"))?;
+            cublas_sys::cublasSetMathMode(self.handle, mode).result().map_err(err("setting the math mode"))?;
+        }
+        Ok(())
     }
 }
 

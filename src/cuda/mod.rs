@@ -18,9 +18,13 @@
 //! a [`Gpu`]'s context carries no events.
 
 mod blas;
+mod buffer;
 mod context;
+mod exec;
+mod graph;
 mod launch;
 mod ops;
+pub(crate) mod state;
 #[cfg(test)]
 mod tests;
 

@@ -120,7 +120,7 @@ impl Gpu {
 
     /// Softmax cross-entropy of logits y (batch, classes) against `labels`: dy as
     /// [`crate::loss::logit_cross_entropy`] computes it, and loss[0] (f64) = the mean over the
-    /// batch, summed on the device in a fixed order. `partials`: [`loss_partials_len`] values.
+    /// batch, summed on the device in a fixed order; loss[1] += loss[0], loss[2] += 1. `partials`: [`loss_partials_len`] values.
     /// A label outside 0..classes makes the loss NaN (labels are checked on the host).
     #[allow(clippy::too_many_arguments)]
     pub fn softmax_xent(
@@ -136,7 +136,7 @@ impl Gpu {
     ) -> Result<()> {
         let len = batch * classes;
         assert!(y.len() >= len && dy.len() >= len && labels.len() >= batch, "softmax_xent: short y, dy or labels");
-        assert!(partials.len() >= batch && !loss.is_empty(), "softmax_xent: short partials or loss");
+        assert!(partials.len() >= batch && loss.len() >= 3, "softmax_xent: short partials or loss");
         assert!(batch > 0 && classes > 0, "softmax_xent: empty batch");
         let _ = int(len)?;
         let scale = 1.0 / batch as f64;
@@ -147,7 +147,7 @@ impl Gpu {
     }
 
     /// Mean squared error over the first `n` values: dy = 2(y − t)/n, and loss[0] (f64) =
-    /// Σ(y − t)²/n summed on the device in a fixed order. `partials`: [`loss_partials_len`].
+    /// Σ(y − t)²/n summed on the device in a fixed order; loss[1] += loss[0], loss[2] += 1. `partials`: [`loss_partials_len`].
     #[allow(clippy::too_many_arguments)]
     pub fn mse(
         &self,
@@ -161,7 +161,7 @@ impl Gpu {
     ) -> Result<()> {
         let grid = mse_blocks(n);
         assert!(y.len() >= n && t.len() >= n && dy.len() >= n, "mse: a view is shorter than {n}");
-        assert!(partials.len() >= grid as usize && !loss.is_empty(), "mse: short partials or loss");
+        assert!(partials.len() >= grid as usize && loss.len() >= 3, "mse: short partials or loss");
         assert!(n > 0, "mse: no values");
         let scale = 1.0 / n as f64;
         let (y, t, dy, partial_ptr, len, grad_scale) = (y.ptr(), t.ptr(), dy.ptr(), partials.ptr(), int(n)?, (2.0 * scale) as f32);
@@ -169,7 +169,7 @@ impl Gpu {
         self.sum_partials(stream, partials.as_view(), grid as usize, scale, loss)
     }
 
-    /// loss[0] = scale · Σ partials[..n], one block.
+    /// loss[0] = scale · Σ partials[..n], one block; loss[1] += loss[0], loss[2] += 1.
     fn sum_partials(&self, stream: &CudaStream, partials: View<f64>, n: usize, scale: f64, loss: ViewMut<f64>) -> Result<()> {
         let (partials, loss, n) = (partials.ptr(), loss.ptr(), int(n)?);
         self.run(stream, Kernel::SumPartials, 1, kernel_args![partials, loss, n, scale])

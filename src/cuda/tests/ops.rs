@@ -93,11 +93,15 @@ fn softmax_xent_matches_the_cpu_and_is_deterministic() {
         let (yd, ld) = (upload(&stream, &y), upload(&stream, &labels));
         let partials_len = loss_partials_len(Loss::LogitCrossEntropy, batch, classes);
         let run = || {
-            let (mut dy, mut partials, mut loss) =
-                (upload(&stream, &poisoned(batch * classes)), upload(&stream, &vec![f64::NAN; partials_len]), upload(&stream, &[f64::NAN]));
+            let (mut dy, mut partials, mut loss) = (
+                upload(&stream, &poisoned(batch * classes)),
+                upload(&stream, &vec![f64::NAN; partials_len]),
+                upload(&stream, &[f64::NAN, 0.5, 2.0]),
+            );
             let (y, labels) = (View::of(&yd), View::of(&ld));
             gpu.softmax_xent(&stream, classes, batch, y, labels, ViewMut::of(&mut dy), ViewMut::of(&mut partials), ViewMut::of(&mut loss))
                 .unwrap();
+            loss_totals_follow(&download(&stream, &loss));
             (download(&stream, &dy), download(&stream, &loss)[0])
         };
         let (dy, loss) = run();
@@ -125,9 +129,10 @@ fn mse_matches_the_cpu_and_is_deterministic() {
         let run = || {
             let partials = vec![f64::NAN; loss_partials_len(Loss::Mse, n, 1)];
             let (mut dy, mut partials, mut loss) =
-                (upload(&stream, &poisoned(n)), upload(&stream, &partials), upload(&stream, &[f64::NAN]));
+                (upload(&stream, &poisoned(n)), upload(&stream, &partials), upload(&stream, &[f64::NAN, 0.5, 2.0]));
             gpu.mse(&stream, n, View::of(&yd), View::of(&td), ViewMut::of(&mut dy), ViewMut::of(&mut partials), ViewMut::of(&mut loss))
                 .unwrap();
+            loss_totals_follow(&download(&stream, &loss));
             (download(&stream, &dy), download(&stream, &loss)[0])
         };
         let (dy, loss) = run();
@@ -335,7 +340,7 @@ fn launches_allocate_nothing() {
         upload(&stream, &rng.uniform(n)),
     );
     let mut state = upload(&stream, &vec![0.0f32; 2 * n]);
-    let (mut partials, mut loss) = (upload(&stream, &vec![0.0f64; n]), upload(&stream, &[0.0f64]));
+    let (mut partials, mut loss) = (upload(&stream, &vec![0.0f64; n]), upload(&stream, &[0.0f64; 3]));
     let labels = upload(&stream, &vec![1u32; batch]);
     let mut labels_out = upload(&stream, &vec![0u32; batch]);
     let pool_g = pool::Geometry::new(Shape::image(6, 6, channels), Shape::image(3, 3, channels), (2, 2), (2, 2));
@@ -376,4 +381,11 @@ fn launches_allocate_nothing() {
     stream.synchronize().unwrap();
     println!("host allocations in one call of every wrapper after warm-up: {count}");
     assert_eq!(count, 0, "the launch path allocated");
+}
+
+/// The loss kernels add the value to running totals that started at (0.5, 2).
+fn loss_totals_follow(loss: &[f64]) {
+    assert_eq!(loss.len(), 3);
+    assert_eq!(loss[1], 0.5 + loss[0], "running loss sum");
+    assert_eq!(loss[2], 3.0, "running loss count");
 }

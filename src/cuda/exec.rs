@@ -1,0 +1,205 @@
+//! A plan run on the GPU: the twin of `layers::forward` / `layers::backward` and the loss, with
+//! the same buffers in the same layout (region r of a capacity-`capacity` activation buffer
+//! holds `capacity × plan.regions[r]` values, sample-major; a batch uses the front).
+//!
+//! Everything here only enqueues work on one stream (kernels and cuBLAS calls), so it can be
+//! captured into a CUDA graph; nothing allocates, copies from the host or synchronises.
+
+use super::blas::{Blas, DevMat, DevMatMut};
+use super::buffer::DevBuf;
+use super::context::Gpu;
+use super::launch::{View, ViewMut};
+use crate::chain::{Layer, Plan};
+use crate::error::Result;
+use crate::layers::{bias_layout, conv_geometry, pool_geometry, region};
+use crate::loss::Loss;
+use cudarc::driver::{sys, CudaStream};
+use std::ops::Range;
+
+/// A buffer's address and length, from which views of disjoint regions are taken.
+///
+/// The plan's regions never overlap (input, z and output of a step are distinct regions, see
+/// `Plan::new`), and each kernel below reads and writes the regions its CPU twin does, so the
+/// views taken at once never alias a written range.
+#[derive(Clone, Copy)]
+struct Raw {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+}
+
+impl Raw {
+    fn of<T>(buf: &DevBuf<T>) -> Raw {
+        Raw { ptr: buf.ptr(), len: buf.len() }
+    }
+
+    fn at<'a, T>(self, range: Range<usize>) -> View<'a, T> {
+        assert!(range.end <= self.len, "device region {range:?} out of 0..{}", self.len);
+        // SAFETY: inside a live buffer of the caller's (see the type's doc for aliasing).
+        unsafe { View::from_raw(self.ptr + (range.start * size_of::<T>()) as u64, range.len()) }
+    }
+
+    fn at_mut<'a, T>(self, range: Range<usize>) -> ViewMut<'a, T> {
+        assert!(range.end <= self.len, "device region {range:?} out of 0..{}", self.len);
+        // SAFETY: as above.
+        unsafe { ViewMut::from_raw(self.ptr + (range.start * size_of::<T>()) as u64, range.len()) }
+    }
+}
+
+/// The device buffers of one forward pass.
+pub(crate) struct Forward<'a> {
+    pub params: &'a DevBuf<f32>,
+    pub acts: &'a DevBuf<f32>,
+    /// im2col columns for a whole batch: `capacity × max col_len` values.
+    pub cols: &'a DevBuf<f32>,
+    pub capacity: usize,
+    pub batch: usize,
+}
+
+/// The extra device buffers of a backward pass.
+pub(crate) struct Backward<'a> {
+    pub dacts: &'a DevBuf<f32>,
+    pub grads: &'a DevBuf<f32>,
+    /// Lowered input gradients: as `cols`.
+    pub dcols: &'a DevBuf<f32>,
+    /// Per-sample conv weight gradients: `capacity × max conv weight length`.
+    pub partials: &'a DevBuf<f32>,
+    /// `capacity` ones, to sum the partials with one product.
+    pub ones: &'a DevBuf<f32>,
+}
+
+/// The loss's inputs and outputs on the device.
+pub(crate) struct LossBuffers<'a> {
+    pub labels: &'a DevBuf<u32>,
+    pub targets: &'a DevBuf<f32>,
+    /// f64 partial sums ([`super::loss_partials_len`] at capacity).
+    pub partials: &'a DevBuf<f64>,
+    /// [last loss, sum since reset, count since reset].
+    pub loss: &'a DevBuf<f64>,
+}
+
+/// Every step's output for the first `f.batch` samples (as `layers::forward`).
+pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward) -> Result<()> {
+    let (params, acts, cols) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(f.cols));
+    let (capacity, batch) = (f.capacity, f.batch);
+    for step in &plan.steps {
+        let x = region(plan, step.input_region, capacity, batch);
+        let z = region(plan, step.z_region, capacity, batch);
+        let y = region(plan, step.output_region, capacity, batch);
+        let (w, b) = step.weight_and_bias();
+        match step.layer {
+            Layer::Dense { out_features, .. } => {
+                let in_features = step.input.len();
+                // Z (batch × out) = X (batch × in) · Wᵀ, W stored (out × in)
+                let xm = DevMat { data: acts.at(x), rs: in_features, cs: 1 };
+                let wt = DevMat { data: params.at(w), rs: 1, cs: in_features };
+                let zm = DevMatMut { data: acts.at_mut(z.clone()), rs: out_features, cs: 1 };
+                blas.sgemm(batch, out_features, in_features, 1.0, xm, wt, 0.0, zm)?;
+            }
+            Layer::Conv { out_channels, .. } => {
+                let g = conv_geometry(step);
+                let (ckk, ohw, col_len) = (g.ckk(), g.ohw(), g.col_len());
+                gpu.im2col(stream, &g, batch, acts.at(x), cols.at_mut(0..batch * col_len))?;
+                // Z_s (OC × OHW) = W (OC × CKK) · col_s (CKK × OHW), for every sample s
+                let wm = DevMat { data: params.at(w), rs: ckk, cs: 1 };
+                let colm = DevMat { data: cols.at(0..batch * col_len), rs: ohw, cs: 1 };
+                let zm = DevMatMut { data: acts.at_mut(z.clone()), rs: ohw, cs: 1 };
+                blas.sgemm_batched(batch, out_channels, ohw, ckk, 1.0, (wm, 0), (colm, col_len), 0.0, (zm, out_channels * ohw))?;
+            }
+            Layer::MaxPool { .. } => {
+                gpu.maxpool_forward(stream, &pool_geometry(step), batch, acts.at(x), acts.at_mut(y))?;
+                continue;
+            }
+            Layer::Flatten => continue,
+        }
+        let (channels, pixels) = bias_layout(step);
+        let act = step.layer.activation();
+        let out = (z != y).then(|| acts.at_mut(y));
+        gpu.bias_act(stream, act, params.at(b), channels, pixels, batch, acts.at_mut(z), out)?;
+    }
+    Ok(())
+}
+
+/// The loss of the last step's output: its gradient into `dacts`, its value into `l.loss`.
+pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: &Backward, l: &LossBuffers, loss: Loss) -> Result<()> {
+    let last = plan.steps.last().expect("a plan has steps").output_region;
+    let out = region(plan, last, f.capacity, f.batch);
+    let (acts, dacts) = (Raw::of(f.acts), Raw::of(b.dacts));
+    let (partials, value) = (Raw::of(l.partials).at_mut(0..l.partials.len()), Raw::of(l.loss).at_mut(0..l.loss.len()));
+    let outputs = plan.output().len();
+    match loss {
+        Loss::LogitCrossEntropy => {
+            let labels = Raw::of(l.labels).at(0..f.batch);
+            gpu.softmax_xent(stream, outputs, f.batch, acts.at(out.clone()), labels, dacts.at_mut(out), partials, value)
+        }
+        Loss::Mse => {
+            let n = out.len();
+            gpu.mse(stream, n, acts.at(out.clone()), Raw::of(l.targets).at(0..n), dacts.at_mut(out), partials, value)
+        }
+    }
+}
+
+/// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last
+/// step's output region; fills `b.grads` (overwriting) and every needed activation gradient.
+pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward, b: &Backward) -> Result<()> {
+    let (params, acts, cols) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(f.cols));
+    let (dacts, grads, dcols, partials, ones) =
+        (Raw::of(b.dacts), Raw::of(b.grads), Raw::of(b.dcols), Raw::of(b.partials), Raw::of(b.ones));
+    let (capacity, batch) = (f.capacity, f.batch);
+    for step in plan.steps.iter().rev() {
+        let x = region(plan, step.input_region, capacity, batch);
+        let z = region(plan, step.z_region, capacity, batch);
+        let y = region(plan, step.output_region, capacity, batch);
+        let need_dx = step.input_region != 0;
+        match step.layer {
+            Layer::Dense { .. } | Layer::Conv { .. } => {
+                if z != y {
+                    // dz = dy ⊙ act'(z)
+                    let act = step.layer.activation();
+                    gpu.act_backward(stream, act, z.len(), acts.at(z.clone()), acts.at(y.clone()), dacts.at(y), dacts.at_mut(z.clone()))?;
+                }
+                let (channels, pixels) = bias_layout(step);
+                let (w, bias) = step.weight_and_bias();
+                gpu.bias_grad(stream, channels, pixels, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
+                if let Layer::Dense { out_features: out, .. } = step.layer {
+                    let inp = step.input.len();
+                    // dW (out × in) = dZᵀ (out × batch) · X (batch × in)
+                    let dzt = DevMat { data: dacts.at(z.clone()), rs: 1, cs: out };
+                    let xm = DevMat { data: acts.at(x.clone()), rs: inp, cs: 1 };
+                    blas.sgemm(out, inp, batch, 1.0, dzt, xm, 0.0, DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 })?;
+                    if need_dx {
+                        // dX (batch × in) = dZ (batch × out) · W (out × in)
+                        let dzm = DevMat { data: dacts.at(z), rs: out, cs: 1 };
+                        let wm = DevMat { data: params.at(w), rs: inp, cs: 1 };
+                        blas.sgemm(batch, inp, out, 1.0, dzm, wm, 0.0, DevMatMut { data: dacts.at_mut(x), rs: inp, cs: 1 })?;
+                    }
+                } else {
+                    let g = conv_geometry(step);
+                    let (oc, ckk, ohw, col_len) = (g.out_channels, g.ckk(), g.ohw(), g.col_len());
+                    let w_len = oc * ckk;
+                    gpu.im2col(stream, &g, batch, acts.at(x.clone()), cols.at_mut(0..batch * col_len))?;
+                    // dW_s (OC × CKK) = dZ_s (OC × OHW) · col_sᵀ (OHW × CKK), one per sample ...
+                    let dzm = DevMat { data: dacts.at(z.clone()), rs: ohw, cs: 1 };
+                    let colt = DevMat { data: cols.at(0..batch * col_len), rs: 1, cs: ohw };
+                    let pm = DevMatMut { data: partials.at_mut(0..batch * w_len), rs: ckk, cs: 1 };
+                    blas.sgemm_batched(batch, oc, ckk, ohw, 1.0, (dzm, oc * ohw), (colt, col_len), 0.0, (pm, w_len))?;
+                    // ... then dW (1 × OC·CKK) = 1ᵀ (1 × batch) · partials (batch × OC·CKK)
+                    let onesm = DevMat { data: ones.at(0..batch), rs: batch, cs: 1 };
+                    let pm = DevMat { data: partials.at(0..batch * w_len), rs: w_len, cs: 1 };
+                    blas.sgemm(1, w_len, batch, 1.0, onesm, pm, 0.0, DevMatMut { data: grads.at_mut(w.clone()), rs: w_len, cs: 1 })?;
+                    if need_dx {
+                        // dcol_s (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW), then col2im
+                        let wt = DevMat { data: params.at(w), rs: 1, cs: ckk };
+                        let dcolm = DevMatMut { data: dcols.at_mut(0..batch * col_len), rs: ohw, cs: 1 };
+                        blas.sgemm_batched(batch, ckk, ohw, oc, 1.0, (wt, 0), (dzm, oc * ohw), 0.0, (dcolm, col_len))?;
+                        gpu.col2im(stream, &g, batch, dcols.at(0..batch * col_len), dacts.at_mut(x))?;
+                    }
+                }
+            }
+            Layer::MaxPool { .. } if need_dx => {
+                gpu.maxpool_backward(stream, &pool_geometry(step), batch, acts.at(x.clone()), dacts.at(y), dacts.at_mut(x))?;
+            }
+            Layer::MaxPool { .. } | Layer::Flatten => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,348 @@
+//! The GPU halves of a model, its caches, its gradients and its optimiser, and the steps that
+//! run on them.
+//!
+//! A model on a GPU owns one stream; everything it runs (forward, backprop, the optimiser
+//! update) is queued there, in order, so a training loop never waits for the device. Caches,
+//! gradient buffers and optimiser state are device memory that any model of the same plan on
+//! the same device may use: the first use by another model waits for the previous one's stream.
+//! The host waits only where a value comes back: `forward`'s outputs, the loss when asked for,
+//! parameters when downloaded.
+
+use super::blas::Blas;
+use super::buffer::DevBuf;
+use super::context::Gpu;
+use super::exec::{self, Backward, Forward, LossBuffers};
+use super::graph::{Graphs, Key};
+use super::{driver_error, loss_partials_len};
+use crate::cache::{Cache, Grads};
+use crate::chain::{Layer, Plan};
+use crate::device::Device;
+use crate::error::Result;
+use crate::loss::Loss;
+use crate::optim::Optim;
+use cudarc::driver::{result, CudaStream};
+use std::sync::Arc;
+
+/// How a model runs on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Capture each step as a CUDA graph and replay it (default). Off: the same launches, eager.
+    pub graphs: bool,
+    /// TF32 tensor-core products in cuBLAS (about 10 mantissa bits in each product; results
+    /// differ from FP32 by ~1e-3 relative). Off by default.
+    pub tf32: bool,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions { graphs: true, tf32: false }
+    }
+}
+
+/// A model's parameters on a device, and the stream its work runs on.
+pub(crate) struct DevModel {
+    pub gpu: Arc<Gpu>,
+    pub stream: Arc<CudaStream>,
+    pub params: DevBuf<f32>,
+    pub options: GpuOptions,
+}
+
+/// The device half of a [`Cache`]: activations, lowered columns, the batch's targets, a host
+/// copy of the last outputs, and the captured forward passes.
+pub(crate) struct DevCache {
+    stream: Arc<CudaStream>,
+    blas: Blas,
+    acts: DevBuf<f32>,
+    cols: DevBuf<f32>,
+    labels: DevBuf<u32>,
+    targets: DevBuf<f32>,
+    /// The outputs of the last `forward`, `capacity × outputs`.
+    outputs: Vec<f32>,
+    graphs: Graphs,
+}
+
+/// The device half of [`Grads`].
+pub(crate) struct DevGrads {
+    stream: Arc<CudaStream>,
+    grads: DevBuf<f32>,
+    dacts: DevBuf<f32>,
+    dcols: DevBuf<f32>,
+    partials: DevBuf<f32>,
+    ones: DevBuf<f32>,
+    loss_partials: DevBuf<f64>,
+    /// [last loss, sum since `mean_loss`, count since `mean_loss`].
+    loss: DevBuf<f64>,
+    graphs: Graphs,
+}
+
+/// The device half of an optimiser: its flat state.
+pub(crate) struct DevOptim {
+    stream: Arc<CudaStream>,
+    pub state: DevBuf<f32>,
+}
+
+/// Makes `bound` the model's stream, after the work queued on the one it held.
+fn rebind(bound: &mut Arc<CudaStream>, stream: &Arc<CudaStream>) -> Result<()> {
+    if !Arc::ptr_eq(bound, stream) {
+        bound.synchronize().map_err(|e| driver_error("waiting for another model's stream", e))?;
+        *bound = Arc::clone(stream);
+    }
+    Ok(())
+}
+
+fn max_col_len(plan: &Plan) -> usize {
+    conv_steps(plan).map(|s| crate::layers::conv_geometry(s).col_len()).max().unwrap_or(0)
+}
+
+fn conv_steps(plan: &Plan) -> impl Iterator<Item = &crate::chain::Step> {
+    plan.steps.iter().filter(|s| matches!(s.layer, Layer::Conv { .. }))
+}
+
+impl DevModel {
+    /// `params` copied to device `gpu`, with a new stream.
+    pub fn new(gpu: &Arc<Gpu>, params: &[f32], options: GpuOptions) -> Result<DevModel> {
+        let stream = gpu.new_stream()?;
+        let params = DevBuf::from_host(gpu, &stream, params)?;
+        Ok(DevModel { gpu: Arc::clone(gpu), stream, params, options })
+    }
+
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.gpu.ordinal())
+    }
+
+    /// The parameters, copied to the host after every queued step.
+    pub fn download(&self, out: &mut [f32]) -> Result<()> {
+        self.params.download(&self.stream, out)
+    }
+
+    /// The parameters replaced by `values`, after every queued step.
+    pub fn upload(&mut self, values: &[f32]) -> Result<()> {
+        self.params.upload(&self.stream, values)
+    }
+
+    /// `params` on CUDA device `ordinal`.
+    pub fn on(ordinal: usize, params: &[f32], options: GpuOptions) -> Result<DevModel> {
+        DevModel::new(&super::gpu(ordinal)?, params, options)
+    }
+
+    /// The device half of a cache for `capacity` samples.
+    pub fn new_cache(&self, plan: &Plan, capacity: usize) -> Result<DevCache> {
+        DevCache::new(&self.gpu, &self.stream, self.options.tf32, plan, capacity)
+    }
+
+    /// The device half of gradient buffers for `capacity` samples.
+    pub fn new_grads(&self, plan: &Plan, capacity: usize) -> Result<DevGrads> {
+        DevGrads::new(&self.gpu, &self.stream, plan, capacity)
+    }
+
+    /// The device half of an optimiser's state, `values` copied.
+    pub fn new_optim(&self, values: &[f32]) -> Result<DevOptim> {
+        Ok(DevOptim { stream: Arc::clone(&self.stream), state: DevBuf::from_host(&self.gpu, &self.stream, values)? })
+    }
+
+    /// Queues the copies of whatever the host changed in the cache since the last step.
+    fn upload_batch(&self, plan: &Plan, cache: &mut Cache) -> Result<()> {
+        let dev = cache.dev.as_mut().expect("a GPU cache");
+        rebind(&mut dev.stream, &self.stream)?;
+        dev.blas.rebind(&self.stream, self.options.tf32)?;
+        let stream = self.stream.cu_stream();
+        let copy = |dst: u64, src: &[u8]| -> Result<()> {
+            // SAFETY: `dst` holds at least `src.len()` bytes (each buffer is sized for the
+            // capacity); a copy from pageable memory is staged before this returns, so the host
+            // buffer may change right after.
+            unsafe { result::memcpy_htod_async(dst, src, stream) }.map_err(|e| driver_error("copying a batch to the device", e))
+        };
+        let batch = cache.batch;
+        if std::mem::take(&mut cache.inputs_dirty) {
+            copy(dev.acts.ptr(), as_bytes(&cache.acts[..batch * plan.input.len()]))?;
+        }
+        if std::mem::take(&mut cache.labels_dirty) {
+            copy(dev.labels.ptr(), as_bytes(&cache.labels[..cache.labels_set]))?;
+        }
+        if std::mem::take(&mut cache.targets_dirty) {
+            copy(dev.targets.ptr(), as_bytes(&cache.targets[..cache.targets_set * plan.output().len()]))?;
+        }
+        Ok(())
+    }
+
+    /// Forward on the cache's batch, then the outputs copied back (the host waits for them).
+    pub fn forward<'c>(&self, plan: &Plan, cache: &'c mut Cache) -> Result<&'c [f32]> {
+        self.upload_batch(plan, cache)?;
+        let (capacity, batch) = (cache.capacity, cache.batch);
+        let dev = cache.dev.as_mut().expect("a GPU cache");
+        let key =
+            Key { kind: 0, capacity, batch, tf32: self.options.tf32, buffers: [self.params.ptr(), dev.acts.ptr(), dev.cols.ptr(), 0] };
+        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch };
+        let (gpu, blas) = (&self.gpu, &dev.blas);
+        dev.graphs.run(self.options.graphs, &self.stream, key, || exec::forward(gpu, blas, &self.stream, plan, &f))?;
+        let last = plan.steps.last().expect("a plan has steps").output_region;
+        let out = crate::layers::region(plan, last, capacity, batch);
+        let host = &mut dev.outputs[..out.len()];
+        // SAFETY: the region lies inside `acts`; a copy to pageable memory returns when done,
+        // after the work queued before it on the stream.
+        unsafe { result::memcpy_dtoh_async(host, dev.acts.ptr() + (out.start * 4) as u64, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("copying the outputs to the host", e))?;
+        self.stream.synchronize().map_err(|e| driver_error("waiting for the forward pass", e))?;
+        Ok(&dev.outputs[..out.len()])
+    }
+
+    /// Forward, loss and backward on the cache's batch, queued (the host does not wait).
+    pub fn backprop(&self, plan: &Plan, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
+        self.upload_batch(plan, cache)?;
+        let (capacity, batch) = (cache.capacity, cache.batch);
+        let (dev, dg) = (cache.dev.as_mut().expect("a GPU cache"), grads.dev.as_mut().expect("GPU gradients"));
+        rebind(&mut dg.stream, &self.stream)?;
+        let kind = match loss {
+            Loss::LogitCrossEntropy => 1,
+            Loss::Mse => 2,
+        };
+        let key = Key {
+            kind,
+            capacity,
+            batch,
+            tf32: self.options.tf32,
+            buffers: [self.params.ptr(), dev.acts.ptr(), dg.grads.ptr(), dg.dacts.ptr()],
+        };
+        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch };
+        let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
+        let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, partials: &dg.loss_partials, loss: &dg.loss };
+        let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
+        dg.graphs.run(self.options.graphs, stream, key, || {
+            exec::forward(gpu, blas, stream, plan, &f)?;
+            exec::loss(gpu, stream, plan, &f, &b, &l, loss)?;
+            exec::backward(gpu, blas, stream, plan, &f, &b)
+        })
+    }
+
+    /// One optimiser step, queued: `step` is the 1-based step number.
+    pub fn update(&mut self, config: Optim, step: u64, opt: &mut DevOptim, grads: &Grads) -> Result<()> {
+        let dg = grads.dev.as_ref().expect("GPU gradients");
+        rebind(&mut opt.stream, &self.stream)?;
+        if !Arc::ptr_eq(&dg.stream, &self.stream) {
+            dg.stream.synchronize().map_err(|e| driver_error("waiting for another model's stream", e))?;
+        }
+        let n = self.params.len();
+        self.gpu.optim_step(&self.stream, config, step, n, self.params.all_mut(), dg.grads.all(), opt.state.all_mut())
+    }
+}
+
+impl DevCache {
+    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<DevCache> {
+        Ok(DevCache {
+            stream: Arc::clone(stream),
+            blas: gpu.blas(stream, tf32)?,
+            acts: DevBuf::zeros(gpu, stream, plan.acts_len(capacity))?,
+            cols: DevBuf::zeros(gpu, stream, capacity * max_col_len(plan))?,
+            labels: DevBuf::zeros(gpu, stream, capacity)?,
+            targets: DevBuf::zeros(gpu, stream, capacity * plan.output().len())?,
+            outputs: vec![0.0; capacity * plan.output().len()],
+            graphs: Graphs::new(),
+        })
+    }
+
+    /// On CUDA device `ordinal`, not yet bound to a model's stream.
+    pub fn on(ordinal: usize, plan: &Plan, capacity: usize) -> Result<DevCache> {
+        let gpu = super::gpu(ordinal)?;
+        DevCache::new(&gpu, &gpu.new_stream()?, false, plan, capacity)
+    }
+
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.acts.gpu().ordinal())
+    }
+
+    /// The first `len` outputs the last forward copied back.
+    pub fn outputs(&self, len: usize) -> &[f32] {
+        &self.outputs[..len]
+    }
+}
+
+impl DevGrads {
+    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, capacity: usize) -> Result<DevGrads> {
+        let conv_w = conv_steps(plan).map(|s| s.weight_len()).max().unwrap_or(0);
+        let outputs = plan.output().len();
+        let loss_partials =
+            loss_partials_len(Loss::LogitCrossEntropy, capacity, outputs).max(loss_partials_len(Loss::Mse, capacity, outputs));
+        Ok(DevGrads {
+            stream: Arc::clone(stream),
+            grads: DevBuf::zeros(gpu, stream, plan.param_len)?,
+            dacts: DevBuf::zeros(gpu, stream, plan.acts_len(capacity))?,
+            dcols: DevBuf::zeros(gpu, stream, capacity * max_col_len(plan))?,
+            partials: DevBuf::zeros(gpu, stream, capacity * conv_w)?,
+            ones: DevBuf::from_host(gpu, stream, &vec![1.0f32; capacity])?,
+            loss_partials: DevBuf::zeros(gpu, stream, loss_partials)?,
+            loss: DevBuf::from_host(gpu, stream, &[f64::NAN, 0.0, 0.0])?,
+            graphs: Graphs::new(),
+        })
+    }
+
+    /// On CUDA device `ordinal`, not yet bound to a model's stream.
+    pub fn on(ordinal: usize, plan: &Plan, capacity: usize) -> Result<DevGrads> {
+        let gpu = super::gpu(ordinal)?;
+        DevGrads::new(&gpu, &gpu.new_stream()?, plan, capacity)
+    }
+
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.grads.gpu().ordinal())
+    }
+
+    /// [last, sum, count] of the losses, after the queued steps.
+    fn totals(&self) -> Result<[f64; 3]> {
+        let mut out = [0.0f64; 3];
+        self.loss.download(&self.stream, &mut out)?;
+        Ok(out)
+    }
+
+    /// The loss of the last step (waits for it).
+    pub fn last_loss(&self) -> Result<f32> {
+        Ok(self.totals()?[0] as f32)
+    }
+
+    /// The mean loss since the last call (waits for the queued steps), and a new count.
+    pub fn mean_loss(&mut self) -> Result<f32> {
+        let [_, sum, count] = self.totals()?;
+        // SAFETY: the two totals (bytes 8..24) lie inside `loss`; queued in the stream's order.
+        unsafe { result::memset_d8_async(self.loss.ptr() + 8, 0, 16, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("resetting the loss totals", e))?;
+        Ok((sum / count) as f32)
+    }
+
+    /// The parameter gradients, after the queued steps.
+    pub fn download(&self, out: &mut [f32]) -> Result<()> {
+        self.grads.download(&self.stream, out)
+    }
+}
+
+impl DevOptim {
+    /// `values` on CUDA device `ordinal`, not yet bound to a model's stream.
+    pub fn on(ordinal: usize, values: &[f32]) -> Result<DevOptim> {
+        let gpu = super::gpu(ordinal)?;
+        let stream = gpu.new_stream()?;
+        Ok(DevOptim { state: DevBuf::from_host(&gpu, &stream, values)?, stream })
+    }
+
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.state.gpu().ordinal())
+    }
+
+    pub fn download(&self, out: &mut [f32]) -> Result<()> {
+        self.state.download(&self.stream, out)
+    }
+}
+
+fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
+    // SAFETY: f32 and u32 have no padding and any byte view of them is valid to read.
+    unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
+}
+
+/// Waits for the stream that used an owner's buffers last, so that they can be freed. An error
+/// (a device already lost) leaves nothing better to do than to free anyway.
+macro_rules! wait_before_free {
+    ($($owner:ty),*) => {$(
+        impl Drop for $owner {
+            fn drop(&mut self) {
+                let _ = self.stream.synchronize();
+            }
+        }
+    )*};
+}
+wait_before_free!(DevModel, DevCache, DevGrads, DevOptim);

@@ -1,0 +1,101 @@
+//! Without the `cuda` feature: the device halves of models, caches and optimisers exist only
+//! as types with no values, so the CPU code that dispatches on them compiles unchanged and
+//! every request for a GPU is an [`Error::Cuda`].
+
+use crate::cache::{Cache, Grads};
+use crate::chain::Plan;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::loss::Loss;
+use crate::optim::Optim;
+
+/// How a model runs on the GPU (no effect in a build without the `cuda` feature).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuOptions {
+    pub graphs: bool,
+    pub tf32: bool,
+}
+
+pub(crate) enum DevModel {}
+pub(crate) enum DevCache {}
+pub(crate) enum DevGrads {}
+pub(crate) enum DevOptim {}
+
+impl DevModel {
+    pub fn on(_ordinal: usize, _params: &[f32], _options: GpuOptions) -> Result<DevModel> {
+        Err(no_cuda())
+    }
+    pub fn device(&self) -> Device {
+        match *self {}
+    }
+    pub fn download(&self, _out: &mut [f32]) -> Result<()> {
+        match *self {}
+    }
+    pub fn upload(&mut self, _values: &[f32]) -> Result<()> {
+        match *self {}
+    }
+    pub fn new_cache(&self, _plan: &Plan, _capacity: usize) -> Result<DevCache> {
+        match *self {}
+    }
+    pub fn new_grads(&self, _plan: &Plan, _capacity: usize) -> Result<DevGrads> {
+        match *self {}
+    }
+    pub fn new_optim(&self, _values: &[f32]) -> Result<DevOptim> {
+        match *self {}
+    }
+    pub fn forward<'c>(&self, _plan: &Plan, _cache: &'c mut Cache) -> Result<&'c [f32]> {
+        match *self {}
+    }
+    pub fn backprop(&self, _plan: &Plan, _grads: &mut Grads, _cache: &mut Cache, _loss: Loss) -> Result<()> {
+        match *self {}
+    }
+    pub fn update(&mut self, _config: Optim, _step: u64, _opt: &mut DevOptim, _grads: &Grads) -> Result<()> {
+        match *self {}
+    }
+}
+
+impl DevCache {
+    pub fn on(_ordinal: usize, _plan: &Plan, _capacity: usize) -> Result<DevCache> {
+        Err(no_cuda())
+    }
+    pub fn device(&self) -> Device {
+        match *self {}
+    }
+    pub fn outputs(&self, _len: usize) -> &[f32] {
+        match *self {}
+    }
+}
+
+impl DevGrads {
+    pub fn on(_ordinal: usize, _plan: &Plan, _capacity: usize) -> Result<DevGrads> {
+        Err(no_cuda())
+    }
+    pub fn device(&self) -> Device {
+        match *self {}
+    }
+    pub fn last_loss(&self) -> Result<f32> {
+        match *self {}
+    }
+    pub fn mean_loss(&mut self) -> Result<f32> {
+        match *self {}
+    }
+    pub fn download(&self, _out: &mut [f32]) -> Result<()> {
+        match *self {}
+    }
+}
+
+impl DevOptim {
+    pub fn on(_ordinal: usize, _values: &[f32]) -> Result<DevOptim> {
+        Err(no_cuda())
+    }
+    pub fn device(&self) -> Device {
+        match *self {}
+    }
+    pub fn download(&self, _out: &mut [f32]) -> Result<()> {
+        match *self {}
+    }
+}
+
+fn no_cuda() -> Error {
+    Error::Cuda { what: "flatnn was built without its `cuda` feature".into() }
+}

@@ -1,0 +1,360 @@
+//! The model on a GPU against the same model on the CPU, and the GPU's promises: no allocation
+//! per step, steady device memory, errors that leave the device usable, devices chosen as
+//! documented. Every test prints `skipped: no CUDA device` and passes where CUDA is missing.
+
+use flatnn::cuda;
+use flatnn::prelude::*;
+use flatnn::testutil::Rng;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+/// CUDA device 0, or `None` after printing the skip line.
+fn gpu_device() -> Option<Device> {
+    match Device::cuda(0) {
+        Ok(device) => Some(device),
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}
+
+fn mlp() -> Chain {
+    Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity)
+}
+
+fn lenet() -> Chain {
+    Chain::new(Input::image(28, 28, 1))
+        .conv_with(6, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
+        .max_pool((2, 2))
+        .conv(16, (5, 5), Relu)
+        .max_pool((2, 2))
+        .flatten()
+        .dense(120, Relu)
+        .dense(84, Relu)
+        .dense(10, Identity)
+}
+
+/// An odd little net touching every layer kind, activation and option the GPU runs.
+fn mixed() -> Chain {
+    Chain::new(Input::image(9, 7, 2))
+        .conv_with(3, (3, 2), Tanh, ConvOptions { stride: (2, 1), padding: (1, 1) })
+        .max_pool_with((2, 2), (1, 2))
+        .conv(4, (2, 2), Gelu)
+        .flatten()
+        .dense(11, Sigmoid)
+        .dense(5, LeakyRelu(0.1))
+        .dense(3, Identity)
+}
+
+/// ‖a − b‖ / ‖b‖.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+/// A batch of inputs and labels for `model`.
+fn batch(rng: &mut Rng, model: &Model, n: usize) -> (Vec<f32>, Vec<u32>) {
+    let x = rng.uniform(n * model.input_shape().len());
+    let classes = model.output_shape().len();
+    let labels = (0..n).map(|_| (rng.uniform(1)[0] * classes as f32) as u32 % classes as u32).collect();
+    (x, labels)
+}
+
+/// `steps` training steps, alternating a full and a partial batch; the losses, and the model.
+fn train(model: Model, optim: Optim, loss: Loss, steps: usize, seed: u64) -> (Vec<f32>, Model) {
+    let mut model = model;
+    let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
+    let mut opt = Optimizer::new(&model, optim).unwrap();
+    let mut rng = Rng::new(seed);
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        let n = if step % 2 == 0 { 32 } else { 17 };
+        let (x, labels) = batch(&mut rng, &model, n);
+        fwd.set_inputs(&x).unwrap();
+        match loss {
+            Loss::LogitCrossEntropy => fwd.set_labels(&labels).unwrap(),
+            Loss::Mse => fwd.set_targets(&rng.uniform(n * model.output_shape().len())).unwrap(),
+        }
+        model.backprop(&mut bwd, &mut fwd, loss).unwrap();
+        losses.push(bwd.last_loss().unwrap());
+        opt.update(&mut model, &bwd).unwrap();
+    }
+    (losses, model)
+}
+
+#[test]
+fn training_on_the_gpu_matches_the_cpu() {
+    let Some(device) = gpu_device() else { return };
+    let cases = [
+        ("mlp", mlp(), Optim::Sgd { lr: 0.05, momentum: 0.9, nesterov: true }, Loss::LogitCrossEntropy),
+        ("mlp adam", mlp(), Optim::adam(1e-3), Loss::LogitCrossEntropy),
+        ("lenet", lenet(), Optim::sgd(0.05, 0.9), Loss::LogitCrossEntropy),
+        ("lenet adam", lenet(), Optim::adam(1e-3), Loss::LogitCrossEntropy),
+        ("mixed mse", mixed(), Optim::rmsprop(1e-3), Loss::Mse),
+        ("mixed adamw", mixed(), Optim::adamw(1e-3, 0.1), Loss::LogitCrossEntropy),
+    ];
+    for (name, chain, optim, loss) in cases {
+        let cpu_model = chain.build().unwrap().init(Init::HeNormal, 3).with_threads(1).unwrap();
+        let (cpu_losses, cpu_trained) = train(cpu_model.to(&Device::Cpu).unwrap(), optim, loss, 20, 9);
+        for graphs in [true, false] {
+            let gpu_model = cpu_model.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap();
+            let gpu_model = gpu_model.to(&device).unwrap();
+            assert_eq!(gpu_model.device(), device);
+            let (gpu_losses, gpu_trained) = train(gpu_model, optim, loss, 20, 9);
+            let params_err = rel_err(&gpu_trained.parameters().unwrap(), &cpu_trained.parameters().unwrap());
+            let loss_err = rel_err(&gpu_losses, &cpu_losses);
+            println!("{name} graphs={graphs}: 20 steps, parameters rel err {params_err:.2e}, losses rel err {loss_err:.2e}");
+            assert!(loss_err <= 1e-4, "{name}: losses {gpu_losses:?} vs {cpu_losses:?}");
+            assert!(params_err <= 1e-4, "{name}: parameters differ by {params_err:e}");
+        }
+    }
+}
+
+#[test]
+fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
+    let Some(device) = gpu_device() else { return };
+    let mut rng = Rng::new(4);
+    for (name, chain) in [("mlp", mlp()), ("lenet", lenet()), ("mixed", mixed())] {
+        let cpu = chain.build().unwrap().init(Init::GlorotUniform, 5).with_threads(1).unwrap();
+        let mut cpu_fwd = cpu.preallocate(64).unwrap();
+        for tf32 in [false, true] {
+            let gpu = cpu.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs: true, tf32 }).unwrap().to(&device).unwrap();
+            let mut gpu_fwd = gpu.preallocate(64).unwrap();
+            for n in [1, 5, 64, 5] {
+                let (x, _) = batch(&mut rng, &cpu, n);
+                cpu_fwd.set_inputs(&x).unwrap();
+                gpu_fwd.set_inputs(&x).unwrap();
+                let want = cpu.forward(&mut cpu_fwd).unwrap().to_vec();
+                let got = gpu.forward(&mut gpu_fwd).unwrap().to_vec();
+                assert_eq!(gpu_fwd.outputs(), &got[..]);
+                let err = rel_err(&got, &want);
+                let bound = if tf32 { 5e-3 } else { 1e-5 };
+                println!("{name} tf32={tf32} batch {n}: forward rel err {err:.2e} (bound {bound:e})");
+                assert!(err <= bound, "{name} tf32={tf32} batch {n}: {err:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn saved_on_the_gpu_loads_on_the_cpu() {
+    let Some(device) = gpu_device() else { return };
+    let model = mlp().build().unwrap().init(Init::HeNormal, 1).to(&device).unwrap();
+    let (_, trained) = train(model, Optim::adam(1e-3), Loss::LogitCrossEntropy, 5, 2);
+    let path = std::env::temp_dir().join(format!("flatnn-gpu-save-{}.safetensors", std::process::id()));
+    trained.save(&path).unwrap();
+    let loaded = Model::load(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(loaded.device(), Device::Cpu);
+    let want = trained.parameters().unwrap();
+    let got = loaded.parameters().unwrap();
+    assert!(want.iter().zip(got.iter()).all(|(a, b)| a.to_bits() == b.to_bits()), "parameters changed on the way");
+    // the same outputs from the loaded model on the CPU and the trained one on the GPU
+    let mut rng = Rng::new(3);
+    let (x, _) = batch(&mut rng, &loaded, 8);
+    let (mut cpu_fwd, mut gpu_fwd) = (loaded.preallocate(8).unwrap(), trained.preallocate(8).unwrap());
+    cpu_fwd.set_inputs(&x).unwrap();
+    gpu_fwd.set_inputs(&x).unwrap();
+    let err = rel_err(trained.forward(&mut gpu_fwd).unwrap(), loaded.forward(&mut cpu_fwd).unwrap());
+    assert!(err <= 1e-5, "outputs differ by {err:e}");
+}
+
+#[test]
+fn model_optimiser_and_caches_move_together() {
+    let Some(device) = gpu_device() else { return };
+    let optim = Optim::sgd(0.05, 0.9);
+    let model = mlp().build().unwrap().init(Init::HeNormal, 8).with_threads(1).unwrap();
+    let (_, reference) = train(model.to(&Device::Cpu).unwrap(), optim, Loss::LogitCrossEntropy, 6, 4);
+
+    let (fwd, bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
+    let opt = Optimizer::new(&model, optim).unwrap();
+    let mut set = (model, opt, fwd, bwd);
+    let mut rng = Rng::new(4);
+    for step in 0..6 {
+        // three steps on each side of a move to the GPU, then back
+        if step == 3 {
+            set = set.to_device(&device).unwrap();
+            assert!([set.0.device(), set.1.device(), set.2.device(), set.3.device()].iter().all(|d| *d == device));
+        }
+        let (model, opt, fwd, bwd) = (&mut set.0, &mut set.1, &mut set.2, &mut set.3);
+        let n = if step % 2 == 0 { 32 } else { 17 };
+        let (x, labels) = batch(&mut rng, model, n);
+        fwd.set_inputs(&x).unwrap();
+        fwd.set_labels(&labels).unwrap();
+        model.backprop(bwd, fwd, Loss::LogitCrossEntropy).unwrap();
+        opt.update(model, bwd).unwrap();
+    }
+    assert_eq!(set.1.steps(), 6);
+    let (back, ..) = flatnn::cpu(set).unwrap();
+    assert_eq!(back.device(), Device::Cpu);
+    let err = rel_err(&back.parameters().unwrap(), &reference.parameters().unwrap());
+    println!("moved mid-training: parameters rel err {err:.2e}");
+    assert!(err <= 1e-5, "{err:e}");
+}
+
+#[test]
+fn mismatched_devices_are_errors() {
+    let Some(device) = gpu_device() else { return };
+    let cpu_model = mlp().build().unwrap().init(Init::HeNormal, 1);
+    let mut gpu_model = cpu_model.to(&device).unwrap();
+    let mut cpu_cache = cpu_model.preallocate(4).unwrap();
+    cpu_cache.set_inputs(&vec![0.5; 4 * 784]).unwrap();
+    assert!(matches!(gpu_model.forward(&mut cpu_cache), Err(Error::Mismatch(_))));
+    let mut cpu_opt = Optimizer::new(&cpu_model, Optim::adam(1e-3)).unwrap();
+    let gpu_grads = gpu_model.preallocate_grads(4).unwrap();
+    assert!(matches!(cpu_opt.update(&mut gpu_model, &gpu_grads), Err(Error::Mismatch(_))));
+    assert!(matches!(gpu_model.parameters_mut(), Err(Error::Mismatch(_))));
+}
+
+#[test]
+fn a_device_error_is_an_err_and_the_device_stays_usable() {
+    let Some(device) = gpu_device() else { return };
+    let model = mlp().build().unwrap().init(Init::HeNormal, 1).to(&device).unwrap();
+    // activations for 2^27 samples: ~630 GB, more than any GPU has
+    match model.preallocate(1 << 27) {
+        Err(Error::Cuda { what }) => println!("oversized cache: {what}"),
+        Err(e) => panic!("oversized cache gave {e}"),
+        Ok(_) => panic!("an oversized cache was allocated"),
+    }
+    let (losses, _) = train(model, Optim::adam(1e-3), Loss::LogitCrossEntropy, 3, 1);
+    assert!(losses.iter().all(|l| l.is_finite()), "the device is still usable: {losses:?}");
+}
+
+#[test]
+fn flatnn_device_chooses_the_device() {
+    let Some(_) = gpu_device() else { return };
+    // The only test in this binary that reads or sets FLATNN_DEVICE.
+    let with = |value: Option<&str>| {
+        match value {
+            Some(v) => std::env::set_var("FLATNN_DEVICE", v),
+            None => std::env::remove_var("FLATNN_DEVICE"),
+        }
+        flatnn::device()
+    };
+    assert_eq!(with(None), Device::Cuda(0));
+    assert_eq!(with(Some("cpu")), Device::Cpu);
+    assert_eq!(with(Some("cuda")), Device::Cuda(0));
+    assert_eq!(with(Some("cuda:0")), Device::Cuda(0));
+    assert_eq!(with(Some("cuda:99")), Device::Cpu, "a device that is not there falls back");
+    assert_eq!(with(Some("auto")), Device::Cuda(0));
+    std::env::remove_var("FLATNN_DEVICE");
+    assert_eq!(flatnn::gpu_or_cpu(), Device::Cuda(0));
+}
+
+/// Run by `cuda_visible_devices_is_honoured` in a child process; does nothing otherwise.
+#[test]
+fn child_process_sees_expected_devices() {
+    let Ok(expected) = std::env::var("FLATNN_TEST_EXPECT_DEVICES") else { return };
+    let expected: usize = expected.parse().unwrap();
+    println!("child: CUDA_VISIBLE_DEVICES={:?}, device_count {}", std::env::var("CUDA_VISIBLE_DEVICES"), cuda::device_count());
+    assert_eq!(cuda::device_count(), expected);
+    assert_eq!(cuda::is_functional(), expected > 0);
+    if expected == 0 {
+        assert_eq!(flatnn::device(), Device::Cpu);
+        assert!(matches!(Device::cuda(0), Err(Error::Cuda { .. })));
+        assert_eq!(flatnn::gpu(mlp().build().unwrap()).unwrap().device(), Device::Cpu, "gpu() falls back");
+    }
+    println!("child: ok");
+}
+
+#[test]
+fn cuda_visible_devices_is_honoured() {
+    let Some(_) = gpu_device() else { return };
+    for (visible, expected) in [("", 0), ("0", 1), ("-1", 0)] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_process_sees_expected_devices", "--nocapture", "--test-threads=1"])
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .env("FLATNN_TEST_EXPECT_DEVICES", expected.to_string())
+            .env_remove("FLATNN_DEVICE")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        println!("CUDA_VISIBLE_DEVICES={visible:?}: {}", text.lines().filter(|l| l.starts_with("child")).collect::<Vec<_>>().join("; "));
+        assert!(out.status.success() && text.contains("child: ok"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn several_models_on_several_threads_match_one_at_a_time() {
+    let Some(device) = gpu_device() else { return };
+    let model = |seed| lenet().build().unwrap().init(Init::HeNormal, seed).to(&device).unwrap();
+    let alone: Vec<Vec<f32>> = (0..4)
+        .map(|seed| train(model(seed), Optim::adam(1e-3), Loss::LogitCrossEntropy, 10, seed).1.parameters().unwrap().into_owned())
+        .collect();
+    let together: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|seed| {
+                s.spawn(move || {
+                    train(model(seed), Optim::adam(1e-3), Loss::LogitCrossEntropy, 10, seed).1.parameters().unwrap().into_owned()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (a, b) in alone.iter().zip(&together) {
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "a model trained beside others gave other bits");
+    }
+}
+
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Counts the calling thread's heap allocations and deallocations.
+struct Counting;
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+#[test]
+fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
+    let Some(device) = gpu_device() else { return };
+    for (name, chain) in [("mlp", mlp()), ("lenet", lenet())] {
+        for graphs in [true, false] {
+            let model = chain.clone().build().unwrap().init(Init::HeNormal, 1);
+            let mut model = model.with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();
+            let (mut fwd, mut bwd) = (model.preallocate(64).unwrap(), model.preallocate_grads(64).unwrap());
+            let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+            let mut rng = Rng::new(1);
+            let (x, labels) = batch(&mut rng, &model, 64);
+            let mut step = |n: usize| {
+                fwd.set_inputs(&x[..n * model.input_shape().len()]).unwrap();
+                fwd.set_labels(&labels[..n]).unwrap();
+                model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+                opt.update(&mut model, &bwd).unwrap();
+            };
+            // warm-up: both batch sizes, so both graphs are captured
+            step(64);
+            step(63);
+            let free_before = cuda::device_info(0).unwrap().free_memory;
+            let before = ALLOCATIONS.with(Cell::get);
+            for i in 0..1000 {
+                step(if i % 2 == 0 { 64 } else { 63 });
+            }
+            let allocations = ALLOCATIONS.with(Cell::get) - before;
+            let loss = bwd.last_loss().unwrap();
+            let free_after = cuda::device_info(0).unwrap().free_memory;
+            println!("{name} graphs={graphs}: 1000 steps, {allocations} host allocations+frees, free device memory {free_before} -> {free_after}, loss {loss}");
+            assert_eq!(allocations, 0, "{name} graphs={graphs}: host allocations in 1000 steps");
+            assert_eq!(free_before, free_after, "{name} graphs={graphs}: device memory changed");
+            assert!(loss.is_finite());
+        }
+    }
+}
