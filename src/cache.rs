@@ -35,6 +35,9 @@ pub struct Cache {
     pub(crate) inputs_dirty: bool,
     pub(crate) labels_dirty: bool,
     pub(crate) targets_dirty: bool,
+    /// The labels were written on the device (by the data loader's gather from a data set whose
+    /// labels were checked when it was uploaded), so `labels` on the host is not theirs.
+    pub(crate) labels_on_device: bool,
 }
 
 impl Cache {
@@ -57,6 +60,7 @@ impl Cache {
             inputs_dirty: false,
             labels_dirty: false,
             targets_dirty: false,
+            labels_on_device: false,
         })
     }
 
@@ -121,7 +125,7 @@ impl Cache {
         check_labels(labels, self.plan.output().len())?;
         self.labels[..labels.len()].copy_from_slice(labels);
         self.labels_set = labels.len();
-        self.labels_dirty = true;
+        (self.labels_dirty, self.labels_on_device) = (true, false);
         Ok(())
     }
 
@@ -131,7 +135,7 @@ impl Cache {
             return Err(Error::Capacity { batch, capacity: self.capacity });
         }
         self.labels_set = batch;
-        self.labels_dirty = true;
+        (self.labels_dirty, self.labels_on_device) = (true, false);
         Ok(&mut self.labels[..batch])
     }
 
@@ -285,7 +289,9 @@ impl ToDevice for Cache {
         let inputs = self.capacity * self.plan.input.len();
         moved.acts[..inputs].copy_from_slice(&self.acts[..inputs]);
         (moved.batch, moved.labels, moved.targets) = (self.batch, self.labels, self.targets);
-        (moved.labels_set, moved.targets_set) = (self.labels_set, self.targets_set);
+        // labels gathered on the old device are not on the host: they must be set again
+        let labels_set = if self.labels_on_device { 0 } else { self.labels_set };
+        (moved.labels_set, moved.targets_set) = (labels_set, self.targets_set);
         (moved.inputs_dirty, moved.labels_dirty, moved.targets_dirty) = (true, true, true);
         Ok(moved)
     }

@@ -199,7 +199,9 @@ impl Model {
                 if cache.labels_set != batch {
                     return Err(Error::Shape(format!("{} labels set for a batch of {batch}: call set_labels", cache.labels_set)));
                 }
-                check_labels(&cache.labels[..batch], outputs)?;
+                if !cache.labels_on_device {
+                    check_labels(&cache.labels[..batch], outputs)?;
+                }
             }
             Loss::Mse => {
                 if cache.targets_set != batch {

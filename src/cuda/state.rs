@@ -50,11 +50,13 @@ pub(crate) struct DevModel {
 /// The device half of a [`Cache`]: activations, lowered columns, the batch's targets, a host
 /// copy of the last outputs, and the captured forward passes.
 pub(crate) struct DevCache {
-    stream: Arc<CudaStream>,
+    /// The stream of the model that used this cache last (work on the cache is queued there).
+    pub(super) stream: Arc<CudaStream>,
     blas: Blas,
-    acts: DevBuf<f32>,
+    /// Region 0 (the inputs) is written by copies from the host or by the data loader's gather.
+    pub(super) acts: DevBuf<f32>,
     cols: DevBuf<f32>,
-    labels: DevBuf<u32>,
+    pub(super) labels: DevBuf<u32>,
     targets: DevBuf<f32>,
     /// The outputs of the last `forward`, `capacity × outputs`.
     outputs: Vec<f32>,
