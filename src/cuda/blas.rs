@@ -48,6 +48,7 @@ impl Drop for Blas {
     fn drop(&mut self) {
         // Wait for the products queued with this handle before its workspace is freed.
         if self.gpu.bind().is_ok() && self.stream.synchronize().is_ok() {
+            let _exclusive = super::device_wide();
             // SAFETY: created in `Gpu::blas`, destroyed once; nothing else holds it.
             let _ = unsafe { cublas::destroy_handle(self.handle) };
         }
@@ -62,7 +63,10 @@ impl Gpu {
         self.bind()?;
         let err = |what: &'static str| move |e: cublas::CublasError| Error::Cuda { what: format!("cuBLAS: {what}: {e:?}") };
         let workspace = DevBuf::zeros(self, stream, WORKSPACE_BYTES)?;
-        let handle = cublas::create_handle().map_err(err("creating a handle"))?;
+        let handle = {
+            let _exclusive = super::device_wide();
+            cublas::create_handle().map_err(err("creating a handle"))?
+        };
         // Owned from here, so that an error below destroys it.
         let mut blas = Blas { handle, stream: Arc::clone(stream), tf32, _workspace: workspace, gpu: Arc::clone(self) };
         let workspace_ptr = blas._workspace.ptr();

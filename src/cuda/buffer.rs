@@ -36,8 +36,10 @@ impl<T: DeviceRepr> DevBuf<T> {
         gpu.bind()?;
         let bytes = (len * size_of::<T>()).max(1);
         let what = |what: &str| format!("{what} {bytes} bytes on device {}", gpu.ordinal());
+        let exclusive = super::device_wide();
         // SAFETY: the context is current; the memory is zeroed before anyone reads it.
         let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| driver_error(&what("allocating"), e))?;
+        drop(exclusive);
         let buf = DevBuf { ptr, len, gpu: Arc::clone(gpu), _values: PhantomData };
         // SAFETY: `ptr` holds `bytes` bytes (freed by `buf` on error).
         unsafe { result::memset_d8_async(ptr, 0, bytes, stream.cu_stream()) }.map_err(|e| driver_error(&what("zeroing"), e))?;
@@ -117,6 +119,7 @@ impl<T> Drop for DevBuf<T> {
         // The owner waited for the stream that used the buffer last. An error here (a device
         // already lost) leaves nothing to do but leak.
         if self.gpu.bind().is_ok() {
+            let _exclusive = super::device_wide();
             // SAFETY: allocated in `zeros`, freed once, no queued work uses it.
             let _ = unsafe { result::free_sync(self.ptr) };
         }

@@ -33,6 +33,7 @@ unsafe impl Send for Exec {}
 
 impl Drop for Exec {
     fn drop(&mut self) {
+        let _exclusive = super::device_wide();
         // SAFETY: instantiated once, destroyed once; a launched exec may be destroyed while it
         // runs (the driver finishes it first).
         let _ = unsafe { result::graph::exec_destroy(self.0) };
@@ -76,6 +77,7 @@ impl Graphs {
 
 /// Captures what `work` enqueues on `stream` and instantiates it.
 fn capture(stream: sys::CUstream, work: impl FnOnce() -> Result<()>) -> Result<Exec> {
+    let _shared = super::capturing();
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     // SAFETY: a live stream; the capture is always ended below, whatever `work` returns.
     unsafe { result::stream::begin_capture(stream, mode) }.map_err(|e| driver_error("starting a CUDA graph capture", e))?;

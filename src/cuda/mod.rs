@@ -31,12 +31,12 @@ mod tests;
 pub use blas::{Blas, DevMat, DevMatMut};
 pub use context::Gpu;
 pub use launch::{launch, View, ViewMut};
-pub use ops::loss_partials_len;
+pub use ops::DenseEpilogue;
 
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// What a device is, as the driver reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,9 +95,28 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     if let Some(gpu) = &gpus[ordinal] {
         return Ok(Arc::clone(gpu));
     }
-    let gpu = Arc::new(guarded_result(|| Gpu::new(ordinal))?);
+    let gpu = Arc::new(guarded_result(|| {
+        let _exclusive = device_wide();
+        Gpu::new(ordinal)
+    })?);
     gpus[ordinal] = Some(Arc::clone(&gpu));
     Ok(gpu)
+}
+
+/// Graph captures (shared) against the driver calls that may wait for the whole device
+/// (exclusive): allocating and freeing device memory, making and destroying cuBLAS handles,
+/// loading modules. Such a wait on one thread would invalidate a capture running on another
+/// (each model captures on its own stream, from whatever thread trains it).
+static DEVICE_WIDE: RwLock<()> = RwLock::new(());
+
+/// Held while a graph is captured.
+pub(crate) fn capturing() -> RwLockReadGuard<'static, ()> {
+    DEVICE_WIDE.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held around a call that may wait for the whole device.
+pub(crate) fn device_wide() -> RwLockWriteGuard<'static, ()> {
+    DEVICE_WIDE.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// `Error::Cuda` for a driver call that failed.

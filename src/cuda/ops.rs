@@ -5,29 +5,48 @@
 //! Sizes are explicit (`batch`, `n`, a geometry); views may be longer than what is touched, as
 //! the CPU fast paths take capacity-sized buffers.
 
+use super::blas::DevMat;
 use super::context::{Gpu, Kernel};
 use super::launch::{blocks, int, kernel_args, launch, View, ViewMut, BLOCK};
 use crate::activation::Activation;
 use crate::error::Result;
 use crate::layers::{conv, pool};
-use crate::loss::Loss;
 use crate::optim::Optim;
 use cudarc::driver::CudaStream;
 use std::ffi::c_void;
 
-/// Blocks of the `mse` kernel for `n` values: a function of `n` alone, so the order in which
-/// the loss is summed never changes.
-fn mse_blocks(n: usize) -> u32 {
-    n.div_ceil(BLOCK as usize).clamp(1, 1024) as u32
+/// Rows a batch may have for the warp-per-output product (SKINNY_ROWS in kernels/dense.cu).
+const SKINNY_ROWS: usize = 8;
+/// Output tile side of the tiled product (TILE in kernels/dense.cu).
+const TILE: usize = 32;
+
+/// What the fused dense product does with each value c of C = A·B.
+pub enum DenseEpilogue<'a> {
+    /// z = c + bias[j], and y = act(z) when `y` is given (a layer's forward).
+    Forward { bias: View<'a, f32>, z: ViewMut<'a, f32>, y: Option<ViewMut<'a, f32>>, act: Activation },
+    /// dx = c, times act'(z, y) of the layer that produced x when `prev` is given (so dx is
+    /// that layer's dz).
+    InputGrad { dx: ViewMut<'a, f32>, prev: Option<(View<'a, f32>, View<'a, f32>, Activation)> },
+    /// dW = C (m × n), and db[i] = Σ_k A(i, k) (B gets a column of ones).
+    WeightGrad { dw: ViewMut<'a, f32>, db: ViewMut<'a, f32> },
 }
 
-/// f64 partial sums a loss needs on the device (the `partials` of [`Gpu::softmax_xent`] and
-/// [`Gpu::mse`]) for `batch` samples of `outputs` values.
-pub fn loss_partials_len(loss: Loss, batch: usize, outputs: usize) -> usize {
-    match loss {
-        Loss::LogitCrossEntropy => batch,
-        Loss::Mse => mse_blocks(batch * outputs) as usize,
+/// Values a `rows × cols` matrix with strides (rs, cs) spans.
+fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * rs + (cols - 1) * cs + 1
     }
+}
+
+/// Sizes as the kernels' ints.
+fn ints<const N: usize>(values: [usize; N]) -> Result<[i32; N]> {
+    let mut out = [0i32; N];
+    for (o, v) in out.iter_mut().zip(values) {
+        *o = int(v)?;
+    }
+    Ok(out)
 }
 
 /// The kernels' activation id and leaky slope (see kernels/activation.cu).
@@ -44,12 +63,54 @@ fn act_code(act: Activation) -> (i32, f32) {
 
 impl Gpu {
     /// Launches `kernel` on `grid` blocks of [`BLOCK`] threads.
-    fn run<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: u32, mut args: [*mut c_void; N]) -> Result<()> {
+    fn run<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: u32, args: [*mut c_void; N]) -> Result<()> {
+        self.run_grid(stream, kernel, (grid, 1), args)
+    }
+
+    /// Launches `kernel` on a 2-D grid of [`BLOCK`]-thread blocks.
+    fn run_grid<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: (u32, u32), mut args: [*mut c_void; N]) -> Result<()> {
         assert_eq!(stream.context().cu_ctx(), self.ctx.cu_ctx(), "a stream of another device");
         self.bind()?;
         // SAFETY: every wrapper below passes its kernel's parameters in order with their C
         // types, after checking on the host that each view holds what the kernel touches.
-        unsafe { launch(self.function(kernel), (grid, 1, 1), (BLOCK, 1, 1), 0, stream.cu_stream(), &mut args) }
+        unsafe { launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), 0, stream.cu_stream(), &mut args) }
+    }
+
+    /// C (m × n) = A (m × k) · B (k × n), then `epilogue` on each value of C (see
+    /// [`DenseEpilogue`] and kernels/dense.cu): one launch per dense layer and direction.
+    /// Outputs are row-major with rows of `n`. Each value is summed in a fixed order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dense(&self, stream: &CudaStream, m: usize, n: usize, k: usize, a: DevMat, b: DevMat, epilogue: DenseEpilogue) -> Result<()> {
+        assert!(a.data.len() >= extent(m, k, a.rs, a.cs) && b.data.len() >= extent(k, n, b.rs, b.cs), "dense: A or B is short");
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let null = 0u64;
+        let (mode, cols, bias, out0, out1, z_prev, y_prev, act) = match epilogue {
+            DenseEpilogue::Forward { bias, z, y, act } => {
+                assert!(bias.len() >= n && z.len() >= m * n && y.as_ref().is_none_or(|y| y.len() >= m * n), "dense forward: short output");
+                (0, n, bias.ptr(), z.ptr(), y.map_or(null, |y| y.ptr()), null, null, act)
+            }
+            DenseEpilogue::InputGrad { dx, prev } => {
+                assert!(dx.len() >= m * n && prev.as_ref().is_none_or(|p| p.0.len() >= m * n && p.1.len() >= m * n), "dense dx: short");
+                let (z, y, act) = prev.map_or((null, null, Activation::Identity), |(z, y, act)| (z.ptr(), y.ptr(), act));
+                (1, n, null, dx.ptr(), null, z, y, act)
+            }
+            DenseEpilogue::WeightGrad { dw, db } => {
+                assert!(dw.len() >= m * n && db.len() >= m, "dense dw: short dW or db");
+                (2, n + 1, null, dw.ptr(), db.ptr(), null, null, Activation::Identity)
+            }
+        };
+        let (code, slope) = act_code(act);
+        let (ap, bp) = (a.data.ptr(), b.data.ptr());
+        let [a_rs, a_cs, b_rs, b_cs, mi, ni, ki, ldc] = ints([a.rs, a.cs, b.rs, b.cs, m, cols, k, n])?;
+        let _ = int(m * cols)?;
+        let args = kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope];
+        if mode != 2 && m <= SKINNY_ROWS {
+            self.run(stream, Kernel::DenseSkinny, cols.div_ceil(BLOCK as usize / 32) as u32, args)
+        } else {
+            self.run_grid(stream, Kernel::DenseTiled, (cols.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32), args)
+        }
     }
 
     /// z[s, c, p] += bias[c] for `batch` samples of `channels × pixels`; then y = act(z) when
@@ -120,8 +181,9 @@ impl Gpu {
 
     /// Softmax cross-entropy of logits y (batch, classes) against `labels`: dy as
     /// [`crate::loss::logit_cross_entropy`] computes it, and loss[0] (f64) = the mean over the
-    /// batch, summed on the device in a fixed order; loss[1] += loss[0], loss[2] += 1. `partials`: [`loss_partials_len`] values.
-    /// A label outside 0..classes makes the loss NaN (labels are checked on the host).
+    /// batch, summed on the device in a fixed order in one block; loss[1] += loss[0],
+    /// loss[2] += 1. A label outside 0..classes makes the loss NaN (labels are checked on the
+    /// host).
     #[allow(clippy::too_many_arguments)]
     pub fn softmax_xent(
         &self,
@@ -131,48 +193,31 @@ impl Gpu {
         y: View<f32>,
         labels: View<u32>,
         dy: ViewMut<f32>,
-        partials: ViewMut<f64>,
         loss: ViewMut<f64>,
     ) -> Result<()> {
         let len = batch * classes;
         assert!(y.len() >= len && dy.len() >= len && labels.len() >= batch, "softmax_xent: short y, dy or labels");
-        assert!(partials.len() >= batch && loss.len() >= 3, "softmax_xent: short partials or loss");
+        assert!(loss.len() >= 3, "softmax_xent: short loss");
         assert!(batch > 0 && classes > 0, "softmax_xent: empty batch");
         let _ = int(len)?;
-        let scale = 1.0 / batch as f64;
-        let (y, labels, dy, partial_ptr) = (y.ptr(), labels.ptr(), dy.ptr(), partials.ptr());
-        let (c, b, scale_f32) = (int(classes)?, int(batch)?, scale as f32);
-        self.run(stream, Kernel::SoftmaxXent, blocks(batch), kernel_args![y, labels, dy, partial_ptr, c, b, scale_f32])?;
-        self.sum_partials(stream, partials.as_view(), batch, scale, loss)
+        let (y, labels, dy, loss) = (y.ptr(), labels.ptr(), dy.ptr(), loss.ptr());
+        // the CPU's scales: 1/batch in f64, rounded to f32 for the gradient
+        let mean_scale = 1.0 / batch as f64;
+        let (c, b, scale) = (int(classes)?, int(batch)?, mean_scale as f32);
+        self.run(stream, Kernel::SoftmaxXent, 1, kernel_args![y, labels, dy, loss, c, b, scale, mean_scale])
     }
 
     /// Mean squared error over the first `n` values: dy = 2(y − t)/n, and loss[0] (f64) =
-    /// Σ(y − t)²/n summed on the device in a fixed order; loss[1] += loss[0], loss[2] += 1. `partials`: [`loss_partials_len`].
+    /// Σ(y − t)²/n summed on the device in a fixed order in one block; loss[1] += loss[0],
+    /// loss[2] += 1.
     #[allow(clippy::too_many_arguments)]
-    pub fn mse(
-        &self,
-        stream: &CudaStream,
-        n: usize,
-        y: View<f32>,
-        t: View<f32>,
-        dy: ViewMut<f32>,
-        partials: ViewMut<f64>,
-        loss: ViewMut<f64>,
-    ) -> Result<()> {
-        let grid = mse_blocks(n);
+    pub fn mse(&self, stream: &CudaStream, n: usize, y: View<f32>, t: View<f32>, dy: ViewMut<f32>, loss: ViewMut<f64>) -> Result<()> {
         assert!(y.len() >= n && t.len() >= n && dy.len() >= n, "mse: a view is shorter than {n}");
-        assert!(partials.len() >= grid as usize && loss.len() >= 3, "mse: short partials or loss");
+        assert!(loss.len() >= 3, "mse: short loss");
         assert!(n > 0, "mse: no values");
-        let scale = 1.0 / n as f64;
-        let (y, t, dy, partial_ptr, len, grad_scale) = (y.ptr(), t.ptr(), dy.ptr(), partials.ptr(), int(n)?, (2.0 * scale) as f32);
-        self.run(stream, Kernel::Mse, grid, kernel_args![y, t, dy, partial_ptr, len, grad_scale])?;
-        self.sum_partials(stream, partials.as_view(), grid as usize, scale, loss)
-    }
-
-    /// loss[0] = scale · Σ partials[..n], one block; loss[1] += loss[0], loss[2] += 1.
-    fn sum_partials(&self, stream: &CudaStream, partials: View<f64>, n: usize, scale: f64, loss: ViewMut<f64>) -> Result<()> {
-        let (partials, loss, n) = (partials.ptr(), loss.ptr(), int(n)?);
-        self.run(stream, Kernel::SumPartials, 1, kernel_args![partials, loss, n, scale])
+        let mean_scale = 1.0 / n as f64;
+        let (y, t, dy, loss, len, grad_scale) = (y.ptr(), t.ptr(), dy.ptr(), loss.ptr(), int(n)?, (2.0 * mean_scale) as f32);
+        self.run(stream, Kernel::Mse, 1, kernel_args![y, t, dy, loss, len, grad_scale, mean_scale])
     }
 
     /// Max-pool forward of `batch` samples, as [`pool::forward_spec`].
@@ -315,18 +360,13 @@ impl Gpu {
 
 /// A pool's sizes as the kernels' ints: channels, height, width, out h/w, window, stride, batch.
 fn pool_dims(g: &pool::Geometry, batch: usize) -> Result<[i32; 10]> {
-    let dims = [g.channels, g.height, g.width, g.out_height, g.out_width, g.window.0, g.window.1, g.stride.0, g.stride.1, batch];
-    let mut out = [0i32; 10];
-    for (o, d) in out.iter_mut().zip(dims) {
-        *o = int(d)?;
-    }
-    Ok(out)
+    ints([g.channels, g.height, g.width, g.out_height, g.out_width, g.window.0, g.window.1, g.stride.0, g.stride.1, batch])
 }
 
 /// A convolution's sizes as the kernels' ints: channels, height, width, kernel, stride,
 /// padding, out h/w, batch.
 fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 12]> {
-    let dims = [
+    ints([
         g.in_channels,
         g.height,
         g.width,
@@ -339,10 +379,5 @@ fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 12]> {
         g.out_height,
         g.out_width,
         batch,
-    ];
-    let mut out = [0i32; 12];
-    for (o, d) in out.iter_mut().zip(dims) {
-        *o = int(d)?;
-    }
-    Ok(out)
+    ])
 }

@@ -11,9 +11,9 @@
 use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
+use super::driver_error;
 use super::exec::{self, Backward, Forward, LossBuffers};
 use super::graph::{Graphs, Key};
-use super::{driver_error, loss_partials_len};
 use crate::cache::{Cache, Grads};
 use crate::chain::{Layer, Plan};
 use crate::device::Device;
@@ -71,7 +71,6 @@ pub(crate) struct DevGrads {
     dcols: DevBuf<f32>,
     partials: DevBuf<f32>,
     ones: DevBuf<f32>,
-    loss_partials: DevBuf<f64>,
     /// [last loss, sum since `mean_loss`, count since `mean_loss`].
     loss: DevBuf<f64>,
     graphs: Graphs,
@@ -207,7 +206,7 @@ impl DevModel {
         };
         let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
-        let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, partials: &dg.loss_partials, loss: &dg.loss };
+        let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss };
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
         dg.graphs.run(self.options.graphs, stream, key, || {
             exec::forward(gpu, blas, stream, plan, &f)?;
@@ -261,9 +260,6 @@ impl DevCache {
 impl DevGrads {
     fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, capacity: usize) -> Result<DevGrads> {
         let conv_w = conv_steps(plan).map(|s| s.weight_len()).max().unwrap_or(0);
-        let outputs = plan.output().len();
-        let loss_partials =
-            loss_partials_len(Loss::LogitCrossEntropy, capacity, outputs).max(loss_partials_len(Loss::Mse, capacity, outputs));
         Ok(DevGrads {
             stream: Arc::clone(stream),
             grads: DevBuf::zeros(gpu, stream, plan.param_len)?,
@@ -271,7 +267,6 @@ impl DevGrads {
             dcols: DevBuf::zeros(gpu, stream, capacity * max_col_len(plan))?,
             partials: DevBuf::zeros(gpu, stream, capacity * conv_w)?,
             ones: DevBuf::from_host(gpu, stream, &vec![1.0f32; capacity])?,
-            loss_partials: DevBuf::zeros(gpu, stream, loss_partials)?,
             loss: DevBuf::from_host(gpu, stream, &[f64::NAN, 0.0, 0.0])?,
             graphs: Graphs::new(),
         })

@@ -3,10 +3,10 @@
 use super::{allocations_in, check, download, same_bits, upload};
 use crate::activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
 use crate::chain::{Chain, Input, Shape};
-use crate::cuda::{gpu_or_skip, loss_partials_len, DevMat, DevMatMut, View, ViewMut};
+use crate::cuda::{gpu_or_skip, DenseEpilogue, DevMat, DevMatMut, View, ViewMut};
 use crate::init::Init;
 use crate::layers::{conv, pool};
-use crate::loss::{self, Loss};
+use crate::loss;
 use crate::optim::{Optim, Optimizer};
 use crate::testutil::{poisoned, Rng};
 
@@ -91,16 +91,10 @@ fn softmax_xent_matches_the_cpu_and_is_deterministic() {
         let mut dy_want = vec![0.0f32; batch * classes];
         let loss_want = loss::logit_cross_entropy(&y, &labels, classes, &mut dy_want);
         let (yd, ld) = (upload(&stream, &y), upload(&stream, &labels));
-        let partials_len = loss_partials_len(Loss::LogitCrossEntropy, batch, classes);
         let run = || {
-            let (mut dy, mut partials, mut loss) = (
-                upload(&stream, &poisoned(batch * classes)),
-                upload(&stream, &vec![f64::NAN; partials_len]),
-                upload(&stream, &[f64::NAN, 0.5, 2.0]),
-            );
+            let (mut dy, mut loss) = (upload(&stream, &poisoned(batch * classes)), upload(&stream, &[f64::NAN, 0.5, 2.0]));
             let (y, labels) = (View::of(&yd), View::of(&ld));
-            gpu.softmax_xent(&stream, classes, batch, y, labels, ViewMut::of(&mut dy), ViewMut::of(&mut partials), ViewMut::of(&mut loss))
-                .unwrap();
+            gpu.softmax_xent(&stream, classes, batch, y, labels, ViewMut::of(&mut dy), ViewMut::of(&mut loss)).unwrap();
             loss_totals_follow(&download(&stream, &loss));
             (download(&stream, &dy), download(&stream, &loss)[0])
         };
@@ -127,11 +121,8 @@ fn mse_matches_the_cpu_and_is_deterministic() {
         let loss_want = loss::mse(&y, &t, &mut dy_want);
         let (yd, td) = (upload(&stream, &y), upload(&stream, &t));
         let run = || {
-            let partials = vec![f64::NAN; loss_partials_len(Loss::Mse, n, 1)];
-            let (mut dy, mut partials, mut loss) =
-                (upload(&stream, &poisoned(n)), upload(&stream, &partials), upload(&stream, &[f64::NAN, 0.5, 2.0]));
-            gpu.mse(&stream, n, View::of(&yd), View::of(&td), ViewMut::of(&mut dy), ViewMut::of(&mut partials), ViewMut::of(&mut loss))
-                .unwrap();
+            let (mut dy, mut loss) = (upload(&stream, &poisoned(n)), upload(&stream, &[f64::NAN, 0.5, 2.0]));
+            gpu.mse(&stream, n, View::of(&yd), View::of(&td), ViewMut::of(&mut dy), ViewMut::of(&mut loss)).unwrap();
             loss_totals_follow(&download(&stream, &loss));
             (download(&stream, &dy), download(&stream, &loss)[0])
         };
@@ -273,6 +264,64 @@ fn conv_lowering_with_sgemm_matches_the_spec() {
     }
 }
 
+/// C = A·B on the host, A (m × k) and B (k × n) row-major.
+fn product(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+    let mut c = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+        }
+    }
+    c
+}
+
+/// The fused dense kernels (both shapes: few rows, tiled) against plain loops, on small
+/// integers (so the products are exact) for every epilogue, with A and B stored either way.
+#[test]
+fn dense_products_and_their_epilogues_match_plain_loops() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(11);
+    for (m, n, k) in [(1, 1, 1), (1, 128, 784), (3, 7, 5), (8, 33, 17), (9, 10, 1), (37, 65, 130), (128, 64, 128), (300, 10, 64)] {
+        let (a, b, bias) = (rng.ints(m * k), rng.ints(k * n), rng.ints(n));
+        let c = product(m, n, k, &a, &b);
+        let (ad, bd, biasd) = (upload(&stream, &a), upload(&stream, &b), upload(&stream, &bias));
+        // A stored transposed: (k × m) row-major
+        let at: Vec<f32> = (0..k * m).map(|l| a[(l % m) * k + l / m]).collect();
+        let atd = upload(&stream, &at);
+        let what = format!("dense {m}x{n}x{k}");
+        for transposed in [false, true] {
+            let am = if transposed { DevMat { data: View::of(&atd), rs: 1, cs: m } } else { DevMat { data: View::of(&ad), rs: k, cs: 1 } };
+            let bm = DevMat { data: View::of(&bd), rs: n, cs: 1 };
+            for act in [Identity, Relu, Tanh, Gelu] {
+                let (mut z, mut y) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m * n)));
+                let epilogue = DenseEpilogue::Forward { bias: View::of(&biasd), z: ViewMut::of(&mut z), y: Some(ViewMut::of(&mut y)), act };
+                gpu.dense(&stream, m, n, k, am, bm, epilogue).unwrap();
+                let z_want: Vec<f32> = c.iter().enumerate().map(|(l, v)| v + bias[l % n]).collect();
+                let y_want: Vec<f32> = z_want.iter().map(|&v| act.apply(v)).collect();
+                check(&format!("{what} forward z {act:?}"), &download(&stream, &z), &z_want, 0.0, 0.0);
+                check(&format!("{what} forward y {act:?}"), &download(&stream, &y), &y_want, 1e-6, 1e-6);
+                // input gradient through the producer's activation, at its z and y
+                let zp: Vec<f32> = rng.uniform(m * n).iter().map(|v| 3.0 * v).collect();
+                let yp: Vec<f32> = zp.iter().map(|&v| act.apply(v)).collect();
+                let (zpd, ypd, mut dx) = (upload(&stream, &zp), upload(&stream, &yp), upload(&stream, &poisoned(m * n)));
+                let epilogue = DenseEpilogue::InputGrad { dx: ViewMut::of(&mut dx), prev: Some((View::of(&zpd), View::of(&ypd), act)) };
+                gpu.dense(&stream, m, n, k, am, bm, epilogue).unwrap();
+                let dx_want: Vec<f32> = (0..m * n).map(|l| c[l] * act.derivative(zp[l], yp[l])).collect();
+                // act' on the device and on the host differ by an ulp or two (expf, erf fit), so
+                // the products differ by as much relative to them
+                check(&format!("{what} input grad {act:?}"), &download(&stream, &dx), &dx_want, 1e-4, 1e-5);
+            }
+            // weight gradient: dW = C, db = row sums of A
+            let (mut dw, mut db) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m)));
+            gpu.dense(&stream, m, n, k, am, bm, DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db) }).unwrap();
+            let db_want: Vec<f32> = (0..m).map(|i| a[i * k..(i + 1) * k].iter().sum()).collect();
+            check(&format!("{what} dW"), &download(&stream, &dw), &c, 0.0, 0.0);
+            check(&format!("{what} db"), &download(&stream, &db), &db_want, 0.0, 0.0);
+        }
+    }
+}
+
 #[test]
 fn optimisers_match_the_cpu() {
     let gpu = gpu_or_skip!();
@@ -340,7 +389,7 @@ fn launches_allocate_nothing() {
         upload(&stream, &rng.uniform(n)),
     );
     let mut state = upload(&stream, &vec![0.0f32; 2 * n]);
-    let (mut partials, mut loss) = (upload(&stream, &vec![0.0f64; n]), upload(&stream, &[0.0f64; 3]));
+    let mut loss = upload(&stream, &[0.0f64; 3]);
     let labels = upload(&stream, &vec![1u32; batch]);
     let mut labels_out = upload(&stream, &vec![0u32; batch]);
     let pool_g = pool::Geometry::new(Shape::image(6, 6, channels), Shape::image(3, 3, channels), (2, 2), (2, 2));
@@ -350,18 +399,13 @@ fn launches_allocate_nothing() {
         gpu.bias_act(&stream, Gelu, av, channels, pixels, batch, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
         gpu.act_backward(&stream, Tanh, n, av, bv, av, ViewMut::of(&mut c)).unwrap();
         gpu.bias_grad(&stream, channels, pixels, batch, av, ViewMut::of(&mut c)).unwrap();
-        gpu.softmax_xent(
-            &stream,
-            10,
-            batch,
-            av,
-            View::of(&labels),
-            ViewMut::of(&mut c),
-            ViewMut::of(&mut partials),
-            ViewMut::of(&mut loss),
-        )
-        .unwrap();
-        gpu.mse(&stream, n, av, bv, ViewMut::of(&mut c), ViewMut::of(&mut partials), ViewMut::of(&mut loss)).unwrap();
+        gpu.softmax_xent(&stream, 10, batch, av, View::of(&labels), ViewMut::of(&mut c), ViewMut::of(&mut loss)).unwrap();
+        gpu.mse(&stream, n, av, bv, ViewMut::of(&mut c), ViewMut::of(&mut loss)).unwrap();
+        let (am, bm) = (DevMat { data: av, rs: 16, cs: 1 }, DevMat { data: bv, rs: 1, cs: 16 });
+        let epilogue = DenseEpilogue::Forward { bias: bv, z: ViewMut::of(&mut c), y: Some(ViewMut::of(&mut d)), act: Gelu };
+        gpu.dense(&stream, 12, 9, 16, am, bm, epilogue).unwrap();
+        let epilogue = DenseEpilogue::InputGrad { dx: ViewMut::of(&mut c), prev: Some((av, bv, Tanh)) };
+        gpu.dense(&stream, 3, 9, 16, am, bm, epilogue).unwrap();
         gpu.maxpool_forward(&stream, &pool_g, batch, av, ViewMut::of(&mut c)).unwrap();
         gpu.maxpool_backward(&stream, &pool_g, batch, av, bv, ViewMut::of(&mut c)).unwrap();
         gpu.im2col(&stream, &conv_g, 2, av, ViewMut::of(&mut c)).unwrap();

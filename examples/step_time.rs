@@ -1,0 +1,109 @@
+//! Times one kind of call at one batch size: a training step (backprop + Adam) or inference
+//! (set_inputs + forward), median and p90 over repeated calls, on any device. Small enough to
+//! run under a profiler (`ncu`, `compute-sanitizer`).
+//!
+//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn] [--task train|forward]
+//!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
+
+use flatnn::prelude::*;
+use flatnn::testutil::Rng;
+use std::time::Instant;
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let (mut name, mut task, mut batch, mut calls, mut device, mut graphs, mut threads) =
+        ("mlp".to_string(), "train".to_string(), 128usize, 1000usize, Device::Cpu, true, 1usize);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = |v: &str| v.parse::<usize>().map_err(|_| format!("{flag}: {v:?} is not a whole number"));
+        match flag.as_str() {
+            "--model" => name = value,
+            "--task" => task = value,
+            "--batch" => batch = number(&value)?,
+            "--calls" => calls = number(&value)?,
+            "--threads" => threads = number(&value)?,
+            "--device" => device = Device::parse(&value)?,
+            "--graphs" => graphs = value == "on",
+            _ => return Err(format!("unknown option {flag}").into()),
+        }
+    }
+    let (chain, loss) = match name.as_str() {
+        "mlp" => (Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity), Loss::LogitCrossEntropy),
+        "simplenn" => (Chain::new(Input::vector(100)).dense(200, Relu).dense(1, Identity), Loss::Mse),
+        "lenet" => (
+            Chain::new(Input::image(28, 28, 1))
+                .conv_with(6, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
+                .max_pool((2, 2))
+                .conv(16, (5, 5), Relu)
+                .max_pool((2, 2))
+                .flatten()
+                .dense(120, Relu)
+                .dense(84, Relu)
+                .dense(10, Identity),
+            Loss::LogitCrossEntropy,
+        ),
+        _ => return Err(format!("--model must be mlp, lenet or simplenn, not {name:?}").into()),
+    };
+    if batch == 0 || calls == 0 {
+        return Err("--batch and --calls must be at least 1".into());
+    }
+    let options = GpuOptions { graphs, tf32: false };
+    let mut model = chain.build()?.init(Init::HeNormal, 1).with_threads(threads)?.with_gpu_options(options)?.to(&device)?;
+    let mut rng = Rng::new(3);
+    let inputs = rng.uniform(batch * model.input_shape().len());
+    let outputs = model.output_shape().len();
+    let mut fwd = model.preallocate(batch)?;
+    let mut bwd = model.preallocate_grads(batch)?;
+    let mut opt = Optimizer::new(&model, Optim::adam(1e-4))?;
+    fwd.set_inputs(&inputs)?;
+    match loss {
+        Loss::Mse => fwd.set_targets(&rng.uniform(batch * outputs))?,
+        Loss::LogitCrossEntropy => fwd.set_labels(&(0..batch).map(|i| (i % outputs) as u32).collect::<Vec<_>>())?,
+    }
+    let mut call = |wait: bool| -> flatnn::Result<()> {
+        if task == "forward" {
+            fwd.set_inputs(&inputs)?;
+            model.forward(&mut fwd)?;
+        } else {
+            model.backprop(&mut bwd, &mut fwd, loss)?;
+            opt.update(&mut model, &bwd)?;
+            if wait {
+                bwd.last_loss()?;
+            }
+        }
+        Ok(())
+    };
+    for _ in 0..calls.min(20) {
+        call(true)?;
+    }
+    // Throughput: `calls` calls with one wait at the end.
+    let start = Instant::now();
+    for i in 0..calls {
+        call(i + 1 == calls)?;
+    }
+    let per_call = start.elapsed().as_secs_f64() / calls as f64;
+    // Latency: each call waited for.
+    let mut times: Vec<f64> = (0..calls.min(2000))
+        .map(|_| {
+            let start = Instant::now();
+            call(true).map(|()| start.elapsed().as_secs_f64())
+        })
+        .collect::<flatnn::Result<_>>()?;
+    times.sort_by(f64::total_cmp);
+    let at = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)] * 1e6;
+    println!(
+        "{name} {task} batch {batch} on {device} (graphs {}): {:.1} µs per call queued back to back; waited each: p50 {:.1} µs, p90 {:.1} µs",
+        if graphs { "on" } else { "off" },
+        per_call * 1e6,
+        at(0.5),
+        at(0.9)
+    );
+    Ok(())
+}

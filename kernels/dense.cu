@@ -1,0 +1,112 @@
+// Dense layers (src/layers/dense.rs): products with their element-wise work fused in, so a layer
+// is one launch forward and at most two backward, instead of a cuBLAS call (often two kernels)
+// plus separate bias, activation and reduction kernels.
+//
+// C (M × N) = A (M × K) · B (K × N), A(i, k) = A[i·a_rs + k·a_cs], B(k, j) = B[k·b_rs + j·b_cs],
+// then one of three epilogues (`mode`):
+//   0 forward:  c += bias[j]; out0[i·ldc + j] = c (z); out1[i·ldc + j] = act(c) (y) if out1
+//   1 input gradient: if z_prev: c *= act'(z_prev[i·ldc + j], y_prev[i·ldc + j]); out0[i·ldc + j] = c
+//   2 weight gradient: B has a column of ones at j == N − 1 (no memory read): for j < N − 1
+//     out0[i·ldc + j] = c (dW), for j == N − 1 out1[i] = c (db = Σ_k A(i, k))
+// Each output is summed over k in one fixed order, so results never depend on timing.
+
+#define DENSE_FORWARD 0
+#define DENSE_INPUT_GRAD 1
+#define DENSE_WEIGHT_GRAD 2
+
+__device__ __forceinline__ void dense_store(int mode, int i, int j, float c, int N, int ldc, const float* bias, float* out0,
+                                            float* out1, const float* z_prev, const float* y_prev, int act, float slope) {
+    long long at = (long long)i * ldc + j;
+    if (mode == DENSE_FORWARD) {
+        c += bias[j];
+        out0[at] = c;
+        if (out1) out1[at] = act_apply(act, slope, c);
+    } else if (mode == DENSE_INPUT_GRAD) {
+        if (z_prev) c *= act_derivative(act, slope, z_prev[at], y_prev[at]);
+        out0[at] = c;
+    } else if (j < N - 1) {
+        out0[at] = c;
+    } else {
+        out1[i] = c;
+    }
+}
+
+__device__ __forceinline__ float dense_b(int mode, const float* B, int b_rs, int b_cs, int k, int j, int N) {
+    if (mode == DENSE_WEIGHT_GRAD && j == N - 1) return 1.0f;
+    return B[(long long)k * b_rs + (long long)j * b_cs];
+}
+
+#define TILE 32
+#define TILE_K 16
+
+// Tiled product: 32 × 32 outputs per block of 256 threads, 2 × 2 per thread, k in steps of 16
+// through shared memory. Grid: (ceil(N/32), ceil(M/32)).
+extern "C" __global__ void dense_tiled(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
+                                       int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
+                                       const float* y_prev, int act, float slope) {
+    __shared__ float As[TILE_K][TILE + 1];
+    __shared__ float Bs[TILE_K][TILE + 1];
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    int row0 = blockIdx.y * TILE, col0 = blockIdx.x * TILE;
+    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    for (int k0 = 0; k0 < K; k0 += TILE_K) {
+        for (int l = threadIdx.x; l < TILE * TILE_K; l += blockDim.x) {
+            // A tile: k fastest when A is row-major (a_cs == 1), else i fastest
+            int i, k;
+            if (a_cs == 1) { i = l / TILE_K; k = l % TILE_K; } else { k = l / TILE; i = l % TILE; }
+            int gi = row0 + i, gk = k0 + k;
+            As[k][i] = (gi < M && gk < K) ? A[(long long)gi * a_rs + (long long)gk * a_cs] : 0.0f;
+            int j;
+            if (b_cs == 1) { k = l / TILE; j = l % TILE; } else { j = l / TILE_K; k = l % TILE_K; }
+            int gj = col0 + j;
+            gk = k0 + k;
+            Bs[k][j] = (gj < N && gk < K) ? dense_b(mode, B, b_rs, b_cs, gk, gj, N) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < TILE_K; k++) {
+            float a0 = As[k][ty * 2], a1 = As[k][ty * 2 + 1];
+            float b0 = Bs[k][tx * 2], b1 = Bs[k][tx * 2 + 1];
+            acc[0][0] += a0 * b0;
+            acc[0][1] += a0 * b1;
+            acc[1][0] += a1 * b0;
+            acc[1][1] += a1 * b1;
+        }
+        __syncthreads();
+    }
+    for (int r = 0; r < 2; r++) {
+        for (int c = 0; c < 2; c++) {
+            int i = row0 + ty * 2 + r, j = col0 + tx * 2 + c;
+            if (i < M && j < N) dense_store(mode, i, j, acc[r][c], N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+        }
+    }
+}
+
+#define SKINNY_ROWS 8
+
+// Few rows (M ≤ 8, a batch of one to eight samples): one warp per output column j, the lanes
+// splitting k and combining with a fixed shuffle tree. Grid: ceil(N / 8) blocks of 256 threads.
+extern "C" __global__ void dense_skinny(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
+                                        int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
+                                        const float* y_prev, int act, float slope) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int j = blockIdx.x * (blockDim.x / 32) + warp;
+    if (j >= N) return;
+    float acc[SKINNY_ROWS];
+#pragma unroll
+    for (int r = 0; r < SKINNY_ROWS; r++) acc[r] = 0.0f;
+    for (int k = lane; k < K; k += 32) {
+        float b = dense_b(mode, B, b_rs, b_cs, k, j, N);
+#pragma unroll
+        for (int r = 0; r < SKINNY_ROWS; r++) {
+            if (r < M) acc[r] += A[(long long)r * a_rs + (long long)k * a_cs] * b;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < SKINNY_ROWS; r++) {
+        for (int offset = 16; offset > 0; offset >>= 1) acc[r] += __shfl_down_sync(0xffffffffu, acc[r], offset);
+    }
+    if (lane == 0) {
+        for (int r = 0; r < M; r++) dense_store(mode, r, j, acc[r], N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+    }
+}
