@@ -44,7 +44,8 @@ impl Cache {
     pub(crate) fn new(plan: &Arc<Plan>, capacity: usize, threads: usize, dev: Option<DevCache>) -> Result<Cache> {
         check_capacity(capacity)?;
         let outputs = plan.output().len();
-        let acts_len = if dev.is_some() { capacity * plan.input.len() } else { plan.acts_len(capacity) };
+        // on a GPU the host stages inputs in the device half's page-locked buffers
+        let acts_len = if dev.is_some() { 0 } else { plan.acts_len(capacity) };
         Ok(Cache {
             plan: Arc::clone(plan),
             capacity,
@@ -105,15 +106,23 @@ impl Cache {
         if batch > self.capacity {
             return Err(Error::Capacity { batch, capacity: self.capacity });
         }
+        let r = region(&self.plan, 0, self.capacity, batch);
+        let inputs = match &mut self.dev {
+            Some(dev) => dev.inputs_host_mut(r.len())?,
+            None => &mut self.acts[r],
+        };
         self.batch = batch;
         self.inputs_dirty = true;
-        let r = region(&self.plan, 0, self.capacity, batch);
-        Ok(&mut self.acts[r])
+        Ok(inputs)
     }
 
     /// The current batch's inputs.
     pub fn inputs(&self) -> &[f32] {
-        &self.acts[region(&self.plan, 0, self.capacity, self.batch)]
+        let r = region(&self.plan, 0, self.capacity, self.batch);
+        match &self.dev {
+            Some(dev) => dev.inputs_host(r.len()),
+            None => &self.acts[r],
+        }
     }
 
     /// Sets class labels for [`crate::Loss::LogitCrossEntropy`], one per sample; each must be
@@ -286,9 +295,10 @@ impl ToDevice for Cache {
             Device::Cuda(ordinal) => Some(DevCache::on(ordinal, &self.plan, self.capacity)?),
         };
         let mut moved = Cache::new(&self.plan, self.capacity, self.threads, dev)?;
-        let inputs = self.capacity * self.plan.input.len();
-        moved.acts[..inputs].copy_from_slice(&self.acts[..inputs]);
-        (moved.batch, moved.labels, moved.targets) = (self.batch, self.labels, self.targets);
+        if self.batch > 0 {
+            moved.inputs_mut(self.batch)?.copy_from_slice(self.inputs());
+        }
+        (moved.labels, moved.targets) = (self.labels, self.targets);
         // labels gathered on the old device are not on the host: they must be set again
         let labels_set = if self.labels_on_device { 0 } else { self.labels_set };
         (moved.labels_set, moved.targets_set) = (labels_set, self.targets_set);

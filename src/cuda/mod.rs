@@ -24,6 +24,7 @@ mod exec;
 mod graph;
 mod launch;
 mod ops;
+mod pinned;
 pub(crate) mod state;
 #[cfg(test)]
 mod tests;

@@ -14,6 +14,7 @@ use super::context::Gpu;
 use super::driver_error;
 use super::exec::{self, Backward, Forward, LossBuffers};
 use super::graph::{Graphs, Key};
+use super::pinned::{Event, Pinned};
 use crate::cache::{Cache, Grads};
 use crate::chain::{Layer, Plan};
 use crate::device::Device;
@@ -58,8 +59,16 @@ pub(crate) struct DevCache {
     cols: DevBuf<f32>,
     pub(super) labels: DevBuf<u32>,
     targets: DevBuf<f32>,
-    /// The outputs of the last `forward`, `capacity × outputs`.
-    outputs: Vec<f32>,
+    /// Two page-locked buffers the host writes batches of inputs into, in turn, so that the
+    /// next batch is written while the copy of the last one may still be queued: `current` is
+    /// the one holding the batch; `pending[b]` says a copy from buffer b may not have run yet,
+    /// and `copied[b]` marks its end.
+    staging: [Pinned<f32>; 2],
+    current: usize,
+    pending: [bool; 2],
+    copied: [Event; 2],
+    /// The outputs of the last `forward`, `capacity × outputs`, page-locked.
+    outputs: Pinned<f32>,
     graphs: Graphs,
 }
 
@@ -149,13 +158,20 @@ impl DevModel {
         let stream = self.stream.cu_stream();
         let copy = |dst: u64, src: &[u8]| -> Result<()> {
             // SAFETY: `dst` holds at least `src.len()` bytes (each buffer is sized for the
-            // capacity); a copy from pageable memory is staged before this returns, so the host
-            // buffer may change right after.
+            // capacity); a copy from pageable memory (labels, targets: a few bytes a sample) is
+            // staged before this returns, so the host buffer may change right after.
             unsafe { result::memcpy_htod_async(dst, src, stream) }.map_err(|e| driver_error("copying a batch to the device", e))
         };
         let batch = cache.batch;
         if std::mem::take(&mut cache.inputs_dirty) {
-            copy(dev.acts.ptr(), as_bytes(&cache.acts[..batch * plan.input.len()]))?;
+            let b = dev.current;
+            let src = &dev.staging[b].as_slice()[..batch * plan.input.len()];
+            // SAFETY: pinned memory that stays unwritten until `copied[b]` has passed (see
+            // `inputs_host_mut`); the destination holds the capacity's inputs.
+            unsafe { result::memcpy_htod_async(dev.acts.ptr(), src, stream) }
+                .map_err(|e| driver_error("copying a batch to the device", e))?;
+            dev.copied[b].record(&self.stream)?;
+            dev.pending[b] = true;
         }
         if std::mem::take(&mut cache.labels_dirty) {
             copy(dev.labels.ptr(), as_bytes(&cache.labels[..cache.labels_set]))?;
@@ -178,13 +194,12 @@ impl DevModel {
         dev.graphs.run(self.options.graphs, &self.stream, key, || exec::forward(gpu, blas, &self.stream, plan, &f))?;
         let last = plan.steps.last().expect("a plan has steps").output_region;
         let out = crate::layers::region(plan, last, capacity, batch);
-        let host = &mut dev.outputs[..out.len()];
-        // SAFETY: the region lies inside `acts`; a copy to pageable memory returns when done,
-        // after the work queued before it on the stream.
+        let host = &mut dev.outputs.as_mut_slice()[..out.len()];
+        // SAFETY: the region lies inside `acts`; the host waits for the copy right below.
         unsafe { result::memcpy_dtoh_async(host, dev.acts.ptr() + (out.start * 4) as u64, self.stream.cu_stream()) }
             .map_err(|e| driver_error("copying the outputs to the host", e))?;
         self.stream.synchronize().map_err(|e| driver_error("waiting for the forward pass", e))?;
-        Ok(&dev.outputs[..out.len()])
+        Ok(&dev.outputs.as_slice()[..out.len()])
     }
 
     /// Forward, loss and backward on the cache's batch, queued (the host does not wait).
@@ -236,9 +251,32 @@ impl DevCache {
             cols: DevBuf::zeros(gpu, stream, capacity * max_col_len(plan))?,
             labels: DevBuf::zeros(gpu, stream, capacity)?,
             targets: DevBuf::zeros(gpu, stream, capacity * plan.output().len())?,
-            outputs: vec![0.0; capacity * plan.output().len()],
+            staging: [Pinned::new(gpu, capacity * plan.input.len())?, Pinned::new(gpu, capacity * plan.input.len())?],
+            current: 0,
+            pending: [false; 2],
+            copied: [Event::new(gpu)?, Event::new(gpu)?],
+            outputs: Pinned::new(gpu, capacity * plan.output().len())?,
             graphs: Graphs::new(),
         })
+    }
+
+    /// The staging buffer for the next batch's inputs, its first `len` values: the current
+    /// one if no copy from it is queued, else the other, after waiting (if need be) for the
+    /// copy queued from that one, which normally finished a step ago.
+    pub fn inputs_host_mut(&mut self, len: usize) -> Result<&mut [f32]> {
+        if self.pending[self.current] {
+            self.current ^= 1;
+            if self.pending[self.current] {
+                self.copied[self.current].wait()?;
+                self.pending[self.current] = false;
+            }
+        }
+        Ok(&mut self.staging[self.current].as_mut_slice()[..len])
+    }
+
+    /// The current batch's inputs as the host wrote them, the first `len` values.
+    pub fn inputs_host(&self, len: usize) -> &[f32] {
+        &self.staging[self.current].as_slice()[..len]
     }
 
     /// On CUDA device `ordinal`, not yet bound to a model's stream.
@@ -253,7 +291,7 @@ impl DevCache {
 
     /// The first `len` outputs the last forward copied back.
     pub fn outputs(&self, len: usize) -> &[f32] {
-        &self.outputs[..len]
+        &self.outputs.as_slice()[..len]
     }
 }
 

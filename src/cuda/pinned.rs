@@ -1,0 +1,100 @@
+//! Page-locked host memory and events: what makes a copy between host and device truly
+//! asynchronous, and what tells the host when such a copy has finished with its buffer.
+
+use super::context::Gpu;
+use super::driver_error;
+use crate::error::Result;
+use cudarc::driver::{result, sys, CudaStream};
+use std::sync::Arc;
+
+/// `len` values of `T` in page-locked host memory, zero when allocated. The device reads and
+/// writes it by DMA, so a copy from it returns at once and runs in its stream's order: whoever
+/// writes it must know that no queued copy still reads it (see [`Event`]).
+pub(crate) struct Pinned<T> {
+    ptr: *mut T,
+    len: usize,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: plain host memory, owned; access goes through `&` / `&mut` as for a Vec.
+unsafe impl<T: Send> Send for Pinned<T> {}
+unsafe impl<T: Sync> Sync for Pinned<T> {}
+
+impl<T: Copy + Default> Pinned<T> {
+    pub fn new(gpu: &Arc<Gpu>, len: usize) -> Result<Pinned<T>> {
+        gpu.bind()?;
+        let bytes = (len * size_of::<T>()).max(1);
+        let ptr = {
+            let _exclusive = super::device_wide();
+            // SAFETY: the context is current; the memory is initialised below before use.
+            unsafe { result::malloc_host(bytes, 0) }
+                .map_err(|e| driver_error(&format!("allocating {bytes} bytes of pinned host memory"), e))?
+        } as *mut T;
+        let mut pinned = Pinned { ptr, len, gpu: Arc::clone(gpu) };
+        pinned.as_mut_slice().fill(T::default());
+        Ok(pinned)
+    }
+}
+
+impl<T> Pinned<T> {
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: `len` values allocated and initialised in `new`, borrowed with `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as above, borrowed mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T> Drop for Pinned<T> {
+    fn drop(&mut self) {
+        // The owner waited for the copies that used this memory. An error (a device already
+        // lost) leaves nothing to do but leak.
+        if self.gpu.bind().is_ok() {
+            let _exclusive = super::device_wide();
+            // SAFETY: allocated in `new`, freed once.
+            let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+        }
+    }
+}
+
+/// A CUDA event, for the host to wait until the work queued before it on a stream is done.
+pub(crate) struct Event {
+    event: sys::CUevent,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: an event handle may be recorded and waited for from any thread of the process.
+unsafe impl Send for Event {}
+unsafe impl Sync for Event {}
+
+impl Event {
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Event> {
+        gpu.bind()?;
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| driver_error("creating an event", e))?;
+        Ok(Event { event, gpu: Arc::clone(gpu) })
+    }
+
+    /// Marks the point in `stream` after the work queued so far.
+    pub fn record(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: a live event and stream of the same context.
+        unsafe { result::event::record(self.event, stream.cu_stream()) }.map_err(|e| driver_error("recording an event", e))
+    }
+
+    /// Waits until the work before the last `record` is done (at once if never recorded).
+    pub fn wait(&self) -> Result<()> {
+        // SAFETY: a live event.
+        unsafe { sys::cuEventSynchronize(self.event) }.result().map_err(|e| driver_error("waiting for an event", e))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: created in `new`, destroyed once; the driver waits for a pending record.
+            let _ = unsafe { result::event::destroy(self.event) };
+        }
+    }
+}
