@@ -4,7 +4,6 @@
 //! nothing per batch, and refuse bad labels and oversized batches. Every test prints
 //! `skipped: no CUDA device` and passes where CUDA is missing.
 
-use flatnn::cuda;
 use flatnn::data::{Dataset, DeviceDataset, Loader, StreamingLoader};
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
@@ -298,6 +297,17 @@ fn labels_and_capacity_are_checked() {
     assert!(matches!(streaming.next_batch(&data, &mut fwd), Err(Error::Mismatch(_))));
 }
 
+/// Free memory on device 0, in bytes.
+#[cfg(feature = "cuda")]
+fn free_device_memory() -> usize {
+    flatnn::free_device_memory()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn free_device_memory() -> usize {
+    unreachable!("no GPU test runs without the cuda feature")
+}
+
 thread_local! {
     static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
 }
@@ -340,14 +350,14 @@ fn device_batches_allocate_nothing() {
         };
         // warm-up: one epoch captures the graphs of both batch sizes
         epoch(&mut feed);
-        let free_before = cuda::device_info(0).unwrap().free_memory;
+        let free_before = free_device_memory();
         let before = ALLOCATIONS.with(Cell::get);
         for _ in 0..20 {
             epoch(&mut feed);
         }
         let allocations = ALLOCATIONS.with(Cell::get) - before;
         let loss = bwd.last_loss().unwrap();
-        let free_after = cuda::device_info(0).unwrap().free_memory;
+        let free_after = free_device_memory();
         println!("{kind:?}: 20 epochs of 7 batches, {allocations} host allocations+frees, free device memory {free_before} -> {free_after}, loss {loss}");
         assert_eq!(allocations, 0, "{kind:?}: host allocations in 20 epochs");
         assert_eq!(free_before, free_after, "{kind:?}: device memory changed");
