@@ -300,7 +300,7 @@ fn labels_and_capacity_are_checked() {
 /// Free memory on device 0, in bytes.
 #[cfg(feature = "cuda")]
 fn free_device_memory() -> usize {
-    flatnn::free_device_memory()
+    flatnn::cuda::device_info(0).unwrap().free_memory
 }
 
 #[cfg(not(feature = "cuda"))]
