@@ -103,6 +103,14 @@ impl Feed {
 }
 
 #[test]
+fn device_loaders_move_between_threads() {
+    fn send<T: Send>() {}
+    send::<DeviceDataset>();
+    send::<StreamingLoader>();
+    send::<(Model, Cache, Grads, Optimizer)>();
+}
+
+#[test]
 fn gathered_and_streamed_batches_are_the_host_loaders() {
     let Some(device) = gpu_device() else { return };
     let (len, n, batch) = (7, 50, 8);
@@ -160,7 +168,7 @@ fn gathered_and_streamed_batches_are_the_host_loaders() {
 fn train(model: &Model, kind: Kind, data: &Dataset, steps: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
     let mut model = model.to(&model.device()).unwrap();
     let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
-    let mut opt = Optimizer::new(&model, Optim::adam(1e-2)).unwrap();
+    let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
     let mut feed = Feed::new(kind, data, 10, 32, seed, &fwd);
     let mut losses = Vec::new();
     feed.shuffle();
@@ -218,7 +226,7 @@ fn one_device_data_set_feeds_two_models_on_their_own_streams() {
         .map(|(m, seed)| {
             let model = m.to(&device).unwrap();
             let (fwd, bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
-            let opt = Optimizer::new(&model, Optim::adam(1e-2)).unwrap();
+            let opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
             let mut loader = Loader::new(data.len(), 32, seed, false).unwrap();
             loader.shuffle();
             (model, fwd, bwd, opt, loader, 0)

@@ -227,6 +227,7 @@ impl DevCache {
         if batch > self.labels.len() || batch * sample_len > self.acts.len() {
             return Err(Error::Capacity { batch, capacity: self.labels.len() });
         }
+        data.gpu.bind()?;
         data.bind_stream(&self.stream)?;
         let gpu = Arc::clone(&data.gpu);
         let indices = data.order.view(start..start + batch);

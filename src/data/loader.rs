@@ -238,7 +238,8 @@ impl Loader {
     /// As [`Loader::next_batch`], from a data set on the cache's GPU: queues, on the cache's
     /// stream, the gather of the next batch into the cache's inputs and labels, and returns its
     /// size (the host neither copies the batch nor waits). The first batch of an epoch first
-    /// queues the copy of this epoch's order to the device. Nothing is changed on error.
+    /// queues the copy of this epoch's order to the device. Nothing is changed on error. The
+    /// batch is only on the device: [`Cache::inputs`] does not show it.
     pub fn next_device_batch(&mut self, data: &mut DeviceDataset, cache: &mut Cache) -> Result<Option<usize>> {
         self.check(data.len, data.shape, cache)?;
         check_device(data.device(), cache)?;
@@ -364,7 +365,7 @@ impl StreamingLoader {
     /// cache's inputs and labels (on the cache's stream, after its copy) and returns its size,
     /// or `None` at the end of the epoch; then stages the batch after it. Labels are checked on
     /// the host against the model's outputs. Nothing is changed by a mismatch, capacity or
-    /// label error. The data set must be the same on every call of an epoch.
+    /// label error. The batch is only on the device: [`Cache::inputs`] does not show it.
     pub fn next_batch(&mut self, data: &Dataset, cache: &mut Cache) -> Result<Option<usize>> {
         self.loader.check(data.len(), data.shape, cache)?;
         check_device(self.staging.device(), cache)?;
