@@ -179,7 +179,8 @@ impl DevDataset {
 
 impl Drop for DevDataset {
     fn drop(&mut self) {
-        // Every use recorded `used` on the stream that used the buffers last; an error (a device already lost) leaves nothing better to do.
+        // Every use recorded `used` on the stream that used the buffers last; an error (a
+        // device already lost) leaves nothing better to do than to free anyway.
         let _ = self.used.wait();
         let _ = self.order_copied.wait();
     }
