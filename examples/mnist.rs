@@ -1,11 +1,12 @@
 //! Trains a classifier on MNIST and reports, per epoch, training loss, test accuracy, seconds
-//! and samples/s.
+//! and samples/s. On a GPU both data sets live in device memory and each shuffled batch is
+//! gathered there by a kernel; on the CPU the loader copies each batch into the cache.
 //!
 //!   cargo run --release --example mnist -- [--model mlp|cnn|lenet] [--epochs N] [--batch N]
 //!       [--lr X] [--optimizer adam|adamw|sgd|rmsprop] [--threads N] [--seed N]
 //!       [--device cpu|cuda|cuda:N|auto] [--data DIR] [--save FILE] [--load FILE]
 
-use flatnn::data::{Dataset, Loader, Split};
+use flatnn::data::{Dataset, DeviceDataset, Loader, Split};
 use flatnn::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -105,13 +106,38 @@ fn optimizer(name: &str, lr: Option<f32>) -> Result<Optim, String> {
     })
 }
 
+/// A data set, with its copy in device memory when the model runs on a GPU.
+struct Data {
+    host: Dataset,
+    device: Option<DeviceDataset>,
+}
+
+impl Data {
+    fn new(host: Dataset, device: &Device) -> flatnn::Result<Data> {
+        let device = if device.is_cuda() { Some(host.to_device(device, 10)?) } else { None };
+        Ok(Data { host, device })
+    }
+
+    /// The loader's next batch into `cache`: gathered on the device, or copied on the host.
+    fn next_batch(&mut self, loader: &mut Loader, cache: &mut Cache) -> flatnn::Result<Option<usize>> {
+        match &mut self.device {
+            Some(device) => loader.next_device_batch(device, cache),
+            None => loader.next_batch(&self.host, cache),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.host.len()
+    }
+}
+
 /// Fraction of `data` classified right, in batches through `fwd`.
-fn accuracy(model: &Model, fwd: &mut Cache, data: &Dataset, loader: &mut Loader) -> flatnn::Result<f64> {
+fn accuracy(model: &Model, fwd: &mut Cache, data: &mut Data, loader: &mut Loader) -> flatnn::Result<f64> {
     loader.rewind();
     let (mut right, mut seen) = (0usize, 0usize);
-    while let Some(batch) = loader.next_batch(data, fwd)? {
+    while let Some(batch) = data.next_batch(loader, fwd)? {
         let out = model.forward(fwd)?;
-        let labels = &data.labels()[seen..seen + batch];
+        let labels = &data.host.labels()[seen..seen + batch];
         for (scores, &label) in out.chunks_exact(10).zip(labels) {
             let best = scores.iter().enumerate().fold(0, |b, (i, &s)| if s > scores[b] { i } else { b });
             right += usize::from(best as u32 == label);
@@ -125,17 +151,17 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
     if !o.data.is_dir() {
         return Err(format!("data directory {} not found (pass --data DIR)", o.data.display()).into());
     }
-    let train = Dataset::mnist(&o.data, Split::Train)?;
-    let test = Dataset::mnist(&o.data, Split::Test)?;
     let device = Device::parse(&o.device)?;
+    let mut test = Data::new(Dataset::mnist(&o.data, Split::Test)?, &device)?;
     let mut test_loader = Loader::new(test.len(), o.batch, 0, false)?;
     if let Some(path) = &o.load {
         let model = Model::load(path)?.to(&device)?;
         let mut fwd = model.preallocate(o.batch)?;
-        let acc = accuracy(&model, &mut fwd, &test, &mut test_loader)?;
+        let acc = accuracy(&model, &mut fwd, &mut test, &mut test_loader)?;
         println!("{} on {device}: test accuracy {:.2}%", path.display(), 100.0 * acc);
         return Ok(());
     }
+    let mut train = Data::new(Dataset::mnist(&o.data, Split::Train)?, &device)?;
     let mut model = chain(&o.model).build()?.init(Init::HeNormal, o.seed);
     if let Some(threads) = o.threads {
         model = model.with_threads(threads)?;
@@ -151,7 +177,7 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         model.plan().param_len,
         match device {
             Device::Cpu => format!("the CPU, {} threads", model.threads()),
-            Device::Cuda(n) => format!("CUDA device {n} ({})", flatnn::cuda::device_info(n)?.name),
+            Device::Cuda(n) => format!("CUDA device {n} ({}), data in device memory", gpu_name(n)?),
         },
         o.batch,
         opt.config()
@@ -163,7 +189,7 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         train_loader.shuffle();
         let mut batches = 0usize;
         bwd.mean_loss()?;
-        while train_loader.next_batch(&train, &mut fwd)?.is_some() {
+        while train.next_batch(&mut train_loader, &mut fwd)?.is_some() {
             model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
             opt.update(&mut model, &bwd)?;
             batches += 1;
@@ -176,7 +202,7 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         let epoch_loss = bwd.mean_loss()?;
         let seconds = start.elapsed().as_secs_f64();
         bar.finish_and_clear();
-        let acc = accuracy(&model, &mut fwd, &test, &mut test_loader)?;
+        let acc = accuracy(&model, &mut fwd, &mut test, &mut test_loader)?;
         println!(
             "epoch {epoch:>2}  loss {:.4}  test accuracy {:.2}%  {:.2} s  {:.0} samples/s",
             epoch_loss,
@@ -190,6 +216,17 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         println!("saved {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_name(ordinal: usize) -> flatnn::Result<String> {
+    Ok(flatnn::cuda::device_info(ordinal)?.name)
+}
+
+/// Never called: without the `cuda` feature no device parses as CUDA.
+#[cfg(not(feature = "cuda"))]
+fn gpu_name(_ordinal: usize) -> flatnn::Result<String> {
+    Err(flatnn::Error::Cuda { what: "built without the cuda feature".into() })
 }
 
 fn main() {

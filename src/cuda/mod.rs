@@ -20,6 +20,7 @@
 mod blas;
 mod buffer;
 mod context;
+pub(crate) mod data;
 mod exec;
 mod graph;
 mod launch;

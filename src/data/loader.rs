@@ -1,12 +1,21 @@
 //! Data sets in memory and a loader that writes each shuffled batch straight into a cache's
 //! preallocated input and label buffers: no allocation per batch or per epoch.
+//!
+//! On a GPU a batch can come two other ways. [`DeviceDataset`] keeps the whole data set in
+//! device memory and [`Loader::next_device_batch`] gathers each shuffled batch there with a
+//! kernel (the host copies only the order, once per epoch). [`StreamingLoader`] copies each
+//! batch from page-locked host memory on a copy stream of its own while the previous step
+//! runs. Both queue their work on the cache's stream ahead of the step and never wait for it.
 
 use super::idx::{read_images, read_labels};
-use crate::cache::Cache;
+use super::{DevDataset, DevStaging};
+use crate::cache::{check_labels, Cache};
 use crate::chain::Shape;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::init::Rng;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Images (or feature vectors) normalised to f32 once, at load, with integer class labels.
 #[derive(Clone, Debug)]
@@ -84,6 +93,63 @@ impl Dataset {
     pub fn labels(&self) -> &[u32] {
         &self.labels
     }
+
+    /// This data set copied to `device` (a CUDA device), for [`Loader::next_device_batch`];
+    /// the host waits for the copy. Every label must be below `classes` (an [`Error::Label`]
+    /// naming the first that is not), and a model it feeds must have at least `classes`
+    /// outputs. On the CPU, or without the `cuda` feature, an error: there the loader reads
+    /// the `Dataset` itself.
+    pub fn to_device(&self, device: &Device, classes: usize) -> Result<DeviceDataset> {
+        if self.is_empty() {
+            return Err(Error::Config("an empty data set cannot be put on a device".into()));
+        }
+        check_labels(&self.labels, classes)?;
+        let dev = match *device {
+            Device::Cpu => {
+                return Err(Error::Config("a device data set needs a CUDA device; on the CPU the loader reads the Dataset".into()))
+            }
+            Device::Cuda(ordinal) => DevDataset::on(ordinal, &self.samples, &self.labels)?,
+        };
+        Ok(DeviceDataset { dev, shape: self.shape, len: self.len(), classes, order_of: None })
+    }
+}
+
+/// A [`Dataset`] in the memory of one GPU (from [`Dataset::to_device`]): its samples as f32,
+/// its labels (checked below `classes` at upload), and room for a loader's order.
+pub struct DeviceDataset {
+    dev: DevDataset,
+    shape: Shape,
+    len: usize,
+    classes: usize,
+    /// The loader (its id) and epoch whose order the device holds.
+    order_of: Option<(u64, u64)>,
+}
+
+impl DeviceDataset {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: an empty data set is not uploaded.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Shape of one sample.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// Every label is below this.
+    pub fn classes(&self) -> usize {
+        self.classes
+    }
+
+    /// The device holding the data.
+    pub fn device(&self) -> Device {
+        self.dev.device()
+    }
 }
 
 /// `dir/name`, or `dir/name.gz` when only the gzipped file is there.
@@ -108,7 +174,14 @@ pub struct Loader {
     drop_last: bool,
     next: usize,
     rng: Rng,
+    /// Unique per loader, and counted up whenever `order` changes: which order a device data
+    /// set holds.
+    id: u64,
+    epoch: u64,
 }
+
+/// Loaders made so far (their ids).
+static LOADERS: AtomicU64 = AtomicU64::new(0);
 
 impl Loader {
     /// A loader over `len` samples in batches of `batch`. With `drop_last`, a final partial
@@ -118,19 +191,20 @@ impl Loader {
             return Err(Error::Config(format!("a loader needs samples and a batch of at least 1 (got {len} samples, batch {batch})")));
         }
         let len = u32::try_from(len).map_err(|_| Error::Config(format!("{len} samples is more than a loader indexes")))?;
-        Ok(Loader { order: (0..len).collect(), batch, drop_last, next: 0, rng: Rng::new(seed) })
+        let id = LOADERS.fetch_add(1, Ordering::Relaxed);
+        Ok(Loader { order: (0..len).collect(), batch, drop_last, next: 0, rng: Rng::new(seed), id, epoch: 0 })
     }
 
     /// Starts an epoch in a new random order (in place: no allocation).
     pub fn shuffle(&mut self) {
         self.rng.shuffle(&mut self.order);
-        self.next = 0;
+        (self.next, self.epoch) = (0, self.epoch + 1);
     }
 
     /// Starts an epoch in the data set's own order.
     pub fn rewind(&mut self) {
         self.order.iter_mut().enumerate().for_each(|(i, o)| *o = i as u32);
-        self.next = 0;
+        (self.next, self.epoch) = (0, self.epoch + 1);
     }
 
     /// Batches per epoch.
@@ -145,18 +219,9 @@ impl Loader {
     /// Writes the next batch's samples and labels into `cache` and returns its size, or
     /// `None` at the end of the epoch. The data set must be the one the loader was made for.
     pub fn next_batch(&mut self, data: &Dataset, cache: &mut Cache) -> Result<Option<usize>> {
-        if data.len() != self.order.len() {
-            return Err(Error::Mismatch(format!("loader made for {} samples, data set has {}", self.order.len(), data.len())));
-        }
+        self.check(data.len(), data.shape, cache)?;
+        let Some(size) = self.batch_at(self.next) else { return Ok(None) };
         let per_sample = data.shape.len();
-        if cache.plan.input.len() != per_sample {
-            return Err(Error::Shape(format!("data samples are {}, the model takes {}", data.shape, cache.plan.input)));
-        }
-        let left = self.order.len() - self.next;
-        let size = left.min(self.batch);
-        if size == 0 || (self.drop_last && size < self.batch) {
-            return Ok(None);
-        }
         let picked = &self.order[self.next..self.next + size];
         let inputs = cache.inputs_mut(size)?;
         for (dst, &i) in inputs.chunks_exact_mut(per_sample).zip(picked) {
@@ -168,6 +233,191 @@ impl Loader {
         }
         self.next += size;
         Ok(Some(size))
+    }
+
+    /// As [`Loader::next_batch`], from a data set on the cache's GPU: queues, on the cache's
+    /// stream, the gather of the next batch into the cache's inputs and labels, and returns its
+    /// size (the host neither copies the batch nor waits). The first batch of an epoch first
+    /// queues the copy of this epoch's order to the device. Nothing is changed on error. The
+    /// batch is only on the device: [`Cache::inputs`] does not show it.
+    pub fn next_device_batch(&mut self, data: &mut DeviceDataset, cache: &mut Cache) -> Result<Option<usize>> {
+        self.check(data.len, data.shape, cache)?;
+        check_device(data.device(), cache)?;
+        let outputs = cache.plan.output().len();
+        if data.classes > outputs {
+            return Err(Error::Mismatch(format!("the data set has {} classes, the model {outputs} outputs", data.classes)));
+        }
+        let Some(size) = self.batch_at(self.next) else { return Ok(None) };
+        if size > cache.capacity {
+            return Err(Error::Capacity { batch: size, capacity: cache.capacity });
+        }
+        let dev = cache.dev.as_mut().ok_or_else(|| Error::Mismatch("a device data set needs a cache on its GPU".into()))?;
+        let order_of = Some((self.id, self.epoch));
+        if data.order_of != order_of {
+            data.order_of = None;
+            dev.upload_order(&mut data.dev, &self.order)?;
+            data.order_of = order_of;
+        }
+        dev.gather(&mut data.dev, self.next, size)?;
+        mark_written_on_device(cache, size);
+        self.next += size;
+        Ok(Some(size))
+    }
+
+    /// Size of the batch starting at position `start` of the order; `None` past the end.
+    fn batch_at(&self, start: usize) -> Option<usize> {
+        let size = (self.order.len() - start).min(self.batch);
+        (size > 0 && !(self.drop_last && size < self.batch)).then_some(size)
+    }
+
+    /// Checks a data set of `len` samples of `shape` against this loader and `cache`.
+    fn check(&self, len: usize, shape: Shape, cache: &Cache) -> Result<()> {
+        if len != self.order.len() {
+            return Err(Error::Mismatch(format!("loader made for {} samples, data set has {len}", self.order.len())));
+        }
+        if cache.plan.input.len() != shape.len() {
+            return Err(Error::Shape(format!("data samples are {shape}, the model takes {}", cache.plan.input)));
+        }
+        Ok(())
+    }
+}
+
+fn check_device(device: Device, cache: &Cache) -> Result<()> {
+    if cache.device() != device {
+        return Err(Error::Mismatch(format!("data on {device}, cache on {}", cache.device())));
+    }
+    Ok(())
+}
+
+/// Records in `cache` that a batch of `batch` inputs and labels was queued into its device
+/// buffers: nothing is copied from the host for them, and the labels were checked (at upload,
+/// or on the host before staging) so `backprop` need not look at them.
+fn mark_written_on_device(cache: &mut Cache, batch: usize) {
+    (cache.batch, cache.labels_set) = (batch, batch);
+    (cache.inputs_dirty, cache.labels_dirty, cache.labels_on_device) = (false, false, true);
+}
+
+/// A loader that streams batches to a GPU from page-locked host memory: [`next_batch`] hands
+/// the cache batch k (copied while the previous step ran) and queues the copy of batch k+1
+/// on a copy stream of its own, so that copy overlaps step k. The step's stream waits for its
+/// batch on the device; the host waits only before refilling a page-locked buffer whose copy
+/// is still pending (two buffers, used in turn).
+///
+/// Simpler than a [`DeviceDataset`] (nothing but a batch on the device) and slower: it moves
+/// every batch over PCIe. For data sets too large for device memory.
+///
+/// [`next_batch`]: StreamingLoader::next_batch
+pub struct StreamingLoader {
+    loader: Loader,
+    staging: DevStaging,
+    sample_len: usize,
+    /// The batch already staged for the next call, if any.
+    ahead: Option<Staged>,
+    /// The staging slot the next batch is written to.
+    slot: usize,
+}
+
+/// A batch sent to the device ahead of its call: which slot, and what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Staged {
+    slot: usize,
+    start: usize,
+    size: usize,
+    epoch: u64,
+    /// The data set's samples (their address and length).
+    data: (usize, usize),
+}
+
+impl StreamingLoader {
+    /// Streams `loader`'s batches into caches like `cache` (same model, same GPU): staging
+    /// buffers for the loader's batch are allocated here, page-locked on the host and on the
+    /// device. A loader batch over the cache's capacity is an [`Error::Capacity`].
+    pub fn new(loader: Loader, cache: &Cache) -> Result<StreamingLoader> {
+        let Device::Cuda(ordinal) = cache.device() else {
+            return Err(Error::Config("streaming to a GPU needs a cache on a GPU; on the CPU use Loader::next_batch".into()));
+        };
+        if loader.batch > cache.capacity {
+            return Err(Error::Capacity { batch: loader.batch, capacity: cache.capacity });
+        }
+        let sample_len = cache.plan.input.len();
+        let staging = DevStaging::on(ordinal, loader.batch, sample_len)?;
+        Ok(StreamingLoader { loader, staging, sample_len, ahead: None, slot: 0 })
+    }
+
+    /// Starts an epoch in a new random order (as [`Loader::shuffle`]).
+    pub fn shuffle(&mut self) {
+        self.loader.shuffle();
+        self.ahead = None;
+    }
+
+    /// Starts an epoch in the data set's own order.
+    pub fn rewind(&mut self) {
+        self.loader.rewind();
+        self.ahead = None;
+    }
+
+    /// Batches per epoch.
+    pub fn batches(&self) -> usize {
+        self.loader.batches()
+    }
+
+    /// As [`Loader::next_batch`]: queues the delivery of the next batch of `data` into the
+    /// cache's inputs and labels (on the cache's stream, after its copy) and returns its size,
+    /// or `None` at the end of the epoch; then stages the batch after it. Labels are checked on
+    /// the host against the model's outputs. Nothing is changed by a mismatch, capacity or
+    /// label error. The batch is only on the device: [`Cache::inputs`] does not show it.
+    pub fn next_batch(&mut self, data: &Dataset, cache: &mut Cache) -> Result<Option<usize>> {
+        self.loader.check(data.len(), data.shape, cache)?;
+        check_device(self.staging.device(), cache)?;
+        if self.sample_len != data.shape.len() {
+            return Err(Error::Shape(format!("data samples are {}, this loader streams samples of {}", data.shape, self.sample_len)));
+        }
+        let start = self.loader.next;
+        let Some(size) = self.loader.batch_at(start) else { return Ok(None) };
+        if size > cache.capacity {
+            return Err(Error::Capacity { batch: size, capacity: cache.capacity });
+        }
+        let classes = cache.plan.output().len();
+        for (index, &i) in self.loader.order[start..start + size].iter().enumerate() {
+            let label = data.labels[i as usize];
+            if label as usize >= classes {
+                return Err(Error::Label { index, label, classes });
+            }
+        }
+        let dev = cache.dev.as_mut().ok_or_else(|| Error::Mismatch("streaming needs a cache on the GPU".into()))?;
+        let want = self.staged(data, self.slot, start, size);
+        let slot = match self.ahead.take() {
+            Some(ahead) if ahead == Staged { slot: ahead.slot, ..want } => ahead.slot,
+            _ => self.stage(data, start, size)?,
+        };
+        dev.receive(&mut self.staging, slot, size)?;
+        mark_written_on_device(cache, size);
+        self.loader.next += size;
+        let next = self.loader.next;
+        if let Some(next_size) = self.loader.batch_at(next) {
+            let slot = self.stage(data, next, next_size)?;
+            self.ahead = Some(self.staged(data, slot, next, next_size));
+        }
+        Ok(Some(size))
+    }
+
+    fn staged(&self, data: &Dataset, slot: usize, start: usize, size: usize) -> Staged {
+        Staged { slot, start, size, epoch: self.loader.epoch, data: (data.samples.as_ptr() as usize, data.samples.len()) }
+    }
+
+    /// Writes the samples at `start..start + size` of the order into the next slot's
+    /// page-locked buffers (after their last copy) and queues their copy; returns the slot.
+    fn stage(&mut self, data: &Dataset, start: usize, size: usize) -> Result<usize> {
+        let slot = self.slot;
+        let picked = &self.loader.order[start..start + size];
+        let (inputs, labels) = self.staging.host_slot(slot)?;
+        for ((dst, label), &i) in inputs.chunks_exact_mut(self.sample_len).zip(labels.iter_mut()).zip(picked) {
+            dst.copy_from_slice(data.sample(i as usize));
+            *label = data.labels[i as usize];
+        }
+        self.staging.send(slot, size)?;
+        self.slot ^= 1;
+        Ok(slot)
     }
 }
 
@@ -219,6 +469,19 @@ mod tests {
         assert!(matches!(Loader::new(3, 2, 0, false).unwrap().next_batch(&data, &mut cache), Err(Error::Mismatch(_))));
         assert!(Dataset::new(vec![0.0; 5], vec![0, 1], Shape::vector(3)).is_err());
         assert!(Loader::new(0, 1, 0, false).is_err());
+    }
+
+    #[test]
+    fn device_data_needs_a_gpu_and_labels_below_the_classes() {
+        let data = Dataset::new(vec![0.0; 6], vec![0, 3], Shape::vector(3)).unwrap();
+        assert!(matches!(data.to_device(&Device::Cuda(0), 3), Err(Error::Label { index: 1, label: 3, classes: 3 })));
+        assert!(matches!(data.to_device(&Device::Cpu, 4), Err(Error::Config(_))));
+        let empty = Dataset::new(Vec::new(), Vec::new(), Shape::vector(3)).unwrap();
+        assert!(matches!(empty.to_device(&Device::Cuda(0), 4), Err(Error::Config(_))));
+        let model = Chain::new(Shape::vector(3)).dense(4, Identity).build().unwrap();
+        let cache = model.preallocate(2).unwrap();
+        let streaming = StreamingLoader::new(Loader::new(2, 2, 0, false).unwrap(), &cache);
+        assert!(matches!(streaming, Err(Error::Config(_))), "a CPU cache cannot be streamed to");
     }
 
     #[test]

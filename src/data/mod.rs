@@ -1,6 +1,64 @@
-//! Data: IDX files and a zero-allocation loader.
+//! Data: IDX files, a zero-allocation loader, and batches fed to a GPU from device memory
+//! ([`DeviceDataset`]) or streamed from page-locked host memory ([`StreamingLoader`]).
 
 pub mod idx;
 pub mod loader;
 
-pub use loader::{Dataset, Loader, Split};
+pub use loader::{Dataset, DeviceDataset, Loader, Split, StreamingLoader};
+
+#[cfg(feature = "cuda")]
+use crate::cuda::data::{DevDataset, DevStaging};
+#[cfg(not(feature = "cuda"))]
+use off::{DevDataset, DevStaging};
+
+/// Without the `cuda` feature: the device halves of the loaders exist only as types with no
+/// values, and asking for one is an [`crate::Error::Cuda`].
+#[cfg(not(feature = "cuda"))]
+mod off {
+    use crate::dev::DevCache;
+    use crate::device::Device;
+    use crate::error::{Error, Result};
+
+    pub(crate) enum DevDataset {}
+    pub(crate) enum DevStaging {}
+
+    fn no_cuda() -> Error {
+        Error::Cuda { what: "flatnn was built without its `cuda` feature".into() }
+    }
+
+    impl DevDataset {
+        pub fn on(_ordinal: usize, _samples: &[f32], _labels: &[u32]) -> Result<DevDataset> {
+            Err(no_cuda())
+        }
+        pub fn device(&self) -> Device {
+            match *self {}
+        }
+    }
+
+    impl DevStaging {
+        pub fn on(_ordinal: usize, _capacity: usize, _sample_len: usize) -> Result<DevStaging> {
+            Err(no_cuda())
+        }
+        pub fn device(&self) -> Device {
+            match *self {}
+        }
+        pub fn host_slot(&mut self, _slot: usize) -> Result<(&mut [f32], &mut [u32])> {
+            match *self {}
+        }
+        pub fn send(&mut self, _slot: usize, _batch: usize) -> Result<()> {
+            match *self {}
+        }
+    }
+
+    impl DevCache {
+        pub(crate) fn upload_order(&mut self, data: &mut DevDataset, _order: &[u32]) -> Result<()> {
+            match *data {}
+        }
+        pub(crate) fn gather(&mut self, data: &mut DevDataset, _start: usize, _batch: usize) -> Result<()> {
+            match *data {}
+        }
+        pub(crate) fn receive(&mut self, staging: &mut DevStaging, _slot: usize, _batch: usize) -> Result<()> {
+            match *staging {}
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! The data loaders' device side: a data set held in device memory and gathered batch by batch
+//! into a cache ([`DevDataset`]), and page-locked host staging that copies batches on a copy
+//! stream while the previous step runs ([`DevStaging`]).
+//!
+//! Both queue their work on the cache's bound stream (`DevCache::stream`) ahead of the step,
+//! outside any graph, and order themselves against other streams with events: the host waits
+//! only for an event (before it refills a page-locked buffer a copy may still read, or before
+//! freeing), never for the whole device.
+
+use super::buffer::DevBuf;
+use super::context::Gpu;
+use super::driver_error;
+use super::state::DevCache;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use cudarc::driver::{result, sys, CudaStream};
+use std::sync::Arc;
+
+/// A driver event (no timing), owned.
+struct Event {
+    event: sys::CUevent,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: an event handle may be recorded, waited on and destroyed from any thread with its
+// context current (each method binds it).
+unsafe impl Send for Event {}
+
+impl Event {
+    fn new(gpu: &Arc<Gpu>) -> Result<Event> {
+        gpu.bind()?;
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| driver_error("creating an event", e))?;
+        Ok(Event { event, gpu: Arc::clone(gpu) })
+    }
+
+    /// Marks the point `stream` has reached, after everything queued on it so far.
+    fn record(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: a live event and a live stream of the same context.
+        unsafe { result::event::record(self.event, stream.cu_stream()) }.map_err(|e| driver_error("recording an event", e))
+    }
+
+    /// Makes `stream` wait (on the device) for the last recorded point; a no-op before any.
+    fn wait_in(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: as above.
+        unsafe { result::stream::wait_event(stream.cu_stream(), self.event, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+            .map_err(|e| driver_error("making a stream wait for an event", e))
+    }
+
+    /// The host waits for the last recorded point; returns at once before any.
+    fn wait(&self) -> Result<()> {
+        self.gpu.bind()?;
+        // SAFETY: a live event.
+        unsafe { result::event::synchronize(self.event) }.map_err(|e| driver_error("waiting for an event", e))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: created once, destroyed once (a pending event is released when reached).
+            let _ = unsafe { result::event::destroy(self.event) };
+        }
+    }
+}
+
+/// `len` values of `T` in page-locked host memory (`cuMemHostAlloc`), zero when allocated:
+/// copies from it run asynchronously, so whoever owns one must not write it while a copy that
+/// reads it is pending.
+struct Pinned<T> {
+    ptr: *mut T,
+    len: usize,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: plain host memory owned by this value; `T` is a number type.
+unsafe impl<T: Send> Send for Pinned<T> {}
+
+impl<T: Copy> Pinned<T> {
+    fn zeros(gpu: &Arc<Gpu>, len: usize) -> Result<Pinned<T>> {
+        gpu.bind()?;
+        let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| Error::Shape(format!("{len} values overflow a host buffer")))?;
+        // SAFETY: the context is current; the memory is zeroed below before anyone reads it.
+        let ptr = unsafe { result::malloc_host(bytes.max(1), 0) }
+            .map_err(|e| driver_error(&format!("allocating {bytes} bytes of page-locked host memory"), e))? as *mut T;
+        if ptr.is_null() || !ptr.is_aligned() {
+            return Err(Error::Cuda { what: "cuMemHostAlloc gave a null or misaligned pointer".into() });
+        }
+        // SAFETY: `bytes` bytes were just allocated at `ptr` (the value takes ownership next).
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
+        Ok(Pinned { ptr, len, gpu: Arc::clone(gpu) })
+    }
+
+    fn as_slice(&self) -> &[T] {
+        // SAFETY: `len` initialised values, owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as above, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T> Drop for Pinned<T> {
+    fn drop(&mut self) {
+        // The owner waited for every copy that reads this memory. An error here (a device
+        // already lost) leaves nothing to do but leak.
+        if self.gpu.bind().is_ok() {
+            // SAFETY: allocated by `malloc_host` in `zeros`, freed once.
+            let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+        }
+    }
+}
+
+/// Queues a copy of `src` (page-locked) into the device memory at `dst`, on `stream`.
+///
+/// # Safety
+/// `dst` must hold `src.len()` values; `src` must stay unwritten and alive until the copy is
+/// done (the caller records an event after it and waits for it before writing or freeing).
+unsafe fn copy_pinned<T>(dst: sys::CUdeviceptr, src: &[T], stream: &CudaStream, what: &str) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { result::memcpy_htod_async(dst, src, stream.cu_stream()) }.map_err(|e| driver_error(what, e))
+}
+
+/// A data set in the memory of one GPU: samples (samples, sample_len) f32, already normalised;
+/// labels u32 (checked by the caller before upload); and the loader's order for the current
+/// epoch, one index per sample, with its page-locked host mirror.
+pub(crate) struct DevDataset {
+    gpu: Arc<Gpu>,
+    samples: DevBuf<f32>,
+    labels: DevBuf<u32>,
+    order: DevBuf<u32>,
+    order_host: Pinned<u32>,
+    /// The stream that used the buffers last, and the point it reached after its last use.
+    stream: Arc<CudaStream>,
+    used: Event,
+    /// Reached when the last copy from `order_host` is done.
+    order_copied: Event,
+}
+
+impl DevDataset {
+    /// `samples` (`labels.len()` samples) and `labels` copied to CUDA device `ordinal`; the
+    /// host waits for the copies.
+    pub fn on(ordinal: usize, samples: &[f32], labels: &[u32]) -> Result<DevDataset> {
+        if labels.is_empty() || !samples.len().is_multiple_of(labels.len()) {
+            return Err(Error::Shape(format!("{} values are not a whole number of {} samples", samples.len(), labels.len())));
+        }
+        let gpu = super::gpu(ordinal)?;
+        let stream = gpu.new_stream()?;
+        let data = DevDataset {
+            samples: DevBuf::from_host(&gpu, &stream, samples)?,
+            labels: DevBuf::from_host(&gpu, &stream, labels)?,
+            order: DevBuf::zeros(&gpu, &stream, labels.len())?,
+            order_host: Pinned::zeros(&gpu, labels.len())?,
+            used: Event::new(&gpu)?,
+            order_copied: Event::new(&gpu)?,
+            stream,
+            gpu,
+        };
+        // the first user's stream waits for the zeroing of `order`, queued on the upload stream
+        data.used.record(&data.stream)?;
+        Ok(data)
+    }
+
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.gpu.ordinal())
+    }
+
+    /// Makes `stream` the one that uses the buffers next: it waits (on the device) for the
+    /// last use on another stream.
+    fn bind_stream(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        if !Arc::ptr_eq(&self.stream, stream) {
+            self.used.wait_in(stream)?;
+            self.stream = Arc::clone(stream);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DevDataset {
+    fn drop(&mut self) {
+        // Every use recorded `used` on the stream that used the buffers last; an error (a
+        // device already lost) leaves nothing better to do than to free anyway.
+        let _ = self.used.wait();
+        let _ = self.order_copied.wait();
+    }
+}
+
+impl DevCache {
+    /// Checks that `gpu` is this cache's device.
+    fn check_gpu(&self, gpu: &Arc<Gpu>, what: &str) -> Result<()> {
+        if !Arc::ptr_eq(self.acts.gpu(), gpu) {
+            let ordinals = (self.acts.gpu().ordinal(), gpu.ordinal());
+            return Err(Error::Mismatch(format!("cache on cuda:{}, {what} on cuda:{}", ordinals.0, ordinals.1)));
+        }
+        Ok(())
+    }
+
+    /// Copies `order` (one index per sample of `data`) into the data set's order buffer, in
+    /// this cache stream's order (after the gathers that read the previous order). The host
+    /// waits only for the previous order copy to have left the page-locked mirror.
+    pub(crate) fn upload_order(&mut self, data: &mut DevDataset, order: &[u32]) -> Result<()> {
+        self.check_gpu(&data.gpu, "data set")?;
+        if order.len() != data.order.len() {
+            return Err(Error::Mismatch(format!("an order of {} indices for a data set of {}", order.len(), data.order.len())));
+        }
+        data.gpu.bind()?;
+        data.bind_stream(&self.stream)?;
+        data.order_copied.wait()?;
+        data.order_host.as_mut_slice().copy_from_slice(order);
+        // SAFETY: `order` on the device holds as many indices as the mirror; the mirror is not
+        // written again before `order_copied` (recorded next) is reached, nor freed before.
+        unsafe { copy_pinned(data.order.ptr(), data.order_host.as_slice(), &self.stream, "copying a loader's order to the device")? };
+        data.order_copied.record(&self.stream)?;
+        data.used.record(&self.stream)
+    }
+
+    /// Queues the gather of the samples `order[start..start + batch]` of `data` into this
+    /// cache's inputs (the front `batch × sample_len` activations) and labels, on the cache's
+    /// stream. `batch` must be within the cache's capacity (checked: an `Error::Capacity`).
+    pub(crate) fn gather(&mut self, data: &mut DevDataset, start: usize, batch: usize) -> Result<()> {
+        self.check_gpu(&data.gpu, "data set")?;
+        let samples = data.order.len();
+        let sample_len = data.samples.len() / samples;
+        if start > samples || batch > samples - start {
+            return Err(Error::Shape(format!("samples {start}..{} of a data set of {samples}", start + batch)));
+        }
+        if batch > self.labels.len() || batch * sample_len > self.acts.len() {
+            return Err(Error::Capacity { batch, capacity: self.labels.len() });
+        }
+        data.gpu.bind()?;
+        data.bind_stream(&self.stream)?;
+        let gpu = Arc::clone(&data.gpu);
+        let indices = data.order.view(start..start + batch);
+        gpu.gather_batch(&self.stream, sample_len, batch, data.samples.all(), indices, self.acts.view_mut(0..batch * sample_len))?;
+        gpu.gather_labels(&self.stream, batch, data.labels.all(), indices, self.labels.view_mut(0..batch))?;
+        data.used.record(&self.stream)
+    }
+}
+
+/// One of [`DevStaging`]'s two buffers: a batch in page-locked host memory and its copy on the
+/// device, with the events that keep the host, the copy stream and the step apart.
+struct Slot {
+    host_inputs: Pinned<f32>,
+    host_labels: Pinned<u32>,
+    inputs: DevBuf<f32>,
+    labels: DevBuf<u32>,
+    /// Reached when the last host→device copy of this slot is done: the host may refill the
+    /// page-locked buffers, and a step may read the device copy.
+    copied: Event,
+    /// Reached when the last delivery of this slot into a cache is done: the copy stream may
+    /// overwrite the device copy.
+    delivered: Event,
+}
+
+/// Double-buffered staging of batches from page-locked host memory on a copy stream of its
+/// own, for up to `capacity` samples of `sample_len` values.
+pub(crate) struct DevStaging {
+    gpu: Arc<Gpu>,
+    copy_stream: Arc<CudaStream>,
+    sample_len: usize,
+    capacity: usize,
+    slots: [Slot; 2],
+}
+
+impl DevStaging {
+    pub fn on(ordinal: usize, capacity: usize, sample_len: usize) -> Result<DevStaging> {
+        let len = capacity.checked_mul(sample_len).ok_or_else(|| Error::Shape(format!("{capacity} samples of {sample_len} overflow")))?;
+        let gpu = super::gpu(ordinal)?;
+        let copy_stream = gpu.new_stream()?;
+        let slot = || -> Result<Slot> {
+            Ok(Slot {
+                host_inputs: Pinned::zeros(&gpu, len)?,
+                host_labels: Pinned::zeros(&gpu, capacity)?,
+                inputs: DevBuf::zeros(&gpu, &copy_stream, len)?,
+                labels: DevBuf::zeros(&gpu, &copy_stream, capacity)?,
+                copied: Event::new(&gpu)?,
+                delivered: Event::new(&gpu)?,
+            })
+        };
+        let slots = [slot()?, slot()?];
+        // the zeroing above is ordered before every later copy on the copy stream, and a
+        // delivery waits for `copied`, recorded on it after its copy
+        Ok(DevStaging { gpu, copy_stream, sample_len, capacity, slots })
+    }
+
+    pub fn device(&self) -> Device {
+        Device::Cuda(self.gpu.ordinal())
+    }
+
+    /// Slot `slot`'s page-locked inputs (`capacity × sample_len`) and labels (`capacity`), to
+    /// be filled: the host first waits for the copy that last read them.
+    pub fn host_slot(&mut self, slot: usize) -> Result<(&mut [f32], &mut [u32])> {
+        let s = &mut self.slots[slot];
+        s.copied.wait()?;
+        Ok((s.host_inputs.as_mut_slice(), s.host_labels.as_mut_slice()))
+    }
+
+    /// Queues the copy of slot `slot`'s first `batch` samples and labels to the device on the
+    /// copy stream, after the last delivery of the slot's previous contents.
+    pub fn send(&mut self, slot: usize, batch: usize) -> Result<()> {
+        if batch > self.capacity {
+            return Err(Error::Capacity { batch, capacity: self.capacity });
+        }
+        self.gpu.bind()?;
+        let (s, stream) = (&self.slots[slot], &*self.copy_stream);
+        s.delivered.wait_in(stream)?;
+        let inputs = &s.host_inputs.as_slice()[..batch * self.sample_len];
+        // SAFETY: the device buffers hold `capacity` samples and labels; the host buffers are
+        // not written before `copied` (recorded next) is reached (`host_slot` waits for it) nor
+        // freed before (`Drop` waits for it).
+        unsafe {
+            copy_pinned(s.inputs.ptr(), inputs, stream, "copying a batch to the device")?;
+            copy_pinned(s.labels.ptr(), &s.host_labels.as_slice()[..batch], stream, "copying labels to the device")?;
+        }
+        s.copied.record(stream)
+    }
+}
+
+impl Drop for DevStaging {
+    fn drop(&mut self) {
+        // Each slot's last copy recorded `copied` and its last delivery `delivered`; an error
+        // (a device already lost) leaves nothing better to do than to free anyway.
+        for s in &self.slots {
+            let _ = s.copied.wait();
+            let _ = s.delivered.wait();
+        }
+        let _ = self.copy_stream.synchronize();
+    }
+}
+
+impl DevCache {
+    /// Queues, on this cache's stream, the delivery of staging slot `slot`'s first `batch`
+    /// samples and labels (sent before) into the cache's inputs and labels: the stream waits
+    /// for the slot's copy, then copies device to device.
+    pub(crate) fn receive(&mut self, staging: &mut DevStaging, slot: usize, batch: usize) -> Result<()> {
+        self.check_gpu(&staging.gpu, "staging buffers")?;
+        let len = batch * staging.sample_len;
+        if batch > staging.capacity || batch > self.labels.len() || len > self.acts.len() {
+            return Err(Error::Capacity { batch, capacity: self.labels.len().min(staging.capacity) });
+        }
+        staging.gpu.bind()?;
+        let (s, stream) = (&staging.slots[slot], self.stream.cu_stream());
+        s.copied.wait_in(&self.stream)?;
+        let copy = |dst: sys::CUdeviceptr, src: sys::CUdeviceptr, bytes: usize| {
+            // SAFETY: both buffers hold at least `bytes` (checked above); the source is not
+            // overwritten before `delivered` (recorded next) is reached.
+            unsafe { result::memcpy_dtod_async(dst, src, bytes, stream) }.map_err(|e| driver_error("copying a staged batch", e))
+        };
+        copy(self.acts.ptr(), s.inputs.ptr(), len * size_of::<f32>())?;
+        copy(self.labels.ptr(), s.labels.ptr(), batch * size_of::<u32>())?;
+        s.delivered.record(&self.stream)
+    }
+}
