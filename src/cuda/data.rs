@@ -10,107 +10,12 @@
 use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::driver_error;
+use super::pinned::{Event, Pinned};
 use super::state::DevCache;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use std::sync::Arc;
-
-/// A driver event (no timing), owned.
-struct Event {
-    event: sys::CUevent,
-    gpu: Arc<Gpu>,
-}
-
-// SAFETY: an event handle may be recorded, waited on and destroyed from any thread with its
-// context current (each method binds it).
-unsafe impl Send for Event {}
-
-impl Event {
-    fn new(gpu: &Arc<Gpu>) -> Result<Event> {
-        gpu.bind()?;
-        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| driver_error("creating an event", e))?;
-        Ok(Event { event, gpu: Arc::clone(gpu) })
-    }
-
-    /// Marks the point `stream` has reached, after everything queued on it so far.
-    fn record(&self, stream: &CudaStream) -> Result<()> {
-        // SAFETY: a live event and a live stream of the same context.
-        unsafe { result::event::record(self.event, stream.cu_stream()) }.map_err(|e| driver_error("recording an event", e))
-    }
-
-    /// Makes `stream` wait (on the device) for the last recorded point; a no-op before any.
-    fn wait_in(&self, stream: &CudaStream) -> Result<()> {
-        // SAFETY: as above.
-        unsafe { result::stream::wait_event(stream.cu_stream(), self.event, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
-            .map_err(|e| driver_error("making a stream wait for an event", e))
-    }
-
-    /// The host waits for the last recorded point; returns at once before any.
-    fn wait(&self) -> Result<()> {
-        self.gpu.bind()?;
-        // SAFETY: a live event.
-        unsafe { result::event::synchronize(self.event) }.map_err(|e| driver_error("waiting for an event", e))
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
-            // SAFETY: created once, destroyed once (a pending event is released when reached).
-            let _ = unsafe { result::event::destroy(self.event) };
-        }
-    }
-}
-
-/// `len` values of `T` in page-locked host memory (`cuMemHostAlloc`), zero when allocated:
-/// copies from it run asynchronously, so whoever owns one must not write it while a copy that
-/// reads it is pending.
-struct Pinned<T> {
-    ptr: *mut T,
-    len: usize,
-    gpu: Arc<Gpu>,
-}
-
-// SAFETY: plain host memory owned by this value; `T` is a number type.
-unsafe impl<T: Send> Send for Pinned<T> {}
-
-impl<T: Copy> Pinned<T> {
-    fn zeros(gpu: &Arc<Gpu>, len: usize) -> Result<Pinned<T>> {
-        gpu.bind()?;
-        let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| Error::Shape(format!("{len} values overflow a host buffer")))?;
-        // SAFETY: the context is current; the memory is zeroed below before anyone reads it.
-        let ptr = unsafe { result::malloc_host(bytes.max(1), 0) }
-            .map_err(|e| driver_error(&format!("allocating {bytes} bytes of page-locked host memory"), e))? as *mut T;
-        if ptr.is_null() || !ptr.is_aligned() {
-            return Err(Error::Cuda { what: "cuMemHostAlloc gave a null or misaligned pointer".into() });
-        }
-        // SAFETY: `bytes` bytes were just allocated at `ptr` (the value takes ownership next).
-        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
-        Ok(Pinned { ptr, len, gpu: Arc::clone(gpu) })
-    }
-
-    fn as_slice(&self) -> &[T] {
-        // SAFETY: `len` initialised values, owned by `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: as above, borrowed mutably.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl<T> Drop for Pinned<T> {
-    fn drop(&mut self) {
-        // The owner waited for every copy that reads this memory. An error here (a device
-        // already lost) leaves nothing to do but leak.
-        if self.gpu.bind().is_ok() {
-            // SAFETY: allocated by `malloc_host` in `zeros`, freed once.
-            let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
-        }
-    }
-}
 
 /// Queues a copy of `src` (page-locked) into the device memory at `dst`, on `stream`.
 ///

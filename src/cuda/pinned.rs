@@ -3,7 +3,7 @@
 
 use super::context::Gpu;
 use super::driver_error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaStream};
 use std::sync::Arc;
 
@@ -21,15 +21,18 @@ unsafe impl<T: Send> Send for Pinned<T> {}
 unsafe impl<T: Sync> Sync for Pinned<T> {}
 
 impl<T: Copy + Default> Pinned<T> {
-    pub fn new(gpu: &Arc<Gpu>, len: usize) -> Result<Pinned<T>> {
+    pub fn zeros(gpu: &Arc<Gpu>, len: usize) -> Result<Pinned<T>> {
         gpu.bind()?;
-        let bytes = (len * size_of::<T>()).max(1);
+        let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| Error::Shape(format!("{len} values overflow a host buffer")))?.max(1);
         let ptr = {
             let _exclusive = super::device_wide();
             // SAFETY: the context is current; the memory is initialised below before use.
             unsafe { result::malloc_host(bytes, 0) }
                 .map_err(|e| driver_error(&format!("allocating {bytes} bytes of pinned host memory"), e))?
         } as *mut T;
+        if ptr.is_null() || !ptr.is_aligned() {
+            return Err(Error::Cuda { what: "cuMemHostAlloc gave a null or misaligned pointer".into() });
+        }
         let mut pinned = Pinned { ptr, len, gpu: Arc::clone(gpu) };
         pinned.as_mut_slice().fill(T::default());
         Ok(pinned)
@@ -38,7 +41,7 @@ impl<T: Copy + Default> Pinned<T> {
 
 impl<T> Pinned<T> {
     pub fn as_slice(&self) -> &[T] {
-        // SAFETY: `len` values allocated and initialised in `new`, borrowed with `self`.
+        // SAFETY: `len` values allocated and initialised in `zeros`, borrowed with `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
@@ -54,7 +57,7 @@ impl<T> Drop for Pinned<T> {
         // lost) leaves nothing to do but leak.
         if self.gpu.bind().is_ok() {
             let _exclusive = super::device_wide();
-            // SAFETY: allocated in `new`, freed once.
+            // SAFETY: allocated in `zeros`, freed once.
             let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
         }
     }
@@ -79,14 +82,24 @@ impl Event {
 
     /// Marks the point in `stream` after the work queued so far.
     pub fn record(&self, stream: &CudaStream) -> Result<()> {
+        self.gpu.bind()?;
         // SAFETY: a live event and stream of the same context.
         unsafe { result::event::record(self.event, stream.cu_stream()) }.map_err(|e| driver_error("recording an event", e))
     }
 
-    /// Waits until the work before the last `record` is done (at once if never recorded).
+    /// The host waits until the work before the last `record` is done (at once if never
+    /// recorded).
     pub fn wait(&self) -> Result<()> {
+        self.gpu.bind()?;
         // SAFETY: a live event.
-        unsafe { sys::cuEventSynchronize(self.event) }.result().map_err(|e| driver_error("waiting for an event", e))
+        unsafe { result::event::synchronize(self.event) }.map_err(|e| driver_error("waiting for an event", e))
+    }
+
+    /// Makes `stream` wait, on the device, for the last recorded point (a no-op before any).
+    pub fn wait_in(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: a live event and a live stream of the same context.
+        unsafe { result::stream::wait_event(stream.cu_stream(), self.event, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
+            .map_err(|e| driver_error("making a stream wait for an event", e))
     }
 }
 

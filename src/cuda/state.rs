@@ -251,11 +251,11 @@ impl DevCache {
             cols: DevBuf::zeros(gpu, stream, capacity * max_col_len(plan))?,
             labels: DevBuf::zeros(gpu, stream, capacity)?,
             targets: DevBuf::zeros(gpu, stream, capacity * plan.output().len())?,
-            staging: [Pinned::new(gpu, capacity * plan.input.len())?, Pinned::new(gpu, capacity * plan.input.len())?],
+            staging: [Pinned::zeros(gpu, capacity * plan.input.len())?, Pinned::zeros(gpu, capacity * plan.input.len())?],
             current: 0,
             pending: [false; 2],
             copied: [Event::new(gpu)?, Event::new(gpu)?],
-            outputs: Pinned::new(gpu, capacity * plan.output().len())?,
+            outputs: Pinned::zeros(gpu, capacity * plan.output().len())?,
             graphs: Graphs::new(),
         })
     }
