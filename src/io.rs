@@ -18,6 +18,10 @@ use std::path::{Path, PathBuf};
 
 const ARCHITECTURE_KEY: &str = "flatnn.architecture";
 
+/// The most values one sample of a loaded model may need, in its activations (all layers
+/// together) and in any convolution's lowered input: 2³⁰ (4 GiB of f32), as for an IDX file.
+pub const MAX_SAMPLE_VALUES: usize = 1 << 30;
+
 /// One parameter tensor of the model, as PyTorch would name and shape it.
 struct Tensor {
     name: String,
@@ -127,6 +131,81 @@ fn parse_architecture(text: &str, path: &Path) -> Result<(Shape, Vec<Layer>)> {
     Ok((input, layers))
 }
 
+/// Checks the sizes an architecture read from a file implies before [`Plan::new`], whose
+/// arithmetic is unchecked, and [`Model`], which allocates the parameters, see it: every shape,
+/// padded input, weight count and total fits in `usize`; the parameters fit in the file's
+/// `file_len` bytes (4 each, so the file bounds their buffer); one sample's activations, and each
+/// convolution's lowered input, stay within [`MAX_SAMPLE_VALUES`]. Stops at the first layer that
+/// does not fit its input, which `Plan::new` then names.
+fn check_sizes(input: Shape, layers: &[Layer], file_len: usize, path: &Path) -> Result<()> {
+    let bad = |what: String| Error::Format { path: path.to_owned(), what };
+    let len = |shape: Shape| match shape {
+        Shape::Vector(n) => Some(n),
+        Shape::Image { channels, height, width } => channels.checked_mul(height)?.checked_mul(width),
+    };
+    let per_sample = |n: Option<usize>, what: &dyn Fn() -> String| {
+        n.filter(|&n| n <= MAX_SAMPLE_VALUES).ok_or_else(|| bad(format!("{} more than {MAX_SAMPLE_VALUES} values per sample", what())))
+    };
+    let mut acts = per_sample(len(input), &|| format!("the input {input} has"))?;
+    // The current shape and its length, checked and within MAX_SAMPLE_VALUES.
+    let (mut shape, mut shape_len, mut params) = (input, acts, 0usize);
+    for (index, layer) in layers.iter().enumerate() {
+        let (output, weights, bias) = match (*layer, shape) {
+            (Layer::Dense { out_features, .. }, Shape::Vector(n)) if out_features > 0 => {
+                (Shape::Vector(out_features), out_features.checked_mul(n), out_features)
+            }
+            (Layer::Conv { out_channels, kernel, stride, padding, .. }, Shape::Image { channels, height, width }) => {
+                let padded = |n: usize, p: usize| p.checked_mul(2).and_then(|p| p.checked_add(n));
+                let (Some(ph), Some(pw)) = (padded(height, padding.0), padded(width, padding.1)) else {
+                    return Err(bad(format!("layer {index} ({layer:?}): the padded input's size overflows")));
+                };
+                let (k, s, p) = (kernel, stride, padding);
+                if out_channels == 0 || k.0 == 0 || k.1 == 0 || s.0 == 0 || s.1 == 0 || k.0 > ph || k.1 > pw || p.0 >= k.0 || p.1 >= k.1 {
+                    return Ok(());
+                }
+                let (oh, ow) = ((ph - k.0) / s.0 + 1, (pw - k.1) / s.1 + 1);
+                let lowered = channels.checked_mul(k.0).and_then(|n| n.checked_mul(k.1));
+                per_sample(lowered.and_then(|n| n.checked_mul(oh)?.checked_mul(ow)), &|| {
+                    format!("layer {index} ({layer:?}) lowers its input to")
+                })?;
+                (
+                    Shape::Image { channels: out_channels, height: oh, width: ow },
+                    lowered.and_then(|n| n.checked_mul(out_channels)),
+                    out_channels,
+                )
+            }
+            (Layer::MaxPool { window: w, stride: s }, Shape::Image { channels, height, width }) => {
+                if w.0 == 0 || w.1 == 0 || s.0 == 0 || s.1 == 0 || w.0 > height || w.1 > width {
+                    return Ok(());
+                }
+                (Shape::Image { channels, height: (height - w.0) / s.0 + 1, width: (width - w.1) / s.1 + 1 }, Some(0), 0)
+            }
+            (Layer::Flatten, Shape::Image { .. }) => (Shape::Vector(shape_len), Some(0), 0),
+            _ => return Ok(()),
+        };
+        // Activation regions: flatten adds none, a layer with an activation two (z and y).
+        let regions = match layer {
+            Layer::Flatten => 0,
+            _ if layer.activation() != Activation::Identity => 2,
+            _ => 1,
+        };
+        let output_len = per_sample(len(output), &|| format!("layer {index} ({layer:?}) outputs {output}:"))?;
+        acts = per_sample(output_len.checked_mul(regions).and_then(|n| n.checked_add(acts)), &|| {
+            format!("layers 0..={index} (to {layer:?}) give activations of")
+        })?;
+        params = weights
+            .and_then(|w| w.checked_add(bias)?.checked_add(params))
+            .filter(|p| p.checked_mul(4).is_some_and(|b| b <= file_len))
+            .ok_or_else(|| {
+                bad(format!(
+                    "layers 0..={index} (to {layer:?}) have more parameters than the file's {file_len} bytes can hold (4 bytes each)"
+                ))
+            })?;
+        (shape, shape_len) = (output, output_len);
+    }
+    Ok(())
+}
+
 impl Model {
     /// Writes the model as a safetensors file (atomically: a temporary file beside `path`,
     /// then a rename, so a crash never leaves a half-written model).
@@ -164,6 +243,7 @@ impl Model {
             what: format!("no {ARCHITECTURE_KEY} metadata: use load_weights on a chain"),
         })?;
         let (input, layers) = parse_architecture(architecture, path)?;
+        check_sizes(input, &layers, bytes.len(), path)?;
         let plan =
             Plan::new(input, &layers).map_err(|e| Error::Format { path: path.to_owned(), what: format!("bad architecture: {e}") })?;
         let mut model = Model::from_plan(plan)?;
@@ -263,5 +343,59 @@ mod tests {
         {
             assert!(matches!(parse_architecture(bad, Path::new("x")), Err(Error::Format { .. })), "{bad:?}");
         }
+    }
+
+    /// A safetensors file with no tensors, only the architecture in its metadata.
+    fn header_only(architecture: &str) -> Vec<u8> {
+        let metadata = Some(HashMap::from([(ARCHITECTURE_KEY.to_owned(), architecture.to_owned())]));
+        safetensors::serialize(Vec::<(&str, TensorView)>::new(), &metadata).unwrap()
+    }
+
+    fn load_error(bytes: &[u8]) -> String {
+        match Model::from_bytes(bytes, Path::new("fuzz.safetensors")) {
+            Err(e @ Error::Format { .. }) => e.to_string(),
+            Err(e) => panic!("expected a format error, got {e}"),
+            Ok(_) => panic!("expected a format error, the model loaded"),
+        }
+    }
+
+    #[test]
+    fn sizes_from_the_architecture_are_checked_before_anything_is_allocated() {
+        // Found by `cargo fuzz run model_file` (crash-2d0088d6…, 223 bytes): a header-only file
+        // whose last layer has 30 370 005 002 outputs; loading it tried to allocate 486 GB of
+        // zeroed parameters before reading a tensor. Now refused for its sizes, before Plan::new.
+        let found = [
+            b"\xd7\0\0\0\0\0\0\0".as_slice(),
+            br#"{"__metadata__":{"flatnn.architecture":"image 5 5 1; conv 2 3 3 1 1 1 1 leaky_relu:0.1; maxpool 3 3 2 2; flatten;"#,
+            b"                                                           ",
+            br#"dense 3 gelu; dense 30370005002 identity"}}"#,
+        ]
+        .concat();
+        assert_eq!(found.len(), 223);
+        let err = load_error(&found);
+        assert!(err.starts_with("fuzz.safetensors: layer 4 (Dense") && err.contains("more than 1073741824 values per sample"), "{err}");
+        // The same defect by other routes, and sizes whose arithmetic overflowed in Plan::new
+        // (a panic with debug assertions, a wrong plan without).
+        let cases = [
+            ("vector 1000000000; dense 1 identity", "more parameters"),
+            ("vector 4611686018427387904; dense 4 relu", "the input vector(4611686018427387904) has more than"),
+            ("vector 100000000; dense 100 relu", "layers 0..=0 (to Dense { out_features: 100, activation: Relu }) have more parameters"),
+            ("image 4 4 11073741825; conv 2 3 3 1 1 1 1 relu", "the input image(4×4×11073741825) has more than"),
+            ("image 4 4 1000000; conv 2 3 3 1 1 1 1 relu", "have more parameters than the file's"),
+            ("image 4294967296 4294967296 4294967296; maxpool 1 1 1 1", "the input image(4294967296×4294967296×4294967296)"),
+            ("image 2 2 1; conv 1 1 1 1 1 9223372036854775807 0 relu", "padded input's size overflows"),
+            // These loaded, but a cache for one sample would have needed 7 GB.
+            ("image 30000 30000 1; maxpool 1 1 1 1", "give activations of more than 1073741824 values per sample"),
+            ("image 30000 30000 1; conv 1 1 1 1 1 0 0 relu", "give activations of more than"),
+            ("image 1000 1000 1; conv 1 999 999 1 1 998 998 identity", "lowers its input to more than"),
+        ];
+        for (architecture, needle) in cases {
+            let err = load_error(&header_only(architecture));
+            assert!(err.contains(needle), "{architecture:?}: {err:?} lacks {needle:?}");
+        }
+        // Within the limits, a header-only file fails only for its missing tensors; a layer that
+        // does not fit its input is still named by Plan::new.
+        assert!(load_error(&header_only("vector 4; dense 2 relu")).contains("tensor 0.bias [2] is missing"));
+        assert!(load_error(&header_only("vector 4; maxpool 2 2 2 2")).contains("needs an image input"));
     }
 }
