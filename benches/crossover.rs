@@ -138,8 +138,7 @@ fn main() -> Result<()> {
     }
     let gpu = match Device::cuda(0) {
         Ok(device) => {
-            let info = flatnn::cuda::device_info(0)?;
-            println!("GPU: {} ({} MiB)", info.name, info.total_memory >> 20);
+            println!("GPU: {} ({} MiB)", device.name()?, device.memory()?.1 >> 20);
             places.push(Place { label: "gpu-graphs", device, threads: 1, graphs: true });
             places.push(Place { label: "gpu-eager", device, threads: 1, graphs: false });
             true

@@ -177,7 +177,7 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         model.plan().param_len,
         match device {
             Device::Cpu => format!("the CPU, {} threads", model.threads()),
-            Device::Cuda(n) => format!("CUDA device {n} ({}), data in device memory", gpu_name(n)?),
+            Device::Cuda(n) => format!("CUDA device {n} ({}), data in device memory", Device::Cuda(n).name()?),
         },
         o.batch,
         opt.config()
@@ -216,17 +216,6 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         println!("saved {}", path.display());
     }
     Ok(())
-}
-
-#[cfg(feature = "cuda")]
-fn gpu_name(ordinal: usize) -> flatnn::Result<String> {
-    Ok(flatnn::cuda::device_info(ordinal)?.name)
-}
-
-/// Never called: without the `cuda` feature no device parses as CUDA.
-#[cfg(not(feature = "cuda"))]
-fn gpu_name(_ordinal: usize) -> flatnn::Result<String> {
-    Err(flatnn::Error::Cuda { what: "built without the cuda feature".into() })
 }
 
 fn main() {

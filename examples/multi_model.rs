@@ -158,7 +158,9 @@ fn run(o: Options) -> Result<(), String> {
     let steps = o.steps.unwrap_or(if device.is_cuda() { 300 } else { 10 });
     let where_ = match device {
         Device::Cpu => "the CPU".to_string(),
-        Device::Cuda(n) => format!("CUDA device {n} ({}), one stream per model, data in device memory", gpu_name(n)?),
+        Device::Cuda(n) => {
+            format!("CUDA device {n} ({}), one stream per model, data in device memory", Device::Cuda(n).name().map_err(|e| e.to_string())?)
+        }
     };
     println!("{} models, batch {}, {steps} steps each, on {where_}", o.model, o.batch);
     for &n in &o.counts {
@@ -192,17 +194,6 @@ fn run(o: Options) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-#[cfg(feature = "cuda")]
-fn gpu_name(ordinal: usize) -> Result<String, String> {
-    flatnn::cuda::device_info(ordinal).map(|info| info.name).map_err(|e| e.to_string())
-}
-
-/// Never called: without the `cuda` feature no device parses as CUDA.
-#[cfg(not(feature = "cuda"))]
-fn gpu_name(_ordinal: usize) -> Result<String, String> {
-    Err("built without the cuda feature".into())
 }
 
 fn main() {

@@ -30,6 +30,22 @@ impl Device {
         matches!(self, Device::Cuda(_))
     }
 
+    /// The device's name as its driver reports it ("cpu" for the CPU).
+    pub fn name(self) -> Result<String> {
+        match self {
+            Device::Cpu => Ok("cpu".into()),
+            Device::Cuda(ordinal) => cuda_info(ordinal).map(|(name, _, _)| name),
+        }
+    }
+
+    /// (free, total) bytes of the device's memory; an error for the CPU.
+    pub fn memory(self) -> Result<(usize, usize)> {
+        match self {
+            Device::Cpu => Err(Error::Config("the CPU's memory is not tracked by flatnn".into())),
+            Device::Cuda(ordinal) => cuda_info(ordinal).map(|(_, free, total)| (free, total)),
+        }
+    }
+
     /// Parses `cpu`, `cuda`, `cuda:N` or `auto` (= [`device`]); a CUDA device is checked as by
     /// [`Device::cuda`].
     pub fn parse(text: &str) -> Result<Device> {
@@ -160,6 +176,16 @@ fn usable(ordinal: usize) -> Result<()> {
 
 #[cfg(not(feature = "cuda"))]
 fn usable(_ordinal: usize) -> Result<()> {
+    Err(Error::Cuda { what: "flatnn was built without its `cuda` feature".into() })
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_info(ordinal: usize) -> Result<(String, usize, usize)> {
+    crate::cuda::device_info(ordinal).map(|info| (info.name, info.free_memory, info.total_memory))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_info(_ordinal: usize) -> Result<(String, usize, usize)> {
     Err(Error::Cuda { what: "flatnn was built without its `cuda` feature".into() })
 }
 

@@ -2,6 +2,7 @@
 //! leave the device usable, devices chosen as documented, models on several threads (no
 //! allocation per step: tests/gpu_no_alloc.rs). Every test prints `skipped: no CUDA device`
 //! and passes where CUDA is missing.
+#![cfg(feature = "cuda")]
 
 use flatnn::cuda;
 use flatnn::prelude::*;

@@ -306,14 +306,8 @@ fn labels_and_capacity_are_checked() {
 }
 
 /// Free memory on device 0, in bytes.
-#[cfg(feature = "cuda")]
 fn free_device_memory() -> usize {
-    flatnn::cuda::device_info(0).unwrap().free_memory
-}
-
-#[cfg(not(feature = "cuda"))]
-fn free_device_memory() -> usize {
-    unreachable!("no GPU test runs without the cuda feature")
+    Device::Cuda(0).memory().unwrap().0
 }
 
 thread_local! {

@@ -1,6 +1,7 @@
 //! A GPU training step allocates nothing on the host and leaves the device's free memory as it
 //! was, over 1,000 steps. Its own test binary: no other test allocates device memory while the
 //! free memory is read. Prints `skipped: no CUDA device` and passes where CUDA is missing.
+#![cfg(feature = "cuda")]
 
 use flatnn::cuda;
 use flatnn::prelude::*;
