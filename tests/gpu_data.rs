@@ -9,11 +9,16 @@ use flatnn::prelude::*;
 use flatnn::testutil::Rng;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// CUDA device 0, or `None` after printing the skip line.
-fn gpu_device() -> Option<Device> {
+/// The GPU tests of this file run one at a time: one of them reads the device's free memory,
+/// which another test allocating beside it would change.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// CUDA device 0 and this file's turn on it, or `None` after printing the skip line.
+fn gpu_device() -> Option<(Device, MutexGuard<'static, ()>)> {
     match Device::cuda(0) {
-        Ok(device) => Some(device),
+        Ok(device) => Some((device, ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner))),
         Err(e) => {
             println!("skipped: no CUDA device ({e})");
             None
@@ -112,7 +117,7 @@ fn device_loaders_move_between_threads() {
 
 #[test]
 fn gathered_and_streamed_batches_are_the_host_loaders() {
-    let Some(device) = gpu_device() else { return };
+    let Some((device, _turn)) = gpu_device() else { return };
     let (len, n, batch) = (7, 50, 8);
     let data = dataset(n, len, len, 1);
     let cpu = identity(len);
@@ -189,7 +194,7 @@ fn train(model: &Model, kind: Kind, data: &Dataset, steps: usize, seed: u64) -> 
 
 #[test]
 fn training_from_device_data_matches_the_host_loader() {
-    let Some(device) = gpu_device() else { return };
+    let Some((device, _turn)) = gpu_device() else { return };
     // 200 samples in batches of 32: six full batches and one of 8 per epoch; 30 steps cross
     // four epochs, so the order is copied to the device four times
     let data = dataset(200, 20, 10, 2);
@@ -213,7 +218,7 @@ fn training_from_device_data_matches_the_host_loader() {
 
 #[test]
 fn one_device_data_set_feeds_two_models_on_their_own_streams() {
-    let Some(device) = gpu_device() else { return };
+    let Some((device, _turn)) = gpu_device() else { return };
     let data = dataset(200, 20, 10, 4);
     let models: Vec<Model> = [5, 6].iter().map(|&seed| mlp().init(Init::HeNormal, seed).to(&device).unwrap()).collect();
     let alone: Vec<Vec<f32>> = models.iter().zip([7, 8]).map(|(m, seed)| train(m, Kind::Host, &data, 20, seed).0).collect();
@@ -252,7 +257,7 @@ fn one_device_data_set_feeds_two_models_on_their_own_streams() {
 
 #[test]
 fn labels_and_capacity_are_checked() {
-    let Some(device) = gpu_device() else { return };
+    let Some((device, _turn)) = gpu_device() else { return };
     let mut data = dataset(40, 20, 10, 5);
     // a label at or past the classes is refused at upload, naming it
     let mut labels = data.labels().to_vec();
@@ -336,7 +341,7 @@ static COUNTING: Counting = Counting;
 
 #[test]
 fn device_batches_allocate_nothing() {
-    let Some(device) = gpu_device() else { return };
+    let Some((device, _turn)) = gpu_device() else { return };
     let data = dataset(200, 20, 10, 6);
     for kind in [Kind::Device, Kind::Streaming] {
         let mut model = mlp().to(&device).unwrap();

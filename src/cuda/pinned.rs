@@ -77,7 +77,11 @@ impl Event {
     pub fn new(gpu: &Arc<Gpu>) -> Result<Event> {
         gpu.bind()?;
         let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| driver_error("creating an event", e))?;
-        Ok(Event { event, gpu: Arc::clone(gpu) })
+        let event = Event { event, gpu: Arc::clone(gpu) };
+        // cudarc looks a driver function up (allocating its name) the first time it is called:
+        // call the wait here, where allocating is fine, not first in some step
+        event.wait()?;
+        Ok(event)
     }
 
     /// Marks the point in `stream` after the work queued so far.
