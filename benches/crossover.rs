@@ -13,6 +13,7 @@
 //! Configurations whose single call takes more than 0.5 s are skipped and marked so.
 
 use flatnn::model::default_threads;
+use flatnn::models;
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
 use flatnn::Result;
@@ -31,25 +32,9 @@ struct Bench {
 
 fn models() -> Vec<Bench> {
     vec![
-        Bench { name: "simplenn-100-200-1", chain: Chain::new(Input::vector(100)).dense(200, Relu).dense(1, Identity), loss: Loss::Mse },
-        Bench {
-            name: "mlp-784-128-64-10",
-            chain: Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity),
-            loss: Loss::LogitCrossEntropy,
-        },
-        Bench {
-            name: "lenet5",
-            chain: Chain::new(Input::image(28, 28, 1))
-                .conv_with(6, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
-                .max_pool((2, 2))
-                .conv(16, (5, 5), Relu)
-                .max_pool((2, 2))
-                .flatten()
-                .dense(120, Relu)
-                .dense(84, Relu)
-                .dense(10, Identity),
-            loss: Loss::LogitCrossEntropy,
-        },
+        Bench { name: "simplenn-100-200-1", chain: models::simplenns_mlp(), loss: Loss::Mse },
+        Bench { name: "mlp-784-128-64-10", chain: models::mlp(), loss: Loss::LogitCrossEntropy },
+        Bench { name: "lenet5", chain: models::lenet5(), loss: Loss::LogitCrossEntropy },
     ]
 }
 

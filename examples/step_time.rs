@@ -5,6 +5,7 @@
 //!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn] [--task train|forward]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
 
+use flatnn::models;
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
 use std::time::Instant;
@@ -35,20 +36,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let (chain, loss) = match name.as_str() {
-        "mlp" => (Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity), Loss::LogitCrossEntropy),
-        "simplenn" => (Chain::new(Input::vector(100)).dense(200, Relu).dense(1, Identity), Loss::Mse),
-        "lenet" => (
-            Chain::new(Input::image(28, 28, 1))
-                .conv_with(6, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
-                .max_pool((2, 2))
-                .conv(16, (5, 5), Relu)
-                .max_pool((2, 2))
-                .flatten()
-                .dense(120, Relu)
-                .dense(84, Relu)
-                .dense(10, Identity),
-            Loss::LogitCrossEntropy,
-        ),
+        "mlp" => (models::mlp(), Loss::LogitCrossEntropy),
+        "simplenn" => (models::simplenns_mlp(), Loss::Mse),
+        "lenet" => (models::lenet5(), Loss::LogitCrossEntropy),
         _ => return Err(format!("--model must be mlp, lenet or simplenn, not {name:?}").into()),
     };
     if batch == 0 || calls == 0 {

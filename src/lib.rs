@@ -45,6 +45,7 @@ pub mod io;
 pub(crate) mod layers;
 pub mod loss;
 pub mod model;
+pub mod models;
 pub mod optim;
 #[doc(hidden)]
 pub mod testutil;

@@ -5,6 +5,7 @@
 #![cfg(feature = "cuda")]
 
 use flatnn::cuda;
+use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
 
@@ -17,22 +18,6 @@ fn gpu_device() -> Option<Device> {
             None
         }
     }
-}
-
-fn mlp() -> Chain {
-    Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity)
-}
-
-fn lenet() -> Chain {
-    Chain::new(Input::image(28, 28, 1))
-        .conv_with(6, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
-        .max_pool((2, 2))
-        .conv(16, (5, 5), Relu)
-        .max_pool((2, 2))
-        .flatten()
-        .dense(120, Relu)
-        .dense(84, Relu)
-        .dense(10, Identity)
 }
 
 /// An odd little net touching every layer kind, activation and option the GPU runs.
@@ -91,8 +76,8 @@ fn training_on_the_gpu_matches_the_cpu() {
     let cases = [
         ("mlp", mlp(), Optim::Sgd { lr: 0.05, momentum: 0.9, nesterov: true }, Loss::LogitCrossEntropy),
         ("mlp adam", mlp(), Optim::adam(1e-3), Loss::LogitCrossEntropy),
-        ("lenet", lenet(), Optim::sgd(0.05, 0.9), Loss::LogitCrossEntropy),
-        ("lenet adam", lenet(), Optim::adam(1e-3), Loss::LogitCrossEntropy),
+        ("lenet", lenet5(), Optim::sgd(0.05, 0.9), Loss::LogitCrossEntropy),
+        ("lenet adam", lenet5(), Optim::adam(1e-3), Loss::LogitCrossEntropy),
         ("mixed mse", mixed(), Optim::rmsprop(1e-3), Loss::Mse),
         ("mixed adamw", mixed(), Optim::adamw(1e-3, 0.1), Loss::LogitCrossEntropy),
     ];
@@ -117,7 +102,7 @@ fn training_on_the_gpu_matches_the_cpu() {
 fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
     let Some(device) = gpu_device() else { return };
     let mut rng = Rng::new(4);
-    for (name, chain) in [("mlp", mlp()), ("lenet", lenet()), ("mixed", mixed())] {
+    for (name, chain) in [("mlp", mlp()), ("lenet", lenet5()), ("mixed", mixed())] {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 5).with_threads(1).unwrap();
         let mut cpu_fwd = cpu.preallocate(64).unwrap();
         for tf32 in [false, true] {
@@ -280,7 +265,7 @@ fn cuda_visible_devices_is_honoured() {
 #[test]
 fn several_models_on_several_threads_match_one_at_a_time() {
     let Some(device) = gpu_device() else { return };
-    let model = |seed| lenet().build().unwrap().init(Init::HeNormal, seed).to(&device).unwrap();
+    let model = |seed| lenet5().build().unwrap().init(Init::HeNormal, seed).to(&device).unwrap();
     let alone: Vec<Vec<f32>> = (0..4)
         .map(|seed| train(model(seed), Optim::adam(1e-3), Loss::LogitCrossEntropy, 10, seed).1.parameters().unwrap().into_owned())
         .collect();

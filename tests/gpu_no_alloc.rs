@@ -4,6 +4,7 @@
 #![cfg(feature = "cuda")]
 
 use flatnn::cuda;
+use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -17,22 +18,6 @@ fn gpu_device() -> Option<Device> {
             None
         }
     }
-}
-
-fn mlp() -> Chain {
-    Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity)
-}
-
-fn lenet() -> Chain {
-    Chain::new(Input::image(28, 28, 1))
-        .conv_with(6, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
-        .max_pool((2, 2))
-        .conv(16, (5, 5), Relu)
-        .max_pool((2, 2))
-        .flatten()
-        .dense(120, Relu)
-        .dense(84, Relu)
-        .dense(10, Identity)
 }
 
 thread_local! {
@@ -62,7 +47,7 @@ static COUNTING: Counting = Counting;
 #[test]
 fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
     let Some(device) = gpu_device() else { return };
-    for (name, chain) in [("mlp", mlp()), ("lenet", lenet())] {
+    for (name, chain) in [("mlp", mlp()), ("lenet", lenet5())] {
         for graphs in [true, false] {
             let model = chain.clone().build().unwrap().init(Init::HeNormal, 1);
             let mut model = model.with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();
