@@ -2,7 +2,7 @@
 //! (set_inputs + forward), median and p90 over repeated calls, on any device. Small enough to
 //! run under a profiler (`ncu`, `compute-sanitizer`).
 //!
-//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn] [--task train|forward]
+//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn] [--task train|forward|forward-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
 
 use flatnn::models;
@@ -58,8 +58,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Loss::LogitCrossEntropy => fwd.set_labels(&(0..batch).map(|i| (i % outputs) as u32).collect::<Vec<_>>())?,
     }
     let mut call = |wait: bool| -> flatnn::Result<()> {
-        if task == "forward" {
-            fwd.set_inputs(&inputs)?;
+        if task == "forward" || task == "forward-resident" {
+            // forward-resident: the batch stays where set_inputs put it (no copy in)
+            if task == "forward" {
+                fwd.set_inputs(&inputs)?;
+            }
             model.forward(&mut fwd)?;
         } else {
             model.backprop(&mut bwd, &mut fwd, loss)?;

@@ -84,29 +84,38 @@ extern "C" __global__ void dense_tiled(const float* A, int a_rs, int a_cs, const
 
 #define SKINNY_ROWS 8
 
-// Few rows (M ≤ 8, a batch of one to eight samples): one warp per output column j, the lanes
-// splitting k and combining with a fixed shuffle tree. Grid: ceil(N / 8) blocks of 256 threads.
+// Rows in chunks of 8 (batches up to a few hundred samples): one block of 256 threads per output
+// column j and chunk of rows; the threads split k (coalesced reads of A's rows and of B's
+// column), then lanes combine by a fixed shuffle tree and the 8 warps in a fixed order through
+// shared memory. Grid: (N, ceil(M / 8)).
 extern "C" __global__ void dense_skinny(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                         int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                         const float* y_prev, int act, float slope) {
+    __shared__ float part[8][SKINNY_ROWS];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int j = blockIdx.x * (blockDim.x / 32) + warp;
-    if (j >= N) return;
+    int j = blockIdx.x, r0 = blockIdx.y * SKINNY_ROWS;
+    int rows = min(SKINNY_ROWS, M - r0);
+    A += (long long)r0 * a_rs;
     float acc[SKINNY_ROWS];
 #pragma unroll
     for (int r = 0; r < SKINNY_ROWS; r++) acc[r] = 0.0f;
-    for (int k = lane; k < K; k += 32) {
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
         float b = dense_b(mode, B, b_rs, b_cs, k, j, N);
 #pragma unroll
         for (int r = 0; r < SKINNY_ROWS; r++) {
-            if (r < M) acc[r] += A[(long long)r * a_rs + (long long)k * a_cs] * b;
+            if (r < rows) acc[r] += A[(long long)r * a_rs + (long long)k * a_cs] * b;
         }
     }
 #pragma unroll
     for (int r = 0; r < SKINNY_ROWS; r++) {
         for (int offset = 16; offset > 0; offset >>= 1) acc[r] += __shfl_down_sync(0xffffffffu, acc[r], offset);
+        if (lane == 0) part[warp][r] = acc[r];
     }
-    if (lane == 0) {
-        for (int r = 0; r < M; r++) dense_store(mode, r, j, acc[r], N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+    __syncthreads();
+    if (threadIdx.x < rows) {
+        int r = threadIdx.x;
+        float c = 0.0f;
+        for (int w = 0; w < 8; w++) c += part[w][r];
+        dense_store(mode, r0 + r, j, c, N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
     }
 }

@@ -15,7 +15,7 @@ use crate::optim::Optim;
 use cudarc::driver::CudaStream;
 use std::ffi::c_void;
 
-/// Rows a batch may have for the warp-per-output product (SKINNY_ROWS in kernels/dense.cu).
+/// Rows per block of the row-chunked product (SKINNY_ROWS in kernels/dense.cu).
 const SKINNY_ROWS: usize = 8;
 /// Output tile side of the tiled product (TILE in kernels/dense.cu).
 const TILE: usize = 32;
@@ -106,8 +106,8 @@ impl Gpu {
         let [a_rs, a_cs, b_rs, b_cs, mi, ni, ki, ldc] = ints([a.rs, a.cs, b.rs, b.cs, m, cols, k, n])?;
         let _ = int(m * cols)?;
         let args = kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope];
-        if mode != 2 && m <= SKINNY_ROWS {
-            self.run(stream, Kernel::DenseSkinny, cols.div_ceil(BLOCK as usize / 32) as u32, args)
+        if mode != 2 && m.div_ceil(SKINNY_ROWS) <= 65_535 {
+            self.run_grid(stream, Kernel::DenseSkinny, (cols as u32, m.div_ceil(SKINNY_ROWS) as u32), args)
         } else {
             self.run_grid(stream, Kernel::DenseTiled, (cols.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32), args)
         }
