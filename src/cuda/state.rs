@@ -183,23 +183,42 @@ impl DevModel {
     }
 
     /// Forward on the cache's batch, then the outputs copied back (the host waits for them).
+    /// The copy of new inputs from the page-locked staging buffer, the layers and the copy of
+    /// the outputs to page-locked memory are one graph: one launch and one wait per call.
     pub fn forward<'c>(&self, plan: &Plan, cache: &'c mut Cache) -> Result<&'c [f32]> {
+        let copy_in = std::mem::take(&mut cache.inputs_dirty);
         self.upload_batch(plan, cache)?;
         let (capacity, batch) = (cache.capacity, cache.batch);
-        let dev = cache.dev.as_mut().expect("a GPU cache");
-        let key =
-            Key { kind: 0, capacity, batch, tf32: self.options.tf32, buffers: [self.params.ptr(), dev.acts.ptr(), dev.cols.ptr(), 0] };
-        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch };
-        let (gpu, blas) = (&self.gpu, &dev.blas);
-        dev.graphs.run(self.options.graphs, &self.stream, key, || exec::forward(gpu, blas, &self.stream, plan, &f))?;
         let last = plan.steps.last().expect("a plan has steps").output_region;
         let out = crate::layers::region(plan, last, capacity, batch);
-        let host = &mut dev.outputs.as_mut_slice()[..out.len()];
-        // SAFETY: the region lies inside `acts`; the host waits for the copy right below.
-        unsafe { result::memcpy_dtoh_async(host, dev.acts.ptr() + (out.start * 4) as u64, self.stream.cu_stream()) }
-            .map_err(|e| driver_error("copying the outputs to the host", e))?;
+        let DevCache { graphs, outputs, staging, acts, cols, blas, current, .. } = cache.dev.as_mut().expect("a GPU cache");
+        let inputs = copy_in.then(|| &staging[*current].as_slice()[..batch * plan.input.len()]);
+        let from = inputs.map_or(0, |s| s.as_ptr() as u64);
+        let key = Key {
+            kind: if copy_in { 3 } else { 0 },
+            capacity,
+            batch,
+            tf32: self.options.tf32,
+            buffers: [self.params.ptr(), acts.ptr(), cols.ptr(), from],
+        };
+        let f = Forward { params: &self.params, acts, cols, capacity, batch };
+        let (gpu, stream) = (&self.gpu, &self.stream);
+        let host_out = &mut outputs.as_mut_slice()[..out.len()];
+        graphs.run(self.options.graphs, stream, key, || {
+            if let Some(inputs) = inputs {
+                // SAFETY: page-locked memory the host does not write before the wait below;
+                // the destination holds the capacity's inputs.
+                unsafe { result::memcpy_htod_async(f.acts.ptr(), inputs, stream.cu_stream()) }
+                    .map_err(|e| driver_error("copying a batch to the device", e))?;
+            }
+            exec::forward(gpu, blas, stream, plan, &f)?;
+            // SAFETY: the region lies inside `acts`; page-locked memory the host reads only
+            // after the wait below.
+            unsafe { result::memcpy_dtoh_async(&mut host_out[..], f.acts.ptr() + (out.start * 4) as u64, stream.cu_stream()) }
+                .map_err(|e| driver_error("copying the outputs to the host", e))
+        })?;
         self.stream.synchronize().map_err(|e| driver_error("waiting for the forward pass", e))?;
-        Ok(&dev.outputs.as_slice()[..out.len()])
+        Ok(&outputs.as_slice()[..out.len()])
     }
 
     /// Forward, loss and backward on the cache's batch, queued (the host does not wait).
