@@ -54,17 +54,8 @@ fn parse() -> Result<Options, String> {
 
 fn chain(name: &str) -> Chain {
     match name {
-        "mlp" => Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity),
-        // LeNet-5 with ReLU
-        _ => Chain::new(Input::image(28, 28, 1))
-            .conv_with(6, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
-            .max_pool((2, 2))
-            .conv(16, (5, 5), Relu)
-            .max_pool((2, 2))
-            .flatten()
-            .dense(120, Relu)
-            .dense(84, Relu)
-            .dense(10, Identity),
+        "mlp" => flatnn::models::mlp(),
+        _ => flatnn::models::lenet5(),
     }
 }
 
