@@ -147,20 +147,20 @@ fn saved_on_the_gpu_loads_on_the_cpu() {
     assert!(err <= 1e-5, "outputs differ by {err:e}");
 }
 
-#[test]
-fn model_optimiser_and_caches_move_together() {
-    let Some(device) = gpu_device() else { return };
+/// Trains an MLP three steps on each device of `stops` in turn, moving the model, optimiser
+/// and caches together between them, and returns the parameters' relative error against the
+/// same steps on the CPU alone.
+fn train_moving(stops: &[Device]) -> f64 {
     let optim = Optim::sgd(0.05, 0.9);
     let model = mlp().build().unwrap().init(Init::HeNormal, 8).with_threads(1).unwrap();
-    let (_, reference) = train(model.to(&Device::Cpu).unwrap(), optim, Loss::LogitCrossEntropy, 6, 4);
-
+    let (_, reference) = train(model.to(&Device::Cpu).unwrap(), optim, Loss::LogitCrossEntropy, 3 * stops.len(), 4);
     let (fwd, bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
     let opt = Optimizer::new(&model, optim).unwrap();
     let mut set = (model, opt, fwd, bwd);
     let mut rng = Rng::new(4);
-    for step in 0..6 {
-        // three steps on each side of a move to the GPU, then back
-        if step == 3 {
+    for step in 0..3 * stops.len() {
+        if step % 3 == 0 {
+            let device = stops[step / 3];
             set = set.to_device(&device).unwrap();
             assert!([set.0.device(), set.1.device(), set.2.device(), set.3.device()].iter().all(|d| *d == device));
         }
@@ -172,11 +172,29 @@ fn model_optimiser_and_caches_move_together() {
         model.backprop(bwd, fwd, Loss::LogitCrossEntropy).unwrap();
         opt.update(model, bwd).unwrap();
     }
-    assert_eq!(set.1.steps(), 6);
+    assert_eq!(set.1.steps(), 3 * stops.len() as u64);
     let (back, ..) = flatnn::cpu(set).unwrap();
     assert_eq!(back.device(), Device::Cpu);
-    let err = rel_err(&back.parameters().unwrap(), &reference.parameters().unwrap());
-    println!("moved mid-training: parameters rel err {err:.2e}");
+    rel_err(&back.parameters().unwrap(), &reference.parameters().unwrap())
+}
+
+#[test]
+fn model_optimiser_and_caches_move_together() {
+    let Some(device) = gpu_device() else { return };
+    let err = train_moving(&[Device::Cpu, device]);
+    println!("moved CPU -> GPU mid-training: parameters rel err {err:.2e}");
+    assert!(err <= 1e-5, "{err:e}");
+}
+
+#[test]
+fn moves_between_gpus() {
+    let Some(_) = gpu_device() else { return };
+    if cuda::device_count() < 2 {
+        println!("skipped: fewer than 2 CUDA devices");
+        return;
+    }
+    let err = train_moving(&[Device::Cuda(0), Device::Cuda(1), Device::Cuda(0), Device::Cpu]);
+    println!("moved cuda:0 -> cuda:1 -> cuda:0 -> CPU mid-training: parameters rel err {err:.2e}");
     assert!(err <= 1e-5, "{err:e}");
 }
 
