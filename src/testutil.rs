@@ -41,3 +41,55 @@ pub fn assert_close(a: &[f32], b: &[f32], atol: f32, rtol: f32, what: &str) {
         .collect();
     assert!(bad.is_empty(), "{what}: {}", bad.join(", "));
 }
+
+thread_local! {
+    static ALLOCATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A global allocator that counts the calling thread's allocations, reallocations and frees,
+/// so that a test sees its own calls even while other tests run beside it. Install it in a test
+/// binary with `#[global_allocator] static A: flatnn::testutil::Counting = flatnn::testutil::Counting;`.
+pub struct Counting;
+
+// SAFETY: forwards every call to the system allocator; only counts.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: as above.
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: as above.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+/// Allocations, reallocations and frees this thread made during `f` (under [`Counting`]).
+pub fn allocations_in(f: impl FnOnce()) -> usize {
+    let before = ALLOCATIONS.with(|n| n.get());
+    f();
+    ALLOCATIONS.with(|n| n.get()) - before
+}
+
+/// CUDA device 0, or `None` after printing `skipped: no CUDA device` (the first line of every
+/// GPU test).
+pub fn cuda_or_skip() -> Option<crate::Device> {
+    match crate::Device::cuda(0) {
+        Ok(device) => Some(device),
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            None
+        }
+    }
+}

@@ -7,18 +7,7 @@
 use flatnn::cuda;
 use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
-use flatnn::testutil::Rng;
-
-/// CUDA device 0, or `None` after printing the skip line.
-fn gpu_device() -> Option<Device> {
-    match Device::cuda(0) {
-        Ok(device) => Some(device),
-        Err(e) => {
-            println!("skipped: no CUDA device ({e})");
-            None
-        }
-    }
-}
+use flatnn::testutil::{cuda_or_skip, Rng};
 
 /// An odd little net touching every layer kind, activation and option the GPU runs.
 fn mixed() -> Chain {
@@ -72,7 +61,7 @@ fn train(model: Model, optim: Optim, loss: Loss, steps: usize, seed: u64) -> (Ve
 
 #[test]
 fn training_on_the_gpu_matches_the_cpu() {
-    let Some(device) = gpu_device() else { return };
+    let Some(device) = cuda_or_skip() else { return };
     let cases = [
         ("mlp", mlp(), Optim::Sgd { lr: 0.05, momentum: 0.9, nesterov: true }, Loss::LogitCrossEntropy),
         ("mlp adam", mlp(), Optim::adam(1e-3), Loss::LogitCrossEntropy),
@@ -100,7 +89,7 @@ fn training_on_the_gpu_matches_the_cpu() {
 
 #[test]
 fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
-    let Some(device) = gpu_device() else { return };
+    let Some(device) = cuda_or_skip() else { return };
     let mut rng = Rng::new(4);
     for (name, chain) in [("mlp", mlp()), ("lenet", lenet5()), ("mixed", mixed())] {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 5).with_threads(1).unwrap();
@@ -126,7 +115,7 @@ fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
 
 #[test]
 fn saved_on_the_gpu_loads_on_the_cpu() {
-    let Some(device) = gpu_device() else { return };
+    let Some(device) = cuda_or_skip() else { return };
     let model = mlp().build().unwrap().init(Init::HeNormal, 1).to(&device).unwrap();
     let (_, trained) = train(model, Optim::adam(1e-3), Loss::LogitCrossEntropy, 5, 2);
     let path = std::env::temp_dir().join(format!("flatnn-gpu-save-{}.safetensors", std::process::id()));
@@ -180,7 +169,7 @@ fn train_moving(stops: &[Device]) -> f64 {
 
 #[test]
 fn model_optimiser_and_caches_move_together() {
-    let Some(device) = gpu_device() else { return };
+    let Some(device) = cuda_or_skip() else { return };
     let err = train_moving(&[Device::Cpu, device]);
     println!("moved CPU -> GPU mid-training: parameters rel err {err:.2e}");
     assert!(err <= 1e-5, "{err:e}");
@@ -188,7 +177,7 @@ fn model_optimiser_and_caches_move_together() {
 
 #[test]
 fn moves_between_gpus() {
-    let Some(_) = gpu_device() else { return };
+    let Some(_) = cuda_or_skip() else { return };
     if cuda::device_count() < 2 {
         println!("skipped: fewer than 2 CUDA devices");
         return;
@@ -200,7 +189,7 @@ fn moves_between_gpus() {
 
 #[test]
 fn mismatched_devices_are_errors() {
-    let Some(device) = gpu_device() else { return };
+    let Some(device) = cuda_or_skip() else { return };
     let cpu_model = mlp().build().unwrap().init(Init::HeNormal, 1);
     let mut gpu_model = cpu_model.to(&device).unwrap();
     let mut cpu_cache = cpu_model.preallocate(4).unwrap();
@@ -214,7 +203,7 @@ fn mismatched_devices_are_errors() {
 
 #[test]
 fn a_device_error_is_an_err_and_the_device_stays_usable() {
-    let Some(device) = gpu_device() else { return };
+    let Some(device) = cuda_or_skip() else { return };
     let model = mlp().build().unwrap().init(Init::HeNormal, 1).to(&device).unwrap();
     // activations for 2^27 samples: ~630 GB, more than any GPU has
     match model.preallocate(1 << 27) {
@@ -228,7 +217,7 @@ fn a_device_error_is_an_err_and_the_device_stays_usable() {
 
 #[test]
 fn flatnn_device_chooses_the_device() {
-    let Some(_) = gpu_device() else { return };
+    let Some(_) = cuda_or_skip() else { return };
     // The only test in this binary that reads or sets FLATNN_DEVICE.
     let with = |value: Option<&str>| {
         match value {
@@ -265,7 +254,7 @@ fn child_process_sees_expected_devices() {
 
 #[test]
 fn cuda_visible_devices_is_honoured() {
-    let Some(_) = gpu_device() else { return };
+    let Some(_) = cuda_or_skip() else { return };
     for (visible, expected) in [("", 0), ("0", 1), ("-1", 0)] {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "child_process_sees_expected_devices", "--nocapture", "--test-threads=1"])
@@ -282,7 +271,7 @@ fn cuda_visible_devices_is_honoured() {
 
 #[test]
 fn several_models_on_several_threads_match_one_at_a_time() {
-    let Some(device) = gpu_device() else { return };
+    let Some(device) = cuda_or_skip() else { return };
     let model = |seed| lenet5().build().unwrap().init(Init::HeNormal, seed).to(&device).unwrap();
     let alone: Vec<Vec<f32>> = (0..4)
         .map(|seed| train(model(seed), Optim::adam(1e-3), Loss::LogitCrossEntropy, 10, seed).1.parameters().unwrap().into_owned())

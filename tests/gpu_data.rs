@@ -6,9 +6,7 @@
 
 use flatnn::data::{Dataset, DeviceDataset, Loader, StreamingLoader};
 use flatnn::prelude::*;
-use flatnn::testutil::Rng;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use flatnn::testutil::{allocations_in, Counting, Rng};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The GPU tests of this file run one at a time: one of them reads the device's free memory,
@@ -315,27 +313,6 @@ fn free_device_memory() -> usize {
     Device::Cuda(0).memory().unwrap().0
 }
 
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Counts the calling thread's heap allocations and deallocations.
-struct Counting;
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
@@ -358,11 +335,11 @@ fn device_batches_allocate_nothing() {
         // warm-up: one epoch captures the graphs of both batch sizes
         epoch(&mut feed);
         let free_before = free_device_memory();
-        let before = ALLOCATIONS.with(Cell::get);
-        for _ in 0..20 {
-            epoch(&mut feed);
-        }
-        let allocations = ALLOCATIONS.with(Cell::get) - before;
+        let allocations = allocations_in(|| {
+            for _ in 0..20 {
+                epoch(&mut feed);
+            }
+        });
         let loss = bwd.last_loss().unwrap();
         let free_after = free_device_memory();
         println!("{kind:?}: 20 epochs of 7 batches, {allocations} host allocations+frees, free device memory {free_before} -> {free_after}, loss {loss}");

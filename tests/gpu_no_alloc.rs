@@ -3,50 +3,16 @@
 //! free memory is read. Prints `skipped: no CUDA device` and passes where CUDA is missing.
 #![cfg(feature = "cuda")]
 
-use flatnn::cuda;
 use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
-use flatnn::testutil::Rng;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-fn gpu_device() -> Option<Device> {
-    match Device::cuda(0) {
-        Ok(device) => Some(device),
-        Err(e) => {
-            println!("skipped: no CUDA device ({e})");
-            None
-        }
-    }
-}
-
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Counts the calling thread's heap allocations and deallocations.
-struct Counting;
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use flatnn::testutil::{allocations_in, cuda_or_skip, Counting, Rng};
 
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
 #[test]
 fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
-    let Some(device) = gpu_device() else { return };
+    let Some(device) = cuda_or_skip() else { return };
     for (name, chain) in [("mlp", mlp()), ("lenet", lenet5())] {
         for graphs in [true, false] {
             let model = chain.clone().build().unwrap().init(Init::HeNormal, 1);
@@ -65,14 +31,14 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
             // warm-up: both batch sizes, so both graphs are captured
             step(64);
             step(63);
-            let free_before = cuda::device_info(0).unwrap().free_memory;
-            let before = ALLOCATIONS.with(Cell::get);
-            for i in 0..1000 {
-                step(if i % 2 == 0 { 64 } else { 63 });
-            }
-            let allocations = ALLOCATIONS.with(Cell::get) - before;
+            let free_before = device.memory().unwrap().0;
+            let allocations = allocations_in(|| {
+                for i in 0..1000 {
+                    step(if i % 2 == 0 { 64 } else { 63 });
+                }
+            });
             let loss = bwd.last_loss().unwrap();
-            let free_after = cuda::device_info(0).unwrap().free_memory;
+            let free_after = device.memory().unwrap().0;
             println!("{name} graphs={graphs}: 1000 steps, {allocations} host allocations+frees, free device memory {free_before} -> {free_after}, loss {loss}");
             assert_eq!(allocations, 0, "{name} graphs={graphs}: host allocations in 1000 steps");
             assert_eq!(free_before, free_after, "{name} graphs={graphs}: device memory changed");

@@ -6,8 +6,6 @@ mod ops;
 use super::context::{KERNELS, SOURCE_FILES};
 use super::*;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 
 /// Uploads `data` to a new device buffer.
 fn upload<T: DeviceRepr>(stream: &Arc<CudaStream>, data: &[T]) -> CudaSlice<T> {
@@ -105,43 +103,5 @@ fn device_info_reads_the_device() {
     assert!(Arc::ptr_eq(&gpu, &super::gpu(0).unwrap()), "one Gpu per device per process");
 }
 
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Counts the calling thread's heap allocations, so a test can see that its own calls made
-/// none while other tests run beside it.
-struct Counting;
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static COUNTING: Counting = Counting;
-
-/// Heap allocations made by this thread during `f`.
-fn allocations_in(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.with(Cell::get);
-    f();
-    ALLOCATIONS.with(Cell::get) - before
-}
+static COUNTING: crate::testutil::Counting = crate::testutil::Counting;

@@ -1,6 +1,6 @@
 //! Each kernel against its CPU twin, on seeded random inputs of odd sizes, outputs poisoned.
 
-use super::{allocations_in, check, download, same_bits, upload};
+use super::{check, download, same_bits, upload};
 use crate::activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
 use crate::chain::{Chain, Input, Shape};
 use crate::cuda::{gpu_or_skip, DenseEpilogue, DevMat, DevMatMut, View, ViewMut};
@@ -8,6 +8,7 @@ use crate::init::Init;
 use crate::layers::{conv, pool};
 use crate::loss;
 use crate::optim::{Optim, Optimizer};
+use crate::testutil::allocations_in;
 use crate::testutil::{poisoned, Rng};
 
 const ACTS: [Activation; 6] = [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu];
