@@ -60,7 +60,22 @@ fn gemm(c: &mut Criterion) {
                 // SAFETY: the buffers hold the matrices at the given strides.
                 unsafe {
                     let (ars, acs, brs, bcs) = (ars as isize, acs as isize, brs as isize, bcs as isize);
-                    matrixmultiply::sgemm(s.m, s.k, s.n, 1.0, a.as_ptr(), ars, acs, b.as_ptr(), brs, bcs, 0.0, out.as_mut_ptr(), s.n as isize, 1);
+                    matrixmultiply::sgemm(
+                        s.m,
+                        s.k,
+                        s.n,
+                        1.0,
+                        a.as_ptr(),
+                        ars,
+                        acs,
+                        b.as_ptr(),
+                        brs,
+                        bcs,
+                        0.0,
+                        out.as_mut_ptr(),
+                        s.n as isize,
+                        1,
+                    );
                 }
             })
         });

@@ -368,7 +368,8 @@ unsafe fn avx2_tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alp
             for (i, row) in acc.iter().enumerate() {
                 for (h, &v) in row.iter().enumerate() {
                     let p = c.ptr.add(i * c.rs + 8 * h);
-                    let out = if beta == 0.0 { _mm256_mul_ps(va, v) } else { _mm256_fmadd_ps(va, v, _mm256_mul_ps(vb, _mm256_loadu_ps(p))) };
+                    let out =
+                        if beta == 0.0 { _mm256_mul_ps(va, v) } else { _mm256_fmadd_ps(va, v, _mm256_mul_ps(vb, _mm256_loadu_ps(p))) };
                     _mm256_storeu_ps(p, out);
                 }
             }
@@ -542,7 +543,15 @@ mod tests {
         }
     }
 
-    fn check(pool: &Pool, ws: &GemmWorkspace, rng: &mut Rng, (m, n, k): (usize, usize, usize), kinds: (usize, usize, usize), alpha: f32, beta: f32) {
+    fn check(
+        pool: &Pool,
+        ws: &GemmWorkspace,
+        rng: &mut Rng,
+        (m, n, k): (usize, usize, usize),
+        kinds: (usize, usize, usize),
+        alpha: f32,
+        beta: f32,
+    ) {
         let (ars, acs, alen) = layout(kinds.0, m, k);
         let (brs, bcs, blen) = layout(kinds.1, k, n);
         let (crs, ccs, clen) = layout(kinds.2, m, n);
@@ -567,7 +576,22 @@ mod tests {
     #[test]
     fn matches_the_plain_loop_on_odd_shapes_and_layouts() {
         let mut rng = Rng::new(1);
-        let shapes = [(0, 3, 2), (3, 0, 2), (2, 3, 0), (1, 1, 1), (1, 17, 5), (5, 1, 9), (2, 5, 17), (7, 33, 65), (17, 16, 6), (65, 127, 18), (6, 16, 300), (64, 40, 33), (32, 20, 7), (10, 48, 9)];
+        let shapes = [
+            (0, 3, 2),
+            (3, 0, 2),
+            (2, 3, 0),
+            (1, 1, 1),
+            (1, 17, 5),
+            (5, 1, 9),
+            (2, 5, 17),
+            (7, 33, 65),
+            (17, 16, 6),
+            (65, 127, 18),
+            (6, 16, 300),
+            (64, 40, 33),
+            (32, 20, 7),
+            (10, 48, 9),
+        ];
         for threads in [1, 2, 3] {
             let pool = Pool::new(threads).unwrap();
             let ws = GemmWorkspace::new(threads);
@@ -618,9 +642,37 @@ mod tests {
             let (a, b) = (rng.uniform(m * k), rng.uniform(k * n));
             let mut want = vec![0.0; m * n];
             // SAFETY: row-major buffers of the stated sizes.
-            unsafe { matrixmultiply::sgemm(m, k, n, 1.0, a.as_ptr(), k as isize, 1, b.as_ptr(), n as isize, 1, 0.0, want.as_mut_ptr(), n as isize, 1) };
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    k,
+                    n,
+                    1.0,
+                    a.as_ptr(),
+                    k as isize,
+                    1,
+                    b.as_ptr(),
+                    n as isize,
+                    1,
+                    0.0,
+                    want.as_mut_ptr(),
+                    n as isize,
+                    1,
+                )
+            };
             let mut got = vec![f32::NAN; m * n];
-            sgemm(&pool, &ws, m, n, k, 1.0, Mat { data: &a, rs: k, cs: 1 }, Mat { data: &b, rs: n, cs: 1 }, 0.0, MatMut { data: &mut got, rs: n, cs: 1 });
+            sgemm(
+                &pool,
+                &ws,
+                m,
+                n,
+                k,
+                1.0,
+                Mat { data: &a, rs: k, cs: 1 },
+                Mat { data: &b, rs: n, cs: 1 },
+                0.0,
+                MatMut { data: &mut got, rs: n, cs: 1 },
+            );
             crate::testutil::assert_close(&got, &want, 1e-5, 1e-5, "vs matrixmultiply");
         }
     }
@@ -630,6 +682,17 @@ mod tests {
     fn short_operands_are_caught() {
         let ws = GemmWorkspace::new(1);
         let (a, b, mut c) = (vec![0.0; 6], vec![0.0; 5], vec![0.0; 4]);
-        sgemm_on(&ws, 0, 2, 2, 3, 1.0, Mat { data: &a, rs: 3, cs: 1 }, Mat { data: &b, rs: 2, cs: 1 }, 0.0, MatMut { data: &mut c, rs: 2, cs: 1 });
+        sgemm_on(
+            &ws,
+            0,
+            2,
+            2,
+            3,
+            1.0,
+            Mat { data: &a, rs: 3, cs: 1 },
+            Mat { data: &b, rs: 2, cs: 1 },
+            0.0,
+            MatMut { data: &mut c, rs: 2, cs: 1 },
+        );
     }
 }

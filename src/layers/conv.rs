@@ -61,7 +61,7 @@ impl Geometry {
     }
 
     /// Input pixel read by lowered row `r` = (c, i, j) at output pixel (y, x), if not padding.
-    #[inline(always)]
+    #[cfg(test)]
     fn source(&self, c: usize, i: usize, j: usize, y: usize, x: usize) -> Option<usize> {
         let iy = (y * self.stride.0 + i).checked_sub(self.padding.0).filter(|&v| v < self.height)?;
         let ix = (x * self.stride.1 + j).checked_sub(self.padding.1).filter(|&v| v < self.width)?;
@@ -138,16 +138,41 @@ pub fn backward_spec<F: Float>(
     }
 }
 
+/// Output columns `lo..hi` of lowered row (·, ·, j) that read inside the image (the rest
+/// read padding): ix = x·sw + j − pw ∈ [0, W).
+#[inline(always)]
+fn valid_columns(g: &Geometry, j: usize) -> (usize, usize) {
+    let (sw, pw) = (g.stride.1, g.padding.1);
+    let lo = pw.saturating_sub(j).div_ceil(sw).min(g.out_width);
+    let hi = (g.width + pw).saturating_sub(j).div_ceil(sw).clamp(lo, g.out_width);
+    (lo, hi)
+}
+
 /// col (CKK × OHW) ← lowered sample `x` (C, H, W); padding reads as zero.
+/// Row (c, i, j), output row y is a run of input row iy = y·sh + i − ph (a copy when sw = 1),
+/// zero outside the valid columns.
 fn im2col(g: &Geometry, x: &[f32], col: &mut [f32]) {
-    let (kh, kw, ohw) = (g.kernel.0, g.kernel.1, g.ohw());
+    let (kh, kw, ohw, ow) = (g.kernel.0, g.kernel.1, g.ohw(), g.out_width);
+    let (sh, sw, ph, pw) = (g.stride.0, g.stride.1, g.padding.0, g.padding.1);
     for c in 0..g.in_channels {
+        let plane = &x[c * g.height * g.width..][..g.height * g.width];
         for i in 0..kh {
             for j in 0..kw {
                 let row = &mut col[((c * kh + i) * kw + j) * ohw..][..ohw];
-                for y in 0..g.out_height {
-                    for xo in 0..g.out_width {
-                        row[y * g.out_width + xo] = g.source(c, i, j, y, xo).map_or(0.0, |src| x[src]);
+                let (lo, hi) = valid_columns(g, j);
+                for (y, out) in row.chunks_exact_mut(ow).enumerate() {
+                    let iy = (y * sh + i).wrapping_sub(ph);
+                    if iy >= g.height {
+                        out.fill(0.0);
+                        continue;
+                    }
+                    out[..lo].fill(0.0);
+                    out[hi..].fill(0.0);
+                    let src = &plane[iy * g.width + lo * sw + j - pw..];
+                    if sw == 1 {
+                        out[lo..hi].copy_from_slice(&src[..hi - lo]);
+                    } else {
+                        out[lo..hi].iter_mut().zip(src.iter().step_by(sw)).for_each(|(o, &v)| *o = v);
                     }
                 }
             }
@@ -155,18 +180,27 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32]) {
     }
 }
 
-/// dx (C, H, W) += col2im(dcol): each lowered entry added back to the pixel it was read from.
+/// dx (C, H, W) += col2im(dcol): each lowered entry added back to the pixel it was read from
+/// (the transpose of [`im2col`], same runs).
 fn col2im_add(g: &Geometry, dcol: &[f32], dx: &mut [f32]) {
-    let (kh, kw, ohw) = (g.kernel.0, g.kernel.1, g.ohw());
+    let (kh, kw, ohw, ow) = (g.kernel.0, g.kernel.1, g.ohw(), g.out_width);
+    let (sh, sw, ph, pw) = (g.stride.0, g.stride.1, g.padding.0, g.padding.1);
     for c in 0..g.in_channels {
+        let plane = &mut dx[c * g.height * g.width..][..g.height * g.width];
         for i in 0..kh {
             for j in 0..kw {
                 let row = &dcol[((c * kh + i) * kw + j) * ohw..][..ohw];
-                for y in 0..g.out_height {
-                    for xo in 0..g.out_width {
-                        if let Some(src) = g.source(c, i, j, y, xo) {
-                            dx[src] += row[y * g.out_width + xo];
-                        }
+                let (lo, hi) = valid_columns(g, j);
+                for (y, run) in row.chunks_exact(ow).enumerate() {
+                    let iy = (y * sh + i).wrapping_sub(ph);
+                    if iy >= g.height || lo == hi {
+                        continue;
+                    }
+                    let dst = &mut plane[iy * g.width + lo * sw + j - pw..];
+                    if sw == 1 {
+                        dst[..hi - lo].iter_mut().zip(&run[lo..hi]).for_each(|(d, &v)| *d += v);
+                    } else {
+                        dst.iter_mut().step_by(sw).zip(&run[lo..hi]).for_each(|(d, &v)| *d += v);
                     }
                 }
             }
@@ -316,6 +350,8 @@ mod tests {
             (Shape::image(9, 9, 2), 3, (5, 5), (2, 2), (2, 2)),
             (Shape::image(1, 1, 2), 5, (1, 1), (1, 1), (0, 0)),
             (Shape::image(28, 28, 1), 6, (5, 5), (1, 1), (2, 2)),
+            (Shape::image(4, 5, 2), 3, (2, 2), (3, 2), (2, 3)),
+            (Shape::image(14, 14, 6), 16, (5, 5), (1, 1), (0, 0)),
         ];
         for threads in [1, 2, 3] {
             let pool = Pool::new(threads).unwrap();

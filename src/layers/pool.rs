@@ -6,6 +6,7 @@
 use crate::chain::Shape;
 use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
+#[cfg(test)]
 use crate::float::Float;
 
 /// Geometry of one max-pool, derived from its plan step.
@@ -38,7 +39,7 @@ impl Geometry {
     }
 
     /// Index in the sample's input of the first maximum of window (c, y, x).
-    #[inline(always)]
+    #[cfg(test)]
     fn argmax<F: Float>(&self, xs: &[F], c: usize, y: usize, x: usize) -> usize {
         let (y0, x0) = (y * self.stride.0, x * self.stride.1);
         let mut best = (c * self.height + y0) * self.width + x0;
@@ -55,7 +56,8 @@ impl Geometry {
     }
 }
 
-/// The forward for one sample, written once for the spec and the fast path.
+/// The spec's forward for one sample.
+#[cfg(test)]
 fn forward_sample<F: Float>(g: &Geometry, xs: &[F], ys: &mut [F]) {
     for c in 0..g.channels {
         for y in 0..g.out_height {
@@ -66,6 +68,7 @@ fn forward_sample<F: Float>(g: &Geometry, xs: &[F], ys: &mut [F]) {
     }
 }
 
+#[cfg(test)]
 fn backward_sample<F: Float>(g: &Geometry, xs: &[F], dys: &[F], dxs: &mut [F]) {
     dxs.iter_mut().for_each(|v| *v = F::ZERO);
     for c in 0..g.channels {
@@ -78,6 +81,7 @@ fn backward_sample<F: Float>(g: &Geometry, xs: &[F], dys: &[F], dxs: &mut [F]) {
 }
 
 /// Plain-loop forward (the spec).
+#[cfg(test)]
 pub fn forward_spec<F: Float>(g: &Geometry, batch: usize, x: &[F], y: &mut [F]) {
     for s in 0..batch {
         forward_sample(g, &x[s * g.in_len()..][..g.in_len()], &mut y[s * g.out_len()..][..g.out_len()]);
@@ -85,6 +89,7 @@ pub fn forward_spec<F: Float>(g: &Geometry, batch: usize, x: &[F], y: &mut [F]) 
 }
 
 /// Plain-loop backward (the spec): dX overwritten.
+#[cfg(test)]
 pub fn backward_spec<F: Float>(g: &Geometry, batch: usize, x: &[F], dy: &[F], dx: &mut [F]) {
     for s in 0..batch {
         backward_sample(
@@ -96,25 +101,60 @@ pub fn backward_spec<F: Float>(g: &Geometry, batch: usize, x: &[F], dy: &[F], dx
     }
 }
 
-/// Fast forward: the spec's per-sample loop, samples spread over the pool.
+/// Index (in the sample) and value of the first maximum of the window whose top-left input
+/// pixel is `top`: the spec's rule (a value replaces the running maximum unless it is ≤ it, so
+/// NaN wins) with the window's rows read as slices, no per-element index arithmetic.
+#[inline(always)]
+fn window_max(g: &Geometry, xs: &[f32], top: usize) -> (usize, f32) {
+    let (mut at, mut best) = (top, xs[top]);
+    for i in 0..g.window.0 {
+        let start = top + i * g.width;
+        for (j, &v) in xs[start..start + g.window.1].iter().enumerate() {
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
+            if !(v <= best) {
+                (at, best) = (start + j, v);
+            }
+        }
+    }
+    (at, best)
+}
+
+/// Top-left input pixel of every window of channel plane `c`, in output order.
+#[inline(always)]
+fn window_tops(g: &Geometry, c: usize) -> impl Iterator<Item = usize> + '_ {
+    let plane = c * g.height * g.width;
+    (0..g.out_height).flat_map(move |y| (0..g.out_width).map(move |x| plane + y * g.stride.0 * g.width + x * g.stride.1))
+}
+
+/// Fast forward: [`window_max`] per output, samples spread over the pool.
 pub fn forward(pool: &Pool, g: &Geometry, batch: usize, x: &[f32], y: &mut [f32]) {
     let y = SharedMut::new(&mut y[..batch * g.out_len()]);
     for_chunks(pool, batch, 8, &|_, samples| {
-        // SAFETY: chunks are disjoint sample ranges.
-        let ys = unsafe { y.slice(samples.start * g.out_len()..samples.end * g.out_len()) };
-        forward_spec(g, samples.len(), &x[samples.start * g.in_len()..samples.end * g.in_len()], ys);
+        for s in samples {
+            // SAFETY: chunks are disjoint sample ranges.
+            let ys = unsafe { y.slice(s * g.out_len()..(s + 1) * g.out_len()) };
+            let xs = &x[s * g.in_len()..][..g.in_len()];
+            let tops = (0..g.channels).flat_map(|c| window_tops(g, c));
+            ys.iter_mut().zip(tops).for_each(|(o, top)| *o = window_max(g, xs, top).1);
+        }
     });
 }
 
-/// Fast backward: dX overwritten, samples spread over the pool.
+/// Fast backward: dX overwritten, each dy added at its window's first maximum; samples spread
+/// over the pool.
 pub fn backward(pool: &Pool, g: &Geometry, batch: usize, x: &[f32], dy: &[f32], dx: &mut [f32]) {
     let dx = SharedMut::new(&mut dx[..batch * g.in_len()]);
     for_chunks(pool, batch, 8, &|_, samples| {
-        // SAFETY: chunks are disjoint sample ranges.
-        let dxs = unsafe { dx.slice(samples.start * g.in_len()..samples.end * g.in_len()) };
-        let (xs, dys) =
-            (&x[samples.start * g.in_len()..samples.end * g.in_len()], &dy[samples.start * g.out_len()..samples.end * g.out_len()]);
-        backward_spec(g, samples.len(), xs, dys, dxs);
+        for s in samples {
+            // SAFETY: chunks are disjoint sample ranges.
+            let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
+            let (xs, dys) = (&x[s * g.in_len()..][..g.in_len()], &dy[s * g.out_len()..][..g.out_len()]);
+            dxs.fill(0.0);
+            let tops = (0..g.channels).flat_map(|c| window_tops(g, c));
+            for (&d, top) in dys.iter().zip(tops) {
+                dxs[window_max(g, xs, top).0] += d;
+            }
+        }
     });
 }
 
@@ -140,5 +180,45 @@ mod tests {
         let mut dx = poisoned(4);
         backward_spec(&g, 1, &x, &[1.0], &mut dx);
         assert_eq!(dx, [1.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn fast_matches_spec_with_ties_nan_and_odd_shapes() {
+        let mut rng = crate::testutil::Rng::new(5);
+        // (input, window, stride): square, overlapping, ragged edge, one window per channel
+        let cases = [
+            (Shape::image(28, 28, 6), (2, 2), (2, 2)),
+            (Shape::image(7, 9, 3), (3, 2), (2, 3)),
+            (Shape::image(5, 5, 2), (2, 2), (1, 1)),
+            (Shape::image(8, 8, 8), (4, 4), (4, 4)),
+            (Shape::image(3, 4, 1), (3, 4), (1, 1)),
+        ];
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads).unwrap();
+            for (input, window, stride) in cases {
+                let Shape::Image { channels, height, width } = input else { unreachable!() };
+                let output = Shape::image((height - window.0) / stride.0 + 1, (width - window.1) / stride.1 + 1, channels);
+                let g = Geometry::new(input, output, window, stride);
+                for batch in [1, 3, 17] {
+                    // small ints make ties common; a few NaNs test the NaN rule
+                    let mut x = rng.ints(batch * g.in_len());
+                    for _ in 0..batch {
+                        let i = rng.below(x.len());
+                        x[i] = f32::NAN;
+                    }
+                    let dy = rng.ints(batch * g.out_len());
+                    let (mut y_spec, mut dx_spec) = (poisoned(batch * g.out_len()), poisoned(batch * g.in_len()));
+                    forward_spec(&g, batch, &x, &mut y_spec);
+                    backward_spec(&g, batch, &x, &dy, &mut dx_spec);
+                    let (mut y, mut dx) = (poisoned(batch * g.out_len() + 2), poisoned(batch * g.in_len() + 2));
+                    forward(&pool, &g, batch, &x, &mut y);
+                    backward(&pool, &g, batch, &x, &dy, &mut dx);
+                    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same(&y[..y_spec.len()], &y_spec), "forward {g:?}");
+                    assert!(same(&dx[..dx_spec.len()], &dx_spec), "backward {g:?}");
+                    assert!(y[y_spec.len()..].iter().chain(&dx[dx_spec.len()..]).all(|v| v.is_nan()), "wrote past the batch");
+                }
+            }
+        }
     }
 }
