@@ -5,11 +5,13 @@
 //!
 //! The fast path lowers each sample to a matrix (im2col, CKK × OHW with CKK = C·kh·kw) in
 //! per-thread scratch from the cache and multiplies: Z_s (OC × OHW) = W (OC × CKK) · col_s.
-//! Backward: dW = Σ_s dZ_s · col_sᵀ, dcol_s = Wᵀ · dZ_s, then col2im adds dcol_s into dX_s.
+//! Backward: dW = Σ_s dZ_s · col_sᵀ (as row dot products, see `cpu::rowdot`), dcol_s = Wᵀ · dZ_s,
+//! then col2im adds dcol_s into dX_s.
 
 use crate::chain::Shape;
 use crate::cpu::gemm::{sgemm_on, GemmWorkspace, Mat, MatMut};
 use crate::cpu::pool::Pool;
+use crate::cpu::rowdot::rowdot;
 use crate::cpu::{chunk_count, chunk_range, SharedMut};
 #[cfg(test)]
 use crate::float::Float;
@@ -290,21 +292,8 @@ pub fn backward(
         for (n, s) in chunk_range(batch, chunks, chunk).enumerate() {
             im2col(g, &x[s * g.in_len()..][..g.in_len()], col);
             let dzs = &dz[s * g.out_len()..][..g.out_len()];
-            let beta = if n == 0 { 0.0 } else { 1.0 };
-            // dW (OC × CKK) += dZ_s (OC × OHW) · col_sᵀ (OHW × CKK)
-            let col_t = Mat { data: col, rs: 1, cs: ohw };
-            sgemm_on(
-                ws,
-                worker,
-                g.out_channels,
-                ckk,
-                ohw,
-                1.0,
-                Mat { data: dzs, rs: ohw, cs: 1 },
-                col_t,
-                beta,
-                MatMut { data: &mut acc[..], rs: ckk, cs: 1 },
-            );
+            // dW (OC × CKK) += dZ_s (OC × OHW) · col_sᵀ: rows of both are contiguous
+            rowdot(g.out_channels, ckk, ohw, dzs, ohw, col, ohw, acc, ckk, n > 0);
             if let Some(dx) = &dx {
                 // dcol (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW)
                 let w_t = Mat { data: w, rs: 1, cs: ckk };

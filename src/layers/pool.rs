@@ -101,29 +101,46 @@ pub fn backward_spec<F: Float>(g: &Geometry, batch: usize, x: &[F], dy: &[F], dx
     }
 }
 
-/// Index (in the sample) and value of the first maximum of the window whose top-left input
-/// pixel is `top`: the spec's rule (a value replaces the running maximum unless it is ≤ it, so
-/// NaN wins) with the window's rows read as slices, no per-element index arithmetic.
+/// Index (in the sample) and value of the first maximum of the `wh × ww` window whose
+/// top-left input pixel is `top`: the spec's rule (a value replaces the running maximum unless
+/// it is ≤ it, so NaN wins) with the window's rows read as slices.
 #[inline(always)]
-fn window_max(g: &Geometry, xs: &[f32], top: usize) -> (usize, f32) {
+fn window_max(xs: &[f32], width: usize, top: usize, wh: usize, ww: usize) -> (usize, f32) {
     let (mut at, mut best) = (top, xs[top]);
-    for i in 0..g.window.0 {
-        let start = top + i * g.width;
-        for (j, &v) in xs[start..start + g.window.1].iter().enumerate() {
+    for i in 0..wh {
+        let start = top + i * width;
+        for (j, &v) in xs[start..start + ww].iter().enumerate() {
+            // selects, not a branch: on real data the winner is unpredictable
             #[allow(clippy::neg_cmp_op_on_partial_ord)]
-            if !(v <= best) {
-                (at, best) = (start + j, v);
-            }
+            let take = !(v <= best);
+            at = if take { start + j } else { at };
+            best = if take { v } else { best };
         }
     }
     (at, best)
 }
 
-/// Top-left input pixel of every window of channel plane `c`, in output order.
+/// Calls `f(output index, window's top-left input index)` for every output of one sample, in
+/// output order, with the window size passed on as `wh, ww` (constants for the common 2×2, so
+/// the window loop unrolls once `f` is inlined).
 #[inline(always)]
-fn window_tops(g: &Geometry, c: usize) -> impl Iterator<Item = usize> + '_ {
-    let plane = c * g.height * g.width;
-    (0..g.out_height).flat_map(move |y| (0..g.out_width).map(move |x| plane + y * g.stride.0 * g.width + x * g.stride.1))
+fn each_window(g: &Geometry, mut f: impl FnMut(usize, usize, usize, usize)) {
+    let mut visit = |wh: usize, ww: usize| {
+        let mut out = 0;
+        for c in 0..g.channels {
+            for y in 0..g.out_height {
+                let row = (c * g.height + y * g.stride.0) * g.width;
+                for x in 0..g.out_width {
+                    f(out, row + x * g.stride.1, wh, ww);
+                    out += 1;
+                }
+            }
+        }
+    };
+    match g.window {
+        (2, 2) => visit(2, 2),
+        (wh, ww) => visit(wh, ww),
+    }
 }
 
 /// Fast forward: [`window_max`] per output, samples spread over the pool.
@@ -134,8 +151,7 @@ pub fn forward(pool: &Pool, g: &Geometry, batch: usize, x: &[f32], y: &mut [f32]
             // SAFETY: chunks are disjoint sample ranges.
             let ys = unsafe { y.slice(s * g.out_len()..(s + 1) * g.out_len()) };
             let xs = &x[s * g.in_len()..][..g.in_len()];
-            let tops = (0..g.channels).flat_map(|c| window_tops(g, c));
-            ys.iter_mut().zip(tops).for_each(|(o, top)| *o = window_max(g, xs, top).1);
+            each_window(g, |out, top, wh, ww| ys[out] = window_max(xs, g.width, top, wh, ww).1);
         }
     });
 }
@@ -150,10 +166,7 @@ pub fn backward(pool: &Pool, g: &Geometry, batch: usize, x: &[f32], dy: &[f32], 
             let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
             let (xs, dys) = (&x[s * g.in_len()..][..g.in_len()], &dy[s * g.out_len()..][..g.out_len()]);
             dxs.fill(0.0);
-            let tops = (0..g.channels).flat_map(|c| window_tops(g, c));
-            for (&d, top) in dys.iter().zip(tops) {
-                dxs[window_max(g, xs, top).0] += d;
-            }
+            each_window(g, |out, top, wh, ww| dxs[window_max(xs, g.width, top, wh, ww).0] += dys[out]);
         }
     });
 }
