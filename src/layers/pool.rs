@@ -151,7 +151,11 @@ pub fn forward(pool: &Pool, g: &Geometry, batch: usize, x: &[f32], y: &mut [f32]
             // SAFETY: chunks are disjoint sample ranges.
             let ys = unsafe { y.slice(s * g.out_len()..(s + 1) * g.out_len()) };
             let xs = &x[s * g.in_len()..][..g.in_len()];
-            each_window(g, |out, top, wh, ww| ys[out] = window_max(xs, g.width, top, wh, ww).1);
+            if g.window == (2, 2) && g.stride == (2, 2) {
+                forward_2x2(g, xs, ys);
+            } else {
+                each_window(g, |out, top, wh, ww| ys[out] = window_max(xs, g.width, top, wh, ww).1);
+            }
         }
     });
 }
@@ -166,9 +170,98 @@ pub fn backward(pool: &Pool, g: &Geometry, batch: usize, x: &[f32], dy: &[f32], 
             let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
             let (xs, dys) = (&x[s * g.in_len()..][..g.in_len()], &dy[s * g.out_len()..][..g.out_len()]);
             dxs.fill(0.0);
-            each_window(g, |out, top, wh, ww| dxs[window_max(xs, g.width, top, wh, ww).0] += dys[out]);
+            if g.window == (2, 2) && g.stride == (2, 2) {
+                backward_2x2(g, xs, dys, dxs);
+            } else {
+                each_window(g, |out, top, wh, ww| dxs[window_max(xs, g.width, top, wh, ww).0] += dys[out]);
+            }
         }
     });
+}
+
+/// One step of [`window_max`]'s rule: whether `v` replaces the running maximum `best`
+/// (unless v ≤ best, so NaN wins), and the new maximum.
+#[inline(always)]
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+fn replace(v: f32, best: f32) -> (bool, f32) {
+    let take = !(v <= best);
+    // a bit-mask select: LLVM turns `if take` into a branch, which mispredicts on real data
+    let mask = u32::from(take).wrapping_neg();
+    (take, f32::from_bits((v.to_bits() & mask) | (best.to_bits() & !mask)))
+}
+
+/// The input rows (2y, 2y + 1) of each output row y of a 2×2, stride-2 pool, with the output
+/// row (or its gradient): windows tile the input, so each one is a pair of 2-value chunks.
+#[inline(always)]
+fn rows_2x2(g: &Geometry, c: usize, y: usize) -> (usize, usize) {
+    let top = (c * g.height + 2 * y) * g.width;
+    (top, top + g.width)
+}
+
+/// Forward of a 2×2, stride-2 pool for one sample: the common case, without index arithmetic
+/// per element.
+fn forward_2x2(g: &Geometry, xs: &[f32], ys: &mut [f32]) {
+    let ow = g.out_width;
+    for c in 0..g.channels {
+        for y in 0..g.out_height {
+            let (r0, r1) = rows_2x2(g, c, y);
+            let (r0, r1) = (&xs[r0..r0 + 2 * ow], &xs[r1..r1 + 2 * ow]);
+            let out = &mut ys[(c * g.out_height + y) * ow..][..ow];
+            for ((o, p), q) in out.iter_mut().zip(r0.chunks_exact(2)).zip(r1.chunks_exact(2)) {
+                *o = replace(q[1], replace(q[0], replace(p[1], p[0]).1).1).1;
+            }
+        }
+    }
+}
+
+/// Backward of a 2×2, stride-2 pool for one sample: the windows do not overlap, so each of
+/// the four inputs gets dy or 0; `dxs` must be zero where no window reads (odd edges).
+fn backward_2x2(g: &Geometry, xs: &[f32], dys: &[f32], dxs: &mut [f32]) {
+    let ow = g.out_width;
+    for c in 0..g.channels {
+        for y in 0..g.out_height {
+            let (r0, r1) = rows_2x2(g, c, y);
+            let (x0, x1) = (&xs[r0..r0 + 2 * ow], &xs[r1..r1 + 2 * ow]);
+            let (d0, d1) = dxs[r0..r1 + 2 * ow].split_at_mut(g.width);
+            let dy = &dys[(c * g.out_height + y) * ow..][..ow];
+            for x0w in (0..ow).step_by(LANES) {
+                let n = LANES.min(ow - x0w);
+                let w = 2 * x0w..2 * (x0w + n);
+                backward_2x2_lanes(&x0[w.clone()], &x1[w.clone()], &dy[x0w..x0w + n], &mut d0[w.clone()], &mut d1[w]);
+            }
+        }
+    }
+}
+
+/// Windows handled together by [`backward_2x2_lanes`].
+const LANES: usize = 8;
+
+/// Up to `LANES` windows of one row pair: copied into fixed-size lanes, so the rule below runs
+/// as vector compares and blends. (With a variable trip count LLVM leaves a scalar remainder
+/// and turns its selects into branches, which mispredict on real data: 10× slower.)
+fn backward_2x2_lanes(x0: &[f32], x1: &[f32], dy: &[f32], d0: &mut [f32], d1: &mut [f32]) {
+    let n = dy.len();
+    let ([mut a, mut b, mut c, mut d], mut grad) = ([[0.0f32; LANES]; 4], [0.0f32; LANES]);
+    for l in 0..n {
+        (a[l], b[l], c[l], d[l], grad[l]) = (x0[2 * l], x0[2 * l + 1], x1[2 * l], x1[2 * l + 1], dy[l]);
+    }
+    let mut out = [[0.0f32; LANES]; 4];
+    for l in 0..LANES {
+        // the rule of `window_max` as masks: tK = "value K replaced the running maximum";
+        // the last replacement wins
+        let (t1, best) = replace(b[l], a[l]);
+        let (t2, best) = replace(c[l], best);
+        let (t3, _) = replace(d[l], best);
+        // dy or 0 by masking bits; + 0.0 as the spec's 0 + dy (−0 → +0)
+        let put = |on: bool| f32::from_bits(grad[l].to_bits() & u32::from(on).wrapping_neg()) + 0.0;
+        out[0][l] = put(!t1 & !t2 & !t3);
+        out[1][l] = put(t1 & !t2 & !t3);
+        out[2][l] = put(t2 & !t3);
+        out[3][l] = put(t3);
+    }
+    for l in 0..n {
+        (d0[2 * l], d0[2 * l + 1], d1[2 * l], d1[2 * l + 1]) = (out[0][l], out[1][l], out[2][l], out[3][l]);
+    }
 }
 
 #[cfg(test)]
@@ -201,6 +294,7 @@ mod tests {
         // (input, window, stride): square, overlapping, ragged edge, one window per channel
         let cases = [
             (Shape::image(28, 28, 6), (2, 2), (2, 2)),
+            (Shape::image(7, 9, 2), (2, 2), (2, 2)),
             (Shape::image(7, 9, 3), (3, 2), (2, 3)),
             (Shape::image(5, 5, 2), (2, 2), (1, 1)),
             (Shape::image(8, 8, 8), (4, 4), (4, 4)),
