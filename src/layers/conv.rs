@@ -57,9 +57,30 @@ impl Geometry {
         self.out_channels * self.ohw()
     }
 
-    /// Scratch floats one thread needs for a lowered sample.
-    pub fn col_len(&self) -> usize {
+    /// Floats of a lowered sample: CKK × OHW.
+    pub fn lowered_len(&self) -> usize {
         self.ckk() * self.ohw()
+    }
+
+    /// (H + 2·ph, W + 2·pw): the input as the lowering reads it.
+    fn padded_size(&self) -> (usize, usize) {
+        (self.height + 2 * self.padding.0, self.width + 2 * self.padding.1)
+    }
+
+    /// Floats of the zero-padded input copy, C × (H + 2·ph) × (W + 2·pw); 0 without padding
+    /// (the input is read in place).
+    fn padded_len(&self) -> usize {
+        let (hp, wp) = self.padded_size();
+        if self.padding == (0, 0) {
+            0
+        } else {
+            self.in_channels * hp * wp
+        }
+    }
+
+    /// Scratch floats one thread needs: a lowered sample, then the padded input copy.
+    pub fn col_len(&self) -> usize {
+        self.lowered_len() + self.padded_len()
     }
 
     /// Input pixel read by lowered row `r` = (c, i, j) at output pixel (y, x), if not padding.
@@ -140,41 +161,67 @@ pub fn backward_spec<F: Float>(
     }
 }
 
-/// Output columns `lo..hi` of lowered row (·, ·, j) that read inside the image (the rest
-/// read padding): ix = x·sw + j − pw ∈ [0, W).
+/// dst ← src for the short runs of im2col (10 to 28 values in LeNet): 8-value block copies,
+/// the last one overlapping, instead of a call to memcpy per run.
 #[inline(always)]
-fn valid_columns(g: &Geometry, j: usize) -> (usize, usize) {
-    let (sw, pw) = (g.stride.1, g.padding.1);
-    let lo = pw.saturating_sub(j).div_ceil(sw).min(g.out_width);
-    let hi = (g.width + pw).saturating_sub(j).div_ceil(sw).clamp(lo, g.out_width);
-    (lo, hi)
+fn copy_run(dst: &mut [f32], src: &[f32]) {
+    let n = dst.len();
+    if n < 8 {
+        dst.iter_mut().zip(src).for_each(|(d, &v)| *d = v);
+        return;
+    }
+    let block = |dst: &mut [f32], src: &[f32], at: usize| {
+        let d: &mut [f32; 8] = (&mut dst[at..at + 8]).try_into().expect("8 values");
+        *d = src[at..at + 8].try_into().expect("8 values");
+    };
+    for at in (0..n - 8).step_by(8) {
+        block(dst, src, at);
+    }
+    block(dst, src, n - 8);
 }
 
-/// col (CKK × OHW) ← lowered sample `x` (C, H, W); padding reads as zero.
-/// Row (c, i, j), output row y is a run of input row iy = y·sh + i − ph (a copy when sw = 1),
-/// zero outside the valid columns.
-fn im2col(g: &Geometry, x: &[f32], col: &mut [f32]) {
+/// dst += src.
+#[inline(always)]
+fn add_run(dst: &mut [f32], src: &[f32]) {
+    dst.iter_mut().zip(src).for_each(|(d, &v)| *d += v);
+}
+
+/// The input as the lowering reads it, (C, hp, wp): `x` itself without padding, else `x`
+/// copied inside a zero border in `padded`. Every lowered run is then a plain read.
+fn padded_input<'a>(g: &Geometry, x: &'a [f32], padded: &'a mut [f32]) -> &'a [f32] {
+    if g.padding == (0, 0) {
+        return x;
+    }
+    let ((hp, wp), (ph, pw)) = (g.padded_size(), g.padding);
+    let padded = &mut padded[..g.padded_len()];
+    padded.fill(0.0);
+    for (c, plane) in padded.chunks_exact_mut(hp * wp).enumerate() {
+        for (iy, row) in x[c * g.height * g.width..][..g.height * g.width].chunks_exact(g.width).enumerate() {
+            plane[(iy + ph) * wp + pw..][..g.width].copy_from_slice(row);
+        }
+    }
+    padded
+}
+
+/// `scratch[..CKK·OHW]` (the lowered matrix col, CKK × OHW) ← sample `x` (C, H, W), padding
+/// read as zero; the rest of `scratch` holds the padded input. Row (c, i, j), output row y is
+/// the run of padded row y·sh + i from column j, step sw.
+fn im2col(g: &Geometry, x: &[f32], scratch: &mut [f32]) {
     let (kh, kw, ohw, ow) = (g.kernel.0, g.kernel.1, g.ohw(), g.out_width);
-    let (sh, sw, ph, pw) = (g.stride.0, g.stride.1, g.padding.0, g.padding.1);
+    let ((hp, wp), (sh, sw)) = (g.padded_size(), g.stride);
+    let (col, padded) = scratch.split_at_mut(g.lowered_len());
+    let src = padded_input(g, x, padded);
     for c in 0..g.in_channels {
-        let plane = &x[c * g.height * g.width..][..g.height * g.width];
+        let plane = &src[c * hp * wp..][..hp * wp];
         for i in 0..kh {
             for j in 0..kw {
                 let row = &mut col[((c * kh + i) * kw + j) * ohw..][..ohw];
-                let (lo, hi) = valid_columns(g, j);
                 for (y, out) in row.chunks_exact_mut(ow).enumerate() {
-                    let iy = (y * sh + i).wrapping_sub(ph);
-                    if iy >= g.height {
-                        out.fill(0.0);
-                        continue;
-                    }
-                    out[..lo].fill(0.0);
-                    out[hi..].fill(0.0);
-                    let src = &plane[iy * g.width + lo * sw + j - pw..];
+                    let run = &plane[(y * sh + i) * wp + j..];
                     if sw == 1 {
-                        out[lo..hi].copy_from_slice(&src[..hi - lo]);
+                        copy_run(out, &run[..ow]);
                     } else {
-                        out[lo..hi].iter_mut().zip(src.iter().step_by(sw)).for_each(|(o, &v)| *o = v);
+                        out.iter_mut().zip(run.iter().step_by(sw)).for_each(|(o, &v)| *o = v);
                     }
                 }
             }
@@ -182,29 +229,35 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32]) {
     }
 }
 
-/// dx (C, H, W) += col2im(dcol): each lowered entry added back to the pixel it was read from
-/// (the transpose of [`im2col`], same runs).
-fn col2im_add(g: &Geometry, dcol: &[f32], dx: &mut [f32]) {
+/// dx (C, H, W) ← col2im(dcol): each lowered entry of `scratch[..CKK·OHW]` added back to the
+/// pixel it was read from (the transpose of [`im2col`], same runs), summed in the padded
+/// layout in the rest of `scratch` when there is padding, and the inside copied out.
+fn col2im(g: &Geometry, scratch: &mut [f32], dx: &mut [f32]) {
     let (kh, kw, ohw, ow) = (g.kernel.0, g.kernel.1, g.ohw(), g.out_width);
-    let (sh, sw, ph, pw) = (g.stride.0, g.stride.1, g.padding.0, g.padding.1);
+    let ((hp, wp), (sh, sw), (ph, pw)) = (g.padded_size(), g.stride, g.padding);
+    let (dcol, padded) = scratch.split_at_mut(g.lowered_len());
+    let acc = if g.padding == (0, 0) { &mut *dx } else { &mut padded[..g.padded_len()] };
+    acc.fill(0.0);
     for c in 0..g.in_channels {
-        let plane = &mut dx[c * g.height * g.width..][..g.height * g.width];
+        let plane = &mut acc[c * hp * wp..][..hp * wp];
         for i in 0..kh {
             for j in 0..kw {
                 let row = &dcol[((c * kh + i) * kw + j) * ohw..][..ohw];
-                let (lo, hi) = valid_columns(g, j);
                 for (y, run) in row.chunks_exact(ow).enumerate() {
-                    let iy = (y * sh + i).wrapping_sub(ph);
-                    if iy >= g.height || lo == hi {
-                        continue;
-                    }
-                    let dst = &mut plane[iy * g.width + lo * sw + j - pw..];
+                    let dst = &mut plane[(y * sh + i) * wp + j..];
                     if sw == 1 {
-                        dst[..hi - lo].iter_mut().zip(&run[lo..hi]).for_each(|(d, &v)| *d += v);
+                        add_run(&mut dst[..ow], run);
                     } else {
-                        dst.iter_mut().step_by(sw).zip(&run[lo..hi]).for_each(|(d, &v)| *d += v);
+                        dst.iter_mut().step_by(sw).zip(run).for_each(|(d, &v)| *d += v);
                     }
                 }
+            }
+        }
+    }
+    if g.padding != (0, 0) {
+        for (c, plane) in padded.chunks_exact(hp * wp).take(g.in_channels).enumerate() {
+            for (iy, row) in dx[c * g.height * g.width..][..g.height * g.width].chunks_exact_mut(g.width).enumerate() {
+                row.copy_from_slice(&plane[(iy + ph) * wp + pw..][..g.width]);
             }
         }
     }
@@ -311,8 +364,7 @@ pub fn backward(
                 );
                 // SAFETY: sample s belongs to this chunk only.
                 let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
-                dxs.fill(0.0);
-                col2im_add(g, dcol, dxs);
+                col2im(g, dcol, dxs);
             }
         }
     });
