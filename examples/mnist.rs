@@ -108,6 +108,12 @@ fn optimizer(name: &str, lr: Option<f32>) -> Result<Optim, String> {
     })
 }
 
+fn lr_of(config: Optim) -> f32 {
+    match config {
+        Optim::Sgd { lr, .. } | Optim::Adam { lr, .. } | Optim::AdamW { lr, .. } | Optim::RmsProp { lr, .. } => lr,
+    }
+}
+
 /// Fraction of `data` classified right, in batches through `fwd`.
 fn accuracy(model: &Model, fwd: &mut Cache, data: &Dataset, loader: &mut Loader) -> flatnn::Result<f64> {
     loader.rewind();
@@ -148,7 +154,12 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         opt.config()
     );
     let bar_style = ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} {msg}").map_err(|e| e.to_string())?.progress_chars("=> ");
+    let base_lr = lr_of(opt.config());
     for epoch in 1..=o.epochs {
+        // cosine decay per epoch, from the base rate to near zero: the last epochs settle
+        // instead of bouncing around the optimum
+        let decay = 0.5 * (1.0 + (std::f32::consts::PI * (epoch - 1) as f32 / o.epochs as f32).cos());
+        opt.set_lr(base_lr * decay)?;
         let bar = ProgressBar::new(train_loader.batches() as u64).with_style(bar_style.clone()).with_prefix(format!("epoch {epoch}"));
         let start = Instant::now();
         train_loader.shuffle();
