@@ -54,7 +54,9 @@ fn setup(chain: Chain, threads: usize, batch: usize) -> (Model, Cache, Grads, Op
 }
 
 fn train_step(c: &mut Criterion) {
-    for (name, chain, batches) in [("mlp", mlp as fn() -> Chain, &[1usize, 32, 128, 1024, 4096][..]), ("cnn", cnn, &[1, 32, 128, 1024])] {
+    for (name, chain, batches) in
+        [("mlp", mlp as fn() -> Chain, &[1usize, 32, 128, 1024, 4096][..]), ("cnn", cnn, &[1, 32, 128, 1024, 4096])]
+    {
         let mut group = c.benchmark_group(format!("train_step/{name}"));
         group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
         for threads in [1, 2] {

@@ -161,29 +161,91 @@ pub fn backward_spec<F: Float>(
     }
 }
 
-/// dst ← src for the short runs of im2col (10 to 28 values in LeNet): 8-value block copies,
-/// the last one overlapping, instead of a call to memcpy per run.
-#[inline(always)]
-fn copy_run(dst: &mut [f32], src: &[f32]) {
-    let n = dst.len();
-    if n < 8 {
-        dst.iter_mut().zip(src).for_each(|(d, &v)| *d = v);
-        return;
-    }
-    let block = |dst: &mut [f32], src: &[f32], at: usize| {
-        let d: &mut [f32; 8] = (&mut dst[at..at + 8]).try_into().expect("8 values");
-        *d = src[at..at + 8].try_into().expect("8 values");
-    };
-    for at in (0..n - 8).step_by(8) {
-        block(dst, src, at);
-    }
-    block(dst, src, n - 8);
+/// The stride-1 runs of one lowered row: `col_row[y·ow + x]` ↔ `plane[start + y·wp + x]`
+/// for y < oh, x < ow (LeNet: 28 runs of 28, or 10 of 10, per row).
+#[derive(Clone, Copy)]
+struct Runs {
+    oh: usize,
+    ow: usize,
+    wp: usize,
 }
 
-/// dst += src.
-#[inline(always)]
-fn add_run(dst: &mut [f32], src: &[f32]) {
-    dst.iter_mut().zip(src).for_each(|(d, &v)| *d += v);
+impl Runs {
+    /// Panics unless every run lies inside both slices.
+    fn check(self, col_row: usize, plane: usize, start: usize) {
+        assert!(col_row >= self.oh * self.ow, "lowered row too short");
+        assert!(self.oh == 0 || start + (self.oh - 1) * self.wp + self.ow <= plane, "run past the plane");
+    }
+}
+
+/// col_row ← the runs of `plane` from `start` (im2col).
+fn copy_runs(r: Runs, col_row: &mut [f32], plane: &[f32], start: usize) {
+    r.check(col_row.len(), plane.len(), start);
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
+        // SAFETY: extents checked above; AVX2 present.
+        return unsafe { avx2::copy_runs(r, col_row.as_mut_ptr(), plane[start..].as_ptr()) };
+    }
+    for (y, out) in col_row.chunks_exact_mut(r.ow).take(r.oh).enumerate() {
+        out.copy_from_slice(&plane[start + y * r.wp..][..r.ow]);
+    }
+}
+
+/// The runs of `plane` from `start` += col_row (col2im).
+fn add_runs(r: Runs, plane: &mut [f32], start: usize, col_row: &[f32]) {
+    r.check(col_row.len(), plane.len(), start);
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
+        // SAFETY: extents checked above; AVX2 present.
+        return unsafe { avx2::add_runs(r, plane[start..].as_mut_ptr(), col_row.as_ptr()) };
+    }
+    for (y, run) in col_row.chunks_exact(r.ow).take(r.oh).enumerate() {
+        plane[start + y * r.wp..][..r.ow].iter_mut().zip(run).for_each(|(d, &v)| *d += v);
+    }
+}
+
+/// The runs with 8-lane loads and stores: a run is a few instructions, not a memcpy call.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Runs;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// `dst` holds oh·ow values, `src` reaches (oh − 1)·wp + ow; ow ≥ 8; AVX2 present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn copy_runs(r: Runs, dst: *mut f32, src: *const f32) {
+        unsafe {
+            for y in 0..r.oh {
+                let (d, s) = (dst.add(y * r.ow), src.add(y * r.wp));
+                let mut x = 0;
+                while x + 8 < r.ow {
+                    _mm256_storeu_ps(d.add(x), _mm256_loadu_ps(s.add(x)));
+                    x += 8;
+                }
+                // the last 8, overlapping the previous block: the same values again
+                _mm256_storeu_ps(d.add(r.ow - 8), _mm256_loadu_ps(s.add(r.ow - 8)));
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`copy_runs`], with `dst` the plane and `src` the lowered row.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn add_runs(r: Runs, dst: *mut f32, src: *const f32) {
+        unsafe {
+            for y in 0..r.oh {
+                let (d, s) = (dst.add(y * r.wp), src.add(y * r.ow));
+                let mut x = 0;
+                while x + 8 <= r.ow {
+                    _mm256_storeu_ps(d.add(x), _mm256_add_ps(_mm256_loadu_ps(d.add(x)), _mm256_loadu_ps(s.add(x))));
+                    x += 8;
+                }
+                for t in x..r.ow {
+                    *d.add(t) += *s.add(t);
+                }
+            }
+        }
+    }
 }
 
 /// The input as the lowering reads it, (C, hp, wp): `x` itself without padding, else `x`
@@ -216,13 +278,13 @@ fn im2col(g: &Geometry, x: &[f32], scratch: &mut [f32]) {
         for i in 0..kh {
             for j in 0..kw {
                 let row = &mut col[((c * kh + i) * kw + j) * ohw..][..ohw];
+                if sw == 1 {
+                    copy_runs(Runs { oh: g.out_height, ow, wp: wp * sh }, row, plane, i * wp + j);
+                    continue;
+                }
                 for (y, out) in row.chunks_exact_mut(ow).enumerate() {
                     let run = &plane[(y * sh + i) * wp + j..];
-                    if sw == 1 {
-                        copy_run(out, &run[..ow]);
-                    } else {
-                        out.iter_mut().zip(run.iter().step_by(sw)).for_each(|(o, &v)| *o = v);
-                    }
+                    out.iter_mut().zip(run.iter().step_by(sw)).for_each(|(o, &v)| *o = v);
                 }
             }
         }
@@ -243,13 +305,13 @@ fn col2im(g: &Geometry, scratch: &mut [f32], dx: &mut [f32]) {
         for i in 0..kh {
             for j in 0..kw {
                 let row = &dcol[((c * kh + i) * kw + j) * ohw..][..ohw];
+                if sw == 1 {
+                    add_runs(Runs { oh: g.out_height, ow, wp: wp * sh }, plane, i * wp + j, row);
+                    continue;
+                }
                 for (y, run) in row.chunks_exact(ow).enumerate() {
                     let dst = &mut plane[(y * sh + i) * wp + j..];
-                    if sw == 1 {
-                        add_run(&mut dst[..ow], run);
-                    } else {
-                        dst.iter_mut().step_by(sw).zip(run).for_each(|(d, &v)| *d += v);
-                    }
+                    dst.iter_mut().step_by(sw).zip(run).for_each(|(d, &v)| *d += v);
                 }
             }
         }
