@@ -113,6 +113,17 @@ fn fma_peak(c: &mut Criterion) {
         group.throughput(Throughput::Elements(PEAK_ROUNDS * 12 * 8 * 2));
         // SAFETY: AVX2 and FMA were detected above.
         group.bench_function("1t", |b| b.iter(|| unsafe { fma_chains(std::hint::black_box(1e-3)) }));
+        // both threads at once: what the machine's two cores deliver together
+        let pool = Pool::new(2).unwrap();
+        group.throughput(Throughput::Elements(2 * PEAK_ROUNDS * 12 * 8 * 2));
+        group.bench_function("2t", |b| {
+            b.iter(|| {
+                // SAFETY: as above.
+                pool.run(2, &|_, _| {
+                    std::hint::black_box(unsafe { fma_chains(std::hint::black_box(1e-3)) });
+                })
+            })
+        });
         group.finish();
     }
 }
