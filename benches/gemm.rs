@@ -83,5 +83,50 @@ fn gemm(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, gemm);
+/// Rounds of 12 independent 8-lane FMAs in [`fma_chains`].
+const PEAK_ROUNDS: u64 = 100_000;
+
+/// 12 independent accumulator chains (more than FMA latency × ports), so this measures the
+/// core's FMA throughput: the "peak" that the GEMM rates are shares of.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains(x: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let (a, b) = (_mm256_set1_ps(x), _mm256_set1_ps(0.999));
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..PEAK_ROUNDS {
+        for v in acc.iter_mut() {
+            *v = _mm256_fmadd_ps(*v, b, a);
+        }
+    }
+    let mut out = [0.0f32; 8];
+    let sum = acc.iter().fold(_mm256_setzero_ps(), |s, &v| _mm256_add_ps(s, v));
+    _mm256_storeu_ps(out.as_mut_ptr(), sum);
+    out.iter().sum()
+}
+
+fn fma_peak(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        let mut group = c.benchmark_group("fma_peak");
+        group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+        group.throughput(Throughput::Elements(PEAK_ROUNDS * 12 * 8 * 2));
+        // SAFETY: AVX2 and FMA were detected above.
+        group.bench_function("1t", |b| b.iter(|| unsafe { fma_chains(std::hint::black_box(1e-3)) }));
+        // both threads at once: what the machine's two cores deliver together
+        let pool = Pool::new(2).unwrap();
+        group.throughput(Throughput::Elements(2 * PEAK_ROUNDS * 12 * 8 * 2));
+        group.bench_function("2t", |b| {
+            b.iter(|| {
+                // SAFETY: as above.
+                pool.run(2, &|_, _| {
+                    std::hint::black_box(unsafe { fma_chains(std::hint::black_box(1e-3)) });
+                })
+            })
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(benches, fma_peak, gemm);
 criterion_main!(benches);

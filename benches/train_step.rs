@@ -5,25 +5,11 @@
 //! `cargo bench --bench train_step [-- FILTER]`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use flatnn::models::{mlp, simplenns_cnn};
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
 use flatnn::Layer;
 use std::time::Duration;
-
-fn mlp() -> Chain {
-    Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity)
-}
-
-/// The SimpleNNs documentation network.
-fn cnn() -> Chain {
-    Chain::new(Input::image(28, 28, 1))
-        .conv(16, (5, 5), Relu)
-        .max_pool((2, 2))
-        .conv(8, (3, 3), Relu)
-        .max_pool((4, 4))
-        .flatten()
-        .dense(10, Identity)
-}
 
 /// Multiply-accumulates per sample of the forward pass, and of the dX that backprop needs.
 fn macs(model: &Model) -> (u64, u64) {
@@ -54,7 +40,9 @@ fn setup(chain: Chain, threads: usize, batch: usize) -> (Model, Cache, Grads, Op
 }
 
 fn train_step(c: &mut Criterion) {
-    for (name, chain, batches) in [("mlp", mlp as fn() -> Chain, &[1usize, 32, 128, 1024, 4096][..]), ("cnn", cnn, &[1, 32, 128, 1024])] {
+    for (name, chain, batches) in
+        [("mlp", mlp as fn() -> Chain, &[1usize, 32, 128, 1024, 4096][..]), ("cnn", simplenns_cnn, &[1, 32, 128, 1024, 4096])]
+    {
         let mut group = c.benchmark_group(format!("train_step/{name}"));
         group.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
         for threads in [1, 2] {
@@ -77,7 +65,7 @@ fn train_step(c: &mut Criterion) {
 fn inference(c: &mut Criterion) {
     let mut group = c.benchmark_group("forward");
     group.sample_size(50).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    for (name, chain) in [("mlp", mlp as fn() -> Chain), ("cnn", cnn)] {
+    for (name, chain) in [("mlp", mlp as fn() -> Chain), ("cnn", simplenns_cnn)] {
         for threads in [1, 2] {
             for batch in [1, 128] {
                 let (model, mut fwd, _, _) = setup(chain(), threads, batch);

@@ -32,14 +32,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let chain = match name.as_str() {
-        "mlp" => Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity),
-        "cnn" => Chain::new(Input::image(28, 28, 1))
-            .conv(16, (5, 5), Relu)
-            .max_pool((2, 2))
-            .conv(8, (3, 3), Relu)
-            .max_pool((4, 4))
-            .flatten()
-            .dense(10, Identity),
+        "mlp" => flatnn::models::mlp(),
+        "cnn" => flatnn::models::simplenns_cnn(),
         _ => return Err(format!("--model must be mlp or cnn, not {name:?}").into()),
     };
     if calls == 0 {

@@ -7,6 +7,7 @@
 //!       [--device cpu|cuda|cuda:N|auto] [--data DIR] [--save FILE] [--load FILE]
 
 use flatnn::data::{Dataset, DeviceDataset, Loader, Split};
+use flatnn::models;
 use flatnn::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -74,31 +75,15 @@ fn parse() -> Result<Options, String> {
 
 fn chain(name: &str) -> Chain {
     match name {
-        "mlp" => Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity),
-        // the SimpleNNs documentation network
-        "cnn" => Chain::new(Input::image(28, 28, 1))
-            .conv(16, (5, 5), Relu)
-            .max_pool((2, 2))
-            .conv(8, (3, 3), Relu)
-            .max_pool((4, 4))
-            .flatten()
-            .dense(10, Identity),
-        // LeNet-5 with ReLU
-        _ => Chain::new(Input::image(28, 28, 1))
-            .conv_with(6, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
-            .max_pool((2, 2))
-            .conv(16, (5, 5), Relu)
-            .max_pool((2, 2))
-            .flatten()
-            .dense(120, Relu)
-            .dense(84, Relu)
-            .dense(10, Identity),
+        "mlp" => models::mlp(),
+        "cnn" => models::simplenns_cnn(),
+        _ => models::lenet5(),
     }
 }
 
 fn optimizer(name: &str, lr: Option<f32>) -> Result<Optim, String> {
     Ok(match name {
-        "adam" => Optim::adam(lr.unwrap_or(1e-3)),
+        "adam" => Optim::adam(lr.unwrap_or(2e-3)),
         "adamw" => Optim::adamw(lr.unwrap_or(1e-3), 1e-4),
         "sgd" => Optim::Sgd { lr: lr.unwrap_or(0.05), momentum: 0.9, nesterov: true },
         "rmsprop" => Optim::rmsprop(lr.unwrap_or(1e-3)),
@@ -128,6 +113,12 @@ impl Data {
 
     fn len(&self) -> usize {
         self.host.len()
+    }
+}
+
+fn lr_of(config: Optim) -> f32 {
+    match config {
+        Optim::Sgd { lr, .. } | Optim::Adam { lr, .. } | Optim::AdamW { lr, .. } | Optim::RmsProp { lr, .. } => lr,
     }
 }
 
@@ -183,7 +174,12 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         opt.config()
     );
     let bar_style = ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} {msg}").map_err(|e| e.to_string())?.progress_chars("=> ");
+    let base_lr = lr_of(opt.config());
     for epoch in 1..=o.epochs {
+        // cosine decay per epoch, from the base rate to near zero: the last epochs settle
+        // instead of bouncing around the optimum
+        let decay = 0.5 * (1.0 + (std::f32::consts::PI * (epoch - 1) as f32 / o.epochs as f32).cos());
+        opt.set_lr(base_lr * decay)?;
         let bar = ProgressBar::new(train_loader.batches() as u64).with_style(bar_style.clone()).with_prefix(format!("epoch {epoch}"));
         let start = Instant::now();
         train_loader.shuffle();

@@ -4,6 +4,7 @@
 //!
 //! One #[test] only: the counter is global, so tests running beside it would be counted.
 
+use flatnn::models::{mlp, simplenns_cnn};
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -33,20 +34,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-fn mlp() -> Chain {
-    Chain::new(Input::vector(784)).dense(128, Relu).dense(64, Relu).dense(10, Identity)
-}
-
-fn cnn() -> Chain {
-    Chain::new(Input::image(28, 28, 1))
-        .conv(16, (5, 5), Relu)
-        .max_pool((2, 2))
-        .conv(8, (3, 3), Relu)
-        .max_pool((4, 4))
-        .flatten()
-        .dense(10, Identity)
-}
 
 /// Allocations and deallocations over 100 steps after one warm-up step.
 fn count(chain: Chain, threads: usize, batch: usize, optim: Optim) -> (usize, usize) {
@@ -85,7 +72,7 @@ fn a_step_allocates_nothing() {
     let optims = [Optim::adam(1e-3), Optim::sgd(0.01, 0.9), Optim::adamw(1e-3, 0.01), Optim::rmsprop(1e-3)];
     let mut report = Vec::new();
     for threads in [1, 2] {
-        for (name, chain, batch) in [("mlp", mlp(), 32), ("cnn", cnn(), 8)] {
+        for (name, chain, batch) in [("mlp", mlp(), 32), ("cnn", simplenns_cnn(), 8)] {
             for optim in optims {
                 let counts = count(chain.clone(), threads, batch, optim);
                 report.push((name, threads, optim, counts));

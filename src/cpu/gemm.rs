@@ -253,7 +253,16 @@ unsafe fn row_times_matrix_body(n: usize, k: usize, alpha: f32, a: View, b: View
         let p = unsafe { c.ptr.add(j * c.cs) };
         unsafe { *p = if beta == 0.0 { alpha * acc } else { alpha * acc + beta * *p } };
     };
-    if b.cs == 1 && c.cs == 1 {
+    if b.cs == 1 && c.cs == 1 && k == 1 {
+        // One term (a batch-1 dW row): a single pass, C ← α·(a₀·B) + β·C.
+        let (a0, row) = (at(0), unsafe { std::slice::from_raw_parts(b.ptr, n) });
+        let out = unsafe { std::slice::from_raw_parts_mut(c.ptr, n) };
+        if beta == 0.0 {
+            out.iter_mut().zip(row).for_each(|(o, &v)| *o = alpha * (a0 * v));
+        } else {
+            out.iter_mut().zip(row).for_each(|(o, &v)| *o = alpha * (a0 * v) + beta * *o);
+        }
+    } else if b.cs == 1 && c.cs == 1 {
         // Accumulate rows of B in a stack tile of up to 256 columns at a time.
         let mut tile = [0.0f32; 256];
         for j0 in (0..n).step_by(256) {
@@ -591,6 +600,8 @@ mod tests {
             (64, 40, 33),
             (32, 20, 7),
             (10, 48, 9),
+            (9, 37, 1),
+            (130, 300, 1),
         ];
         for threads in [1, 2, 3] {
             let pool = Pool::new(threads).unwrap();

@@ -2,6 +2,7 @@
 
 pub mod gemm;
 pub mod pool;
+pub mod rowdot;
 
 use pool::Pool;
 use std::marker::PhantomData;

@@ -4,6 +4,11 @@
 //! which allocates a block every few dozen jobs, and a step must allocate nothing. This pool
 //! hands a borrowed closure to its workers through one slot, so `run` never allocates; workers
 //! spin briefly between runs (a step is many short parallel regions) and then sleep on a condvar.
+//!
+//! The caller never waits for a worker that has not started: workers enter a run through one
+//! atomic word (a count plus a "closed" bit), and when the caller has run out of tasks it closes
+//! the run and waits only for the workers inside. A worker that the OS has not scheduled (on a
+//! busy machine) then costs nothing, instead of stalling every parallel region for a time slice.
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -17,23 +22,28 @@ const SPINS_BEFORE_SLEEP: u32 = 1 << 15;
 type Task<'a> = dyn Fn(usize, usize) + Sync + 'a;
 
 struct Shared {
-    /// The closure of the current run, erased to `'static`; valid while `pending > 0`.
+    /// The closure of the current run, erased to `'static`; valid while the run is open or a worker is inside.
     job: UnsafeCell<Option<*const Task<'static>>>,
     tasks: AtomicUsize,
     next_task: AtomicUsize,
-    /// Workers that have not finished the current run.
-    pending: AtomicUsize,
+    /// `CLOSED` bit | number of workers inside the current run. `job` may be read only by a
+    /// worker whose increment found the run open, until its decrement.
+    state: AtomicUsize,
     generation: AtomicUsize,
     sleepers: AtomicUsize,
+    /// Workers that have started (finished the thread's own start-up, which allocates).
+    started: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
 }
 
-// SAFETY: `job` is written only by the thread inside `Pool::run` while every worker is idle
-// (pending == 0), and read by workers only between the generation bump and their decrement of
-// `pending`; the closure itself is `Sync`.
+const CLOSED: usize = 1 << (usize::BITS - 1);
+
+// SAFETY: `job` is written only by the thread inside `Pool::run` while the run is closed and no
+// worker is inside, and read by workers only while inside an open run (see `state`); the
+// closure itself is `Sync`.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -53,9 +63,10 @@ impl Pool {
             job: UnsafeCell::new(None),
             tasks: AtomicUsize::new(0),
             next_task: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            state: AtomicUsize::new(CLOSED),
             generation: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             lock: Mutex::new(()),
@@ -66,6 +77,11 @@ impl Pool {
             let shared = Arc::clone(&shared);
             let handle = std::thread::Builder::new().name(format!("flatnn-{worker}")).spawn(move || worker_loop(&shared, worker))?;
             workers.push(handle);
+        }
+        // A run does not wait for workers that have not started, so wait here: a thread's
+        // start-up allocates, and must not land inside a step that promised not to.
+        while shared.started.load(Acquire) < threads - 1 {
+            std::thread::yield_now();
         }
         Ok(Pool { shared, workers, busy: AtomicBool::new(false) })
     }
@@ -91,21 +107,29 @@ impl Pool {
             return;
         }
         let s = &*self.shared;
-        // SAFETY: the erased lifetime is never observed past this call: we wait below until
-        // every worker has decremented `pending`, after which none reads `job` again.
+        // SAFETY: the erased lifetime is never observed past this call: we close the run and
+        // wait below until no worker is inside, after which none reads `job` again.
         let erased: *const Task<'static> = unsafe { std::mem::transmute(f as *const Task<'_>) };
-        // SAFETY: all workers are idle (pending == 0 since the last run), so nobody reads `job`.
+        // SAFETY: the run is closed and empty since the last run ended, so nobody reads `job`.
         unsafe { *s.job.get() = Some(erased) };
         s.tasks.store(tasks, Relaxed);
         s.next_task.store(0, Relaxed);
-        s.pending.store(self.workers.len(), Relaxed);
+        // open (fetch_and, not store: a worker backing off a closed run may hold a count)
+        s.state.fetch_and(!CLOSED, Release);
         s.generation.fetch_add(1, SeqCst);
         if s.sleepers.load(SeqCst) > 0 {
             let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| take_tasks(s, f, 0)));
-        while s.pending.load(Acquire) != 0 {
+        // Every task is taken; wait only for the workers running one.
+        s.state.fetch_or(CLOSED, AcqRel);
+        let mut spins = 0u32;
+        while s.state.load(Acquire) != CLOSED {
+            spins += 1;
+            if spins.is_multiple_of(1 << 12) {
+                std::thread::yield_now();
+            }
             std::hint::spin_loop();
         }
         self.busy.store(false, Release);
@@ -127,6 +151,7 @@ fn take_tasks(s: &Shared, f: &Task<'_>, worker: usize) {
 }
 
 fn worker_loop(s: &Shared, worker: usize) {
+    s.started.fetch_add(1, Release);
     let mut seen = 0usize;
     loop {
         let mut spins = 0u32;
@@ -148,15 +173,19 @@ fn worker_loop(s: &Shared, worker: usize) {
             return;
         }
         seen = s.generation.load(Acquire);
-        // SAFETY: the generation bump (Acquire above) publishes `job`, which stays valid
-        // until we decrement `pending`.
-        let job = unsafe { (*s.job.get()).expect("job set before generation bump") };
-        // SAFETY: see above; the pointee lives on the stack of the thread inside `run`.
-        let f = unsafe { &*job };
-        if catch_unwind(AssertUnwindSafe(|| take_tasks(s, f, worker))).is_err() {
-            s.panicked.store(true, Release);
+        // Enter; if the run (this one or a later one) is still open, `job` is valid until we
+        // leave. If it is closed, its tasks are all done: leave without reading `job`.
+        if s.state.fetch_add(1, Acquire) & CLOSED == 0 {
+            // SAFETY: entered an open run, published by the Release that opened it.
+            let job = unsafe { (*s.job.get()).expect("job set before the run opens") };
+            // SAFETY: see above; the pointee lives on the stack of the thread inside `run`,
+            // which waits for us to leave.
+            let f = unsafe { &*job };
+            if catch_unwind(AssertUnwindSafe(|| take_tasks(s, f, worker))).is_err() {
+                s.panicked.store(true, Release);
+            }
         }
-        s.pending.fetch_sub(1, Release);
+        s.state.fetch_sub(1, Release);
     }
 }
 

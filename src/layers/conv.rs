@@ -5,11 +5,13 @@
 //!
 //! The fast path lowers each sample to a matrix (im2col, CKK × OHW with CKK = C·kh·kw) in
 //! per-thread scratch from the cache and multiplies: Z_s (OC × OHW) = W (OC × CKK) · col_s.
-//! Backward: dW = Σ_s dZ_s · col_sᵀ, dcol_s = Wᵀ · dZ_s, then col2im adds dcol_s into dX_s.
+//! Backward: dW = Σ_s dZ_s · col_sᵀ (as row dot products, see `cpu::rowdot`), dcol_s = Wᵀ · dZ_s,
+//! then col2im adds dcol_s into dX_s.
 
 use crate::chain::Shape;
 use crate::cpu::gemm::{sgemm_on, GemmWorkspace, Mat, MatMut};
 use crate::cpu::pool::Pool;
+use crate::cpu::rowdot::rowdot;
 use crate::cpu::{chunk_count, chunk_range, SharedMut};
 #[cfg(test)]
 use crate::float::Float;
@@ -55,13 +57,34 @@ impl Geometry {
         self.out_channels * self.ohw()
     }
 
-    /// Scratch floats one thread needs for a lowered sample.
-    pub fn col_len(&self) -> usize {
+    /// Floats of a lowered sample: CKK × OHW.
+    pub fn lowered_len(&self) -> usize {
         self.ckk() * self.ohw()
     }
 
+    /// (H + 2·ph, W + 2·pw): the input as the lowering reads it.
+    fn padded_size(&self) -> (usize, usize) {
+        (self.height + 2 * self.padding.0, self.width + 2 * self.padding.1)
+    }
+
+    /// Floats of the zero-padded input copy, C × (H + 2·ph) × (W + 2·pw); 0 without padding
+    /// (the input is read in place).
+    fn padded_len(&self) -> usize {
+        let (hp, wp) = self.padded_size();
+        if self.padding == (0, 0) {
+            0
+        } else {
+            self.in_channels * hp * wp
+        }
+    }
+
+    /// Scratch floats one thread needs: a lowered sample, then the padded input copy.
+    pub fn col_len(&self) -> usize {
+        self.lowered_len() + self.padded_len()
+    }
+
     /// Input pixel read by lowered row `r` = (c, i, j) at output pixel (y, x), if not padding.
-    #[inline(always)]
+    #[cfg(test)]
     fn source(&self, c: usize, i: usize, j: usize, y: usize, x: usize) -> Option<usize> {
         let iy = (y * self.stride.0 + i).checked_sub(self.padding.0).filter(|&v| v < self.height)?;
         let ix = (x * self.stride.1 + j).checked_sub(self.padding.1).filter(|&v| v < self.width)?;
@@ -138,37 +161,165 @@ pub fn backward_spec<F: Float>(
     }
 }
 
-/// col (CKK × OHW) ← lowered sample `x` (C, H, W); padding reads as zero.
-fn im2col(g: &Geometry, x: &[f32], col: &mut [f32]) {
-    let (kh, kw, ohw) = (g.kernel.0, g.kernel.1, g.ohw());
-    for c in 0..g.in_channels {
-        for i in 0..kh {
-            for j in 0..kw {
-                let row = &mut col[((c * kh + i) * kw + j) * ohw..][..ohw];
-                for y in 0..g.out_height {
-                    for xo in 0..g.out_width {
-                        row[y * g.out_width + xo] = g.source(c, i, j, y, xo).map_or(0.0, |src| x[src]);
-                    }
+/// The stride-1 runs of one lowered row: `col_row[y·ow + x]` ↔ `plane[start + y·wp + x]`
+/// for y < oh, x < ow (LeNet: 28 runs of 28, or 10 of 10, per row).
+#[derive(Clone, Copy)]
+struct Runs {
+    oh: usize,
+    ow: usize,
+    wp: usize,
+}
+
+impl Runs {
+    /// Panics unless every run lies inside both slices.
+    fn check(self, col_row: usize, plane: usize, start: usize) {
+        assert!(col_row >= self.oh * self.ow, "lowered row too short");
+        assert!(self.oh == 0 || start + (self.oh - 1) * self.wp + self.ow <= plane, "run past the plane");
+    }
+}
+
+/// col_row ← the runs of `plane` from `start` (im2col).
+fn copy_runs(r: Runs, col_row: &mut [f32], plane: &[f32], start: usize) {
+    r.check(col_row.len(), plane.len(), start);
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
+        // SAFETY: extents checked above; AVX2 present.
+        return unsafe { avx2::copy_runs(r, col_row.as_mut_ptr(), plane[start..].as_ptr()) };
+    }
+    for (y, out) in col_row.chunks_exact_mut(r.ow).take(r.oh).enumerate() {
+        out.copy_from_slice(&plane[start + y * r.wp..][..r.ow]);
+    }
+}
+
+/// The runs of `plane` from `start` += col_row (col2im).
+fn add_runs(r: Runs, plane: &mut [f32], start: usize, col_row: &[f32]) {
+    r.check(col_row.len(), plane.len(), start);
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
+        // SAFETY: extents checked above; AVX2 present.
+        return unsafe { avx2::add_runs(r, plane[start..].as_mut_ptr(), col_row.as_ptr()) };
+    }
+    for (y, run) in col_row.chunks_exact(r.ow).take(r.oh).enumerate() {
+        plane[start + y * r.wp..][..r.ow].iter_mut().zip(run).for_each(|(d, &v)| *d += v);
+    }
+}
+
+/// The runs with 8-lane loads and stores: a run is a few instructions, not a memcpy call.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Runs;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// `dst` holds oh·ow values, `src` reaches (oh − 1)·wp + ow; ow ≥ 8; AVX2 present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn copy_runs(r: Runs, dst: *mut f32, src: *const f32) {
+        unsafe {
+            for y in 0..r.oh {
+                let (d, s) = (dst.add(y * r.ow), src.add(y * r.wp));
+                let mut x = 0;
+                while x + 8 < r.ow {
+                    _mm256_storeu_ps(d.add(x), _mm256_loadu_ps(s.add(x)));
+                    x += 8;
+                }
+                // the last 8, overlapping the previous block: the same values again
+                _mm256_storeu_ps(d.add(r.ow - 8), _mm256_loadu_ps(s.add(r.ow - 8)));
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`copy_runs`], with `dst` the plane and `src` the lowered row.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn add_runs(r: Runs, dst: *mut f32, src: *const f32) {
+        unsafe {
+            for y in 0..r.oh {
+                let (d, s) = (dst.add(y * r.wp), src.add(y * r.ow));
+                let mut x = 0;
+                while x + 8 <= r.ow {
+                    _mm256_storeu_ps(d.add(x), _mm256_add_ps(_mm256_loadu_ps(d.add(x)), _mm256_loadu_ps(s.add(x))));
+                    x += 8;
+                }
+                for t in x..r.ow {
+                    *d.add(t) += *s.add(t);
                 }
             }
         }
     }
 }
 
-/// dx (C, H, W) += col2im(dcol): each lowered entry added back to the pixel it was read from.
-fn col2im_add(g: &Geometry, dcol: &[f32], dx: &mut [f32]) {
-    let (kh, kw, ohw) = (g.kernel.0, g.kernel.1, g.ohw());
+/// The input as the lowering reads it, (C, hp, wp): `x` itself without padding, else `x`
+/// copied inside a zero border in `padded`. Every lowered run is then a plain read.
+fn padded_input<'a>(g: &Geometry, x: &'a [f32], padded: &'a mut [f32]) -> &'a [f32] {
+    if g.padding == (0, 0) {
+        return x;
+    }
+    let ((hp, wp), (ph, pw)) = (g.padded_size(), g.padding);
+    let padded = &mut padded[..g.padded_len()];
+    padded.fill(0.0);
+    for (c, plane) in padded.chunks_exact_mut(hp * wp).enumerate() {
+        for (iy, row) in x[c * g.height * g.width..][..g.height * g.width].chunks_exact(g.width).enumerate() {
+            plane[(iy + ph) * wp + pw..][..g.width].copy_from_slice(row);
+        }
+    }
+    padded
+}
+
+/// `scratch[..CKK·OHW]` (the lowered matrix col, CKK × OHW) ← sample `x` (C, H, W), padding
+/// read as zero; the rest of `scratch` holds the padded input. Row (c, i, j), output row y is
+/// the run of padded row y·sh + i from column j, step sw.
+fn im2col(g: &Geometry, x: &[f32], scratch: &mut [f32]) {
+    let (kh, kw, ohw, ow) = (g.kernel.0, g.kernel.1, g.ohw(), g.out_width);
+    let ((hp, wp), (sh, sw)) = (g.padded_size(), g.stride);
+    let (col, padded) = scratch.split_at_mut(g.lowered_len());
+    let src = padded_input(g, x, padded);
     for c in 0..g.in_channels {
+        let plane = &src[c * hp * wp..][..hp * wp];
+        for i in 0..kh {
+            for j in 0..kw {
+                let row = &mut col[((c * kh + i) * kw + j) * ohw..][..ohw];
+                if sw == 1 {
+                    copy_runs(Runs { oh: g.out_height, ow, wp: wp * sh }, row, plane, i * wp + j);
+                    continue;
+                }
+                for (y, out) in row.chunks_exact_mut(ow).enumerate() {
+                    let run = &plane[(y * sh + i) * wp + j..];
+                    out.iter_mut().zip(run.iter().step_by(sw)).for_each(|(o, &v)| *o = v);
+                }
+            }
+        }
+    }
+}
+
+/// dx (C, H, W) ← col2im(dcol): each lowered entry of `scratch[..CKK·OHW]` added back to the
+/// pixel it was read from (the transpose of [`im2col`], same runs), summed in the padded
+/// layout in the rest of `scratch` when there is padding, and the inside copied out.
+fn col2im(g: &Geometry, scratch: &mut [f32], dx: &mut [f32]) {
+    let (kh, kw, ohw, ow) = (g.kernel.0, g.kernel.1, g.ohw(), g.out_width);
+    let ((hp, wp), (sh, sw), (ph, pw)) = (g.padded_size(), g.stride, g.padding);
+    let (dcol, padded) = scratch.split_at_mut(g.lowered_len());
+    let acc = if g.padding == (0, 0) { &mut *dx } else { &mut padded[..g.padded_len()] };
+    acc.fill(0.0);
+    for c in 0..g.in_channels {
+        let plane = &mut acc[c * hp * wp..][..hp * wp];
         for i in 0..kh {
             for j in 0..kw {
                 let row = &dcol[((c * kh + i) * kw + j) * ohw..][..ohw];
-                for y in 0..g.out_height {
-                    for xo in 0..g.out_width {
-                        if let Some(src) = g.source(c, i, j, y, xo) {
-                            dx[src] += row[y * g.out_width + xo];
-                        }
-                    }
+                if sw == 1 {
+                    add_runs(Runs { oh: g.out_height, ow, wp: wp * sh }, plane, i * wp + j, row);
+                    continue;
                 }
+                for (y, run) in row.chunks_exact(ow).enumerate() {
+                    let dst = &mut plane[(y * sh + i) * wp + j..];
+                    dst.iter_mut().step_by(sw).zip(run).for_each(|(d, &v)| *d += v);
+                }
+            }
+        }
+    }
+    if g.padding != (0, 0) {
+        for (c, plane) in padded.chunks_exact(hp * wp).take(g.in_channels).enumerate() {
+            for (iy, row) in dx[c * g.height * g.width..][..g.height * g.width].chunks_exact_mut(g.width).enumerate() {
+                row.copy_from_slice(&plane[(iy + ph) * wp + pw..][..g.width]);
             }
         }
     }
@@ -256,21 +407,8 @@ pub fn backward(
         for (n, s) in chunk_range(batch, chunks, chunk).enumerate() {
             im2col(g, &x[s * g.in_len()..][..g.in_len()], col);
             let dzs = &dz[s * g.out_len()..][..g.out_len()];
-            let beta = if n == 0 { 0.0 } else { 1.0 };
-            // dW (OC × CKK) += dZ_s (OC × OHW) · col_sᵀ (OHW × CKK)
-            let col_t = Mat { data: col, rs: 1, cs: ohw };
-            sgemm_on(
-                ws,
-                worker,
-                g.out_channels,
-                ckk,
-                ohw,
-                1.0,
-                Mat { data: dzs, rs: ohw, cs: 1 },
-                col_t,
-                beta,
-                MatMut { data: &mut acc[..], rs: ckk, cs: 1 },
-            );
+            // dW (OC × CKK) += dZ_s (OC × OHW) · col_sᵀ: rows of both are contiguous
+            rowdot(g.out_channels, ckk, ohw, dzs, ohw, col, ohw, acc, ckk, n > 0);
             if let Some(dx) = &dx {
                 // dcol (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW)
                 let w_t = Mat { data: w, rs: 1, cs: ckk };
@@ -288,8 +426,7 @@ pub fn backward(
                 );
                 // SAFETY: sample s belongs to this chunk only.
                 let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
-                dxs.fill(0.0);
-                col2im_add(g, dcol, dxs);
+                col2im(g, dcol, dxs);
             }
         }
     });
@@ -316,6 +453,8 @@ mod tests {
             (Shape::image(9, 9, 2), 3, (5, 5), (2, 2), (2, 2)),
             (Shape::image(1, 1, 2), 5, (1, 1), (1, 1), (0, 0)),
             (Shape::image(28, 28, 1), 6, (5, 5), (1, 1), (2, 2)),
+            (Shape::image(4, 5, 2), 3, (2, 2), (3, 2), (2, 3)),
+            (Shape::image(14, 14, 6), 16, (5, 5), (1, 1), (0, 0)),
         ];
         for threads in [1, 2, 3] {
             let pool = Pool::new(threads).unwrap();

@@ -245,8 +245,21 @@ fn bias_grad(channels: usize, pixels: usize, batch: usize, dz: &[f32], db: &mut 
             db.iter_mut().zip(sample).for_each(|(d, v)| *d += v);
         } else {
             for (d, row) in db.iter_mut().zip(sample.chunks_exact(pixels)) {
-                *d += row.iter().sum::<f32>();
+                *d += lane_sum(row);
             }
         }
     }
+}
+
+/// Σ row with 8 partial sums (lane l takes the values at l mod 8), then the lanes and the
+/// tail in a fixed order: vectorises (a plain `sum` is one serial chain of adds) and stays
+/// deterministic.
+fn lane_sum(row: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        lanes.iter_mut().zip(chunk).for_each(|(s, &v)| *s += v);
+    }
+    lanes.iter().sum::<f32>() + tail.iter().sum::<f32>()
 }

@@ -6,6 +6,7 @@
 use crate::chain::Shape;
 use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
+#[cfg(test)]
 use crate::float::Float;
 
 /// Geometry of one max-pool, derived from its plan step.
@@ -38,7 +39,7 @@ impl Geometry {
     }
 
     /// Index in the sample's input of the first maximum of window (c, y, x).
-    #[inline(always)]
+    #[cfg(test)]
     fn argmax<F: Float>(&self, xs: &[F], c: usize, y: usize, x: usize) -> usize {
         let (y0, x0) = (y * self.stride.0, x * self.stride.1);
         let mut best = (c * self.height + y0) * self.width + x0;
@@ -55,7 +56,8 @@ impl Geometry {
     }
 }
 
-/// The forward for one sample, written once for the spec and the fast path.
+/// The spec's forward for one sample.
+#[cfg(test)]
 fn forward_sample<F: Float>(g: &Geometry, xs: &[F], ys: &mut [F]) {
     for c in 0..g.channels {
         for y in 0..g.out_height {
@@ -66,6 +68,7 @@ fn forward_sample<F: Float>(g: &Geometry, xs: &[F], ys: &mut [F]) {
     }
 }
 
+#[cfg(test)]
 fn backward_sample<F: Float>(g: &Geometry, xs: &[F], dys: &[F], dxs: &mut [F]) {
     dxs.iter_mut().for_each(|v| *v = F::ZERO);
     for c in 0..g.channels {
@@ -78,6 +81,7 @@ fn backward_sample<F: Float>(g: &Geometry, xs: &[F], dys: &[F], dxs: &mut [F]) {
 }
 
 /// Plain-loop forward (the spec).
+#[cfg(test)]
 pub fn forward_spec<F: Float>(g: &Geometry, batch: usize, x: &[F], y: &mut [F]) {
     for s in 0..batch {
         forward_sample(g, &x[s * g.in_len()..][..g.in_len()], &mut y[s * g.out_len()..][..g.out_len()]);
@@ -85,6 +89,7 @@ pub fn forward_spec<F: Float>(g: &Geometry, batch: usize, x: &[F], y: &mut [F]) 
 }
 
 /// Plain-loop backward (the spec): dX overwritten.
+#[cfg(test)]
 pub fn backward_spec<F: Float>(g: &Geometry, batch: usize, x: &[F], dy: &[F], dx: &mut [F]) {
     for s in 0..batch {
         backward_sample(
@@ -96,26 +101,167 @@ pub fn backward_spec<F: Float>(g: &Geometry, batch: usize, x: &[F], dy: &[F], dx
     }
 }
 
-/// Fast forward: the spec's per-sample loop, samples spread over the pool.
+/// Index (in the sample) and value of the first maximum of the `wh × ww` window whose
+/// top-left input pixel is `top`: the spec's rule (a value replaces the running maximum unless
+/// it is ≤ it, so NaN wins) with the window's rows read as slices.
+#[inline(always)]
+fn window_max(xs: &[f32], width: usize, top: usize, wh: usize, ww: usize) -> (usize, f32) {
+    let (mut at, mut best) = (top, xs[top]);
+    for i in 0..wh {
+        let start = top + i * width;
+        for (j, &v) in xs[start..start + ww].iter().enumerate() {
+            // selects, not a branch: on real data the winner is unpredictable
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
+            let take = !(v <= best);
+            at = if take { start + j } else { at };
+            best = if take { v } else { best };
+        }
+    }
+    (at, best)
+}
+
+/// Calls `f(output index, window's top-left input index)` for every output of one sample, in
+/// output order, with the window size passed on as `wh, ww` (constants for the common 2×2, so
+/// the window loop unrolls once `f` is inlined).
+#[inline(always)]
+fn each_window(g: &Geometry, mut f: impl FnMut(usize, usize, usize, usize)) {
+    let mut visit = |wh: usize, ww: usize| {
+        let mut out = 0;
+        for c in 0..g.channels {
+            for y in 0..g.out_height {
+                let row = (c * g.height + y * g.stride.0) * g.width;
+                for x in 0..g.out_width {
+                    f(out, row + x * g.stride.1, wh, ww);
+                    out += 1;
+                }
+            }
+        }
+    };
+    match g.window {
+        (2, 2) => visit(2, 2),
+        (wh, ww) => visit(wh, ww),
+    }
+}
+
+/// Fast forward: [`window_max`] per output, samples spread over the pool.
 pub fn forward(pool: &Pool, g: &Geometry, batch: usize, x: &[f32], y: &mut [f32]) {
     let y = SharedMut::new(&mut y[..batch * g.out_len()]);
     for_chunks(pool, batch, 8, &|_, samples| {
-        // SAFETY: chunks are disjoint sample ranges.
-        let ys = unsafe { y.slice(samples.start * g.out_len()..samples.end * g.out_len()) };
-        forward_spec(g, samples.len(), &x[samples.start * g.in_len()..samples.end * g.in_len()], ys);
+        for s in samples {
+            // SAFETY: chunks are disjoint sample ranges.
+            let ys = unsafe { y.slice(s * g.out_len()..(s + 1) * g.out_len()) };
+            let xs = &x[s * g.in_len()..][..g.in_len()];
+            if g.window == (2, 2) && g.stride == (2, 2) {
+                forward_2x2(g, xs, ys);
+            } else {
+                each_window(g, |out, top, wh, ww| ys[out] = window_max(xs, g.width, top, wh, ww).1);
+            }
+        }
     });
 }
 
-/// Fast backward: dX overwritten, samples spread over the pool.
+/// Fast backward: dX overwritten, each dy added at its window's first maximum; samples spread
+/// over the pool.
 pub fn backward(pool: &Pool, g: &Geometry, batch: usize, x: &[f32], dy: &[f32], dx: &mut [f32]) {
     let dx = SharedMut::new(&mut dx[..batch * g.in_len()]);
     for_chunks(pool, batch, 8, &|_, samples| {
-        // SAFETY: chunks are disjoint sample ranges.
-        let dxs = unsafe { dx.slice(samples.start * g.in_len()..samples.end * g.in_len()) };
-        let (xs, dys) =
-            (&x[samples.start * g.in_len()..samples.end * g.in_len()], &dy[samples.start * g.out_len()..samples.end * g.out_len()]);
-        backward_spec(g, samples.len(), xs, dys, dxs);
+        for s in samples {
+            // SAFETY: chunks are disjoint sample ranges.
+            let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
+            let (xs, dys) = (&x[s * g.in_len()..][..g.in_len()], &dy[s * g.out_len()..][..g.out_len()]);
+            dxs.fill(0.0);
+            if g.window == (2, 2) && g.stride == (2, 2) {
+                backward_2x2(g, xs, dys, dxs);
+            } else {
+                each_window(g, |out, top, wh, ww| dxs[window_max(xs, g.width, top, wh, ww).0] += dys[out]);
+            }
+        }
     });
+}
+
+/// One step of [`window_max`]'s rule: whether `v` replaces the running maximum `best`
+/// (unless v ≤ best, so NaN wins), and the new maximum.
+#[inline(always)]
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+fn replace(v: f32, best: f32) -> (bool, f32) {
+    let take = !(v <= best);
+    // a bit-mask select: LLVM turns `if take` into a branch, which mispredicts on real data
+    let mask = u32::from(take).wrapping_neg();
+    (take, f32::from_bits((v.to_bits() & mask) | (best.to_bits() & !mask)))
+}
+
+/// The input rows (2y, 2y + 1) of each output row y of a 2×2, stride-2 pool, with the output
+/// row (or its gradient): windows tile the input, so each one is a pair of 2-value chunks.
+#[inline(always)]
+fn rows_2x2(g: &Geometry, c: usize, y: usize) -> (usize, usize) {
+    let top = (c * g.height + 2 * y) * g.width;
+    (top, top + g.width)
+}
+
+/// Forward of a 2×2, stride-2 pool for one sample: the common case, without index arithmetic
+/// per element.
+fn forward_2x2(g: &Geometry, xs: &[f32], ys: &mut [f32]) {
+    let ow = g.out_width;
+    for c in 0..g.channels {
+        for y in 0..g.out_height {
+            let (r0, r1) = rows_2x2(g, c, y);
+            let (r0, r1) = (&xs[r0..r0 + 2 * ow], &xs[r1..r1 + 2 * ow]);
+            let out = &mut ys[(c * g.out_height + y) * ow..][..ow];
+            for ((o, p), q) in out.iter_mut().zip(r0.chunks_exact(2)).zip(r1.chunks_exact(2)) {
+                *o = replace(q[1], replace(q[0], replace(p[1], p[0]).1).1).1;
+            }
+        }
+    }
+}
+
+/// Backward of a 2×2, stride-2 pool for one sample: the windows do not overlap, so each of
+/// the four inputs gets dy or 0; `dxs` must be zero where no window reads (odd edges).
+fn backward_2x2(g: &Geometry, xs: &[f32], dys: &[f32], dxs: &mut [f32]) {
+    let ow = g.out_width;
+    for c in 0..g.channels {
+        for y in 0..g.out_height {
+            let (r0, r1) = rows_2x2(g, c, y);
+            let (x0, x1) = (&xs[r0..r0 + 2 * ow], &xs[r1..r1 + 2 * ow]);
+            let (d0, d1) = dxs[r0..r1 + 2 * ow].split_at_mut(g.width);
+            let dy = &dys[(c * g.out_height + y) * ow..][..ow];
+            for x0w in (0..ow).step_by(LANES) {
+                let n = LANES.min(ow - x0w);
+                let w = 2 * x0w..2 * (x0w + n);
+                backward_2x2_lanes(&x0[w.clone()], &x1[w.clone()], &dy[x0w..x0w + n], &mut d0[w.clone()], &mut d1[w]);
+            }
+        }
+    }
+}
+
+/// Windows handled together by [`backward_2x2_lanes`].
+const LANES: usize = 8;
+
+/// Up to `LANES` windows of one row pair: copied into fixed-size lanes, so the rule below runs
+/// as vector compares and blends. (With a variable trip count LLVM leaves a scalar remainder
+/// and turns its selects into branches, which mispredict on real data: 10× slower.)
+fn backward_2x2_lanes(x0: &[f32], x1: &[f32], dy: &[f32], d0: &mut [f32], d1: &mut [f32]) {
+    let n = dy.len();
+    let ([mut a, mut b, mut c, mut d], mut grad) = ([[0.0f32; LANES]; 4], [0.0f32; LANES]);
+    for l in 0..n {
+        (a[l], b[l], c[l], d[l], grad[l]) = (x0[2 * l], x0[2 * l + 1], x1[2 * l], x1[2 * l + 1], dy[l]);
+    }
+    let mut out = [[0.0f32; LANES]; 4];
+    for l in 0..LANES {
+        // the rule of `window_max` as masks: tK = "value K replaced the running maximum";
+        // the last replacement wins
+        let (t1, best) = replace(b[l], a[l]);
+        let (t2, best) = replace(c[l], best);
+        let (t3, _) = replace(d[l], best);
+        // dy or 0 by masking bits; + 0.0 as the spec's 0 + dy (−0 → +0)
+        let put = |on: bool| f32::from_bits(grad[l].to_bits() & u32::from(on).wrapping_neg()) + 0.0;
+        out[0][l] = put(!t1 & !t2 & !t3);
+        out[1][l] = put(t1 & !t2 & !t3);
+        out[2][l] = put(t2 & !t3);
+        out[3][l] = put(t3);
+    }
+    for l in 0..n {
+        (d0[2 * l], d0[2 * l + 1], d1[2 * l], d1[2 * l + 1]) = (out[0][l], out[1][l], out[2][l], out[3][l]);
+    }
 }
 
 #[cfg(test)]
@@ -140,5 +286,46 @@ mod tests {
         let mut dx = poisoned(4);
         backward_spec(&g, 1, &x, &[1.0], &mut dx);
         assert_eq!(dx, [1.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn fast_matches_spec_with_ties_nan_and_odd_shapes() {
+        let mut rng = crate::testutil::Rng::new(5);
+        // (input, window, stride): square, overlapping, ragged edge, one window per channel
+        let cases = [
+            (Shape::image(28, 28, 6), (2, 2), (2, 2)),
+            (Shape::image(7, 9, 2), (2, 2), (2, 2)),
+            (Shape::image(7, 9, 3), (3, 2), (2, 3)),
+            (Shape::image(5, 5, 2), (2, 2), (1, 1)),
+            (Shape::image(8, 8, 8), (4, 4), (4, 4)),
+            (Shape::image(3, 4, 1), (3, 4), (1, 1)),
+        ];
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads).unwrap();
+            for (input, window, stride) in cases {
+                let Shape::Image { channels, height, width } = input else { unreachable!() };
+                let output = Shape::image((height - window.0) / stride.0 + 1, (width - window.1) / stride.1 + 1, channels);
+                let g = Geometry::new(input, output, window, stride);
+                for batch in [1, 3, 17] {
+                    // small ints make ties common; a few NaNs test the NaN rule
+                    let mut x = rng.ints(batch * g.in_len());
+                    for _ in 0..batch {
+                        let i = rng.below(x.len());
+                        x[i] = f32::NAN;
+                    }
+                    let dy = rng.ints(batch * g.out_len());
+                    let (mut y_spec, mut dx_spec) = (poisoned(batch * g.out_len()), poisoned(batch * g.in_len()));
+                    forward_spec(&g, batch, &x, &mut y_spec);
+                    backward_spec(&g, batch, &x, &dy, &mut dx_spec);
+                    let (mut y, mut dx) = (poisoned(batch * g.out_len() + 2), poisoned(batch * g.in_len() + 2));
+                    forward(&pool, &g, batch, &x, &mut y);
+                    backward(&pool, &g, batch, &x, &dy, &mut dx);
+                    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same(&y[..y_spec.len()], &y_spec), "forward {g:?}");
+                    assert!(same(&dx[..dx_spec.len()], &dx_spec), "backward {g:?}");
+                    assert!(y[y_spec.len()..].iter().chain(&dx[dx_spec.len()..]).all(|v| v.is_nan()), "wrote past the batch");
+                }
+            }
+        }
     }
 }
