@@ -1,9 +1,12 @@
 //! A counting global allocator proves that a step allocates nothing: after one warm-up step,
 //! 100 steps of set_inputs + set_labels + backprop + update (and forward) make 0 allocations
-//! and 0 deallocations, for an MLP and a CNN, on 1 thread and on 2.
+//! and 0 deallocations, for an MLP and a CNN, on 1 thread and on 2; and so does a whole epoch
+//! of the MNIST loader (shuffle, batches written into the cache, a final partial batch) and
+//! training steps, after a warm-up epoch.
 //!
 //! One #[test] only: the counter is global, so tests running beside it would be counted.
 
+use flatnn::data::{Dataset, Loader, Split};
 use flatnn::models::{mlp, simplenns_cnn};
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
@@ -62,6 +65,34 @@ fn count(chain: Chain, threads: usize, batch: usize, optim: Optim) -> (usize, us
     (ALLOCS.load(Relaxed) - a0, DEALLOCS.load(Relaxed) - d0)
 }
 
+/// Allocations and deallocations over one epoch of loader + step on real MNIST images (1,000 of
+/// them in batches of 128: 7 full batches and one of 104), after a warm-up epoch.
+fn count_epoch(threads: usize) -> (usize, usize) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
+    let data = Dataset::mnist(&dir, Split::Train).unwrap().take(1000);
+    let mut model = mlp().build().unwrap().init(Init::HeNormal, 1).with_threads(threads).unwrap();
+    let (mut fwd, mut bwd) = (model.preallocate(128).unwrap(), model.preallocate_grads(128).unwrap());
+    let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+    let mut loader = Loader::new(data.len(), 128, 3, false).unwrap();
+    let mut epoch = || {
+        loader.shuffle();
+        let mut batches = 0;
+        while loader.next_batch(&data, &mut fwd).unwrap().is_some() {
+            model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+            opt.update(&mut model, &bwd).unwrap();
+            batches += 1;
+        }
+        assert_eq!(batches, 8);
+        bwd.mean_loss().unwrap()
+    };
+    epoch();
+    let (a0, d0) = (ALLOCS.load(Relaxed), DEALLOCS.load(Relaxed));
+    let loss = epoch();
+    let counts = (ALLOCS.load(Relaxed) - a0, DEALLOCS.load(Relaxed) - d0);
+    assert!(loss.is_finite());
+    counts
+}
+
 #[test]
 fn a_step_allocates_nothing() {
     // the counter sees what it should: one Vec is one allocation and one deallocation
@@ -83,4 +114,9 @@ fn a_step_allocates_nothing() {
         println!("{name} threads={threads} {optim:?}: {allocs} allocations, {deallocs} deallocations in 100 steps");
     }
     assert!(report.iter().all(|r| r.3 == (0, 0)), "a step allocated");
+    for threads in [1, 2] {
+        let (allocs, deallocs) = count_epoch(threads);
+        println!("mnist epoch, loader + step, threads={threads}: {allocs} allocations, {deallocs} deallocations");
+        assert_eq!((allocs, deallocs), (0, 0), "an epoch of loading and training allocated");
+    }
 }
