@@ -38,6 +38,11 @@ impl GemmWorkspace {
         GemmWorkspace { scratch: (0..threads.max(1)).map(|_| UnsafeCell::new(vec![0.0; MC * KC + KC * NC])).collect() }
     }
 
+    /// No buffers, for a cache whose products run elsewhere (on a GPU); never passed to `sgemm`.
+    pub(crate) fn none() -> GemmWorkspace {
+        GemmWorkspace { scratch: Vec::new() }
+    }
+
     /// Number of workers this workspace serves.
     pub fn threads(&self) -> usize {
         self.scratch.len()

@@ -16,9 +16,10 @@ use super::exec::{self, Backward, Forward, LossBuffers};
 use super::graph::{Graphs, Key};
 use super::pinned::{Event, Pinned};
 use crate::cache::{Cache, Grads};
-use crate::chain::{Layer, Plan};
+use crate::chain::Plan;
 use crate::device::Device;
 use crate::error::Result;
+use crate::layers::{conv_steps, max_col_len};
 use crate::loss::Loss;
 use crate::optim::Optim;
 use cudarc::driver::{result, CudaStream};
@@ -98,14 +99,6 @@ fn rebind(bound: &mut Arc<CudaStream>, stream: &Arc<CudaStream>) -> Result<()> {
         *bound = Arc::clone(stream);
     }
     Ok(())
-}
-
-fn max_col_len(plan: &Plan) -> usize {
-    conv_steps(plan).map(|s| crate::layers::conv_geometry(s).col_len()).max().unwrap_or(0)
-}
-
-fn conv_steps(plan: &Plan) -> impl Iterator<Item = &crate::chain::Step> {
-    plan.steps.iter().filter(|s| matches!(s.layer, Layer::Conv { .. }))
 }
 
 impl DevModel {

@@ -61,8 +61,13 @@ pub(crate) struct Workspace {
 
 impl Workspace {
     pub fn new(plan: &Plan, threads: usize) -> Workspace {
-        let col_len = conv_steps(plan).map(|s| conv_geometry(s).col_len()).max().unwrap_or(0);
+        let col_len = max_col_len(plan);
         Workspace { gemm: GemmWorkspace::new(threads), cols: vec![0.0; threads * col_len], col_len }
+    }
+
+    /// No scratch: for a cache whose steps run on a GPU.
+    pub fn none() -> Workspace {
+        Workspace { gemm: GemmWorkspace::none(), cols: Vec::new(), col_len: 0 }
     }
 }
 
@@ -75,14 +80,24 @@ pub(crate) struct GradWorkspace {
 
 impl GradWorkspace {
     pub fn new(plan: &Plan, threads: usize) -> GradWorkspace {
-        let col_len = conv_steps(plan).map(|s| conv_geometry(s).col_len()).max().unwrap_or(0);
         let w_len = conv_steps(plan).map(Step::weight_len).max().unwrap_or(0);
-        GradWorkspace { dcols: vec![0.0; threads * col_len], partials: vec![0.0; threads.saturating_sub(1) * w_len] }
+        GradWorkspace { dcols: vec![0.0; threads * max_col_len(plan)], partials: vec![0.0; threads.saturating_sub(1) * w_len] }
+    }
+
+    /// No scratch: for gradients computed on a GPU.
+    pub fn none() -> GradWorkspace {
+        GradWorkspace { dcols: Vec::new(), partials: Vec::new() }
     }
 }
 
-fn conv_steps(plan: &Plan) -> impl Iterator<Item = &Step> {
+/// The plan's convolution steps.
+pub(crate) fn conv_steps(plan: &Plan) -> impl Iterator<Item = &Step> {
     plan.steps.iter().filter(|s| matches!(s.layer, Layer::Conv { .. }))
+}
+
+/// The longest lowered sample (im2col columns) of any convolution in the plan.
+pub(crate) fn max_col_len(plan: &Plan) -> usize {
+    conv_steps(plan).map(|s| conv_geometry(s).col_len()).max().unwrap_or(0)
 }
 
 /// The fast forward: every step's output for the first `batch` samples.
