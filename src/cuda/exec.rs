@@ -50,7 +50,7 @@ impl Raw {
 pub(crate) struct Forward<'a> {
     pub params: &'a DevBuf<f32>,
     pub acts: &'a DevBuf<f32>,
-    /// im2col columns for a whole batch: `capacity × max col_len` values.
+    /// im2col columns for a whole batch: `capacity × max lowered_len` values.
     pub cols: &'a DevBuf<f32>,
     pub capacity: usize,
     pub batch: usize,
@@ -103,13 +103,13 @@ pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, 
             }
             Layer::Conv { out_channels, .. } => {
                 let g = conv_geometry(step);
-                let (ckk, ohw, col_len) = (g.ckk(), g.ohw(), g.col_len());
-                gpu.im2col(stream, &g, batch, acts.at(x), cols.at_mut(0..batch * col_len))?;
+                let (ckk, ohw, lowered) = (g.ckk(), g.ohw(), g.lowered_len());
+                gpu.im2col(stream, &g, batch, acts.at(x), cols.at_mut(0..batch * lowered))?;
                 // Z_s (OC × OHW) = W (OC × CKK) · col_s (CKK × OHW), for every sample s
                 let wm = DevMat { data: params.at(w), rs: ckk, cs: 1 };
-                let colm = DevMat { data: cols.at(0..batch * col_len), rs: ohw, cs: 1 };
+                let colm = DevMat { data: cols.at(0..batch * lowered), rs: ohw, cs: 1 };
                 let zm = DevMatMut { data: acts.at_mut(z.clone()), rs: ohw, cs: 1 };
-                blas.sgemm_batched(batch, out_channels, ohw, ckk, 1.0, (wm, 0), (colm, col_len), 0.0, (zm, out_channels * ohw))?;
+                blas.sgemm_batched(batch, out_channels, ohw, ckk, 1.0, (wm, 0), (colm, lowered), 0.0, (zm, out_channels * ohw))?;
             }
             Layer::MaxPool { .. } => {
                 gpu.maxpool_forward(stream, &pool_geometry(step), batch, acts.at(x), acts.at_mut(y))?;
@@ -228,14 +228,14 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                     let (channels, pixels) = bias_layout(step);
                     gpu.bias_grad(stream, channels, pixels, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
                     let g = conv_geometry(step);
-                    let (oc, ckk, ohw, col_len) = (g.out_channels, g.ckk(), g.ohw(), g.col_len());
+                    let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
                     let w_len = oc * ckk;
-                    gpu.im2col(stream, &g, batch, acts.at(x.clone()), cols.at_mut(0..batch * col_len))?;
+                    gpu.im2col(stream, &g, batch, acts.at(x.clone()), cols.at_mut(0..batch * lowered))?;
                     // dW_s (OC × CKK) = dZ_s (OC × OHW) · col_sᵀ (OHW × CKK), one per sample ...
                     let dzm = DevMat { data: dacts.at(z.clone()), rs: ohw, cs: 1 };
-                    let colt = DevMat { data: cols.at(0..batch * col_len), rs: 1, cs: ohw };
+                    let colt = DevMat { data: cols.at(0..batch * lowered), rs: 1, cs: ohw };
                     let pm = DevMatMut { data: partials.at_mut(0..batch * w_len), rs: ckk, cs: 1 };
-                    blas.sgemm_batched(batch, oc, ckk, ohw, 1.0, (dzm, oc * ohw), (colt, col_len), 0.0, (pm, w_len))?;
+                    blas.sgemm_batched(batch, oc, ckk, ohw, 1.0, (dzm, oc * ohw), (colt, lowered), 0.0, (pm, w_len))?;
                     // ... then dW (1 × OC·CKK) = 1ᵀ (1 × batch) · partials (batch × OC·CKK)
                     let onesm = DevMat { data: ones.at(0..batch), rs: batch, cs: 1 };
                     let pm = DevMat { data: partials.at(0..batch * w_len), rs: w_len, cs: 1 };
@@ -243,9 +243,9 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                     if need_dx {
                         // dcol_s (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW), then col2im
                         let wt = DevMat { data: params.at(w), rs: 1, cs: ckk };
-                        let dcolm = DevMatMut { data: dcols.at_mut(0..batch * col_len), rs: ohw, cs: 1 };
-                        blas.sgemm_batched(batch, ckk, ohw, oc, 1.0, (wt, 0), (dzm, oc * ohw), 0.0, (dcolm, col_len))?;
-                        gpu.col2im(stream, &g, batch, dcols.at(0..batch * col_len), dacts.at_mut(x))?;
+                        let dcolm = DevMatMut { data: dcols.at_mut(0..batch * lowered), rs: ohw, cs: 1 };
+                        blas.sgemm_batched(batch, ckk, ohw, oc, 1.0, (wt, 0), (dzm, oc * ohw), 0.0, (dcolm, lowered))?;
+                        gpu.col2im(stream, &g, batch, dcols.at(0..batch * lowered), dacts.at_mut(x))?;
                     }
                 }
             }

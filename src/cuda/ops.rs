@@ -258,25 +258,25 @@ impl Gpu {
     /// per sample exactly the CPU's im2col, so Z_s = W · col_s.
     pub fn im2col(&self, stream: &CudaStream, g: &conv::Geometry, batch: usize, x: View<f32>, col: ViewMut<f32>) -> Result<()> {
         let in_len = g.in_channels * g.height * g.width;
-        assert!(x.len() >= batch * in_len && col.len() >= batch * g.col_len(), "im2col: short x or col");
-        if batch * g.col_len() == 0 {
+        assert!(x.len() >= batch * in_len && col.len() >= batch * g.lowered_len(), "im2col: short x or col");
+        if batch * g.lowered_len() == 0 {
             return Ok(());
         }
         let _ = int(batch * in_len)?;
         let (x, col) = (x.ptr(), col.ptr());
         let [c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b] = conv_dims(g, batch)?;
-        self.run(stream, Kernel::Im2col, blocks(batch * g.col_len()), kernel_args![x, col, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b])
+        self.run(stream, Kernel::Im2col, blocks(batch * g.lowered_len()), kernel_args![x, col, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b])
     }
 
     /// dx (batch, C, H, W) ← col2im(dcol), overwritten: each pixel the sum of the lowered
     /// entries read from it, gathered in the CPU's order.
     pub fn col2im(&self, stream: &CudaStream, g: &conv::Geometry, batch: usize, dcol: View<f32>, dx: ViewMut<f32>) -> Result<()> {
         let in_len = g.in_channels * g.height * g.width;
-        assert!(dx.len() >= batch * in_len && dcol.len() >= batch * g.col_len(), "col2im: short dx or dcol");
+        assert!(dx.len() >= batch * in_len && dcol.len() >= batch * g.lowered_len(), "col2im: short dx or dcol");
         if batch * in_len == 0 {
             return Ok(());
         }
-        let _ = int(batch * g.col_len())?;
+        let _ = int(batch * g.lowered_len())?;
         let (dcol, dx) = (dcol.ptr(), dx.ptr());
         let [c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b] = conv_dims(g, batch)?;
         self.run(stream, Kernel::Col2im, blocks(batch * in_len), kernel_args![dcol, dx, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b])

@@ -19,7 +19,7 @@ use crate::cache::{Cache, Grads};
 use crate::chain::Plan;
 use crate::device::Device;
 use crate::error::Result;
-use crate::layers::{conv_steps, max_col_len};
+use crate::layers::{conv_geometry, conv_steps};
 use crate::loss::Loss;
 use crate::optim::Optim;
 use cudarc::driver::{result, CudaStream};
@@ -90,6 +90,12 @@ pub(crate) struct DevGrads {
 pub(crate) struct DevOptim {
     stream: Arc<CudaStream>,
     pub state: DevBuf<f32>,
+}
+
+/// The longest lowered sample (CKK × OHW) of any convolution: the GPU lowers a whole batch, one
+/// such block per sample (the CPU's scratch, `conv::Geometry::col_len`, is laid out otherwise).
+fn max_lowered_len(plan: &Plan) -> usize {
+    conv_steps(plan).map(|s| conv_geometry(s).lowered_len()).max().unwrap_or(0)
 }
 
 /// Makes `bound` the model's stream, after the work queued on the one it held.
@@ -260,7 +266,7 @@ impl DevCache {
             stream: Arc::clone(stream),
             blas: gpu.blas(stream, tf32)?,
             acts: DevBuf::zeros(gpu, stream, plan.acts_len(capacity))?,
-            cols: DevBuf::zeros(gpu, stream, capacity * max_col_len(plan))?,
+            cols: DevBuf::zeros(gpu, stream, capacity * max_lowered_len(plan))?,
             labels: DevBuf::zeros(gpu, stream, capacity)?,
             targets: DevBuf::zeros(gpu, stream, capacity * plan.output().len())?,
             staging: [Pinned::zeros(gpu, capacity * plan.input.len())?, Pinned::zeros(gpu, capacity * plan.input.len())?],
@@ -314,7 +320,7 @@ impl DevGrads {
             stream: Arc::clone(stream),
             grads: DevBuf::zeros(gpu, stream, plan.param_len)?,
             dacts: DevBuf::zeros(gpu, stream, plan.acts_len(capacity))?,
-            dcols: DevBuf::zeros(gpu, stream, capacity * max_col_len(plan))?,
+            dcols: DevBuf::zeros(gpu, stream, capacity * max_lowered_len(plan))?,
             partials: DevBuf::zeros(gpu, stream, capacity * conv_w)?,
             ones: DevBuf::from_host(gpu, stream, &vec![1.0f32; capacity])?,
             loss: DevBuf::from_host(gpu, stream, &[f64::NAN, 0.0, 0.0])?,

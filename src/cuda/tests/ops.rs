@@ -181,7 +181,7 @@ fn maxpool_matches_the_spec_bit_for_bit() {
 /// The CPU's im2col for one sample, written out from the geometry.
 fn im2col_reference(g: &conv::Geometry, x: &[f32]) -> Vec<f32> {
     let (kh, kw, ohw) = (g.kernel.0, g.kernel.1, g.ohw());
-    let mut col = vec![0.0; g.col_len()];
+    let mut col = vec![0.0; g.lowered_len()];
     for c in 0..g.in_channels {
         for i in 0..kh {
             for j in 0..kw {
@@ -231,9 +231,9 @@ fn conv_lowering_with_sgemm_matches_the_spec() {
 
             let (wd, xd, dzd) = (upload(&stream, &w), upload(&stream, &x), upload(&stream, &dz));
             let (mut col, mut z, mut dcol, mut dx, mut dw) = (
-                upload(&stream, &poisoned(batch * g.col_len())),
+                upload(&stream, &poisoned(batch * g.lowered_len())),
                 upload(&stream, &poisoned(batch * out_len)),
-                upload(&stream, &poisoned(batch * g.col_len())),
+                upload(&stream, &poisoned(batch * g.lowered_len())),
                 upload(&stream, &poisoned(x.len())),
                 upload(&stream, &poisoned(w.len())),
             );
@@ -252,7 +252,7 @@ fn conv_lowering_with_sgemm_matches_the_spec() {
             // dW (OC × CKK) = Σ_s dZ_s (OC × OHW) · col_sᵀ (OHW × CKK)
             for s in 0..batch {
                 let dz_s = DevMat { data: View::of(&dzd).slice(s * out_len..(s + 1) * out_len), rs: ohw, cs: 1 };
-                let col_t = DevMat { data: View::of(&col).slice(s * g.col_len()..(s + 1) * g.col_len()), rs: 1, cs: ohw };
+                let col_t = DevMat { data: View::of(&col).slice(s * g.lowered_len()..(s + 1) * g.lowered_len()), rs: 1, cs: ohw };
                 let beta = if s == 0 { 0.0 } else { 1.0 };
                 blas.sgemm(oc, ckk, ohw, 1.0, dz_s, col_t, beta, DevMatMut { data: ViewMut::of(&mut dw), rs: ckk, cs: 1 }).unwrap();
             }
