@@ -474,7 +474,15 @@ unsafe fn blocked<K: Kernel>(scratch: &mut [f32], m: usize, n: usize, k: usize, 
 unsafe fn pack_a(mc: usize, kc: usize, a: View, out: &mut [f32]) {
     for (i0, rows, height) in row_panels(mc) {
         let dst = &mut out[i0 * kc..][..height * kc];
-        if a.cs == 1 {
+        if a.cs == 1 && rows == MR && height == MR {
+            // k outer, so the panel is written in order: MR row streams in, one stream out
+            let src: [&[f32]; MR] = std::array::from_fn(|i| unsafe { std::slice::from_raw_parts(a.ptr.add((i0 + i) * a.rs), kc) });
+            for (p, out) in dst.chunks_exact_mut(MR).enumerate() {
+                for (o, row) in out.iter_mut().zip(&src) {
+                    *o = row[p];
+                }
+            }
+        } else if a.cs == 1 {
             for i in 0..height {
                 if i < rows {
                     let src = unsafe { std::slice::from_raw_parts(a.ptr.add((i0 + i) * a.rs), kc) };
@@ -504,6 +512,14 @@ unsafe fn pack_b(kc: usize, nc: usize, b: View, out: &mut [f32]) {
             for p in 0..kc {
                 let src = unsafe { std::slice::from_raw_parts(b.ptr.add(p * b.rs + j0), NR) };
                 dst[p * NR..(p + 1) * NR].copy_from_slice(src);
+            }
+        } else if b.rs == 1 && cols == NR {
+            // B stored by columns (Wᵀ in X·Wᵀ): k outer, so the panel is written in order
+            let src: [&[f32]; NR] = std::array::from_fn(|j| unsafe { std::slice::from_raw_parts(b.ptr.add((j0 + j) * b.cs), kc) });
+            for (p, out) in dst.chunks_exact_mut(NR).enumerate() {
+                for (o, col) in out.iter_mut().zip(&src) {
+                    *o = col[p];
+                }
             }
         } else if b.rs == 1 {
             for j in 0..NR {
