@@ -1,24 +1,45 @@
-// Losses (src/loss.rs): gradients written in place and the value reduced on the device, in one
-// block of REDUCE_THREADS threads: each thread sums its share in f64 in a fixed order, then a
-// fixed shared-memory tree combines them. No atomics, so the loss is the same bit for bit on
-// every run. loss[0] = the value; the running totals since the host last reset them:
-// loss[1] += loss[0], loss[2] += 1.
+// Losses (src/loss.rs): gradients written in place and the value reduced on the device in one
+// launch. Each block sums its grid-stride share in f64 (each thread in a fixed order, then a
+// fixed shared-memory tree) into partials[block]; the last block to finish (a counter, reset by
+// that block) sums the partials in block order. The grid size is a function of the size alone
+// (loss_blocks in src/cuda/ops.rs), so the loss is the same bit for bit on every run.
+// loss[0] = the value; the running totals since the host last reset them: loss[1] += loss[0],
+// loss[2] += 1. `scratch`: the counter (in the bits of its first double, zero before the first
+// launch), then gridDim.x partials.
 
-__device__ __forceinline__ void record_loss(double value, double* loss) {
-    loss[0] = value;
-    loss[1] += value;
-    loss[2] += 1.0;
+__device__ void finish_loss(double block_sum, double* scratch, double scale, double* loss, double* buf) {
+    __shared__ bool last;
+    unsigned int* counter = (unsigned int*)scratch;
+    double* partials = scratch + 1;
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = block_sum;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double acc = 0.0;
+    for (int b = threadIdx.x; b < gridDim.x; b += REDUCE_THREADS) acc += ((volatile double*)partials)[b];
+    double total = block_sum_f64(acc, buf);
+    if (threadIdx.x == 0) {
+        double value = total * scale;
+        loss[0] = value;
+        loss[1] += value;
+        loss[2] += 1.0;
+        *counter = 0u;
+    }
 }
 
 // Softmax cross-entropy on logits y (batch, classes) with labels: dy = (softmax(y) − onehot)·scale
 // with scale = 1/batch, value = mean over the batch of log Σ_j e^{y_sj} − y_s,label (each term in
 // f32, as the CPU computes it). A label outside 0..classes makes the value NaN (the host checks
 // labels before they reach the device).
-extern "C" __global__ void softmax_xent(const float* y, const unsigned int* labels, float* dy, double* loss, int classes, int batch,
-                                        float scale, double mean_scale) {
+extern "C" __global__ void softmax_xent(const float* y, const unsigned int* labels, float* dy, double* loss, double* scratch, int classes,
+                                        int batch, float scale, double mean_scale) {
     __shared__ double buf[REDUCE_THREADS];
     double acc = 0.0;
-    for (int s = threadIdx.x; s < batch; s += REDUCE_THREADS) {
+    GRID_STRIDE(s, batch) {
         const float* row = y + (long long)s * classes;
         float* drow = dy + (long long)s * classes;
         float max = row[0];
@@ -39,20 +60,19 @@ extern "C" __global__ void softmax_xent(const float* y, const unsigned int* labe
             acc += __longlong_as_double(0x7ff8000000000000LL);
         }
     }
-    double sum = block_sum_f64(acc, buf);
-    if (threadIdx.x == 0) record_loss(sum * mean_scale, loss);
+    finish_loss(block_sum_f64(acc, buf), scratch, mean_scale, loss, buf);
 }
 
 // Mean squared error over n values: dy = grad_scale·(y − t) with grad_scale = 2/n, value =
 // Σ (y − t)² · mean_scale with mean_scale = 1/n, summed in f64.
-extern "C" __global__ void mse(const float* y, const float* t, float* dy, double* loss, int n, float grad_scale, double mean_scale) {
+extern "C" __global__ void mse(const float* y, const float* t, float* dy, double* loss, double* scratch, int n, float grad_scale,
+                               double mean_scale) {
     __shared__ double buf[REDUCE_THREADS];
     double acc = 0.0;
-    for (int i = threadIdx.x; i < n; i += REDUCE_THREADS) {
+    GRID_STRIDE(i, n) {
         float d = y[i] - t[i];
         acc += (double)d * (double)d;
         dy[i] = grad_scale * d;
     }
-    double sum = block_sum_f64(acc, buf);
-    if (threadIdx.x == 0) record_loss(sum * mean_scale, loss);
+    finish_loss(block_sum_f64(acc, buf), scratch, mean_scale, loss, buf);
 }

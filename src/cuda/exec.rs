@@ -74,6 +74,8 @@ pub(crate) struct LossBuffers<'a> {
     pub targets: &'a DevBuf<f32>,
     /// [last loss, sum since reset, count since reset].
     pub loss: &'a DevBuf<f64>,
+    /// The loss kernels' counter and partial sums ([`super::LOSS_SCRATCH`]).
+    pub scratch: &'a DevBuf<f64>,
 }
 
 /// Every step's output for the first `f.batch` samples (as `layers::forward`).
@@ -130,16 +132,16 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
     let last = plan.steps.last().expect("a plan has steps").output_region;
     let out = region(plan, last, f.capacity, f.batch);
     let (acts, dacts) = (Raw::of(f.acts), Raw::of(b.dacts));
-    let value = Raw::of(l.loss).at_mut(0..l.loss.len());
+    let (value, scratch) = (Raw::of(l.loss).at_mut(0..l.loss.len()), Raw::of(l.scratch).at_mut(0..l.scratch.len()));
     let outputs = plan.output().len();
     match loss {
         Loss::LogitCrossEntropy => {
             let labels = Raw::of(l.labels).at(0..f.batch);
-            gpu.softmax_xent(stream, outputs, f.batch, acts.at(out.clone()), labels, dacts.at_mut(out), value)
+            gpu.softmax_xent(stream, outputs, f.batch, acts.at(out.clone()), labels, dacts.at_mut(out), value, scratch)
         }
         Loss::Mse => {
             let n = out.len();
-            gpu.mse(stream, n, acts.at(out.clone()), Raw::of(l.targets).at(0..n), dacts.at_mut(out), value)
+            gpu.mse(stream, n, acts.at(out.clone()), Raw::of(l.targets).at(0..n), dacts.at_mut(out), value, scratch)
         }
     }
 }

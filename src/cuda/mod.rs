@@ -33,7 +33,7 @@ mod tests;
 pub use blas::{Blas, DevMat, DevMatMut};
 pub use context::Gpu;
 pub use launch::{launch, View, ViewMut};
-pub use ops::DenseEpilogue;
+pub use ops::{DenseEpilogue, LOSS_SCRATCH};
 
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaContext, DriverError};

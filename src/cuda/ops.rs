@@ -15,6 +15,19 @@ use crate::optim::Optim;
 use cudarc::driver::CudaStream;
 use std::ffi::c_void;
 
+/// Most blocks a loss kernel runs on (LOSS_BLOCKS): one value or sample per thread up to
+/// 128 × 256, then grid-stride.
+const LOSS_BLOCKS: usize = 128;
+
+/// f64 values of the scratch a loss kernel needs: a counter, then one partial sum per block.
+pub const LOSS_SCRATCH: usize = LOSS_BLOCKS + 1;
+
+/// Blocks of a loss kernel over `n` samples or values: a function of `n` alone, so the order
+/// in which the loss is summed never changes.
+fn loss_blocks(n: usize) -> u32 {
+    n.div_ceil(BLOCK as usize).clamp(1, LOSS_BLOCKS) as u32
+}
+
 /// Rows per block of the row-chunked product (SKINNY_ROWS in kernels/dense.cu).
 const SKINNY_ROWS: usize = 8;
 /// Output tile side of the tiled product (TILE in kernels/dense.cu).
@@ -181,9 +194,9 @@ impl Gpu {
 
     /// Softmax cross-entropy of logits y (batch, classes) against `labels`: dy as
     /// [`crate::loss::logit_cross_entropy`] computes it, and loss[0] (f64) = the mean over the
-    /// batch, summed on the device in a fixed order in one block; loss[1] += loss[0],
-    /// loss[2] += 1. A label outside 0..classes makes the loss NaN (labels are checked on the
-    /// host).
+    /// batch, summed on the device in a fixed order (one launch; `scratch`: [`LOSS_SCRATCH`]
+    /// values, zero before the first call and left so); loss[1] += loss[0], loss[2] += 1. A
+    /// label outside 0..classes makes the loss NaN (labels are checked on the host).
     #[allow(clippy::too_many_arguments)]
     pub fn softmax_xent(
         &self,
@@ -194,30 +207,41 @@ impl Gpu {
         labels: View<u32>,
         dy: ViewMut<f32>,
         loss: ViewMut<f64>,
+        scratch: ViewMut<f64>,
     ) -> Result<()> {
         let len = batch * classes;
         assert!(y.len() >= len && dy.len() >= len && labels.len() >= batch, "softmax_xent: short y, dy or labels");
-        assert!(loss.len() >= 3, "softmax_xent: short loss");
+        assert!(loss.len() >= 3 && scratch.len() >= LOSS_SCRATCH, "softmax_xent: short loss or scratch");
         assert!(batch > 0 && classes > 0, "softmax_xent: empty batch");
         let _ = int(len)?;
-        let (y, labels, dy, loss) = (y.ptr(), labels.ptr(), dy.ptr(), loss.ptr());
+        let (y, labels, dy, loss, scratch) = (y.ptr(), labels.ptr(), dy.ptr(), loss.ptr(), scratch.ptr());
         // the CPU's scales: 1/batch in f64, rounded to f32 for the gradient
         let mean_scale = 1.0 / batch as f64;
         let (c, b, scale) = (int(classes)?, int(batch)?, mean_scale as f32);
-        self.run(stream, Kernel::SoftmaxXent, 1, kernel_args![y, labels, dy, loss, c, b, scale, mean_scale])
+        self.run(stream, Kernel::SoftmaxXent, loss_blocks(batch), kernel_args![y, labels, dy, loss, scratch, c, b, scale, mean_scale])
     }
 
     /// Mean squared error over the first `n` values: dy = 2(y − t)/n, and loss[0] (f64) =
-    /// Σ(y − t)²/n summed on the device in a fixed order in one block; loss[1] += loss[0],
-    /// loss[2] += 1.
+    /// Σ(y − t)²/n summed on the device in a fixed order (one launch; `scratch` as for
+    /// [`Gpu::softmax_xent`]); loss[1] += loss[0], loss[2] += 1.
     #[allow(clippy::too_many_arguments)]
-    pub fn mse(&self, stream: &CudaStream, n: usize, y: View<f32>, t: View<f32>, dy: ViewMut<f32>, loss: ViewMut<f64>) -> Result<()> {
+    pub fn mse(
+        &self,
+        stream: &CudaStream,
+        n: usize,
+        y: View<f32>,
+        t: View<f32>,
+        dy: ViewMut<f32>,
+        loss: ViewMut<f64>,
+        scratch: ViewMut<f64>,
+    ) -> Result<()> {
         assert!(y.len() >= n && t.len() >= n && dy.len() >= n, "mse: a view is shorter than {n}");
-        assert!(loss.len() >= 3, "mse: short loss");
+        assert!(loss.len() >= 3 && scratch.len() >= LOSS_SCRATCH, "mse: short loss or scratch");
         assert!(n > 0, "mse: no values");
         let mean_scale = 1.0 / n as f64;
-        let (y, t, dy, loss, len, grad_scale) = (y.ptr(), t.ptr(), dy.ptr(), loss.ptr(), int(n)?, (2.0 * mean_scale) as f32);
-        self.run(stream, Kernel::Mse, 1, kernel_args![y, t, dy, loss, len, grad_scale, mean_scale])
+        let (y, t, dy, loss, scratch, len, grad_scale) =
+            (y.ptr(), t.ptr(), dy.ptr(), loss.ptr(), scratch.ptr(), int(n)?, (2.0 * mean_scale) as f32);
+        self.run(stream, Kernel::Mse, loss_blocks(n), kernel_args![y, t, dy, loss, scratch, len, grad_scale, mean_scale])
     }
 
     /// Max-pool forward of `batch` samples, as [`pool::forward_spec`].

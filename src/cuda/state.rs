@@ -83,6 +83,8 @@ pub(crate) struct DevGrads {
     ones: DevBuf<f32>,
     /// [last loss, sum since `mean_loss`, count since `mean_loss`].
     loss: DevBuf<f64>,
+    /// The loss kernels' counter and partial sums.
+    loss_scratch: DevBuf<f64>,
     graphs: Graphs,
 }
 
@@ -239,7 +241,7 @@ impl DevModel {
         };
         let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
-        let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss };
+        let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
         dg.graphs.run(self.options.graphs, stream, key, || {
             exec::forward(gpu, blas, stream, plan, &f)?;
@@ -324,6 +326,7 @@ impl DevGrads {
             partials: DevBuf::zeros(gpu, stream, capacity * conv_w)?,
             ones: DevBuf::from_host(gpu, stream, &vec![1.0f32; capacity])?,
             loss: DevBuf::from_host(gpu, stream, &[f64::NAN, 0.0, 0.0])?,
+            loss_scratch: DevBuf::zeros(gpu, stream, super::LOSS_SCRATCH)?,
             graphs: Graphs::new(),
         })
     }

@@ -3,7 +3,7 @@
 use super::{check, download, same_bits, upload};
 use crate::activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
 use crate::chain::{Chain, Input, Shape};
-use crate::cuda::{gpu_or_skip, DenseEpilogue, DevMat, DevMatMut, View, ViewMut};
+use crate::cuda::{gpu_or_skip, DenseEpilogue, DevMat, DevMatMut, View, ViewMut, LOSS_SCRATCH};
 use crate::init::Init;
 use crate::layers::{conv, pool};
 use crate::loss;
@@ -92,10 +92,13 @@ fn softmax_xent_matches_the_cpu_and_is_deterministic() {
         let mut dy_want = vec![0.0f32; batch * classes];
         let loss_want = loss::logit_cross_entropy(&y, &labels, classes, &mut dy_want);
         let (yd, ld) = (upload(&stream, &y), upload(&stream, &labels));
-        let run = || {
+        // one scratch for every run: the last block leaves its counter at zero for the next
+        let mut scratch_buf = upload(&stream, &[0.0f64; LOSS_SCRATCH]);
+        let mut run = || {
             let (mut dy, mut loss) = (upload(&stream, &poisoned(batch * classes)), upload(&stream, &[f64::NAN, 0.5, 2.0]));
             let (y, labels) = (View::of(&yd), View::of(&ld));
-            gpu.softmax_xent(&stream, classes, batch, y, labels, ViewMut::of(&mut dy), ViewMut::of(&mut loss)).unwrap();
+            let scratch = ViewMut::of(&mut scratch_buf);
+            gpu.softmax_xent(&stream, classes, batch, y, labels, ViewMut::of(&mut dy), ViewMut::of(&mut loss), scratch).unwrap();
             loss_totals_follow(&download(&stream, &loss));
             (download(&stream, &dy), download(&stream, &loss)[0])
         };
@@ -121,9 +124,11 @@ fn mse_matches_the_cpu_and_is_deterministic() {
         let mut dy_want = vec![0.0f32; n];
         let loss_want = loss::mse(&y, &t, &mut dy_want);
         let (yd, td) = (upload(&stream, &y), upload(&stream, &t));
-        let run = || {
+        let mut scratch_buf = upload(&stream, &[0.0f64; LOSS_SCRATCH]);
+        let mut run = || {
             let (mut dy, mut loss) = (upload(&stream, &poisoned(n)), upload(&stream, &[f64::NAN, 0.5, 2.0]));
-            gpu.mse(&stream, n, View::of(&yd), View::of(&td), ViewMut::of(&mut dy), ViewMut::of(&mut loss)).unwrap();
+            let scratch = ViewMut::of(&mut scratch_buf);
+            gpu.mse(&stream, n, View::of(&yd), View::of(&td), ViewMut::of(&mut dy), ViewMut::of(&mut loss), scratch).unwrap();
             loss_totals_follow(&download(&stream, &loss));
             (download(&stream, &dy), download(&stream, &loss)[0])
         };
@@ -390,7 +395,7 @@ fn launches_allocate_nothing() {
         upload(&stream, &rng.uniform(n)),
     );
     let mut state = upload(&stream, &vec![0.0f32; 2 * n]);
-    let mut loss = upload(&stream, &[0.0f64; 3]);
+    let (mut loss, mut scratch) = (upload(&stream, &[0.0f64; 3]), upload(&stream, &[0.0f64; LOSS_SCRATCH]));
     let labels = upload(&stream, &vec![1u32; batch]);
     let mut labels_out = upload(&stream, &vec![0u32; batch]);
     let pool_g = pool::Geometry::new(Shape::image(6, 6, channels), Shape::image(3, 3, channels), (2, 2), (2, 2));
@@ -400,8 +405,9 @@ fn launches_allocate_nothing() {
         gpu.bias_act(&stream, Gelu, av, channels, pixels, batch, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
         gpu.act_backward(&stream, Tanh, n, av, bv, av, ViewMut::of(&mut c)).unwrap();
         gpu.bias_grad(&stream, channels, pixels, batch, av, ViewMut::of(&mut c)).unwrap();
-        gpu.softmax_xent(&stream, 10, batch, av, View::of(&labels), ViewMut::of(&mut c), ViewMut::of(&mut loss)).unwrap();
-        gpu.mse(&stream, n, av, bv, ViewMut::of(&mut c), ViewMut::of(&mut loss)).unwrap();
+        gpu.softmax_xent(&stream, 10, batch, av, View::of(&labels), ViewMut::of(&mut c), ViewMut::of(&mut loss), ViewMut::of(&mut scratch))
+            .unwrap();
+        gpu.mse(&stream, n, av, bv, ViewMut::of(&mut c), ViewMut::of(&mut loss), ViewMut::of(&mut scratch)).unwrap();
         let (am, bm) = (DevMat { data: av, rs: 16, cs: 1 }, DevMat { data: bv, rs: 1, cs: 16 });
         let epilogue = DenseEpilogue::Forward { bias: bv, z: ViewMut::of(&mut c), y: Some(ViewMut::of(&mut d)), act: Gelu };
         gpu.dense(&stream, 12, 9, 16, am, bm, epilogue).unwrap();
