@@ -35,8 +35,9 @@ pub struct Cache {
     pub(crate) inputs_dirty: bool,
     pub(crate) labels_dirty: bool,
     pub(crate) targets_dirty: bool,
-    /// The labels were written on the device (by the data loader's gather from a data set whose
-    /// labels were checked when it was uploaded), so `labels` on the host is not theirs.
+    /// The inputs / labels were written on the device (by the data loader's gather; the labels
+    /// from a data set checked when it was uploaded), so the host's copies are not theirs.
+    pub(crate) inputs_on_device: bool,
     pub(crate) labels_on_device: bool,
 }
 
@@ -61,6 +62,7 @@ impl Cache {
             inputs_dirty: false,
             labels_dirty: false,
             targets_dirty: false,
+            inputs_on_device: false,
             labels_on_device: false,
         })
     }
@@ -112,11 +114,12 @@ impl Cache {
             None => &mut self.acts[r],
         };
         self.batch = batch;
-        self.inputs_dirty = true;
+        (self.inputs_dirty, self.inputs_on_device) = (true, false);
         Ok(inputs)
     }
 
-    /// The current batch's inputs.
+    /// The current batch's inputs as the host set them (a batch the data loader gathered on a
+    /// GPU is not copied back: then these are the last inputs the host set).
     pub fn inputs(&self) -> &[f32] {
         let r = region(&self.plan, 0, self.capacity, self.batch);
         match &self.dev {
@@ -295,11 +298,11 @@ impl ToDevice for Cache {
             Device::Cuda(ordinal) => Some(DevCache::on(ordinal, &self.plan, self.capacity)?),
         };
         let mut moved = Cache::new(&self.plan, self.capacity, self.threads, dev)?;
-        if self.batch > 0 {
+        // a batch gathered on the old device is not on the host: it must be set again
+        if self.batch > 0 && !self.inputs_on_device {
             moved.inputs_mut(self.batch)?.copy_from_slice(self.inputs());
         }
         (moved.labels, moved.targets) = (self.labels, self.targets);
-        // labels gathered on the old device are not on the host: they must be set again
         let labels_set = if self.labels_on_device { 0 } else { self.labels_set };
         (moved.labels_set, moved.targets_set) = (labels_set, self.targets_set);
         (moved.inputs_dirty, moved.labels_dirty, moved.targets_dirty) = (true, true, true);

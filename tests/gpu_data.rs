@@ -313,6 +313,23 @@ fn free_device_memory() -> usize {
     Device::Cuda(0).memory().unwrap().0
 }
 
+#[test]
+fn a_batch_gathered_on_the_device_does_not_move_with_its_cache() {
+    let Some((device, _turn)) = gpu_device() else { return };
+    let data = dataset(40, 20, 10, 8);
+    let model = mlp().to(&device).unwrap();
+    let mut fwd = model.preallocate(16).unwrap();
+    let mut device_data = data.to_device(&device, 10).unwrap();
+    let mut loader = Loader::new(data.len(), 16, 0, false).unwrap();
+    assert_eq!(loader.next_device_batch(&mut device_data, &mut fwd).unwrap(), Some(16));
+    // the gathered batch is on the device only: a moved cache starts with no batch
+    let moved = fwd.to_device(&Device::Cpu).unwrap();
+    assert_eq!(moved.batch(), 0);
+    let mut moved = moved;
+    let cpu_model = model.to(&Device::Cpu).unwrap();
+    assert!(matches!(cpu_model.forward(&mut moved), Err(Error::Shape(_))), "no inputs set after the move");
+}
+
 #[global_allocator]
 static COUNTING: Counting = Counting;
 

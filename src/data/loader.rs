@@ -294,7 +294,8 @@ fn check_device(device: Device, cache: &Cache) -> Result<()> {
 /// or on the host before staging) so `backprop` need not look at them.
 fn mark_written_on_device(cache: &mut Cache, batch: usize) {
     (cache.batch, cache.labels_set) = (batch, batch);
-    (cache.inputs_dirty, cache.labels_dirty, cache.labels_on_device) = (false, false, true);
+    (cache.inputs_dirty, cache.labels_dirty) = (false, false);
+    (cache.inputs_on_device, cache.labels_on_device) = (true, true);
 }
 
 /// A loader that streams batches to a GPU from page-locked host memory: [`next_batch`] hands
