@@ -482,6 +482,11 @@ unsafe fn pack_a(mc: usize, kc: usize, a: View, out: &mut [f32]) {
                     *o = row[p];
                 }
             }
+        } else if a.rs == 1 && rows == MR && height == MR {
+            // A stored by columns (dZᵀ in dW = dZᵀ·X): each k is MR contiguous values
+            for (p, out) in dst.chunks_exact_mut(MR).enumerate() {
+                out.copy_from_slice(unsafe { std::slice::from_raw_parts(a.ptr.add(i0 + p * a.cs), MR) });
+            }
         } else if a.cs == 1 {
             for i in 0..height {
                 if i < rows {
