@@ -116,12 +116,6 @@ impl Data {
     }
 }
 
-fn lr_of(config: Optim) -> f32 {
-    match config {
-        Optim::Sgd { lr, .. } | Optim::Adam { lr, .. } | Optim::AdamW { lr, .. } | Optim::RmsProp { lr, .. } => lr,
-    }
-}
-
 /// Fraction of `data` classified right, in batches through `fwd`.
 fn accuracy(model: &Model, fwd: &mut Cache, data: &mut Data, loader: &mut Loader) -> flatnn::Result<f64> {
     loader.rewind();
@@ -174,7 +168,7 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         opt.config()
     );
     let bar_style = ProgressStyle::with_template("{prefix} [{bar:40}] {pos}/{len} {msg}").map_err(|e| e.to_string())?.progress_chars("=> ");
-    let base_lr = lr_of(opt.config());
+    let base_lr = opt.config().lr();
     for epoch in 1..=o.epochs {
         // cosine decay per epoch, from the base rate to near zero: the last epochs settle
         // instead of bouncing around the optimum

@@ -27,6 +27,18 @@ pub enum Optim {
 }
 
 impl Optim {
+    /// The learning rate.
+    pub fn lr(&self) -> f32 {
+        let mut config = *self;
+        *config.lr_mut()
+    }
+
+    fn lr_mut(&mut self) -> &mut f32 {
+        match self {
+            Optim::Sgd { lr, .. } | Optim::Adam { lr, .. } | Optim::AdamW { lr, .. } | Optim::RmsProp { lr, .. } => lr,
+        }
+    }
+
     /// SGD with momentum μ (0 for none).
     pub fn sgd(lr: f32, momentum: f32) -> Optim {
         Optim::Sgd { lr, momentum, nesterov: false }
@@ -143,9 +155,7 @@ impl Optimizer {
     /// Changes the learning rate (for a schedule).
     pub fn set_lr(&mut self, new_lr: f32) -> Result<()> {
         let mut config = self.config;
-        match &mut config {
-            Optim::Sgd { lr, .. } | Optim::Adam { lr, .. } | Optim::AdamW { lr, .. } | Optim::RmsProp { lr, .. } => *lr = new_lr,
-        }
+        *config.lr_mut() = new_lr;
         config.check()?;
         self.config = config;
         Ok(())

@@ -6,7 +6,7 @@
 
 use flatnn::data::{Dataset, DeviceDataset, Loader, StreamingLoader};
 use flatnn::prelude::*;
-use flatnn::testutil::{allocations_in, Counting, Rng};
+use flatnn::testutil::{allocations_in, cuda_or_skip, Counting, Rng};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The GPU tests of this file run one at a time: one of them reads the device's free memory,
@@ -15,13 +15,7 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// CUDA device 0 and this file's turn on it, or `None` after printing the skip line.
 fn gpu_device() -> Option<(Device, MutexGuard<'static, ()>)> {
-    match Device::cuda(0) {
-        Ok(device) => Some((device, ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner))),
-        Err(e) => {
-            println!("skipped: no CUDA device ({e})");
-            None
-        }
-    }
+    cuda_or_skip().map(|device| (device, ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)))
 }
 
 /// `n` samples of `len` values in [−1, 1) (sample i's labels below `classes`).
