@@ -115,6 +115,46 @@ fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
     }
 }
 
+/// Dense plans of odd widths, every activation, one layer or several, at batches that run on
+/// the fused kernels (≤ 64) and on cuBLAS (above): forward against the CPU, then a backprop on
+/// the same batch without new inputs, which checks that the forward left the inputs on the
+/// device.
+#[test]
+fn dense_plans_match_the_cpu() {
+    let Some(device) = cuda_or_skip() else { return };
+    let chains = [
+        ("100-200-1", Chain::new(Input::vector(100)).dense(200, Relu).dense(1, Identity)),
+        ("1000-13", Chain::new(Input::vector(1000)).dense(13, Gelu)),
+        ("20-7", Chain::new(Input::vector(20)).dense(7, Sigmoid)),
+        ("37-256-9-250-3", Chain::new(Input::vector(37)).dense(256, Tanh).dense(9, Sigmoid).dense(250, LeakyRelu(0.2)).dense(3, Identity)),
+        ("mlp", mlp()),
+        ("5-300-4", Chain::new(Input::vector(5)).dense(300, Relu).dense(4, Identity)),
+    ];
+    let mut rng = Rng::new(8);
+    for (name, chain) in chains {
+        let cpu = chain.build().unwrap().init(Init::GlorotUniform, 2).with_threads(1).unwrap();
+        let gpu = cpu.to(&device).unwrap();
+        let (mut cpu_fwd, mut gpu_fwd) = (cpu.preallocate(256).unwrap(), gpu.preallocate(256).unwrap());
+        let (mut cpu_bwd, mut gpu_bwd) = (cpu.preallocate_grads(256).unwrap(), gpu.preallocate_grads(256).unwrap());
+        for n in [1, 7, 8, 9, 64, 200, 256, 3] {
+            let (x, labels) = batch(&mut rng, &cpu, n);
+            cpu_fwd.set_inputs(&x).unwrap();
+            gpu_fwd.set_inputs(&x).unwrap();
+            let want = cpu.forward(&mut cpu_fwd).unwrap().to_vec();
+            let got = gpu.forward(&mut gpu_fwd).unwrap().to_vec();
+            let err = rel_err(&got, &want);
+            cpu_fwd.set_labels(&labels).unwrap();
+            gpu_fwd.set_labels(&labels).unwrap();
+            cpu.backprop(&mut cpu_bwd, &mut cpu_fwd, Loss::LogitCrossEntropy).unwrap();
+            gpu.backprop(&mut gpu_bwd, &mut gpu_fwd, Loss::LogitCrossEntropy).unwrap();
+            let grad_err = rel_err(&gpu_bwd.gradients().unwrap(), &cpu_bwd.gradients().unwrap());
+            println!("{name} batch {n}: forward rel err {err:.2e}, gradients after it {grad_err:.2e}");
+            assert!(err <= 1e-5, "{name} batch {n}: forward {err:e}");
+            assert!(grad_err <= 1e-5, "{name} batch {n}: gradients {grad_err:e}");
+        }
+    }
+}
+
 #[test]
 fn saved_on_the_gpu_loads_on_the_cpu() {
     let Some(device) = cuda_or_skip() else { return };

@@ -38,9 +38,25 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
                 }
             });
             let loss = bwd.last_loss().unwrap();
+            // inference: set_inputs + forward at the capacity and at batch 1
+            let mut infer = |n: usize| {
+                fwd.set_inputs(&x[..n * model.input_shape().len()]).unwrap();
+                model.forward(&mut fwd).unwrap()[0]
+            };
+            infer(64);
+            infer(1);
+            let inference_allocations = allocations_in(|| {
+                for i in 0..1000 {
+                    assert!(infer(if i % 2 == 0 { 64 } else { 1 }).is_finite());
+                }
+            });
             let free_after = device.memory().unwrap().0;
-            println!("{name} graphs={graphs}: 1000 steps, {allocations} host allocations+frees, free device memory {free_before} -> {free_after}, loss {loss}");
+            println!(
+                "{name} graphs={graphs}: 1000 steps, {allocations} host allocations+frees; 1000 forward calls, \
+                 {inference_allocations}; free device memory {free_before} -> {free_after}, loss {loss}"
+            );
             assert_eq!(allocations, 0, "{name} graphs={graphs}: host allocations in 1000 steps");
+            assert_eq!(inference_allocations, 0, "{name} graphs={graphs}: host allocations in 1000 forward calls");
             assert_eq!(free_before, free_after, "{name} graphs={graphs}: device memory changed");
             assert!(loss.is_finite());
         }
