@@ -13,7 +13,11 @@ static COUNTING: Counting = Counting;
 #[test]
 fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
     let Some(device) = cuda_or_skip() else { return };
-    for (name, chain) in [("mlp", mlp()), ("lenet", lenet5())] {
+    // FLATNN_CUDNN (read when a cache is made): LeNet on flatnn's kernels and through cuDNN
+    // (on flatnn's kernels again where cuDNN is missing); the only test of this binary sets it
+    let cases = [("mlp", mlp(), "auto"), ("lenet", lenet5(), "0"), ("lenet cudnn", lenet5(), "1")];
+    for (name, chain, cudnn) in cases {
+        std::env::set_var("FLATNN_CUDNN", cudnn);
         for graphs in [true, false] {
             let model = chain.clone().build().unwrap().init(Init::HeNormal, 1);
             let mut model = model.with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();
@@ -39,6 +43,11 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
             });
             let loss = bwd.last_loss().unwrap();
             let free_after = device.memory().unwrap().0;
+            let report = fwd.conv_backends();
+            if cudnn == "1" && flatnn::cuda::cudnn_version().is_some() {
+                assert!(report.contains("weight grad cudnn"), "{name}: cuDNN not used: {report}");
+            }
+            println!("{name} graphs={graphs}: {report}");
             println!("{name} graphs={graphs}: 1000 steps, {allocations} host allocations+frees, free device memory {free_before} -> {free_after}, loss {loss}");
             assert_eq!(allocations, 0, "{name} graphs={graphs}: host allocations in 1000 steps");
             assert_eq!(free_before, free_after, "{name} graphs={graphs}: device memory changed");

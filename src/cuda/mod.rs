@@ -21,6 +21,7 @@ mod blas;
 mod buffer;
 mod context;
 pub(crate) mod data;
+mod dnn;
 mod exec;
 mod graph;
 mod launch;
@@ -32,6 +33,7 @@ mod tests;
 
 pub use blas::{Blas, DevMat, DevMatMut};
 pub use context::Gpu;
+pub use dnn::cudnn_version;
 pub use launch::{launch, View, ViewMut};
 pub use ops::{DenseEpilogue, LOSS_SCRATCH};
 
