@@ -15,29 +15,35 @@
 //! stale samples behind it, and the weight gradient would sum them. So for each (batch, TF32)
 //! that runs, the first time it does (when its graph is captured), a [`Setup`] is made: per
 //! conv layer its descriptors, then per direction (forward; weight gradient and input gradient
-//! at the first training step) cuDNN's best algorithm by `cudnnFind*AlgorithmEx` within the
-//! workspace, and both paths timed, each captured `REPS` times in a CUDA graph (as steps run)
-//! and replayed: median of `SAMPLES` replays. The choice is kept for that batch size and
-//! reported by [`Dnn::report`]. The timing runs on the cache's live buffers: it writes only
-//! what the step it precedes overwrites (a layer's z, weight gradient, input gradient, scratch).
+//! at the first training step) cuDNN's best few algorithms by `cudnnFind*AlgorithmEx` within
+//! the workspace, and these and flatnn's kernels timed, each captured `REPS` times in a CUDA
+//! graph (as steps run) and replayed: median of `SAMPLES` replays. The choice is kept for that
+//! batch size and reported by [`Dnn::report`]. The timing runs on the cache's live buffers: it
+//! writes only what the step it precedes overwrites (a layer's z, weight gradient, input
+//! gradient, scratch).
+//!
+//! Same inputs, same bits: only deterministic, product-based cuDNN algorithms are considered
+//! (no atomics, FFT or Winograd; see `Perf::usable`), and a measurement is made once per
+//! process for a (device, layer shape, batch, TF32, direction) and reused by every later cache,
+//! so that models trained side by side compute exactly as one trained alone. Under `auto`,
+//! another process may measure otherwise and take the other path (results then differ in the
+//! last bits); `FLATNN_CUDNN=0` or `1` fixes the path.
 //!
 //! Bias, activation and bias gradient stay flatnn's kernels on both paths.
 
 use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
+use super::cudnn::{cudnn_error, cudnn_version, Descs, Dir, Handle, Perf, Ptrs, PERFS};
 use super::exec::{self, Backward, Forward};
 use super::graph::{self, Graphs};
 use super::{driver_error, guarded_result};
-use crate::chain::{Plan, Step};
-use crate::error::{Error, Result};
+use crate::chain::{Layer, Plan, Step};
+use crate::error::Result;
 use crate::layers::{conv_geometry, conv_steps, region};
-use cudarc::cudnn::result::{self as dnn, CudnnError};
-use cudarc::cudnn::sys;
 use cudarc::driver::{result as driver, sys as driver_sys, CudaStream};
-use std::ffi::c_void;
 use std::fmt::Write;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The most workspace a cache gives cuDNN; algorithms needing more are not considered.
 const WORKSPACE_CAP: usize = 64 << 20;
@@ -47,20 +53,8 @@ const SLOTS: usize = 2 * Graphs::SLOTS;
 /// Calls per captured graph, and replays timed, when comparing the two paths.
 const REPS: usize = 10;
 const SAMPLES: usize = 5;
-
-/// cuDNN's version (e.g. 90300 for 9.3.0) where a cuDNN 9 library loads here, else `None`.
-/// Probed once per process; never panics.
-pub fn cudnn_version() -> Option<usize> {
-    static VERSION: OnceLock<Option<usize>> = OnceLock::new();
-    *VERSION.get_or_init(|| {
-        // SAFETY: only tries to open the library, then closes it (cudarc would panic later
-        // where it is missing).
-        if !unsafe { sys::is_culib_present() } {
-            return None;
-        }
-        guarded_result(|| Ok(dnn::get_version())).ok().filter(|v| (90000..100000).contains(v))
-    })
-}
+/// cuDNN algorithms timed per layer and direction (the fastest by cuDNN's own measure).
+const CANDIDATES: usize = 3;
 
 /// What `FLATNN_CUDNN` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,111 +82,6 @@ impl Mode {
     }
 }
 
-/// The three products of a convolution. Pointers by direction (see [`Ptrs`]): forward reads x
-/// and w, writes y (= z); weight gradient reads x and dy, writes dw; input gradient reads w and
-/// dy, writes dx.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Dir {
-    Forward = 0,
-    Weight = 1,
-    Input = 2,
-}
-
-impl Dir {
-    fn name(self) -> &'static str {
-        match self {
-            Dir::Forward => "forward",
-            Dir::Weight => "weight grad",
-            Dir::Input => "input grad",
-        }
-    }
-
-    /// Number of cuDNN algorithms of this direction (their values are 0..count).
-    fn count(self) -> u32 {
-        match self {
-            Dir::Forward => sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_COUNT as u32,
-            Dir::Weight => sys::cudnnConvolutionBwdFilterAlgo_t::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT as u32,
-            Dir::Input => sys::cudnnConvolutionBwdDataAlgo_t::CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT as u32,
-        }
-    }
-
-    /// The algorithm's name as cuDNN spells it, less the common prefix.
-    fn algo_name(self, algo: u32) -> String {
-        let name = match self {
-            Dir::Forward => format!("{:?}", fwd_algo(algo)),
-            Dir::Weight => format!("{:?}", filter_algo(algo)),
-            Dir::Input => format!("{:?}", data_algo(algo)),
-        };
-        name.trim_start_matches("CUDNN_CONVOLUTION_").to_string()
-    }
-}
-
-// The algorithm enums are repr(u32) with every value in 0..COUNT; callers check the range.
-fn fwd_algo(algo: u32) -> sys::cudnnConvolutionFwdAlgo_t {
-    assert!(algo < Dir::Forward.count());
-    // SAFETY: in range (above) of a repr(u32) enum with contiguous values from 0.
-    unsafe { std::mem::transmute::<u32, sys::cudnnConvolutionFwdAlgo_t>(algo) }
-}
-
-fn filter_algo(algo: u32) -> sys::cudnnConvolutionBwdFilterAlgo_t {
-    assert!(algo < Dir::Weight.count());
-    // SAFETY: as above.
-    unsafe { std::mem::transmute::<u32, sys::cudnnConvolutionBwdFilterAlgo_t>(algo) }
-}
-
-fn data_algo(algo: u32) -> sys::cudnnConvolutionBwdDataAlgo_t {
-    assert!(algo < Dir::Input.count());
-    // SAFETY: as above.
-    unsafe { std::mem::transmute::<u32, sys::cudnnConvolutionBwdDataAlgo_t>(algo) }
-}
-
-/// cuDNN's three `cudnnConvolution*AlgoPerf_t` share this layout; read as plain integers so
-/// that a status or math type newer than cudarc's enums is no undefined behaviour.
-#[repr(C)]
-#[derive(Clone, Copy, Default, Debug)]
-struct Perf {
-    algo: u32,
-    status: u32,
-    time: f32,
-    memory: usize,
-    determinism: u32,
-    math_type: u32,
-    reserved: [i32; 3],
-}
-
-const _: () = {
-    use std::mem::{align_of, size_of};
-    assert!(size_of::<Perf>() == size_of::<sys::cudnnConvolutionFwdAlgoPerf_t>());
-    assert!(size_of::<Perf>() == size_of::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>());
-    assert!(size_of::<Perf>() == size_of::<sys::cudnnConvolutionBwdDataAlgoPerf_t>());
-    assert!(align_of::<Perf>() == align_of::<sys::cudnnConvolutionFwdAlgoPerf_t>());
-};
-
-/// Room for every algorithm of any direction.
-const PERFS: usize = 8;
-
-impl Perf {
-    /// Succeeded, fits in `workspace` bytes, and (unless `tf32`) plain FP32 arithmetic.
-    fn usable(&self, dir: Dir, workspace: usize, tf32: bool) -> bool {
-        self.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS as u32
-            && self.algo < dir.count()
-            && self.memory <= workspace
-            && (tf32 || self.math_type == sys::cudnnMathType_t::CUDNN_FMA_MATH as u32)
-    }
-}
-
-fn cudnn_error(what: &str, e: CudnnError) -> Error {
-    Error::Cuda { what: format!("cuDNN: {what}: {e:?}") }
-}
-
-/// Device addresses of one direction's three operands (see [`Dir`]).
-#[derive(Clone, Copy)]
-struct Ptrs {
-    x: driver_sys::CUdeviceptr,
-    w: driver_sys::CUdeviceptr,
-    y: driver_sys::CUdeviceptr,
-}
-
 /// The operands of `dir` for `step`'s first `f.batch` samples, each checked to lie inside its
 /// buffer (x: batch·C·H·W, y: batch·OC·OH·OW, w: OC·C·kh·kw values).
 fn ptrs(dir: Dir, plan: &Plan, step: &Step, f: &Forward, b: Option<&Backward>) -> Ptrs {
@@ -208,72 +97,6 @@ fn ptrs(dir: Dir, plan: &Plan, step: &Step, f: &Forward, b: Option<&Backward>) -
     }
 }
 
-/// A conv layer's cuDNN descriptors for one batch size: x (N, C, H, W), y (N, OC, OH, OW), w
-/// (OC, C, kh, kw), all NCHW f32, and the convolution (cross-correlation, as PyTorch's).
-struct Descs {
-    x: sys::cudnnTensorDescriptor_t,
-    y: sys::cudnnTensorDescriptor_t,
-    w: sys::cudnnFilterDescriptor_t,
-    conv: sys::cudnnConvolutionDescriptor_t,
-}
-
-impl Descs {
-    fn new(step: &Step, batch: usize, tf32: bool) -> Result<Descs, CudnnError> {
-        use sys::cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
-        use sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW as NCHW;
-        let g = conv_geometry(step);
-        let int = |v: usize| i32::try_from(v).map_err(|_| CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED));
-        let (n, c, h, w) = (int(batch)?, int(g.in_channels)?, int(g.height)?, int(g.width)?);
-        let (oc, oh, ow) = (int(g.out_channels)?, int(g.out_height)?, int(g.out_width)?);
-        let (kh, kw, sh, sw, ph, pw) =
-            (int(g.kernel.0)?, int(g.kernel.1)?, int(g.stride.0)?, int(g.stride.1)?, int(g.padding.0)?, int(g.padding.1)?);
-        // Owned from here, so that an error below destroys what was made.
-        let mut d = Descs { x: std::ptr::null_mut(), y: std::ptr::null_mut(), w: std::ptr::null_mut(), conv: std::ptr::null_mut() };
-        let math = if tf32 { sys::cudnnMathType_t::CUDNN_DEFAULT_MATH } else { sys::cudnnMathType_t::CUDNN_FMA_MATH };
-        // SAFETY: each descriptor is created before it is set, and owned by `d`.
-        unsafe {
-            d.x = dnn::create_tensor_descriptor()?;
-            dnn::set_tensor4d_descriptor(d.x, NCHW, F32, [n, c, h, w])?;
-            d.y = dnn::create_tensor_descriptor()?;
-            dnn::set_tensor4d_descriptor(d.y, NCHW, F32, [n, oc, oh, ow])?;
-            d.w = dnn::create_filter_descriptor()?;
-            dnn::set_filter4d_descriptor(d.w, F32, NCHW, [oc, c, kh, kw])?;
-            d.conv = dnn::create_convolution_descriptor()?;
-            let mode = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
-            dnn::set_convolution2d_descriptor(d.conv, ph, pw, sh, sw, 1, 1, mode, F32)?;
-            dnn::set_convolution_math_type(d.conv, math)?;
-            // cuDNN must see the output shape the plan has.
-            let mut dims = [0i32; 4];
-            let [dn, dc, dh, dw] = &mut dims;
-            sys::cudnnGetConvolution2dForwardOutputDim(d.conv, d.x, d.w, dn, dc, dh, dw).result()?;
-            if dims != [n, oc, oh, ow] {
-                return Err(CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED));
-            }
-        }
-        Ok(d)
-    }
-}
-
-impl Drop for Descs {
-    fn drop(&mut self) {
-        // SAFETY: each made in `new` (or still null), destroyed once.
-        unsafe {
-            if !self.x.is_null() {
-                let _ = dnn::destroy_tensor_descriptor(self.x);
-            }
-            if !self.y.is_null() {
-                let _ = dnn::destroy_tensor_descriptor(self.y);
-            }
-            if !self.w.is_null() {
-                let _ = dnn::destroy_filter_descriptor(self.w);
-            }
-            if !self.conv.is_null() {
-                let _ = dnn::destroy_convolution_descriptor(self.conv);
-            }
-        }
-    }
-}
-
 /// One direction of one layer: which path runs it, and what was measured to decide.
 #[derive(Clone, Copy, Debug)]
 struct Choice {
@@ -281,7 +104,7 @@ struct Choice {
     decided: bool,
     /// False for the input gradient of a layer reading the model's inputs.
     needed: bool,
-    /// cuDNN's best algorithm that fits (by `cudnnFind*AlgorithmEx`), if any.
+    /// The fastest cuDNN algorithm timed, if any fits.
     algo: Option<u32>,
     use_cudnn: bool,
     /// Per call, in a graph: flatnn's kernels, cuDNN (NaN where not measured).
@@ -311,17 +134,6 @@ struct Setup {
     batch: usize,
     tf32: bool,
     layers: Vec<LayerSetup>,
-}
-
-/// A cuDNN handle, destroyed with its owner.
-struct Handle(sys::cudnnHandle_t);
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        let _exclusive = super::device_wide();
-        // SAFETY: created in `Cudnn::new`, destroyed once, after the owner waited for its stream.
-        let _ = unsafe { dnn::destroy_handle(self.0) };
-    }
 }
 
 /// cuDNN for one cache. Fields drop in order: descriptors, handle, then workspace.
@@ -393,8 +205,7 @@ impl Dnn {
             Some(c) if !Arc::ptr_eq(&c.stream, stream) => {
                 c.stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
                 c.gpu.bind()?;
-                // SAFETY: a live handle and a live stream of its context.
-                unsafe { dnn::set_stream(c.handle.0, stream.cu_stream() as _) }.map_err(|e| cudnn_error("binding the stream", e))?;
+                c.handle.set_stream(stream)?;
                 c.stream = Arc::clone(stream);
                 Ok(())
             }
@@ -481,8 +292,9 @@ impl Dnn {
         c.gpu.bind()?;
         let p = ptrs(dir, plan, &plan.steps[index], f, b);
         // SAFETY: descriptors of this layer and batch; the operands lie inside their buffers
-        // (checked by `ptrs`) and the workspace is the handle's own.
-        unsafe { c.run(dir, descs, algo, p) }.map_err(|e| cudnn_error(&format!("{} of step {index}", dir.name()), e))?;
+        // (checked by `ptrs`) and the workspace is the one the algorithm was found within.
+        unsafe { c.handle.run(dir, descs, algo, p, &c.workspace) }
+            .map_err(|e| cudnn_error(&format!("{} of step {index}", dir.name()), e))?;
         Ok(true)
     }
 
@@ -521,12 +333,7 @@ impl Dnn {
 impl Cudnn {
     fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<Cudnn> {
         gpu.bind()?;
-        let handle = {
-            let _exclusive = super::device_wide();
-            Handle(dnn::create_handle().map_err(|e| cudnn_error("creating a handle", e))?)
-        };
-        // SAFETY: a live handle and a live stream of the current context.
-        unsafe { dnn::set_stream(handle.0, stream.cu_stream() as _) }.map_err(|e| cudnn_error("binding the stream", e))?;
+        let handle = Handle::new(stream)?;
         // The workspace: the most any layer and direction needs at the capacity, over the
         // algorithms cuDNN's heuristics offer within the cap.
         let mut bytes = 0;
@@ -534,8 +341,7 @@ impl Cudnn {
             let Ok(descs) = Descs::new(step, capacity, tf32) else { continue };
             for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
                 let mut perf = [Perf::default(); PERFS];
-                // SAFETY: a live handle and descriptors; `perf` holds PERFS results.
-                let Ok(n) = (unsafe { heuristics(handle.0, dir, &descs, &mut perf) }) else { continue };
+                let Ok(n) = handle.heuristics(dir, &descs, &mut perf) else { continue };
                 let fits = perf[..n].iter().filter(|p| p.usable(dir, WORKSPACE_CAP, tf32));
                 bytes = fits.map(|p| p.memory).fold(bytes, usize::max);
             }
@@ -558,7 +364,7 @@ impl Cudnn {
             .steps
             .iter()
             .enumerate()
-            .filter(|(_, s)| matches!(s.layer, crate::chain::Layer::Conv { .. }))
+            .filter(|(_, s)| matches!(s.layer, Layer::Conv { .. }))
             .map(|(index, step)| {
                 let g = conv_geometry(step);
                 let label = format!(
@@ -593,8 +399,9 @@ impl Cudnn {
         }
     }
 
-    /// Finds cuDNN's best algorithm for `dir` of `layer`, times it and flatnn's kernels, and
-    /// records the choice. A cuDNN failure leaves flatnn's kernels chosen (with a note); a
+    /// Records the path for `dir` of `layer`: as measured before in this process for the same
+    /// device, shape, batch and arithmetic (so that every model of a process computes alike),
+    /// else measured now. A cuDNN failure leaves flatnn's kernels chosen (with a note); a
     /// failure of flatnn's kernels is an error.
     #[allow(clippy::too_many_arguments)]
     fn decide(
@@ -611,186 +418,118 @@ impl Cudnn {
         tf32: bool,
     ) -> Result<()> {
         let step = &plan.steps[layer.step];
+        let g = conv_geometry(step);
+        let shape =
+            [g.in_channels, g.height, g.width, g.out_channels, g.kernel.0, g.kernel.1, g.stride.0, g.stride.1, g.padding.0, g.padding.1];
+        let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32, dir };
+        let m = match measured(&key) {
+            Some(m) => m,
+            None => remember(key, self.measure(layer, dir, gpu, blas, stream, plan, f, b, tf32)?),
+        };
+        let mut use_cudnn = m.algo.is_some() && layer.descs.is_some() && (mode == Mode::Cudnn || m.cudnn_us < m.own_us);
+        if let (Some(algo), Some(descs), true) = (m.algo, &layer.descs, use_cudnn) {
+            // Run it eagerly before any capture (measuring did, in the cache that measured).
+            let p = ptrs(dir, plan, step, f, b);
+            gpu.bind()?;
+            // SAFETY: descriptors of this layer and batch, operands inside their buffers, an
+            // algorithm cuDNN found for them within this size of workspace.
+            if let Err(e) = unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) } {
+                note(&mut layer.note, dir, &format!("{} failed: {e:?}", dir.algo_name(algo)));
+                use_cudnn = false;
+            }
+            stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
+        }
+        layer.choices[dir as usize] =
+            Choice { decided: true, needed: true, algo: m.algo, use_cudnn, own_us: m.own_us, cudnn_us: m.cudnn_us };
+        if !m.note.is_empty() {
+            note(&mut layer.note, dir, &m.note);
+        }
+        Ok(())
+    }
+
+    /// Times flatnn's kernels and cuDNN's best few algorithms (by `cudnnFind*AlgorithmEx`) for
+    /// `dir` of `layer`, as a step runs them.
+    #[allow(clippy::too_many_arguments)]
+    fn measure(
+        &self,
+        layer: &LayerSetup,
+        dir: Dir,
+        gpu: &Gpu,
+        blas: &Blas,
+        stream: &CudaStream,
+        plan: &Plan,
+        f: &Forward,
+        b: Option<&Backward>,
+        tf32: bool,
+    ) -> Result<Measured> {
+        let step = &plan.steps[layer.step];
         let own = || match dir {
             Dir::Forward => exec::conv_forward_own(gpu, blas, stream, plan, step, f),
             Dir::Weight => exec::conv_weight_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
             Dir::Input => exec::conv_input_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
         };
-        let mut choice = Choice { decided: true, own_us: time_in_graph(gpu, stream, &own)?, ..Choice::default() };
-        if let Some(descs) = &layer.descs {
-            let p = ptrs(dir, plan, step, f, b);
-            gpu.bind()?;
-            // SAFETY: descriptors of this layer and batch; operands inside their buffers.
-            match unsafe { self.find(dir, descs, p, tf32) } {
-                Ok(Some(algo)) => {
+        let mut m = Measured { algo: None, own_us: time_in_graph(gpu, stream, &own)?, cudnn_us: f32::NAN, note: String::new() };
+        let Some(descs) = &layer.descs else { return Ok(m) };
+        let p = ptrs(dir, plan, step, f, b);
+        gpu.bind()?;
+        // SAFETY: descriptors of this layer and batch; operands inside their buffers.
+        match unsafe { self.handle.find(dir, descs, p, &self.workspace, tf32, CANDIDATES) } {
+            Ok(algos) if algos.is_empty() => m.note = "no deterministic product algorithm fits".into(),
+            Ok(algos) => {
+                for algo in algos {
                     // SAFETY: as above, with an algorithm cuDNN found for them.
-                    let run = || unsafe { self.run(dir, descs, algo, p) }.map_err(|e| cudnn_error(dir.name(), e));
+                    let run = || unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) }.map_err(|e| cudnn_error(dir.name(), e));
                     match time_in_graph(gpu, stream, &run) {
-                        Ok(us) => {
-                            choice.algo = Some(algo);
-                            choice.cudnn_us = us;
-                            choice.use_cudnn = mode == Mode::Cudnn || us < choice.own_us;
-                        }
-                        Err(e) => note(&mut layer.note, dir, &format!("{} failed: {e}", dir.algo_name(algo))),
+                        Ok(us) if m.algo.is_none() || us < m.cudnn_us => (m.algo, m.cudnn_us) = (Some(algo), us),
+                        Ok(_) => {}
+                        Err(e) => m.note = format!("{} failed: {e}", dir.algo_name(algo)),
                     }
                 }
-                Ok(None) => note(&mut layer.note, dir, "no algorithm fits"),
-                Err(e) => note(&mut layer.note, dir, &format!("finding an algorithm failed: {e:?}")),
             }
+            Err(e) => m.note = format!("finding an algorithm failed: {e:?}"),
         }
-        layer.choices[dir as usize] = choice;
-        Ok(())
-    }
-
-    /// cuDNN's fastest usable algorithm for `dir`, measured by cuDNN on the operands (which
-    /// it overwrites: y, dw or dx).
-    ///
-    /// # Safety
-    /// `d` live and made for the operands' shapes; `p` inside live buffers.
-    unsafe fn find(&self, dir: Dir, d: &Descs, p: Ptrs, tf32: bool) -> Result<Option<u32>, CudnnError> {
-        let (h, ws, ws_len) = (self.handle.0, self.workspace.ptr() as *mut c_void, self.workspace.len());
-        let (x, w, y) = (p.x as *mut c_void, p.w as *mut c_void, p.y as *mut c_void);
-        let mut perf = [Perf::default(); PERFS];
-        let mut n = 0i32;
-        let out = perf.as_mut_ptr();
-        let requested = PERFS as i32;
-        // Find* runs every algorithm and waits for the device.
-        let _exclusive = super::device_wide();
-        // SAFETY: the caller's contract; `perf` has room for `requested` results of this
-        // layout (checked above), and the workspace holds `ws_len` bytes.
-        unsafe {
-            match dir {
-                Dir::Forward => sys::cudnnFindConvolutionForwardAlgorithmEx(
-                    h,
-                    d.x,
-                    x,
-                    d.w,
-                    w,
-                    d.conv,
-                    d.y,
-                    y,
-                    requested,
-                    &mut n,
-                    out.cast(),
-                    ws,
-                    ws_len,
-                ),
-                Dir::Weight => sys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                    h,
-                    d.x,
-                    x,
-                    d.y,
-                    y,
-                    d.conv,
-                    d.w,
-                    w,
-                    requested,
-                    &mut n,
-                    out.cast(),
-                    ws,
-                    ws_len,
-                ),
-                Dir::Input => sys::cudnnFindConvolutionBackwardDataAlgorithmEx(
-                    h,
-                    d.w,
-                    w,
-                    d.y,
-                    y,
-                    d.conv,
-                    d.x,
-                    x,
-                    requested,
-                    &mut n,
-                    out.cast(),
-                    ws,
-                    ws_len,
-                ),
-            }
-            .result()?;
-        }
-        let n = (n.max(0) as usize).min(PERFS);
-        // sorted fastest first
-        Ok(perf[..n].iter().find(|r| r.usable(dir, ws_len, tf32)).map(|r| r.algo))
-    }
-
-    /// Queues `dir` with `algo` on the handle's stream: α = 1, β = 0 (the output overwritten).
-    ///
-    /// # Safety
-    /// As [`Cudnn::find`], with an algorithm found for these descriptors.
-    unsafe fn run(&self, dir: Dir, d: &Descs, algo: u32, p: Ptrs) -> Result<(), CudnnError> {
-        let (h, ws, ws_len) = (self.handle.0, self.workspace.ptr() as *mut c_void, self.workspace.len());
-        let (one, zero) = (1.0f32, 0.0f32);
-        let (alpha, beta) = (&one as *const f32 as *const c_void, &zero as *const f32 as *const c_void);
-        // SAFETY: the caller's contract; α and β are host values read during the call.
-        unsafe {
-            match dir {
-                Dir::Forward => dnn::convolution_forward(
-                    h,
-                    alpha,
-                    d.x,
-                    p.x as *const c_void,
-                    d.w,
-                    p.w as *const c_void,
-                    d.conv,
-                    fwd_algo(algo),
-                    ws,
-                    ws_len,
-                    beta,
-                    d.y,
-                    p.y as *mut c_void,
-                ),
-                Dir::Weight => dnn::convolution_backward_filter(
-                    h,
-                    alpha,
-                    d.x,
-                    p.x as *const c_void,
-                    d.y,
-                    p.y as *const c_void,
-                    d.conv,
-                    filter_algo(algo),
-                    ws,
-                    ws_len,
-                    beta,
-                    d.w,
-                    p.w as *mut c_void,
-                ),
-                Dir::Input => dnn::convolution_backward_data(
-                    h,
-                    alpha,
-                    d.w,
-                    p.w as *const c_void,
-                    d.y,
-                    p.y as *const c_void,
-                    d.conv,
-                    data_algo(algo),
-                    ws,
-                    ws_len,
-                    beta,
-                    d.x,
-                    p.x as *mut c_void,
-                ),
-            }
-        }
+        Ok(m)
     }
 }
 
-/// cuDNN's heuristic ranking for `dir` (nothing is run); the number of results in `perf`.
-///
-/// # Safety
-/// A live handle and descriptors.
-unsafe fn heuristics(h: sys::cudnnHandle_t, dir: Dir, d: &Descs, perf: &mut [Perf; PERFS]) -> Result<usize, CudnnError> {
-    let mut n = 0i32;
-    let (out, requested) = (perf.as_mut_ptr(), PERFS as i32);
-    // SAFETY: the caller's contract; `perf` has room for `requested` results of this layout.
-    unsafe {
-        match dir {
-            Dir::Forward => sys::cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, requested, &mut n, out.cast()),
-            Dir::Weight => sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, requested, &mut n, out.cast()),
-            Dir::Input => sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, requested, &mut n, out.cast()),
+/// What a measurement is of: the device, the layer's shape (C, H, W, OC, kh, kw, sh, sw, ph,
+/// pw), the batch, the arithmetic and the direction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct MeasureKey {
+    ordinal: usize,
+    shape: [usize; 10],
+    batch: usize,
+    tf32: bool,
+    dir: Dir,
+}
+
+/// Both paths timed (µs per call), and cuDNN's fastest algorithm, if any ran.
+#[derive(Clone)]
+struct Measured {
+    algo: Option<u32>,
+    own_us: f32,
+    cudnn_us: f32,
+    note: String,
+}
+
+/// Every measurement made in this process: the first one of a key is what every cache uses.
+static MEASURED: Mutex<Vec<(MeasureKey, Measured)>> = Mutex::new(Vec::new());
+
+fn measured(key: &MeasureKey) -> Option<Measured> {
+    let all = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
+    all.iter().find(|(k, _)| k == key).map(|(_, m)| m.clone())
+}
+
+/// Keeps `m` for `key` unless another cache got there first; what is kept.
+fn remember(key: MeasureKey, m: Measured) -> Measured {
+    let mut all = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
+    match all.iter().find(|(k, _)| *k == key) {
+        Some((_, first)) => first.clone(),
+        None => {
+            all.push((key, m.clone()));
+            m
         }
-        .result()?;
     }
-    Ok((n.max(0) as usize).min(PERFS))
 }
 
 fn note(notes: &mut String, dir: Dir, what: &str) {

@@ -20,6 +20,7 @@
 mod blas;
 mod buffer;
 mod context;
+mod cudnn;
 pub(crate) mod data;
 mod dnn;
 mod exec;
@@ -33,7 +34,7 @@ mod tests;
 
 pub use blas::{Blas, DevMat, DevMatMut};
 pub use context::Gpu;
-pub use dnn::cudnn_version;
+pub use cudnn::cudnn_version;
 pub use launch::{launch, View, ViewMut};
 pub use ops::{DenseEpilogue, LOSS_SCRATCH};
 
