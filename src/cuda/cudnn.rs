@@ -17,14 +17,50 @@ use cudarc::driver::{sys as driver_sys, CudaStream};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-/// cuDNN's version (e.g. 90300 for 9.3.0) where a cuDNN 9 library loads here, else `None`.
-/// Probed once per process; never panics.
+/// Every cuDNN function flatnn calls: cudarc looks each up the first time it is called and
+/// panics where it is missing, so their presence is checked before cuDNN is used at all.
+const FUNCTIONS: [&str; 24] = [
+    "cudnnGetVersion",
+    "cudnnCreate",
+    "cudnnDestroy",
+    "cudnnSetStream",
+    "cudnnCreateTensorDescriptor",
+    "cudnnSetTensor4dDescriptor",
+    "cudnnDestroyTensorDescriptor",
+    "cudnnCreateFilterDescriptor",
+    "cudnnSetFilter4dDescriptor",
+    "cudnnDestroyFilterDescriptor",
+    "cudnnCreateConvolutionDescriptor",
+    "cudnnSetConvolution2dDescriptor",
+    "cudnnSetConvolutionMathType",
+    "cudnnDestroyConvolutionDescriptor",
+    "cudnnGetConvolution2dForwardOutputDim",
+    "cudnnGetConvolutionForwardAlgorithm_v7",
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+    "cudnnFindConvolutionForwardAlgorithmEx",
+    "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+    "cudnnFindConvolutionBackwardDataAlgorithmEx",
+    "cudnnConvolutionForward",
+    "cudnnConvolutionBackwardFilter",
+    "cudnnConvolutionBackwardData",
+];
+
+/// cuDNN's version (e.g. 90300 for 9.3.0) where a cuDNN 9 library with every function flatnn
+/// calls loads here, else `None`. Probed once per process; never panics.
 pub fn cudnn_version() -> Option<usize> {
     static VERSION: OnceLock<Option<usize>> = OnceLock::new();
     *VERSION.get_or_init(|| {
-        // SAFETY: only tries to open the library, then closes it (cudarc would panic later
+        // SAFETY: only tries to open the library, then closes it (cudarc's loader would panic
         // where it is missing).
         if !unsafe { sys::is_culib_present() } {
+            return None;
+        }
+        // SAFETY: the library is present (above); looking a symbol up runs nothing.
+        let lib = guarded_result(|| Ok(unsafe { sys::culib() })).ok()?;
+        // SAFETY: as above; the symbols are only looked up, never called through this type.
+        let missing = FUNCTIONS.iter().any(|f| unsafe { lib.get::<*const c_void>(f.as_bytes()) }.is_err());
+        if missing {
             return None;
         }
         guarded_result(|| Ok(dnn::get_version())).ok().filter(|v| (90000..100000).contains(v))
