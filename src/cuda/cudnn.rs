@@ -310,9 +310,9 @@ impl Handle {
         Ok((n.max(0) as usize).min(PERFS))
     }
 
-    /// cuDNN's `count` fastest usable algorithms for `dir`, fastest first, as measured by cuDNN
-    /// on the operands (which it overwrites: y, dw or dx), within `workspace`. Waits for the
-    /// device.
+    /// cuDNN's `count` fastest usable algorithms for `dir` and the workspace bytes each needs,
+    /// fastest first, as measured by cuDNN on the operands (which it overwrites: y, dw or dx),
+    /// within `workspace`. Waits for the device.
     ///
     /// # Safety
     /// `d` live and made for the operands' shapes; `p` inside live buffers of the handle's
@@ -325,7 +325,7 @@ impl Handle {
         workspace: &DevBuf<u8>,
         tf32: bool,
         count: usize,
-    ) -> Result<Vec<u32>, CudnnError> {
+    ) -> Result<Vec<(u32, usize)>, CudnnError> {
         let (h, ws, ws_len) = (self.0, workspace.ptr() as *mut c_void, workspace.len());
         let (x, w, y) = (p.x as *mut c_void, p.w as *mut c_void, p.y as *mut c_void);
         let mut perf = [Perf::default(); PERFS];
@@ -349,7 +349,7 @@ impl Handle {
         }
         let n = (n.max(0) as usize).min(PERFS);
         // sorted fastest first
-        Ok(perf[..n].iter().filter(|r| r.usable(dir, ws_len, tf32)).map(|r| r.algo).take(count).collect())
+        Ok(perf[..n].iter().filter(|r| r.usable(dir, ws_len, tf32)).map(|r| (r.algo, r.memory)).take(count).collect())
     }
 
     /// Queues `dir` with `algo` on the handle's stream: α = 1, β = 0 (the output overwritten).

@@ -427,6 +427,12 @@ impl Cudnn {
             None => remember(key, self.measure(layer, dir, gpu, blas, stream, plan, f, b, tf32)?),
         };
         let mut use_cudnn = m.algo.is_some() && layer.descs.is_some() && (mode == Mode::Cudnn || m.cudnn_us < m.own_us);
+        if let (true, Some(algo)) = (use_cudnn && m.memory > self.workspace.len(), m.algo) {
+            // measured in a cache of larger capacity, whose workspace was larger
+            let why = format!("{} needs {} B of workspace, this cache has {}", dir.algo_name(algo), m.memory, self.workspace.len());
+            note(&mut layer.note, dir, &why);
+            use_cudnn = false;
+        }
         if let (Some(algo), Some(descs), true) = (m.algo, &layer.descs, use_cudnn) {
             // Run it eagerly before any capture (measuring did, in the cache that measured).
             let p = ptrs(dir, plan, step, f, b);
@@ -468,7 +474,7 @@ impl Cudnn {
             Dir::Weight => exec::conv_weight_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
             Dir::Input => exec::conv_input_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
         };
-        let mut m = Measured { algo: None, own_us: time_in_graph(gpu, stream, &own)?, cudnn_us: f32::NAN, note: String::new() };
+        let mut m = Measured { algo: None, memory: 0, own_us: time_in_graph(gpu, stream, &own)?, cudnn_us: f32::NAN, note: String::new() };
         let Some(descs) = &layer.descs else { return Ok(m) };
         let p = ptrs(dir, plan, step, f, b);
         gpu.bind()?;
@@ -476,11 +482,11 @@ impl Cudnn {
         match unsafe { self.handle.find(dir, descs, p, &self.workspace, tf32, CANDIDATES) } {
             Ok(algos) if algos.is_empty() => m.note = "no deterministic product algorithm fits".into(),
             Ok(algos) => {
-                for algo in algos {
+                for (algo, memory) in algos {
                     // SAFETY: as above, with an algorithm cuDNN found for them.
                     let run = || unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) }.map_err(|e| cudnn_error(dir.name(), e));
                     match time_in_graph(gpu, stream, &run) {
-                        Ok(us) if m.algo.is_none() || us < m.cudnn_us => (m.algo, m.cudnn_us) = (Some(algo), us),
+                        Ok(us) if m.algo.is_none() || us < m.cudnn_us => (m.algo, m.memory, m.cudnn_us) = (Some(algo), memory, us),
                         Ok(_) => {}
                         Err(e) => m.note = format!("{} failed: {e}", dir.algo_name(algo)),
                     }
@@ -503,10 +509,12 @@ struct MeasureKey {
     dir: Dir,
 }
 
-/// Both paths timed (µs per call), and cuDNN's fastest algorithm, if any ran.
+/// Both paths timed (µs per call), and cuDNN's fastest algorithm, if any ran, with the
+/// workspace bytes it needs.
 #[derive(Clone)]
 struct Measured {
     algo: Option<u32>,
+    memory: usize,
     own_us: f32,
     cudnn_us: f32,
     note: String,
