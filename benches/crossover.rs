@@ -124,6 +124,12 @@ fn main() -> Result<()> {
     let gpu = match Device::cuda(0) {
         Ok(device) => {
             println!("GPU: {} ({} MiB)", device.name()?, device.memory()?.1 >> 20);
+            // convolutions: cuDNN where measured faster (auto), or as FLATNN_CUDNN=0|1 forces
+            #[cfg(feature = "cuda")]
+            {
+                let cudnn = flatnn::cuda::cudnn_version().map_or("not found".to_string(), |v| v.to_string());
+                println!("cuDNN: {cudnn}, FLATNN_CUDNN={}", std::env::var("FLATNN_CUDNN").unwrap_or_else(|_| "auto".into()));
+            }
             places.push(Place { label: "gpu-graphs", device, threads: 1, graphs: true });
             places.push(Place { label: "gpu-eager", device, threads: 1, graphs: false });
             true

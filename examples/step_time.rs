@@ -4,6 +4,11 @@
 //!
 //!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn] [--task train|forward|forward-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
+//!       [--conv auto|cudnn|own]
+//!
+//! `--conv` sets `FLATNN_CUDNN` (auto, 1, 0) for a model with convolutions on a GPU; the cache's
+//! report (which path each conv layer and direction took, both measured) is printed before the
+//! times.
 
 use flatnn::models;
 use flatnn::prelude::*;
@@ -32,6 +37,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--threads" => threads = number(&value)?,
             "--device" => device = Device::parse(&value)?,
             "--graphs" => graphs = value == "on",
+            "--conv" => {
+                let mode = match value.as_str() {
+                    "auto" => "auto",
+                    "cudnn" => "1",
+                    "own" => "0",
+                    _ => return Err(format!("--conv must be auto, cudnn or own, not {value:?}").into()),
+                };
+                // read when the cache is made, below; nothing else runs yet
+                std::env::set_var("FLATNN_CUDNN", mode);
+            }
             _ => return Err(format!("unknown option {flag}").into()),
         }
     }
@@ -90,6 +105,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect::<flatnn::Result<_>>()?;
     times.sort_by(f64::total_cmp);
+    let report = fwd.conv_backends();
+    if !report.is_empty() {
+        println!("{report}");
+    }
     let at = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)] * 1e6;
     println!(
         "{name} {task} batch {batch} on {device} (graphs {}): {:.1} µs per call queued back to back; waited each: p50 {:.1} µs, p90 {:.1} µs",

@@ -179,6 +179,20 @@ impl Cache {
         let last = self.plan.steps.last().map_or(0, |s| s.output_region);
         &self.acts[region(&self.plan, last, self.capacity, self.batch)]
     }
+
+    /// How this cache's convolutions run on a GPU, for logs and benchmarks: a first line with
+    /// cuDNN's version, `FLATNN_CUDNN` and the workspace (or why cuDNN is not used), then, for
+    /// each batch size run so far, one line per conv layer giving, for the forward product, the
+    /// weight gradient and the input gradient, the path chosen (`cudnn ALGO` or `own`, flatnn's
+    /// kernels) and the time per call measured for both when the choice was made. Empty on the
+    /// CPU and for models without convolutions.
+    ///
+    /// `FLATNN_CUDNN`, read when a cache is made: `0` flatnn's kernels only, `1` cuDNN wherever
+    /// it has an algorithm, `auto` (default) whichever was measured faster, per layer, direction
+    /// and batch size. Without a cuDNN 9 library every convolution runs on flatnn's kernels.
+    pub fn conv_backends(&self) -> String {
+        self.dev.as_ref().map_or_else(String::new, DevCache::conv_report)
+    }
 }
 
 /// Parameter gradients (the parameters' layout), activation gradients and backward scratch.

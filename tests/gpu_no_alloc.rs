@@ -1,5 +1,5 @@
-//! A GPU training step allocates nothing on the host and leaves the device's free memory as it
-//! was, over 1,000 steps. Its own test binary: no other test allocates device memory while the
+//! A GPU training step and an inference call allocate nothing on the host and leave the
+//! device's free memory as it was, over 1,000 of each. Its own test binary: no other test allocates device memory while the
 //! free memory is read. Prints `skipped: no CUDA device` and passes where CUDA is missing.
 #![cfg(feature = "cuda")]
 
@@ -13,7 +13,11 @@ static COUNTING: Counting = Counting;
 #[test]
 fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
     let Some(device) = cuda_or_skip() else { return };
-    for (name, chain) in [("mlp", mlp()), ("lenet", lenet5())] {
+    // FLATNN_CUDNN (read when a cache is made): LeNet on flatnn's kernels and through cuDNN
+    // (on flatnn's kernels again where cuDNN is missing); the only test of this binary sets it
+    let cases = [("mlp", mlp(), "auto"), ("lenet", lenet5(), "0"), ("lenet cudnn", lenet5(), "1")];
+    for (name, chain, cudnn) in cases {
+        std::env::set_var("FLATNN_CUDNN", cudnn);
         for graphs in [true, false] {
             let model = chain.clone().build().unwrap().init(Init::HeNormal, 1);
             let mut model = model.with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();
@@ -22,35 +26,39 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
             let mut rng = Rng::new(1);
             let x = rng.uniform(64 * model.input_shape().len());
             let labels: Vec<u32> = (0..64).map(|i| i % 10).collect();
-            let mut step = |n: usize| {
+            // a training step (backprop + update), or inference (set_inputs + forward)
+            let mut step = |n: usize, train: bool| {
                 fwd.set_inputs(&x[..n * model.input_shape().len()]).unwrap();
-                fwd.set_labels(&labels[..n]).unwrap();
-                model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
-                opt.update(&mut model, &bwd).unwrap();
+                if train {
+                    fwd.set_labels(&labels[..n]).unwrap();
+                    model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+                    opt.update(&mut model, &bwd).unwrap();
+                } else {
+                    assert!(model.forward(&mut fwd).unwrap()[0].is_finite());
+                }
             };
-            // warm-up: both batch sizes, so both graphs are captured
-            step(64);
-            step(63);
+            // warm-up: every batch size and call, so every graph is captured
+            for (n, train) in [(64, true), (63, true), (64, false), (1, false)] {
+                step(n, train);
+            }
             let free_before = device.memory().unwrap().0;
             let allocations = allocations_in(|| {
                 for i in 0..1000 {
-                    step(if i % 2 == 0 { 64 } else { 63 });
+                    step(if i % 2 == 0 { 64 } else { 63 }, true);
+                }
+            });
+            let inference_allocations = allocations_in(|| {
+                for i in 0..1000 {
+                    step(if i % 2 == 0 { 64 } else { 1 }, false);
                 }
             });
             let loss = bwd.last_loss().unwrap();
-            // inference: set_inputs + forward at the capacity and at batch 1
-            let mut infer = |n: usize| {
-                fwd.set_inputs(&x[..n * model.input_shape().len()]).unwrap();
-                model.forward(&mut fwd).unwrap()[0]
-            };
-            infer(64);
-            infer(1);
-            let inference_allocations = allocations_in(|| {
-                for i in 0..1000 {
-                    assert!(infer(if i % 2 == 0 { 64 } else { 1 }).is_finite());
-                }
-            });
             let free_after = device.memory().unwrap().0;
+            let report = fwd.conv_backends();
+            if cudnn == "1" && flatnn::cuda::cudnn_version().is_some() {
+                assert!(report.contains("weight grad cudnn"), "{name}: cuDNN not used: {report}");
+            }
+            println!("{name} graphs={graphs}: {report}");
             println!(
                 "{name} graphs={graphs}: 1000 steps, {allocations} host allocations+frees; 1000 forward calls, \
                  {inference_allocations}; free device memory {free_before} -> {free_after}, loss {loss}"

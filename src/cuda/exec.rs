@@ -8,9 +8,10 @@
 use super::blas::{Blas, DevMat, DevMatMut};
 use super::buffer::DevBuf;
 use super::context::Gpu;
+use super::dnn::Dnn;
 use super::launch::{View, ViewMut};
 use super::ops::DenseEpilogue;
-use crate::chain::{Layer, Plan};
+use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
 use crate::layers::{bias_layout, conv_geometry, pool_geometry, region};
 use crate::loss::Loss;
@@ -54,6 +55,8 @@ pub(crate) struct Forward<'a> {
     pub cols: &'a DevBuf<f32>,
     pub capacity: usize,
     pub batch: usize,
+    /// cuDNN, for the convolutions it was chosen for (`None`: flatnn's kernels for all).
+    pub dnn: Option<&'a Dnn>,
 }
 
 /// The extra device buffers of a backward pass.
@@ -80,9 +83,9 @@ pub(crate) struct LossBuffers<'a> {
 
 /// Every step's output for the first `f.batch` samples (as `layers::forward`).
 pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward) -> Result<()> {
-    let (params, acts, cols) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(f.cols));
+    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let (capacity, batch) = (f.capacity, f.batch);
-    for step in &plan.steps {
+    for (index, step) in plan.steps.iter().enumerate() {
         let x = region(plan, step.input_region, capacity, batch);
         let z = region(plan, step.z_region, capacity, batch);
         let y = region(plan, step.output_region, capacity, batch);
@@ -103,15 +106,10 @@ pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, 
                 let zm = DevMatMut { data: acts.at_mut(z.clone()), rs: out_features, cs: 1 };
                 blas.sgemm(batch, out_features, in_features, 1.0, xm, wt, 0.0, zm)?;
             }
-            Layer::Conv { out_channels, .. } => {
-                let g = conv_geometry(step);
-                let (ckk, ohw, lowered) = (g.ckk(), g.ohw(), g.lowered_len());
-                gpu.im2col(stream, &g, batch, acts.at(x), cols.at_mut(0..batch * lowered))?;
-                // Z_s (OC × OHW) = W (OC × CKK) · col_s (CKK × OHW), for every sample s
-                let wm = DevMat { data: params.at(w), rs: ckk, cs: 1 };
-                let colm = DevMat { data: cols.at(0..batch * lowered), rs: ohw, cs: 1 };
-                let zm = DevMatMut { data: acts.at_mut(z.clone()), rs: ohw, cs: 1 };
-                blas.sgemm_batched(batch, out_channels, ohw, ckk, 1.0, (wm, 0), (colm, lowered), 0.0, (zm, out_channels * ohw))?;
+            Layer::Conv { .. } => {
+                if !f.dnn.map_or(Ok(false), |d| d.forward(index, plan, f))? {
+                    conv_forward_own(gpu, blas, stream, plan, step, f)?;
+                }
             }
             Layer::MaxPool { .. } => {
                 gpu.maxpool_forward(stream, &pool_geometry(step), batch, acts.at(x), acts.at_mut(y))?;
@@ -169,9 +167,8 @@ fn activated_producer(plan: &Plan, r: usize) -> Option<usize> {
 /// A dense layer writes its input gradient already multiplied by act' of the layer that
 /// produced its input (that layer's dz), so that layer skips its own activation pass.
 pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward, b: &Backward) -> Result<()> {
-    let (params, acts, cols) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(f.cols));
-    let (dacts, grads, dcols, partials, ones) =
-        (Raw::of(b.dacts), Raw::of(b.grads), Raw::of(b.dcols), Raw::of(b.partials), Raw::of(b.ones));
+    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
+    let (dacts, grads) = (Raw::of(b.dacts), Raw::of(b.grads));
     let (capacity, batch) = (f.capacity, f.batch);
     // bit i: step i's dz was written by the layer after it (steps past 127 are never fused)
     let mut dz_ready = 0u128;
@@ -229,25 +226,11 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                 } else {
                     let (channels, pixels) = bias_layout(step);
                     gpu.bias_grad(stream, channels, pixels, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
-                    let g = conv_geometry(step);
-                    let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
-                    let w_len = oc * ckk;
-                    gpu.im2col(stream, &g, batch, acts.at(x.clone()), cols.at_mut(0..batch * lowered))?;
-                    // dW_s (OC × CKK) = dZ_s (OC × OHW) · col_sᵀ (OHW × CKK), one per sample ...
-                    let dzm = DevMat { data: dacts.at(z.clone()), rs: ohw, cs: 1 };
-                    let colt = DevMat { data: cols.at(0..batch * lowered), rs: 1, cs: ohw };
-                    let pm = DevMatMut { data: partials.at_mut(0..batch * w_len), rs: ckk, cs: 1 };
-                    blas.sgemm_batched(batch, oc, ckk, ohw, 1.0, (dzm, oc * ohw), (colt, lowered), 0.0, (pm, w_len))?;
-                    // ... then dW (1 × OC·CKK) = 1ᵀ (1 × batch) · partials (batch × OC·CKK)
-                    let onesm = DevMat { data: ones.at(0..batch), rs: batch, cs: 1 };
-                    let pm = DevMat { data: partials.at(0..batch * w_len), rs: w_len, cs: 1 };
-                    blas.sgemm(1, w_len, batch, 1.0, onesm, pm, 0.0, DevMatMut { data: grads.at_mut(w.clone()), rs: w_len, cs: 1 })?;
-                    if need_dx {
-                        // dcol_s (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW), then col2im
-                        let wt = DevMat { data: params.at(w), rs: 1, cs: ckk };
-                        let dcolm = DevMatMut { data: dcols.at_mut(0..batch * lowered), rs: ohw, cs: 1 };
-                        blas.sgemm_batched(batch, ckk, ohw, oc, 1.0, (wt, 0), (dzm, oc * ohw), 0.0, (dcolm, lowered))?;
-                        gpu.col2im(stream, &g, batch, dcols.at(0..batch * lowered), dacts.at_mut(x))?;
+                    if !f.dnn.map_or(Ok(false), |d| d.weight_grad(index, plan, f, b))? {
+                        conv_weight_grad_own(gpu, blas, stream, plan, step, f, b)?;
+                    }
+                    if need_dx && !f.dnn.map_or(Ok(false), |d| d.input_grad(index, plan, f, b))? {
+                        conv_input_grad_own(gpu, blas, stream, plan, step, f, b)?;
                     }
                 }
             }
@@ -258,4 +241,78 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
         }
     }
     Ok(())
+}
+
+/// Z (batch, OC, OH, OW) = conv(X, W) without the bias, through flatnn's kernels: im2col, then
+/// one strided-batched product.
+pub(super) fn conv_forward_own(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, step: &Step, f: &Forward) -> Result<()> {
+    let (params, acts, cols) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(f.cols));
+    let (capacity, batch) = (f.capacity, f.batch);
+    let (x, z) = (region(plan, step.input_region, capacity, batch), region(plan, step.z_region, capacity, batch));
+    let (w, _) = step.weight_and_bias();
+    let g = conv_geometry(step);
+    let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
+    gpu.im2col(stream, &g, batch, acts.at(x), cols.at_mut(0..batch * lowered))?;
+    // Z_s (OC × OHW) = W (OC × CKK) · col_s (CKK × OHW), for every sample s
+    let wm = DevMat { data: params.at(w), rs: ckk, cs: 1 };
+    let colm = DevMat { data: cols.at(0..batch * lowered), rs: ohw, cs: 1 };
+    let zm = DevMatMut { data: acts.at_mut(z), rs: ohw, cs: 1 };
+    blas.sgemm_batched(batch, oc, ohw, ckk, 1.0, (wm, 0), (colm, lowered), 0.0, (zm, oc * ohw))
+}
+
+/// dW (OC, C, kh, kw) = Σ_s dZ_s · col_sᵀ, overwritten, through flatnn's kernels: im2col,
+/// per-sample products, then their sum as one product with a row of ones.
+pub(super) fn conv_weight_grad_own(
+    gpu: &Gpu,
+    blas: &Blas,
+    stream: &CudaStream,
+    plan: &Plan,
+    step: &Step,
+    f: &Forward,
+    b: &Backward,
+) -> Result<()> {
+    let (acts, cols) = (Raw::of(f.acts), Raw::of(f.cols));
+    let (dacts, grads, partials, ones) = (Raw::of(b.dacts), Raw::of(b.grads), Raw::of(b.partials), Raw::of(b.ones));
+    let (capacity, batch) = (f.capacity, f.batch);
+    let (x, z) = (region(plan, step.input_region, capacity, batch), region(plan, step.z_region, capacity, batch));
+    let (w, _) = step.weight_and_bias();
+    let g = conv_geometry(step);
+    let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
+    let w_len = oc * ckk;
+    gpu.im2col(stream, &g, batch, acts.at(x), cols.at_mut(0..batch * lowered))?;
+    // dW_s (OC × CKK) = dZ_s (OC × OHW) · col_sᵀ (OHW × CKK), one per sample ...
+    let dzm = DevMat { data: dacts.at(z), rs: ohw, cs: 1 };
+    let colt = DevMat { data: cols.at(0..batch * lowered), rs: 1, cs: ohw };
+    let pm = DevMatMut { data: partials.at_mut(0..batch * w_len), rs: ckk, cs: 1 };
+    blas.sgemm_batched(batch, oc, ckk, ohw, 1.0, (dzm, oc * ohw), (colt, lowered), 0.0, (pm, w_len))?;
+    // ... then dW (1 × OC·CKK) = 1ᵀ (1 × batch) · partials (batch × OC·CKK)
+    let onesm = DevMat { data: ones.at(0..batch), rs: batch, cs: 1 };
+    let pm = DevMat { data: partials.at(0..batch * w_len), rs: w_len, cs: 1 };
+    blas.sgemm(1, w_len, batch, 1.0, onesm, pm, 0.0, DevMatMut { data: grads.at_mut(w), rs: w_len, cs: 1 })
+}
+
+/// dX (batch, C, H, W) = convᵀ(dZ, W), overwritten, through flatnn's kernels: per-sample
+/// products into lowered form, then col2im.
+pub(super) fn conv_input_grad_own(
+    gpu: &Gpu,
+    blas: &Blas,
+    stream: &CudaStream,
+    plan: &Plan,
+    step: &Step,
+    f: &Forward,
+    b: &Backward,
+) -> Result<()> {
+    let params = Raw::of(f.params);
+    let (dacts, dcols) = (Raw::of(b.dacts), Raw::of(b.dcols));
+    let (capacity, batch) = (f.capacity, f.batch);
+    let (x, z) = (region(plan, step.input_region, capacity, batch), region(plan, step.z_region, capacity, batch));
+    let (w, _) = step.weight_and_bias();
+    let g = conv_geometry(step);
+    let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
+    // dcol_s (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW), then col2im
+    let wt = DevMat { data: params.at(w), rs: 1, cs: ckk };
+    let dzm = DevMat { data: dacts.at(z), rs: ohw, cs: 1 };
+    let dcolm = DevMatMut { data: dcols.at_mut(0..batch * lowered), rs: ohw, cs: 1 };
+    blas.sgemm_batched(batch, ckk, ohw, oc, 1.0, (wt, 0), (dzm, oc * ohw), 0.0, (dcolm, lowered))?;
+    gpu.col2im(stream, &g, batch, dcols.at(0..batch * lowered), dacts.at_mut(x))
 }

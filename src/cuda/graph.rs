@@ -25,7 +25,7 @@ pub(crate) struct Graphs {
     next: usize,
 }
 
-struct Exec(sys::CUgraphExec);
+pub(super) struct Exec(sys::CUgraphExec);
 
 // SAFETY: a graph exec may be launched from any thread with its context current; `Graphs` is
 // used through `&mut` only.
@@ -75,8 +75,16 @@ impl Graphs {
     }
 }
 
+impl Exec {
+    /// Queues one replay of the graph on `stream` (of the context it was captured in).
+    pub(super) fn launch(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: a live exec; the caller's stream is of its context.
+        unsafe { result::graph::launch(self.0, stream.cu_stream()) }.map_err(|e| driver_error("launching a CUDA graph", e))
+    }
+}
+
 /// Captures what `work` enqueues on `stream` and instantiates it.
-fn capture(stream: sys::CUstream, work: impl FnOnce() -> Result<()>) -> Result<Exec> {
+pub(super) fn capture(stream: sys::CUstream, work: impl FnOnce() -> Result<()>) -> Result<Exec> {
     let _shared = super::capturing();
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     // SAFETY: a live stream; the capture is always ended below, whatever `work` returns.

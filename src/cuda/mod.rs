@@ -20,7 +20,9 @@
 mod blas;
 mod buffer;
 mod context;
+mod cudnn;
 pub(crate) mod data;
+mod dnn;
 mod exec;
 mod graph;
 mod launch;
@@ -32,6 +34,7 @@ mod tests;
 
 pub use blas::{Blas, DevMat, DevMatMut};
 pub use context::Gpu;
+pub use cudnn::cudnn_version;
 pub use launch::{launch, View, ViewMut};
 pub use ops::{DenseEpilogue, LOSS_SCRATCH};
 

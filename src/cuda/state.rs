@@ -11,6 +11,7 @@
 use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
+use super::dnn::Dnn;
 use super::driver_error;
 use super::exec::{self, Backward, Forward, LossBuffers};
 use super::graph::{Graphs, Key};
@@ -55,6 +56,8 @@ pub(crate) struct DevCache {
     /// The stream of the model that used this cache last (work on the cache is queued there).
     pub(super) stream: Arc<CudaStream>,
     blas: Blas,
+    /// cuDNN for the convolutions it runs faster (see `dnn.rs`).
+    dnn: Dnn,
     /// Region 0 (the inputs) is written by copies from the host or by the data loader's gather.
     pub(super) acts: DevBuf<f32>,
     cols: DevBuf<f32>,
@@ -156,6 +159,7 @@ impl DevModel {
         let dev = cache.dev.as_mut().expect("a GPU cache");
         rebind(&mut dev.stream, &self.stream)?;
         dev.blas.rebind(&self.stream, self.options.tf32)?;
+        dev.dnn.rebind(&self.stream)?;
         let stream = self.stream.cu_stream();
         let copy = |dst: u64, src: &[u8]| -> Result<()> {
             // SAFETY: `dst` holds at least `src.len()` bytes (each buffer is sized for the
@@ -192,7 +196,7 @@ impl DevModel {
         let (capacity, batch) = (cache.capacity, cache.batch);
         let last = plan.steps.last().expect("a plan has steps").output_region;
         let out = crate::layers::region(plan, last, capacity, batch);
-        let DevCache { graphs, outputs, staging, acts, cols, blas, current, .. } = cache.dev.as_mut().expect("a GPU cache");
+        let DevCache { graphs, outputs, staging, acts, cols, blas, dnn, current, .. } = cache.dev.as_mut().expect("a GPU cache");
         let inputs = copy_in.then(|| &staging[*current].as_slice()[..batch * plan.input.len()]);
         let from = inputs.map_or(0, |s| s.as_ptr() as u64);
         let key = Key {
@@ -202,8 +206,10 @@ impl DevModel {
             tf32: self.options.tf32,
             buffers: [self.params.ptr(), acts.ptr(), cols.ptr(), from],
         };
-        let f = Forward { params: &self.params, acts, cols, capacity, batch };
+        let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None };
         let (gpu, stream) = (&self.gpu, &self.stream);
+        dnn.prepare(gpu, blas, stream, plan, &f, None, self.options.tf32)?;
+        let f = Forward { dnn: Some(dnn), ..f };
         let host_out = &mut outputs.as_mut_slice()[..out.len()];
         graphs.run(self.options.graphs, stream, key, || {
             if let Some(inputs) = inputs {
@@ -239,8 +245,10 @@ impl DevModel {
             tf32: self.options.tf32,
             buffers: [self.params.ptr(), dev.acts.ptr(), dg.grads.ptr(), dg.dacts.ptr()],
         };
-        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch };
+        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
+        dev.dnn.prepare(&self.gpu, &dev.blas, &self.stream, plan, &f, Some(&b), self.options.tf32)?;
+        let f = Forward { dnn: Some(&dev.dnn), ..f };
         let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
         dg.graphs.run(self.options.graphs, stream, key, || {
@@ -267,6 +275,7 @@ impl DevCache {
         Ok(DevCache {
             stream: Arc::clone(stream),
             blas: gpu.blas(stream, tf32)?,
+            dnn: Dnn::new(gpu, stream, tf32, plan, capacity),
             acts: DevBuf::zeros(gpu, stream, plan.acts_len(capacity))?,
             cols: DevBuf::zeros(gpu, stream, capacity * max_lowered_len(plan))?,
             labels: DevBuf::zeros(gpu, stream, capacity)?,
@@ -307,6 +316,11 @@ impl DevCache {
 
     pub fn device(&self) -> Device {
         Device::Cuda(self.acts.gpu().ordinal())
+    }
+
+    /// How the convolutions run: see `Cache::conv_backends`.
+    pub fn conv_report(&self) -> String {
+        self.dnn.report()
     }
 
     /// The first `len` outputs the last forward copied back.

@@ -1,0 +1,376 @@
+//! The few cuDNN calls flatnn makes, over cudarc's raw bindings: finding the library, a handle,
+//! a convolution's descriptors, finding, ranking and running its algorithms. When to use them
+//! is `dnn.rs`'s business.
+//!
+//! Everything is plain FP32 NCHW cross-correlation with PyTorch's weight layout (OC, C, kh, kw);
+//! α = 1 and β = 0, so outputs are overwritten. Nothing here allocates device memory: the
+//! caller passes the workspace.
+
+use super::buffer::DevBuf;
+use super::guarded_result;
+use crate::chain::Step;
+use crate::error::{Error, Result};
+use crate::layers::conv_geometry;
+use cudarc::cudnn::result::{self as dnn, CudnnError};
+use cudarc::cudnn::sys;
+use cudarc::driver::{sys as driver_sys, CudaStream};
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+/// Every cuDNN function flatnn calls: cudarc looks each up the first time it is called and
+/// panics where it is missing, so their presence is checked before cuDNN is used at all.
+const FUNCTIONS: [&str; 24] = [
+    "cudnnGetVersion",
+    "cudnnCreate",
+    "cudnnDestroy",
+    "cudnnSetStream",
+    "cudnnCreateTensorDescriptor",
+    "cudnnSetTensor4dDescriptor",
+    "cudnnDestroyTensorDescriptor",
+    "cudnnCreateFilterDescriptor",
+    "cudnnSetFilter4dDescriptor",
+    "cudnnDestroyFilterDescriptor",
+    "cudnnCreateConvolutionDescriptor",
+    "cudnnSetConvolution2dDescriptor",
+    "cudnnSetConvolutionMathType",
+    "cudnnDestroyConvolutionDescriptor",
+    "cudnnGetConvolution2dForwardOutputDim",
+    "cudnnGetConvolutionForwardAlgorithm_v7",
+    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+    "cudnnFindConvolutionForwardAlgorithmEx",
+    "cudnnFindConvolutionBackwardFilterAlgorithmEx",
+    "cudnnFindConvolutionBackwardDataAlgorithmEx",
+    "cudnnConvolutionForward",
+    "cudnnConvolutionBackwardFilter",
+    "cudnnConvolutionBackwardData",
+];
+
+/// cuDNN's version (e.g. 90300 for 9.3.0) where a cuDNN 9 library with every function flatnn
+/// calls loads here, else `None`. Probed once per process; never panics.
+pub fn cudnn_version() -> Option<usize> {
+    static VERSION: OnceLock<Option<usize>> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        // SAFETY: only tries to open the library, then closes it (cudarc's loader would panic
+        // where it is missing).
+        if !unsafe { sys::is_culib_present() } {
+            return None;
+        }
+        // SAFETY: the library is present (above); looking a symbol up runs nothing.
+        let lib = guarded_result(|| Ok(unsafe { sys::culib() })).ok()?;
+        // SAFETY: as above; the symbols are only looked up, never called through this type.
+        let missing = FUNCTIONS.iter().any(|f| unsafe { lib.get::<*const c_void>(f.as_bytes()) }.is_err());
+        if missing {
+            return None;
+        }
+        guarded_result(|| Ok(dnn::get_version())).ok().filter(|v| (90000..100000).contains(v))
+    })
+}
+
+pub(super) fn cudnn_error(what: &str, e: CudnnError) -> Error {
+    Error::Cuda { what: format!("cuDNN: {what}: {e:?}") }
+}
+
+/// The three products of a convolution. Pointers by direction (see [`Ptrs`]): forward reads x
+/// and w, writes y (= z); weight gradient reads x and dy, writes dw; input gradient reads w and
+/// dy, writes dx.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Dir {
+    Forward = 0,
+    Weight = 1,
+    Input = 2,
+}
+
+impl Dir {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dir::Forward => "forward",
+            Dir::Weight => "weight grad",
+            Dir::Input => "input grad",
+        }
+    }
+
+    /// Number of cuDNN algorithms of this direction (their values are 0..count).
+    fn count(self) -> u32 {
+        match self {
+            Dir::Forward => sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_COUNT as u32,
+            Dir::Weight => sys::cudnnConvolutionBwdFilterAlgo_t::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT as u32,
+            Dir::Input => sys::cudnnConvolutionBwdDataAlgo_t::CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT as u32,
+        }
+    }
+
+    /// True for the algorithms that compute each output as a plain sum of products (GEMM-like,
+    /// direct), not through FFTs or Winograd transforms.
+    pub fn exact(self, algo: u32) -> bool {
+        use sys::cudnnConvolutionBwdDataAlgo_t as D;
+        use sys::cudnnConvolutionBwdFilterAlgo_t as W;
+        use sys::cudnnConvolutionFwdAlgo_t as F;
+        let exact: &[u32] = match self {
+            Dir::Forward => &[
+                F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM as u32,
+                F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32,
+                F::CUDNN_CONVOLUTION_FWD_ALGO_GEMM as u32,
+                F::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT as u32,
+            ],
+            Dir::Weight => &[
+                W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 as u32,
+                W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 as u32,
+                W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3 as u32,
+            ],
+            Dir::Input => &[D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 as u32, D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 as u32],
+        };
+        exact.contains(&algo)
+    }
+
+    /// The algorithm's name as cuDNN spells it, less the common prefix.
+    pub fn algo_name(self, algo: u32) -> String {
+        let name = match self {
+            Dir::Forward => format!("{:?}", fwd_algo(algo)),
+            Dir::Weight => format!("{:?}", filter_algo(algo)),
+            Dir::Input => format!("{:?}", data_algo(algo)),
+        };
+        name.trim_start_matches("CUDNN_CONVOLUTION_").to_string()
+    }
+}
+
+// The algorithm enums are repr(u32) with every value in 0..COUNT; callers check the range.
+fn fwd_algo(algo: u32) -> sys::cudnnConvolutionFwdAlgo_t {
+    assert!(algo < Dir::Forward.count());
+    // SAFETY: in range (above) of a repr(u32) enum with contiguous values from 0.
+    unsafe { std::mem::transmute::<u32, sys::cudnnConvolutionFwdAlgo_t>(algo) }
+}
+
+fn filter_algo(algo: u32) -> sys::cudnnConvolutionBwdFilterAlgo_t {
+    assert!(algo < Dir::Weight.count());
+    // SAFETY: as above.
+    unsafe { std::mem::transmute::<u32, sys::cudnnConvolutionBwdFilterAlgo_t>(algo) }
+}
+
+fn data_algo(algo: u32) -> sys::cudnnConvolutionBwdDataAlgo_t {
+    assert!(algo < Dir::Input.count());
+    // SAFETY: as above.
+    unsafe { std::mem::transmute::<u32, sys::cudnnConvolutionBwdDataAlgo_t>(algo) }
+}
+
+/// cuDNN's three `cudnnConvolution*AlgoPerf_t` share this layout; read as plain integers so
+/// that a status or math type newer than cudarc's enums is no undefined behaviour.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+pub(super) struct Perf {
+    algo: u32,
+    status: u32,
+    time: f32,
+    pub memory: usize,
+    determinism: u32,
+    math_type: u32,
+    reserved: [i32; 3],
+}
+
+const _: () = {
+    use std::mem::{align_of, size_of};
+    assert!(size_of::<Perf>() == size_of::<sys::cudnnConvolutionFwdAlgoPerf_t>());
+    assert!(size_of::<Perf>() == size_of::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>());
+    assert!(size_of::<Perf>() == size_of::<sys::cudnnConvolutionBwdDataAlgoPerf_t>());
+    assert!(align_of::<Perf>() == align_of::<sys::cudnnConvolutionFwdAlgoPerf_t>());
+};
+
+/// Room for every algorithm of any direction.
+pub(super) const PERFS: usize = 8;
+
+impl Perf {
+    /// Succeeded, fits in `workspace` bytes, deterministic, a product-based algorithm, and
+    /// (unless `tf32`) plain FP32 arithmetic. flatnn promises the same bits for the same inputs
+    /// and choice (atomics would break it) and FP32 accuracy (FFT and Winograd algorithms were
+    /// measured to move 20 LeNet training steps ~1e-3 away from the CPU's, against ~1e-7).
+    pub fn usable(&self, dir: Dir, workspace: usize, tf32: bool) -> bool {
+        self.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS as u32
+            && dir.exact(self.algo)
+            && self.memory <= workspace
+            && self.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC as u32
+            && (tf32 || self.math_type == sys::cudnnMathType_t::CUDNN_FMA_MATH as u32)
+    }
+}
+
+/// Device addresses of one direction's three operands (see [`Dir`]).
+#[derive(Clone, Copy)]
+pub(super) struct Ptrs {
+    pub x: driver_sys::CUdeviceptr,
+    pub w: driver_sys::CUdeviceptr,
+    pub y: driver_sys::CUdeviceptr,
+}
+
+/// A conv layer's cuDNN descriptors for one batch size: x (N, C, H, W), y (N, OC, OH, OW), w
+/// (OC, C, kh, kw), all NCHW f32, and the convolution (cross-correlation, as PyTorch's).
+pub(super) struct Descs {
+    x: sys::cudnnTensorDescriptor_t,
+    y: sys::cudnnTensorDescriptor_t,
+    w: sys::cudnnFilterDescriptor_t,
+    conv: sys::cudnnConvolutionDescriptor_t,
+}
+
+impl Descs {
+    pub fn new(step: &Step, batch: usize, tf32: bool) -> Result<Descs, CudnnError> {
+        use sys::cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
+        use sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW as NCHW;
+        let g = conv_geometry(step);
+        let int = |v: usize| i32::try_from(v).map_err(|_| CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED));
+        let (n, c, h, w) = (int(batch)?, int(g.in_channels)?, int(g.height)?, int(g.width)?);
+        let (oc, oh, ow) = (int(g.out_channels)?, int(g.out_height)?, int(g.out_width)?);
+        let (kh, kw, sh, sw, ph, pw) =
+            (int(g.kernel.0)?, int(g.kernel.1)?, int(g.stride.0)?, int(g.stride.1)?, int(g.padding.0)?, int(g.padding.1)?);
+        // Owned from here, so that an error below destroys what was made.
+        let mut d = Descs { x: std::ptr::null_mut(), y: std::ptr::null_mut(), w: std::ptr::null_mut(), conv: std::ptr::null_mut() };
+        let math = if tf32 { sys::cudnnMathType_t::CUDNN_DEFAULT_MATH } else { sys::cudnnMathType_t::CUDNN_FMA_MATH };
+        // SAFETY: each descriptor is created before it is set, and owned by `d`.
+        unsafe {
+            d.x = dnn::create_tensor_descriptor()?;
+            dnn::set_tensor4d_descriptor(d.x, NCHW, F32, [n, c, h, w])?;
+            d.y = dnn::create_tensor_descriptor()?;
+            dnn::set_tensor4d_descriptor(d.y, NCHW, F32, [n, oc, oh, ow])?;
+            d.w = dnn::create_filter_descriptor()?;
+            dnn::set_filter4d_descriptor(d.w, F32, NCHW, [oc, c, kh, kw])?;
+            d.conv = dnn::create_convolution_descriptor()?;
+            let mode = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
+            dnn::set_convolution2d_descriptor(d.conv, ph, pw, sh, sw, 1, 1, mode, F32)?;
+            dnn::set_convolution_math_type(d.conv, math)?;
+            // cuDNN must see the output shape the plan has.
+            let mut dims = [0i32; 4];
+            let [dn, dc, dh, dw] = &mut dims;
+            sys::cudnnGetConvolution2dForwardOutputDim(d.conv, d.x, d.w, dn, dc, dh, dw).result()?;
+            if dims != [n, oc, oh, ow] {
+                return Err(CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED));
+            }
+        }
+        Ok(d)
+    }
+}
+
+impl Drop for Descs {
+    fn drop(&mut self) {
+        // SAFETY: each made in `new` (or still null), destroyed once.
+        unsafe {
+            if !self.x.is_null() {
+                let _ = dnn::destroy_tensor_descriptor(self.x);
+            }
+            if !self.y.is_null() {
+                let _ = dnn::destroy_tensor_descriptor(self.y);
+            }
+            if !self.w.is_null() {
+                let _ = dnn::destroy_filter_descriptor(self.w);
+            }
+            if !self.conv.is_null() {
+                let _ = dnn::destroy_convolution_descriptor(self.conv);
+            }
+        }
+    }
+}
+
+/// A cuDNN handle bound to a stream; destroyed on drop (its owner first waits for the stream).
+pub(super) struct Handle(sys::cudnnHandle_t);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let _exclusive = super::device_wide();
+        // SAFETY: created in `new`, destroyed once, after the owner waited for its stream.
+        let _ = unsafe { dnn::destroy_handle(self.0) };
+    }
+}
+
+impl Handle {
+    /// A handle whose work goes to `stream`; the caller has made the stream's context current.
+    pub fn new(stream: &CudaStream) -> Result<Handle> {
+        let handle = {
+            let _exclusive = super::device_wide();
+            Handle(dnn::create_handle().map_err(|e| cudnn_error("creating a handle", e))?)
+        };
+        handle.set_stream(stream)?;
+        Ok(handle)
+    }
+
+    /// Sends the handle's later work to `stream` (of its context, made current by the caller).
+    pub fn set_stream(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: a live handle and a live stream.
+        unsafe { dnn::set_stream(self.0, stream.cu_stream() as _) }.map_err(|e| cudnn_error("binding the stream", e))
+    }
+
+    /// cuDNN's heuristic ranking for `dir` (nothing is run); the number of results in `perf`.
+    pub fn heuristics(&self, dir: Dir, d: &Descs, perf: &mut [Perf; PERFS]) -> Result<usize, CudnnError> {
+        let (h, mut n) = (self.0, 0i32);
+        let (out, requested) = (perf.as_mut_ptr(), PERFS as i32);
+        // SAFETY: a live handle and descriptors; `perf` has room for `requested` results of
+        // this layout (checked above).
+        unsafe {
+            match dir {
+                Dir::Forward => sys::cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, requested, &mut n, out.cast()),
+                Dir::Weight => sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, requested, &mut n, out.cast()),
+                Dir::Input => sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, requested, &mut n, out.cast()),
+            }
+            .result()?;
+        }
+        Ok((n.max(0) as usize).min(PERFS))
+    }
+
+    /// cuDNN's `count` fastest usable algorithms for `dir` and the workspace bytes each needs,
+    /// fastest first, as measured by cuDNN on the operands (which it overwrites: y, dw or dx),
+    /// within `workspace`. Waits for the device.
+    ///
+    /// # Safety
+    /// `d` live and made for the operands' shapes; `p` inside live buffers of the handle's
+    /// device, not written by other work meanwhile.
+    pub unsafe fn find(
+        &self,
+        dir: Dir,
+        d: &Descs,
+        p: Ptrs,
+        workspace: &DevBuf<u8>,
+        tf32: bool,
+        count: usize,
+    ) -> Result<Vec<(u32, usize)>, CudnnError> {
+        let (h, ws, ws_len) = (self.0, workspace.ptr() as *mut c_void, workspace.len());
+        let (x, w, y) = (p.x as *mut c_void, p.w as *mut c_void, p.y as *mut c_void);
+        let mut perf = [Perf::default(); PERFS];
+        let mut n = 0i32;
+        let (out, requested) = (perf.as_mut_ptr(), PERFS as i32);
+        // Find* runs every algorithm and waits for the device.
+        let _exclusive = super::device_wide();
+        // SAFETY: the caller's contract; `perf` has room for `requested` results of this
+        // layout (checked above), and the workspace holds `ws_len` bytes.
+        unsafe {
+            use sys::{
+                cudnnFindConvolutionBackwardDataAlgorithmEx as data, cudnnFindConvolutionBackwardFilterAlgorithmEx as filter,
+                cudnnFindConvolutionForwardAlgorithmEx as forward,
+            };
+            match dir {
+                Dir::Forward => forward(h, d.x, x, d.w, w, d.conv, d.y, y, requested, &mut n, out.cast(), ws, ws_len),
+                Dir::Weight => filter(h, d.x, x, d.y, y, d.conv, d.w, w, requested, &mut n, out.cast(), ws, ws_len),
+                Dir::Input => data(h, d.w, w, d.y, y, d.conv, d.x, x, requested, &mut n, out.cast(), ws, ws_len),
+            }
+            .result()?;
+        }
+        let n = (n.max(0) as usize).min(PERFS);
+        // sorted fastest first
+        Ok(perf[..n].iter().filter(|r| r.usable(dir, ws_len, tf32)).map(|r| (r.algo, r.memory)).take(count).collect())
+    }
+
+    /// Queues `dir` with `algo` on the handle's stream: α = 1, β = 0 (the output overwritten).
+    /// Capturable in a CUDA graph once it has run eagerly.
+    ///
+    /// # Safety
+    /// As [`Handle::find`], with an algorithm found for these descriptors within `workspace`.
+    pub unsafe fn run(&self, dir: Dir, d: &Descs, algo: u32, p: Ptrs, workspace: &DevBuf<u8>) -> Result<(), CudnnError> {
+        let (h, ws, ws_len) = (self.0, workspace.ptr() as *mut c_void, workspace.len());
+        let (one, zero) = (1.0f32, 0.0f32);
+        let (alpha, beta) = (&one as *const f32 as *const c_void, &zero as *const f32 as *const c_void);
+        let (x, w, y) = (p.x as *mut c_void, p.w as *mut c_void, p.y as *mut c_void);
+        // SAFETY: the caller's contract; α and β are host values read during the call.
+        unsafe {
+            match dir {
+                Dir::Forward => dnn::convolution_forward(h, alpha, d.x, x, d.w, w, d.conv, fwd_algo(algo), ws, ws_len, beta, d.y, y),
+                Dir::Weight => {
+                    dnn::convolution_backward_filter(h, alpha, d.x, x, d.y, y, d.conv, filter_algo(algo), ws, ws_len, beta, d.w, w)
+                }
+                Dir::Input => dnn::convolution_backward_data(h, alpha, d.w, w, d.y, y, d.conv, data_algo(algo), ws, ws_len, beta, d.x, x),
+            }
+        }
+    }
+}

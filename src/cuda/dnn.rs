@@ -1,0 +1,595 @@
+//! Convolutions through cuDNN where it loads and is measured faster than flatnn's own kernels
+//! (im2col + cuBLAS, in `exec.rs`); flatnn's kernels everywhere else, so a machine without
+//! cuDNN still runs every model on the GPU.
+//!
+//! `FLATNN_CUDNN`, read when a cache is made: `0` flatnn's kernels only (cuDNN is not loaded),
+//! `1` cuDNN wherever it has an algorithm, `auto` (the default) cuDNN where it was faster.
+//!
+//! A cache with convolutions owns one cuDNN handle, bound to the stream of the model using the
+//! cache (as its cuBLAS handle is), and one workspace, allocated with the cache: the most any
+//! layer and direction needs at the cache's capacity by cuDNN's heuristics, up to
+//! [`WORKSPACE_CAP`]. cuDNN never allocates during a step.
+//!
+//! A cuDNN tensor descriptor carries the batch N, and an algorithm (and how fast it is) depends
+//! on N, so descriptors for the capacity cannot serve a smaller batch: they would run over the
+//! stale samples behind it, and the weight gradient would sum them. So for each (batch, TF32)
+//! that runs, the first time it does (when its graph is captured), a [`Setup`] is made: per
+//! conv layer its descriptors, then per direction (forward; weight gradient and input gradient
+//! at the first training step) cuDNN's best few algorithms by `cudnnFind*AlgorithmEx` within
+//! the workspace, and these and flatnn's kernels timed, each captured `REPS` times in a CUDA
+//! graph (as steps run) and replayed: median of `SAMPLES` replays. The choice is kept for that
+//! batch size and reported by [`Dnn::report`]. The timing runs on the cache's live buffers: it
+//! writes only what the step it precedes overwrites (a layer's z, weight gradient, input
+//! gradient, scratch).
+//!
+//! Same inputs, same bits: only deterministic, product-based cuDNN algorithms are considered
+//! (no atomics, FFT or Winograd; see `Perf::usable`), and a measurement is made once per
+//! process for a (device, layer shape, batch, TF32, direction) and reused by every later cache,
+//! so that models trained side by side compute exactly as one trained alone. Under `auto`,
+//! another process may measure otherwise and take the other path (results then differ in the
+//! last bits); `FLATNN_CUDNN=0` or `1` fixes the path.
+//!
+//! Bias, activation and bias gradient stay flatnn's kernels on both paths.
+
+use super::blas::Blas;
+use super::buffer::DevBuf;
+use super::context::Gpu;
+use super::cudnn::{cudnn_error, cudnn_version, Descs, Dir, Handle, Perf, Ptrs, PERFS};
+use super::exec::{self, Backward, Forward};
+use super::graph::{self, Graphs};
+use super::{driver_error, guarded_result};
+use crate::chain::{Layer, Plan, Step};
+use crate::error::Result;
+use crate::layers::{conv_geometry, conv_steps, region};
+use cudarc::driver::{result as driver, sys as driver_sys, CudaStream};
+use std::fmt::Write;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// The most workspace a cache gives cuDNN; algorithms needing more are not considered.
+const WORKSPACE_CAP: usize = 64 << 20;
+/// (batch, TF32) setups a cache keeps: more than the graphs it keeps (a forward and a training
+/// graph per batch size), so that a replayed graph's batch size is never set up again.
+const SLOTS: usize = 2 * Graphs::SLOTS;
+/// Calls per captured graph, and replays timed, when comparing the two paths.
+const REPS: usize = 10;
+const SAMPLES: usize = 5;
+/// cuDNN algorithms timed per layer and direction (the fastest by cuDNN's own measure).
+const CANDIDATES: usize = 3;
+
+/// What `FLATNN_CUDNN` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Own,
+    Cudnn,
+    Auto,
+}
+
+impl Mode {
+    fn from_env() -> Mode {
+        match std::env::var("FLATNN_CUDNN").as_deref().map(str::trim) {
+            Ok("0") | Ok("off") | Ok("own") => Mode::Own,
+            Ok("1") | Ok("on") | Ok("cudnn") => Mode::Cudnn,
+            _ => Mode::Auto,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Own => "0",
+            Mode::Cudnn => "1",
+            Mode::Auto => "auto",
+        }
+    }
+}
+
+/// The operands of `dir` for `step`'s first `f.batch` samples, each checked to lie inside its
+/// buffer (x: batch·C·H·W, y: batch·OC·OH·OW, w: OC·C·kh·kw values).
+fn ptrs(dir: Dir, plan: &Plan, step: &Step, f: &Forward, b: Option<&Backward>) -> Ptrs {
+    let x = region(plan, step.input_region, f.capacity, f.batch);
+    let z = region(plan, step.z_region, f.capacity, f.batch);
+    let (w, _) = step.weight_and_bias();
+    debug_assert_eq!((x.len(), z.len()), (f.batch * step.input.len(), f.batch * step.output.len()));
+    let backward = || b.expect("a backward direction has gradient buffers");
+    match dir {
+        Dir::Forward => Ptrs { x: f.acts.view(x).ptr(), w: f.params.view(w).ptr(), y: f.acts.view(z).ptr() },
+        Dir::Weight => Ptrs { x: f.acts.view(x).ptr(), w: backward().grads.view(w).ptr(), y: backward().dacts.view(z).ptr() },
+        Dir::Input => Ptrs { x: backward().dacts.view(x).ptr(), w: f.params.view(w).ptr(), y: backward().dacts.view(z).ptr() },
+    }
+}
+
+/// One direction of one layer: which path runs it, and what was measured to decide.
+#[derive(Clone, Copy, Debug)]
+struct Choice {
+    /// Measured (or found not needed); until then flatnn's kernels would run it.
+    decided: bool,
+    /// False for the input gradient of a layer reading the model's inputs.
+    needed: bool,
+    /// The fastest cuDNN algorithm timed, if any fits.
+    algo: Option<u32>,
+    use_cudnn: bool,
+    /// Per call, in a graph: flatnn's kernels, cuDNN (NaN where not measured).
+    own_us: f32,
+    cudnn_us: f32,
+}
+
+impl Default for Choice {
+    fn default() -> Self {
+        Choice { decided: false, needed: true, algo: None, use_cudnn: false, own_us: f32::NAN, cudnn_us: f32::NAN }
+    }
+}
+
+/// A conv layer in one [`Setup`].
+struct LayerSetup {
+    /// Index in `plan.steps`.
+    step: usize,
+    label: String,
+    /// None where cuDNN refused the layer (`note` says why).
+    descs: Option<Descs>,
+    choices: [Choice; 3],
+    note: String,
+}
+
+/// The conv layers' descriptors and choices for one batch size and arithmetic.
+struct Setup {
+    batch: usize,
+    tf32: bool,
+    layers: Vec<LayerSetup>,
+}
+
+/// cuDNN for one cache. Fields drop in order: descriptors, handle, then workspace.
+struct Cudnn {
+    setups: Vec<Setup>,
+    /// Next setup replaced when `SLOTS` are kept.
+    next: usize,
+    /// The setup the last `prepare` picked: the one the calls of the step being run use.
+    current: Option<usize>,
+    handle: Handle,
+    workspace: DevBuf<u8>,
+    stream: Arc<CudaStream>,
+    gpu: Arc<Gpu>,
+}
+
+impl Drop for Cudnn {
+    fn drop(&mut self) {
+        // The handle and workspace may still be used by queued work.
+        if self.gpu.bind().is_ok() {
+            let _ = self.stream.synchronize();
+        }
+    }
+}
+
+/// A cache's convolutions: cuDNN where it is used, and what to report.
+pub(crate) struct Dnn {
+    cudnn: Option<Cudnn>,
+    mode: Mode,
+    /// First line of the report: cuDNN's version, or why it is not used.
+    header: String,
+}
+
+// SAFETY: a cuDNN handle and descriptors may be used from any thread, one at a time; `Dnn` is
+// used through its cache (`&mut` to change it), which one thread runs at a time.
+unsafe impl Send for Dnn {}
+
+impl Dnn {
+    /// For a cache of `capacity` samples of `plan`, on `stream`. Never fails: where cuDNN is
+    /// missing, refused by `FLATNN_CUDNN`, or fails to set up, every convolution runs on
+    /// flatnn's kernels and the report says why.
+    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Dnn {
+        let mode = Mode::from_env();
+        let off = |why: String| Dnn { cudnn: None, mode, header: format!("cuDNN not used ({why}): flatnn's kernels") };
+        if conv_steps(plan).next().is_none() {
+            return Dnn { cudnn: None, mode, header: String::new() };
+        }
+        if mode == Mode::Own {
+            return off("FLATNN_CUDNN=0".into());
+        }
+        let Some(version) = cudnn_version() else { return off("no cuDNN 9 library found".into()) };
+        match guarded_result(|| Cudnn::new(gpu, stream, tf32, plan, capacity)) {
+            Ok(cudnn) => {
+                let (major, minor, patch) = (version / 10000, version / 100 % 100, version % 100);
+                let header = format!(
+                    "cuDNN {major}.{minor}.{patch}, FLATNN_CUDNN={}, workspace {} KiB",
+                    mode.name(),
+                    cudnn.workspace.len().div_ceil(1024)
+                );
+                Dnn { cudnn: Some(cudnn), mode, header }
+            }
+            Err(e) => off(format!("setting it up failed: {e}")),
+        }
+    }
+
+    /// Moves the handle to `stream` (after the work queued on its old one); a no-op when it is
+    /// there.
+    pub fn rebind(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        match &mut self.cudnn {
+            Some(c) if !Arc::ptr_eq(&c.stream, stream) => {
+                c.stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
+                c.gpu.bind()?;
+                c.handle.set_stream(stream)?;
+                c.stream = Arc::clone(stream);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Readies the convolutions of a step on `f.batch` samples (and their backward with `b`):
+    /// the first time a batch size (or TF32 setting) runs, makes its descriptors and measures
+    /// both paths; later, only picks that setup. Call it before the step is run or captured,
+    /// on the model's stream (after [`Dnn::rebind`]); it may wait for the device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prepare(
+        &mut self,
+        gpu: &Gpu,
+        blas: &Blas,
+        stream: &CudaStream,
+        plan: &Plan,
+        f: &Forward,
+        b: Option<&Backward>,
+        tf32: bool,
+    ) -> Result<()> {
+        let mode = self.mode;
+        let Some(c) = &mut self.cudnn else { return Ok(()) };
+        let index = match c.setups.iter().position(|s| s.batch == f.batch && s.tf32 == tf32) {
+            Some(index) => index,
+            None => c.add_setup(plan, f.batch, tf32),
+        };
+        c.current = Some(index);
+        let pending = |s: &Setup, dir: Dir| s.layers.iter().any(|l| !l.choices[dir as usize].decided);
+        let setup = &c.setups[index];
+        if !pending(setup, Dir::Forward) && (b.is_none() || !pending(setup, Dir::Weight) && !pending(setup, Dir::Input)) {
+            return Ok(());
+        }
+        let mut layers = std::mem::take(&mut c.setups[index].layers);
+        let outcome = (|| {
+            for layer in &mut layers {
+                let step = &plan.steps[layer.step];
+                let dirs: &[Dir] = if b.is_some() { &[Dir::Forward, Dir::Weight, Dir::Input] } else { &[Dir::Forward] };
+                for &dir in dirs {
+                    if layer.choices[dir as usize].decided {
+                        continue;
+                    }
+                    if dir == Dir::Input && step.input_region == 0 {
+                        layer.choices[dir as usize] = Choice { decided: true, needed: false, ..Choice::default() };
+                        continue;
+                    }
+                    c.decide(mode, layer, dir, gpu, blas, stream, plan, f, b, tf32)?;
+                }
+            }
+            Ok(())
+        })();
+        c.setups[index].layers = layers;
+        outcome
+    }
+
+    /// The forward product of step `index` (z without bias) through cuDNN, if chosen for the
+    /// batch prepared last: true when queued, false when flatnn's kernels must run it.
+    pub fn forward(&self, index: usize, plan: &Plan, f: &Forward) -> Result<bool> {
+        self.run_chosen(Dir::Forward, index, plan, f, None)
+    }
+
+    /// dW of step `index` (overwritten) through cuDNN, if chosen; as [`Dnn::forward`].
+    pub fn weight_grad(&self, index: usize, plan: &Plan, f: &Forward, b: &Backward) -> Result<bool> {
+        self.run_chosen(Dir::Weight, index, plan, f, Some(b))
+    }
+
+    /// dX of step `index` (overwritten) through cuDNN, if chosen; as [`Dnn::forward`].
+    pub fn input_grad(&self, index: usize, plan: &Plan, f: &Forward, b: &Backward) -> Result<bool> {
+        self.run_chosen(Dir::Input, index, plan, f, Some(b))
+    }
+
+    fn run_chosen(&self, dir: Dir, index: usize, plan: &Plan, f: &Forward, b: Option<&Backward>) -> Result<bool> {
+        let Some(c) = &self.cudnn else { return Ok(false) };
+        let Some(setup) = c.current.and_then(|i| c.setups.get(i)) else { return Ok(false) };
+        // descriptors made for another batch must never run on this one
+        debug_assert_eq!(setup.batch, f.batch, "Dnn::prepare was not called for this batch");
+        if setup.batch != f.batch {
+            return Ok(false);
+        }
+        let Some(layer) = setup.layers.iter().find(|l| l.step == index) else { return Ok(false) };
+        let choice = layer.choices[dir as usize];
+        let (Some(algo), true, Some(descs)) = (choice.algo, choice.use_cudnn, &layer.descs) else { return Ok(false) };
+        c.gpu.bind()?;
+        let p = ptrs(dir, plan, &plan.steps[index], f, b);
+        // SAFETY: descriptors of this layer and batch; the operands lie inside their buffers
+        // (checked by `ptrs`) and the workspace is the one the algorithm was found within.
+        unsafe { c.handle.run(dir, descs, algo, p, &c.workspace) }
+            .map_err(|e| cudnn_error(&format!("{} of step {index}", dir.name()), e))?;
+        Ok(true)
+    }
+
+    /// What runs each convolution: cuDNN's version (or why it is not used), then one line per
+    /// conv layer and batch size set up, with each direction's path and the times measured.
+    pub fn report(&self) -> String {
+        let mut out = self.header.clone();
+        let Some(c) = &self.cudnn else { return out };
+        for setup in &c.setups {
+            for layer in &setup.layers {
+                let arith = if setup.tf32 { "TF32" } else { "FP32" };
+                let _ = write!(out, "\nbatch {} {arith}, {}:", setup.batch, layer.label);
+                for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
+                    let ch = layer.choices[dir as usize];
+                    let _ = write!(out, " {} ", dir.name());
+                    let cudnn = |algo: Option<u32>| algo.map_or("cudnn -".to_string(), |a| format!("cudnn {}", dir.algo_name(a)));
+                    if !ch.decided {
+                        out.push_str("not measured yet;");
+                    } else if !ch.needed {
+                        out.push_str("not needed;");
+                    } else if ch.use_cudnn {
+                        let _ = write!(out, "{} {:.1} µs (own {:.1} µs);", cudnn(ch.algo), ch.cudnn_us, ch.own_us);
+                    } else {
+                        let _ = write!(out, "own {:.1} µs ({} {:.1} µs);", ch.own_us, cudnn(ch.algo), ch.cudnn_us);
+                    }
+                }
+                if !layer.note.is_empty() {
+                    let _ = write!(out, " note: {}", layer.note);
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Cudnn {
+    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<Cudnn> {
+        gpu.bind()?;
+        let handle = Handle::new(stream)?;
+        // The workspace: the most any layer and direction needs at the capacity, over the
+        // algorithms cuDNN's heuristics offer within the cap.
+        let mut bytes = 0;
+        for step in conv_steps(plan) {
+            let Ok(descs) = Descs::new(step, capacity, tf32) else { continue };
+            for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
+                let mut perf = [Perf::default(); PERFS];
+                let Ok(n) = handle.heuristics(dir, &descs, &mut perf) else { continue };
+                let fits = perf[..n].iter().filter(|p| p.usable(dir, WORKSPACE_CAP, tf32));
+                bytes = fits.map(|p| p.memory).fold(bytes, usize::max);
+            }
+        }
+        let workspace = DevBuf::zeros(gpu, stream, bytes)?;
+        Ok(Cudnn {
+            setups: Vec::with_capacity(SLOTS),
+            next: 0,
+            current: None,
+            handle,
+            workspace,
+            stream: Arc::clone(stream),
+            gpu: Arc::clone(gpu),
+        })
+    }
+
+    /// A new setup for (batch, tf32), nothing measured yet; its index.
+    fn add_setup(&mut self, plan: &Plan, batch: usize, tf32: bool) -> usize {
+        let layers = plan
+            .steps
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s.layer, Layer::Conv { .. }))
+            .map(|(index, step)| {
+                let g = conv_geometry(step);
+                let label = format!(
+                    "step {index} conv {}→{} {}×{} stride {}×{} pad {}×{} on {}×{}",
+                    g.in_channels,
+                    g.out_channels,
+                    g.kernel.0,
+                    g.kernel.1,
+                    g.stride.0,
+                    g.stride.1,
+                    g.padding.0,
+                    g.padding.1,
+                    g.height,
+                    g.width
+                );
+                let (descs, note) = match Descs::new(step, batch, tf32) {
+                    Ok(d) => (Some(d), String::new()),
+                    Err(e) => (None, format!("cuDNN refused the descriptors: {e:?}")),
+                };
+                LayerSetup { step: index, label, descs, choices: [Choice::default(); 3], note }
+            })
+            .collect();
+        let setup = Setup { batch, tf32, layers };
+        if self.setups.len() < SLOTS {
+            self.setups.push(setup);
+            self.setups.len() - 1
+        } else {
+            let index = self.next;
+            self.setups[index] = setup;
+            self.next = (self.next + 1) % SLOTS;
+            index
+        }
+    }
+
+    /// Records the path for `dir` of `layer`: as measured before in this process for the same
+    /// device, shape, batch and arithmetic (so that every model of a process computes alike),
+    /// else measured now. A cuDNN failure leaves flatnn's kernels chosen (with a note); a
+    /// failure of flatnn's kernels is an error.
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &self,
+        mode: Mode,
+        layer: &mut LayerSetup,
+        dir: Dir,
+        gpu: &Gpu,
+        blas: &Blas,
+        stream: &CudaStream,
+        plan: &Plan,
+        f: &Forward,
+        b: Option<&Backward>,
+        tf32: bool,
+    ) -> Result<()> {
+        let step = &plan.steps[layer.step];
+        let g = conv_geometry(step);
+        let shape =
+            [g.in_channels, g.height, g.width, g.out_channels, g.kernel.0, g.kernel.1, g.stride.0, g.stride.1, g.padding.0, g.padding.1];
+        let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32, dir };
+        let m = match measured(&key) {
+            Some(m) => m,
+            None => remember(key, self.measure(layer, dir, gpu, blas, stream, plan, f, b, tf32)?),
+        };
+        let mut use_cudnn = m.algo.is_some() && layer.descs.is_some() && (mode == Mode::Cudnn || m.cudnn_us < m.own_us);
+        if let (true, Some(algo)) = (use_cudnn && m.memory > self.workspace.len(), m.algo) {
+            // measured in a cache of larger capacity, whose workspace was larger
+            let why = format!("{} needs {} B of workspace, this cache has {}", dir.algo_name(algo), m.memory, self.workspace.len());
+            note(&mut layer.note, dir, &why);
+            use_cudnn = false;
+        }
+        if let (Some(algo), Some(descs), true) = (m.algo, &layer.descs, use_cudnn) {
+            // Run it eagerly before any capture (measuring did, in the cache that measured).
+            let p = ptrs(dir, plan, step, f, b);
+            gpu.bind()?;
+            // SAFETY: descriptors of this layer and batch, operands inside their buffers, an
+            // algorithm cuDNN found for them within this size of workspace.
+            if let Err(e) = unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) } {
+                note(&mut layer.note, dir, &format!("{} failed: {e:?}", dir.algo_name(algo)));
+                use_cudnn = false;
+            }
+            stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
+        }
+        layer.choices[dir as usize] =
+            Choice { decided: true, needed: true, algo: m.algo, use_cudnn, own_us: m.own_us, cudnn_us: m.cudnn_us };
+        if !m.note.is_empty() {
+            note(&mut layer.note, dir, &m.note);
+        }
+        Ok(())
+    }
+
+    /// Times flatnn's kernels and cuDNN's best few algorithms (by `cudnnFind*AlgorithmEx`) for
+    /// `dir` of `layer`, as a step runs them.
+    #[allow(clippy::too_many_arguments)]
+    fn measure(
+        &self,
+        layer: &LayerSetup,
+        dir: Dir,
+        gpu: &Gpu,
+        blas: &Blas,
+        stream: &CudaStream,
+        plan: &Plan,
+        f: &Forward,
+        b: Option<&Backward>,
+        tf32: bool,
+    ) -> Result<Measured> {
+        let step = &plan.steps[layer.step];
+        let own = || match dir {
+            Dir::Forward => exec::conv_forward_own(gpu, blas, stream, plan, step, f),
+            Dir::Weight => exec::conv_weight_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
+            Dir::Input => exec::conv_input_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
+        };
+        let mut m = Measured { algo: None, memory: 0, own_us: time_in_graph(gpu, stream, &own)?, cudnn_us: f32::NAN, note: String::new() };
+        let Some(descs) = &layer.descs else { return Ok(m) };
+        let p = ptrs(dir, plan, step, f, b);
+        gpu.bind()?;
+        // SAFETY: descriptors of this layer and batch; operands inside their buffers.
+        match unsafe { self.handle.find(dir, descs, p, &self.workspace, tf32, CANDIDATES) } {
+            Ok(algos) if algos.is_empty() => m.note = "no deterministic product algorithm fits".into(),
+            Ok(algos) => {
+                for (algo, memory) in algos {
+                    // SAFETY: as above, with an algorithm cuDNN found for them.
+                    let run = || unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) }.map_err(|e| cudnn_error(dir.name(), e));
+                    match time_in_graph(gpu, stream, &run) {
+                        Ok(us) if m.algo.is_none() || us < m.cudnn_us => (m.algo, m.memory, m.cudnn_us) = (Some(algo), memory, us),
+                        Ok(_) => {}
+                        Err(e) => m.note = format!("{} failed: {e}", dir.algo_name(algo)),
+                    }
+                }
+            }
+            Err(e) => m.note = format!("finding an algorithm failed: {e:?}"),
+        }
+        Ok(m)
+    }
+}
+
+/// What a measurement is of: the device, the layer's shape (C, H, W, OC, kh, kw, sh, sw, ph,
+/// pw), the batch, the arithmetic and the direction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct MeasureKey {
+    ordinal: usize,
+    shape: [usize; 10],
+    batch: usize,
+    tf32: bool,
+    dir: Dir,
+}
+
+/// Both paths timed (µs per call), and cuDNN's fastest algorithm, if any ran, with the
+/// workspace bytes it needs.
+#[derive(Clone)]
+struct Measured {
+    algo: Option<u32>,
+    memory: usize,
+    own_us: f32,
+    cudnn_us: f32,
+    note: String,
+}
+
+/// Every measurement made in this process: the first one of a key is what every cache uses.
+static MEASURED: Mutex<Vec<(MeasureKey, Measured)>> = Mutex::new(Vec::new());
+
+fn measured(key: &MeasureKey) -> Option<Measured> {
+    let all = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
+    all.iter().find(|(k, _)| k == key).map(|(_, m)| m.clone())
+}
+
+/// Keeps `m` for `key` unless another cache got there first; what is kept.
+fn remember(key: MeasureKey, m: Measured) -> Measured {
+    let mut all = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
+    match all.iter().find(|(k, _)| *k == key) {
+        Some((_, first)) => first.clone(),
+        None => {
+            all.push((key, m.clone()));
+            m
+        }
+    }
+}
+
+fn note(notes: &mut String, dir: Dir, what: &str) {
+    if !notes.is_empty() {
+        notes.push_str("; ");
+    }
+    let _ = write!(notes, "{}: {what}", dir.name());
+}
+
+/// Microseconds per call of `work` as a step runs it: `work` run twice eagerly (so that any
+/// lazy set-up happens outside a capture), captured `REPS` times into a graph, and the median
+/// of `SAMPLES` replays after one more. `work` must only enqueue on `stream`.
+fn time_in_graph(gpu: &Gpu, stream: &CudaStream, work: &dyn Fn() -> Result<()>) -> Result<f32> {
+    work()?;
+    work()?;
+    stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
+    let exec = graph::capture(stream.cu_stream(), || (0..REPS).try_for_each(|_| work()))?;
+    exec.launch(stream)?;
+    gpu.bind()?;
+    let (start, end) = (TimingEvent::new()?, TimingEvent::new()?);
+    let mut samples = [0f32; SAMPLES];
+    for sample in &mut samples {
+        start.record(stream)?;
+        exec.launch(stream)?;
+        end.record(stream)?;
+        // SAFETY: live events, both recorded on `stream`; the host waits for the second.
+        let ms = unsafe { driver::event::synchronize(end.0).and_then(|()| driver::event::elapsed(start.0, end.0)) }
+            .map_err(|e| driver_error("timing a convolution", e))?;
+        *sample = ms * 1000.0 / REPS as f32;
+    }
+    samples.sort_by(f32::total_cmp);
+    Ok(samples[SAMPLES / 2])
+}
+
+/// An event that records time (flatnn's other events do not).
+struct TimingEvent(driver_sys::CUevent);
+
+impl TimingEvent {
+    fn new() -> Result<TimingEvent> {
+        let event = driver::event::create(driver_sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| driver_error("creating an event", e))?;
+        Ok(TimingEvent(event))
+    }
+
+    fn record(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: a live event and stream of the current context.
+        unsafe { driver::event::record(self.0, stream.cu_stream()) }.map_err(|e| driver_error("recording an event", e))
+    }
+}
+
+impl Drop for TimingEvent {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once (the driver waits for a pending record).
+        let _ = unsafe { driver::event::destroy(self.0) };
+    }
+}
