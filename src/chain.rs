@@ -259,6 +259,11 @@ fn bias_len(layer: &Layer) -> usize {
 
 fn output_shape(index: usize, layer: &Layer, input: Shape) -> Result<Shape> {
     let err = |what: String| Err(Error::Shape(format!("layer {index} ({layer:?}) with input {input}: {what}")));
+    if let Activation::LeakyRelu(slope) = layer.activation() {
+        if !slope.is_finite() {
+            return err(format!("the leaky ReLU slope {slope} is not a finite number"));
+        }
+    }
     match (*layer, input) {
         (Layer::Dense { out_features, .. }, Shape::Vector(_)) => {
             if out_features == 0 {
@@ -344,6 +349,7 @@ mod tests {
                 "kernel 4×4",
             ),
             (Shape::vector(3), vec![Layer::MaxPool { window: (1, 1), stride: (1, 1) }], "image input"),
+            (Shape::vector(3), vec![Layer::Dense { out_features: 2, activation: LeakyRelu(f32::NAN) }], "slope NaN"),
         ];
         for (input, layers, needle) in cases {
             match Plan::new(input, &layers) {

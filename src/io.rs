@@ -360,6 +360,14 @@ mod tests {
     }
 
     #[test]
+    fn a_leaky_slope_that_is_not_a_number_is_refused() {
+        for slope in ["NaN", "inf", "-inf"] {
+            let msg = load_error(&header_only(&format!("vector 3; dense 2 leaky_relu:{slope}")));
+            assert!(msg.contains("not a finite number"), "{slope}: {msg}");
+        }
+    }
+
+    #[test]
     fn sizes_from_the_architecture_are_checked_before_anything_is_allocated() {
         // Found by `cargo fuzz run model_file` (crash-2d0088d6…, 223 bytes): a header-only file
         // whose last layer has 30 370 005 002 outputs; loading it tried to allocate 486 GB of
