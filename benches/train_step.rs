@@ -1,4 +1,5 @@
-//! Train step (forward + backprop + Adam) and batch-1 inference on the CPU, 1 and 2 threads.
+//! Train step (forward + backprop + Adam) and batch-1 inference on the CPU, 1 and 2 threads;
+//! the train step on the GPU too where one is usable (else a `skipped: no CUDA device` line).
 //!
 //! Throughput is reported in "elements" that are FLOPs: 2·MAC of the forward, of dW and of the
 //! dX actually needed (not the model input's), so criterion's `elem/s` reads as FLOP/s.
@@ -9,7 +10,7 @@ use flatnn::models::{mlp, simplenns_cnn};
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
 use flatnn::Layer;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Multiply-accumulates per sample of the forward pass, and of the dX that backprop needs.
 fn macs(model: &Model) -> (u64, u64) {
@@ -62,6 +63,45 @@ fn train_step(c: &mut Criterion) {
     }
 }
 
+/// The same steps on CUDA device 0, graphs on. A training loop never waits for the device per
+/// step, so a sample queues its steps back to back and waits once at the end: the time per step
+/// is what a loop sustains.
+fn train_step_gpu(c: &mut Criterion) {
+    let Ok(device) = Device::cuda(0) else {
+        println!("train_step_gpu: skipped: no CUDA device");
+        return;
+    };
+    for (name, chain, batches) in
+        [("mlp", mlp as fn() -> Chain, &[1usize, 32, 128, 1024, 4096, 16384][..]), ("cnn", simplenns_cnn, &[1, 32, 128, 1024, 4096])]
+    {
+        let mut group = c.benchmark_group(format!("train_step_gpu/{name}"));
+        group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+        for &batch in batches {
+            let model = chain().build().unwrap().init(Init::GlorotNormal, 1);
+            let mut model = model.to(&device).unwrap();
+            let (mut fwd, mut bwd) = (model.preallocate(batch).unwrap(), model.preallocate_grads(batch).unwrap());
+            let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+            let mut rng = Rng::new(3);
+            fwd.set_inputs(&rng.uniform(batch * model.input_shape().len())).unwrap();
+            fwd.set_labels(&(0..batch).map(|_| rng.below(10) as u32).collect::<Vec<_>>()).unwrap();
+            let (forward, dx) = macs(&model);
+            group.throughput(Throughput::Elements(2 * batch as u64 * (2 * forward + dx)));
+            group.bench_function(BenchmarkId::new("graphs", batch), |b| {
+                b.iter_custom(|steps| {
+                    let start = Instant::now();
+                    for _ in 0..steps {
+                        model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+                        opt.update(&mut model, &bwd).unwrap();
+                    }
+                    bwd.last_loss().unwrap();
+                    start.elapsed()
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
 fn inference(c: &mut Criterion) {
     let mut group = c.benchmark_group("forward");
     group.sample_size(50).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
@@ -95,5 +135,5 @@ fn update(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, train_step, inference, update);
+criterion_group!(benches, train_step, train_step_gpu, inference, update);
 criterion_main!(benches);
