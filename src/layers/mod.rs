@@ -201,8 +201,13 @@ fn bias_act(pool: &Pool, act: Activation, b: &[f32], channels: usize, pixels: us
         // SAFETY: chunks are disjoint sample ranges.
         let zs = unsafe { z.slice(range.clone()) };
         for sample in zs.chunks_exact_mut(per_sample) {
-            for (c, row) in sample.chunks_exact_mut(pixels).enumerate() {
-                row.iter_mut().for_each(|v| *v += b[c]);
+            if pixels == 1 {
+                // a dense layer: one bias per value, added as a vector
+                sample.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            } else {
+                for (c, row) in sample.chunks_exact_mut(pixels).enumerate() {
+                    row.iter_mut().for_each(|v| *v += b[c]);
+                }
             }
         }
         if let Some(y) = &y {
