@@ -11,6 +11,7 @@ use super::context::Gpu;
 use super::dnn::Dnn;
 use super::launch::{View, ViewMut};
 use super::ops::DenseEpilogue;
+use super::pinned::Event;
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
 use crate::layers::{bias_layout, conv_geometry, pool_geometry, region};
@@ -69,6 +70,15 @@ pub(crate) struct Backward<'a> {
     pub partials: &'a DevBuf<f32>,
     /// `capacity` ones, to sum the partials with one product.
     pub ones: &'a DevBuf<f32>,
+}
+
+/// Where the backward pass computes dense weight gradients: a second stream of the model, its
+/// cuBLAS handle, and the events that fork work to it and join it back (see [`backward`]).
+pub(crate) struct Side<'a> {
+    pub blas: &'a Blas,
+    pub stream: &'a CudaStream,
+    pub fork: &'a Event,
+    pub join: &'a Event,
 }
 
 /// The loss's inputs and outputs on the device.
@@ -166,10 +176,17 @@ fn activated_producer(plan: &Plan, r: usize) -> Option<usize> {
 ///
 /// A dense layer writes its input gradient already multiplied by act' of the layer that
 /// produced its input (that layer's dz), so that layer skips its own activation pass.
-pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward, b: &Backward) -> Result<()> {
+///
+/// A dense layer's weight and bias gradients run on `side.stream`, forked from `stream` after
+/// its dZ is written and joined back before this returns, so that they overlap the input
+/// gradients of the layers below (they read dZ and X, which nothing in the backward pass
+/// writes afterwards, and write only their own gradients).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward, b: &Backward, side: &Side) -> Result<()> {
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let (dacts, grads) = (Raw::of(b.dacts), Raw::of(b.grads));
     let (capacity, batch) = (f.capacity, f.batch);
+    let mut forked = false;
     // bit i: step i's dz was written by the layer after it (steps past 127 are never fused)
     let mut dz_ready = 0u128;
     let bit = |i: usize| 1u128.checked_shl(i as u32).unwrap_or(0);
@@ -191,12 +208,16 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                     // dW (out × in) = dZᵀ (out × batch) · X (batch × in), db = Σ_batch dZ
                     let dzt = DevMat { data: dacts.at(z.clone()), rs: 1, cs: out };
                     let xm = DevMat { data: acts.at(x.clone()), rs: inp, cs: 1 };
+                    side.fork.record(stream)?;
+                    side.fork.wait_in(side.stream)?;
+                    forked = true;
                     if batch <= FUSED_BATCH {
                         let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias) };
-                        gpu.dense(stream, out, inp, batch, dzt, xm, epilogue)?;
+                        gpu.dense(side.stream, out, inp, batch, dzt, xm, epilogue)?;
                     } else {
-                        gpu.bias_grad(stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
-                        blas.sgemm(out, inp, batch, 1.0, dzt, xm, 0.0, DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 })?;
+                        gpu.bias_grad(side.stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
+                        let dw = DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 };
+                        side.blas.sgemm(out, inp, batch, 1.0, dzt, xm, 0.0, dw)?;
                     }
                     if need_dx && batch > FUSED_BATCH {
                         // dX (batch × in) = dZ (batch × out) · W (out × in)
@@ -239,6 +260,10 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
             }
             Layer::MaxPool { .. } | Layer::Flatten => {}
         }
+    }
+    if forked {
+        side.join.record(side.stream)?;
+        side.join.wait_in(stream)?;
     }
     Ok(())
 }

@@ -2,7 +2,9 @@
 //! run on them.
 //!
 //! A model on a GPU owns one stream; everything it runs (forward, backprop, the optimiser
-//! update) is queued there, in order, so a training loop never waits for the device. Caches,
+//! update) is queued there, in order, so a training loop never waits for the device. (Inside a
+//! backward pass, dense weight gradients fork to a second stream of the model and join back
+//! before the pass ends, so the order seen from outside is the same.) Caches,
 //! gradient buffers and optimiser state are device memory that any model of the same plan on
 //! the same device may use: the first use by another model waits for the previous one's stream.
 //! The host waits only where a value comes back: `forward`'s outputs, the loss when asked for,
@@ -13,7 +15,7 @@ use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::dnn::Dnn;
 use super::driver_error;
-use super::exec::{self, Backward, Forward, LossBuffers};
+use super::exec::{self, Backward, Forward, LossBuffers, Side};
 use super::graph::{Graphs, Key};
 use super::pinned::{Event, Pinned};
 use crate::cache::{Cache, Grads};
@@ -46,6 +48,9 @@ impl Default for GpuOptions {
 pub(crate) struct DevModel {
     pub gpu: Arc<Gpu>,
     pub stream: Arc<CudaStream>,
+    /// A second stream, on which the backward pass computes weight gradients while the input
+    /// gradients go on (forked from and joined back into `stream` inside each step).
+    side: Arc<CudaStream>,
     pub params: DevBuf<f32>,
     pub options: GpuOptions,
 }
@@ -79,6 +84,10 @@ pub(crate) struct DevCache {
 /// The device half of [`Grads`].
 pub(crate) struct DevGrads {
     stream: Arc<CudaStream>,
+    /// cuBLAS on the model's side stream, and the events that fork work to it and join it back.
+    side_blas: Blas,
+    fork: Event,
+    join: Event,
     grads: DevBuf<f32>,
     dacts: DevBuf<f32>,
     dcols: DevBuf<f32>,
@@ -115,9 +124,9 @@ fn rebind(bound: &mut Arc<CudaStream>, stream: &Arc<CudaStream>) -> Result<()> {
 impl DevModel {
     /// `params` copied to device `gpu`, with a new stream.
     pub fn new(gpu: &Arc<Gpu>, params: &[f32], options: GpuOptions) -> Result<DevModel> {
-        let stream = gpu.new_stream()?;
+        let (stream, side) = (gpu.new_stream()?, gpu.new_stream()?);
         let params = DevBuf::from_host(gpu, &stream, params)?;
-        Ok(DevModel { gpu: Arc::clone(gpu), stream, params, options })
+        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, params, options })
     }
 
     pub fn device(&self) -> Device {
@@ -146,7 +155,7 @@ impl DevModel {
 
     /// The device half of gradient buffers for `capacity` samples.
     pub fn new_grads(&self, plan: &Plan, capacity: usize) -> Result<DevGrads> {
-        DevGrads::new(&self.gpu, &self.stream, plan, capacity)
+        DevGrads::new(&self.gpu, &self.stream, &self.side, self.options.tf32, plan, capacity)
     }
 
     /// The device half of an optimiser's state, `values` copied.
@@ -234,6 +243,8 @@ impl DevModel {
         let (capacity, batch) = (cache.capacity, cache.batch);
         let (dev, dg) = (cache.dev.as_mut().expect("a GPU cache"), grads.dev.as_mut().expect("GPU gradients"));
         rebind(&mut dg.stream, &self.stream)?;
+        // the side stream's last work was joined into the old main stream, waited for above
+        dg.side_blas.rebind(&self.side, self.options.tf32)?;
         let kind = match loss {
             Loss::LogitCrossEntropy => 1,
             Loss::Mse => 2,
@@ -251,10 +262,11 @@ impl DevModel {
         let f = Forward { dnn: Some(&dev.dnn), ..f };
         let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
+        let side = Side { blas: &dg.side_blas, stream: &self.side, fork: &dg.fork, join: &dg.join };
         dg.graphs.run(self.options.graphs, stream, key, || {
             exec::forward(gpu, blas, stream, plan, &f)?;
             exec::loss(gpu, stream, plan, &f, &b, &l, loss)?;
-            exec::backward(gpu, blas, stream, plan, &f, &b)
+            exec::backward(gpu, blas, stream, plan, &f, &b, &side)
         })
     }
 
@@ -330,10 +342,13 @@ impl DevCache {
 }
 
 impl DevGrads {
-    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, capacity: usize) -> Result<DevGrads> {
+    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, side: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<DevGrads> {
         let conv_w = conv_steps(plan).map(|s| s.weight_len()).max().unwrap_or(0);
         Ok(DevGrads {
             stream: Arc::clone(stream),
+            side_blas: gpu.blas(side, tf32)?,
+            fork: Event::new(gpu)?,
+            join: Event::new(gpu)?,
             grads: DevBuf::zeros(gpu, stream, plan.param_len)?,
             dacts: DevBuf::zeros(gpu, stream, plan.acts_len(capacity))?,
             dcols: DevBuf::zeros(gpu, stream, capacity * max_lowered_len(plan))?,
@@ -348,7 +363,7 @@ impl DevGrads {
     /// On CUDA device `ordinal`, not yet bound to a model's stream.
     pub fn on(ordinal: usize, plan: &Plan, capacity: usize) -> Result<DevGrads> {
         let gpu = super::gpu(ordinal)?;
-        DevGrads::new(&gpu, &gpu.new_stream()?, plan, capacity)
+        DevGrads::new(&gpu, &gpu.new_stream()?, &gpu.new_stream()?, false, plan, capacity)
     }
 
     pub fn device(&self) -> Device {
