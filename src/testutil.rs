@@ -25,6 +25,48 @@ impl Rng {
     }
 }
 
+/// ‖a − b‖ / ‖b‖ in f64 (NaN where either holds a NaN, so that no comparison with it passes).
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+    let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+/// A batch of `n` inputs (uniform in [−1, 1)) and class labels for `model`.
+pub fn batch(rng: &mut Rng, model: &crate::Model, n: usize) -> (Vec<f32>, Vec<u32>) {
+    let x = rng.uniform(n * model.input_shape().len());
+    let classes = model.output_shape().len();
+    let labels = (0..n).map(|_| (rng.uniform(1)[0] * classes as f32) as u32 % classes as u32).collect();
+    (x, labels)
+}
+
+/// Set in the child processes [`run_alone`] starts.
+const CHILD: &str = "FLATNN_TEST_CHILD";
+
+/// True in a child process started by [`run_alone`].
+pub fn in_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+/// Runs test `test` of the running test binary alone in a child process with the variables
+/// `env` set (for settings flatnn reads once per process, such as `FLATNN_CUDNN`); prints its
+/// output, asserts that it ran and passed, and returns its standard output.
+pub fn run_alone(test: &str, env: &[(&str, &str)]) -> String {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut command = std::process::Command::new(exe);
+    command.args([test, "--exact", "--nocapture", "--test-threads=1"]).env(CHILD, "1");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().expect("starting the test binary again");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("--- {test} in a child process with {env:?}:\n{stdout}{stderr}--- end of {test}");
+    assert!(out.status.success(), "{test} failed in a child process with {env:?}");
+    assert!(stdout.contains("1 passed"), "{test} did not run in the child process");
+    stdout.into_owned()
+}
+
 /// A buffer of NaN, so unwritten outputs show.
 pub fn poisoned(n: usize) -> Vec<f32> {
     vec![f32::NAN; n]

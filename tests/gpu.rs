@@ -7,7 +7,7 @@
 use flatnn::cuda;
 use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
-use flatnn::testutil::{cuda_or_skip, Rng};
+use flatnn::testutil::{batch, cuda_or_skip, rel_err, Rng};
 
 /// An odd little net touching every layer kind, activation and option the GPU runs.
 fn mixed() -> Chain {
@@ -19,22 +19,6 @@ fn mixed() -> Chain {
         .dense(11, Sigmoid)
         .dense(5, LeakyRelu(0.1))
         .dense(3, Identity)
-}
-
-/// ‖a − b‖ / ‖b‖.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let diff: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
-    let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (diff / norm.max(1e-30)).sqrt()
-}
-
-/// A batch of inputs and labels for `model`.
-fn batch(rng: &mut Rng, model: &Model, n: usize) -> (Vec<f32>, Vec<u32>) {
-    let x = rng.uniform(n * model.input_shape().len());
-    let classes = model.output_shape().len();
-    let labels = (0..n).map(|_| (rng.uniform(1)[0] * classes as f32) as u32 % classes as u32).collect();
-    (x, labels)
 }
 
 /// `steps` training steps, alternating a full and a partial batch; the losses, and the model.
