@@ -3,24 +3,15 @@
 //! `skipped: no CUDA device` where CUDA is missing; those that need cuDNN print
 //! `skipped: no cuDNN 9 library` where it is missing, and pass.
 //!
-//! `FLATNN_CUDNN` is read when a cache is made, so the tests of this binary set it under one
-//! lock and run one at a time.
+//! flatnn reads `FLATNN_CUDNN` once per process, so a test that needs a setting runs itself
+//! again alone in a child process with it (`testutil::run_alone`).
 #![cfg(feature = "cuda")]
 
 use flatnn::cuda::cudnn_version;
 use flatnn::models::lenet5;
 use flatnn::prelude::*;
-use flatnn::testutil::{cuda_or_skip, Rng};
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
-static ENV: Mutex<()> = Mutex::new(());
-
-/// Holds the lock and sets `FLATNN_CUDNN` to `mode` until the guard drops.
-fn cudnn_mode(mode: &str) -> MutexGuard<'static, ()> {
-    let guard = ENV.lock().unwrap_or_else(PoisonError::into_inner);
-    std::env::set_var("FLATNN_CUDNN", mode);
-    guard
-}
+use flatnn::testutil::{batch, cuda_or_skip, in_child, rel_err, run_alone, Rng};
+use std::path::{Path, PathBuf};
 
 /// Strides and paddings LeNet lacks: stride 2 with padding 1, a non-square kernel with
 /// stride (2, 1), and a conv without activation (z is y).
@@ -38,28 +29,26 @@ fn models() -> [(&'static str, Chain); 2] {
     [("lenet", lenet5()), ("strided", strided())]
 }
 
-/// ‖a − b‖ / ‖b‖.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let diff: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
-    let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (diff / norm.max(1e-30)).sqrt()
+/// True where this test should run here: in a child process with `FLATNN_CUDNN=mode`. Else
+/// (the parent) runs `test` in such a child and returns false.
+fn in_mode(test: &str, mode: &str) -> bool {
+    if in_child() {
+        return true;
+    }
+    run_alone(test, &[("FLATNN_CUDNN", mode)]);
+    false
 }
 
-/// A batch of inputs and labels for `model`.
-fn batch(rng: &mut Rng, model: &Model, n: usize) -> (Vec<f32>, Vec<u32>) {
-    let x = rng.uniform(n * model.input_shape().len());
-    let classes = model.output_shape().len();
-    let labels = (0..n).map(|_| (rng.uniform(1)[0] * classes as f32) as u32 % classes as u32).collect();
-    (x, labels)
-}
-
-/// Forward outputs at batch sizes 1, 5, 64, 128 and 5 again, concatenated.
+/// Forward outputs at batch sizes 1, 5, 64, 128 and 5 again, concatenated. Each call follows
+/// one on NaN inputs of the same batch size (which also measures the paths and captures the
+/// graph), so that anything the real call leaves unwritten shows as NaN or stale.
 fn forwards(model: &Model, seed: u64) -> (Vec<f32>, String) {
     let mut fwd = model.preallocate(128).unwrap();
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     for n in [1, 5, 64, 128, 5] {
+        fwd.set_inputs(&vec![f32::NAN; n * model.input_shape().len()]).unwrap();
+        model.forward(&mut fwd).unwrap();
         let (x, _) = batch(&mut rng, model, n);
         fwd.set_inputs(&x).unwrap();
         out.extend_from_slice(model.forward(&mut fwd).unwrap());
@@ -68,6 +57,8 @@ fn forwards(model: &Model, seed: u64) -> (Vec<f32>, String) {
 }
 
 /// 20 Adam steps alternating batches of 32 and 17; the losses, the parameters, the report.
+/// Before each step, a backprop on NaN inputs (not applied) poisons the activations and all
+/// gradients, so that anything the step leaves unwritten shows in the parameters.
 fn train(model: &Model, seed: u64) -> (Vec<f32>, Vec<f32>, String) {
     let mut model = model.to(&model.device()).unwrap();
     let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
@@ -77,8 +68,10 @@ fn train(model: &Model, seed: u64) -> (Vec<f32>, Vec<f32>, String) {
     for step in 0..20 {
         let n = if step % 2 == 0 { 32 } else { 17 };
         let (x, labels) = batch(&mut rng, &model, n);
-        fwd.set_inputs(&x).unwrap();
+        fwd.set_inputs(&vec![f32::NAN; x.len()]).unwrap();
         fwd.set_labels(&labels).unwrap();
+        model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+        fwd.set_inputs(&x).unwrap();
         model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
         losses.push(bwd.last_loss().unwrap());
         opt.update(&mut model, &bwd).unwrap();
@@ -86,8 +79,12 @@ fn train(model: &Model, seed: u64) -> (Vec<f32>, Vec<f32>, String) {
     (losses, model.parameters().unwrap().into_owned(), fwd.conv_backends())
 }
 
-fn on_gpu(cpu: &Model, device: &Device, graphs: bool) -> Model {
-    cpu.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(device).unwrap()
+fn on_gpu(cpu: &Model, device: &Device, options: GpuOptions) -> Model {
+    cpu.to(&Device::Cpu).unwrap().with_gpu_options(options).unwrap().to(device).unwrap()
+}
+
+fn fp32(graphs: bool) -> GpuOptions {
+    GpuOptions { graphs, tf32: false }
 }
 
 /// Convolution directions the report says cuDNN runs.
@@ -95,9 +92,9 @@ fn cudnn_directions(report: &str) -> usize {
     ["forward cudnn", "weight grad cudnn", "input grad cudnn"].iter().map(|d| report.matches(d).count()).sum()
 }
 
-/// The report line of every conv layer at `batch`.
-fn lines_at(report: &str, batch: usize) -> Vec<&str> {
-    let prefix = format!("batch {batch} FP32,");
+/// The report line of every conv layer at `batch` in `arith` ("FP32" or "TF32").
+fn lines_at<'r>(report: &'r str, batch: usize, arith: &str) -> Vec<&'r str> {
+    let prefix = format!("batch {batch} {arith},");
     report.lines().filter(|l| l.starts_with(&prefix)).collect()
 }
 
@@ -108,23 +105,28 @@ fn cudnn_forward_and_training_match_the_cpu() {
         println!("skipped: no cuDNN 9 library");
         return;
     };
-    let _mode = cudnn_mode("1");
+    if !in_mode("cudnn_forward_and_training_match_the_cpu", "1") {
+        return;
+    }
     for (name, chain) in models() {
         let cpu = chain.build().unwrap().init(Init::HeNormal, 3).with_threads(1).unwrap();
         let convs = cpu.plan().steps.iter().filter(|s| matches!(s.layer, flatnn::Layer::Conv { .. })).count();
         let (want, _) = forwards(&cpu, 4);
         let (cpu_losses, cpu_params, _) = train(&cpu, 9);
-        for graphs in [true, false] {
-            let gpu = on_gpu(&cpu, &device, graphs);
+        // graphs off first: the paths are measured by eager calls, and every later cache of
+        // this process reuses those measurements
+        for graphs in [false, true] {
+            let gpu = on_gpu(&cpu, &device, fp32(graphs));
             let (got, report) = forwards(&gpu, 4);
             println!("{name} graphs={graphs}, cuDNN {version}:\n{report}");
             assert!(report.contains("FLATNN_CUDNN=1"), "{report}");
-            // every layer's forward through cuDNN at every batch size
+            // every layer's forward through cuDNN at every batch size, in plain FP32
             for n in [1, 5, 64, 128] {
-                let lines = lines_at(&report, n);
+                let lines = lines_at(&report, n, "FP32");
                 assert_eq!(lines.len(), convs, "{name} batch {n}: {report}");
                 assert!(lines.iter().all(|l| l.contains("forward cudnn")), "{name} batch {n}: {report}");
             }
+            assert!(!report.contains("MATH"), "{name}: a math type other than FMA without TF32: {report}");
             let err = rel_err(&got, &want);
             println!("{name} graphs={graphs}: cuDNN forward rel err {err:.2e}");
             assert!(err <= 1e-5, "{name} graphs={graphs}: cuDNN forward differs from the CPU by {err:e}");
@@ -132,7 +134,7 @@ fn cudnn_forward_and_training_match_the_cpu() {
             let (losses, params, report) = train(&gpu, 9);
             println!("{report}");
             for n in [32, 17] {
-                let lines = lines_at(&report, n);
+                let lines = lines_at(&report, n, "FP32");
                 assert_eq!(lines.len(), convs, "{name} batch {n}: {report}");
                 assert!(lines.iter().all(|l| l.contains("forward cudnn") && l.contains("weight grad cudnn")), "{report}");
             }
@@ -142,47 +144,88 @@ fn cudnn_forward_and_training_match_the_cpu() {
             assert!(loss_err <= 1e-4, "{name}: losses {losses:?} vs {cpu_losses:?}");
             assert!(params_err <= 1e-4, "{name}: parameters differ by {params_err:e}");
         }
+        // TF32: cuDNN runs each algorithm with the math type it was found and timed with
+        let gpu = on_gpu(&cpu, &device, GpuOptions { graphs: true, tf32: true });
+        let (got, report) = forwards(&gpu, 4);
+        let (losses, _, train_report) = train(&gpu, 9);
+        println!("{name} TF32:\n{report}\n{train_report}");
+        assert!(lines_at(&report, 64, "TF32").iter().all(|l| l.contains("forward cudnn")), "{report}");
+        assert!(!report.contains("ALLOW_CONVERSION") && !train_report.contains("ALLOW_CONVERSION"), "{report}");
+        let (err, loss_err) = (rel_err(&got, &want), rel_err(&losses, &cpu_losses));
+        println!("{name} TF32: forward rel err {err:.2e}, 20-step losses {loss_err:.2e}");
+        assert!(err <= 5e-3 && loss_err <= 5e-3, "{name} TF32: forward {err:e}, losses {loss_err:e}");
     }
+}
+
+/// Where a child of `cudnn_and_flatnn_kernels_agree` writes `what` of `model`.
+fn result_path(dir: &Path, model: &str, what: &str) -> PathBuf {
+    dir.join(format!("{model}-{what}.f32"))
 }
 
 #[test]
 fn cudnn_and_flatnn_kernels_agree() {
+    const TEST: &str = "cudnn_and_flatnn_kernels_agree";
     let Some(device) = cuda_or_skip() else { return };
     if cudnn_version().is_none() {
         println!("skipped: no cuDNN 9 library");
         return;
     }
-    for (name, chain) in models() {
-        let cpu = chain.build().unwrap().init(Init::GlorotUniform, 7).with_threads(1).unwrap();
-        let gpu = on_gpu(&cpu, &device, true);
-        let ((own_out, own_report), (own_losses, own_params, _)) = {
-            let _mode = cudnn_mode("0");
-            (forwards(&gpu, 5), train(&gpu, 11))
-        };
-        assert!(own_report.starts_with("cuDNN not used (FLATNN_CUDNN=0)"), "{own_report}");
-        assert_eq!(cudnn_directions(&own_report), 0);
-        let ((out, _), (losses, params, report)) = {
-            let _mode = cudnn_mode("1");
-            (forwards(&gpu, 5), train(&gpu, 11))
-        };
-        assert!(cudnn_directions(&report) > 0, "{report}");
-        let (out_err, loss_err, params_err) = (rel_err(&out, &own_out), rel_err(&losses, &own_losses), rel_err(&params, &own_params));
+    if in_child() {
+        // this process's FLATNN_CUDNN: write forward outputs, losses and parameters
+        let dir = PathBuf::from(std::env::var("FLATNN_TEST_OUT").unwrap());
+        let own = std::env::var("FLATNN_CUDNN").unwrap() == "0";
+        for (name, chain) in models() {
+            let cpu = chain.build().unwrap().init(Init::GlorotUniform, 7).with_threads(1).unwrap();
+            let gpu = on_gpu(&cpu, &device, fp32(true));
+            let ((out, out_report), (losses, params, report)) = (forwards(&gpu, 5), train(&gpu, 11));
+            println!("{name}:\n{report}");
+            if own {
+                assert!(out_report.starts_with("cuDNN not used (FLATNN_CUDNN=0)"), "{out_report}");
+                assert_eq!(cudnn_directions(&report), 0, "{report}");
+            } else {
+                assert!(cudnn_directions(&report) > 0, "{report}");
+            }
+            for (what, values) in [("out", out), ("losses", losses), ("params", params)] {
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                std::fs::write(result_path(&dir, name, what), bytes).unwrap();
+            }
+        }
+        return;
+    }
+    let read = |dir: &Path, model: &str, what: &str| -> Vec<f32> {
+        let bytes = std::fs::read(result_path(dir, model, what)).unwrap();
+        bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    };
+    let dirs = ["0", "1"].map(|mode| {
+        let dir = std::env::temp_dir().join(format!("flatnn-{TEST}-{}-{mode}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        run_alone(TEST, &[("FLATNN_CUDNN", mode), ("FLATNN_TEST_OUT", dir.to_str().unwrap())]);
+        dir
+    });
+    for (name, _) in models() {
+        let [out_err, loss_err, params_err] =
+            ["out", "losses", "params"].map(|what| rel_err(&read(&dirs[1], name, what), &read(&dirs[0], name, what)));
         println!(
             "{name}: cuDNN vs flatnn's kernels: forward rel err {out_err:.2e}, 20-step losses {loss_err:.2e}, parameters {params_err:.2e}"
         );
         assert!(out_err <= 1e-5 && loss_err <= 1e-4 && params_err <= 1e-4, "{name}");
+    }
+    for dir in dirs {
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 
 #[test]
 fn the_automatic_choice_matches_the_cpu_and_reports_itself() {
     let Some(device) = cuda_or_skip() else { return };
-    let _mode = cudnn_mode("auto");
+    if !in_mode("the_automatic_choice_matches_the_cpu_and_reports_itself", "auto") {
+        return;
+    }
     for (name, chain) in models() {
         let cpu = chain.build().unwrap().init(Init::HeNormal, 5).with_threads(1).unwrap();
         let (want, _) = forwards(&cpu, 6);
         let (cpu_losses, cpu_params, _) = train(&cpu, 13);
-        let gpu = on_gpu(&cpu, &device, true);
+        let gpu = on_gpu(&cpu, &device, fp32(true));
         let (got, _) = forwards(&gpu, 6);
         let (losses, params, report) = train(&gpu, 13);
         println!("{name}, FLATNN_CUDNN=auto:\n{report}");
@@ -200,9 +243,97 @@ fn the_automatic_choice_matches_the_cpu_and_reports_itself() {
 }
 
 #[test]
+fn a_flatnn_cudnn_not_understood_is_reported_and_means_auto() {
+    let Some(device) = cuda_or_skip() else { return };
+    if !in_mode("a_flatnn_cudnn_not_understood_is_reported_and_means_auto", "sometimes") {
+        return;
+    }
+    let model = lenet5().build().unwrap().to(&device).unwrap();
+    let report = model.preallocate(4).unwrap().conv_backends();
+    println!("{report}");
+    assert!(report.contains(r#"FLATNN_CUDNN="sometimes" not understood, taken as auto"#), "{report}");
+    if cudnn_version().is_some() {
+        assert!(report.starts_with("cuDNN 9."), "{report}");
+    }
+}
+
+/// Two LeNets, one initialisation, with caches (and gradients) of 256 and of 64 samples,
+/// trained side by side on the same batches of 64 and 17: every cache has the same cuDNN
+/// workspace, so both take the same path for each layer and batch size and compute the same
+/// bits. (The workspace once depended on the capacity, and the path on which cache measured
+/// first.) In both `FLATNN_CUDNN=1` and `auto`.
+#[test]
+fn caches_of_any_capacity_compute_the_same_bits() {
+    const TEST: &str = "caches_of_any_capacity_compute_the_same_bits";
+    let Some(device) = cuda_or_skip() else { return };
+    if !in_child() {
+        for mode in ["1", "auto"] {
+            run_alone(TEST, &[("FLATNN_CUDNN", mode)]);
+        }
+        return;
+    }
+    let cpu = lenet5().build().unwrap().init(Init::HeNormal, 21);
+    let mut models = [on_gpu(&cpu, &device, fp32(true)), on_gpu(&cpu, &device, fp32(true))];
+    // the larger cache first: it measures every path
+    let mut caches: Vec<_> = models
+        .iter()
+        .zip([256, 64])
+        .map(|(m, capacity)| (m.preallocate(capacity).unwrap(), m.preallocate_grads(capacity).unwrap()))
+        .collect();
+    let mut opts: Vec<_> = models.iter().map(|m| Optimizer::new(m, Optim::adam(1e-3)).unwrap()).collect();
+    let mut rng = Rng::new(22);
+    for step in 0..12 {
+        let n = if step % 3 == 2 { 17 } else { 64 };
+        let (x, labels) = batch(&mut rng, &models[0], n);
+        for ((model, (fwd, bwd)), opt) in models.iter_mut().zip(&mut caches).zip(&mut opts) {
+            fwd.set_inputs(&x).unwrap();
+            fwd.set_labels(&labels).unwrap();
+            model.backprop(bwd, fwd, Loss::LogitCrossEntropy).unwrap();
+            opt.update(model, bwd).unwrap();
+        }
+    }
+    let reports: Vec<String> = caches.iter().map(|(fwd, _)| fwd.conv_backends()).collect();
+    println!("capacity 256:\n{}\ncapacity 64:\n{}", reports[0], reports[1]);
+    assert_eq!(reports[0], reports[1], "the two caches took different paths");
+    let params: Vec<Vec<f32>> = models.iter().map(|m| m.parameters().unwrap().into_owned()).collect();
+    assert!(params[0].iter().all(|v| v.is_finite()));
+    assert!(params[0] == params[1], "parameters differ: rel err {:e}", rel_err(&params[1], &params[0]));
+}
+
+/// A cache dropped in the middle of training and a new one of the same capacity in its place
+/// (which may be given the freed cache's addresses): the gradients' captured graphs must not
+/// replay against the old cache's buffers or cuDNN workspace. The same bits as training with one
+/// cache throughout.
+#[test]
+fn a_new_cache_in_a_freed_caches_place_trains_as_the_old_one() {
+    let Some(device) = cuda_or_skip() else { return };
+    let cpu = lenet5().build().unwrap().init(Init::HeNormal, 31);
+    let run = |swap: bool| -> Vec<f32> {
+        let mut model = on_gpu(&cpu, &device, fp32(true));
+        let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
+        let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+        let mut rng = Rng::new(32);
+        for step in 0..8 {
+            if swap && step == 4 {
+                drop(fwd);
+                fwd = model.preallocate(32).unwrap();
+            }
+            let (x, labels) = batch(&mut rng, &model, 32);
+            fwd.set_inputs(&x).unwrap();
+            fwd.set_labels(&labels).unwrap();
+            model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+            opt.update(&mut model, &bwd).unwrap();
+        }
+        model.parameters().unwrap().into_owned()
+    };
+    let (once, swapped) = (run(false), run(true));
+    assert!(once.iter().all(|v| v.is_finite()));
+    assert!(swapped == once, "parameters differ: rel err {:e}", rel_err(&swapped, &once));
+}
+
+#[test]
 fn a_model_without_convolutions_reports_nothing() {
     let Some(device) = cuda_or_skip() else { return };
-    let _mode = cudnn_mode("auto");
     let model = flatnn::models::mlp().build().unwrap().to(&device).unwrap();
     assert_eq!(model.preallocate(4).unwrap().conv_backends(), "");
     let cpu = lenet5().build().unwrap();

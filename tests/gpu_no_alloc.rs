@@ -1,11 +1,13 @@
 //! A GPU training step and an inference call allocate nothing on the host and leave the
-//! device's free memory as it was, over 1,000 of each. Its own test binary: no other test allocates device memory while the
-//! free memory is read. Prints `skipped: no CUDA device` and passes where CUDA is missing.
+//! device's free memory as it was, over 1,000 of each. Its own test binary: no other test
+//! allocates device memory while the free memory is read (the test runs itself in a child
+//! process per `FLATNN_CUDNN` setting, one at a time). Prints `skipped: no CUDA device` and
+//! passes where CUDA is missing.
 #![cfg(feature = "cuda")]
 
 use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
-use flatnn::testutil::{allocations_in, cuda_or_skip, Counting, Rng};
+use flatnn::testutil::{allocations_in, cuda_or_skip, in_child, run_alone, Counting, Rng};
 
 #[global_allocator]
 static COUNTING: Counting = Counting;
@@ -13,11 +15,20 @@ static COUNTING: Counting = Counting;
 #[test]
 fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
     let Some(device) = cuda_or_skip() else { return };
-    // FLATNN_CUDNN (read when a cache is made): LeNet on flatnn's kernels and through cuDNN
-    // (on flatnn's kernels again where cuDNN is missing); the only test of this binary sets it
-    let cases = [("mlp", mlp(), "auto"), ("lenet", lenet5(), "0"), ("lenet cudnn", lenet5(), "1")];
-    for (name, chain, cudnn) in cases {
-        std::env::set_var("FLATNN_CUDNN", cudnn);
+    // FLATNN_CUDNN is read once per process: the MLP and LeNet on flatnn's kernels in one child
+    // process, LeNet through cuDNN (on flatnn's kernels again where cuDNN is missing) in another
+    if !in_child() {
+        for cudnn in ["0", "1"] {
+            run_alone("a_gpu_step_allocates_nothing_and_device_memory_stays_put", &[("FLATNN_CUDNN", cudnn)]);
+        }
+        return;
+    }
+    let cudnn = std::env::var("FLATNN_CUDNN").unwrap_or_default();
+    let cases = match cudnn.as_str() {
+        "0" => vec![("mlp", mlp()), ("lenet", lenet5())],
+        _ => vec![("lenet cudnn", lenet5())],
+    };
+    for (name, chain) in cases {
         for graphs in [true, false] {
             let model = chain.clone().build().unwrap().init(Init::HeNormal, 1);
             let mut model = model.with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();

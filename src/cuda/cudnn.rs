@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 
 /// Every cuDNN function flatnn calls: cudarc looks each up the first time it is called and
 /// panics where it is missing, so their presence is checked before cuDNN is used at all.
-const FUNCTIONS: [&str; 24] = [
+const FUNCTIONS: [&str; 21] = [
     "cudnnGetVersion",
     "cudnnCreate",
     "cudnnDestroy",
@@ -35,9 +35,6 @@ const FUNCTIONS: [&str; 24] = [
     "cudnnSetConvolutionMathType",
     "cudnnDestroyConvolutionDescriptor",
     "cudnnGetConvolution2dForwardOutputDim",
-    "cudnnGetConvolutionForwardAlgorithm_v7",
-    "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
-    "cudnnGetConvolutionBackwardDataAlgorithm_v7",
     "cudnnFindConvolutionForwardAlgorithmEx",
     "cudnnFindConvolutionBackwardFilterAlgorithmEx",
     "cudnnFindConvolutionBackwardDataAlgorithmEx",
@@ -67,6 +64,7 @@ pub fn cudnn_version() -> Option<usize> {
     })
 }
 
+/// `Error::Cuda` for a cuDNN call that failed while doing `what`, naming cuDNN's status.
 pub(super) fn cudnn_error(what: &str, e: CudnnError) -> Error {
     Error::Cuda { what: format!("cuDNN: {what}: {e:?}") }
 }
@@ -82,6 +80,7 @@ pub(super) enum Dir {
 }
 
 impl Dir {
+    /// The direction's name in reports and errors: "forward", "weight grad", "input grad".
     pub fn name(self) -> &'static str {
         match self {
             Dir::Forward => "forward",
@@ -156,11 +155,11 @@ fn data_algo(algo: u32) -> sys::cudnnConvolutionBwdDataAlgo_t {
 /// that a status or math type newer than cudarc's enums is no undefined behaviour.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
-pub(super) struct Perf {
+struct Perf {
     algo: u32,
     status: u32,
     time: f32,
-    pub memory: usize,
+    memory: usize,
     determinism: u32,
     math_type: u32,
     reserved: [i32; 3],
@@ -175,19 +174,52 @@ const _: () = {
 };
 
 /// Room for every algorithm of any direction.
-pub(super) const PERFS: usize = 8;
+const PERFS: usize = 8;
 
 impl Perf {
-    /// Succeeded, fits in `workspace` bytes, deterministic, a product-based algorithm, and
-    /// (unless `tf32`) plain FP32 arithmetic. flatnn promises the same bits for the same inputs
-    /// and choice (atomics would break it) and FP32 accuracy (FFT and Winograd algorithms were
-    /// measured to move 20 LeNet training steps ~1e-3 away from the CPU's, against ~1e-7).
-    pub fn usable(&self, dir: Dir, workspace: usize, tf32: bool) -> bool {
+    /// Succeeded, fits in `workspace` bytes, deterministic, a product-based algorithm, and of a
+    /// math type flatnn accepts (see [`math_type`]). flatnn promises the same bits for the same
+    /// inputs and choice (atomics would break it) and FP32 accuracy (FFT and Winograd algorithms
+    /// were measured to move 20 LeNet training steps ~1e-3 away from the CPU's, against ~1e-7).
+    fn usable(&self, dir: Dir, workspace: usize, tf32: bool) -> bool {
         self.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS as u32
             && dir.exact(self.algo)
             && self.memory <= workspace
             && self.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC as u32
-            && (tf32 || self.math_type == sys::cudnnMathType_t::CUDNN_FMA_MATH as u32)
+            && math_type(self.math_type, tf32).is_some()
+    }
+}
+
+/// The math type a perf result reports, where flatnn runs it: FMA (plain FP32) always; with
+/// `tf32`, also DEFAULT and TENSOR_OP (TF32 tensor cores). Never TENSOR_OP_MATH_ALLOW_CONVERSION
+/// (it may convert FP32 operands to FP16), nor DEFAULT without `tf32`: cuDNN documents that
+/// DEFAULT permits TF32 tensor cores on A100 and later devices.
+fn math_type(value: u32, tf32: bool) -> Option<sys::cudnnMathType_t> {
+    use sys::cudnnMathType_t::{CUDNN_DEFAULT_MATH as DEFAULT, CUDNN_FMA_MATH as FMA, CUDNN_TENSOR_OP_MATH as TENSOR_OP};
+    match value {
+        v if v == FMA as u32 => Some(FMA),
+        v if tf32 && v == DEFAULT as u32 => Some(DEFAULT),
+        v if tf32 && v == TENSOR_OP as u32 => Some(TENSOR_OP),
+        _ => None,
+    }
+}
+
+/// A cuDNN algorithm of one direction and the math type it was found (and timed) with, which
+/// [`Handle::run`] sets on the convolution descriptor, so that the kernel run is the one timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Algo {
+    pub id: u32,
+    pub math: sys::cudnnMathType_t,
+}
+
+impl Algo {
+    /// The algorithm's name (see [`Dir::algo_name`]), and its math type where it is not FMA.
+    pub fn name(self, dir: Dir) -> String {
+        let name = dir.algo_name(self.id);
+        match self.math {
+            sys::cudnnMathType_t::CUDNN_FMA_MATH => name,
+            math => format!("{name} ({})", format!("{math:?}").trim_start_matches("CUDNN_")),
+        }
     }
 }
 
@@ -206,42 +238,79 @@ pub(super) struct Descs {
     y: sys::cudnnTensorDescriptor_t,
     w: sys::cudnnFilterDescriptor_t,
     conv: sys::cudnnConvolutionDescriptor_t,
+    /// The math type Find searches with: DEFAULT with TF32, else FMA.
+    find_math: sys::cudnnMathType_t,
 }
 
 impl Descs {
-    pub fn new(step: &Step, batch: usize, tf32: bool) -> Result<Descs, CudnnError> {
+    /// The descriptors of conv layer `step` for `batch` samples; Find will search with TF32
+    /// tensor cores permitted where `tf32`, else with FMA (plain FP32) only. An error (for the
+    /// report) where a dimension exceeds cuDNN's i32, where cuDNN refuses a descriptor, or where
+    /// cuDNN's output shape is not the plan's.
+    pub fn new(step: &Step, batch: usize, tf32: bool) -> Result<Descs, String> {
         use sys::cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
         use sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW as NCHW;
         let g = conv_geometry(step);
-        let int = |v: usize| i32::try_from(v).map_err(|_| CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED));
-        let (n, c, h, w) = (int(batch)?, int(g.in_channels)?, int(g.height)?, int(g.width)?);
-        let (oc, oh, ow) = (int(g.out_channels)?, int(g.out_height)?, int(g.out_width)?);
-        let (kh, kw, sh, sw, ph, pw) =
-            (int(g.kernel.0)?, int(g.kernel.1)?, int(g.stride.0)?, int(g.stride.1)?, int(g.padding.0)?, int(g.padding.1)?);
+        let dims = [
+            batch,
+            g.in_channels,
+            g.height,
+            g.width,
+            g.out_channels,
+            g.out_height,
+            g.out_width,
+            g.kernel.0,
+            g.kernel.1,
+            g.stride.0,
+            g.stride.1,
+            g.padding.0,
+            g.padding.1,
+        ];
+        let mut int = [0i32; 13];
+        for (to, &from) in int.iter_mut().zip(&dims) {
+            *to = i32::try_from(from).map_err(|_| {
+                format!(
+                    "a dimension exceeds cuDNN's 32-bit integers: batch {batch}, {}×{}×{} → {}×{}×{}, kernel {}×{}",
+                    g.in_channels, g.height, g.width, g.out_channels, g.out_height, g.out_width, g.kernel.0, g.kernel.1
+                )
+            })?;
+        }
+        let [n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw] = int;
+        let refused = |e: CudnnError| format!("cuDNN refused the descriptors: {e:?}");
+        let find_math = if tf32 { sys::cudnnMathType_t::CUDNN_DEFAULT_MATH } else { sys::cudnnMathType_t::CUDNN_FMA_MATH };
         // Owned from here, so that an error below destroys what was made.
-        let mut d = Descs { x: std::ptr::null_mut(), y: std::ptr::null_mut(), w: std::ptr::null_mut(), conv: std::ptr::null_mut() };
-        let math = if tf32 { sys::cudnnMathType_t::CUDNN_DEFAULT_MATH } else { sys::cudnnMathType_t::CUDNN_FMA_MATH };
+        let mut d =
+            Descs { x: std::ptr::null_mut(), y: std::ptr::null_mut(), w: std::ptr::null_mut(), conv: std::ptr::null_mut(), find_math };
+        let mut out = [0i32; 4];
         // SAFETY: each descriptor is created before it is set, and owned by `d`.
         unsafe {
-            d.x = dnn::create_tensor_descriptor()?;
-            dnn::set_tensor4d_descriptor(d.x, NCHW, F32, [n, c, h, w])?;
-            d.y = dnn::create_tensor_descriptor()?;
-            dnn::set_tensor4d_descriptor(d.y, NCHW, F32, [n, oc, oh, ow])?;
-            d.w = dnn::create_filter_descriptor()?;
-            dnn::set_filter4d_descriptor(d.w, F32, NCHW, [oc, c, kh, kw])?;
-            d.conv = dnn::create_convolution_descriptor()?;
+            d.x = dnn::create_tensor_descriptor().map_err(refused)?;
+            dnn::set_tensor4d_descriptor(d.x, NCHW, F32, [n, c, h, w]).map_err(refused)?;
+            d.y = dnn::create_tensor_descriptor().map_err(refused)?;
+            dnn::set_tensor4d_descriptor(d.y, NCHW, F32, [n, oc, oh, ow]).map_err(refused)?;
+            d.w = dnn::create_filter_descriptor().map_err(refused)?;
+            dnn::set_filter4d_descriptor(d.w, F32, NCHW, [oc, c, kh, kw]).map_err(refused)?;
+            d.conv = dnn::create_convolution_descriptor().map_err(refused)?;
             let mode = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
-            dnn::set_convolution2d_descriptor(d.conv, ph, pw, sh, sw, 1, 1, mode, F32)?;
-            dnn::set_convolution_math_type(d.conv, math)?;
-            // cuDNN must see the output shape the plan has.
-            let mut dims = [0i32; 4];
-            let [dn, dc, dh, dw] = &mut dims;
-            sys::cudnnGetConvolution2dForwardOutputDim(d.conv, d.x, d.w, dn, dc, dh, dw).result()?;
-            if dims != [n, oc, oh, ow] {
-                return Err(CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED));
-            }
+            dnn::set_convolution2d_descriptor(d.conv, ph, pw, sh, sw, 1, 1, mode, F32).map_err(refused)?;
+            dnn::set_convolution_math_type(d.conv, find_math).map_err(refused)?;
+            let [dn, dc, dh, dw] = &mut out;
+            sys::cudnnGetConvolution2dForwardOutputDim(d.conv, d.x, d.w, dn, dc, dh, dw).result().map_err(refused)?;
+        }
+        // cuDNN must see the output shape the plan has.
+        if out != [n, oc, oh, ow] {
+            return Err(format!(
+                "cuDNN computes an output of {}×{}×{}×{} (N×C×H×W) where the plan has {n}×{oc}×{oh}×{ow}",
+                out[0], out[1], out[2], out[3]
+            ));
         }
         Ok(d)
+    }
+
+    /// Sets the math type the next call with these descriptors runs with.
+    fn set_math(&self, math: sys::cudnnMathType_t) -> Result<(), CudnnError> {
+        // SAFETY: a live convolution descriptor (a host-side setting; nothing runs).
+        unsafe { dnn::set_convolution_math_type(self.conv, math) }
     }
 }
 
@@ -293,26 +362,9 @@ impl Handle {
         unsafe { dnn::set_stream(self.0, stream.cu_stream() as _) }.map_err(|e| cudnn_error("binding the stream", e))
     }
 
-    /// cuDNN's heuristic ranking for `dir` (nothing is run); the number of results in `perf`.
-    pub fn heuristics(&self, dir: Dir, d: &Descs, perf: &mut [Perf; PERFS]) -> Result<usize, CudnnError> {
-        let (h, mut n) = (self.0, 0i32);
-        let (out, requested) = (perf.as_mut_ptr(), PERFS as i32);
-        // SAFETY: a live handle and descriptors; `perf` has room for `requested` results of
-        // this layout (checked above).
-        unsafe {
-            match dir {
-                Dir::Forward => sys::cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, requested, &mut n, out.cast()),
-                Dir::Weight => sys::cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, requested, &mut n, out.cast()),
-                Dir::Input => sys::cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, requested, &mut n, out.cast()),
-            }
-            .result()?;
-        }
-        Ok((n.max(0) as usize).min(PERFS))
-    }
-
-    /// cuDNN's `count` fastest usable algorithms for `dir` and the workspace bytes each needs,
-    /// fastest first, as measured by cuDNN on the operands (which it overwrites: y, dw or dx),
-    /// within `workspace`. Waits for the device.
+    /// cuDNN's `count` fastest usable algorithms for `dir` (see [`Perf::usable`]), fastest
+    /// first, as measured by cuDNN on the operands (which it overwrites: y, dw or dx), within
+    /// `workspace`. Waits for the device.
     ///
     /// # Safety
     /// `d` live and made for the operands' shapes; `p` inside live buffers of the handle's
@@ -325,12 +377,14 @@ impl Handle {
         workspace: &DevBuf<u8>,
         tf32: bool,
         count: usize,
-    ) -> Result<Vec<(u32, usize)>, CudnnError> {
+    ) -> Result<Vec<Algo>, CudnnError> {
         let (h, ws, ws_len) = (self.0, workspace.ptr() as *mut c_void, workspace.len());
         let (x, w, y) = (p.x as *mut c_void, p.w as *mut c_void, p.y as *mut c_void);
         let mut perf = [Perf::default(); PERFS];
         let mut n = 0i32;
         let (out, requested) = (perf.as_mut_ptr(), PERFS as i32);
+        // a run may have left another math type set
+        d.set_math(d.find_math)?;
         // Find* runs every algorithm and waits for the device.
         let _exclusive = super::device_wide();
         // SAFETY: the caller's contract; `perf` has room for `requested` results of this
@@ -349,16 +403,18 @@ impl Handle {
         }
         let n = (n.max(0) as usize).min(PERFS);
         // sorted fastest first
-        Ok(perf[..n].iter().filter(|r| r.usable(dir, ws_len, tf32)).map(|r| (r.algo, r.memory)).take(count).collect())
+        let usable = perf[..n].iter().filter(|r| r.usable(dir, ws_len, tf32));
+        Ok(usable.filter_map(|r| Some(Algo { id: r.algo, math: math_type(r.math_type, tf32)? })).take(count).collect())
     }
 
-    /// Queues `dir` with `algo` on the handle's stream: α = 1, β = 0 (the output overwritten).
-    /// Capturable in a CUDA graph once it has run eagerly.
+    /// Queues `dir` with `algo` (and its math type) on the handle's stream: α = 1, β = 0 (the
+    /// output overwritten). Capturable in a CUDA graph once it has run eagerly.
     ///
     /// # Safety
     /// As [`Handle::find`], with an algorithm found for these descriptors within `workspace`.
-    pub unsafe fn run(&self, dir: Dir, d: &Descs, algo: u32, p: Ptrs, workspace: &DevBuf<u8>) -> Result<(), CudnnError> {
-        let (h, ws, ws_len) = (self.0, workspace.ptr() as *mut c_void, workspace.len());
+    pub unsafe fn run(&self, dir: Dir, d: &Descs, algo: Algo, p: Ptrs, workspace: &DevBuf<u8>) -> Result<(), CudnnError> {
+        d.set_math(algo.math)?;
+        let (h, ws, ws_len, algo) = (self.0, workspace.ptr() as *mut c_void, workspace.len(), algo.id);
         let (one, zero) = (1.0f32, 0.0f32);
         let (alpha, beta) = (&one as *const f32 as *const c_void, &zero as *const f32 as *const c_void);
         let (x, w, y) = (p.x as *mut c_void, p.w as *mut c_void, p.y as *mut c_void);

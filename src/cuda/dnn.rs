@@ -2,13 +2,13 @@
 //! (im2col + cuBLAS, in `exec.rs`); flatnn's kernels everywhere else, so a machine without
 //! cuDNN still runs every model on the GPU.
 //!
-//! `FLATNN_CUDNN`, read when a cache is made: `0` flatnn's kernels only (cuDNN is not loaded),
-//! `1` cuDNN wherever it has an algorithm, `auto` (the default) cuDNN where it was faster.
+//! `FLATNN_CUDNN`, read once per process (when the first cache is made): `0` flatnn's kernels
+//! only (cuDNN is not loaded), `1` cuDNN wherever it has an algorithm, `auto` (the default, and
+//! what a value not understood means; the report says so) cuDNN where it was faster.
 //!
 //! A cache with convolutions owns one cuDNN handle, bound to the stream of the model using the
-//! cache (as its cuBLAS handle is), and one workspace, allocated with the cache: the most any
-//! layer and direction needs at the cache's capacity by cuDNN's heuristics, up to
-//! [`WORKSPACE_CAP`]. cuDNN never allocates during a step.
+//! cache (as its cuBLAS handle is), and one workspace of [`WORKSPACE`] bytes, allocated with the
+//! cache, whatever its capacity. cuDNN never allocates during a step.
 //!
 //! A cuDNN tensor descriptor carries the batch N, and an algorithm (and how fast it is) depends
 //! on N, so descriptors for the capacity cannot serve a smaller batch: they would run over the
@@ -17,7 +17,9 @@
 //! conv layer its descriptors, then per direction (forward; weight gradient and input gradient
 //! at the first training step) cuDNN's best few algorithms by `cudnnFind*AlgorithmEx` within
 //! the workspace, and these and flatnn's kernels timed, each captured `REPS` times in a CUDA
-//! graph (as steps run) and replayed: median of `SAMPLES` replays. The choice is kept for that
+//! graph (as steps run; run eagerly `REPS` times where the model's graphs are off) and replayed:
+//! median of `SAMPLES` replays. Where timing flatnn's kernels fails (a capture refused), they
+//! are chosen and the report says why. The choice is kept for that
 //! batch size and reported by [`Dnn::report`]. The timing runs on the cache's live buffers: it
 //! writes only what the step it precedes overwrites (a layer's z, weight gradient, input
 //! gradient, scratch).
@@ -25,7 +27,8 @@
 //! Same inputs, same bits: only deterministic, product-based cuDNN algorithms are considered
 //! (no atomics, FFT or Winograd; see `Perf::usable`), and a measurement is made once per
 //! process for a (device, layer shape, batch, TF32, direction) and reused by every later cache,
-//! so that models trained side by side compute exactly as one trained alone. Under `auto`,
+//! so that models trained side by side compute exactly as one trained alone. (Every cache has
+//! the same workspace, so an algorithm found in one fits all.) Under `auto`,
 //! another process may measure otherwise and take the other path (results then differ in the
 //! last bits); `FLATNN_CUDNN=0` or `1` fixes the path.
 //!
@@ -34,19 +37,24 @@
 use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
-use super::cudnn::{cudnn_error, cudnn_version, Descs, Dir, Handle, Perf, Ptrs, PERFS};
+use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
 use super::exec::{self, Backward, Forward};
 use super::graph::{self, Graphs};
+use super::state::GpuOptions;
 use super::{driver_error, guarded_result};
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
 use crate::layers::{conv_geometry, conv_steps, region};
 use cudarc::driver::{result as driver, sys as driver_sys, CudaStream};
 use std::fmt::Write;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-/// The most workspace a cache gives cuDNN; algorithms needing more are not considered.
-const WORKSPACE_CAP: usize = 64 << 20;
+/// The workspace of every cache with convolutions, whatever its capacity; Find considers only
+/// algorithms that fit in it. The same for all caches, so that the algorithm measured for a
+/// (device, layer shape, batch, TF32, direction) fits every cache that reuses it. The
+/// deterministic product algorithms LeNet's layers take needed ~1 KiB on the H100.
+const WORKSPACE: usize = 8 << 20;
 /// (batch, TF32) setups a cache keeps: more than the graphs it keeps (a forward and a training
 /// graph per batch size), so that a replayed graph's batch size is never set up again.
 const SLOTS: usize = 2 * Graphs::SLOTS;
@@ -64,15 +72,23 @@ enum Mode {
     Auto,
 }
 
-impl Mode {
-    fn from_env() -> Mode {
-        match std::env::var("FLATNN_CUDNN").as_deref().map(str::trim) {
-            Ok("0") | Ok("off") | Ok("own") => Mode::Own,
-            Ok("1") | Ok("on") | Ok("cudnn") => Mode::Cudnn,
-            _ => Mode::Auto,
+/// `FLATNN_CUDNN`, read once per process, so that every cache of a process takes the same
+/// paths: the mode, and the value where it was not understood (then it means `auto`).
+fn mode() -> &'static (Mode, Option<String>) {
+    static MODE: OnceLock<(Mode, Option<String>)> = OnceLock::new();
+    MODE.get_or_init(|| {
+        let Some(value) = std::env::var_os("FLATNN_CUDNN") else { return (Mode::Auto, None) };
+        let value = value.to_string_lossy().into_owned();
+        match value.trim() {
+            "0" | "off" | "own" => (Mode::Own, None),
+            "1" | "on" | "cudnn" => (Mode::Cudnn, None),
+            "auto" | "" => (Mode::Auto, None),
+            _ => (Mode::Auto, Some(value)),
         }
-    }
+    })
+}
 
+impl Mode {
     fn name(self) -> &'static str {
         match self {
             Mode::Own => "0",
@@ -105,9 +121,10 @@ struct Choice {
     /// False for the input gradient of a layer reading the model's inputs.
     needed: bool,
     /// The fastest cuDNN algorithm timed, if any fits.
-    algo: Option<u32>,
+    algo: Option<Algo>,
     use_cudnn: bool,
-    /// Per call, in a graph: flatnn's kernels, cuDNN (NaN where not measured).
+    /// Per call (in a graph, or eager where the model's graphs are off): flatnn's kernels,
+    /// cuDNN (NaN where not measured).
     own_us: f32,
     cudnn_us: f32,
 }
@@ -161,9 +178,10 @@ impl Drop for Cudnn {
 /// A cache's convolutions: cuDNN where it is used, and what to report.
 pub(crate) struct Dnn {
     cudnn: Option<Cudnn>,
-    mode: Mode,
     /// First line of the report: cuDNN's version, or why it is not used.
     header: String,
+    /// A number no other cache of this process has (see [`Dnn::id`]).
+    id: u64,
 }
 
 // SAFETY: a cuDNN handle and descriptors may be used from any thread, one at a time; `Dnn` is
@@ -171,31 +189,46 @@ pub(crate) struct Dnn {
 unsafe impl Send for Dnn {}
 
 impl Dnn {
-    /// For a cache of `capacity` samples of `plan`, on `stream`. Never fails: where cuDNN is
+    /// For a cache of `plan` (of any capacity), on `stream`. Never fails: where cuDNN is
     /// missing, refused by `FLATNN_CUDNN`, or fails to set up, every convolution runs on
     /// flatnn's kernels and the report says why.
-    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Dnn {
-        let mode = Mode::from_env();
-        let off = |why: String| Dnn { cudnn: None, mode, header: format!("cuDNN not used ({why}): flatnn's kernels") };
+    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan) -> Dnn {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let (mode, not_understood) = mode();
+        let setting = match not_understood {
+            Some(value) => format!("FLATNN_CUDNN={value:?} not understood, taken as auto"),
+            None => format!("FLATNN_CUDNN={}", mode.name()),
+        };
+        let off = |why: &str| {
+            let header = match not_understood {
+                Some(_) => format!("cuDNN not used ({why}; {setting}): flatnn's kernels"),
+                None => format!("cuDNN not used ({why}): flatnn's kernels"),
+            };
+            Dnn { cudnn: None, header, id }
+        };
         if conv_steps(plan).next().is_none() {
-            return Dnn { cudnn: None, mode, header: String::new() };
+            return Dnn { cudnn: None, header: String::new(), id };
         }
-        if mode == Mode::Own {
-            return off("FLATNN_CUDNN=0".into());
+        if *mode == Mode::Own {
+            return off(&setting);
         }
-        let Some(version) = cudnn_version() else { return off("no cuDNN 9 library found".into()) };
-        match guarded_result(|| Cudnn::new(gpu, stream, tf32, plan, capacity)) {
+        let Some(version) = cudnn_version() else { return off("no cuDNN 9 library found") };
+        match guarded_result(|| Cudnn::new(gpu, stream)) {
             Ok(cudnn) => {
                 let (major, minor, patch) = (version / 10000, version / 100 % 100, version % 100);
-                let header = format!(
-                    "cuDNN {major}.{minor}.{patch}, FLATNN_CUDNN={}, workspace {} KiB",
-                    mode.name(),
-                    cudnn.workspace.len().div_ceil(1024)
-                );
-                Dnn { cudnn: Some(cudnn), mode, header }
+                let kib = cudnn.workspace.len() / 1024;
+                Dnn { cudnn: Some(cudnn), header: format!("cuDNN {major}.{minor}.{patch}, {setting}, workspace {kib} KiB"), id }
             }
-            Err(e) => off(format!("setting it up failed: {e}")),
+            Err(e) => off(&format!("setting it up failed: {e}")),
         }
+    }
+
+    /// A number no other cache of this process has had: a graph captured with this cache also
+    /// uses its cuDNN handle and workspace, its cuBLAS handle and its lowered columns, and a new
+    /// cache may get a freed one's addresses, so graph keys carry this rather than addresses.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Moves the handle to `stream` (after the work queued on its old one); a no-op when it is
@@ -215,8 +248,9 @@ impl Dnn {
 
     /// Readies the convolutions of a step on `f.batch` samples (and their backward with `b`):
     /// the first time a batch size (or TF32 setting) runs, makes its descriptors and measures
-    /// both paths; later, only picks that setup. Call it before the step is run or captured,
-    /// on the model's stream (after [`Dnn::rebind`]); it may wait for the device.
+    /// both paths (in graphs where `options.graphs`, else eagerly); later, only picks that
+    /// setup. Call it before the step is run or captured, on the model's stream (after
+    /// [`Dnn::rebind`]); it may wait for the device.
     #[allow(clippy::too_many_arguments)]
     pub fn prepare(
         &mut self,
@@ -226,9 +260,9 @@ impl Dnn {
         plan: &Plan,
         f: &Forward,
         b: Option<&Backward>,
-        tf32: bool,
+        options: GpuOptions,
     ) -> Result<()> {
-        let mode = self.mode;
+        let tf32 = options.tf32;
         let Some(c) = &mut self.cudnn else { return Ok(()) };
         let index = match c.setups.iter().position(|s| s.batch == f.batch && s.tf32 == tf32) {
             Some(index) => index,
@@ -253,7 +287,7 @@ impl Dnn {
                         layer.choices[dir as usize] = Choice { decided: true, needed: false, ..Choice::default() };
                         continue;
                     }
-                    c.decide(mode, layer, dir, gpu, blas, stream, plan, f, b, tf32)?;
+                    c.decide(layer, dir, gpu, blas, stream, plan, f, b, options)?;
                 }
             }
             Ok(())
@@ -310,7 +344,7 @@ impl Dnn {
                 for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
                     let ch = layer.choices[dir as usize];
                     let _ = write!(out, " {} ", dir.name());
-                    let cudnn = |algo: Option<u32>| algo.map_or("cudnn -".to_string(), |a| format!("cudnn {}", dir.algo_name(a)));
+                    let cudnn = |algo: Option<Algo>| algo.map_or("cudnn -".to_string(), |a| format!("cudnn {}", a.name(dir)));
                     if !ch.decided {
                         out.push_str("not measured yet;");
                     } else if !ch.needed {
@@ -331,22 +365,10 @@ impl Dnn {
 }
 
 impl Cudnn {
-    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<Cudnn> {
+    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>) -> Result<Cudnn> {
         gpu.bind()?;
         let handle = Handle::new(stream)?;
-        // The workspace: the most any layer and direction needs at the capacity, over the
-        // algorithms cuDNN's heuristics offer within the cap.
-        let mut bytes = 0;
-        for step in conv_steps(plan) {
-            let Ok(descs) = Descs::new(step, capacity, tf32) else { continue };
-            for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
-                let mut perf = [Perf::default(); PERFS];
-                let Ok(n) = handle.heuristics(dir, &descs, &mut perf) else { continue };
-                let fits = perf[..n].iter().filter(|p| p.usable(dir, WORKSPACE_CAP, tf32));
-                bytes = fits.map(|p| p.memory).fold(bytes, usize::max);
-            }
-        }
-        let workspace = DevBuf::zeros(gpu, stream, bytes)?;
+        let workspace = DevBuf::zeros(gpu, stream, WORKSPACE)?;
         Ok(Cudnn {
             setups: Vec::with_capacity(SLOTS),
             next: 0,
@@ -382,7 +404,7 @@ impl Cudnn {
                 );
                 let (descs, note) = match Descs::new(step, batch, tf32) {
                     Ok(d) => (Some(d), String::new()),
-                    Err(e) => (None, format!("cuDNN refused the descriptors: {e:?}")),
+                    Err(why) => (None, why),
                 };
                 LayerSetup { step: index, label, descs, choices: [Choice::default(); 3], note }
             })
@@ -401,12 +423,11 @@ impl Cudnn {
 
     /// Records the path for `dir` of `layer`: as measured before in this process for the same
     /// device, shape, batch and arithmetic (so that every model of a process computes alike),
-    /// else measured now. A cuDNN failure leaves flatnn's kernels chosen (with a note); a
-    /// failure of flatnn's kernels is an error.
+    /// else measured now. A failure of cuDNN, or of timing either path, leaves flatnn's kernels
+    /// chosen (with a note).
     #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
-        mode: Mode,
         layer: &mut LayerSetup,
         dir: Dir,
         gpu: &Gpu,
@@ -415,32 +436,29 @@ impl Cudnn {
         plan: &Plan,
         f: &Forward,
         b: Option<&Backward>,
-        tf32: bool,
+        options: GpuOptions,
     ) -> Result<()> {
         let step = &plan.steps[layer.step];
         let g = conv_geometry(step);
         let shape =
             [g.in_channels, g.height, g.width, g.out_channels, g.kernel.0, g.kernel.1, g.stride.0, g.stride.1, g.padding.0, g.padding.1];
-        let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32, dir };
+        let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32: options.tf32, dir };
         let m = match measured(&key) {
             Some(m) => m,
-            None => remember(key, self.measure(layer, dir, gpu, blas, stream, plan, f, b, tf32)?),
+            None => remember(key, self.measure(layer, dir, gpu, blas, stream, plan, f, b, options)?),
         };
-        let mut use_cudnn = m.algo.is_some() && layer.descs.is_some() && (mode == Mode::Cudnn || m.cudnn_us < m.own_us);
-        if let (true, Some(algo)) = (use_cudnn && m.memory > self.workspace.len(), m.algo) {
-            // measured in a cache of larger capacity, whose workspace was larger
-            let why = format!("{} needs {} B of workspace, this cache has {}", dir.algo_name(algo), m.memory, self.workspace.len());
-            note(&mut layer.note, dir, &why);
-            use_cudnn = false;
-        }
+        let mut use_cudnn = m.algo.is_some() && layer.descs.is_some() && (mode().0 == Mode::Cudnn || m.cudnn_us < m.own_us);
         if let (Some(algo), Some(descs), true) = (m.algo, &layer.descs, use_cudnn) {
-            // Run it eagerly before any capture (measuring did, in the cache that measured).
+            // Run it eagerly before any capture (measuring did, in the cache that measured):
+            // a new handle's first call may load modules or allocate, which would break a
+            // capture running on another thread.
             let p = ptrs(dir, plan, step, f, b);
             gpu.bind()?;
+            let _exclusive = super::device_wide();
             // SAFETY: descriptors of this layer and batch, operands inside their buffers, an
-            // algorithm cuDNN found for them within this size of workspace.
+            // algorithm cuDNN found for them within this size of workspace (every cache's).
             if let Err(e) = unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) } {
-                note(&mut layer.note, dir, &format!("{} failed: {e:?}", dir.algo_name(algo)));
+                note(&mut layer.note, dir, &format!("{} failed: {e:?}", algo.name(dir)));
                 use_cudnn = false;
             }
             stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
@@ -454,7 +472,8 @@ impl Cudnn {
     }
 
     /// Times flatnn's kernels and cuDNN's best few algorithms (by `cudnnFind*AlgorithmEx`) for
-    /// `dir` of `layer`, as a step runs them.
+    /// `dir` of `layer`, as a step runs them (see [`time_calls`]). Where flatnn's kernels cannot
+    /// be timed, cuDNN is not tried: they are what a step then runs.
     #[allow(clippy::too_many_arguments)]
     fn measure(
         &self,
@@ -466,7 +485,7 @@ impl Cudnn {
         plan: &Plan,
         f: &Forward,
         b: Option<&Backward>,
-        tf32: bool,
+        options: GpuOptions,
     ) -> Result<Measured> {
         let step = &plan.steps[layer.step];
         let own = || match dir {
@@ -474,21 +493,28 @@ impl Cudnn {
             Dir::Weight => exec::conv_weight_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
             Dir::Input => exec::conv_input_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
         };
-        let mut m = Measured { algo: None, memory: 0, own_us: time_in_graph(gpu, stream, &own)?, cudnn_us: f32::NAN, note: String::new() };
+        let mut m = Measured { algo: None, own_us: f32::NAN, cudnn_us: f32::NAN, note: String::new() };
+        match time_calls(gpu, stream, options.graphs, &own) {
+            Ok(us) => m.own_us = us,
+            Err(e) => {
+                m.note = format!("timing flatnn's kernels failed ({e}): flatnn's kernels chosen");
+                return Ok(m);
+            }
+        }
         let Some(descs) = &layer.descs else { return Ok(m) };
         let p = ptrs(dir, plan, step, f, b);
         gpu.bind()?;
         // SAFETY: descriptors of this layer and batch; operands inside their buffers.
-        match unsafe { self.handle.find(dir, descs, p, &self.workspace, tf32, CANDIDATES) } {
+        match unsafe { self.handle.find(dir, descs, p, &self.workspace, options.tf32, CANDIDATES) } {
             Ok(algos) if algos.is_empty() => m.note = "no deterministic product algorithm fits".into(),
             Ok(algos) => {
-                for (algo, memory) in algos {
+                for algo in algos {
                     // SAFETY: as above, with an algorithm cuDNN found for them.
                     let run = || unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) }.map_err(|e| cudnn_error(dir.name(), e));
-                    match time_in_graph(gpu, stream, &run) {
-                        Ok(us) if m.algo.is_none() || us < m.cudnn_us => (m.algo, m.memory, m.cudnn_us) = (Some(algo), memory, us),
+                    match time_calls(gpu, stream, options.graphs, &run) {
+                        Ok(us) if m.algo.is_none() || us < m.cudnn_us => (m.algo, m.cudnn_us) = (Some(algo), us),
                         Ok(_) => {}
-                        Err(e) => m.note = format!("{} failed: {e}", dir.algo_name(algo)),
+                        Err(e) => m.note = format!("{} failed: {e}", algo.name(dir)),
                     }
                 }
             }
@@ -509,12 +535,10 @@ struct MeasureKey {
     dir: Dir,
 }
 
-/// Both paths timed (µs per call), and cuDNN's fastest algorithm, if any ran, with the
-/// workspace bytes it needs.
+/// Both paths timed (µs per call), and cuDNN's fastest algorithm, if any ran.
 #[derive(Clone)]
 struct Measured {
-    algo: Option<u32>,
-    memory: usize,
+    algo: Option<Algo>,
     own_us: f32,
     cudnn_us: f32,
     note: String,
@@ -547,21 +571,33 @@ fn note(notes: &mut String, dir: Dir, what: &str) {
     let _ = write!(notes, "{}: {what}", dir.name());
 }
 
-/// Microseconds per call of `work` as a step runs it: `work` run twice eagerly (so that any
-/// lazy set-up happens outside a capture), captured `REPS` times into a graph, and the median
-/// of `SAMPLES` replays after one more. `work` must only enqueue on `stream`.
-fn time_in_graph(gpu: &Gpu, stream: &CudaStream, work: &dyn Fn() -> Result<()>) -> Result<f32> {
-    work()?;
-    work()?;
-    stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
-    let exec = graph::capture(stream.cu_stream(), || (0..REPS).try_for_each(|_| work()))?;
-    exec.launch(stream)?;
+/// Microseconds per call of `work` as a step runs it: `work` run twice eagerly under the
+/// device-wide lock (a first call may load modules or allocate, which would break another
+/// thread's capture); then, with `graphs`, captured `REPS` times into a graph and the median of
+/// `SAMPLES` replays after one more; without, the median of `SAMPLES` runs of `REPS` eager
+/// calls after one more. `work` must only enqueue on `stream`.
+fn time_calls(gpu: &Gpu, stream: &CudaStream, graphs: bool, work: &dyn Fn() -> Result<()>) -> Result<f32> {
+    {
+        let _exclusive = super::device_wide();
+        work()?;
+        work()?;
+        stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
+    }
+    let exec = match graphs {
+        true => Some(graph::capture(stream.cu_stream(), || (0..REPS).try_for_each(|_| work()))?),
+        false => None,
+    };
+    let reps = || match &exec {
+        Some(exec) => exec.launch(stream),
+        None => (0..REPS).try_for_each(|_| work()),
+    };
+    reps()?;
     gpu.bind()?;
     let (start, end) = (TimingEvent::new()?, TimingEvent::new()?);
     let mut samples = [0f32; SAMPLES];
     for sample in &mut samples {
         start.record(stream)?;
-        exec.launch(stream)?;
+        reps()?;
         end.record(stream)?;
         // SAFETY: live events, both recorded on `stream`; the host waits for the second.
         let ms = unsafe { driver::event::synchronize(end.0).and_then(|()| driver::event::elapsed(start.0, end.0)) }

@@ -8,14 +8,18 @@ use super::driver_error;
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaStream};
 
-/// What a graph was captured from: the kind of work, the batch, and the addresses of every
-/// buffer it touches. Two calls with equal keys launch exactly the same kernels.
+/// What a graph was captured from: the kind of work, the batch, the cache and the addresses of
+/// the other buffers it touches. Two calls with equal keys launch exactly the same kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Key {
     pub kind: u8,
     pub capacity: usize,
     pub batch: usize,
     pub tf32: bool,
+    /// The cache's number, unique in the process (`Dnn::id`): its buffers, cuBLAS and cuDNN
+    /// handles and workspaces are baked into the graph, and a new cache may be given a freed
+    /// cache's addresses, so addresses alone could replay a graph against freed memory.
+    pub cache: u64,
     pub buffers: [sys::CUdeviceptr; 4],
 }
 

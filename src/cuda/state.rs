@@ -213,11 +213,12 @@ impl DevModel {
             capacity,
             batch,
             tf32: self.options.tf32,
+            cache: dnn.id(),
             buffers: [self.params.ptr(), acts.ptr(), cols.ptr(), from],
         };
         let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None };
         let (gpu, stream) = (&self.gpu, &self.stream);
-        dnn.prepare(gpu, blas, stream, plan, &f, None, self.options.tf32)?;
+        dnn.prepare(gpu, blas, stream, plan, &f, None, self.options)?;
         let f = Forward { dnn: Some(dnn), ..f };
         let host_out = &mut outputs.as_mut_slice()[..out.len()];
         graphs.run(self.options.graphs, stream, key, || {
@@ -254,11 +255,12 @@ impl DevModel {
             capacity,
             batch,
             tf32: self.options.tf32,
+            cache: dev.dnn.id(),
             buffers: [self.params.ptr(), dev.acts.ptr(), dg.grads.ptr(), dg.dacts.ptr()],
         };
         let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
-        dev.dnn.prepare(&self.gpu, &dev.blas, &self.stream, plan, &f, Some(&b), self.options.tf32)?;
+        dev.dnn.prepare(&self.gpu, &dev.blas, &self.stream, plan, &f, Some(&b), self.options)?;
         let f = Forward { dnn: Some(&dev.dnn), ..f };
         let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
@@ -287,7 +289,7 @@ impl DevCache {
         Ok(DevCache {
             stream: Arc::clone(stream),
             blas: gpu.blas(stream, tf32)?,
-            dnn: Dnn::new(gpu, stream, tf32, plan, capacity),
+            dnn: Dnn::new(gpu, stream, plan),
             acts: DevBuf::zeros(gpu, stream, plan.acts_len(capacity))?,
             cols: DevBuf::zeros(gpu, stream, capacity * max_lowered_len(plan))?,
             labels: DevBuf::zeros(gpu, stream, capacity)?,
