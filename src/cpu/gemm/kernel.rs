@@ -49,6 +49,14 @@ impl Kernel for Avx2 {
 unsafe fn avx2_tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut) {
     use std::arch::x86_64::*;
     unsafe {
+        // C's rows are far apart, so the hardware prefetcher misses them, and after the first
+        // KC panel they come back from L3: start fetching them now, under the kc·2·M FMAs.
+        if c.cs == 1 {
+            for i in 0..M {
+                _mm_prefetch::<_MM_HINT_T0>(c.ptr.add(i * c.rs) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(c.ptr.add(i * c.rs + NR - 1) as *const i8);
+            }
+        }
         let mut acc = [[_mm256_setzero_ps(); 2]; M];
         for p in 0..kc {
             let b0 = _mm256_loadu_ps(b.add(p * NR));
