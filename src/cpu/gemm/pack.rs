@@ -66,15 +66,15 @@ pub(super) unsafe fn pack_a(mc: usize, kc: usize, a: View, out: &mut [f32]) {
 
 /// Packs B (kc×nc) into NR-wide panels, row by row, zero-padding the last panel.
 pub(super) unsafe fn pack_b(kc: usize, nc: usize, b: View, out: &mut [f32]) {
-    for (panel, j0) in (0..nc).step_by(NR).enumerate() {
+    let mut done = 0;
+    if b.cs == 1 {
+        done = nc / NR;
+        unsafe { pack_b_by_rows(kc, done, b, out) };
+    }
+    for (panel, j0) in (0..nc).step_by(NR).enumerate().skip(done) {
         let cols = NR.min(nc - j0);
         let dst = &mut out[panel * NR * kc..][..NR * kc];
-        if b.cs == 1 && cols == NR {
-            for p in 0..kc {
-                let src = unsafe { std::slice::from_raw_parts(b.ptr.add(p * b.rs + j0), NR) };
-                dst[p * NR..(p + 1) * NR].copy_from_slice(src);
-            }
-        } else if b.rs == 1 && cols == NR {
+        if b.rs == 1 && cols == NR {
             // B stored by columns (Wᵀ in X·Wᵀ): k outer, so the panel is written in order
             let src: [&[f32]; NR] = std::array::from_fn(|j| unsafe { std::slice::from_raw_parts(b.ptr.add((j0 + j) * b.cs), kc) });
             for (p, out) in dst.chunks_exact_mut(NR).enumerate() {
@@ -98,6 +98,25 @@ pub(super) unsafe fn pack_b(kc: usize, nc: usize, b: View, out: &mut [f32]) {
                 for j in 0..NR {
                     dst[p * NR + j] = if j < cols { unsafe { *b.ptr.add(p * b.rs + (j0 + j) * b.cs) } } else { 0.0 };
                 }
+            }
+        }
+    }
+}
+
+/// Rows of B packed together (see `pack_b_by_rows`).
+const PACK_ROWS: usize = 8;
+
+/// The first `panels` full panels of row-major B (X in dW = dZᵀ·X, B in 1024³), PACK_ROWS rows
+/// at a time across all panels: B is read in address order, each line once, where packing a
+/// panel at a time walks down columns, a row stride apart (one L1 set when the stride is 4 KiB)
+/// and reads every line twice when rows are not 64-byte aligned.
+unsafe fn pack_b_by_rows(kc: usize, panels: usize, b: View, out: &mut [f32]) {
+    for p0 in (0..kc).step_by(PACK_ROWS) {
+        let rows = PACK_ROWS.min(kc - p0);
+        for panel in 0..panels {
+            let dst = &mut out[panel * NR * kc + p0 * NR..][..rows * NR];
+            for (r, d) in dst.chunks_exact_mut(NR).enumerate() {
+                d.copy_from_slice(unsafe { std::slice::from_raw_parts(b.ptr.add((p0 + r) * b.rs + panel * NR), NR) });
             }
         }
     }
