@@ -72,8 +72,19 @@ unsafe fn avx2_tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alp
             for (i, row) in acc.iter().enumerate() {
                 for (h, &v) in row.iter().enumerate() {
                     let p = c.ptr.add(i * c.rs + 8 * h);
-                    let out =
-                        if beta == 0.0 { _mm256_mul_ps(va, v) } else { _mm256_fmadd_ps(va, v, _mm256_mul_ps(vb, _mm256_loadu_ps(p))) };
+                    // α = 1 (every call in training) skips the multiplies: on Zen 3 they take the
+                    // FMA pipes, and the sums are the same bits
+                    let out = if beta == 0.0 {
+                        if alpha == 1.0 {
+                            v
+                        } else {
+                            _mm256_mul_ps(va, v)
+                        }
+                    } else if alpha == 1.0 && beta == 1.0 {
+                        _mm256_add_ps(_mm256_loadu_ps(p), v)
+                    } else {
+                        _mm256_fmadd_ps(va, v, _mm256_mul_ps(vb, _mm256_loadu_ps(p)))
+                    };
                     _mm256_storeu_ps(p, out);
                 }
             }
