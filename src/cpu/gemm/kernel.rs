@@ -4,7 +4,8 @@ use super::{ViewMut, NR};
 
 /// An M×NR micro-kernel over packed panels (M = MR, or 4 for the last rows of a block).
 pub(super) trait Kernel {
-    /// C tile ← α·Σ_p a_p b_pᵀ + β·C tile (β = 0: C not read), for a full M×NR tile.
+    /// C tile ← α·Σ_p a_p b_pᵀ + β·C tile (β = 0: C not read), for a full M×NR tile whose
+    /// rows are contiguous (c.cs = 1).
     /// `a` holds kc columns of M, `b` kc rows of NR.
     unsafe fn tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut);
 }
@@ -51,11 +52,10 @@ unsafe fn avx2_tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alp
     unsafe {
         // C's rows are far apart, so the hardware prefetcher misses them, and after the first
         // KC panel they come back from L3: start fetching them now, under the kc·2·M FMAs.
-        if c.cs == 1 {
-            for i in 0..M {
-                _mm_prefetch::<_MM_HINT_T0>(c.ptr.add(i * c.rs) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(c.ptr.add(i * c.rs + NR - 1) as *const i8);
-            }
+        debug_assert_eq!(c.cs, 1);
+        for i in 0..M {
+            _mm_prefetch::<_MM_HINT_T0>(c.ptr.add(i * c.rs) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(c.ptr.add(i * c.rs + NR - 1) as *const i8);
         }
         let mut acc = [[_mm256_setzero_ps(); 2]; M];
         for p in 0..kc {
@@ -68,35 +68,33 @@ unsafe fn avx2_tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alp
             }
         }
         let (va, vb) = (_mm256_set1_ps(alpha), _mm256_set1_ps(beta));
-        if c.cs == 1 {
-            for (i, row) in acc.iter().enumerate() {
-                for (h, &v) in row.iter().enumerate() {
-                    let p = c.ptr.add(i * c.rs + 8 * h);
-                    // α = 1 (every call in training) skips the multiplies: on Zen 3 they take the
-                    // FMA pipes, and the sums are the same bits
-                    let out = if beta == 0.0 {
-                        if alpha == 1.0 {
-                            v
-                        } else {
-                            _mm256_mul_ps(va, v)
-                        }
-                    } else if alpha == 1.0 && beta == 1.0 {
-                        _mm256_add_ps(_mm256_loadu_ps(p), v)
-                    } else {
-                        _mm256_fmadd_ps(va, v, _mm256_mul_ps(vb, _mm256_loadu_ps(p)))
-                    };
-                    _mm256_storeu_ps(p, out);
+        // One loop per case, so that each unrolls with the accumulators left in registers
+        // (a branch inside spilled all 2·M to the stack). α = 1 (every call in training)
+        // skips the multiplies, which on Zen 3 take the FMA pipes; the sums are the same bits.
+        let row = |i: usize, h: usize| c.ptr.add(i * c.rs + 8 * h);
+        if beta == 0.0 && alpha == 1.0 {
+            for (i, r) in acc.iter().enumerate() {
+                for (h, &v) in r.iter().enumerate() {
+                    _mm256_storeu_ps(row(i, h), v);
+                }
+            }
+        } else if beta == 0.0 {
+            for (i, r) in acc.iter().enumerate() {
+                for (h, &v) in r.iter().enumerate() {
+                    _mm256_storeu_ps(row(i, h), _mm256_mul_ps(va, v));
+                }
+            }
+        } else if alpha == 1.0 && beta == 1.0 {
+            for (i, r) in acc.iter().enumerate() {
+                for (h, &v) in r.iter().enumerate() {
+                    _mm256_storeu_ps(row(i, h), _mm256_add_ps(_mm256_loadu_ps(row(i, h)), v));
                 }
             }
         } else {
-            let mut lanes = [0.0f32; 8];
-            for (i, row) in acc.iter().enumerate() {
-                for (h, &v) in row.iter().enumerate() {
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-                    for (l, &s) in lanes.iter().enumerate() {
-                        let p = c.ptr.add(i * c.rs + (8 * h + l) * c.cs);
-                        *p = if beta == 0.0 { alpha * s } else { alpha * s + beta * *p };
-                    }
+            for (i, r) in acc.iter().enumerate() {
+                for (h, &v) in r.iter().enumerate() {
+                    let p = row(i, h);
+                    _mm256_storeu_ps(p, _mm256_fmadd_ps(va, v, _mm256_mul_ps(vb, _mm256_loadu_ps(p))));
                 }
             }
         }

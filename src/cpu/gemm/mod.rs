@@ -241,7 +241,8 @@ unsafe fn scale(m: usize, n: usize, beta: f32, c: ViewMut) {
     }
 }
 
-/// The blocked loop nest. Edge tiles go through a stack tile and are copied out.
+/// The blocked loop nest. Edge tiles, and tiles of a C whose rows are not contiguous, go
+/// through a stack tile and are copied out.
 #[allow(clippy::too_many_arguments)]
 unsafe fn blocked<K: Kernel>(scratch: &mut [f32], m: usize, n: usize, k: usize, alpha: f32, a: View, b: View, beta: f32, c: ViewMut) {
     let (apack, bpack) = scratch.split_at_mut(MC * KC);
@@ -261,7 +262,7 @@ unsafe fn blocked<K: Kernel>(scratch: &mut [f32], m: usize, n: usize, k: usize, 
                     for (ir, mr, height) in row_panels(mc) {
                         let (ap, bp) = (apack[ir * kc..].as_ptr(), bpack[jr * kc..].as_ptr());
                         let ct = unsafe { c.at(ic + ir, jc + jr) };
-                        match (mr, height, nr == NR) {
+                        match (mr, height, nr == NR && c.cs == 1) {
                             (MR, MR, true) => unsafe { K::tile::<MR>(kc, ap, bp, alpha, beta_block, ct) },
                             (4, 4, true) => unsafe { K::tile::<4>(kc, ap, bp, alpha, beta_block, ct) },
                             _ => {
