@@ -17,15 +17,17 @@ fn reference(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32
     }
 }
 
-/// (rs, cs, len) of an r×c matrix in one of four layouts: row-major, column-major, and
-/// each with padded leading dimension.
+/// (rs, cs, len) of an r×c matrix in one of five layouts: row-major, column-major, each with
+/// padded leading dimension, and every other column of a row-major 2c-wide matrix (neither
+/// stride 1: C tiles then go through the edge tile).
 fn layout(kind: usize, r: usize, c: usize) -> (usize, usize, usize) {
     let pad = 3;
     match kind {
         0 => (c, 1, r * c),
         1 => (1, r, r * c),
         2 => (c + pad, 1, r * (c + pad)),
-        _ => (1, r + pad, c * (r + pad)),
+        3 => (1, r + pad, c * (r + pad)),
+        _ => (2 * c, 2, 2 * r * c),
     }
 }
 
@@ -84,7 +86,7 @@ fn matches_the_plain_loop_on_odd_shapes_and_layouts() {
         let pool = Pool::new(threads).unwrap();
         let ws = GemmWorkspace::new(threads);
         for &shape in &shapes {
-            for kinds in [(0, 0, 0), (1, 1, 1), (0, 1, 0), (1, 0, 2), (2, 2, 3), (3, 3, 0)] {
+            for kinds in [(0, 0, 0), (1, 1, 1), (0, 1, 0), (1, 0, 2), (2, 2, 3), (3, 3, 0), (0, 1, 4), (4, 4, 4)] {
                 for (alpha, beta) in [(1.0, 0.0), (0.5, 1.0), (-1.5, 0.5), (1.0, -1.5)] {
                     check(&pool, &ws, &mut rng, shape, kinds, alpha, beta);
                 }
@@ -102,6 +104,7 @@ fn large_shapes_cross_every_block_boundary() {
         // m > MC, n > NC, k > KC, none a multiple of the tiles; small ints keep sums exact
         check(&pool, &ws, &mut rng, (MC + 7, NC + 19, KC + 11), (0, 1, 0), 1.0, 0.0);
         check(&pool, &ws, &mut rng, (266, 265, 257), (1, 0, 2), 1.0, 1.0);
+        check(&pool, &ws, &mut rng, (266, 265, 257), (0, 0, 4), 0.5, 1.0);
     }
 }
 
