@@ -1,7 +1,8 @@
 //! Our CPU GEMM against matrixmultiply at the shapes the models use.
 //!
 //! Throughput is in "elements" that are FLOPs (2·m·n·k per call), so criterion's `elem/s`
-//! reads as FLOP/s. This machine's measured FMA peak is about 47 GFLOP/s per core.
+//! reads as FLOP/s. `fma_peak` measures the machine's FMA peak (about 100 GFLOP/s on one thread
+//! of this VM when the host is calm): run it before and after to know whether timings are clean.
 //! `cargo bench --bench gemm [-- FILTER]`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};

@@ -1,0 +1,173 @@
+//! The packed GEMM against the plain triple loop and against matrixmultiply.
+
+use super::*;
+use crate::testutil::Rng;
+
+#[allow(clippy::too_many_arguments)]
+fn reference(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: &mut [f32], rsc: usize, csc: usize) {
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for p in 0..k {
+                acc += a.data[i * a.rs + p * a.cs] * b.data[p * b.rs + j * b.cs];
+            }
+            let v = &mut c[i * rsc + j * csc];
+            *v = if beta == 0.0 { alpha * acc } else { alpha * acc + beta * *v };
+        }
+    }
+}
+
+/// (rs, cs, len) of an r×c matrix in one of five layouts: row-major, column-major, each with
+/// padded leading dimension, and every other column of a row-major 2c-wide matrix (neither
+/// stride 1: C tiles then go through the edge tile).
+fn layout(kind: usize, r: usize, c: usize) -> (usize, usize, usize) {
+    let pad = 3;
+    match kind {
+        0 => (c, 1, r * c),
+        1 => (1, r, r * c),
+        2 => (c + pad, 1, r * (c + pad)),
+        3 => (1, r + pad, c * (r + pad)),
+        _ => (2 * c, 2, 2 * r * c),
+    }
+}
+
+fn check(
+    pool: &Pool,
+    ws: &GemmWorkspace,
+    rng: &mut Rng,
+    (m, n, k): (usize, usize, usize),
+    kinds: (usize, usize, usize),
+    alpha: f32,
+    beta: f32,
+) {
+    let (ars, acs, alen) = layout(kinds.0, m, k);
+    let (brs, bcs, blen) = layout(kinds.1, k, n);
+    let (crs, ccs, clen) = layout(kinds.2, m, n);
+    let (a, b) = (rng.ints(alen), rng.ints(blen));
+    let c0 = if beta == 0.0 { vec![f32::NAN; clen] } else { rng.ints(clen) };
+    let mut want = c0.clone();
+    let (am, bm) = (Mat { data: &a, rs: ars, cs: acs }, Mat { data: &b, rs: brs, cs: bcs });
+    reference(m, n, k, alpha, am, bm, beta, &mut want, crs, ccs);
+    let mut got = c0.clone();
+    sgemm(pool, ws, m, n, k, alpha, am, bm, beta, MatMut { data: &mut got, rs: crs, cs: ccs });
+    let mut inside = vec![false; clen];
+    (0..m).for_each(|i| (0..n).for_each(|j| inside[i * crs + j * ccs] = true));
+    for idx in 0..clen {
+        if inside[idx] {
+            assert_eq!(got[idx], want[idx], "{m}×{n}×{k} layouts {kinds:?} α={alpha} β={beta} at {idx}");
+        } else {
+            assert!(got[idx].to_bits() == c0[idx].to_bits(), "{m}×{n}×{k}: padding at {idx} touched");
+        }
+    }
+}
+
+#[test]
+fn matches_the_plain_loop_on_odd_shapes_and_layouts() {
+    let mut rng = Rng::new(1);
+    let shapes = [
+        (0, 3, 2),
+        (3, 0, 2),
+        (2, 3, 0),
+        (1, 1, 1),
+        (1, 17, 5),
+        (5, 1, 9),
+        (2, 5, 17),
+        (7, 33, 65),
+        (17, 16, 6),
+        (65, 127, 18),
+        (6, 16, 300),
+        (64, 40, 33),
+        (32, 20, 7),
+        (10, 48, 9),
+        (9, 37, 1),
+        (130, 300, 1),
+    ];
+    for threads in [1, 2, 3] {
+        let pool = Pool::new(threads).unwrap();
+        let ws = GemmWorkspace::new(threads);
+        for &shape in &shapes {
+            for kinds in [(0, 0, 0), (1, 1, 1), (0, 1, 0), (1, 0, 2), (2, 2, 3), (3, 3, 0), (0, 1, 4), (4, 4, 4)] {
+                for (alpha, beta) in [(1.0, 0.0), (0.5, 1.0), (-1.5, 0.5), (1.0, -1.5)] {
+                    check(&pool, &ws, &mut rng, shape, kinds, alpha, beta);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn large_shapes_cross_every_block_boundary() {
+    let mut rng = Rng::new(2);
+    for threads in [1, 2] {
+        let pool = Pool::new(threads).unwrap();
+        let ws = GemmWorkspace::new(threads);
+        // m > MC, n > NC, k > KC, none a multiple of the tiles; small ints keep sums exact
+        check(&pool, &ws, &mut rng, (MC + 7, NC + 19, KC + 11), (0, 1, 0), 1.0, 0.0);
+        check(&pool, &ws, &mut rng, (266, 265, 257), (1, 0, 2), 1.0, 1.0);
+        check(&pool, &ws, &mut rng, (266, 265, 257), (0, 0, 4), 0.5, 1.0);
+    }
+}
+
+#[test]
+fn portable_kernel_matches_the_plain_loop() {
+    let mut rng = Rng::new(3);
+    let (m, n, k) = (13, 37, 300);
+    let (a, b) = (rng.ints(m * k), rng.ints(k * n));
+    let mut want = vec![0.0; m * n];
+    let (am, bm) = (Mat { data: &a, rs: k, cs: 1 }, Mat { data: &b, rs: 1, cs: k });
+    reference(m, n, k, 2.0, am, bm, 0.0, &mut want, n, 1);
+    let mut got = vec![f32::NAN; m * n];
+    let mut scratch = vec![0.0; MC * KC + KC * NC];
+    let (av, bv) = (View { ptr: a.as_ptr(), rs: k, cs: 1 }, View { ptr: b.as_ptr(), rs: 1, cs: k });
+    // SAFETY: views cover their matrices; scratch has the documented size.
+    unsafe { blocked::<Portable>(&mut scratch, m, n, k, 2.0, av, bv, 0.0, ViewMut { ptr: got.as_mut_ptr(), rs: n, cs: 1 }) };
+    assert_eq!(got, want);
+}
+
+#[test]
+fn matches_matrixmultiply_on_real_values() {
+    let mut rng = Rng::new(4);
+    let pool = Pool::new(2).unwrap();
+    let ws = GemmWorkspace::new(2);
+    for (m, n, k) in [(128, 784, 128), (1, 128, 784), (64, 10, 128), (300, 200, 100)] {
+        let (a, b) = (rng.uniform(m * k), rng.uniform(k * n));
+        let mut want = vec![0.0; m * n];
+        // SAFETY: row-major buffers of the stated sizes.
+        unsafe {
+            matrixmultiply::sgemm(m, k, n, 1.0, a.as_ptr(), k as isize, 1, b.as_ptr(), n as isize, 1, 0.0, want.as_mut_ptr(), n as isize, 1)
+        };
+        let mut got = vec![f32::NAN; m * n];
+        sgemm(
+            &pool,
+            &ws,
+            m,
+            n,
+            k,
+            1.0,
+            Mat { data: &a, rs: k, cs: 1 },
+            Mat { data: &b, rs: n, cs: 1 },
+            0.0,
+            MatMut { data: &mut got, rs: n, cs: 1 },
+        );
+        crate::testutil::assert_close(&got, &want, 1e-5, 1e-5, "vs matrixmultiply");
+    }
+}
+
+#[test]
+#[should_panic(expected = "gemm: B")]
+fn short_operands_are_caught() {
+    let ws = GemmWorkspace::new(1);
+    let (a, b, mut c) = (vec![0.0; 6], vec![0.0; 5], vec![0.0; 4]);
+    sgemm_on(
+        &ws,
+        0,
+        2,
+        2,
+        3,
+        1.0,
+        Mat { data: &a, rs: 3, cs: 1 },
+        Mat { data: &b, rs: 2, cs: 1 },
+        0.0,
+        MatMut { data: &mut c, rs: 2, cs: 1 },
+    );
+}
