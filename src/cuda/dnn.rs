@@ -16,11 +16,10 @@
 //! that runs, the first time it does (when its graph is captured), a [`Setup`] is made: per
 //! conv layer its descriptors, then per direction (forward; weight gradient and input gradient
 //! at the first training step) cuDNN's best few algorithms by `cudnnFind*AlgorithmEx` within
-//! the workspace, and these and flatnn's kernels timed, each captured `REPS` times in a CUDA
-//! graph (as steps run; run eagerly `REPS` times where the model's graphs are off) and replayed:
-//! median of `SAMPLES` replays. Where timing flatnn's kernels fails (a capture refused), they
-//! are chosen and the report says why. The choice is kept for that
-//! batch size and reported by [`Dnn::report`]. The timing runs on the cache's live buffers: it
+//! the workspace, and these and flatnn's kernels timed as steps run them (in a CUDA graph, or
+//! eagerly where the model's graphs are off; see `timing.rs`). Where timing flatnn's kernels
+//! fails (a capture refused), they are chosen and the report says why. The choice is kept for
+//! that batch size and reported by [`Dnn::report`]. The timing runs on the cache's live buffers: it
 //! writes only what the step it precedes overwrites (a layer's z, weight gradient, input
 //! gradient, scratch).
 //!
@@ -39,13 +38,14 @@ use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
 use super::exec::{self, Backward, Forward};
-use super::graph::{self, Graphs};
+use super::graph::Graphs;
 use super::state::GpuOptions;
+use super::timing::time_calls;
 use super::{driver_error, guarded_result};
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
 use crate::layers::{conv_geometry, conv_steps, region};
-use cudarc::driver::{result as driver, sys as driver_sys, CudaStream};
+use cudarc::driver::CudaStream;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -58,9 +58,6 @@ const WORKSPACE: usize = 8 << 20;
 /// (batch, TF32) setups a cache keeps: more than the graphs it keeps (a forward and a training
 /// graph per batch size), so that a replayed graph's batch size is never set up again.
 const SLOTS: usize = 2 * Graphs::SLOTS;
-/// Calls per captured graph, and replays timed, when comparing the two paths.
-const REPS: usize = 10;
-const SAMPLES: usize = 5;
 /// cuDNN algorithms timed per layer and direction (the fastest by cuDNN's own measure).
 const CANDIDATES: usize = 3;
 
@@ -569,63 +566,4 @@ fn note(notes: &mut String, dir: Dir, what: &str) {
         notes.push_str("; ");
     }
     let _ = write!(notes, "{}: {what}", dir.name());
-}
-
-/// Microseconds per call of `work` as a step runs it: `work` run twice eagerly under the
-/// device-wide lock (a first call may load modules or allocate, which would break another
-/// thread's capture); then, with `graphs`, captured `REPS` times into a graph and the median of
-/// `SAMPLES` replays after one more; without, the median of `SAMPLES` runs of `REPS` eager
-/// calls after one more. `work` must only enqueue on `stream`.
-fn time_calls(gpu: &Gpu, stream: &CudaStream, graphs: bool, work: &dyn Fn() -> Result<()>) -> Result<f32> {
-    {
-        let _exclusive = super::device_wide();
-        work()?;
-        work()?;
-        stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
-    }
-    let exec = match graphs {
-        true => Some(graph::capture(stream.cu_stream(), || (0..REPS).try_for_each(|_| work()))?),
-        false => None,
-    };
-    let reps = || match &exec {
-        Some(exec) => exec.launch(stream),
-        None => (0..REPS).try_for_each(|_| work()),
-    };
-    reps()?;
-    gpu.bind()?;
-    let (start, end) = (TimingEvent::new()?, TimingEvent::new()?);
-    let mut samples = [0f32; SAMPLES];
-    for sample in &mut samples {
-        start.record(stream)?;
-        reps()?;
-        end.record(stream)?;
-        // SAFETY: live events, both recorded on `stream`; the host waits for the second.
-        let ms = unsafe { driver::event::synchronize(end.0).and_then(|()| driver::event::elapsed(start.0, end.0)) }
-            .map_err(|e| driver_error("timing a convolution", e))?;
-        *sample = ms * 1000.0 / REPS as f32;
-    }
-    samples.sort_by(f32::total_cmp);
-    Ok(samples[SAMPLES / 2])
-}
-
-/// An event that records time (flatnn's other events do not).
-struct TimingEvent(driver_sys::CUevent);
-
-impl TimingEvent {
-    fn new() -> Result<TimingEvent> {
-        let event = driver::event::create(driver_sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| driver_error("creating an event", e))?;
-        Ok(TimingEvent(event))
-    }
-
-    fn record(&self, stream: &CudaStream) -> Result<()> {
-        // SAFETY: a live event and stream of the current context.
-        unsafe { driver::event::record(self.0, stream.cu_stream()) }.map_err(|e| driver_error("recording an event", e))
-    }
-}
-
-impl Drop for TimingEvent {
-    fn drop(&mut self) {
-        // SAFETY: created in `new`, destroyed once (the driver waits for a pending record).
-        let _ = unsafe { driver::event::destroy(self.0) };
-    }
 }

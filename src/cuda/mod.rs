@@ -31,6 +31,7 @@ mod pinned;
 pub(crate) mod state;
 #[cfg(test)]
 mod tests;
+mod timing;
 
 pub use blas::{Blas, DevMat, DevMatMut};
 pub use context::Gpu;

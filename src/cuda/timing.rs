@@ -1,0 +1,70 @@
+//! Timing work on the GPU as a step runs it: used to choose between two ways of computing the
+//! same thing (cuDNN or flatnn's kernels, see `dnn.rs`).
+
+use super::context::Gpu;
+use super::{driver_error, graph};
+use crate::error::Result;
+use cudarc::driver::{result as driver, sys as driver_sys, CudaStream};
+
+/// Calls per captured graph (or eager run), and runs timed.
+const REPS: usize = 10;
+const SAMPLES: usize = 5;
+
+/// Microseconds per call of `work` as a step runs it: `work` run twice eagerly under the
+/// device-wide lock (a first call may load modules or allocate, which would break another
+/// thread's capture); then, with `graphs`, captured `REPS` times into a graph and the median of
+/// `SAMPLES` replays after one more; without, the median of `SAMPLES` runs of `REPS` eager
+/// calls after one more. `work` must only enqueue on `stream`.
+pub(super) fn time_calls(gpu: &Gpu, stream: &CudaStream, graphs: bool, work: &dyn Fn() -> Result<()>) -> Result<f32> {
+    {
+        let _exclusive = super::device_wide();
+        work()?;
+        work()?;
+        stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
+    }
+    let exec = match graphs {
+        true => Some(graph::capture(stream.cu_stream(), || (0..REPS).try_for_each(|_| work()))?),
+        false => None,
+    };
+    let reps = || match &exec {
+        Some(exec) => exec.launch(stream),
+        None => (0..REPS).try_for_each(|_| work()),
+    };
+    reps()?;
+    gpu.bind()?;
+    let (start, end) = (TimingEvent::new()?, TimingEvent::new()?);
+    let mut samples = [0f32; SAMPLES];
+    for sample in &mut samples {
+        start.record(stream)?;
+        reps()?;
+        end.record(stream)?;
+        // SAFETY: live events, both recorded on `stream`; the host waits for the second.
+        let ms = unsafe { driver::event::synchronize(end.0).and_then(|()| driver::event::elapsed(start.0, end.0)) }
+            .map_err(|e| driver_error("timing work on the device", e))?;
+        *sample = ms * 1000.0 / REPS as f32;
+    }
+    samples.sort_by(f32::total_cmp);
+    Ok(samples[SAMPLES / 2])
+}
+
+/// An event that records time (flatnn's other events do not).
+struct TimingEvent(driver_sys::CUevent);
+
+impl TimingEvent {
+    fn new() -> Result<TimingEvent> {
+        let event = driver::event::create(driver_sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| driver_error("creating an event", e))?;
+        Ok(TimingEvent(event))
+    }
+
+    fn record(&self, stream: &CudaStream) -> Result<()> {
+        // SAFETY: a live event and stream of the current context.
+        unsafe { driver::event::record(self.0, stream.cu_stream()) }.map_err(|e| driver_error("recording an event", e))
+    }
+}
+
+impl Drop for TimingEvent {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once (the driver waits for a pending record).
+        let _ = unsafe { driver::event::destroy(self.0) };
+    }
+}
