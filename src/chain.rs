@@ -161,6 +161,9 @@ pub struct Step {
     pub input_region: usize,
     pub z_region: usize,
     pub output_region: usize,
+    /// The dense or conv step whose activated output (z ≠ y) is this step's input, if any: the
+    /// input gradient of this step times that activation's derivative is that step's dz.
+    pub activated_input: Option<usize>,
 }
 
 impl Step {
@@ -209,10 +212,19 @@ impl Plan {
         let mut regions = vec![input.len()];
         let mut steps = Vec::with_capacity(layers.len());
         let (mut shape, mut region, mut param_len) = (input, 0usize, 0usize);
+        let mut activated = None;
         for (index, layer) in layers.iter().enumerate() {
             let output = output_shape(index, layer, shape)?;
-            let mut step =
-                Step { layer: *layer, input: shape, output, params: 0..0, input_region: region, z_region: region, output_region: region };
+            let mut step = Step {
+                layer: *layer,
+                input: shape,
+                output,
+                params: 0..0,
+                input_region: region,
+                z_region: region,
+                output_region: region,
+                activated_input: activated,
+            };
             let n_params = step.weight_len() + bias_len(layer);
             step.params = param_len..param_len + n_params;
             param_len += n_params;
@@ -226,6 +238,8 @@ impl Plan {
                 if layer.activation() == Activation::Identity {
                     step.z_region = step.output_region;
                 }
+                // (a flatten step keeps its input region, and so the step that activated it)
+                activated = (step.z_region != step.output_region).then_some(index);
             }
             (shape, region) = (output, step.output_region);
             steps.push(step);
@@ -332,6 +346,9 @@ mod tests {
         assert_eq!(plan.steps[6].z_region, plan.steps[6].output_region);
         assert_ne!(plan.steps[5].z_region, plan.steps[5].output_region);
         assert_eq!(plan.steps[0].weight_and_bias(), (0..150, 150..156));
+        // each step's input came from an activated step: conv → pool, dense 120 → dense 10
+        let activated: Vec<Option<usize>> = plan.steps.iter().map(|s| s.activated_input).collect();
+        assert_eq!(activated, [None, Some(0), None, Some(2), None, None, Some(5)]);
     }
 
     #[test]

@@ -172,6 +172,19 @@ impl Drop for Cudnn {
     }
 }
 
+/// A step about to run: what measuring its convolutions needs (the device, the cache's cuBLAS
+/// handle, the model's stream, the plan, the step's buffers and the model's options).
+#[derive(Clone, Copy)]
+pub(crate) struct StepRun<'a> {
+    pub gpu: &'a Gpu,
+    pub blas: &'a Blas,
+    pub stream: &'a CudaStream,
+    pub plan: &'a Plan,
+    pub f: &'a Forward<'a>,
+    pub b: Option<&'a Backward<'a>>,
+    pub options: GpuOptions,
+}
+
 /// A cache's convolutions: cuDNN where it is used, and what to report.
 pub(crate) struct Dnn {
     cudnn: Option<Cudnn>,
@@ -248,17 +261,8 @@ impl Dnn {
     /// both paths (in graphs where `options.graphs`, else eagerly); later, only picks that
     /// setup. Call it before the step is run or captured, on the model's stream (after
     /// [`Dnn::rebind`]); it may wait for the device.
-    #[allow(clippy::too_many_arguments)]
-    pub fn prepare(
-        &mut self,
-        gpu: &Gpu,
-        blas: &Blas,
-        stream: &CudaStream,
-        plan: &Plan,
-        f: &Forward,
-        b: Option<&Backward>,
-        options: GpuOptions,
-    ) -> Result<()> {
+    pub fn prepare(&mut self, s: &StepRun) -> Result<()> {
+        let StepRun { plan, f, b, options, .. } = *s;
         let tf32 = options.tf32;
         let Some(c) = &mut self.cudnn else { return Ok(()) };
         let index = match c.setups.iter().position(|s| s.batch == f.batch && s.tf32 == tf32) {
@@ -284,7 +288,7 @@ impl Dnn {
                         layer.choices[dir as usize] = Choice { decided: true, needed: false, ..Choice::default() };
                         continue;
                     }
-                    c.decide(layer, dir, gpu, blas, stream, plan, f, b, options)?;
+                    c.decide(layer, dir, s)?;
                 }
             }
             Ok(())
@@ -422,19 +426,8 @@ impl Cudnn {
     /// device, shape, batch and arithmetic (so that every model of a process computes alike),
     /// else measured now. A failure of cuDNN, or of timing either path, leaves flatnn's kernels
     /// chosen (with a note).
-    #[allow(clippy::too_many_arguments)]
-    fn decide(
-        &self,
-        layer: &mut LayerSetup,
-        dir: Dir,
-        gpu: &Gpu,
-        blas: &Blas,
-        stream: &CudaStream,
-        plan: &Plan,
-        f: &Forward,
-        b: Option<&Backward>,
-        options: GpuOptions,
-    ) -> Result<()> {
+    fn decide(&self, layer: &mut LayerSetup, dir: Dir, s: &StepRun) -> Result<()> {
+        let StepRun { gpu, stream, plan, f, b, options, .. } = *s;
         let step = &plan.steps[layer.step];
         let g = conv_geometry(step);
         let shape =
@@ -442,7 +435,7 @@ impl Cudnn {
         let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32: options.tf32, dir };
         let m = match measured(&key) {
             Some(m) => m,
-            None => remember(key, self.measure(layer, dir, gpu, blas, stream, plan, f, b, options)?),
+            None => remember(key, self.measure(layer, dir, s)?),
         };
         let mut use_cudnn = m.algo.is_some() && layer.descs.is_some() && (mode().0 == Mode::Cudnn || m.cudnn_us < m.own_us);
         if let (Some(algo), Some(descs), true) = (m.algo, &layer.descs, use_cudnn) {
@@ -471,19 +464,8 @@ impl Cudnn {
     /// Times flatnn's kernels and cuDNN's best few algorithms (by `cudnnFind*AlgorithmEx`) for
     /// `dir` of `layer`, as a step runs them (see [`time_calls`]). Where flatnn's kernels cannot
     /// be timed, cuDNN is not tried: they are what a step then runs.
-    #[allow(clippy::too_many_arguments)]
-    fn measure(
-        &self,
-        layer: &LayerSetup,
-        dir: Dir,
-        gpu: &Gpu,
-        blas: &Blas,
-        stream: &CudaStream,
-        plan: &Plan,
-        f: &Forward,
-        b: Option<&Backward>,
-        options: GpuOptions,
-    ) -> Result<Measured> {
+    fn measure(&self, layer: &LayerSetup, dir: Dir, s: &StepRun) -> Result<Measured> {
+        let StepRun { gpu, blas, stream, plan, f, b, options } = *s;
         let step = &plan.steps[layer.step];
         let own = || match dir {
             Dir::Forward => exec::conv_forward_own(gpu, blas, stream, plan, step, f),

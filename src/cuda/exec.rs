@@ -14,7 +14,7 @@ use super::ops::DenseEpilogue;
 use super::pinned::Event;
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
-use crate::layers::{bias_layout, conv_geometry, pool_geometry, region};
+use crate::layers::{bias_layout, conv, conv_geometry, pool_geometry, region};
 use crate::loss::Loss;
 use cudarc::driver::{sys, CudaStream};
 use std::ops::Range;
@@ -163,14 +163,6 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
 /// weight gradient, a k-loop over the batch in few blocks, waits on memory latency.
 const FUSED_BATCH: usize = 64;
 
-/// The step that produced region `r` and applied an activation to it (a dense or conv layer
-/// with z ≠ y): a dense layer's input gradient can be that step's dz directly.
-fn activated_producer(plan: &Plan, r: usize) -> Option<usize> {
-    plan.steps
-        .iter()
-        .position(|s| s.output_region == r && s.z_region != s.output_region && matches!(s.layer, Layer::Dense { .. } | Layer::Conv { .. }))
-}
-
 /// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last
 /// step's output region; fills `b.grads` (overwriting) and every needed activation gradient.
 ///
@@ -181,7 +173,6 @@ fn activated_producer(plan: &Plan, r: usize) -> Option<usize> {
 /// its dZ is written and joined back before this returns, so that they overlap the input
 /// gradients of the layers below (they read dZ and X, which nothing in the backward pass
 /// writes afterwards, and write only their own gradients).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward, b: &Backward, side: &Side) -> Result<()> {
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let (dacts, grads) = (Raw::of(b.dacts), Raw::of(b.grads));
@@ -229,7 +220,7 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                         // layer that made X when there is one (then it is that layer's dZ)
                         let dzm = DevMat { data: dacts.at(z), rs: out, cs: 1 };
                         let wm = DevMat { data: params.at(w), rs: inp, cs: 1 };
-                        let producer = activated_producer(plan, step.input_region).filter(|&p| bit(p) != 0);
+                        let producer = step.activated_input.filter(|&p| bit(p) != 0);
                         let epilogue = match producer {
                             Some(p) => {
                                 dz_ready |= bit(p);
@@ -268,14 +259,29 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
     Ok(())
 }
 
+/// A convolution step's regions for the batch (input x, pre-activation z), its weight range and
+/// its geometry.
+struct ConvParts {
+    x: Range<usize>,
+    z: Range<usize>,
+    w: Range<usize>,
+    g: conv::Geometry,
+}
+
+impl ConvParts {
+    fn of(plan: &Plan, step: &Step, f: &Forward) -> ConvParts {
+        let (capacity, batch) = (f.capacity, f.batch);
+        let (x, z) = (region(plan, step.input_region, capacity, batch), region(plan, step.z_region, capacity, batch));
+        ConvParts { x, z, w: step.weight_and_bias().0, g: conv_geometry(step) }
+    }
+}
+
 /// Z (batch, OC, OH, OW) = conv(X, W) without the bias, through flatnn's kernels: im2col, then
 /// one strided-batched product.
 pub(super) fn conv_forward_own(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, step: &Step, f: &Forward) -> Result<()> {
     let (params, acts, cols) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(f.cols));
-    let (capacity, batch) = (f.capacity, f.batch);
-    let (x, z) = (region(plan, step.input_region, capacity, batch), region(plan, step.z_region, capacity, batch));
-    let (w, _) = step.weight_and_bias();
-    let g = conv_geometry(step);
+    let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
+    let batch = f.batch;
     let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
     gpu.im2col(stream, &g, batch, acts.at(x), cols.at_mut(0..batch * lowered))?;
     // Z_s (OC × OHW) = W (OC × CKK) · col_s (CKK × OHW), for every sample s
@@ -298,10 +304,8 @@ pub(super) fn conv_weight_grad_own(
 ) -> Result<()> {
     let (acts, cols) = (Raw::of(f.acts), Raw::of(f.cols));
     let (dacts, grads, partials, ones) = (Raw::of(b.dacts), Raw::of(b.grads), Raw::of(b.partials), Raw::of(b.ones));
-    let (capacity, batch) = (f.capacity, f.batch);
-    let (x, z) = (region(plan, step.input_region, capacity, batch), region(plan, step.z_region, capacity, batch));
-    let (w, _) = step.weight_and_bias();
-    let g = conv_geometry(step);
+    let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
+    let batch = f.batch;
     let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
     let w_len = oc * ckk;
     gpu.im2col(stream, &g, batch, acts.at(x), cols.at_mut(0..batch * lowered))?;
@@ -329,10 +333,8 @@ pub(super) fn conv_input_grad_own(
 ) -> Result<()> {
     let params = Raw::of(f.params);
     let (dacts, dcols) = (Raw::of(b.dacts), Raw::of(b.dcols));
-    let (capacity, batch) = (f.capacity, f.batch);
-    let (x, z) = (region(plan, step.input_region, capacity, batch), region(plan, step.z_region, capacity, batch));
-    let (w, _) = step.weight_and_bias();
-    let g = conv_geometry(step);
+    let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
+    let batch = f.batch;
     let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
     // dcol_s (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW), then col2im
     let wt = DevMat { data: params.at(w), rs: 1, cs: ckk };

@@ -13,7 +13,7 @@
 use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
-use super::dnn::Dnn;
+use super::dnn::{Dnn, StepRun};
 use super::driver_error;
 use super::exec::{self, Backward, Forward, LossBuffers, Side};
 use super::graph::{Graphs, Key};
@@ -218,7 +218,7 @@ impl DevModel {
         };
         let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None };
         let (gpu, stream) = (&self.gpu, &self.stream);
-        dnn.prepare(gpu, blas, stream, plan, &f, None, self.options)?;
+        dnn.prepare(&StepRun { gpu, blas, stream, plan, f: &f, b: None, options: self.options })?;
         let f = Forward { dnn: Some(dnn), ..f };
         let host_out = &mut outputs.as_mut_slice()[..out.len()];
         graphs.run(self.options.graphs, stream, key, || {
@@ -260,7 +260,8 @@ impl DevModel {
         };
         let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
-        dev.dnn.prepare(&self.gpu, &dev.blas, &self.stream, plan, &f, Some(&b), self.options)?;
+        let run = StepRun { gpu: &self.gpu, blas: &dev.blas, stream: &self.stream, plan, f: &f, b: Some(&b), options: self.options };
+        dev.dnn.prepare(&run)?;
         let f = Forward { dnn: Some(&dev.dnn), ..f };
         let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
