@@ -1,6 +1,10 @@
 //! The floor under every GPU call on this machine: what the driver alone takes to launch work
 //! and wait for it, with kernels that do nothing. A flatnn forward or training step can be no
 //! faster than the row that matches its shape (one launch, or one graph of n kernels, + a wait).
+//! Two ways under that floor are measured too: kernels launched as programmatic dependents of
+//! the one before (sm_90 and later: the next kernel gets ready while the previous one runs), and
+//! the host spinning on a flag that the graph's last kernel writes to page-locked memory
+//! instead of waiting on the stream.
 //!
 //!   cargo run --release --example launch_floor -- [--calls N]
 //!
@@ -43,9 +47,13 @@ mod floor {
             return Ok(());
         }
         let ctx = CudaContext::new(0)?;
-        let ptx = cudarc::nvrtc::compile_ptx("extern \"C\" __global__ void empty() {}")?;
+        let hopper = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? >= 9;
+        let options = cudarc::nvrtc::CompileOptions { arch: Some(if hopper { "sm_90" } else { "sm_70" }), ..Default::default() };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNELS, options)?;
         let module = ctx.load_module(ptx)?;
         let empty = module.load_function("empty")?.cu_function();
+        let chained = module.load_function("chained")?.cu_function();
+        let signal = module.load_function("signal")?.cu_function();
         let stream = ctx.new_stream()?;
         let launch = |stream: &CudaStream| -> Res<()> {
             // SAFETY: a kernel without parameters, of this context, on one of its streams.
@@ -60,6 +68,62 @@ mod floor {
             Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
         };
         let (one, three, twenty) = (graph(1)?, graph(3)?, graph(20)?);
+        // Programmatic dependent launch (sm_90): each kernel after the first may start while the
+        // one before it runs and waits for it inside (`griddepcontrol.wait`).
+        let launch_chained = |stream: &CudaStream| -> Res<()> {
+            let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attribute.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: 1,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: 32,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: stream.cu_stream(),
+                attrs: &mut attribute,
+                numAttrs: 1,
+            };
+            // SAFETY: a kernel without parameters, of this context, on one of its streams.
+            unsafe { sys::cuLaunchKernelEx(&config, chained, null_mut(), null_mut()) }.result()?;
+            Ok(())
+        };
+        let graph_chained = |kernels: usize| -> Res<cudarc::driver::CudaGraph> {
+            stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            launch(&stream)?;
+            for _ in 1..kernels {
+                launch_chained(&stream)?;
+            }
+            Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
+        };
+        // A flag in mapped page-locked memory that the last kernel of a graph sets; the host
+        // spins on it instead of waiting on the stream.
+        let mut flag_host: *mut std::ffi::c_void = null_mut();
+        // SAFETY: 4 bytes, mapped into the device's address space; freed never (a short example).
+        unsafe { sys::cuMemHostAlloc(&mut flag_host, 4, sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE) }.result()?;
+        let flag_host = flag_host as *mut u32;
+        // SAFETY: just allocated, 4 bytes.
+        unsafe { flag_host.write_volatile(0) };
+        let mut flag_device: sys::CUdeviceptr = 0;
+        // SAFETY: a mapped allocation of this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut flag_device, flag_host.cast(), 0) }.result()?;
+        let graph_signal = |kernels: usize, chain: bool, value: u32| -> Res<cudarc::driver::CudaGraph> {
+            stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            for i in 0..kernels {
+                if chain && i > 0 {
+                    launch_chained(&stream)?
+                } else {
+                    launch(&stream)?
+                }
+            }
+            let (mut ptr, mut v) = (flag_device, value);
+            let mut args = [std::ptr::addr_of_mut!(ptr).cast::<std::ffi::c_void>(), std::ptr::addr_of_mut!(v).cast()];
+            // SAFETY: signal(unsigned*, unsigned) with a mapped 4-byte flag.
+            unsafe { sys::cuLaunchKernel(signal, 1, 1, 1, 1, 1, 1, 0, stream.cu_stream(), args.as_mut_ptr(), null_mut()) }.result()?;
+            Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
+        };
         let device = stream.clone_htod(&vec![0f32; 1024])?;
         // SAFETY: written (zeroed) below before any read.
         let mut pinned = unsafe { ctx.alloc_pinned::<f32>(1024)? };
@@ -70,6 +134,32 @@ mod floor {
         time("graph of 1 kernel + wait", calls, &stream, || Ok(one.launch()?))?;
         time("graph of 3 kernels + wait", calls, &stream, || Ok(three.launch()?))?;
         time("graph of 20 kernels + wait", calls, &stream, || Ok(twenty.launch()?))?;
+        time_launch_only("graph of 1 kernel: the launch call alone", calls, &stream, || Ok(one.launch()?))?;
+        time_launch_only("graph of 20 kernels: the launch call alone", calls, &stream, || Ok(twenty.launch()?))?;
+        if hopper {
+            let (three_c, twenty_c) = (graph_chained(3)?, graph_chained(20)?);
+            time("graph of 3 kernels, dependent launch + wait", calls, &stream, || Ok(three_c.launch()?))?;
+            time("graph of 20 kernels, dependent launch + wait", calls, &stream, || Ok(twenty_c.launch()?))?;
+        }
+        for (kernels, chain) in [(0, false), (2, false), (19, false), (2, true), (19, true)] {
+            if chain && !hopper {
+                continue;
+            }
+            // Two graphs that set different values, alternated, so each call waits for its own.
+            let graphs = [graph_signal(kernels, chain, 1)?, graph_signal(kernels, chain, 2)?];
+            let mut turn = 0usize;
+            let what = format!("graph of {} kernels{}, host spins on a flag", kernels + 1, if chain { ", dependent launch" } else { "" });
+            time_flag(&what, calls, &stream, || {
+                turn ^= 1;
+                graphs[turn].launch()?;
+                let want = turn as u32 + 1;
+                // SAFETY: the mapped flag, written by the device.
+                while unsafe { flag_host.read_volatile() } != want {
+                    std::hint::spin_loop();
+                }
+                Ok(())
+            })?;
+        }
         let device_ptr = {
             use cudarc::driver::DevicePtr;
             let (ptr, _guard) = device.device_ptr(&stream);
@@ -87,6 +177,57 @@ mod floor {
             Ok(())
         })?;
         Ok(())
+    }
+
+    const KERNELS: &str = r#"
+extern "C" __global__ void empty() {}
+extern "C" __global__ void chained() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+extern "C" __global__ void signal(unsigned* flag, unsigned value) {
+    __threadfence_system();
+    *(volatile unsigned*)flag = value;
+}
+"#;
+
+    /// Host time of `queue()` alone; the wait after it is outside the timed region.
+    fn time_launch_only(what: &str, calls: usize, stream: &Arc<CudaStream>, mut queue: impl FnMut() -> Res<()>) -> Res<()> {
+        let mut samples = Vec::with_capacity(calls);
+        for i in 0..calls + 1000 {
+            let start = Instant::now();
+            queue()?;
+            let took = start.elapsed().as_secs_f64() * 1e6;
+            stream.synchronize()?;
+            if i >= 1000 {
+                samples.push(took);
+            }
+        }
+        report(what, samples);
+        Ok(())
+    }
+
+    /// `call()` returns once its work is done (it waits itself); the stream is drained at the end.
+    fn time_flag(what: &str, calls: usize, stream: &Arc<CudaStream>, mut call: impl FnMut() -> Res<()>) -> Res<()> {
+        let mut samples = Vec::with_capacity(calls);
+        for i in 0..calls + 1000 {
+            let start = Instant::now();
+            call()?;
+            if i >= 1000 {
+                samples.push(start.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        stream.synchronize()?;
+        report(what, samples);
+        Ok(())
+    }
+
+    fn report(what: &str, mut samples: Vec<f64>) {
+        samples.sort_by(f64::total_cmp);
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
+        println!("  {what:<58} p50 {:6.2}   p90 {:6.2}", at(0.5), at(0.9));
     }
 
     fn time(what: &str, calls: usize, stream: &Arc<CudaStream>, mut queue: impl FnMut() -> Res<()>) -> Res<()> {

@@ -53,6 +53,7 @@ __device__ __forceinline__ float act_derivative(int act, float slope, float z, f
 // null (an identity layer, whose z is its output).
 extern "C" __global__ void bias_act_forward(float* z, float* y, const float* bias, int act, float slope, int channels, int pixels,
                                             int n) {
+    after_prior();
     GRID_STRIDE(i, n) {
         float v = z[i] + bias[(i / pixels) % channels];
         z[i] = v;
@@ -62,6 +63,7 @@ extern "C" __global__ void bias_act_forward(float* z, float* y, const float* bia
 
 // dz = dy ⊙ act'(z), element-wise over n values.
 extern "C" __global__ void act_backward(const float* z, const float* y, const float* dy, float* dz, int act, float slope, int n) {
+    after_prior();
     GRID_STRIDE(i, n) {
         dz[i] = dy[i] * act_derivative(act, slope, z[i], y[i]);
     }
@@ -70,6 +72,7 @@ extern "C" __global__ void act_backward(const float* z, const float* y, const fl
 // db[c] = Σ_{s,p} dz[s, c, p]. One block per channel (grid = channels, REDUCE_THREADS
 // threads); thread t sums its strided share in order, then a fixed tree: deterministic.
 extern "C" __global__ void bias_grad(const float* dz, float* db, int channels, int pixels, int batch) {
+    after_prior();
     __shared__ float buf[REDUCE_THREADS];
     int c = blockIdx.x;
     int per_channel = batch * pixels;

@@ -7,6 +7,19 @@
 
 #define REDUCE_THREADS 256
 
+// Programmatic dependent launch (sm_90 and later): the host launches every kernel allowed to
+// start before the one ahead of it in its stream has finished, so each kernel's first statement
+// is after_prior(). It waits until the kernels it depends on have finished and their writes are
+// visible (they did the same, so all earlier work is done too), then lets the next kernel start
+// launching: its blocks get ready while this one runs, instead of after it. Before sm_90 (and
+// for kernels launched without the attribute) the stream already orders them; both are no-ops.
+__device__ __forceinline__ void after_prior() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Σ of v over the block, in a fixed order; every thread gets the sum. buf: REDUCE_THREADS slots.
 __device__ __forceinline__ float block_sum_f32(float v, float* buf) {
     buf[threadIdx.x] = v;

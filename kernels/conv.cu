@@ -6,6 +6,7 @@
 // col[s, r, p] ← x[s, c, iy, ix] or 0 (padding); one thread per col value.
 extern "C" __global__ void im2col(const float* x, float* col, int channels, int height, int width, int kh, int kw, int sh, int sw, int ph,
                                   int pw, int out_h, int out_w, int batch) {
+    after_prior();
     int ohw = out_h * out_w, ckk = channels * kh * kw;
     int n = batch * ckk * ohw;
     GRID_STRIDE(idx, n) {
@@ -24,6 +25,7 @@ extern "C" __global__ void im2col(const float* x, float* col, int channels, int 
 // it is deterministic and bit-equal to the CPU's col2im for the same dcol.
 extern "C" __global__ void col2im(const float* dcol, float* dx, int channels, int height, int width, int kh, int kw, int sh, int sw, int ph,
                                   int pw, int out_h, int out_w, int batch) {
+    after_prior();
     int ohw = out_h * out_w, ckk = channels * kh * kw;
     int n = batch * channels * height * width;
     GRID_STRIDE(idx, n) {

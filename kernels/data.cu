@@ -3,6 +3,7 @@
 
 // out[b, k] = data[indices[b], k]; an index ≥ samples gives NaN (the host makes the indices).
 extern "C" __global__ void gather_batch(const float* data, const unsigned int* indices, float* out, int sample_len, int batch, int samples) {
+    after_prior();
     int n = batch * sample_len;
     GRID_STRIDE(i, n) {
         int b = i / sample_len, k = i - b * sample_len;
@@ -13,6 +14,7 @@ extern "C" __global__ void gather_batch(const float* data, const unsigned int* i
 
 // out[b] = labels[indices[b]]; an index ≥ samples gives 0xFFFFFFFF (never a valid class).
 extern "C" __global__ void gather_labels(const unsigned int* labels, const unsigned int* indices, unsigned int* out, int batch, int samples) {
+    after_prior();
     GRID_STRIDE(b, batch) {
         unsigned int idx = indices[b];
         out[b] = idx < (unsigned int)samples ? labels[idx] : 0xFFFFFFFFu;

@@ -44,6 +44,7 @@ __device__ __forceinline__ float dense_b(int mode, const float* B, int b_rs, int
 extern "C" __global__ void dense_tiled(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                        int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                        const float* y_prev, int act, float slope) {
+    after_prior();
     __shared__ float As[TILE_K][TILE + 1];
     __shared__ float Bs[TILE_K][TILE + 1];
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -91,6 +92,7 @@ extern "C" __global__ void dense_tiled(const float* A, int a_rs, int a_cs, const
 extern "C" __global__ void dense_skinny(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                         int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                         const float* y_prev, int act, float slope) {
+    after_prior();
     __shared__ float part[8][SKINNY_ROWS];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int j = blockIdx.x, r0 = blockIdx.y * SKINNY_ROWS;

@@ -48,6 +48,7 @@ __device__ void finish_loss(double block_sum, double* scratch, double scale, dou
 // labels before they reach the device).
 extern "C" __global__ void softmax_xent(const float* y, const unsigned int* labels, float* dy, double* loss, double* scratch, int classes,
                                         int batch, float scale, double mean_scale) {
+    after_prior();
     __shared__ double buf[REDUCE_THREADS];
     double acc = 0.0;
     GRID_STRIDE(s, batch) {
@@ -78,6 +79,7 @@ extern "C" __global__ void softmax_xent(const float* y, const unsigned int* labe
 // Σ (y − t)² · mean_scale with mean_scale = 1/n, summed in f64.
 extern "C" __global__ void mse(const float* y, const float* t, float* dy, double* loss, double* scratch, int n, float grad_scale,
                                double mean_scale) {
+    after_prior();
     __shared__ double buf[REDUCE_THREADS];
     double acc = 0.0;
     GRID_STRIDE(i, n) {

@@ -4,11 +4,13 @@
 
 // p ← p − lr·g
 extern "C" __global__ void sgd(float* p, const float* g, float lr, int n) {
+    after_prior();
     GRID_STRIDE(i, n) { p[i] -= lr * g[i]; }
 }
 
 // buf ← μ·buf + g;  p ← p − lr·(g + μ·buf) with Nesterov, else p ← p − lr·buf
 extern "C" __global__ void sgd_momentum(float* p, const float* g, float* buf, float lr, float momentum, int nesterov, int n) {
+    after_prior();
     GRID_STRIDE(i, n) {
         float b = momentum * buf[i] + g[i];
         buf[i] = b;
@@ -21,6 +23,7 @@ extern "C" __global__ void sgd_momentum(float* p, const float* g, float* buf, fl
 // with step_size = lr/(1−β₁ᵗ), inv_bias2 = 1/√(1−β₂ᵗ), shrink = 1 − lr·λ (λ = 0: Adam).
 extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, float beta1, float beta2, float eps, float step_size,
                                 float inv_bias2, float shrink, int n) {
+    after_prior();
     GRID_STRIDE(i, n) {
         float gi = g[i];
         float mi = beta1 * m[i] + (1.0f - beta1) * gi;
@@ -33,6 +36,7 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, fl
 
 // v ← αv + (1−α)g²;  p ← p − lr·g / (√v + ε)
 extern "C" __global__ void rmsprop(float* p, const float* g, float* v, float lr, float alpha, float eps, int n) {
+    after_prior();
     GRID_STRIDE(i, n) {
         float gi = g[i];
         float vi = alpha * v[i] + (1.0f - alpha) * gi * gi;

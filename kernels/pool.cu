@@ -19,6 +19,7 @@ __device__ __forceinline__ int pool_argmax(const float* xs, int c, int oy, int o
 // y[s, c, oy, ox] = max of its window; one thread per output value.
 extern "C" __global__ void maxpool_forward(const float* x, float* y, int channels, int height, int width, int out_h, int out_w, int kh,
                                            int kw, int sh, int sw, int batch) {
+    after_prior();
     int n = batch * channels * out_h * out_w;
     GRID_STRIDE(i, n) {
         int ox = i % out_w, oy = (i / out_w) % out_h, c = (i / (out_w * out_h)) % channels, s = i / (out_w * out_h * channels);
@@ -32,6 +33,7 @@ extern "C" __global__ void maxpool_forward(const float* x, float* y, int channel
 // (oy, then ox, ascending), so overlapping windows add deterministically and bit-equal to it.
 extern "C" __global__ void maxpool_backward(const float* x, const float* dy, float* dx, int channels, int height, int width, int out_h,
                                             int out_w, int kh, int kw, int sh, int sw, int batch) {
+    after_prior();
     int n = batch * channels * height * width;
     GRID_STRIDE(i, n) {
         int ix = i % width, iy = (i / width) % height, c = (i / (width * height)) % channels, s = i / (width * height * channels);

@@ -59,6 +59,9 @@ pub struct Gpu {
     name: String,
     compute_capability: (u32, u32),
     multiprocessors: u32,
+    /// Kernels are launched as programmatic dependents of the kernel ahead of them (sm_90 and
+    /// later, unless `FLATNN_DEPENDENT_LAUNCH=0`); see [`super::launch::launch`].
+    pub(crate) dependent_launch: bool,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -88,7 +91,16 @@ impl Gpu {
             .iter()
             .map(|name| module.load_function(name).map_err(|e| driver_error(&format!("looking up kernel {name}"), e)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Gpu { ctx, functions, ordinal, name, compute_capability: (major as u32, minor as u32), multiprocessors: multiprocessors as u32 })
+        let dependent_launch = major >= 9 && std::env::var("FLATNN_DEPENDENT_LAUNCH").map_or(true, |v| v != "0");
+        Ok(Gpu {
+            ctx,
+            functions,
+            ordinal,
+            name,
+            compute_capability: (major as u32, minor as u32),
+            multiprocessors: multiprocessors as u32,
+            dependent_launch,
+        })
     }
 
     /// A new stream on this device (non-blocking with respect to the legacy default stream).

@@ -116,35 +116,62 @@ impl<'a, T> ViewMut<'a, T> {
     }
 }
 
-/// Launches `func` with `args` (one pointer to each kernel parameter's value, in order).
+/// Launches `func` with `args` (one pointer to each kernel parameter's value, in order). With
+/// `dependent`, the launch carries the programmatic-stream-serialisation attribute (sm_90 and
+/// later): the kernel may begin launching while the kernel ahead of it in the stream still runs,
+/// and waits for it inside (`after_prior()` in kernels/common.cu, which every kernel calls
+/// first). Captured into a graph, the edge between the two becomes a programmatic one.
 ///
 /// # Safety
 /// `func` must be a kernel of the context current on this thread, `stream` a stream of that
 /// context, and `args` must match the kernel's parameters in number, order and type, every
 /// device pointer among them valid for all the accesses the kernel makes with these sizes.
+/// With `dependent`, `func` must call `after_prior()` before touching memory.
 pub unsafe fn launch(
     func: sys::CUfunction,
     grid: (u32, u32, u32),
     block: (u32, u32, u32),
     shared_bytes: u32,
     stream: sys::CUstream,
+    dependent: bool,
     args: &mut [*mut c_void],
 ) -> Result<()> {
-    // SAFETY: the caller's contract; the driver copies the argument values before returning.
-    let status = unsafe {
-        sys::cuLaunchKernel(
-            func,
-            grid.0,
-            grid.1,
-            grid.2,
-            block.0,
-            block.1,
-            block.2,
-            shared_bytes,
-            stream,
-            args.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
+    // SAFETY (both calls): the caller's contract; the driver copies the argument values (and
+    // the launch attributes) before returning.
+    let status = if dependent {
+        // SAFETY: plain data; zero is a valid value for every field of the union.
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: shared_bytes,
+            hStream: stream,
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        unsafe { sys::cuLaunchKernelEx(&config, func, args.as_mut_ptr(), std::ptr::null_mut()) }
+    } else {
+        unsafe {
+            sys::cuLaunchKernel(
+                func,
+                grid.0,
+                grid.1,
+                grid.2,
+                block.0,
+                block.1,
+                block.2,
+                shared_bytes,
+                stream,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
     };
     status.result().map_err(|e| super::driver_error("kernel launch", e))
 }

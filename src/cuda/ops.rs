@@ -86,7 +86,9 @@ impl Gpu {
         self.bind()?;
         // SAFETY: every wrapper below passes its kernel's parameters in order with their C
         // types, after checking on the host that each view holds what the kernel touches.
-        unsafe { launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), 0, stream.cu_stream(), &mut args) }
+        unsafe {
+            launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), 0, stream.cu_stream(), self.dependent_launch, &mut args)
+        }
     }
 
     /// C (m × n) = A (m × k) · B (k × n), then `epilogue` on each value of C (see

@@ -67,7 +67,11 @@ fn every_launched_kernel_is_defined_in_the_sources() {
         let mut rest = *text;
         while let Some(at) = rest.find("extern \"C\" __global__ void ") {
             rest = &rest[at + "extern \"C\" __global__ void ".len()..];
-            defined.push(rest[..rest.find('(').unwrap()].trim().to_string());
+            let name = rest[..rest.find('(').unwrap()].trim().to_string();
+            // Launched as programmatic dependents: nothing may run before the wait.
+            let body = rest[rest.find('{').unwrap() + 1..].trim_start();
+            assert!(body.starts_with("after_prior();"), "kernel {name} does not begin with after_prior()");
+            defined.push(name);
         }
     }
     for kernel in KERNELS {
