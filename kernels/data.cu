@@ -20,3 +20,20 @@ extern "C" __global__ void gather_labels(const unsigned int* labels, const unsig
         out[b] = idx < (unsigned int)samples ? labels[idx] : 0xFFFFFFFFu;
     }
 }
+
+// The end of a forward pass whose outputs are small: one block copies them into page-locked
+// host memory (mapped into the device's address space), then sets the host's flag to the next
+// value of the cache's counter, so the host, spinning on the flag, sees the outputs without
+// waiting on the stream. The fence makes every thread's copies visible to the host before the
+// flag, which one thread writes after the barrier.
+extern "C" __global__ void finish_outputs(const float* src, float* host_dst, int n, unsigned int* counter, unsigned int* host_flag) {
+    after_prior();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) host_dst[i] = src[i];
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int next = *counter + 1;
+        *counter = next;
+        *(volatile unsigned int*)host_flag = next;
+    }
+}

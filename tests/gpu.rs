@@ -139,6 +139,33 @@ fn dense_plans_match_the_cpu() {
     }
 }
 
+/// Outputs of up to 16,384 values come back through a kernel that writes them to the host and
+/// sets a flag; larger ones through a copy and a stream wait. Calls alternate between the two on
+/// one cache (the flag's count must stay in step), with graphs on and off.
+#[test]
+fn forward_outputs_on_both_sides_of_the_flag_path_match_the_cpu() {
+    let Some(device) = cuda_or_skip() else { return };
+    let chain = Chain::new(Input::vector(20)).dense(64, Relu).dense(40, Identity);
+    let cpu = chain.build().unwrap().init(Init::GlorotUniform, 4).with_threads(1).unwrap();
+    let mut rng = Rng::new(21);
+    for graphs in [true, false] {
+        let gpu = cpu.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();
+        let (mut cpu_fwd, mut gpu_fwd) = (cpu.preallocate(420).unwrap(), gpu.preallocate(420).unwrap());
+        // 40 outputs a sample: 409 samples are 16,360 values (flag), 410 are 16,400 (copy)
+        for n in [1, 409, 410, 3, 420, 410, 409, 2] {
+            let (x, _) = batch(&mut rng, &cpu, n);
+            cpu_fwd.set_inputs(&x).unwrap();
+            gpu_fwd.set_inputs(&x).unwrap();
+            let want = cpu.forward(&mut cpu_fwd).unwrap().to_vec();
+            let got = gpu.forward(&mut gpu_fwd).unwrap().to_vec();
+            let err = rel_err(&got, &want);
+            println!("graphs={graphs} batch {n} ({} outputs): rel err {err:.2e}", got.len());
+            assert_eq!(got.len(), n * 40);
+            assert!(err <= 1e-5, "graphs={graphs} batch {n}: {err:e}");
+        }
+    }
+}
+
 #[test]
 fn saved_on_the_gpu_loads_on_the_cpu() {
     let Some(device) = cuda_or_skip() else { return };

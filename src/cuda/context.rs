@@ -48,6 +48,7 @@ kernels! {
     RmsProp = "rmsprop",
     GatherBatch = "gather_batch",
     GatherLabels = "gather_labels",
+    FinishOutputs = "finish_outputs",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.

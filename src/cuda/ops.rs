@@ -28,6 +28,10 @@ fn loss_blocks(n: usize) -> u32 {
     n.div_ceil(BLOCK as usize).clamp(1, LOSS_BLOCKS) as u32
 }
 
+/// Most outputs [`Gpu::finish_outputs`] copies (64 KiB): one block writing over the bus; larger
+/// outputs are copied by the copy engine and waited for on the stream.
+pub const FINISH_MAX: usize = 16_384;
+
 /// Rows per block of the row-chunked product (SKINNY_ROWS in kernels/dense.cu).
 const SKINNY_ROWS: usize = 8;
 /// Output tile side of the tiled product (TILE in kernels/dense.cu).
@@ -371,6 +375,23 @@ impl Gpu {
         let (samples, n) = (data.len() / sample_len, int(batch * sample_len)?);
         let (data, indices, out, len, b, samples) = (data.ptr(), indices.ptr(), out.ptr(), int(sample_len)?, int(batch)?, int(samples)?);
         self.run(stream, Kernel::GatherBatch, blocks(n as usize), kernel_args![data, indices, out, len, b, samples])
+    }
+
+    /// Copies `n` values of `src` to page-locked host memory at `host_dst` (its device address),
+    /// then writes the next value of `counter` to the page-locked flag at `host_flag`: one block,
+    /// for outputs of at most [`FINISH_MAX`] values (see kernels/data.cu).
+    pub fn finish_outputs(
+        &self,
+        stream: &CudaStream,
+        n: usize,
+        src: View<f32>,
+        host_dst: u64,
+        counter: ViewMut<u32>,
+        host_flag: u64,
+    ) -> Result<()> {
+        assert!(n <= FINISH_MAX && src.len() >= n && !counter.is_empty(), "finish_outputs: too many values or short views");
+        let (src, counter, ni) = (src.ptr(), counter.ptr(), int(n)?);
+        self.run(stream, Kernel::FinishOutputs, 1, kernel_args![src, host_dst, ni, counter, host_flag])
     }
 
     /// out[b] = labels[indices[b]]; an index past the labels gives 0xFFFF_FFFF.

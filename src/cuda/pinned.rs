@@ -12,6 +12,8 @@ use std::sync::Arc;
 /// writes it must know that no queued copy still reads it (see [`Event`]).
 pub(crate) struct Pinned<T> {
     ptr: *mut T,
+    /// The same memory's address on the device (mapped; kernels may read and write it).
+    device: sys::CUdeviceptr,
     len: usize,
     gpu: Arc<Gpu>,
 }
@@ -27,13 +29,17 @@ impl<T: Copy + Default> Pinned<T> {
         let ptr = {
             let _exclusive = super::device_wide();
             // SAFETY: the context is current; the memory is initialised below before use.
-            unsafe { result::malloc_host(bytes, 0) }
+            unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
                 .map_err(|e| driver_error(&format!("allocating {bytes} bytes of pinned host memory"), e))?
         } as *mut T;
         if ptr.is_null() || !ptr.is_aligned() {
             return Err(Error::Cuda { what: "cuMemHostAlloc gave a null or misaligned pointer".into() });
         }
-        let mut pinned = Pinned { ptr, len, gpu: Arc::clone(gpu) };
+        let mut device = 0;
+        // SAFETY: memory just allocated with DEVICEMAP in the current context.
+        let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, ptr.cast(), 0) }.result();
+        let mut pinned = Pinned { ptr, device, len, gpu: Arc::clone(gpu) };
+        mapped.map_err(|e| driver_error("mapping pinned host memory into the device", e))?;
         pinned.as_mut_slice().fill(T::default());
         Ok(pinned)
     }
@@ -43,6 +49,16 @@ impl<T> Pinned<T> {
     pub fn as_slice(&self) -> &[T] {
         // SAFETY: `len` values allocated and initialised in `zeros`, borrowed with `self`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The first value's address as the device sees it.
+    pub fn device_ptr(&self) -> sys::CUdeviceptr {
+        self.device
+    }
+
+    /// The first value's address on the host, for reads of what the device writes.
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [T] {
