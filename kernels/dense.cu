@@ -121,3 +121,63 @@ extern "C" __global__ void dense_skinny(const float* A, int a_rs, int a_cs, cons
         dense_store(mode, r0 + r, j, c, N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
     }
 }
+
+#define PANEL_M 16
+#define PANEL_N 32
+#define PANEL_K 128
+
+// Panels (more than a few rows, k up to a few hundred): a block computes a 16 × 32 tile of C. It
+// stages the tile's rows of A and columns of B for 128 values of k at a time in shared memory
+// (one wave of independent loads), then each thread sums its two outputs over those k in order.
+// A block waits out memory latency once per 128 values of k, not once per 16 as the tiled
+// kernel does. Grid: (ceil(N/32), ceil(M/16)); flatnn launches it for modes 0 and 1 only.
+extern "C" __global__ void dense_panel(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
+                                       int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
+                                       const float* y_prev, int act, float slope) {
+    after_prior();
+    __shared__ float As[PANEL_K][PANEL_M + 1];
+    __shared__ float Bs[PANEL_K][PANEL_N + 1];
+    int col = threadIdx.x % PANEL_N, pair = threadIdx.x / PANEL_N;
+    int row0 = blockIdx.y * PANEL_M, col0 = blockIdx.x * PANEL_N;
+    float acc0 = 0.0f, acc1 = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += PANEL_K) {
+        int kn = min(PANEL_K, K - k0);
+        // every load of the step is issued before any is stored, so the block waits out memory
+        // latency once; consecutive threads walk the stride-1 dimension of A and of B
+        float ra[PANEL_M * PANEL_K / REDUCE_THREADS], rb[PANEL_N * PANEL_K / REDUCE_THREADS];
+#pragma unroll
+        for (int t = 0; t < PANEL_M * PANEL_K / REDUCE_THREADS; t++) {
+            int l = threadIdx.x + t * REDUCE_THREADS;
+            int i = a_cs == 1 ? l / PANEL_K : l % PANEL_M, k = a_cs == 1 ? l % PANEL_K : l / PANEL_M;
+            ra[t] = (row0 + i < M && k < kn) ? A[(long long)(row0 + i) * a_rs + (long long)(k0 + k) * a_cs] : 0.0f;
+        }
+#pragma unroll
+        for (int t = 0; t < PANEL_N * PANEL_K / REDUCE_THREADS; t++) {
+            int l = threadIdx.x + t * REDUCE_THREADS;
+            int j = b_cs == 1 ? l % PANEL_N : l / PANEL_K, k = b_cs == 1 ? l / PANEL_N : l % PANEL_K;
+            rb[t] = (col0 + j < N && k < kn) ? dense_b(mode, B, b_rs, b_cs, k0 + k, col0 + j, N) : 0.0f;
+        }
+#pragma unroll
+        for (int t = 0; t < PANEL_M * PANEL_K / REDUCE_THREADS; t++) {
+            int l = threadIdx.x + t * REDUCE_THREADS;
+            As[a_cs == 1 ? l % PANEL_K : l / PANEL_M][a_cs == 1 ? l / PANEL_K : l % PANEL_M] = ra[t];
+        }
+#pragma unroll
+        for (int t = 0; t < PANEL_N * PANEL_K / REDUCE_THREADS; t++) {
+            int l = threadIdx.x + t * REDUCE_THREADS;
+            Bs[b_cs == 1 ? l / PANEL_N : l % PANEL_K][b_cs == 1 ? l % PANEL_N : l / PANEL_K] = rb[t];
+        }
+        __syncthreads();
+        for (int k = 0; k < kn; k++) {
+            float b = Bs[k][col];
+            acc0 += As[k][2 * pair] * b;
+            acc1 += As[k][2 * pair + 1] * b;
+        }
+        __syncthreads();
+    }
+    int i = row0 + 2 * pair, j = col0 + col;
+    if (j < N) {
+        if (i < M) dense_store(mode, i, j, acc0, N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+        if (i + 1 < M) dense_store(mode, i + 1, j, acc1, N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+    }
+}

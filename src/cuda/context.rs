@@ -40,6 +40,7 @@ kernels! {
     MaxpoolBackward = "maxpool_backward",
     DenseTiled = "dense_tiled",
     DenseSkinny = "dense_skinny",
+    DensePanel = "dense_panel",
     Im2col = "im2col",
     Col2im = "col2im",
     Sgd = "sgd",

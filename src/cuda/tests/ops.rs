@@ -281,24 +281,41 @@ fn product(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
     c
 }
 
-/// The fused dense kernels (both shapes: few rows, tiled) against plain loops, on small
-/// integers (so the products are exact) for every epilogue, with A and B stored either way.
+/// The fused dense kernels (all three shapes: few rows, panels, tiled) against plain loops, on small
+/// integers (so the products are exact) for every epilogue, with A and B each stored either way.
 #[test]
 fn dense_products_and_their_epilogues_match_plain_loops() {
     let gpu = gpu_or_skip!();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(11);
-    for (m, n, k) in [(1, 1, 1), (1, 128, 784), (3, 7, 5), (8, 33, 17), (9, 10, 1), (37, 65, 130), (128, 64, 128), (300, 10, 64)] {
+    for (m, n, k) in [
+        (1, 1, 1),
+        (1, 128, 784),
+        (3, 7, 5),
+        (8, 33, 17),
+        (9, 10, 1),
+        (37, 65, 130),
+        (128, 64, 128),
+        (300, 10, 64),
+        (200, 33, 300),
+        (65, 16, 1),
+    ] {
         let (a, b, bias) = (rng.ints(m * k), rng.ints(k * n), rng.ints(n));
         let c = product(m, n, k, &a, &b);
         let (ad, bd, biasd) = (upload(&stream, &a), upload(&stream, &b), upload(&stream, &bias));
         // A stored transposed: (k × m) row-major
         let at: Vec<f32> = (0..k * m).map(|l| a[(l % m) * k + l / m]).collect();
         let atd = upload(&stream, &at);
+        // B stored transposed too (n × k row-major), as a dense layer's forward reads W
+        let bt: Vec<f32> = (0..n * k).map(|l| b[(l % k) * n + l / k]).collect();
+        let btd = upload(&stream, &bt);
         let what = format!("dense {m}x{n}x{k}");
-        for transposed in [false, true] {
-            let am = if transposed { DevMat { data: View::of(&atd), rs: 1, cs: m } } else { DevMat { data: View::of(&ad), rs: k, cs: 1 } };
-            let bm = DevMat { data: View::of(&bd), rs: n, cs: 1 };
+        // A as stored, B as stored; A transposed, B as stored; A as stored, B transposed
+        for (a_transposed, b_transposed) in [(false, false), (true, false), (false, true)] {
+            let am =
+                if a_transposed { DevMat { data: View::of(&atd), rs: 1, cs: m } } else { DevMat { data: View::of(&ad), rs: k, cs: 1 } };
+            let bm =
+                if b_transposed { DevMat { data: View::of(&btd), rs: 1, cs: k } } else { DevMat { data: View::of(&bd), rs: n, cs: 1 } };
             for act in [Identity, Relu, Tanh, Gelu] {
                 let (mut z, mut y) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m * n)));
                 let epilogue = DenseEpilogue::Forward { bias: View::of(&biasd), z: ViewMut::of(&mut z), y: Some(ViewMut::of(&mut y)), act };
