@@ -165,6 +165,58 @@ mod floor {
             let (ptr, _guard) = device.device_ptr(&stream);
             ptr
         };
+        // 4 KiB of inputs into device memory ahead of a kernel: by the copy engine, or by a
+        // one-block kernel reading mapped page-locked memory.
+        let stage = module.load_function("stage")?.cu_function();
+        let mut staged: *mut std::ffi::c_void = null_mut();
+        // SAFETY: 4 KiB, mapped; freed never (a short example).
+        unsafe { sys::cuMemHostAlloc(&mut staged, 4096, sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE) }.result()?;
+        // SAFETY: just allocated, 4096 bytes.
+        unsafe { std::ptr::write_bytes(staged.cast::<u8>(), 0, 4096) };
+        let mut staged_device: sys::CUdeviceptr = 0;
+        // SAFETY: a mapped allocation of this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut staged_device, staged, 0) }.result()?;
+        let graph_in = |by_kernel: bool, value: u32| -> Res<cudarc::driver::CudaGraph> {
+            stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            if by_kernel {
+                let (mut src, mut dst) = (staged_device, device_ptr);
+                let mut args = [std::ptr::addr_of_mut!(src).cast::<std::ffi::c_void>(), std::ptr::addr_of_mut!(dst).cast()];
+                // SAFETY: stage(const float4*, float4*): 256 threads copy 4 KiB, both sides that large.
+                unsafe { sys::cuLaunchKernel(stage, 1, 1, 1, 256, 1, 1, 0, stream.cu_stream(), args.as_mut_ptr(), null_mut()) }.result()?;
+            } else {
+                // SAFETY: 4 KiB of page-locked memory into a 4 KiB device buffer.
+                unsafe {
+                    result::memcpy_htod_async(device_ptr, std::slice::from_raw_parts(staged.cast::<u8>(), 4096), stream.cu_stream())
+                }?;
+            }
+            if hopper {
+                launch_chained(&stream)?
+            } else {
+                launch(&stream)?
+            }
+            let (mut ptr, mut v) = (flag_device, value);
+            let mut args = [std::ptr::addr_of_mut!(ptr).cast::<std::ffi::c_void>(), std::ptr::addr_of_mut!(v).cast()];
+            // SAFETY: signal(unsigned*, unsigned) with a mapped 4-byte flag.
+            unsafe { sys::cuLaunchKernel(signal, 1, 1, 1, 1, 1, 1, 0, stream.cu_stream(), args.as_mut_ptr(), null_mut()) }.result()?;
+            Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
+        };
+        for (by_kernel, what) in [
+            (false, "graph: copy 4 KiB in, kernel, flag; host spins"),
+            (true, "graph: kernel reads 4 KiB mapped, kernel, flag; host spins"),
+        ] {
+            let graphs = [graph_in(by_kernel, 1)?, graph_in(by_kernel, 2)?];
+            let mut turn = 0usize;
+            time_flag(what, calls, &stream, || {
+                turn ^= 1;
+                graphs[turn].launch()?;
+                let want = turn as u32 + 1;
+                // SAFETY: the mapped flag, written by the device.
+                while unsafe { flag_host.read_volatile() } != want {
+                    std::hint::spin_loop();
+                }
+                Ok(())
+            })?;
+        }
         let pinned_slice = pinned.as_mut_slice()?;
         let copy_ptr = pinned_slice.as_mut_ptr();
         time("copy 4 KiB in + kernel + copy 4 KiB out + wait (pinned)", calls, &stream, || {
@@ -186,6 +238,9 @@ extern "C" __global__ void chained() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+extern "C" __global__ void stage(const float4* src, float4* dst) {
+    dst[threadIdx.x] = src[threadIdx.x];
 }
 extern "C" __global__ void signal(unsigned* flag, unsigned value) {
     __threadfence_system();

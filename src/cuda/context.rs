@@ -50,6 +50,7 @@ kernels! {
     GatherBatch = "gather_batch",
     GatherLabels = "gather_labels",
     FinishOutputs = "finish_outputs",
+    CopyFromHost = "copy_from_host",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.

@@ -27,7 +27,7 @@ mod exec;
 mod graph;
 mod launch;
 mod ops;
-mod pinned;
+pub(crate) mod pinned;
 pub(crate) mod state;
 #[cfg(test)]
 mod tests;

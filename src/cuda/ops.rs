@@ -390,6 +390,20 @@ impl Gpu {
         self.run(stream, Kernel::GatherBatch, blocks(n as usize), kernel_args![data, indices, out, len, b, samples])
     }
 
+    /// Copies `n` values from page-locked host memory at `src` (its device address, 16-byte
+    /// aligned) into `dst` (16-byte aligned), by a kernel (see kernels/data.cu).
+    /// Launches in chunks of 2^28 values (the kernels' sizes are `int`).
+    pub fn copy_from_host(&self, stream: &CudaStream, n: usize, src: u64, dst: ViewMut<f32>) -> Result<()> {
+        assert!(dst.len() >= n && src.is_multiple_of(16) && dst.ptr().is_multiple_of(16), "copy_from_host: short or misaligned");
+        const CHUNK: usize = 1 << 28;
+        for start in (0..n).step_by(CHUNK) {
+            let len = CHUNK.min(n - start);
+            let (from, to, ni) = (src + (start * 4) as u64, dst.ptr() + (start * 4) as u64, int(len)?);
+            self.run(stream, Kernel::CopyFromHost, blocks(len.div_ceil(4)), kernel_args![from, to, ni])?;
+        }
+        Ok(())
+    }
+
     /// Copies `n` values of `src` to page-locked host memory at `host_dst` (its device address),
     /// then writes the next value of `counter` to the page-locked flag at `host_flag`: one block,
     /// for outputs of at most [`FINISH_MAX`] values (see kernels/data.cu).

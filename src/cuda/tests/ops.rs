@@ -457,3 +457,22 @@ fn loss_totals_follow(loss: &[f64]) {
     assert_eq!(loss[1], 0.5 + loss[0], "running loss sum");
     assert_eq!(loss[2], 3.0, "running loss count");
 }
+
+/// Inputs from mapped page-locked memory: every length's vector part and tail, and nothing
+/// past `n` written.
+#[test]
+fn copy_from_host_copies_exactly_n_values() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(31);
+    for n in [1, 3, 4, 5, 1029, 100_003] {
+        let values = rng.uniform(n);
+        let mut host = crate::cuda::pinned::Pinned::<f32>::zeros(&gpu, n).unwrap();
+        host.as_mut_slice().copy_from_slice(&values);
+        let mut dst = upload(&stream, &poisoned(n + 3));
+        gpu.copy_from_host(&stream, n, host.device_ptr(), ViewMut::of(&mut dst)).unwrap();
+        let got = download(&stream, &dst);
+        assert!(got[..n].iter().zip(&values).all(|(a, b)| a.to_bits() == b.to_bits()), "copy_from_host {n}: values differ");
+        assert!(got[n..].iter().all(|v| v.is_nan()), "copy_from_host {n}: wrote past n");
+    }
+}
