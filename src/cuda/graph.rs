@@ -112,9 +112,39 @@ pub(super) fn capture(stream: sys::CUstream, work: impl FnOnce() -> Result<()>) 
             });
         }
     };
+    #[cfg(test)]
+    count_allocation_nodes(graph);
     // SAFETY: a graph just captured; the exec owns a copy, so the graph is destroyed after.
     let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
     // SAFETY: as above.
     let _ = unsafe { result::graph::destroy(graph) };
     exec.map(Exec).map_err(|e| driver_error("instantiating a CUDA graph", e))
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Allocation and free nodes in the graphs this thread captured (tests only: a step graph
+    /// should have none; cuBLAS adds them when it is left on its own workspace pool).
+    pub(crate) static ALLOCATION_NODES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg(test)]
+fn count_allocation_nodes(graph: sys::CUgraph) {
+    use sys::CUgraphNodeType::{CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_GRAPH_NODE_TYPE_MEM_FREE};
+    let mut n = 0usize;
+    // SAFETY: a live graph; first the count, then that many handles.
+    unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.result().expect("counting graph nodes");
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    // SAFETY: as above, into a buffer of `n` handles.
+    unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.result().expect("listing graph nodes");
+    let allocations = nodes
+        .iter()
+        .filter(|&&node| {
+            let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL;
+            // SAFETY: a node of the live graph.
+            unsafe { sys::cuGraphNodeGetType(node, &mut kind) }.result().expect("reading a node's type");
+            kind == CU_GRAPH_NODE_TYPE_MEM_ALLOC || kind == CU_GRAPH_NODE_TYPE_MEM_FREE
+        })
+        .count();
+    ALLOCATION_NODES.with(|c| c.set(c.get() + allocations));
 }

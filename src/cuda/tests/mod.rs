@@ -109,3 +109,27 @@ fn device_info_reads_the_device() {
 
 #[global_allocator]
 static COUNTING: crate::testutil::Counting = crate::testutil::Counting;
+
+/// A captured step makes no stream-ordered allocations: cuBLAS keeps the workspace it was given
+/// (`cublasSetStream` drops it, so it is set again after), at every batch where cuBLAS runs.
+#[test]
+fn captured_steps_hold_no_allocation_nodes() {
+    let _gpu = gpu_or_skip!();
+    let device = crate::device::Device::Cuda(0);
+    let model = crate::models::mlp().build().unwrap().init(crate::init::Init::HeNormal, 3).to(&device).unwrap();
+    let mut opt = crate::optim::Optimizer::new(&model, crate::optim::Optim::adam(1e-3)).unwrap();
+    let mut model = model;
+    let mut rng = crate::testutil::Rng::new(4);
+    for batch in [1, 128, 1024] {
+        let (mut fwd, mut bwd) = (model.preallocate(batch).unwrap(), model.preallocate_grads(batch).unwrap());
+        let (x, labels) = crate::testutil::batch(&mut rng, &model, batch);
+        fwd.set_inputs(&x).unwrap();
+        fwd.set_labels(&labels).unwrap();
+        model.backprop(&mut bwd, &mut fwd, crate::loss::Loss::LogitCrossEntropy).unwrap();
+        opt.update(&mut model, &bwd).unwrap();
+        model.forward(&mut fwd).unwrap();
+        assert!(bwd.last_loss().unwrap().is_finite());
+    }
+    let allocations = super::graph::ALLOCATION_NODES.with(|c| c.get());
+    assert_eq!(allocations, 0, "allocation and free nodes in the captured MLP steps");
+}
