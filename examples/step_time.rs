@@ -105,13 +105,28 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect::<flatnn::Result<_>>()?;
     times.sort_by(f64::total_cmp);
+    // Host time to queue one training step (the device idle at the start, no wait between):
+    // where it is near the back-to-back time, the host, not the device, sets the pace.
+    let queue_time = if task == "train" {
+        let mut queued: Vec<f64> = (0..calls.min(100))
+            .map(|_| {
+                let start = Instant::now();
+                call(false).map(|()| start.elapsed().as_secs_f64())
+            })
+            .collect::<flatnn::Result<_>>()?;
+        call(true)?;
+        queued.sort_by(f64::total_cmp);
+        format!("; host time to queue one: p50 {:.1} µs", queued[queued.len() / 2] * 1e6)
+    } else {
+        String::new()
+    };
     let report = fwd.conv_backends();
     if !report.is_empty() {
         println!("{report}");
     }
     let at = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)] * 1e6;
     println!(
-        "{name} {task} batch {batch} on {device} (graphs {}): {:.1} µs per call queued back to back; waited each: p50 {:.1} µs, p90 {:.1} µs",
+        "{name} {task} batch {batch} on {device} (graphs {}): {:.1} µs per call queued back to back; waited each: p50 {:.1} µs, p90 {:.1} µs{queue_time}",
         if graphs { "on" } else { "off" },
         per_call * 1e6,
         at(0.5),
