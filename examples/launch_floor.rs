@@ -100,15 +100,30 @@ mod floor {
         };
         // A flag in mapped page-locked memory that the last kernel of a graph sets; the host
         // spins on it instead of waiting on the stream.
-        let mut flag_host: *mut std::ffi::c_void = null_mut();
-        // SAFETY: 4 bytes, mapped into the device's address space; freed never (a short example).
-        unsafe { sys::cuMemHostAlloc(&mut flag_host, 4, sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE) }.result()?;
+        let (flag_host, flag_device) = mapped(4)?;
         let flag_host = flag_host as *mut u32;
-        // SAFETY: just allocated, 4 bytes.
-        unsafe { flag_host.write_volatile(0) };
-        let mut flag_device: sys::CUdeviceptr = 0;
-        // SAFETY: a mapped allocation of this context.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut flag_device, flag_host.cast(), 0) }.result()?;
+        // Ends a capture begun by the caller with the kernel that sets the flag to `value`.
+        let end_with_signal = |value: u32| -> Res<cudarc::driver::CudaGraph> {
+            let (mut ptr, mut v) = (flag_device, value);
+            let mut args = [std::ptr::addr_of_mut!(ptr).cast::<std::ffi::c_void>(), std::ptr::addr_of_mut!(v).cast()];
+            // SAFETY: signal(unsigned*, unsigned) with a mapped 4-byte flag.
+            unsafe { sys::cuLaunchKernel(signal, 1, 1, 1, 1, 1, 1, 0, stream.cu_stream(), args.as_mut_ptr(), null_mut()) }.result()?;
+            Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
+        };
+        // Two graphs that set the flag to 1 and 2, alternated, so that each call waits for its own.
+        let time_spinning = |what: &str, graphs: [cudarc::driver::CudaGraph; 2]| -> Res<()> {
+            let mut turn = 0usize;
+            time_flag(what, calls, &stream, || {
+                turn ^= 1;
+                graphs[turn].launch()?;
+                let want = turn as u32 + 1;
+                // SAFETY: the mapped flag, written by the device.
+                while unsafe { flag_host.read_volatile() } != want {
+                    std::hint::spin_loop();
+                }
+                Ok(())
+            })
+        };
         let graph_signal = |kernels: usize, chain: bool, value: u32| -> Res<cudarc::driver::CudaGraph> {
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
             for i in 0..kernels {
@@ -118,11 +133,7 @@ mod floor {
                     launch(&stream)?
                 }
             }
-            let (mut ptr, mut v) = (flag_device, value);
-            let mut args = [std::ptr::addr_of_mut!(ptr).cast::<std::ffi::c_void>(), std::ptr::addr_of_mut!(v).cast()];
-            // SAFETY: signal(unsigned*, unsigned) with a mapped 4-byte flag.
-            unsafe { sys::cuLaunchKernel(signal, 1, 1, 1, 1, 1, 1, 0, stream.cu_stream(), args.as_mut_ptr(), null_mut()) }.result()?;
-            Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
+            end_with_signal(value)
         };
         let device = stream.clone_htod(&vec![0f32; 1024])?;
         // SAFETY: written (zeroed) below before any read.
@@ -145,20 +156,8 @@ mod floor {
             if chain && !hopper {
                 continue;
             }
-            // Two graphs that set different values, alternated, so each call waits for its own.
-            let graphs = [graph_signal(kernels, chain, 1)?, graph_signal(kernels, chain, 2)?];
-            let mut turn = 0usize;
             let what = format!("graph of {} kernels{}, host spins on a flag", kernels + 1, if chain { ", dependent launch" } else { "" });
-            time_flag(&what, calls, &stream, || {
-                turn ^= 1;
-                graphs[turn].launch()?;
-                let want = turn as u32 + 1;
-                // SAFETY: the mapped flag, written by the device.
-                while unsafe { flag_host.read_volatile() } != want {
-                    std::hint::spin_loop();
-                }
-                Ok(())
-            })?;
+            time_spinning(&what, [graph_signal(kernels, chain, 1)?, graph_signal(kernels, chain, 2)?])?;
         }
         let device_ptr = {
             use cudarc::driver::DevicePtr;
@@ -168,14 +167,7 @@ mod floor {
         // 4 KiB of inputs into device memory ahead of a kernel: by the copy engine, or by a
         // one-block kernel reading mapped page-locked memory.
         let stage = module.load_function("stage")?.cu_function();
-        let mut staged: *mut std::ffi::c_void = null_mut();
-        // SAFETY: 4 KiB, mapped; freed never (a short example).
-        unsafe { sys::cuMemHostAlloc(&mut staged, 4096, sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE) }.result()?;
-        // SAFETY: just allocated, 4096 bytes.
-        unsafe { std::ptr::write_bytes(staged.cast::<u8>(), 0, 4096) };
-        let mut staged_device: sys::CUdeviceptr = 0;
-        // SAFETY: a mapped allocation of this context.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut staged_device, staged, 0) }.result()?;
+        let (staged, staged_device) = mapped(4096)?;
         let graph_in = |by_kernel: bool, value: u32| -> Res<cudarc::driver::CudaGraph> {
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
             if by_kernel {
@@ -194,28 +186,13 @@ mod floor {
             } else {
                 launch(&stream)?
             }
-            let (mut ptr, mut v) = (flag_device, value);
-            let mut args = [std::ptr::addr_of_mut!(ptr).cast::<std::ffi::c_void>(), std::ptr::addr_of_mut!(v).cast()];
-            // SAFETY: signal(unsigned*, unsigned) with a mapped 4-byte flag.
-            unsafe { sys::cuLaunchKernel(signal, 1, 1, 1, 1, 1, 1, 0, stream.cu_stream(), args.as_mut_ptr(), null_mut()) }.result()?;
-            Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
+            end_with_signal(value)
         };
         for (by_kernel, what) in [
             (false, "graph: copy 4 KiB in, kernel, flag; host spins"),
             (true, "graph: kernel reads 4 KiB mapped, kernel, flag; host spins"),
         ] {
-            let graphs = [graph_in(by_kernel, 1)?, graph_in(by_kernel, 2)?];
-            let mut turn = 0usize;
-            time_flag(what, calls, &stream, || {
-                turn ^= 1;
-                graphs[turn].launch()?;
-                let want = turn as u32 + 1;
-                // SAFETY: the mapped flag, written by the device.
-                while unsafe { flag_host.read_volatile() } != want {
-                    std::hint::spin_loop();
-                }
-                Ok(())
-            })?;
+            time_spinning(what, [graph_in(by_kernel, 1)?, graph_in(by_kernel, 2)?])?;
         }
         let pinned_slice = pinned.as_mut_slice()?;
         let copy_ptr = pinned_slice.as_mut_ptr();
@@ -247,6 +224,20 @@ extern "C" __global__ void signal(unsigned* flag, unsigned value) {
     *(volatile unsigned*)flag = value;
 }
 "#;
+
+    /// `bytes` of zeroed page-locked memory mapped into the device's address space: the host's
+    /// pointer and the device's. Never freed (a short example).
+    fn mapped(bytes: usize) -> Res<(*mut std::ffi::c_void, sys::CUdeviceptr)> {
+        let mut host: *mut std::ffi::c_void = null_mut();
+        // SAFETY: a plain allocation in the current context.
+        unsafe { sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE) }.result()?;
+        // SAFETY: just allocated, `bytes` long.
+        unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: a mapped allocation of this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }.result()?;
+        Ok((host, device))
+    }
 
     /// Host time of `queue()` alone; the wait after it is outside the timed region.
     fn time_launch_only(what: &str, calls: usize, stream: &Arc<CudaStream>, mut queue: impl FnMut() -> Res<()>) -> Res<()> {
