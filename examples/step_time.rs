@@ -2,7 +2,7 @@
 //! (set_inputs + forward), median and p90 over repeated calls, on any device. Small enough to
 //! run under a profiler (`ncu`, `compute-sanitizer`).
 //!
-//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn] [--task train|forward|forward-resident]
+//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn] [--task train|train-copy|forward|forward-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
 //!       [--conv auto|cudnn|own]
 //!
@@ -56,6 +56,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "lenet" => (models::lenet5(), Loss::LogitCrossEntropy),
         _ => return Err(format!("--model must be mlp, lenet or simplenn, not {name:?}").into()),
     };
+    if !["train", "train-copy", "forward", "forward-resident"].contains(&task.as_str()) {
+        return Err(format!("--task must be train, train-copy, forward or forward-resident, not {task:?}").into());
+    }
     if batch == 0 || calls == 0 {
         return Err("--batch and --calls must be at least 1".into());
     }
@@ -80,6 +83,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
             model.forward(&mut fwd)?;
         } else {
+            if task == "train-copy" {
+                // the batch copied in from the host every step, as a training loop over host data
+                fwd.set_inputs(&inputs)?;
+            }
             model.backprop(&mut bwd, &mut fwd, loss)?;
             opt.update(&mut model, &bwd)?;
             if wait {
@@ -107,7 +114,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     times.sort_by(f64::total_cmp);
     // Host time to queue one training step (the device idle at the start, no wait between):
     // where it is near the back-to-back time, the host, not the device, sets the pace.
-    let queue_time = if task == "train" {
+    let queue_time = if task.starts_with("train") {
         let mut queued: Vec<f64> = (0..calls.min(100))
             .map(|_| {
                 let start = Instant::now();

@@ -46,8 +46,9 @@ impl Drop for Exec {
 
 impl Graphs {
     /// Batch sizes (or buffer sets) a store keeps captured at once: a training loop uses one or
-    /// two (the full batch and the last, partial one), evaluation one more.
-    pub const SLOTS: usize = 4;
+    /// two (the full batch and the last, partial one), twice over when its batches come from
+    /// the host (one graph per staging buffer), evaluation one or two more.
+    pub const SLOTS: usize = 8;
 
     pub fn new() -> Graphs {
         Graphs { slots: Vec::with_capacity(Self::SLOTS), next: 0 }

@@ -171,7 +171,8 @@ impl DevModel {
         Ok(DevOptim { stream: Arc::clone(&self.stream), state: DevBuf::from_host(&self.gpu, &self.stream, values)? })
     }
 
-    /// Queues the copies of whatever the host changed in the cache since the last step.
+    /// Queues the copies of the labels or targets the host changed in the cache since the last
+    /// step (new inputs are copied inside the step's graph: see `forward` and `backprop`).
     fn upload_batch(&self, plan: &Plan, cache: &mut Cache) -> Result<()> {
         let dev = cache.dev.as_mut().expect("a GPU cache");
         rebind(&mut dev.stream, &self.stream)?;
@@ -184,17 +185,7 @@ impl DevModel {
             // staged before this returns, so the host buffer may change right after.
             unsafe { result::memcpy_htod_async(dst, src, stream) }.map_err(|e| driver_error("copying a batch to the device", e))
         };
-        let batch = cache.batch;
-        if std::mem::take(&mut cache.inputs_dirty) {
-            let b = dev.current;
-            let src = &dev.staging[b].as_slice()[..batch * plan.input.len()];
-            // SAFETY: pinned memory that stays unwritten until `copied[b]` has passed (see
-            // `inputs_host_mut`); the destination holds the capacity's inputs.
-            unsafe { result::memcpy_htod_async(dev.acts.ptr(), src, stream) }
-                .map_err(|e| driver_error("copying a batch to the device", e))?;
-            dev.copied[b].record(&self.stream)?;
-            dev.pending[b] = true;
-        }
+        debug_assert!(!cache.inputs_dirty, "new inputs are copied by the step's graph");
         if std::mem::take(&mut cache.labels_dirty) {
             copy(dev.labels.ptr(), as_bytes(&cache.labels[..cache.labels_set]))?;
         }
@@ -265,17 +256,23 @@ impl DevModel {
     }
 
     /// Forward, loss and backward on the cache's batch, queued (the host does not wait).
+    /// New inputs are copied in by the step's graph, as in [`DevModel::forward`]; the staging
+    /// buffer they come from is marked in use until the step has run.
     pub fn backprop(&self, plan: &Plan, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
+        let copy_in = std::mem::take(&mut cache.inputs_dirty);
         self.upload_batch(plan, cache)?;
         let (capacity, batch) = (cache.capacity, cache.batch);
+        let inputs_len = batch * plan.input.len();
         let (dev, dg) = (cache.dev.as_mut().expect("a GPU cache"), grads.dev.as_mut().expect("GPU gradients"));
         rebind(&mut dg.stream, &self.stream)?;
         // the side stream's last work was joined into the old main stream, waited for above
         dg.side_blas.rebind(&self.side, self.options.tf32)?;
+        // which loss, and whether (and from which staging buffer) the inputs are copied in
         let kind = match loss {
             Loss::LogitCrossEntropy => 1,
             Loss::Mse => 2,
-        };
+        } + if copy_in { 4 * (1 + dev.current as u8) } else { 0 };
+        let (current, inputs_device) = (dev.current, dev.staging[dev.current].device_ptr());
         let key = Key {
             kind,
             capacity,
@@ -293,10 +290,22 @@ impl DevModel {
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
         let side = Side { blas: &dg.side_blas, stream: &self.side, fork: &dg.fork, join: &dg.join };
         dg.graphs.run(self.options.graphs, stream, key, || {
+            if copy_in {
+                // SAFETY: region 0 of `acts` holds the capacity's inputs; nothing else touches
+                // it while the copy runs in this stream's order. The source is page-locked
+                // memory the host does not write until `copied[current]` has passed.
+                let dst = unsafe { ViewMut::from_raw(f.acts.ptr(), inputs_len) };
+                gpu.copy_from_host(stream, inputs_len, inputs_device, dst)?;
+            }
             exec::forward(gpu, blas, stream, plan, &f)?;
             exec::loss(gpu, stream, plan, &f, &b, &l, loss)?;
             exec::backward(gpu, blas, stream, plan, &f, &b, &side)
-        })
+        })?;
+        if copy_in {
+            dev.copied[current].record(&self.stream)?;
+            dev.pending[current] = true;
+        }
+        Ok(())
     }
 
     /// One optimiser step, queued: `step` is the 1-based step number.
