@@ -34,14 +34,15 @@ extern "C" __global__ void copy_from_host(const float* src, float* dst, int n) {
 // The end of a forward pass whose outputs are small: one block copies them into page-locked
 // host memory (mapped into the device's address space), then sets the host's flag to the next
 // value of the cache's counter, so the host, spinning on the flag, sees the outputs without
-// waiting on the stream. The fence makes every thread's copies visible to the host before the
-// flag, which one thread writes after the barrier.
+// waiting on the stream.
 extern "C" __global__ void finish_outputs(const float* src, float* host_dst, int n, unsigned int* counter, unsigned int* host_flag) {
     after_prior();
     for (int i = threadIdx.x; i < n; i += blockDim.x) host_dst[i] = src[i];
-    __threadfence_system();
+    // The barrier orders every thread's copies before thread 0's fence, and the fence (which
+    // is cumulative) orders them, for the whole system, before the flag.
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence_system();
         unsigned int next = *counter + 1;
         *counter = next;
         *(volatile unsigned int*)host_flag = next;

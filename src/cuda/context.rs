@@ -63,7 +63,8 @@ pub struct Gpu {
     compute_capability: (u32, u32),
     multiprocessors: u32,
     /// Kernels are launched as programmatic dependents of the kernel ahead of them (sm_90 and
-    /// later, unless `FLATNN_DEPENDENT_LAUNCH=0`); see [`super::launch::launch`].
+    /// later with a CUDA 12.3 or later driver, unless `FLATNN_DEPENDENT_LAUNCH=0`); see
+    /// [`super::launch::launch`].
     pub(crate) dependent_launch: bool,
 }
 
@@ -94,7 +95,11 @@ impl Gpu {
             .iter()
             .map(|name| module.load_function(name).map_err(|e| driver_error(&format!("looking up kernel {name}"), e)))
             .collect::<Result<Vec<_>>>()?;
-        let dependent_launch = major >= 9 && std::env::var("FLATNN_DEPENDENT_LAUNCH").map_or(true, |v| v != "0");
+        // cuLaunchKernelEx and programmatic edges in captured graphs: drivers of CUDA 12.3 on
+        let mut driver = 0;
+        // SAFETY: writes one int.
+        let driver_ok = unsafe { sys::cuDriverGetVersion(&mut driver) }.result().is_ok() && driver >= 12_030;
+        let dependent_launch = major >= 9 && driver_ok && std::env::var("FLATNN_DEPENDENT_LAUNCH").map_or(true, |v| v != "0");
         Ok(Gpu {
             ctx,
             functions,

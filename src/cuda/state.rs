@@ -228,7 +228,7 @@ impl DevModel {
         let (host_out_device, flag) = (outputs.device_ptr(), done.device_ptr());
         let host_out = &mut outputs.as_mut_slice()[..out.len()];
         let inputs_device = staging[*current].device_ptr();
-        graphs.run(self.options.graphs, stream, key, || {
+        let outcome = graphs.run(self.options.graphs, stream, key, || {
             if let Some(inputs) = inputs {
                 // SAFETY: region 0 of `acts` holds the capacity's inputs; nothing else touches
                 // it while the copy runs in this stream's order. The source is page-locked
@@ -245,7 +245,12 @@ impl DevModel {
             // after the wait below.
             unsafe { result::memcpy_dtoh_async(&mut host_out[..], outputs.ptr(), stream.cu_stream()) }
                 .map_err(|e| driver_error("copying the outputs to the host", e))
-        })?;
+        });
+        if outcome.is_err() {
+            // the inputs may not have been copied: the next call copies them again
+            cache.inputs_dirty = copy_in;
+        }
+        outcome?;
         if signal {
             *signals = signals.wrapping_add(1);
             wait_for_flag(&self.stream, done, *signals)?;
@@ -289,7 +294,7 @@ impl DevModel {
         let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
         let side = Side { blas: &dg.side_blas, stream: &self.side, fork: &dg.fork, join: &dg.join };
-        dg.graphs.run(self.options.graphs, stream, key, || {
+        let outcome = dg.graphs.run(self.options.graphs, stream, key, || {
             if copy_in {
                 // SAFETY: region 0 of `acts` holds the capacity's inputs; nothing else touches
                 // it while the copy runs in this stream's order. The source is page-locked
@@ -300,12 +305,19 @@ impl DevModel {
             exec::forward(gpu, blas, stream, plan, &f)?;
             exec::loss(gpu, stream, plan, &f, &b, &l, loss)?;
             exec::backward(gpu, blas, stream, plan, &f, &b, &side)
-        })?;
+        });
         if copy_in {
-            dev.copied[current].record(&self.stream)?;
+            // Whether or not the step went through, part of it (eager launches) may have been
+            // queued and may still read the staging buffer: mark it in use either way; and on
+            // an error the next step copies the inputs again.
             dev.pending[current] = true;
+            let recorded = dev.copied[current].record(&self.stream);
+            if outcome.is_err() {
+                cache.inputs_dirty = true;
+            }
+            recorded?;
         }
-        Ok(())
+        outcome
     }
 
     /// One optimiser step, queued: `step` is the 1-based step number.
@@ -466,10 +478,12 @@ fn wait_for_flag(stream: &CudaStream, flag: &Pinned<u32>, want: u32) -> Result<(
     // SAFETY: a live, aligned u32 of page-locked memory, only ever accessed atomically or by
     // the device; the acquire load orders the reads of the outputs after it.
     let flag = unsafe { std::sync::atomic::AtomicU32::from_ptr(flag.as_ptr().cast_mut()) };
-    let mut spins = 0u32;
+    let (mut spins, start, mut long) = (0u32, std::time::Instant::now(), false);
     while flag.load(std::sync::atomic::Ordering::Acquire) != want {
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(1024) {
+            // past 200 µs (large batches, big models) the wait lets other threads have the core
+            long = start.elapsed() > std::time::Duration::from_micros(200);
             // SAFETY: a live stream of the current context.
             match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
                 sys::CUresult::CUDA_ERROR_NOT_READY => {}
@@ -487,7 +501,11 @@ fn wait_for_flag(stream: &CudaStream, flag: &Pinned<u32>, want: u32) -> Result<(
                 e => return Err(driver_error("waiting for the forward pass", cudarc::driver::DriverError(e))),
             }
         }
-        std::hint::spin_loop();
+        if long {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
     Ok(())
 }
