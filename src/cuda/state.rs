@@ -185,7 +185,6 @@ impl DevModel {
             // staged before this returns, so the host buffer may change right after.
             unsafe { result::memcpy_htod_async(dst, src, stream) }.map_err(|e| driver_error("copying a batch to the device", e))
         };
-        debug_assert!(!cache.inputs_dirty, "new inputs are copied by the step's graph");
         if std::mem::take(&mut cache.labels_dirty) {
             copy(dev.labels.ptr(), as_bytes(&cache.labels[..cache.labels_set]))?;
         }
@@ -197,13 +196,14 @@ impl DevModel {
 
     /// Forward on the cache's batch, then the outputs copied back (the host waits for them).
     /// The copy of new inputs from the page-locked staging buffer (by a kernel reading it over
-    /// the bus: a copy node in a graph costs ~7 µs more on the H100), the layers and the copy of
+    /// the bus: a copy node in a graph can cost ~7 µs more on the H100), the layers and the copy of
     /// the outputs to page-locked memory are one graph: one launch and one wait per call.
     /// Outputs of at most [`FINISH_MAX`] values are written to the host by a kernel that then
     /// sets a page-locked flag, which the host spins on (about 1.6 µs sooner than a stream wait
     /// on the H100: `example launch_floor`); larger ones by the copy engine and a stream wait.
     pub fn forward<'c>(&self, plan: &Plan, cache: &'c mut Cache) -> Result<&'c [f32]> {
-        let copy_in = std::mem::take(&mut cache.inputs_dirty);
+        // cleared once the copy is queued: after an error the next call copies the inputs again
+        let copy_in = cache.inputs_dirty;
         self.upload_batch(plan, cache)?;
         let (capacity, batch) = (cache.capacity, cache.batch);
         let last = plan.steps.last().expect("a plan has steps").output_region;
@@ -246,11 +246,8 @@ impl DevModel {
             unsafe { result::memcpy_dtoh_async(&mut host_out[..], outputs.ptr(), stream.cu_stream()) }
                 .map_err(|e| driver_error("copying the outputs to the host", e))
         });
-        if outcome.is_err() {
-            // the inputs may not have been copied: the next call copies them again
-            cache.inputs_dirty = copy_in;
-        }
         outcome?;
+        cache.inputs_dirty = false;
         if signal {
             *signals = signals.wrapping_add(1);
             wait_for_flag(&self.stream, done, *signals)?;
@@ -264,7 +261,8 @@ impl DevModel {
     /// New inputs are copied in by the step's graph, as in [`DevModel::forward`]; the staging
     /// buffer they come from is marked in use until the step has run.
     pub fn backprop(&self, plan: &Plan, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
-        let copy_in = std::mem::take(&mut cache.inputs_dirty);
+        // cleared once the step is queued: after an error the next step copies the inputs again
+        let copy_in = cache.inputs_dirty;
         self.upload_batch(plan, cache)?;
         let (capacity, batch) = (cache.capacity, cache.batch);
         let inputs_len = batch * plan.input.len();
@@ -308,16 +306,16 @@ impl DevModel {
         });
         if copy_in {
             // Whether or not the step went through, part of it (eager launches) may have been
-            // queued and may still read the staging buffer: mark it in use either way; and on
-            // an error the next step copies the inputs again.
+            // queued and may still read the staging buffer: mark it in use either way.
             dev.pending[current] = true;
             let recorded = dev.copied[current].record(&self.stream);
-            if outcome.is_err() {
-                cache.inputs_dirty = true;
-            }
+            outcome?;
             recorded?;
+        } else {
+            outcome?;
         }
-        outcome
+        cache.inputs_dirty = false;
+        Ok(())
     }
 
     /// One optimiser step, queued: `step` is the 1-based step number.
