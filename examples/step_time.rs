@@ -2,9 +2,12 @@
 //! (set_inputs + forward), median and p90 over repeated calls, on any device. Small enough to
 //! run under a profiler (`ncu`, `compute-sanitizer`).
 //!
-//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn] [--task train|train-copy|forward|forward-resident]
+//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn] [--task train|train-copy|train-host|forward|forward-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
 //!       [--conv auto|cudnn|own]
+//!
+//! `train-copy` sets the inputs from the host before every step, `train-host` the labels (or
+//! targets) too, as a training loop over host data does; `train` keeps the batch on the device.
 //!
 //! `--conv` sets `FLATNN_CUDNN` (auto, 1, 0) for a model with convolutions on a GPU; the cache's
 //! report (which path each conv layer and direction took, both measured) is printed before the
@@ -56,8 +59,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "lenet" => (models::lenet5(), Loss::LogitCrossEntropy),
         _ => return Err(format!("--model must be mlp, lenet or simplenn, not {name:?}").into()),
     };
-    if !["train", "train-copy", "forward", "forward-resident"].contains(&task.as_str()) {
-        return Err(format!("--task must be train, train-copy, forward or forward-resident, not {task:?}").into());
+    if !["train", "train-copy", "train-host", "forward", "forward-resident"].contains(&task.as_str()) {
+        return Err(format!("--task must be train, train-copy, train-host, forward or forward-resident, not {task:?}").into());
     }
     if batch == 0 || calls == 0 {
         return Err("--batch and --calls must be at least 1".into());
@@ -71,9 +74,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut bwd = model.preallocate_grads(batch)?;
     let mut opt = Optimizer::new(&model, Optim::adam(1e-4))?;
     fwd.set_inputs(&inputs)?;
+    let (targets, labels) = (rng.uniform(batch * outputs), (0..batch).map(|i| (i % outputs) as u32).collect::<Vec<_>>());
     match loss {
-        Loss::Mse => fwd.set_targets(&rng.uniform(batch * outputs))?,
-        Loss::LogitCrossEntropy => fwd.set_labels(&(0..batch).map(|i| (i % outputs) as u32).collect::<Vec<_>>())?,
+        Loss::Mse => fwd.set_targets(&targets)?,
+        Loss::LogitCrossEntropy => fwd.set_labels(&labels)?,
     }
     let mut call = |wait: bool| -> flatnn::Result<()> {
         if task == "forward" || task == "forward-resident" {
@@ -83,9 +87,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
             model.forward(&mut fwd)?;
         } else {
-            if task == "train-copy" {
-                // the batch copied in from the host every step, as a training loop over host data
+            if task == "train-copy" || task == "train-host" {
+                // the inputs copied in from the host every step
                 fwd.set_inputs(&inputs)?;
+            }
+            if task == "train-host" {
+                // and the labels or targets too, as a training loop over host data
+                match loss {
+                    Loss::Mse => fwd.set_targets(&targets)?,
+                    Loss::LogitCrossEntropy => fwd.set_labels(&labels)?,
+                }
             }
             model.backprop(&mut bwd, &mut fwd, loss)?;
             opt.update(&mut model, &bwd)?;
