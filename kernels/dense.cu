@@ -36,53 +36,6 @@ __device__ __forceinline__ float dense_b(int mode, const float* B, int b_rs, int
     return B[(long long)k * b_rs + (long long)j * b_cs];
 }
 
-#define TILE 32
-#define TILE_K 16
-
-// Tiled product: 32 × 32 outputs per block of 256 threads, 2 × 2 per thread, k in steps of 16
-// through shared memory. Grid: (ceil(N/32), ceil(M/32)).
-extern "C" __global__ void dense_tiled(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
-                                       int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
-                                       const float* y_prev, int act, float slope) {
-    after_prior();
-    __shared__ float As[TILE_K][TILE + 1];
-    __shared__ float Bs[TILE_K][TILE + 1];
-    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    int row0 = blockIdx.y * TILE, col0 = blockIdx.x * TILE;
-    float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-    for (int k0 = 0; k0 < K; k0 += TILE_K) {
-        for (int l = threadIdx.x; l < TILE * TILE_K; l += blockDim.x) {
-            // A tile: k fastest when A is row-major (a_cs == 1), else i fastest
-            int i, k;
-            if (a_cs == 1) { i = l / TILE_K; k = l % TILE_K; } else { k = l / TILE; i = l % TILE; }
-            int gi = row0 + i, gk = k0 + k;
-            As[k][i] = (gi < M && gk < K) ? A[(long long)gi * a_rs + (long long)gk * a_cs] : 0.0f;
-            int j;
-            if (b_cs == 1) { k = l / TILE; j = l % TILE; } else { j = l / TILE_K; k = l % TILE_K; }
-            int gj = col0 + j;
-            gk = k0 + k;
-            Bs[k][j] = (gj < N && gk < K) ? dense_b(mode, B, b_rs, b_cs, gk, gj, N) : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < TILE_K; k++) {
-            float a0 = As[k][ty * 2], a1 = As[k][ty * 2 + 1];
-            float b0 = Bs[k][tx * 2], b1 = Bs[k][tx * 2 + 1];
-            acc[0][0] += a0 * b0;
-            acc[0][1] += a0 * b1;
-            acc[1][0] += a1 * b0;
-            acc[1][1] += a1 * b1;
-        }
-        __syncthreads();
-    }
-    for (int r = 0; r < 2; r++) {
-        for (int c = 0; c < 2; c++) {
-            int i = row0 + ty * 2 + r, j = col0 + tx * 2 + c;
-            if (i < M && j < N) dense_store(mode, i, j, acc[r][c], N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
-        }
-    }
-}
-
 #define SKINNY_ROWS 8
 
 // Rows in chunks of 8 (batches up to a few hundred samples): one block of 256 threads per output
@@ -126,11 +79,11 @@ extern "C" __global__ void dense_skinny(const float* A, int a_rs, int a_cs, cons
 #define PANEL_N 32
 #define PANEL_K 128
 
-// Panels (more than a few rows, k up to a few hundred): a block computes a 16 × 32 tile of C. It
-// stages the tile's rows of A and columns of B for 128 values of k at a time in shared memory
-// (one wave of independent loads), then each thread sums its two outputs over those k in order.
-// A block waits out memory latency once per 128 values of k, not once per 16 as the tiled
-// kernel does. Grid: (ceil(N/32), ceil(M/16)); flatnn launches it for modes 0 and 1 only.
+// Panels (more than a few rows, and every weight gradient): a block computes a 16 × 32 tile of
+// C. It stages the tile's rows of A and columns of B for 128 values of k at a time in shared
+// memory (one wave of independent loads), then each thread sums its two outputs over those k in
+// order, so a block waits out memory latency once per 128 values of k. Grid: (ceil(N/32),
+// ceil(M/16)).
 extern "C" __global__ void dense_panel(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                        int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                        const float* y_prev, int act, float slope) {

@@ -38,7 +38,6 @@ kernels! {
     Mse = "mse",
     MaxpoolForward = "maxpool_forward",
     MaxpoolBackward = "maxpool_backward",
-    DenseTiled = "dense_tiled",
     DenseSkinny = "dense_skinny",
     DensePanel = "dense_panel",
     Im2col = "im2col",
@@ -95,6 +94,11 @@ impl Gpu {
             .iter()
             .map(|name| module.load_function(name).map_err(|e| driver_error(&format!("looking up kernel {name}"), e)))
             .collect::<Result<Vec<_>>>()?;
+        // cudarc resolves a driver symbol at its first call, allocating. Steps call every other
+        // one in their first, unmeasured run; `cuStreamQuery` only now and then (when a wait
+        // for a flag runs long), so resolve it with the device.
+        // SAFETY: the legacy stream of the current context; the answer does not matter.
+        let _ = unsafe { sys::cuStreamQuery(std::ptr::null_mut()) };
         // cuLaunchKernelEx and programmatic edges in captured graphs: drivers of CUDA 12.3 on
         let mut driver = 0;
         // SAFETY: writes one int.

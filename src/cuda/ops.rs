@@ -37,16 +37,14 @@ const SKINNY_ROWS: usize = 8;
 /// Output tile of the panel product (PANEL_M × PANEL_N in kernels/dense.cu).
 const PANEL_M: usize = 16;
 const PANEL_N: usize = 32;
-/// The panel product takes forward and input-gradient products of more rows than this (the
-/// row-chunked one is faster below: it spreads k over a block; measured on the H100, the MLP's
-/// forward at batch 64 took 18.2 µs row-chunked, 31.1 µs in panels, whose first layer has
-/// k = 784: seven waits on memory per block). Weight gradients (k = the batch) in panels were
-/// no faster than tiled (MLP step at batches 32–128 within noise), so they stay tiled...
+/// Forward and input-gradient products of at most this many rows, or of fewer than
+/// [`PANEL_MIN_COLS`] columns, run row-chunked: it spreads k over a block (measured on the H100,
+/// the MLP's forward at batch 64 took 18.2 µs row-chunked, 31.1 µs in panels, whose first layer
+/// has k = 784: seven waits on memory per block). Everything else, and every weight gradient,
+/// runs in panels.
 const PANEL_MIN_ROWS: usize = 64;
-/// ...and at least this many columns (below, most of a 32-wide tile would be idle).
+/// Below this many columns most of a 32-wide panel would be idle.
 const PANEL_MIN_COLS: usize = 16;
-/// Output tile side of the tiled product (TILE in kernels/dense.cu).
-const TILE: usize = 32;
 
 /// What the fused dense product does with each value c of C = A·B.
 pub enum DenseEpilogue<'a> {
@@ -136,12 +134,11 @@ impl Gpu {
         let [a_rs, a_cs, b_rs, b_cs, mi, ni, ki, ldc] = ints([a.rs, a.cs, b.rs, b.cs, m, cols, k, n])?;
         let _ = int(m * cols)?;
         let args = kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope];
-        if mode != 2 && m > PANEL_MIN_ROWS && n >= PANEL_MIN_COLS && m.div_ceil(PANEL_M) <= 65_535 {
-            self.run_grid(stream, Kernel::DensePanel, (n.div_ceil(PANEL_N) as u32, m.div_ceil(PANEL_M) as u32), args)
-        } else if mode != 2 && m.div_ceil(SKINNY_ROWS) <= 65_535 {
+        let row_chunked = mode != 2 && (m <= PANEL_MIN_ROWS || n < PANEL_MIN_COLS);
+        if row_chunked && m.div_ceil(SKINNY_ROWS) <= 65_535 {
             self.run_grid(stream, Kernel::DenseSkinny, (cols as u32, m.div_ceil(SKINNY_ROWS) as u32), args)
         } else {
-            self.run_grid(stream, Kernel::DenseTiled, (cols.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32), args)
+            self.run_grid(stream, Kernel::DensePanel, (cols.div_ceil(PANEL_N) as u32, m.div_ceil(PANEL_M) as u32), args)
         }
     }
 

@@ -332,10 +332,6 @@ impl DevModel {
 
 impl DevCache {
     fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<DevCache> {
-        // cudarc resolves a driver symbol at its first call, allocating; `wait_for_flag` calls
-        // this one only now and then, so resolve it here rather than inside some later step.
-        // SAFETY: a live stream of the current context; the answer does not matter.
-        let _ = unsafe { sys::cuStreamQuery(stream.cu_stream()) };
         Ok(DevCache {
             stream: Arc::clone(stream),
             blas: gpu.blas(stream, tf32)?,

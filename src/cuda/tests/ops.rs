@@ -281,7 +281,7 @@ fn product(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
     c
 }
 
-/// The fused dense kernels (all three shapes: few rows, panels, tiled) against plain loops, on small
+/// The fused dense kernels (both shapes: few rows, panels) against plain loops, on small
 /// integers (so the products are exact) for every epilogue, with A and B each stored either way.
 #[test]
 fn dense_products_and_their_epilogues_match_plain_loops() {
