@@ -38,41 +38,74 @@ __device__ __forceinline__ float dense_b(int mode, const float* B, int b_rs, int
 
 #define SKINNY_ROWS 8
 
-// Rows in chunks of 8 (batches up to a few hundred samples): one block of 256 threads per output
-// column j and chunk of rows; the threads split k (coalesced reads of A's rows and of B's
-// column), then lanes combine by a fixed shuffle tree and the 8 warps in a fixed order through
-// shared memory. Grid: (N, ceil(M / 8)).
+// Rows in chunks of 8 (batches up to a few hundred samples): one block of 256 threads per chunk
+// of rows and group of COLS output columns (1 or 4: each row of A read then serves that many);
+// the threads split k (coalesced reads of A's rows and of B's columns), then lanes combine by a
+// fixed shuffle tree and the 8 warps in a fixed order through shared memory, so each value is
+// summed in the same order whatever COLS is. Grid: (ceil(N / COLS), ceil(M / 8)).
+template <int COLS>
+__device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N,
+                                                  int K, int mode, int ldc, const float* bias, float* out0, float* out1,
+                                                  const float* z_prev, const float* y_prev, int act, float slope) {
+    __shared__ float part[8][SKINNY_ROWS * COLS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int j0 = blockIdx.x * COLS, r0 = blockIdx.y * SKINNY_ROWS;
+    int rows = min(SKINNY_ROWS, M - r0);
+    A += (long long)r0 * a_rs;
+    float acc[SKINNY_ROWS][COLS];
+#pragma unroll
+    for (int r = 0; r < SKINNY_ROWS; r++) {
+#pragma unroll
+        for (int c = 0; c < COLS; c++) acc[r][c] = 0.0f;
+    }
+    // rows past M and columns past N read nothing and add 0 to sums that are never stored
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        float b[COLS];
+#pragma unroll
+        for (int c = 0; c < COLS; c++) b[c] = j0 + c < N ? dense_b(mode, B, b_rs, b_cs, k, j0 + c, N) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < SKINNY_ROWS; r++) {
+            float a = r < rows ? A[(long long)r * a_rs + (long long)k * a_cs] : 0.0f;
+#pragma unroll
+            for (int c = 0; c < COLS; c++) acc[r][c] += a * b[c];
+        }
+    }
+    // one level of the tree at a time over every sum, so the shuffles overlap
+    for (int offset = 16; offset > 0; offset >>= 1) {
+#pragma unroll
+        for (int r = 0; r < SKINNY_ROWS; r++) {
+#pragma unroll
+            for (int c = 0; c < COLS; c++) acc[r][c] += __shfl_down_sync(0xffffffffu, acc[r][c], offset);
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < SKINNY_ROWS; r++) {
+#pragma unroll
+            for (int c = 0; c < COLS; c++) part[warp][r * COLS + c] = acc[r][c];
+        }
+    }
+    __syncthreads();
+    int r = threadIdx.x / COLS, c = threadIdx.x % COLS;
+    if (threadIdx.x < SKINNY_ROWS * COLS && r < rows && j0 + c < N) {
+        float v = 0.0f;
+        for (int w = 0; w < 8; w++) v += part[w][r * COLS + c];
+        dense_store(mode, r0 + r, j0 + c, v, N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+    }
+}
+
 extern "C" __global__ void dense_skinny(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                         int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                         const float* y_prev, int act, float slope) {
     after_prior();
-    __shared__ float part[8][SKINNY_ROWS];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int j = blockIdx.x, r0 = blockIdx.y * SKINNY_ROWS;
-    int rows = min(SKINNY_ROWS, M - r0);
-    A += (long long)r0 * a_rs;
-    float acc[SKINNY_ROWS];
-#pragma unroll
-    for (int r = 0; r < SKINNY_ROWS; r++) acc[r] = 0.0f;
-    for (int k = threadIdx.x; k < K; k += blockDim.x) {
-        float b = dense_b(mode, B, b_rs, b_cs, k, j, N);
-#pragma unroll
-        for (int r = 0; r < SKINNY_ROWS; r++) {
-            if (r < rows) acc[r] += A[(long long)r * a_rs + (long long)k * a_cs] * b;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < SKINNY_ROWS; r++) {
-        for (int offset = 16; offset > 0; offset >>= 1) acc[r] += __shfl_down_sync(0xffffffffu, acc[r], offset);
-        if (lane == 0) part[warp][r] = acc[r];
-    }
-    __syncthreads();
-    if (threadIdx.x < rows) {
-        int r = threadIdx.x;
-        float c = 0.0f;
-        for (int w = 0; w < 8; w++) c += part[w][r];
-        dense_store(mode, r0 + r, j, c, N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
-    }
+    dense_skinny_cols<1>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+}
+
+extern "C" __global__ void dense_skinny4(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
+                                         int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
+                                         const float* y_prev, int act, float slope) {
+    after_prior();
+    dense_skinny_cols<4>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
 }
 
 #define PANEL_M 16

@@ -39,6 +39,7 @@ kernels! {
     MaxpoolForward = "maxpool_forward",
     MaxpoolBackward = "maxpool_backward",
     DenseSkinny = "dense_skinny",
+    DenseSkinny4 = "dense_skinny4",
     DensePanel = "dense_panel",
     Im2col = "im2col",
     Col2im = "col2im",

@@ -160,8 +160,11 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
 /// activation kernels. Measured on the H100, MLP 784-128-64-10 training step (back to back):
 /// batch 16: 27 µs fused, 91 µs cuBLAS; 64: 44 / 60; 128: 71 / 67; 256: 124 / 76; 1024:
 /// 438 / 91. Past ~100 samples the fused forward re-reads too much through L2 and the fused
-/// weight gradient, a k-loop over the batch in few blocks, waits on memory latency.
-const FUSED_BATCH: usize = 64;
+/// weight gradient, a k-loop over the batch in few blocks, waits on memory latency. Since the
+/// row-chunked kernel computes four columns per block and weight gradients run in panels
+/// (2026-11-23, same binary, back to back): batch 128 43.2 → 39.1–39.4 µs fused up to 128
+/// against 64, but 256 47.8–47.9 → 58.9 µs fused up to 256.
+const FUSED_BATCH: usize = 128;
 
 /// Above [`FUSED_BATCH`], forward and input-gradient products whose k (a dense layer's inputs,
 /// or outputs for the input gradient) is at most this, at batches up to [`PANEL_BATCH`], still
