@@ -216,16 +216,23 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                     // dW (out × in) = dZᵀ (out × batch) · X (batch × in), db = Σ_batch dZ
                     let dzt = DevMat { data: dacts.at(z.clone()), rs: 1, cs: out };
                     let xm = DevMat { data: acts.at(x.clone()), rs: inp, cs: 1 };
-                    side.fork.record(stream)?;
-                    side.fork.wait_in(side.stream)?;
-                    forked = true;
+                    // the first layer's (no input gradient follows it) stays on the step's
+                    // stream: nothing is left to overlap it with there
+                    let (w_stream, w_blas) = if need_dx {
+                        side.fork.record(stream)?;
+                        side.fork.wait_in(side.stream)?;
+                        forked = true;
+                        (side.stream, side.blas)
+                    } else {
+                        (stream, blas)
+                    };
                     if batch <= FUSED_BATCH {
                         let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias) };
-                        gpu.dense(side.stream, out, inp, batch, dzt, xm, epilogue)?;
+                        gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue)?;
                     } else {
-                        gpu.bias_grad(side.stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
+                        gpu.bias_grad(w_stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
                         let dw = DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 };
-                        side.blas.sgemm(out, inp, batch, 1.0, dzt, xm, 0.0, dw)?;
+                        w_blas.sgemm(out, inp, batch, 1.0, dzt, xm, 0.0, dw)?;
                     }
                     if need_dx && !fused(batch, out) {
                         // dX (batch × in) = dZ (batch × out) · W (out × in)
