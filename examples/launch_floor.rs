@@ -4,7 +4,10 @@
 //! Two ways under that floor are measured too: kernels launched as programmatic dependents of
 //! the one before (sm_90 and later: the next kernel gets ready while the previous one runs), and
 //! the host spinning on a flag that the graph's last kernel writes to page-locked memory
-//! instead of waiting on the stream.
+//! instead of waiting on the stream. And what it costs to hand work from block to block inside
+//! one kernel instead of from kernel to kernel (on sm_90): through shared memory across a thread
+//! block cluster, through global memory to the last block to arrive, or with every block reading
+//! its inputs straight from mapped host memory.
 //!
 //!   cargo run --release --example launch_floor -- [--calls N]
 //!
@@ -100,7 +103,7 @@ mod floor {
         };
         // A flag in mapped page-locked memory that the last kernel of a graph sets; the host
         // spins on it instead of waiting on the stream.
-        let (flag_host, flag_device) = mapped(4)?;
+        let (flag_host, flag_device) = mapped(8)?;
         let flag_host = flag_host as *mut u32;
         // Ends a capture begun by the caller with the kernel that sets the flag to `value`.
         let end_with_signal = |value: u32| -> Res<cudarc::driver::CudaGraph> {
@@ -194,6 +197,77 @@ mod floor {
         ] {
             time_spinning(what, [graph_in(by_kernel, 1)?, graph_in(by_kernel, 2)?])?;
         }
+        if hopper {
+            // One kernel of 16 blocks that exchange values through each other's shared memory
+            // (a thread block cluster, sm_90) between cluster barriers, against the same blocks
+            // handing off through global memory (fence, counter: the last block goes on).
+            let exchange = module.load_function("exchange")?.cu_function();
+            let handoff = module.load_function("handoff")?.cu_function();
+            // SAFETY: an attribute of a kernel of this context.
+            unsafe { sys::cuFuncSetAttribute(exchange, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) }
+                .result()?;
+            let scratch = stream.alloc_zeros::<f32>(4096 + 16)?;
+            let scratch_ptr = {
+                use cudarc::driver::DevicePtr;
+                let (ptr, _guard) = scratch.device_ptr(&stream);
+                ptr
+            };
+            let graph_exchange = |cluster: u32, rounds: i32, read_host: bool, value: u32| -> Res<cudarc::driver::CudaGraph> {
+                stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+                let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+                attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                attribute.value.clusterDim.x = cluster;
+                attribute.value.clusterDim.y = 1;
+                attribute.value.clusterDim.z = 1;
+                let config = sys::CUlaunchConfig {
+                    gridDimX: cluster,
+                    gridDimY: 1,
+                    gridDimZ: 1,
+                    blockDimX: 256,
+                    blockDimY: 1,
+                    blockDimZ: 1,
+                    sharedMemBytes: 0,
+                    hStream: stream.cu_stream(),
+                    attrs: &mut attribute,
+                    numAttrs: 1,
+                };
+                let (mut flag, mut v, mut r, mut src) = (flag_device, value, rounds, if read_host { staged_device } else { 0 });
+                let mut args = [
+                    std::ptr::addr_of_mut!(flag).cast::<std::ffi::c_void>(),
+                    std::ptr::addr_of_mut!(v).cast(),
+                    std::ptr::addr_of_mut!(r).cast(),
+                    std::ptr::addr_of_mut!(src).cast(),
+                ];
+                // SAFETY: exchange(unsigned*, unsigned, int, const float*) as defined below.
+                unsafe { sys::cuLaunchKernelEx(&config, exchange, args.as_mut_ptr(), null_mut()) }.result()?;
+                Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
+            };
+            for (cluster, rounds, read_host) in [(1, 0, false), (16, 0, false), (8, 3, false), (16, 3, false), (16, 0, true), (16, 3, true)]
+            {
+                let what = format!(
+                    "1 kernel, cluster of {cluster}, {rounds} exchanges{}, flag",
+                    if read_host { ", reads 3 KiB mapped" } else { "" }
+                );
+                time_spinning(&what, [graph_exchange(cluster, rounds, read_host, 1)?, graph_exchange(cluster, rounds, read_host, 2)?])?;
+            }
+            let graph_handoff = |blocks: u32, value: u32| -> Res<cudarc::driver::CudaGraph> {
+                stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+                let (mut flag, mut v, mut s) = (flag_device, value, scratch_ptr);
+                let mut args = [
+                    std::ptr::addr_of_mut!(flag).cast::<std::ffi::c_void>(),
+                    std::ptr::addr_of_mut!(v).cast(),
+                    std::ptr::addr_of_mut!(s).cast(),
+                ];
+                // SAFETY: handoff(unsigned*, unsigned, float*) with 4096 + 16 floats of scratch.
+                unsafe { sys::cuLaunchKernel(handoff, blocks, 1, 1, 256, 1, 1, 0, stream.cu_stream(), args.as_mut_ptr(), null_mut()) }
+                    .result()?;
+                Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
+            };
+            for blocks in [16, 64] {
+                let what = format!("1 kernel, {blocks} blocks, global hand-off to the last, flag");
+                time_spinning(&what, [graph_handoff(blocks, 1)?, graph_handoff(blocks, 2)?])?;
+            }
+        }
         let pinned_slice = pinned.as_mut_slice()?;
         let copy_ptr = pinned_slice.as_mut_ptr();
         time("copy 4 KiB in + kernel + copy 4 KiB out + wait (pinned)", calls, &stream, || {
@@ -218,6 +292,64 @@ extern "C" __global__ void chained() {
 }
 extern "C" __global__ void stage(const float4* src, float4* dst) {
     dst[threadIdx.x] = src[threadIdx.x];
+}
+// Blocks of a cluster: `rounds` times, every thread writes one value into each other block's
+// shared memory, then the cluster waits at its barrier; block 0 then sets the flag. With `src`,
+// each block first reads 3 KiB of mapped host memory.
+extern "C" __global__ void exchange(unsigned* flag, unsigned value, int rounds, const float* src) {
+#if __CUDA_ARCH__ >= 900
+    __shared__ float inbox[16][256];
+    __shared__ float staged[768];
+    unsigned rank, size;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
+    float v = threadIdx.x;
+    if (src) {
+        for (int i = threadIdx.x; i < 768; i += 256) staged[i] = src[i];
+        __syncthreads();
+        v = staged[threadIdx.x];
+    }
+    for (int r = 0; r < rounds; r++) {
+        for (unsigned to = 0; to < size; to++) {
+            unsigned local, remote;
+            asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(local) : "l"(&inbox[rank][threadIdx.x]));
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(to));
+            asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(remote), "f"(v) : "memory");
+        }
+        asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+        v += inbox[(rank + 1) % size][threadIdx.x];
+        asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    }
+    if (rank == 0 && threadIdx.x == 0) {
+        if (v == -1.0f) flag[1] = 0;
+        __threadfence_system();
+        *(volatile unsigned*)flag = value;
+    }
+#endif
+}
+// Every block stores 256 values, then the last block to arrive (a counter after the values)
+// reads them all and sets the flag.
+extern "C" __global__ void handoff(unsigned* flag, unsigned value, float* scratch) {
+    __shared__ bool last;
+    unsigned* arrivals = (unsigned*)(scratch + 4096);
+    scratch[(blockIdx.x * 256 + threadIdx.x) % 4096] = threadIdx.x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float s = 0.0f;
+    for (int b = 0; b < 16; b++) s += ((volatile float*)scratch)[b * 256 + threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *arrivals = 0;
+        if (s == -1.0f) flag[1] = 0;
+        __threadfence_system();
+        *(volatile unsigned*)flag = value;
+    }
 }
 extern "C" __global__ void signal(unsigned* flag, unsigned value) {
     __threadfence_system();
