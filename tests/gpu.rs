@@ -77,13 +77,13 @@ fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
     let mut rng = Rng::new(4);
     for (name, chain) in [("mlp", mlp()), ("lenet", lenet5()), ("mixed", mixed())] {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 5).with_threads(1).unwrap();
-        let mut cpu_fwd = cpu.preallocate(128).unwrap();
+        let mut cpu_fwd = cpu.preallocate(200).unwrap();
         for tf32 in [false, true] {
             let gpu = cpu.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs: true, tf32 }).unwrap().to(&device).unwrap();
-            let mut gpu_fwd = gpu.preallocate(128).unwrap();
-            // dense layers run on flatnn's kernels up to batch 64 and on cuBLAS (where TF32
-            // applies) above; convolutions always on cuBLAS
-            for n in [1, 5, 64, 128, 5] {
+            let mut gpu_fwd = gpu.preallocate(200).unwrap();
+            // dense layers run on flatnn's kernels up to batch 128 (and up to 256 where k ≤ 256)
+            // and on cuBLAS (where TF32 applies) above; convolutions on cuDNN or cuBLAS
+            for n in [1, 5, 64, 128, 200, 5] {
                 let (x, _) = batch(&mut rng, &cpu, n);
                 cpu_fwd.set_inputs(&x).unwrap();
                 gpu_fwd.set_inputs(&x).unwrap();
@@ -100,9 +100,9 @@ fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
 }
 
 /// Dense plans of odd widths, every activation, one layer or several, at batches that run on
-/// the fused kernels (≤ 64) and on cuBLAS (above): forward against the CPU, then a backprop on
-/// the same batch without new inputs, which checks that the forward left the inputs on the
-/// device.
+/// the fused kernels (≤ 128, and ≤ 256 where k ≤ 256) and on cuBLAS (above): forward against
+/// the CPU, then a backprop on the same batch without new inputs, which checks that the forward
+/// left the inputs on the device.
 #[test]
 fn dense_plans_match_the_cpu() {
     let Some(device) = cuda_or_skip() else { return };
@@ -120,7 +120,7 @@ fn dense_plans_match_the_cpu() {
         let gpu = cpu.to(&device).unwrap();
         let (mut cpu_fwd, mut gpu_fwd) = (cpu.preallocate(256).unwrap(), gpu.preallocate(256).unwrap());
         let (mut cpu_bwd, mut gpu_bwd) = (cpu.preallocate_grads(256).unwrap(), gpu.preallocate_grads(256).unwrap());
-        for n in [1, 7, 8, 9, 64, 200, 256, 3] {
+        for n in [1, 7, 8, 9, 64, 128, 200, 256, 3] {
             let (x, labels) = batch(&mut rng, &cpu, n);
             cpu_fwd.set_inputs(&x).unwrap();
             gpu_fwd.set_inputs(&x).unwrap();
