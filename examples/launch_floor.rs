@@ -77,21 +77,8 @@ mod floor {
             let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
             attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
             attribute.value.programmaticStreamSerializationAllowed = 1;
-            let config = sys::CUlaunchConfig {
-                gridDimX: 1,
-                gridDimY: 1,
-                gridDimZ: 1,
-                blockDimX: 32,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: 0,
-                hStream: stream.cu_stream(),
-                attrs: &mut attribute,
-                numAttrs: 1,
-            };
             // SAFETY: a kernel without parameters, of this context, on one of its streams.
-            unsafe { sys::cuLaunchKernelEx(&config, chained, null_mut(), null_mut()) }.result()?;
-            Ok(())
+            unsafe { launch_ex(chained, 1, 32, stream, attribute, &mut []) }
         };
         let graph_chained = |kernels: usize| -> Res<cudarc::driver::CudaGraph> {
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
@@ -219,18 +206,6 @@ mod floor {
                 attribute.value.clusterDim.x = cluster;
                 attribute.value.clusterDim.y = 1;
                 attribute.value.clusterDim.z = 1;
-                let config = sys::CUlaunchConfig {
-                    gridDimX: cluster,
-                    gridDimY: 1,
-                    gridDimZ: 1,
-                    blockDimX: 256,
-                    blockDimY: 1,
-                    blockDimZ: 1,
-                    sharedMemBytes: 0,
-                    hStream: stream.cu_stream(),
-                    attrs: &mut attribute,
-                    numAttrs: 1,
-                };
                 let (mut flag, mut v, mut r, mut src) = (flag_device, value, rounds, if read_host { staged_device } else { 0 });
                 let mut args = [
                     std::ptr::addr_of_mut!(flag).cast::<std::ffi::c_void>(),
@@ -239,7 +214,7 @@ mod floor {
                     std::ptr::addr_of_mut!(src).cast(),
                 ];
                 // SAFETY: exchange(unsigned*, unsigned, int, const float*) as defined below.
-                unsafe { sys::cuLaunchKernelEx(&config, exchange, args.as_mut_ptr(), null_mut()) }.result()?;
+                unsafe { launch_ex(exchange, cluster, 256, &stream, attribute, &mut args) }?;
                 Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
             };
             for (cluster, rounds, read_host) in [(1, 0, false), (16, 0, false), (8, 3, false), (16, 3, false), (16, 0, true), (16, 3, true)]
@@ -356,6 +331,37 @@ extern "C" __global__ void signal(unsigned* flag, unsigned value) {
     *(volatile unsigned*)flag = value;
 }
 "#;
+
+    /// Launches `func` on `grid` one-dimensional blocks of `block` threads with one launch
+    /// attribute.
+    ///
+    /// # Safety
+    /// `args` must hold `func`'s parameters in order, each pointing to a value of its C type.
+    unsafe fn launch_ex(
+        func: sys::CUfunction,
+        grid: u32,
+        block: u32,
+        stream: &CudaStream,
+        mut attribute: sys::CUlaunchAttribute,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Res<()> {
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream.cu_stream(),
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        let params = if args.is_empty() { null_mut() } else { args.as_mut_ptr() };
+        // SAFETY: the caller's.
+        unsafe { sys::cuLaunchKernelEx(&config, func, params, null_mut()) }.result()?;
+        Ok(())
+    }
 
     /// `bytes` of zeroed page-locked memory mapped into the device's address space: the host's
     /// pointer and the device's. Never freed (a short example).
