@@ -193,7 +193,7 @@ mod floor {
             // SAFETY: an attribute of a kernel of this context.
             unsafe { sys::cuFuncSetAttribute(exchange, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1) }
                 .result()?;
-            let scratch = stream.alloc_zeros::<f32>(4096 + 16)?;
+            let scratch = stream.alloc_zeros::<f32>(64 * 256 + 16)?;
             let scratch_ptr = {
                 use cudarc::driver::DevicePtr;
                 let (ptr, _guard) = scratch.device_ptr(&stream);
@@ -233,7 +233,7 @@ mod floor {
                     std::ptr::addr_of_mut!(v).cast(),
                     std::ptr::addr_of_mut!(s).cast(),
                 ];
-                // SAFETY: handoff(unsigned*, unsigned, float*) with 4096 + 16 floats of scratch.
+                // SAFETY: handoff(unsigned*, unsigned, float*) with 64 × 256 + 16 floats of scratch, at most 64 blocks.
                 unsafe { sys::cuLaunchKernel(handoff, blocks, 1, 1, 256, 1, 1, 0, stream.cu_stream(), args.as_mut_ptr(), null_mut()) }
                     .result()?;
                 Ok(stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("an empty capture")?)
@@ -279,6 +279,8 @@ extern "C" __global__ void exchange(unsigned* flag, unsigned value, int rounds, 
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
     float v = threadIdx.x;
+    // another block's shared memory may be written only once the whole cluster has started
+    if (rounds > 0) asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
     if (src) {
         for (int i = threadIdx.x; i < 768; i += 256) staged[i] = src[i];
         __syncthreads();
@@ -302,12 +304,12 @@ extern "C" __global__ void exchange(unsigned* flag, unsigned value, int rounds, 
     }
 #endif
 }
-// Every block stores 256 values, then the last block to arrive (a counter after the values)
-// reads them all and sets the flag.
+// Every block (at most 64) stores 256 values, then the last block to arrive (a counter after
+// the values) reads the first 16 blocks' values and sets the flag.
 extern "C" __global__ void handoff(unsigned* flag, unsigned value, float* scratch) {
     __shared__ bool last;
-    unsigned* arrivals = (unsigned*)(scratch + 4096);
-    scratch[(blockIdx.x * 256 + threadIdx.x) % 4096] = threadIdx.x;
+    unsigned* arrivals = (unsigned*)(scratch + 64 * 256);
+    scratch[blockIdx.x * 256 + threadIdx.x] = threadIdx.x;
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();

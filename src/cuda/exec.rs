@@ -171,7 +171,8 @@ const FUSED_BATCH: usize = 128;
 /// run fused (the panel kernel: k staged in shared memory 128 at a time). Measured on the H100
 /// against cuBLAS + separate bias/activation kernels (`step_time`, p50): 100-200-1 forward at
 /// batch 128 13.8 → 11.7 µs, at 256 15.7 → 12.1 µs, but at 1024 15.8 → 23.0 µs; MLP forward at
-/// 128 31.9 → 24.9 µs (its first layer, k = 784, stays on cuBLAS).
+/// 128 31.9 → 24.9 µs (when its first layer, k = 784, still ran on cuBLAS there; at batches up
+/// to [`FUSED_BATCH`] it is now fused too).
 const PANEL_K: usize = 256;
 const PANEL_BATCH: usize = 256;
 
@@ -189,7 +190,9 @@ fn fused(batch: usize, k: usize) -> bool {
 /// A dense layer's weight and bias gradients run on `side.stream`, forked from `stream` after
 /// its dZ is written and joined back before this returns, so that they overlap the input
 /// gradients of the layers below (they read dZ and X, which nothing in the backward pass
-/// writes afterwards, and write only their own gradients).
+/// writes afterwards, and write only their own gradients). The layer with no input gradient
+/// (the first) keeps them on `stream`: nothing is left to overlap them with, and there they
+/// start as dependent launches instead of after an event.
 pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward, b: &Backward, side: &Side) -> Result<()> {
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let (dacts, grads) = (Raw::of(b.dacts), Raw::of(b.grads));

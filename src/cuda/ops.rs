@@ -45,8 +45,9 @@ const PANEL_N: usize = 32;
 /// Forward and input-gradient products of at most this many rows, or of fewer than
 /// [`PANEL_MIN_COLS`] columns, run row-chunked: it spreads k over a block (measured on the H100,
 /// the MLP's forward at batch 64 took 18.2 µs row-chunked, 31.1 µs in panels, whose first layer
-/// has k = 784: seven waits on memory per block). Everything else, and every weight gradient,
-/// runs in panels.
+/// has k = 784: seven waits on memory per block), and so do products with k above
+/// [`PANEL_MAX_K`] whatever their height. Everything else, and every weight gradient, runs in
+/// panels.
 const PANEL_MIN_ROWS: usize = 64;
 /// Above this k a panel waits on memory once per 128 values of k, so products of any height run
 /// row-chunked (the MLP's first layer forward at batch 128, k = 784: step 43.2 → 39.1–39.4 µs

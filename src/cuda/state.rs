@@ -3,8 +3,8 @@
 //!
 //! A model on a GPU owns one stream; everything it runs (forward, backprop, the optimiser
 //! update) is queued there, in order, so a training loop never waits for the device. (Inside a
-//! backward pass, dense weight gradients fork to a second stream of the model and join back
-//! before the pass ends, so the order seen from outside is the same.) Caches,
+//! backward pass, dense weight gradients, but the first layer's, fork to a second stream of the
+//! model and join back before the pass ends, so the order seen from outside is the same.) Caches,
 //! gradient buffers and optimiser state are device memory that any model of the same plan on
 //! the same device may use: the first use by another model waits for the previous one's stream.
 //! The host waits only where a value comes back: `forward`'s outputs, the loss when asked for,
@@ -50,8 +50,9 @@ impl Default for GpuOptions {
 pub(crate) struct DevModel {
     pub gpu: Arc<Gpu>,
     pub stream: Arc<CudaStream>,
-    /// A second stream, on which the backward pass computes weight gradients while the input
-    /// gradients go on (forked from and joined back into `stream` inside each step).
+    /// A second stream, on which the backward pass computes weight gradients (but the first
+    /// layer's) while the input gradients go on (forked from and joined back into `stream`
+    /// inside each step).
     side: Arc<CudaStream>,
     pub params: DevBuf<f32>,
     pub options: GpuOptions,
