@@ -345,6 +345,33 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
     }
 }
 
+/// A product of many rows (four columns per block) gives, row by row, the bits of the same
+/// product one row at a time (one column per block): the two kernels sum every value in one
+/// order. Random values, so another order would show in the last bits.
+#[test]
+fn four_columns_per_block_sum_in_the_order_of_one() {
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(14);
+    for (m, n, k) in [(9, 10, 700), (37, 65, 130), (64, 7, 300), (128, 33, 784)] {
+        let (a, w, bias) = (rng.uniform(m * k), rng.uniform(n * k), rng.uniform(n));
+        let (ad, wd, bd) = (upload(&stream, &a), upload(&stream, &w), upload(&stream, &bias));
+        // W stored n × k, as a dense layer's forward reads it
+        let wm = DevMat { data: View::of(&wd), rs: 1, cs: k };
+        let mut all = upload(&stream, &poisoned(m * n));
+        let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: ViewMut::of(&mut all), y: None, act: Identity };
+        gpu.dense(&stream, m, n, k, DevMat { data: View::of(&ad), rs: k, cs: 1 }, wm, epilogue).unwrap();
+        let all = download(&stream, &all);
+        for i in 0..m {
+            let row = upload(&stream, &a[i * k..(i + 1) * k]);
+            let mut one = upload(&stream, &poisoned(n));
+            let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: ViewMut::of(&mut one), y: None, act: Identity };
+            gpu.dense(&stream, 1, n, k, DevMat { data: View::of(&row), rs: k, cs: 1 }, wm, epilogue).unwrap();
+            same_bits(&format!("{m}x{n}x{k} row {i}"), &download(&stream, &one), &all[i * n..(i + 1) * n]);
+        }
+    }
+}
+
 #[test]
 fn optimisers_match_the_cpu() {
     let gpu = gpu_or_skip!();
