@@ -121,7 +121,8 @@ extern "C" __global__ void dense_panel(const float* A, int a_rs, int a_cs, const
                                        int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                        const float* y_prev, int act, float slope) {
     after_prior();
-    __shared__ float As[PANEL_K][PANEL_M + 1];
+    // rows padded to 18: each thread reads its two values of A as one aligned float2
+    __shared__ __align__(8) float As[PANEL_K][PANEL_M + 2];
     __shared__ float Bs[PANEL_K][PANEL_N + 1];
     int col = threadIdx.x % PANEL_N, pair = threadIdx.x / PANEL_N;
     int row0 = blockIdx.y * PANEL_M, col0 = blockIdx.x * PANEL_N;
@@ -156,8 +157,9 @@ extern "C" __global__ void dense_panel(const float* A, int a_rs, int a_cs, const
         __syncthreads();
         for (int k = 0; k < kn; k++) {
             float b = Bs[k][col];
-            acc0 += As[k][2 * pair] * b;
-            acc1 += As[k][2 * pair + 1] * b;
+            float2 a = *reinterpret_cast<const float2*>(&As[k][2 * pair]);
+            acc0 += a.x * b;
+            acc1 += a.y * b;
         }
         __syncthreads();
     }
