@@ -162,8 +162,8 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
 /// 438 / 91. Past ~100 samples the fused forward re-reads too much through L2 and the fused
 /// weight gradient, a k-loop over the batch in few blocks, waits on memory latency. Since the
 /// row-chunked kernel computes four columns per block and weight gradients run in panels
-/// (2026-11-23, same binary, back to back): batch 128 43.2 → 39.1–39.4 µs fused up to 128
-/// against 64, but 256 47.8–47.9 → 58.9 µs fused up to 256.
+/// (2026-11-23, same binary, back to back): batch 128 43.5–43.8 → 39.1–39.4 µs fused up to 128
+/// against 64, but 256 48.2–48.4 → 58.9 µs fused up to 256.
 const FUSED_BATCH: usize = 128;
 
 /// Above [`FUSED_BATCH`], forward and input-gradient products whose k (a dense layer's inputs,
