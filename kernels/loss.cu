@@ -1,8 +1,9 @@
 // Losses (src/loss.rs): gradients written in place and the value reduced on the device in one
 // launch. Each block sums its grid-stride share in f64 (each thread in a fixed order, then a
 // fixed shared-memory tree) into partials[block]; the last block to finish (a counter, reset by
-// that block) sums the partials in block order. A launch of one block writes its sum directly. The grid size is a function of the size alone
-// (loss_blocks in src/cuda/ops.rs), so the loss is the same bit for bit on every run.
+// that block) sums the partials in block order. A launch of one block writes its sum directly.
+// The grid size is a function of the size alone (loss_blocks in src/cuda/ops.rs), so the loss
+// is the same bit for bit on every run.
 // loss[0] = the value; the running totals since the host last reset them: loss[1] += loss[0],
 // loss[2] += 1. `scratch`: the counter (in the bits of its first double, zero before the first
 // launch), then gridDim.x partials.

@@ -190,7 +190,8 @@ impl Cache {
     /// `FLATNN_CUDNN`, read once per process (when the first cache is made): `0` flatnn's
     /// kernels only, `1` cuDNN wherever it has an algorithm, `auto` (default; also what a value
     /// not understood means, which the first line says) whichever was measured faster, per
-    /// layer, direction and batch size. Without a cuDNN 9 library every convolution runs on flatnn's kernels.
+    /// layer, direction and batch size. Without a cuDNN 9 library every convolution runs on
+    /// flatnn's kernels.
     pub fn conv_backends(&self) -> String {
         self.dev.as_ref().map_or_else(String::new, DevCache::conv_report)
     }

@@ -6,7 +6,7 @@
 
 use flatnn::data::{Dataset, DeviceDataset, Loader, StreamingLoader};
 use flatnn::prelude::*;
-use flatnn::testutil::{allocations_in, cuda_or_skip, Counting, Rng};
+use flatnn::testutil::{allocations_in, cuda_or_skip, rel_err, Counting, Rng};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The GPU tests of this file run one at a time: one of them reads the device's free memory,
@@ -39,14 +39,6 @@ fn identity(len: usize) -> Model {
 
 fn mlp() -> Model {
     Chain::new(Input::vector(20)).dense(16, Relu).dense(10, Identity).build().unwrap().init(Init::HeNormal, 7).with_threads(1).unwrap()
-}
-
-/// ‖a − b‖ / ‖b‖.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let diff: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
-    let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (diff / norm.max(1e-30)).sqrt()
 }
 
 /// Where batches come from: the host loader, a data set on the device, or page-locked

@@ -10,7 +10,7 @@ use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::dnn::Dnn;
 use super::launch::{View, ViewMut};
-use super::ops::DenseEpilogue;
+use super::ops::{DenseEpilogue, PANEL_MAX_K};
 use super::pinned::Event;
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
@@ -167,18 +167,17 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
 const FUSED_BATCH: usize = 128;
 
 /// Above [`FUSED_BATCH`], forward and input-gradient products whose k (a dense layer's inputs,
-/// or outputs for the input gradient) is at most this, at batches up to [`PANEL_BATCH`], still
+/// or outputs for the input gradient) is at most [`PANEL_MAX_K`], at batches up to this, still
 /// run fused (the panel kernel: k staged in shared memory 128 at a time). Measured on the H100
 /// against cuBLAS + separate bias/activation kernels (`step_time`, p50): 100-200-1 forward at
 /// batch 128 13.8 → 11.7 µs, at 256 15.7 → 12.1 µs, but at 1024 15.8 → 23.0 µs; MLP forward at
 /// 128 31.9 → 24.9 µs (when its first layer, k = 784, still ran on cuBLAS there; at batches up
 /// to [`FUSED_BATCH`] it is now fused too).
-const PANEL_K: usize = 256;
 const PANEL_BATCH: usize = 256;
 
 /// Whether a forward or input-gradient product of `k` terms at `batch` runs fused.
 fn fused(batch: usize, k: usize) -> bool {
-    batch <= FUSED_BATCH || (k <= PANEL_K && batch <= PANEL_BATCH)
+    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && batch <= PANEL_BATCH)
 }
 
 /// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last

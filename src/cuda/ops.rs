@@ -52,7 +52,7 @@ const PANEL_MIN_ROWS: usize = 64;
 /// Above this k a panel waits on memory once per 128 values of k, so products of any height run
 /// row-chunked (the MLP's first layer forward at batch 128, k = 784: step 43.2 → 39.1–39.4 µs
 /// against cuBLAS with separate bias and activation kernels).
-const PANEL_MAX_K: usize = 256;
+pub(super) const PANEL_MAX_K: usize = 256;
 /// Below this many columns most of a 32-wide panel would be idle.
 const PANEL_MIN_COLS: usize = 16;
 

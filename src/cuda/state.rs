@@ -231,11 +231,8 @@ impl DevModel {
         let inputs_device = staging[*current].device_ptr();
         let outcome = graphs.run(self.options.graphs, stream, key, || {
             if let Some(inputs) = inputs {
-                // SAFETY: region 0 of `acts` holds the capacity's inputs; nothing else touches
-                // it while the copy runs in this stream's order. The source is page-locked
-                // memory the host does not write before the wait below.
-                let dst = unsafe { ViewMut::from_raw(f.acts.ptr(), inputs.len()) };
-                gpu.copy_from_host(stream, inputs.len(), inputs_device, dst)?;
+                // the host does not write the staging buffer before the wait below
+                copy_inputs_in(gpu, stream, f.acts, inputs.len(), inputs_device)?;
             }
             exec::forward(gpu, blas, stream, plan, &f)?;
             let outputs = f.acts.view(out.clone());
@@ -295,11 +292,8 @@ impl DevModel {
         let side = Side { blas: &dg.side_blas, stream: &self.side, fork: &dg.fork, join: &dg.join };
         let outcome = dg.graphs.run(self.options.graphs, stream, key, || {
             if copy_in {
-                // SAFETY: region 0 of `acts` holds the capacity's inputs; nothing else touches
-                // it while the copy runs in this stream's order. The source is page-locked
-                // memory the host does not write until `copied[current]` has passed.
-                let dst = unsafe { ViewMut::from_raw(f.acts.ptr(), inputs_len) };
-                gpu.copy_from_host(stream, inputs_len, inputs_device, dst)?;
+                // the host does not write the staging buffer until `copied[current]` has passed
+                copy_inputs_in(gpu, stream, f.acts, inputs_len, inputs_device)?;
             }
             exec::forward(gpu, blas, stream, plan, &f)?;
             exec::loss(gpu, stream, plan, &f, &b, &l, loss)?;
@@ -464,6 +458,17 @@ impl DevOptim {
     pub fn download(&self, out: &mut [f32]) -> Result<()> {
         self.state.download(&self.stream, out)
     }
+}
+
+/// Queues the copy of `len` input values from the page-locked staging buffer at `from` (its
+/// device address) into region 0 of `acts`, by a kernel (see [`Gpu::copy_from_host`]). The
+/// caller keeps the staging buffer unwritten until the copy has run.
+fn copy_inputs_in(gpu: &Gpu, stream: &CudaStream, acts: &DevBuf<f32>, len: usize, from: sys::CUdeviceptr) -> Result<()> {
+    assert!(len <= acts.len(), "more inputs than the activation buffer holds");
+    // SAFETY: region 0 of `acts` (its first values) holds the capacity's inputs; nothing else
+    // touches it while the copy runs in this stream's order.
+    let dst = unsafe { ViewMut::from_raw(acts.ptr(), len) };
+    gpu.copy_from_host(stream, len, from, dst)
 }
 
 /// Spins until the page-locked `flag` holds `want` (written by the device after the data the

@@ -40,23 +40,8 @@ pub(super) unsafe fn pack_a(mc: usize, kc: usize, a: View, out: &mut [f32]) {
                 MR => unsafe { copy_runs::<MR>(src, a.cs, dst) },
                 _ => unsafe { copy_runs::<4>(src, a.cs, dst) },
             }
-        } else if a.cs == 1 {
-            for i in 0..height {
-                if i < rows {
-                    let src = unsafe { std::slice::from_raw_parts(a.ptr.add((i0 + i) * a.rs), kc) };
-                    for (p, &v) in src.iter().enumerate() {
-                        dst[p * height + i] = v;
-                    }
-                } else {
-                    (0..kc).for_each(|p| dst[p * height + i] = 0.0);
-                }
-            }
         } else {
-            for p in 0..kc {
-                for i in 0..height {
-                    dst[p * height + i] = if i < rows { unsafe { *a.ptr.add((i0 + i) * a.rs + p * a.cs) } } else { 0.0 };
-                }
-            }
+            unsafe { pack_lanes(height, rows, kc, a.ptr.add(i0 * a.rs), a.rs, a.cs, dst) };
         }
     }
 }
@@ -87,22 +72,34 @@ pub(super) unsafe fn pack_b(kc: usize, nc: usize, b: View, out: &mut [f32]) {
             for half in [0, NR / 2] {
                 unsafe { transpose(NR / 2, kc, b.ptr.add((j0 + half) * b.cs), b.cs, dst[half..].as_mut_ptr(), NR) };
             }
-        } else if b.rs == 1 {
-            for j in 0..NR {
-                if j < cols {
-                    let src = unsafe { std::slice::from_raw_parts(b.ptr.add((j0 + j) * b.cs), kc) };
-                    for (p, &v) in src.iter().enumerate() {
-                        dst[p * NR + j] = v;
-                    }
-                } else {
-                    (0..kc).for_each(|p| dst[p * NR + j] = 0.0);
-                }
-            }
         } else {
-            for p in 0..kc {
-                for j in 0..NR {
-                    dst[p * NR + j] = if j < cols { unsafe { *b.ptr.add(p * b.rs + (j0 + j) * b.cs) } } else { 0.0 };
+            unsafe { pack_lanes(NR, cols, kc, b.ptr.add(j0 * b.cs), b.cs, b.rs, dst) };
+        }
+    }
+}
+
+/// The general packing of one panel, for layouts the fast paths above do not take: `width`
+/// lanes (rows of A, or columns of B) of kc values each, k-major (dst[p·width + l]), lanes from
+/// `lanes` on zero. Value p of lane l is at src + l·lane_stride + p·k_stride.
+///
+/// # Safety
+/// `src` covers `lanes` lanes of kc values with those strides; dst holds width·kc values.
+unsafe fn pack_lanes(width: usize, lanes: usize, kc: usize, src: *const f32, lane_stride: usize, k_stride: usize, dst: &mut [f32]) {
+    if k_stride == 1 {
+        for l in 0..width {
+            if l < lanes {
+                let run = unsafe { std::slice::from_raw_parts(src.add(l * lane_stride), kc) };
+                for (p, &v) in run.iter().enumerate() {
+                    dst[p * width + l] = v;
                 }
+            } else {
+                (0..kc).for_each(|p| dst[p * width + l] = 0.0);
+            }
+        }
+    } else {
+        for p in 0..kc {
+            for l in 0..width {
+                dst[p * width + l] = if l < lanes { unsafe { *src.add(l * lane_stride + p * k_stride) } } else { 0.0 };
             }
         }
     }
