@@ -115,11 +115,14 @@ extern "C" __global__ void dense_skinny4(const float* A, int a_rs, int a_cs, con
 // Panels (more than a few rows, and every weight gradient): a block computes a 16 × 32 tile of
 // C. It stages the tile's rows of A and columns of B for 128 values of k at a time in shared
 // memory (one wave of independent loads), then each thread sums its two outputs over those k in
-// order, so a block waits out memory latency once per 128 values of k. Grid: (ceil(N/32),
-// ceil(M/16)).
-extern "C" __global__ void dense_panel(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
-                                       int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
-                                       const float* y_prev, int act, float slope) {
+// order, so a block waits out memory latency once per 128 values of k. At most 128 registers a
+// thread, so that two blocks fit on an SM: with 190, one did, and the MLP's first weight
+// gradient (200 blocks) ran in two waves on the H100's 132 SMs. Grid: (ceil(N/32), ceil(M/16)).
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(const float* A, int a_rs, int a_cs, const float* B,
+                                                                            int b_rs, int b_cs, int M, int N, int K, int mode,
+                                                                            int ldc, const float* bias, float* out0, float* out1,
+                                                                            const float* z_prev, const float* y_prev, int act,
+                                                                            float slope) {
     after_prior();
     // rows padded to 18: each thread reads its two values of A as one aligned float2
     __shared__ __align__(8) float As[PANEL_K][PANEL_M + 2];
@@ -127,33 +130,39 @@ extern "C" __global__ void dense_panel(const float* A, int a_rs, int a_cs, const
     int col = threadIdx.x % PANEL_N, pair = threadIdx.x / PANEL_N;
     int row0 = blockIdx.y * PANEL_M, col0 = blockIdx.x * PANEL_N;
     float acc0 = 0.0f, acc1 = 0.0f;
+    // the loads of a step: thread t's v-th value of A is row ai + v·adi, k ak + v·adk of the
+    // step, at a0[v·a_step] (and likewise for B), so consecutive threads walk the stride-1
+    // dimension of each
+    int ai = a_cs == 1 ? threadIdx.x / PANEL_K : threadIdx.x % PANEL_M, ak = a_cs == 1 ? threadIdx.x % PANEL_K : threadIdx.x / PANEL_M;
+    int adi = a_cs == 1 ? REDUCE_THREADS / PANEL_K : 0, adk = a_cs == 1 ? 0 : REDUCE_THREADS / PANEL_M;
+    int bj = b_cs == 1 ? threadIdx.x % PANEL_N : threadIdx.x / PANEL_K, bk = b_cs == 1 ? threadIdx.x / PANEL_N : threadIdx.x % PANEL_K;
+    int bdj = b_cs == 1 ? 0 : REDUCE_THREADS / PANEL_K, bdk = b_cs == 1 ? REDUCE_THREADS / PANEL_N : 0;
+    long long a_step = (long long)adi * a_rs + (long long)adk * a_cs, b_step = (long long)bdk * b_rs + (long long)bdj * b_cs;
+    const float* a0 = A + (long long)(row0 + ai) * a_rs + (long long)ak * a_cs;
+    const float* b0 = B + (long long)bk * b_rs + (long long)(col0 + bj) * b_cs;
     for (int k0 = 0; k0 < K; k0 += PANEL_K) {
         int kn = min(PANEL_K, K - k0);
         // every load of the step is issued before any is stored, so the block waits out memory
-        // latency once; consecutive threads walk the stride-1 dimension of A and of B
+        // latency once
         float ra[PANEL_M * PANEL_K / REDUCE_THREADS], rb[PANEL_N * PANEL_K / REDUCE_THREADS];
 #pragma unroll
         for (int t = 0; t < PANEL_M * PANEL_K / REDUCE_THREADS; t++) {
-            int l = threadIdx.x + t * REDUCE_THREADS;
-            int i = a_cs == 1 ? l / PANEL_K : l % PANEL_M, k = a_cs == 1 ? l % PANEL_K : l / PANEL_M;
-            ra[t] = (row0 + i < M && k < kn) ? A[(long long)(row0 + i) * a_rs + (long long)(k0 + k) * a_cs] : 0.0f;
+            int i = ai + t * adi, k = ak + t * adk;
+            ra[t] = (row0 + i < M && k < kn) ? a0[t * a_step] : 0.0f;
         }
 #pragma unroll
         for (int t = 0; t < PANEL_N * PANEL_K / REDUCE_THREADS; t++) {
-            int l = threadIdx.x + t * REDUCE_THREADS;
-            int j = b_cs == 1 ? l % PANEL_N : l / PANEL_K, k = b_cs == 1 ? l / PANEL_N : l % PANEL_K;
-            rb[t] = (col0 + j < N && k < kn) ? dense_b(mode, B, b_rs, b_cs, k0 + k, col0 + j, N) : 0.0f;
+            int j = bj + t * bdj, k = bk + t * bdk;
+            // the weight gradient's column of ones is never read
+            bool ones = mode == DENSE_WEIGHT_GRAD && col0 + j == N - 1;
+            rb[t] = (col0 + j < N && k < kn) ? (ones ? 1.0f : b0[t * b_step]) : 0.0f;
         }
 #pragma unroll
-        for (int t = 0; t < PANEL_M * PANEL_K / REDUCE_THREADS; t++) {
-            int l = threadIdx.x + t * REDUCE_THREADS;
-            As[a_cs == 1 ? l % PANEL_K : l / PANEL_M][a_cs == 1 ? l / PANEL_K : l % PANEL_M] = ra[t];
-        }
+        for (int t = 0; t < PANEL_M * PANEL_K / REDUCE_THREADS; t++) As[ak + t * adk][ai + t * adi] = ra[t];
 #pragma unroll
-        for (int t = 0; t < PANEL_N * PANEL_K / REDUCE_THREADS; t++) {
-            int l = threadIdx.x + t * REDUCE_THREADS;
-            Bs[b_cs == 1 ? l / PANEL_N : l % PANEL_K][b_cs == 1 ? l % PANEL_N : l / PANEL_K] = rb[t];
-        }
+        for (int t = 0; t < PANEL_N * PANEL_K / REDUCE_THREADS; t++) Bs[bk + t * bdk][bj + t * bdj] = rb[t];
+        a0 += (long long)PANEL_K * a_cs;
+        b0 += (long long)PANEL_K * b_rs;
         __syncthreads();
         for (int k = 0; k < kn; k++) {
             float b = Bs[k][col];

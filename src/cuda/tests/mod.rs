@@ -65,8 +65,13 @@ fn every_launched_kernel_is_defined_in_the_sources() {
         let on_disk = std::fs::read_to_string(dir.join(name)).unwrap();
         assert_eq!(&on_disk, text, "{name} changed since the build");
         let mut rest = *text;
-        while let Some(at) = rest.find("extern \"C\" __global__ void ") {
-            rest = &rest[at + "extern \"C\" __global__ void ".len()..];
+        while let Some(at) = rest.find("extern \"C\" __global__ ") {
+            rest = &rest[at + "extern \"C\" __global__ ".len()..];
+            // an occupancy bound may come before the return type
+            if let Some(bounded) = rest.strip_prefix("__launch_bounds__(") {
+                rest = bounded[bounded.find(')').unwrap() + 1..].trim_start();
+            }
+            rest = rest.strip_prefix("void ").expect("a kernel returns void");
             let name = rest[..rest.find('(').unwrap()].trim().to_string();
             // Launched as programmatic dependents: nothing may run before the wait.
             let body = rest[rest.find('{').unwrap() + 1..].trim_start();
