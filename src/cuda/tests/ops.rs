@@ -503,3 +503,83 @@ fn copy_from_host_copies_exactly_n_values() {
         assert!(got[n..].iter().all(|v| v.is_nan()), "copy_from_host {n}: wrote past n");
     }
 }
+
+/// Not a check but a measurement: microseconds per launch of each kernel of the MLP's training
+/// step (784-128-64-10; batch from `FLATNN_TIMES_BATCH`, default 128), each timed as a graph of
+/// ten dependent launches, as a step runs them. On a GPU:
+/// `cargo test --release --lib -- --ignored --nocapture kernel_times_of_the_mlp_step`.
+#[test]
+#[ignore]
+fn kernel_times_of_the_mlp_step() {
+    use crate::cuda::timing::time_calls;
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(16);
+    let batch: usize = std::env::var("FLATNN_TIMES_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
+    let mut random = |n: usize| upload(&stream, &rng.uniform(n));
+    let (x, w, out, z, y) = (random(batch * 784), random(785 * 128), random(batch * 784), random(batch * 784), random(batch * 784));
+    let (xp, wp, op, zp, yp) = (View::of(&x).ptr(), View::of(&w).ptr(), View::of(&out).ptr(), View::of(&z).ptr(), View::of(&y).ptr());
+    // SAFETY (both): views of live buffers at least that long, used only on this stream
+    let v = |p: u64, n: usize| unsafe { View::<f32>::from_raw(p, n) };
+    let vm = |p: u64, n: usize| unsafe { ViewMut::<f32>::from_raw(p, n) };
+    let time = |what: String, work: &dyn Fn() -> crate::error::Result<()>| {
+        println!("{what:<40} {:7.2} us", time_calls(&gpu, &stream, true, work).unwrap());
+    };
+    // forward: X (batch × in) · Wᵀ + b, relu
+    for (n, k, name) in [(128, 784, "forward 1"), (64, 128, "forward 2"), (10, 64, "forward 3")] {
+        time(format!("{name} {batch}x{n}x{k}"), &|| {
+            let epilogue = DenseEpilogue::Forward { bias: v(wp, n), z: vm(zp, batch * n), y: Some(vm(yp, batch * n)), act: Relu };
+            gpu.dense(
+                &stream,
+                batch,
+                n,
+                k,
+                DevMat { data: v(xp, batch * k), rs: k, cs: 1 },
+                DevMat { data: v(wp, n * k), rs: 1, cs: k },
+                epilogue,
+            )
+        });
+    }
+    // input gradients: dZ (batch × out) · W (out × in), times relu' of the producer
+    for (n, k, name) in [(64, 10, "input grad 3"), (128, 64, "input grad 2")] {
+        time(format!("{name} {batch}x{n}x{k}"), &|| {
+            let epilogue = DenseEpilogue::InputGrad { dx: vm(op, batch * n), prev: Some((v(zp, batch * n), v(yp, batch * n), Relu)) };
+            gpu.dense(
+                &stream,
+                batch,
+                n,
+                k,
+                DevMat { data: v(xp, batch * k), rs: k, cs: 1 },
+                DevMat { data: v(wp, k * n), rs: n, cs: 1 },
+                epilogue,
+            )
+        });
+    }
+    // weight gradients: dZᵀ (out × batch) · X (batch × in), and db
+    for (m, n, name) in [(128, 784, "weight grad 1"), (64, 128, "weight grad 2"), (10, 64, "weight grad 3")] {
+        time(format!("{name} {m}x{n}x{batch}"), &|| {
+            let epilogue = DenseEpilogue::WeightGrad { dw: vm(op, m * n), db: vm(yp, m) };
+            gpu.dense(
+                &stream,
+                m,
+                n,
+                batch,
+                DevMat { data: v(zp, m * batch), rs: 1, cs: m },
+                DevMat { data: v(xp, batch * n), rs: n, cs: 1 },
+                epilogue,
+            )
+        });
+    }
+    let labels = upload(&stream, &(0..batch as u32).map(|i| i % 10).collect::<Vec<_>>());
+    let (loss, scratch) = (upload(&stream, &[0.0f64; 3]), upload(&stream, &[0.0f64; LOSS_SCRATCH]));
+    let (lp, sp) = (View::of(&loss).ptr(), View::of(&scratch).ptr());
+    time(format!("softmax_xent {batch}x10"), &|| {
+        // SAFETY: as above
+        let (l, s) = unsafe { (ViewMut::<f64>::from_raw(lp, 3), ViewMut::<f64>::from_raw(sp, LOSS_SCRATCH)) };
+        gpu.softmax_xent(&stream, 10, batch, v(xp, batch * 10), View::of(&labels), vm(op, batch * 10), l, s)
+    });
+    let n = 109_386;
+    let (p, g, state) = (random(n), random(n), random(2 * n));
+    let (pp, gp, statep) = (View::of(&p).ptr(), View::of(&g).ptr(), View::of(&state).ptr());
+    time(format!("adam {n}"), &|| gpu.optim_step(&stream, Optim::adam(1e-4), 3, n, vm(pp, n), v(gp, n), vm(statep, 2 * n)));
+}
