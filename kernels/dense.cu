@@ -40,13 +40,15 @@ __device__ __forceinline__ float dense_b(int mode, const float* B, int b_rs, int
 
 // Rows in chunks of 8 (batches up to a few hundred samples): one block of 256 threads per chunk
 // of rows and group of COLS output columns (1 or 4: each row of A read then serves that many);
-// the threads split k (coalesced reads of A's rows and of B's columns), then lanes combine by a
-// fixed shuffle tree and the 8 warps in a fixed order through shared memory, so each value is
-// summed in the same order whatever COLS is. Grid: (ceil(N / COLS), ceil(M / 8)).
+// the threads split k (coalesced reads of A's rows and of B's columns, fused multiply-adds),
+// then each warp adds its 32 lanes in order and the block its 8 warps in order, through shared
+// memory, so each value is summed in the same order whatever COLS is. Grid: (ceil(N / COLS),
+// ceil(M / 8)).
 template <int COLS>
 __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N,
                                                   int K, int mode, int ldc, const float* bias, float* out0, float* out1,
                                                   const float* z_prev, const float* y_prev, int act, float slope) {
+    __shared__ float lanes[8][SKINNY_ROWS * COLS][33];
     __shared__ float part[8][SKINNY_ROWS * COLS];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int j0 = blockIdx.x * COLS, r0 = blockIdx.y * SKINNY_ROWS;
@@ -67,23 +69,25 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
         for (int r = 0; r < SKINNY_ROWS; r++) {
             float a = r < rows ? A[(long long)r * a_rs + (long long)k * a_cs] : 0.0f;
 #pragma unroll
-            for (int c = 0; c < COLS; c++) acc[r][c] += a * b[c];
+            for (int c = 0; c < COLS; c++) acc[r][c] = fmaf(a, b[c], acc[r][c]);
         }
     }
-    // one level of the tree at a time over every sum, so the shuffles overlap
-    for (int offset = 16; offset > 0; offset >>= 1) {
+    // each warp adds its lanes' sums lane by lane: the sums go through shared memory (lane l's
+    // at column l of each row), then lane v adds row v in order. A shuffle tree over every sum
+    // took 320 instructions a warp at four columns against ~100 here, and the kernel is bound
+    // by issuing them (`ncu`: 0.57 instructions a cycle a scheduler); rows padded to 33, so
+    // neither the stores nor the loads conflict on banks.
 #pragma unroll
-        for (int r = 0; r < SKINNY_ROWS; r++) {
+    for (int r = 0; r < SKINNY_ROWS; r++) {
 #pragma unroll
-            for (int c = 0; c < COLS; c++) acc[r][c] += __shfl_down_sync(0xffffffffu, acc[r][c], offset);
-        }
+        for (int c = 0; c < COLS; c++) lanes[warp][r * COLS + c][lane] = acc[r][c];
     }
-    if (lane == 0) {
+    __syncwarp();
+    if (lane < SKINNY_ROWS * COLS) {
+        float v = lanes[warp][lane][0];
 #pragma unroll
-        for (int r = 0; r < SKINNY_ROWS; r++) {
-#pragma unroll
-            for (int c = 0; c < COLS; c++) part[warp][r * COLS + c] = acc[r][c];
-        }
+        for (int l = 1; l < 32; l++) v += lanes[warp][lane][l];
+        part[warp][lane] = v;
     }
     __syncthreads();
     int r = threadIdx.x / COLS, c = threadIdx.x % COLS;
