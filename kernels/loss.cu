@@ -8,7 +8,22 @@
 // loss[2] += 1. `scratch`: the counter (in the bits of its first double, zero before the first
 // launch), then gridDim.x partials.
 
-__device__ void finish_loss(double block_sum, double* scratch, double scale, double* loss, double* buf) {
+// The running totals, loss[1] and loss[2], read by thread 0 when the launch starts (only the
+// launch itself writes them), so that their read is not one more wait at its end.
+struct LossTotals {
+    double sum, count;
+};
+
+__device__ __forceinline__ LossTotals loss_totals(const double* loss) {
+    LossTotals t = {0.0, 0.0};
+    if (threadIdx.x == 0) {
+        t.sum = loss[1];
+        t.count = loss[2];
+    }
+    return t;
+}
+
+__device__ void finish_loss(double block_sum, double* scratch, double scale, double* loss, LossTotals totals, double* buf) {
     __shared__ bool last;
     unsigned int* counter = (unsigned int*)scratch;
     double* partials = scratch + 1;
@@ -18,8 +33,8 @@ __device__ void finish_loss(double block_sum, double* scratch, double scale, dou
         if (threadIdx.x == 0) {
             double value = block_sum * scale;
             loss[0] = value;
-            loss[1] += value;
-            loss[2] += 1.0;
+            loss[1] = totals.sum + value;
+            loss[2] = totals.count + 1.0;
         }
         return;
     }
@@ -37,8 +52,8 @@ __device__ void finish_loss(double block_sum, double* scratch, double scale, dou
     if (threadIdx.x == 0) {
         double value = total * scale;
         loss[0] = value;
-        loss[1] += value;
-        loss[2] += 1.0;
+        loss[1] = totals.sum + value;
+        loss[2] = totals.count + 1.0;
         *counter = 0u;
     }
 }
@@ -51,6 +66,7 @@ extern "C" __global__ void softmax_xent(const float* y, const unsigned int* labe
                                         int batch, float scale, double mean_scale) {
     after_prior();
     __shared__ double buf[REDUCE_THREADS];
+    LossTotals totals = loss_totals(loss);
     double acc = 0.0;
     GRID_STRIDE(s, batch) {
         const float* row = y + (long long)s * classes;
@@ -58,14 +74,12 @@ extern "C" __global__ void softmax_xent(const float* y, const unsigned int* labe
         float max = row[0];
         for (int j = 1; j < classes; j++) max = fmaxf(max, row[j]);
         float denom = 0.0f;
-        for (int j = 0; j < classes; j++) {
-            float e = expf(row[j] - max);
-            drow[j] = e;
-            denom += e;
-        }
+        for (int j = 0; j < classes; j++) denom += expf(row[j] - max);
         unsigned int label = labels[s];
         float inv = 1.0f / denom;
-        for (int j = 0; j < classes; j++) drow[j] = drow[j] * inv * scale;
+        // each e^{y − max} again, the same bits, rather than written and read back: a store and
+        // a load of the same global value cost a round trip to memory
+        for (int j = 0; j < classes; j++) drow[j] = expf(row[j] - max) * inv * scale;
         if (label < (unsigned int)classes) {
             acc += (double)(max + logf(denom) - row[label]);
             drow[label] = drow[label] - scale;
@@ -73,7 +87,7 @@ extern "C" __global__ void softmax_xent(const float* y, const unsigned int* labe
             acc += __longlong_as_double(0x7ff8000000000000LL);
         }
     }
-    finish_loss(block_sum_f64(acc, buf), scratch, mean_scale, loss, buf);
+    finish_loss(block_sum_f64(acc, buf), scratch, mean_scale, loss, totals, buf);
 }
 
 // Mean squared error over n values: dy = grad_scale·(y − t) with grad_scale = 2/n, value =
@@ -82,11 +96,12 @@ extern "C" __global__ void mse(const float* y, const float* t, float* dy, double
                                double mean_scale) {
     after_prior();
     __shared__ double buf[REDUCE_THREADS];
+    LossTotals totals = loss_totals(loss);
     double acc = 0.0;
     GRID_STRIDE(i, n) {
         float d = y[i] - t[i];
         acc += (double)d * (double)d;
         dy[i] = grad_scale * d;
     }
-    finish_loss(block_sum_f64(acc, buf), scratch, mean_scale, loss, buf);
+    finish_loss(block_sum_f64(acc, buf), scratch, mean_scale, loss, totals, buf);
 }
