@@ -46,9 +46,17 @@ const PANEL_N: usize = 32;
 /// [`PANEL_MIN_COLS`] columns, run row-chunked: it spreads k over a block (measured on the H100,
 /// the MLP's forward at batch 64 took 18.2 µs row-chunked, 31.1 µs in panels, whose first layer
 /// has k = 784: seven waits on memory per block), and so do products with k above
-/// [`PANEL_MAX_K`] whatever their height. Everything else, and every weight gradient, runs in
+/// [`PANEL_MAX_K`] whatever their height, and products whose row-chunked blocks all fit on the
+/// GPU at once ([`SKINNY_BLOCKS_PER_SM`]). Everything else, and every weight gradient, runs in
 /// panels.
 const PANEL_MIN_ROWS: usize = 64;
+/// Row-chunked blocks an SM holds at once (96 registers a thread, 256 threads). A product whose
+/// row-chunked grid fits in one such wave runs row-chunked at any height. Measured on the H100
+/// (in-graph, batch 128, row-chunked against panels): 128 × 64 over k = 128 (256 blocks) 2.22
+/// against 4.25 µs, 128 × 64 over k = 10 (256 blocks) 2.11 against 3.01, but 128 × 128 over k = 64
+/// (512 blocks) 3.81 against 3.56 and 256 × 128 over k = 64 6.48 against 3.59; 100-200-1 step at
+/// 128 (800 blocks) 17.7 µs in panels against 21.5 row-chunked.
+const SKINNY_BLOCKS_PER_SM: usize = 2;
 /// Above this k a panel waits on memory once per 128 values of k, so products of any height run
 /// row-chunked (the MLP's first layer forward at batch 128, k = 784: step 43.2 → 39.1–39.4 µs
 /// against cuBLAS with separate bias and activation kernels).
@@ -144,7 +152,9 @@ impl Gpu {
         let [a_rs, a_cs, b_rs, b_cs, mi, ni, ki, ldc] = ints([a.rs, a.cs, b.rs, b.cs, m, cols, k, n])?;
         let _ = int(m * cols)?;
         let args = kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope];
-        let row_chunked = mode != 2 && (m <= PANEL_MIN_ROWS || n < PANEL_MIN_COLS || k > PANEL_MAX_K);
+        let one_wave = SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize;
+        let fits = cols.div_ceil(4) * m.div_ceil(SKINNY_ROWS) <= one_wave;
+        let row_chunked = mode != 2 && (m <= PANEL_MIN_ROWS || n < PANEL_MIN_COLS || k > PANEL_MAX_K || fits);
         if row_chunked && m.div_ceil(SKINNY_ROWS) <= 65_535 {
             let (kernel, per_block) = if m > SKINNY_ROWS { (Kernel::DenseSkinny4, 4) } else { (Kernel::DenseSkinny, 1) };
             self.run_grid(stream, kernel, (cols.div_ceil(per_block) as u32, m.div_ceil(SKINNY_ROWS) as u32), args)

@@ -299,6 +299,7 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
         (300, 10, 64),
         (200, 33, 300),
         (65, 16, 1),
+        (150, 200, 100),
     ] {
         let (a, b, bias) = (rng.ints(m * k), rng.ints(k * n), rng.ints(n));
         let c = product(m, n, k, &a, &b);
