@@ -38,25 +38,25 @@ __device__ __forceinline__ float dense_b(int mode, const float* B, int b_rs, int
 
 #define SKINNY_ROWS 8
 
-// Rows in chunks of 8 (batches up to a few hundred samples): one block of 256 threads per chunk
-// of rows and group of COLS output columns (1 or 4: each row of A read then serves that many);
+// Rows in chunks of ROWS (8, or 1 for a product of one row), batches up to a few hundred samples:
+// one block of 256 threads per chunk of rows and group of COLS output columns (1 or 4: each row of A read then serves that many);
 // the threads split k (coalesced reads of A's rows and of B's columns, fused multiply-adds),
 // then each warp adds its 32 lanes in order and the block its 8 warps in order, through shared
-// memory, so each value is summed in the same order whatever COLS is. Grid: (ceil(N / COLS),
-// ceil(M / 8)).
-template <int COLS>
+// memory, so each value is summed in the same order whatever ROWS and COLS are. Grid:
+// (ceil(N / COLS), ceil(M / ROWS)).
+template <int ROWS, int COLS>
 __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N,
                                                   int K, int mode, int ldc, const float* bias, float* out0, float* out1,
                                                   const float* z_prev, const float* y_prev, int act, float slope) {
-    __shared__ float lanes[8][SKINNY_ROWS * COLS][33];
-    __shared__ float part[8][SKINNY_ROWS * COLS];
+    __shared__ float lanes[8][ROWS * COLS][33];
+    __shared__ float part[8][ROWS * COLS];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int j0 = blockIdx.x * COLS, r0 = blockIdx.y * SKINNY_ROWS;
-    int rows = min(SKINNY_ROWS, M - r0);
+    int j0 = blockIdx.x * COLS, r0 = blockIdx.y * ROWS;
+    int rows = min(ROWS, M - r0);
     A += (long long)r0 * a_rs;
-    float acc[SKINNY_ROWS][COLS];
+    float acc[ROWS][COLS];
 #pragma unroll
-    for (int r = 0; r < SKINNY_ROWS; r++) {
+    for (int r = 0; r < ROWS; r++) {
 #pragma unroll
         for (int c = 0; c < COLS; c++) acc[r][c] = 0.0f;
     }
@@ -66,7 +66,7 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
 #pragma unroll
         for (int c = 0; c < COLS; c++) b[c] = j0 + c < N ? dense_b(mode, B, b_rs, b_cs, k, j0 + c, N) : 0.0f;
 #pragma unroll
-        for (int r = 0; r < SKINNY_ROWS; r++) {
+        for (int r = 0; r < ROWS; r++) {
             float a = r < rows ? A[(long long)r * a_rs + (long long)k * a_cs] : 0.0f;
 #pragma unroll
             for (int c = 0; c < COLS; c++) acc[r][c] = fmaf(a, b[c], acc[r][c]);
@@ -78,12 +78,12 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
     // by issuing them (`ncu`: 0.57 instructions a cycle a scheduler); rows padded to 33, so
     // neither the stores nor the loads conflict on banks.
 #pragma unroll
-    for (int r = 0; r < SKINNY_ROWS; r++) {
+    for (int r = 0; r < ROWS; r++) {
 #pragma unroll
         for (int c = 0; c < COLS; c++) lanes[warp][r * COLS + c][lane] = acc[r][c];
     }
     __syncwarp();
-    if (lane < SKINNY_ROWS * COLS) {
+    if (lane < ROWS * COLS) {
         float v = lanes[warp][lane][0];
 #pragma unroll
         for (int l = 1; l < 32; l++) v += lanes[warp][lane][l];
@@ -91,7 +91,7 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
     }
     __syncthreads();
     int r = threadIdx.x / COLS, c = threadIdx.x % COLS;
-    if (threadIdx.x < SKINNY_ROWS * COLS && r < rows && j0 + c < N) {
+    if (threadIdx.x < ROWS * COLS && r < rows && j0 + c < N) {
         float v = 0.0f;
         for (int w = 0; w < 8; w++) v += part[w][r * COLS + c];
         dense_store(mode, r0 + r, j0 + c, v, N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
@@ -102,14 +102,21 @@ extern "C" __global__ void dense_skinny(const float* A, int a_rs, int a_cs, cons
                                         int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                         const float* y_prev, int act, float slope) {
     after_prior();
-    dense_skinny_cols<1>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+    dense_skinny_cols<SKINNY_ROWS, 1>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
 }
 
 extern "C" __global__ void dense_skinny4(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                          int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                          const float* y_prev, int act, float slope) {
     after_prior();
-    dense_skinny_cols<4>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+    dense_skinny_cols<SKINNY_ROWS, 4>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+}
+
+extern "C" __global__ void dense_row(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K, int mode,
+                                     int ldc, const float* bias, float* out0, float* out1, const float* z_prev, const float* y_prev,
+                                     int act, float slope) {
+    after_prior();
+    dense_skinny_cols<1, 1>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
 }
 
 #define PANEL_M 16

@@ -40,6 +40,7 @@ kernels! {
     MaxpoolBackward = "maxpool_backward",
     DenseSkinny = "dense_skinny",
     DenseSkinny4 = "dense_skinny4",
+    DenseRow = "dense_row",
     DensePanel = "dense_panel",
     Im2col = "im2col",
     Col2im = "col2im",

@@ -156,7 +156,12 @@ impl Gpu {
         let fits = cols.div_ceil(4) * m.div_ceil(SKINNY_ROWS) <= one_wave;
         let row_chunked = mode != 2 && (m <= PANEL_MIN_ROWS || n < PANEL_MIN_COLS || k > PANEL_MAX_K || fits);
         if row_chunked && m.div_ceil(SKINNY_ROWS) <= 65_535 {
-            let (kernel, per_block) = if m > SKINNY_ROWS { (Kernel::DenseSkinny4, 4) } else { (Kernel::DenseSkinny, 1) };
+            // one row: a kernel that keeps one row's sums (the same order as eight rows')
+            let (kernel, per_block) = match m {
+                1 => (Kernel::DenseRow, 1),
+                2..=SKINNY_ROWS => (Kernel::DenseSkinny, 1),
+                _ => (Kernel::DenseSkinny4, 4),
+            };
             self.run_grid(stream, kernel, (cols.div_ceil(per_block) as u32, m.div_ceil(SKINNY_ROWS) as u32), args)
         } else {
             self.run_grid(stream, Kernel::DensePanel, (cols.div_ceil(PANEL_N) as u32, m.div_ceil(PANEL_M) as u32), args)
