@@ -38,12 +38,12 @@ __device__ __forceinline__ float dense_b(int mode, const float* B, int b_rs, int
 
 #define SKINNY_ROWS 8
 
-// Rows in chunks of ROWS (8, or 1 for a product of one row), batches up to a few hundred samples:
-// one block of 256 threads per chunk of rows and group of COLS output columns (1 or 4: each row of A read then serves that many);
-// the threads split k (coalesced reads of A's rows and of B's columns, fused multiply-adds),
-// then each warp adds its 32 lanes in order and the block its 8 warps in order, through shared
-// memory, so each value is summed in the same order whatever ROWS and COLS are. Grid:
-// (ceil(N / COLS), ceil(M / ROWS)).
+// Rows in chunks of ROWS (8, or 1 for a product of one row), batches up to a few hundred
+// samples: one block of 256 threads per chunk of rows and group of COLS output columns (1 or 4:
+// each row of A read then serves that many); the threads split k (coalesced reads of A's rows
+// and of B's columns, fused multiply-adds), then each warp adds its 32 lanes in order and the
+// block its 8 warps in order, through shared memory, so each value is summed in the same order
+// whatever ROWS and COLS are. Grid: (ceil(N / COLS), ceil(M / ROWS)).
 template <int ROWS, int COLS>
 __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N,
                                                   int K, int mode, int ldc, const float* bias, float* out0, float* out1,

@@ -35,7 +35,7 @@ pub const FINISH_MAX: usize = 16_384;
 /// Rows per block of the row-chunked product (SKINNY_ROWS in kernels/dense.cu). A product of
 /// more rows than that runs four columns per block (`dense_skinny4`: each row of A read serves
 /// four columns), one chunk of rows one column per block (`dense_skinny`: more blocks share the
-/// loads). Measured on the H100 (MLP, same binary, back to back, 1 → 4 columns): training step at
+/// loads; `dense_row` for a single row, which keeps one row's sums instead of eight). Measured on the H100 (MLP, same binary, back to back, 1 → 4 columns): training step at
 /// batch 64 33.1–33.2 → 30.7 µs, 16 24.7–24.8 → 23.9–24.1, 32 27.1–27.2 → 26.4–26.7, but batch 1
 /// 22.0–22.1 → 22.8–23.0 and batch-1 inference 13.7–14.1 → 15.0 µs.
 const SKINNY_ROWS: usize = 8;
@@ -152,6 +152,7 @@ impl Gpu {
         let [a_rs, a_cs, b_rs, b_cs, mi, ni, ki, ldc] = ints([a.rs, a.cs, b.rs, b.cs, m, cols, k, n])?;
         let _ = int(m * cols)?;
         let args = kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope];
+        // blocks of dense_skinny4, four columns each, against the blocks the GPU holds at once
         let one_wave = SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize;
         let fits = cols.div_ceil(4) * m.div_ceil(SKINNY_ROWS) <= one_wave;
         let row_chunked = mode != 2 && (m <= PANEL_MIN_ROWS || n < PANEL_MIN_COLS || k > PANEL_MAX_K || fits);
