@@ -33,12 +33,15 @@ fn loss_blocks(n: usize) -> u32 {
 pub const FINISH_MAX: usize = 16_384;
 
 /// Rows per block of the row-chunked product (SKINNY_ROWS in kernels/dense.cu). A product of
-/// more rows than that runs four columns per block (`dense_skinny4`: each row of A read serves
-/// four columns), one chunk of rows one column per block (`dense_skinny`: more blocks share the
-/// loads; `dense_row` for a single row, which keeps one row's sums instead of eight). Measured on the H100 (MLP, same binary, back to back, 1 → 4 columns): training step at
-/// batch 64 33.1–33.2 → 30.7 µs, 16 24.7–24.8 → 23.9–24.1, 32 27.1–27.2 → 26.4–26.7, but batch 1
-/// 22.0–22.1 → 22.8–23.0 and batch-1 inference 13.7–14.1 → 15.0 µs.
+/// more rows than that runs [`SKINNY_COLS`] columns per block (`dense_skinny4`: each row of A
+/// read serves four columns), one chunk of rows one column per block (`dense_skinny`: more
+/// blocks share the loads; `dense_row` for a single row, which keeps one row's sums instead of
+/// eight). Measured on the H100 (MLP, same binary, back to back, 1 → 4 columns): training step
+/// at batch 64 33.1–33.2 → 30.7 µs, 16 24.7–24.8 → 23.9–24.1, 32 27.1–27.2 → 26.4–26.7, but
+/// batch 1 22.0–22.1 → 22.8–23.0 and batch-1 inference 13.7–14.1 → 15.0 µs.
 const SKINNY_ROWS: usize = 8;
+/// Columns per block of `dense_skinny4`.
+const SKINNY_COLS: usize = 4;
 /// Output tile of the panel product (PANEL_M × PANEL_N in kernels/dense.cu).
 const PANEL_M: usize = 16;
 const PANEL_N: usize = 32;
@@ -152,16 +155,16 @@ impl Gpu {
         let [a_rs, a_cs, b_rs, b_cs, mi, ni, ki, ldc] = ints([a.rs, a.cs, b.rs, b.cs, m, cols, k, n])?;
         let _ = int(m * cols)?;
         let args = kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope];
-        // blocks of dense_skinny4, four columns each, against the blocks the GPU holds at once
+        // blocks of dense_skinny4 against the blocks the GPU holds at once
         let one_wave = SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize;
-        let fits = cols.div_ceil(4) * m.div_ceil(SKINNY_ROWS) <= one_wave;
+        let fits = cols.div_ceil(SKINNY_COLS) * m.div_ceil(SKINNY_ROWS) <= one_wave;
         let row_chunked = mode != 2 && (m <= PANEL_MIN_ROWS || n < PANEL_MIN_COLS || k > PANEL_MAX_K || fits);
         if row_chunked && m.div_ceil(SKINNY_ROWS) <= 65_535 {
             // one row: a kernel that keeps one row's sums (the same order as eight rows')
             let (kernel, per_block) = match m {
                 1 => (Kernel::DenseRow, 1),
                 2..=SKINNY_ROWS => (Kernel::DenseSkinny, 1),
-                _ => (Kernel::DenseSkinny4, 4),
+                _ => (Kernel::DenseSkinny4, SKINNY_COLS),
             };
             self.run_grid(stream, kernel, (cols.div_ceil(per_block) as u32, m.div_ceil(SKINNY_ROWS) as u32), args)
         } else {

@@ -347,8 +347,7 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
 }
 
 /// A product of many rows (four columns per block) gives, row by row, the bits of the same
-/// product one row at a time (one column per block): the two kernels sum every value in one
-/// order. Random values, so another order would show in the last bits.
+/// product one row at a time (`dense_row`): the kernels sum every value in one order. Random values, so another order would show in the last bits.
 #[test]
 fn four_columns_per_block_sum_in_the_order_of_one() {
     let gpu = gpu_or_skip!();
