@@ -506,7 +506,8 @@ fn copy_from_host_copies_exactly_n_values() {
 
 /// Not a check but a measurement: microseconds per launch of each kernel of the MLP's training
 /// step (784-128-64-10; batch from `FLATNN_TIMES_BATCH`, default 128), each timed as a graph of
-/// ten dependent launches, as a step runs them. On a GPU:
+/// ten dependent launches, as a step runs them; then the cuBLAS products (FP32 and TF32) and
+/// the separate element-wise kernels that run instead above `exec::FUSED_BATCH`. On a GPU:
 /// `cargo test --release --lib -- --ignored --nocapture kernel_times_of_the_mlp_step`.
 #[test]
 #[ignore]
@@ -582,4 +583,30 @@ fn kernel_times_of_the_mlp_step() {
     let (p, g, state) = (random(n), random(n), random(2 * n));
     let (pp, gp, statep) = (View::of(&p).ptr(), View::of(&g).ptr(), View::of(&state).ptr());
     time(format!("adam {n}"), &|| gpu.optim_step(&stream, Optim::adam(1e-4), 3, n, vm(pp, n), v(gp, n), vm(statep, 2 * n)));
+    // what runs instead above FUSED_BATCH: cuBLAS products (FP32, then TF32) and separate
+    // element-wise kernels
+    for tf32 in [false, true] {
+        let blas = gpu.blas(&stream, tf32).unwrap();
+        let mode = if tf32 { "tf32" } else { "fp32" };
+        // (m, n, k, A strides, B strides): forward X · Wᵀ, input gradient dZ · W, weight gradient dZᵀ · X
+        for (m, n, k, (ars, acs), (brs, bcs), name) in [
+            (batch, 128, 784, (784, 1), (1, 784), "forward 1"),
+            (batch, 64, 128, (128, 1), (1, 128), "forward 2"),
+            (batch, 128, 64, (64, 1), (128, 1), "input grad 2"),
+            (128, 784, batch, (1, 128), (784, 1), "weight grad 1"),
+            (64, 128, batch, (1, 64), (128, 1), "weight grad 2"),
+        ] {
+            time(format!("cublas {mode} {name} {m}x{n}x{k}"), &|| {
+                let (a, b) = (DevMat { data: v(xp, m * k), rs: ars, cs: acs }, DevMat { data: v(wp, k * n), rs: brs, cs: bcs });
+                blas.sgemm(m, n, k, 1.0, a, b, 0.0, DevMatMut { data: vm(op, m * n), rs: n, cs: 1 })
+            });
+        }
+    }
+    time(format!("bias_act {batch}x128"), &|| {
+        gpu.bias_act(&stream, Relu, v(wp, 128), 128, 1, batch, vm(zp, batch * 128), Some(vm(yp, batch * 128)))
+    });
+    time(format!("act_backward {batch}x128"), &|| {
+        gpu.act_backward(&stream, Relu, batch * 128, v(zp, batch * 128), v(yp, batch * 128), v(xp, batch * 128), vm(op, batch * 128))
+    });
+    time(format!("bias_grad 128 over {batch}"), &|| gpu.bias_grad(&stream, 128, 1, batch, v(zp, batch * 128), vm(yp, 128)));
 }
