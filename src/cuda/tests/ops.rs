@@ -518,7 +518,9 @@ fn kernel_times_of_the_mlp_step() {
     let mut rng = Rng::new(16);
     let batch: usize = std::env::var("FLATNN_TIMES_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
     let mut random = |n: usize| upload(&stream, &rng.uniform(n));
-    let (x, w, out, z, y) = (random(batch * 784), random(785 * 128), random(batch * 784), random(batch * 784), random(batch * 784));
+    // every operand and output below fits in this many values (a weight gradient's dW is 128 × 784)
+    let len = 785 * batch.max(128);
+    let (x, w, out, z, y) = (random(len), random(len), random(len), random(len), random(len));
     let (xp, wp, op, zp, yp) = (View::of(&x).ptr(), View::of(&w).ptr(), View::of(&out).ptr(), View::of(&z).ptr(), View::of(&y).ptr());
     // SAFETY (both): views of live buffers at least that long, used only on this stream
     let v = |p: u64, n: usize| unsafe { View::<f32>::from_raw(p, n) };
