@@ -107,7 +107,7 @@ pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, 
                 // for small batches)
                 let xm = DevMat { data: acts.at(x), rs: in_features, cs: 1 };
                 let wt = DevMat { data: params.at(w), rs: 1, cs: in_features };
-                if fused(batch, in_features) {
+                if fused(gpu, batch, out_features, in_features) {
                     let y = (z != y).then(|| acts.at_mut(y));
                     let epilogue = DenseEpilogue::Forward { bias: params.at(b), z: acts.at_mut(z), y, act: activation };
                     gpu.dense(stream, batch, out_features, in_features, xm, wt, epilogue)?;
@@ -166,18 +166,20 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
 /// against 64, but 256 48.2–48.4 → 58.9 µs fused up to 256.
 const FUSED_BATCH: usize = 128;
 
-/// Above [`FUSED_BATCH`], forward and input-gradient products whose k (a dense layer's inputs,
-/// or outputs for the input gradient) is at most [`PANEL_MAX_K`], at batches up to this, still
-/// run fused (the panel kernel: k staged in shared memory 128 at a time). Measured on the H100
-/// against cuBLAS + separate bias/activation kernels (`step_time`, p50): 100-200-1 forward at
-/// batch 128 13.8 → 11.7 µs, at 256 15.7 → 12.1 µs, but at 1024 15.8 → 23.0 µs; MLP forward at
-/// 128 31.9 → 24.9 µs (when its first layer, k = 784, still ran on cuBLAS there; at batches up
-/// to [`FUSED_BATCH`] it is now fused too).
-const PANEL_BATCH: usize = 256;
-
-/// Whether a forward or input-gradient product of `k` terms at `batch` runs fused.
-fn fused(batch: usize, k: usize) -> bool {
-    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && batch <= PANEL_BATCH)
+/// Whether a forward or input-gradient product (`batch × n` over `k`: a dense layer's inputs,
+/// or outputs for the input gradient) runs fused. Above [`FUSED_BATCH`], those with k at most
+/// [`PANEL_MAX_K`] still do (the panel kernel: k staged in shared memory 128 at a time) where
+/// their blocks all fit on the GPU at once. Measured on the H100 against cuBLAS + separate
+/// bias/activation kernels (`step_time`, p50): 100-200-1 forward at batch 128 13.8 → 11.7 µs, at
+/// 256 15.7 → 12.1 µs, but at 1024 (448 panels, two waves) 15.8 → 23.0 µs; MLP forward at 128
+/// 31.9 → 24.9 µs (when its first layer, k = 784, still ran on cuBLAS there; at batches up to
+/// [`FUSED_BATCH`] it is now fused too). The one-wave rule replaced a fixed limit of batch 256
+/// (2026-11-23, same run, back to back, before → after): MLP step at 512 61.5–61.8 → 50.5–50.8
+/// µs, 256, 1024 and 2048 unchanged; 100-200-1 step at 512 30.2–30.3 → 27.6–27.7, at 1024
+/// 33.9–34.1 → 32.6–32.7; 100-200-1 forward at 512 (inputs on the device) 14.1–14.4 → 13.2; MLP
+/// forward at 1024 40.7–40.9 → 39.3–39.7.
+fn fused(gpu: &Gpu, batch: usize, n: usize, k: usize) -> bool {
+    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && gpu.dense_fits_one_wave(batch, n, k))
 }
 
 /// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last
@@ -236,7 +238,7 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                         let dw = DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 };
                         w_blas.sgemm(out, inp, batch, 1.0, dzt, xm, 0.0, dw)?;
                     }
-                    if need_dx && !fused(batch, out) {
+                    if need_dx && !fused(gpu, batch, inp, out) {
                         // dX (batch × in) = dZ (batch × out) · W (out × in)
                         let dzm = DevMat { data: dacts.at(z), rs: out, cs: 1 };
                         let wm = DevMat { data: params.at(w), rs: inp, cs: 1 };

@@ -155,10 +155,17 @@ impl Gpu {
         let [a_rs, a_cs, b_rs, b_cs, mi, ni, ki, ldc] = ints([a.rs, a.cs, b.rs, b.cs, m, cols, k, n])?;
         let _ = int(m * cols)?;
         let args = kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope];
+        let (kernel, grid) = self.dense_kernel(m, cols, k, mode == 2);
+        self.run_grid(stream, kernel, grid, args)
+    }
+
+    /// The kernel and grid [`Gpu::dense`] runs an `m × cols` product over `k` on (`cols`
+    /// counts a weight gradient's column of ones).
+    fn dense_kernel(&self, m: usize, cols: usize, k: usize, weight_grad: bool) -> (Kernel, (u32, u32)) {
         // blocks of dense_skinny4 against the blocks the GPU holds at once
         let one_wave = SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize;
         let fits = cols.div_ceil(SKINNY_COLS) * m.div_ceil(SKINNY_ROWS) <= one_wave;
-        let row_chunked = mode != 2 && (m <= PANEL_MIN_ROWS || n < PANEL_MIN_COLS || k > PANEL_MAX_K || fits);
+        let row_chunked = !weight_grad && (m <= PANEL_MIN_ROWS || cols < PANEL_MIN_COLS || k > PANEL_MAX_K || fits);
         if row_chunked && m.div_ceil(SKINNY_ROWS) <= 65_535 {
             // one row: a kernel that keeps one row's sums (the same order as eight rows')
             let (kernel, per_block) = match m {
@@ -166,10 +173,17 @@ impl Gpu {
                 2..=SKINNY_ROWS => (Kernel::DenseSkinny, 1),
                 _ => (Kernel::DenseSkinny4, SKINNY_COLS),
             };
-            self.run_grid(stream, kernel, (cols.div_ceil(per_block) as u32, m.div_ceil(SKINNY_ROWS) as u32), args)
+            (kernel, (cols.div_ceil(per_block) as u32, m.div_ceil(SKINNY_ROWS) as u32))
         } else {
-            self.run_grid(stream, Kernel::DensePanel, (cols.div_ceil(PANEL_N) as u32, m.div_ceil(PANEL_M) as u32), args)
+            (Kernel::DensePanel, (cols.div_ceil(PANEL_N) as u32, m.div_ceil(PANEL_M) as u32))
         }
+    }
+
+    /// Whether [`Gpu::dense`]'s blocks for a forward or input-gradient product of `m × n` over
+    /// `k` all fit on the GPU at once (two a multiprocessor).
+    pub fn dense_fits_one_wave(&self, m: usize, n: usize, k: usize) -> bool {
+        let (_, (x, y)) = self.dense_kernel(m, n, k, false);
+        x as usize * y as usize <= SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize
     }
 
     /// z[s, c, p] += bias[c] for `batch` samples of `channels × pixels`; then y = act(z) when
