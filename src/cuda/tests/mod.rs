@@ -138,3 +138,40 @@ fn captured_steps_hold_no_allocation_nodes() {
     let allocations = super::graph::ALLOCATION_NODES.with(|c| c.get());
     assert_eq!(allocations, 0, "allocation and free nodes in the captured MLP steps");
 }
+
+/// A capture that fails, because the work returned an error or because it did something a
+/// capture forbids (waiting for the stream), is an `Err`; nothing is kept under its key or run,
+/// and the stream captures and replays the next work as usual.
+#[test]
+fn a_failed_capture_is_an_err_and_the_stream_goes_on() {
+    use super::graph::{Graphs, Key};
+    use crate::activation::Activation::Identity;
+    use crate::error::Error;
+    let gpu = gpu_or_skip!();
+    let stream = gpu.new_stream().unwrap();
+    let (five, one) = (upload(&stream, &[5.0f32; 4]), upload(&stream, &[1.0f32; 4]));
+    let z = upload(&stream, &[0.0f32; 4]);
+    let zp = View::of(&z).ptr();
+    // z += bias, queued on the stream (captured, during a capture)
+    let add = |bias: &CudaSlice<f32>| {
+        // SAFETY: `z`, four values, lives to the end of the test; only this stream touches it.
+        gpu.bias_act(&stream, Identity, View::of(bias), 4, 1, 1, unsafe { ViewMut::from_raw(zp, 4) }, None)
+    };
+    let mut graphs = Graphs::new();
+    let key = Key { kind: 0, capacity: 1, batch: 1, tf32: false, cache: u64::MAX, buffers: [zp, 0, 0, 0] };
+    let planted = graphs.run(true, &stream, key, || {
+        add(&five)?;
+        Err(Error::Cuda { what: "planted".into() })
+    });
+    assert!(matches!(&planted, Err(Error::Cuda { what }) if what == "planted"), "{planted:?}");
+    let forbidden = graphs.run(true, &stream, key, || {
+        add(&five)?;
+        stream.synchronize().map_err(|e| driver_error("waiting inside a capture", e))
+    });
+    assert!(forbidden.is_err(), "a wait inside a capture went through");
+    // captured now, then replayed: two additions of 1, none of the 5s ran
+    for _ in 0..2 {
+        graphs.run(true, &stream, key, || add(&one)).unwrap();
+    }
+    assert_eq!(download(&stream, &z), [2.0f32; 4]);
+}
