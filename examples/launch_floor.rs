@@ -243,6 +243,57 @@ mod floor {
                 time_spinning(&what, [graph_handoff(blocks, 1)?, graph_handoff(blocks, 2)?])?;
             }
         }
+        // No launch per call: one kernel of a block per SM stays resident, and each call is the
+        // host ringing a doorbell in page-locked memory, block 0 (polling it over the bus)
+        // copying the inputs in and passing the call on through device memory, `barriers`
+        // grid-wide barriers (what a layer after the first costs), and the flag.
+        let persistent = module.load_function("persistent")?.cu_function();
+        let resident = ctx.new_stream()?;
+        let (doorbell, doorbell_device) = mapped(64)?;
+        let doorbell = doorbell as *mut u32;
+        let mut sync = stream.alloc_zeros::<u32>(4)?;
+        let sync_ptr = {
+            use cudarc::driver::DevicePtr;
+            let (ptr, _guard) = sync.device_ptr(&stream);
+            ptr
+        };
+        let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        for (barriers, inputs) in [(0i32, 0i32), (2, 0), (2, 784), (3, 784)] {
+            stream.memset_zeros(&mut sync)?;
+            stream.synchronize()?;
+            // SAFETY: mapped page-locked words that only the host writes here.
+            unsafe { doorbell.write_volatile(0) };
+            unsafe { flag_host.write_volatile(0) };
+            let (mut bell, mut fl, mut sy, mut b, mut src, mut dst, mut n) =
+                (doorbell_device, flag_device, sync_ptr, barriers, staged_device, device_ptr, inputs);
+            let mut args = [
+                std::ptr::addr_of_mut!(bell).cast::<std::ffi::c_void>(),
+                std::ptr::addr_of_mut!(fl).cast(),
+                std::ptr::addr_of_mut!(sy).cast(),
+                std::ptr::addr_of_mut!(b).cast(),
+                std::ptr::addr_of_mut!(src).cast(),
+                std::ptr::addr_of_mut!(dst).cast(),
+                std::ptr::addr_of_mut!(n).cast(),
+            ];
+            // SAFETY: persistent(const unsigned*, unsigned*, unsigned*, int, const float*, float*,
+            // int) with mapped words, 4 words of device memory, at most 1024 floats each side; one
+            // block an SM, nothing else running, so every block is resident.
+            unsafe { sys::cuLaunchKernel(persistent, sms, 1, 1, 256, 1, 1, 0, resident.cu_stream(), args.as_mut_ptr(), null_mut()) }
+                .result()?;
+            let mut call = 0u32;
+            let what = format!("resident kernel: doorbell, {inputs} inputs, {barriers} grid barriers, flag");
+            time_flag(&what, calls, &stream, || {
+                call += 1;
+                // SAFETY: as above; the device only reads the doorbell and writes the flag.
+                unsafe { doorbell.write_volatile(call) };
+                while unsafe { flag_host.read_volatile() } != call {
+                    std::hint::spin_loop();
+                }
+                Ok(())
+            })?;
+            unsafe { doorbell.write_volatile(u32::MAX) };
+            resident.synchronize()?;
+        }
         let pinned_slice = pinned.as_mut_slice()?;
         let copy_ptr = pinned_slice.as_mut_ptr();
         time("copy 4 KiB in + kernel + copy 4 KiB out + wait (pinned)", calls, &stream, || {
@@ -326,6 +377,57 @@ extern "C" __global__ void handoff(unsigned* flag, unsigned value, float* scratc
         if (s == -1.0f) flag[1] = 0;
         __threadfence_system();
         *(volatile unsigned*)flag = value;
+    }
+}
+// Stays resident and serves calls (see `persistent` in run): block 0 polls the doorbell for the
+// next call number, copies n inputs (a multiple of 4) from src (mapped) to dst, and publishes the number in
+// sync[0]; the other blocks poll that. Then `barriers` grid-wide barriers (a counter in sync[1]),
+// then block 0 sets the flag to the call number. A doorbell of 0xFFFFFFFF ends it.
+extern "C" __global__ void persistent(const volatile unsigned* doorbell, volatile unsigned* flag, unsigned* sync, int barriers,
+                                      const float* src, float* dst, int n) {
+    __shared__ unsigned go;
+    unsigned seq = 0, arrivals = 0;
+    for (;;) {
+        if (blockIdx.x == 0) {
+            if (threadIdx.x == 0) {
+                unsigned d;
+                do { d = *doorbell; } while (d == seq);
+                go = d;
+            }
+            __syncthreads();
+            // not cached: the host rewrites them between calls, and this kernel never restarts
+            if (go != 0xFFFFFFFFu)
+                for (int i = threadIdx.x; i < n / 4; i += blockDim.x) ((float4*)dst)[i] = __ldcv((const float4*)src + i);
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence();
+                atomicExch(&sync[0], go);
+            }
+        } else if (threadIdx.x == 0) {
+            unsigned d;
+            do { d = ((volatile unsigned*)sync)[0]; } while (d == seq);
+            __threadfence();
+            go = d;
+        }
+        __syncthreads();
+        seq = go;
+        __syncthreads();
+        if (seq == 0xFFFFFFFFu) return;
+        for (int b = 0; b < barriers; b++) {
+            arrivals += gridDim.x;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence();
+                atomicAdd(&sync[1], 1u);
+                while (((volatile unsigned*)sync)[1] < arrivals) {}
+                __threadfence();
+            }
+            __syncthreads();
+        }
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            __threadfence_system();
+            *flag = seq;
+        }
     }
 }
 extern "C" __global__ void signal(unsigned* flag, unsigned value) {
