@@ -7,7 +7,8 @@
 //! instead of waiting on the stream. And what it costs to hand work from block to block inside
 //! one kernel instead of from kernel to kernel (on sm_90): through shared memory across a thread
 //! block cluster, through global memory to the last block to arrive, or with every block reading
-//! its inputs straight from mapped host memory.
+//! its inputs straight from mapped host memory. And no launch at all: a kernel that stays
+//! resident and answers calls the host rings on a doorbell in page-locked memory.
 //!
 //!   cargo run --release --example launch_floor -- [--calls N]
 //!
