@@ -292,6 +292,7 @@ mod floor {
                 }
                 Ok(())
             })?;
+            // SAFETY: as above; this call number ends the kernel.
             unsafe { doorbell.write_volatile(u32::MAX) };
             resident.synchronize()?;
         }
@@ -381,9 +382,10 @@ extern "C" __global__ void handoff(unsigned* flag, unsigned value, float* scratc
     }
 }
 // Stays resident and serves calls (see `persistent` in run): block 0 polls the doorbell for the
-// next call number, copies n inputs (a multiple of 4) from src (mapped) to dst, and publishes the number in
-// sync[0]; the other blocks poll that. Then `barriers` grid-wide barriers (a counter in sync[1]),
-// then block 0 sets the flag to the call number. A doorbell of 0xFFFFFFFF ends it.
+// next call number, copies n inputs (a multiple of 4) from src (mapped) to dst, and publishes
+// the number in sync[0]; the other blocks poll that. Then `barriers` grid-wide barriers (a
+// counter in sync[1]), then block 0 sets the flag to the call number. A doorbell of 0xFFFFFFFF
+// ends it.
 extern "C" __global__ void persistent(const volatile unsigned* doorbell, volatile unsigned* flag, unsigned* sync, int barriers,
                                       const float* src, float* dst, int n) {
     __shared__ unsigned go;
