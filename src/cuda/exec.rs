@@ -182,6 +182,18 @@ fn fused(gpu: &Gpu, batch: usize, n: usize, k: usize) -> bool {
     batch <= FUSED_BATCH || (k <= PANEL_MAX_K && gpu.dense_fits_one_wave(batch, n, k))
 }
 
+/// Whether the weight gradient of a dense layer (`out × inp`, and its bias) runs fused (the
+/// panel kernel, db from a column of ones), not as cuBLAS and a bias-gradient kernel: up to
+/// [`FUSED_BATCH`], and above it where the batch (its k) is at most [`PANEL_MAX_K`] and the
+/// panels are at most one an SM. Measured on the H100 in-graph at batch 256: the MLP's second
+/// layer 6.38 µs fused against 5.85 + 1.92, its first (200 panels) 9.15 against 6.38 + 1.92. The
+/// second rule (2026-11-23, same run, three rounds, before → after): MLP step at 256 41.4–41.5 →
+/// 40.7–40.8 µs, at 200 39.3–39.5 → 38.6–38.8; 100-200-1 at 256 22.9–23.0 → 22.5–22.8; LeNet at
+/// 256 371.4–372.6 → 370.0–370.1; at 128 unchanged.
+fn fused_weight_grad(gpu: &Gpu, batch: usize, out: usize, inp: usize) -> bool {
+    batch <= FUSED_BATCH || (batch <= PANEL_MAX_K && gpu.weight_grad_panels_fit(out, inp))
+}
+
 /// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last
 /// step's output region; fills `b.grads` (overwriting) and every needed activation gradient.
 ///
@@ -230,7 +242,7 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                     } else {
                         (stream, blas)
                     };
-                    if batch <= FUSED_BATCH {
+                    if fused_weight_grad(gpu, batch, out, inp) {
                         let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias) };
                         gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue)?;
                     } else {

@@ -186,6 +186,13 @@ impl Gpu {
         x as usize * y as usize <= SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize
     }
 
+    /// Whether [`Gpu::dense`]'s panels for the weight gradient of an `m × n` weight (plus its
+    /// bias) are at most one a multiprocessor.
+    pub fn weight_grad_panels_fit(&self, m: usize, n: usize) -> bool {
+        let (_, (x, y)) = self.dense_kernel(m, n + 1, 1, true);
+        x as usize * y as usize <= self.multiprocessors() as usize
+    }
+
     /// z[s, c, p] += bias[c] for `batch` samples of `channels × pixels`; then y = act(z) when
     /// `y` is given. Without `y` only the bias is added (an identity layer, whose z is its y).
     #[allow(clippy::too_many_arguments)]
