@@ -10,7 +10,7 @@ use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::dnn::Dnn;
 use super::launch::{View, ViewMut};
-use super::ops::{DenseEpilogue, PANEL_MAX_K};
+use super::ops::{DenseEpilogue, PANEL_MAX_K, SKINNY_BLOCKS_PER_SM};
 use super::pinned::Event;
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
@@ -169,7 +169,8 @@ const FUSED_BATCH: usize = 128;
 /// Whether a forward or input-gradient product (`batch × n` over `k`: a dense layer's inputs,
 /// or outputs for the input gradient) runs fused. Above [`FUSED_BATCH`], those with k at most
 /// [`PANEL_MAX_K`] still do (the panel kernel: k staged in shared memory 128 at a time) where
-/// their blocks all fit on the GPU at once. Measured on the H100 against cuBLAS + separate
+/// their blocks all fit on the GPU at once (two an SM, [`SKINNY_BLOCKS_PER_SM`], which panels
+/// hold too). Measured on the H100 against cuBLAS + separate
 /// bias/activation kernels (`step_time`, p50): 100-200-1 forward at batch 128 13.8 → 11.7 µs, at
 /// 256 15.7 → 12.1 µs, but at 1024 (448 panels, two waves) 15.8 → 23.0 µs; MLP forward at 128
 /// 31.9 → 24.9 µs (when its first layer, k = 784, still ran on cuBLAS there; at batches up to
@@ -179,7 +180,8 @@ const FUSED_BATCH: usize = 128;
 /// 33.9–34.1 → 32.6–32.7; 100-200-1 forward at 512 (inputs on the device) 14.1–14.4 → 13.2; MLP
 /// forward at 1024 40.7–40.9 → 39.3–39.7.
 fn fused(gpu: &Gpu, batch: usize, n: usize, k: usize) -> bool {
-    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && gpu.dense_fits_one_wave(batch, n, k))
+    let one_wave = SKINNY_BLOCKS_PER_SM * gpu.multiprocessors() as usize;
+    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && gpu.dense_blocks(batch, n, k, false) <= one_wave)
 }
 
 /// Whether the weight gradient of a dense layer (`out × inp`, and its bias) runs fused (the
@@ -191,7 +193,7 @@ fn fused(gpu: &Gpu, batch: usize, n: usize, k: usize) -> bool {
 /// 40.7–40.8 µs, at 200 39.3–39.5 → 38.6–38.8; 100-200-1 at 256 22.9–23.0 → 22.5–22.8; LeNet at
 /// 256 371.4–372.6 → 370.0–370.1; at 128 unchanged.
 fn fused_weight_grad(gpu: &Gpu, batch: usize, out: usize, inp: usize) -> bool {
-    batch <= FUSED_BATCH || (batch <= PANEL_MAX_K && gpu.weight_grad_panels_fit(out, inp))
+    batch <= FUSED_BATCH || (batch <= PANEL_MAX_K && gpu.dense_blocks(out, inp, batch, true) <= gpu.multiprocessors() as usize)
 }
 
 /// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last

@@ -59,7 +59,7 @@ const PANEL_MIN_ROWS: usize = 64;
 /// against 4.25 µs, 128 × 64 over k = 10 (256 blocks) 2.11 against 3.01, but 128 × 128 over k = 64
 /// (512 blocks) 3.81 against 3.56 and 256 × 128 over k = 64 6.48 against 3.59; 100-200-1 step at
 /// 128 (800 blocks) 17.7 µs in panels against 21.5 row-chunked.
-const SKINNY_BLOCKS_PER_SM: usize = 2;
+pub(super) const SKINNY_BLOCKS_PER_SM: usize = 2;
 /// Above this k a panel waits on memory once per 128 values of k, so products of any height run
 /// row-chunked (the MLP's first layer forward at batch 128, k = 784: step 43.2 → 39.1–39.4 µs
 /// against cuBLAS with separate bias and activation kernels).
@@ -179,18 +179,11 @@ impl Gpu {
         }
     }
 
-    /// Whether [`Gpu::dense`]'s blocks for a forward or input-gradient product of `m × n` over
-    /// `k` all fit on the GPU at once (two a multiprocessor).
-    pub fn dense_fits_one_wave(&self, m: usize, n: usize, k: usize) -> bool {
-        let (_, (x, y)) = self.dense_kernel(m, n, k, false);
-        x as usize * y as usize <= SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize
-    }
-
-    /// Whether [`Gpu::dense`]'s panels for the weight gradient of an `m × n` weight (plus its
-    /// bias) are at most one a multiprocessor.
-    pub fn weight_grad_panels_fit(&self, m: usize, n: usize) -> bool {
-        let (_, (x, y)) = self.dense_kernel(m, n + 1, 1, true);
-        x as usize * y as usize <= self.multiprocessors() as usize
+    /// Blocks [`Gpu::dense`] launches for an `m × n` product over `k` (a weight gradient's, with
+    /// its column of ones for the bias, when `weight_grad`).
+    pub fn dense_blocks(&self, m: usize, n: usize, k: usize, weight_grad: bool) -> usize {
+        let (_, (x, y)) = self.dense_kernel(m, n + usize::from(weight_grad), k, weight_grad);
+        x as usize * y as usize
     }
 
     /// z[s, c, p] += bias[c] for `batch` samples of `channels × pixels`; then y = act(z) when
