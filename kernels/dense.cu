@@ -14,15 +14,30 @@
 #define DENSE_INPUT_GRAD 1
 #define DENSE_WEIGHT_GRAD 2
 
-__device__ __forceinline__ void dense_store(int mode, int i, int j, float c, int N, int ldc, const float* bias, float* out0,
-                                            float* out1, const float* z_prev, const float* y_prev, int act, float slope) {
+// What the epilogue of output (i, j) reads besides c, loaded before the product so that it is
+// not a round trip of its own at the end: forward, the bias bias[j] (in x); input gradient, when
+// z_prev is given, z and y of the layer that made the input at (i, j); weight gradient, nothing.
+// Only loads: act' is computed at the end, so that the loads do not hold up the product's.
+__device__ __forceinline__ float2 dense_epilogue_in(int mode, int i, int j, int M, int N, int ldc, const float* bias, const float* z_prev,
+                                                    const float* y_prev) {
+    float2 e = make_float2(0.0f, 0.0f);
+    if (i >= M || j >= N) return e;
+    long long at = (long long)i * ldc + j;
+    if (mode == DENSE_FORWARD) e.x = bias[j];
+    if (mode == DENSE_INPUT_GRAD && z_prev) e = make_float2(z_prev[at], y_prev[at]);
+    return e;
+}
+
+// e: dense_epilogue_in's value for (i, j); has_prev: the input gradient has a z_prev
+__device__ __forceinline__ void dense_store(int mode, int i, int j, float c, float2 e, bool has_prev, int N, int ldc, float* out0,
+                                            float* out1, int act, float slope) {
     long long at = (long long)i * ldc + j;
     if (mode == DENSE_FORWARD) {
-        c += bias[j];
+        c += e.x;
         out0[at] = c;
         if (out1) out1[at] = act_apply(act, slope, c);
     } else if (mode == DENSE_INPUT_GRAD) {
-        if (z_prev) c *= act_derivative(act, slope, z_prev[at], y_prev[at]);
+        if (has_prev) c *= act_derivative(act, slope, e.x, e.y);
         out0[at] = c;
     } else if (j < N - 1) {
         out0[at] = c;
@@ -37,6 +52,19 @@ __device__ __forceinline__ float dense_b(int mode, const float* B, int b_rs, int
 }
 
 #define SKINNY_ROWS 8
+// Values of k per thread whose B the row-chunked kernels read in one go at the start: K ≤ 1024
+#define SKINNY_EARLY 4
+
+template <int COLS>
+__device__ __forceinline__ void dense_skinny_load_b(float (&bk)[SKINNY_EARLY][COLS], int mode, const float* B, int b_rs, int b_cs,
+                                                    int j0, int N, int K) {
+#pragma unroll
+    for (int s = 0; s < SKINNY_EARLY; s++) {
+        int k = threadIdx.x + s * REDUCE_THREADS;
+#pragma unroll
+        for (int c = 0; c < COLS; c++) bk[s][c] = k < K && j0 + c < N ? dense_b(mode, B, b_rs, b_cs, k, j0 + c, N) : 0.0f;
+    }
+}
 
 // Rows in chunks of ROWS (8, or 1 for a product of one row), batches up to a few hundred
 // samples: one block of 256 threads per chunk of rows and group of COLS output columns (1 or 4:
@@ -47,7 +75,8 @@ __device__ __forceinline__ float dense_b(int mode, const float* B, int b_rs, int
 template <int ROWS, int COLS>
 __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N,
                                                   int K, int mode, int ldc, const float* bias, float* out0, float* out1,
-                                                  const float* z_prev, const float* y_prev, int act, float slope) {
+                                                  const float* z_prev, const float* y_prev, int act, float slope,
+                                                  bool b_early) {
     __shared__ float lanes[8][ROWS * COLS][33];
     __shared__ float part[8][ROWS * COLS];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -60,8 +89,38 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
 #pragma unroll
         for (int c = 0; c < COLS; c++) acc[r][c] = 0.0f;
     }
-    // rows past M and columns past N read nothing and add 0 to sums that are never stored
-    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+    // B for the thread's first SKINNY_EARLY values of k, and the epilogue's inputs of the
+    // output it stores (the first ROWS × COLS threads store one each): with b_early, read
+    // before waiting for the kernel ahead (they are then a layer's weights and bias, or
+    // activations of the forward pass, which that kernel does not write), so that their loads
+    // overlap it. Rows past M and columns past N read nothing and add 0 to sums that are never
+    // stored.
+    float bk[SKINNY_EARLY][COLS];
+    float2 e = make_float2(0.0f, 0.0f);
+    int er = threadIdx.x / COLS, ec = threadIdx.x % COLS;
+    bool stores = threadIdx.x < ROWS * COLS;
+    if (b_early) {
+        dense_skinny_load_b<COLS>(bk, mode, B, b_rs, b_cs, j0, N, K);
+        if (stores) e = dense_epilogue_in(mode, r0 + er, j0 + ec, M, N, ldc, bias, z_prev, y_prev);
+    }
+    after_prior();
+    if (!b_early) {
+        dense_skinny_load_b<COLS>(bk, mode, B, b_rs, b_cs, j0, N, K);
+        if (stores) e = dense_epilogue_in(mode, r0 + er, j0 + ec, M, N, ldc, bias, z_prev, y_prev);
+    }
+#pragma unroll
+    for (int s = 0; s < SKINNY_EARLY; s++) {
+        int k = threadIdx.x + s * REDUCE_THREADS;
+        if (k < K) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                float a = r < rows ? A[(long long)r * a_rs + (long long)k * a_cs] : 0.0f;
+#pragma unroll
+                for (int c = 0; c < COLS; c++) acc[r][c] = fmaf(a, bk[s][c], acc[r][c]);
+            }
+        }
+    }
+    for (int k = threadIdx.x + SKINNY_EARLY * REDUCE_THREADS; k < K; k += REDUCE_THREADS) {
         float b[COLS];
 #pragma unroll
         for (int c = 0; c < COLS; c++) b[c] = j0 + c < N ? dense_b(mode, B, b_rs, b_cs, k, j0 + c, N) : 0.0f;
@@ -90,38 +149,46 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
         part[warp][lane] = v;
     }
     __syncthreads();
-    int r = threadIdx.x / COLS, c = threadIdx.x % COLS;
-    if (threadIdx.x < ROWS * COLS && r < rows && j0 + c < N) {
+    if (stores && er < rows && j0 + ec < N) {
         float v = 0.0f;
-        for (int w = 0; w < 8; w++) v += part[w][r * COLS + c];
-        dense_store(mode, r0 + r, j0 + c, v, N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+        for (int w = 0; w < 8; w++) v += part[w][er * COLS + ec];
+        dense_store(mode, r0 + er, j0 + ec, v, e, z_prev, N, ldc, out0, out1, act, slope);
     }
 }
 
 extern "C" __global__ void dense_skinny(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                         int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
-                                        const float* y_prev, int act, float slope) {
-    after_prior();
-    dense_skinny_cols<SKINNY_ROWS, 1>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+                                        const float* y_prev, int act, float slope, int b_early) {
+    dense_skinny_cols<SKINNY_ROWS, 1>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope, b_early);
 }
 
 extern "C" __global__ void dense_skinny4(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                          int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
-                                         const float* y_prev, int act, float slope) {
-    after_prior();
-    dense_skinny_cols<SKINNY_ROWS, 4>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+                                         const float* y_prev, int act, float slope, int b_early) {
+    dense_skinny_cols<SKINNY_ROWS, 4>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope, b_early);
 }
 
 extern "C" __global__ void dense_row(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K, int mode,
                                      int ldc, const float* bias, float* out0, float* out1, const float* z_prev, const float* y_prev,
-                                     int act, float slope) {
-    after_prior();
-    dense_skinny_cols<1, 1>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+                                     int act, float slope, int b_early) {
+    dense_skinny_cols<1, 1>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope, b_early);
 }
 
 #define PANEL_M 16
 #define PANEL_N 32
 #define PANEL_K 128
+
+// A panel's values of B for one step of k (see dense_panel); the weight gradient's column of
+// ones is never read
+__device__ __forceinline__ void dense_panel_load_b(float (&rb)[PANEL_N * PANEL_K / REDUCE_THREADS], int mode, const float* b0,
+                                                   long long b_step, int bj, int bdj, int bk, int bdk, int col0, int N, int kn) {
+#pragma unroll
+    for (int t = 0; t < PANEL_N * PANEL_K / REDUCE_THREADS; t++) {
+        int j = bj + t * bdj, k = bk + t * bdk;
+        bool ones = mode == DENSE_WEIGHT_GRAD && col0 + j == N - 1;
+        rb[t] = (col0 + j < N && k < kn) ? (ones ? 1.0f : b0[t * b_step]) : 0.0f;
+    }
+}
 
 // Panels (more than a few rows, and every weight gradient): a block computes a 16 × 32 tile of
 // C. It stages the tile's rows of A and columns of B for 128 values of k at a time in shared
@@ -133,8 +200,7 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
                                                                             int b_rs, int b_cs, int M, int N, int K, int mode,
                                                                             int ldc, const float* bias, float* out0, float* out1,
                                                                             const float* z_prev, const float* y_prev, int act,
-                                                                            float slope) {
-    after_prior();
+                                                                            float slope, int b_early) {
     // rows padded to 18: each thread reads its two values of A as one aligned float2
     __shared__ __align__(8) float As[PANEL_K][PANEL_M + 2];
     __shared__ float Bs[PANEL_K][PANEL_N + 1];
@@ -151,23 +217,30 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
     long long a_step = (long long)adi * a_rs + (long long)adk * a_cs, b_step = (long long)bdk * b_rs + (long long)bdj * b_cs;
     const float* a0 = A + (long long)(row0 + ai) * a_rs + (long long)ak * a_cs;
     const float* b0 = B + (long long)bk * b_rs + (long long)(col0 + bj) * b_cs;
+    // every load of a step is issued before any is stored, so the block waits out memory
+    // latency once a step; with b_early the first step's B and the epilogue's inputs (as in
+    // dense_skinny_cols) are read before waiting for the kernel ahead
+    float ra[PANEL_M * PANEL_K / REDUCE_THREADS], rb[PANEL_N * PANEL_K / REDUCE_THREADS];
+    int i = row0 + 2 * pair, j = col0 + col;
+    float2 e0 = make_float2(0.0f, 0.0f), e1 = e0;
+    if (b_early) {
+        dense_panel_load_b(rb, mode, b0, b_step, bj, bdj, bk, bdk, col0, N, min(PANEL_K, K));
+        e0 = dense_epilogue_in(mode, i, j, M, N, ldc, bias, z_prev, y_prev);
+        e1 = dense_epilogue_in(mode, i + 1, j, M, N, ldc, bias, z_prev, y_prev);
+    }
+    after_prior();
+    if (!b_early) {
+        e0 = dense_epilogue_in(mode, i, j, M, N, ldc, bias, z_prev, y_prev);
+        e1 = dense_epilogue_in(mode, i + 1, j, M, N, ldc, bias, z_prev, y_prev);
+    }
     for (int k0 = 0; k0 < K; k0 += PANEL_K) {
         int kn = min(PANEL_K, K - k0);
-        // every load of the step is issued before any is stored, so the block waits out memory
-        // latency once
-        float ra[PANEL_M * PANEL_K / REDUCE_THREADS], rb[PANEL_N * PANEL_K / REDUCE_THREADS];
 #pragma unroll
         for (int t = 0; t < PANEL_M * PANEL_K / REDUCE_THREADS; t++) {
             int i = ai + t * adi, k = ak + t * adk;
             ra[t] = (row0 + i < M && k < kn) ? a0[t * a_step] : 0.0f;
         }
-#pragma unroll
-        for (int t = 0; t < PANEL_N * PANEL_K / REDUCE_THREADS; t++) {
-            int j = bj + t * bdj, k = bk + t * bdk;
-            // the weight gradient's column of ones is never read
-            bool ones = mode == DENSE_WEIGHT_GRAD && col0 + j == N - 1;
-            rb[t] = (col0 + j < N && k < kn) ? (ones ? 1.0f : b0[t * b_step]) : 0.0f;
-        }
+        if (k0 > 0 || !b_early) dense_panel_load_b(rb, mode, b0, b_step, bj, bdj, bk, bdk, col0, N, kn);
 #pragma unroll
         for (int t = 0; t < PANEL_M * PANEL_K / REDUCE_THREADS; t++) As[ak + t * adk][ai + t * adi] = ra[t];
 #pragma unroll
@@ -183,9 +256,8 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
         }
         __syncthreads();
     }
-    int i = row0 + 2 * pair, j = col0 + col;
     if (j < N) {
-        if (i < M) dense_store(mode, i, j, acc0, N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
-        if (i + 1 < M) dense_store(mode, i + 1, j, acc1, N, ldc, bias, out0, out1, z_prev, y_prev, act, slope);
+        if (i < M) dense_store(mode, i, j, acc0, e0, z_prev, N, ldc, out0, out1, act, slope);
+        if (i + 1 < M) dense_store(mode, i + 1, j, acc1, e1, z_prev, N, ldc, out0, out1, act, slope);
     }
 }

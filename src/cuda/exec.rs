@@ -92,10 +92,18 @@ pub(crate) struct LossBuffers<'a> {
 }
 
 /// Every step's output for the first `f.batch` samples (as `layers::forward`).
-pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward) -> Result<()> {
+///
+/// `after_copy`: the kernel ahead of the pass in `stream` is the copy of its inputs (which
+/// writes no weights), so even the first layer reads its weights before waiting for it; else
+/// that kernel may be an optimiser's, and the first layer waits first.
+pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward, after_copy: bool) -> Result<()> {
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let (capacity, batch) = (f.capacity, f.batch);
+    // whether the kernel ahead writes no weights: after the pass's own first launch it never does
+    let mut early_next = after_copy;
     for (index, step) in plan.steps.iter().enumerate() {
+        let weights_early = early_next;
+        early_next |= !matches!(step.layer, Layer::Flatten);
         let x = region(plan, step.input_region, capacity, batch);
         let z = region(plan, step.z_region, capacity, batch);
         let y = region(plan, step.output_region, capacity, batch);
@@ -110,7 +118,7 @@ pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, 
                 if fused(gpu, batch, out_features, in_features) {
                     let y = (z != y).then(|| acts.at_mut(y));
                     let epilogue = DenseEpilogue::Forward { bias: params.at(b), z: acts.at_mut(z), y, act: activation };
-                    gpu.dense(stream, batch, out_features, in_features, xm, wt, epilogue)?;
+                    gpu.dense(stream, batch, out_features, in_features, xm, wt, epilogue, weights_early)?;
                     continue;
                 }
                 let zm = DevMatMut { data: acts.at_mut(z.clone()), rs: out_features, cs: 1 };
@@ -246,7 +254,7 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                     };
                     if fused_weight_grad(gpu, batch, out, inp) {
                         let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias) };
-                        gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue)?;
+                        gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue, false)?;
                     } else {
                         gpu.bias_grad(w_stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
                         let dw = DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 };
@@ -275,7 +283,8 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                             }
                             None => DenseEpilogue::InputGrad { dx: dacts.at_mut(x), prev: None },
                         };
-                        gpu.dense(stream, batch, inp, out, dzm, wm, epilogue)?;
+                        // after the loss in the same pass: the weights are read at once
+                        gpu.dense(stream, batch, inp, out, dzm, wm, epilogue, true)?;
                     }
                 } else {
                     let (channels, pixels) = bias_layout(step);

@@ -128,8 +128,24 @@ impl Gpu {
     /// C (m × n) = A (m × k) · B (k × n), then `epilogue` on each value of C (see
     /// [`DenseEpilogue`] and kernels/dense.cu): one launch per dense layer and direction.
     /// Outputs are row-major with rows of `n`. Each value is summed in a fixed order.
+    ///
+    /// `b_early`: the kernel ahead of this one in `stream` writes nothing in B nor in the
+    /// epilogue's inputs (the forward's bias, the input gradient's `prev`): B is a layer's
+    /// weights, that kernel is not an optimiser's, and `prev` is from the forward pass. The
+    /// kernel then reads them before it waits for that kernel, so those loads overlap it (with
+    /// dependent launch; otherwise the stream orders them anyway).
     #[allow(clippy::too_many_arguments)]
-    pub fn dense(&self, stream: &CudaStream, m: usize, n: usize, k: usize, a: DevMat, b: DevMat, epilogue: DenseEpilogue) -> Result<()> {
+    pub fn dense(
+        &self,
+        stream: &CudaStream,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: DevMat,
+        b: DevMat,
+        epilogue: DenseEpilogue,
+        b_early: bool,
+    ) -> Result<()> {
         assert!(a.data.len() >= extent(m, k, a.rs, a.cs) && b.data.len() >= extent(k, n, b.rs, b.cs), "dense: A or B is short");
         if m == 0 || n == 0 {
             return Ok(());
@@ -154,7 +170,9 @@ impl Gpu {
         let (ap, bp) = (a.data.ptr(), b.data.ptr());
         let [a_rs, a_cs, b_rs, b_cs, mi, ni, ki, ldc] = ints([a.rs, a.cs, b.rs, b.cs, m, cols, k, n])?;
         let _ = int(m * cols)?;
-        let args = kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope];
+        let early = i32::from(b_early);
+        let args =
+            kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope, early];
         let (kernel, grid) = self.dense_kernel(m, cols, k, mode == 2);
         self.run_grid(stream, kernel, grid, args)
     }

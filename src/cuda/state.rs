@@ -234,7 +234,7 @@ impl DevModel {
                 // the host does not write the staging buffer before the wait below
                 copy_inputs_in(gpu, stream, f.acts, inputs.len(), inputs_device)?;
             }
-            exec::forward(gpu, blas, stream, plan, &f)?;
+            exec::forward(gpu, blas, stream, plan, &f, inputs.is_some())?;
             let outputs = f.acts.view(out.clone());
             if signal {
                 return gpu.finish_outputs(stream, out.len(), outputs, host_out_device, counter.all_mut(), flag);
@@ -295,7 +295,7 @@ impl DevModel {
                 // the host does not write the staging buffer until `copied[current]` has passed
                 copy_inputs_in(gpu, stream, f.acts, inputs_len, inputs_device)?;
             }
-            exec::forward(gpu, blas, stream, plan, &f)?;
+            exec::forward(gpu, blas, stream, plan, &f, copy_in)?;
             exec::loss(gpu, stream, plan, &f, &b, &l, loss)?;
             exec::backward(gpu, blas, stream, plan, &f, &b, &side)
         });

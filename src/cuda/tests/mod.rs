@@ -73,10 +73,34 @@ fn every_launched_kernel_is_defined_in_the_sources() {
             }
             rest = rest.strip_prefix("void ").expect("a kernel returns void");
             let name = rest[..rest.find('(').unwrap()].trim().to_string();
-            // Launched as programmatic dependents: nothing may run before the wait.
-            let body = rest[rest.find('{').unwrap() + 1..].trim_start();
-            assert!(body.starts_with("after_prior();"), "kernel {name} does not begin with after_prior()");
+            // Launched as programmatic dependents: nothing may run before the wait, except a
+            // dense product's loads of B when the launch says B is weights that the kernel
+            // ahead does not write (`b_early`; the wait follows those loads in dense.cu)
+            let (params, body) = rest.split_at(rest.find('{').unwrap());
+            if name.starts_with("dense_") {
+                assert!(params.contains("int b_early)"), "kernel {name} does not take b_early");
+            } else {
+                assert!(body[1..].trim_start().starts_with("after_prior();"), "kernel {name} does not begin with after_prior()");
+            }
             defined.push(name);
+        }
+    }
+    // in dense.cu, the only work before the wait is in `if (b_early) { .. }` just ahead of it:
+    // loads of B and of the epilogue's inputs
+    let dense = SOURCE_FILES.iter().find(|(name, _)| *name == "dense.cu").unwrap().1;
+    let waits: Vec<usize> = dense.match_indices("after_prior();").map(|(at, _)| at).collect();
+    assert_eq!(waits.len(), 2, "dense.cu waits in two places (row-chunked, panels)");
+    for at in waits {
+        let early = &dense[dense[..at].rfind("if (b_early) {").expect("loads before the wait only with b_early")..at];
+        for line in early.lines().skip(1).map(str::trim) {
+            let allowed = ["dense_skinny_load_b<", "dense_panel_load_b(", "if (stores) e = dense_epilogue_in(", "e0 = dense_epilogue_in("];
+            assert!(
+                line == "}"
+                    || line.is_empty()
+                    || allowed.iter().any(|a| line.starts_with(a))
+                    || line.starts_with("e1 = dense_epilogue_in("),
+                "dense.cu: {line:?} before the wait"
+            );
         }
     }
     for kernel in KERNELS {

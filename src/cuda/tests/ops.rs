@@ -300,6 +300,7 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
         (200, 33, 300),
         (65, 16, 1),
         (150, 200, 100),
+        (5, 9, 1500),
     ] {
         let (a, b, bias) = (rng.ints(m * k), rng.ints(k * n), rng.ints(n));
         let c = product(m, n, k, &a, &b);
@@ -320,7 +321,8 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
             for act in [Identity, Relu, Tanh, Gelu] {
                 let (mut z, mut y) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m * n)));
                 let epilogue = DenseEpilogue::Forward { bias: View::of(&biasd), z: ViewMut::of(&mut z), y: Some(ViewMut::of(&mut y)), act };
-                gpu.dense(&stream, m, n, k, am, bm, epilogue).unwrap();
+                // B read before the wait, as a layer's weights are (both ways: the next test)
+                gpu.dense(&stream, m, n, k, am, bm, epilogue, true).unwrap();
                 let z_want: Vec<f32> = c.iter().enumerate().map(|(l, v)| v + bias[l % n]).collect();
                 let y_want: Vec<f32> = z_want.iter().map(|&v| act.apply(v)).collect();
                 check(&format!("{what} forward z {act:?}"), &download(&stream, &z), &z_want, 0.0, 0.0);
@@ -330,7 +332,7 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
                 let yp: Vec<f32> = zp.iter().map(|&v| act.apply(v)).collect();
                 let (zpd, ypd, mut dx) = (upload(&stream, &zp), upload(&stream, &yp), upload(&stream, &poisoned(m * n)));
                 let epilogue = DenseEpilogue::InputGrad { dx: ViewMut::of(&mut dx), prev: Some((View::of(&zpd), View::of(&ypd), act)) };
-                gpu.dense(&stream, m, n, k, am, bm, epilogue).unwrap();
+                gpu.dense(&stream, m, n, k, am, bm, epilogue, true).unwrap();
                 let dx_want: Vec<f32> = (0..m * n).map(|l| c[l] * act.derivative(zp[l], yp[l])).collect();
                 // act' on the device and on the host differ by an ulp or two (expf, erf fit), so
                 // the products differ by as much relative to them
@@ -338,7 +340,8 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
             }
             // weight gradient: dW = C, db = row sums of A
             let (mut dw, mut db) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m)));
-            gpu.dense(&stream, m, n, k, am, bm, DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db) }).unwrap();
+            gpu.dense(&stream, m, n, k, am, bm, DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db) }, false)
+                .unwrap();
             let db_want: Vec<f32> = (0..m).map(|i| a[i * k..(i + 1) * k].iter().sum()).collect();
             check(&format!("{what} dW"), &download(&stream, &dw), &c, 0.0, 0.0);
             check(&format!("{what} db"), &download(&stream, &db), &db_want, 0.0, 0.0);
@@ -353,20 +356,21 @@ fn four_columns_per_block_sum_in_the_order_of_one() {
     let gpu = gpu_or_skip!();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(14);
-    for (m, n, k) in [(9, 10, 700), (37, 65, 130), (64, 7, 300), (128, 33, 784)] {
+    for (m, n, k) in [(9, 10, 1300), (37, 65, 130), (64, 7, 300), (128, 33, 784)] {
         let (a, w, bias) = (rng.uniform(m * k), rng.uniform(n * k), rng.uniform(n));
         let (ad, wd, bd) = (upload(&stream, &a), upload(&stream, &w), upload(&stream, &bias));
         // W stored n × k, as a dense layer's forward reads it
         let wm = DevMat { data: View::of(&wd), rs: 1, cs: k };
         let mut all = upload(&stream, &poisoned(m * n));
         let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: ViewMut::of(&mut all), y: None, act: Identity };
-        gpu.dense(&stream, m, n, k, DevMat { data: View::of(&ad), rs: k, cs: 1 }, wm, epilogue).unwrap();
+        gpu.dense(&stream, m, n, k, DevMat { data: View::of(&ad), rs: k, cs: 1 }, wm, epilogue, false).unwrap();
         let all = download(&stream, &all);
         for i in 0..m {
             let row = upload(&stream, &a[i * k..(i + 1) * k]);
             let mut one = upload(&stream, &poisoned(n));
             let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: ViewMut::of(&mut one), y: None, act: Identity };
-            gpu.dense(&stream, 1, n, k, DevMat { data: View::of(&row), rs: k, cs: 1 }, wm, epilogue).unwrap();
+            // B read before the wait here, after it above: the same sums
+            gpu.dense(&stream, 1, n, k, DevMat { data: View::of(&row), rs: k, cs: 1 }, wm, epilogue, true).unwrap();
             same_bits(&format!("{m}x{n}x{k} row {i}"), &download(&stream, &one), &all[i * n..(i + 1) * n]);
         }
     }
@@ -454,9 +458,9 @@ fn launches_allocate_nothing() {
         gpu.mse(&stream, n, av, bv, ViewMut::of(&mut c), ViewMut::of(&mut loss), ViewMut::of(&mut scratch)).unwrap();
         let (am, bm) = (DevMat { data: av, rs: 16, cs: 1 }, DevMat { data: bv, rs: 1, cs: 16 });
         let epilogue = DenseEpilogue::Forward { bias: bv, z: ViewMut::of(&mut c), y: Some(ViewMut::of(&mut d)), act: Gelu };
-        gpu.dense(&stream, 12, 9, 16, am, bm, epilogue).unwrap();
+        gpu.dense(&stream, 12, 9, 16, am, bm, epilogue, true).unwrap();
         let epilogue = DenseEpilogue::InputGrad { dx: ViewMut::of(&mut c), prev: Some((av, bv, Tanh)) };
-        gpu.dense(&stream, 3, 9, 16, am, bm, epilogue).unwrap();
+        gpu.dense(&stream, 3, 9, 16, am, bm, epilogue, true).unwrap();
         gpu.maxpool_forward(&stream, &pool_g, batch, av, ViewMut::of(&mut c)).unwrap();
         gpu.maxpool_backward(&stream, &pool_g, batch, av, bv, ViewMut::of(&mut c)).unwrap();
         gpu.im2col(&stream, &conv_g, 2, av, ViewMut::of(&mut c)).unwrap();
@@ -540,6 +544,8 @@ fn kernel_times_of_the_mlp_step() {
                 DevMat { data: v(xp, batch * k), rs: k, cs: 1 },
                 DevMat { data: v(wp, n * k), rs: 1, cs: k },
                 epilogue,
+                // as in a step: the first layer waits before reading its weights
+                name != "forward 1",
             )
         });
     }
@@ -555,6 +561,7 @@ fn kernel_times_of_the_mlp_step() {
                 DevMat { data: v(xp, batch * k), rs: k, cs: 1 },
                 DevMat { data: v(wp, k * n), rs: n, cs: 1 },
                 epilogue,
+                true,
             )
         });
     }
@@ -570,6 +577,7 @@ fn kernel_times_of_the_mlp_step() {
                 DevMat { data: v(zp, m * batch), rs: 1, cs: m },
                 DevMat { data: v(xp, batch * n), rs: n, cs: 1 },
                 epilogue,
+                false,
             )
         });
     }
