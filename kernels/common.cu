@@ -9,11 +9,12 @@
 
 // Programmatic dependent launch (sm_90 and later): the host launches every kernel allowed to
 // start before the one ahead of it in its stream has finished, so each kernel's first statement
-// is after_prior() (the dense products may first read a layer's weights, which the kernel ahead
-// does not write: b_early in dense.cu). It waits until the kernels it depends on have finished and their writes are
-// visible (they did the same, so all earlier work is done too), then lets the next kernel start
-// launching: its blocks get ready while this one runs, instead of after it. Before sm_90 (and
-// for kernels launched without the attribute) the stream already orders them; both are no-ops.
+// is after_prior() (the dense products may first read what the kernel ahead does not write,
+// such as a layer's weights: b_early in dense.cu). It waits until the kernels it depends on have
+// finished and their writes are visible (they did the same, so all earlier work is done too),
+// then lets the next kernel start launching: its blocks get ready while this one runs, instead
+// of after it. Before sm_90 (and for kernels launched without the attribute) the stream already
+// orders them; both are no-ops.
 __device__ __forceinline__ void after_prior() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -92,8 +92,8 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
     // B for the thread's first SKINNY_EARLY values of k, and the epilogue's inputs of the
     // output it stores (the first ROWS × COLS threads store one each): with b_early, read
     // before waiting for the kernel ahead (they are then a layer's weights and bias, or
-    // activations of the forward pass, which that kernel does not write), so that their loads
-    // overlap it. Rows past M and columns past N read nothing and add 0 to sums that are never
+    // activations of the forward pass, which that kernel does not write: Gpu::dense in
+    // src/cuda/ops.rs), so that their loads overlap it. Rows past M and columns past N read nothing and add 0 to sums that are never
     // stored.
     float bk[SKINNY_EARLY][COLS];
     float2 e = make_float2(0.0f, 0.0f);

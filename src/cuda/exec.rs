@@ -254,7 +254,9 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                     };
                     if fused_weight_grad(gpu, batch, out, inp) {
                         let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias) };
-                        gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue, false)?;
+                        // B is X, from the forward pass: the kernel ahead (the backward
+                        // pass's, or the loss) does not write it
+                        gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue, true)?;
                     } else {
                         gpu.bias_grad(w_stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
                         let dw = DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 };

@@ -131,9 +131,10 @@ impl Gpu {
     ///
     /// `b_early`: the kernel ahead of this one in `stream` writes nothing in B nor in the
     /// epilogue's inputs (the forward's bias, the input gradient's `prev`): B is a layer's
-    /// weights, that kernel is not an optimiser's, and `prev` is from the forward pass. The
-    /// kernel then reads them before it waits for that kernel, so those loads overlap it (with
-    /// dependent launch; otherwise the stream orders them anyway).
+    /// weights and that kernel is not an optimiser's, or B is a weight gradient's X and `prev`
+    /// is from the forward pass while that kernel is the backward pass's. The kernel then reads
+    /// them before it waits for that kernel, so those loads overlap it (with dependent launch;
+    /// otherwise the stream orders them anyway).
     #[allow(clippy::too_many_arguments)]
     pub fn dense(
         &self,

@@ -338,13 +338,15 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
                 // the products differ by as much relative to them
                 check(&format!("{what} input grad {act:?}"), &download(&stream, &dx), &dx_want, 1e-4, 1e-5);
             }
-            // weight gradient: dW = C, db = row sums of A
-            let (mut dw, mut db) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m)));
-            gpu.dense(&stream, m, n, k, am, bm, DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db) }, false)
-                .unwrap();
+            // weight gradient: dW = C, db = row sums of A; B read before the wait or after it
             let db_want: Vec<f32> = (0..m).map(|i| a[i * k..(i + 1) * k].iter().sum()).collect();
-            check(&format!("{what} dW"), &download(&stream, &dw), &c, 0.0, 0.0);
-            check(&format!("{what} db"), &download(&stream, &db), &db_want, 0.0, 0.0);
+            for b_early in [false, true] {
+                let (mut dw, mut db) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m)));
+                let epilogue = DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db) };
+                gpu.dense(&stream, m, n, k, am, bm, epilogue, b_early).unwrap();
+                check(&format!("{what} dW b_early {b_early}"), &download(&stream, &dw), &c, 0.0, 0.0);
+                check(&format!("{what} db b_early {b_early}"), &download(&stream, &db), &db_want, 0.0, 0.0);
+            }
         }
     }
 }
@@ -577,7 +579,7 @@ fn kernel_times_of_the_mlp_step() {
                 DevMat { data: v(zp, m * batch), rs: 1, cs: m },
                 DevMat { data: v(xp, batch * n), rs: n, cs: 1 },
                 epilogue,
-                false,
+                true,
             )
         });
     }
