@@ -195,13 +195,15 @@ fn fused(gpu: &Gpu, batch: usize, n: usize, k: usize) -> bool {
 /// Whether the weight gradient of a dense layer (`out × inp`, and its bias) runs fused (the
 /// panel kernel, db from a column of ones), not as cuBLAS and a bias-gradient kernel: up to
 /// [`FUSED_BATCH`], and above it where the batch (its k) is at most [`PANEL_MAX_K`] and the
-/// panels are at most one an SM. Measured on the H100 in-graph at batch 256: the MLP's second
-/// layer 6.38 µs fused against 5.85 + 1.92, its first (200 panels) 9.15 against 6.38 + 1.92. The
-/// second rule (2026-11-23, same run, three rounds, before → after): MLP step at 256 41.4–41.5 →
-/// 40.7–40.8 µs, at 200 39.3–39.5 → 38.6–38.8; 100-200-1 at 256 22.9–23.0 → 22.5–22.8; LeNet at
-/// 256 371.4–372.6 → 370.0–370.1; at 128 unchanged.
+/// panels all fit on the GPU at once (two an SM, [`SKINNY_BLOCKS_PER_SM`]). Measured on the H100
+/// (2026-11-23, same run, three rounds, before → after): panels at most one an SM instead of
+/// cuBLAS above [`FUSED_BATCH`], MLP step at 256 41.4–41.5 → 40.7–40.8 µs, at 200 39.3–39.5 →
+/// 38.6–38.8; then two an SM (the MLP's first layer, 200 panels at 256, once its panels read X
+/// before waiting for the kernel ahead), MLP step at 160 34.0 → 32.6–32.7, 200 35.8–35.9 →
+/// 33.7–33.9, 256 37.8 → 35.4–35.5, with the 100-200-1 and LeNet at 256 unchanged.
 fn fused_weight_grad(gpu: &Gpu, batch: usize, out: usize, inp: usize) -> bool {
-    batch <= FUSED_BATCH || (batch <= PANEL_MAX_K && gpu.dense_blocks(out, inp, batch, true) <= gpu.multiprocessors() as usize)
+    let one_wave = SKINNY_BLOCKS_PER_SM * gpu.multiprocessors() as usize;
+    batch <= FUSED_BATCH || (batch <= PANEL_MAX_K && gpu.dense_blocks(out, inp, batch, true) <= one_wave)
 }
 
 /// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last
