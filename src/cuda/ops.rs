@@ -64,7 +64,13 @@ pub(super) const SKINNY_BLOCKS_PER_SM: usize = 2;
 /// row-chunked (the MLP's first layer forward at batch 128, k = 784: step 43.2 → 39.1–39.4 µs
 /// against cuBLAS with separate bias and activation kernels).
 pub(super) const PANEL_MAX_K: usize = 256;
-/// Below this many columns most of a 32-wide panel would be idle.
+/// Below this many columns most of a 32-wide panel would be idle, so such products run
+/// row-chunked; but where that takes more than one wave and panels are at most one an SM, they
+/// run in panels instead of cuBLAS and a bias/activation kernel. Measured on the H100 (MLP,
+/// whose last layer has 10 columns; same run, two rounds, before → after): step at 1024 63.0–63.2
+/// → 57.0–57.5 µs, at 2048 81.5–81.6 → 77.5–78.3, forward at 1024 (inputs on the device)
+/// 39.1–39.5 → 34.5–34.9; at two panels an SM (4096) the step went 129.3 → 134.8 and the
+/// 100-200-1's 53.3 → 56.5, hence one an SM.
 const PANEL_MIN_COLS: usize = 16;
 
 /// What the fused dense product does with each value c of C = A·B.
@@ -184,7 +190,11 @@ impl Gpu {
         // blocks of dense_skinny4 against the blocks the GPU holds at once
         let one_wave = SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize;
         let fits = cols.div_ceil(SKINNY_COLS) * m.div_ceil(SKINNY_ROWS) <= one_wave;
-        let row_chunked = !weight_grad && (m <= PANEL_MIN_ROWS || cols < PANEL_MIN_COLS || k > PANEL_MAX_K || fits);
+        // a narrow product too tall for one wave row-chunked runs in panels where they are at
+        // most one an SM (see PANEL_MIN_COLS)
+        let panels_fit = k <= PANEL_MAX_K && cols.div_ceil(PANEL_N) * m.div_ceil(PANEL_M) <= self.multiprocessors() as usize;
+        let narrow = cols < PANEL_MIN_COLS && !panels_fit;
+        let row_chunked = !weight_grad && (m <= PANEL_MIN_ROWS || narrow || k > PANEL_MAX_K || fits);
         if row_chunked && m.div_ceil(SKINNY_ROWS) <= 65_535 {
             // one row: a kernel that keeps one row's sums (the same order as eight rows')
             let (kernel, per_block) = match m {
