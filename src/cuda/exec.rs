@@ -187,10 +187,22 @@ const FUSED_BATCH: usize = 128;
 /// µs, 256, 1024 and 2048 unchanged; 100-200-1 step at 512 30.2–30.3 → 27.6–27.7, at 1024
 /// 33.9–34.1 → 32.6–32.7; 100-200-1 forward at 512 (inputs on the device) 14.1–14.4 → 13.2; MLP
 /// forward at 1024 40.7–40.9 → 39.3–39.7.
+///
+/// Any product whose grid takes at most [`FUSED_WAVES`] such waves runs fused too.
 fn fused(gpu: &Gpu, batch: usize, n: usize, k: usize) -> bool {
     let one_wave = SKINNY_BLOCKS_PER_SM * gpu.multiprocessors() as usize;
-    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && gpu.dense_blocks(batch, n, k, false) <= one_wave)
+    let blocks = gpu.dense_blocks(batch, n, k, false);
+    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && blocks <= one_wave) || blocks <= FUSED_WAVES * one_wave
 }
+
+/// Waves of blocks up to which a forward or input-gradient product runs fused at any k, rather
+/// than as a cuBLAS call, whose kernels are not dependent launches (the kernel after one starts
+/// only once it has finished), and a bias/activation kernel. Measured on the H100 (2026-11-23,
+/// same run, two rounds, before → after; the MLP's first layer row-chunked: 2.4 waves at 160,
+/// 3 at 200, 3.9 at 256): MLP step at 160 32.5–32.7 → 29.5–29.9 µs, 200 33.6–33.8 → 32.5–32.6,
+/// 256 35.1–35.2 → 35.3–35.4; LeNet at 256 (its first dense layer, 3.6 waves) 360.5–361.6 →
+/// 358.1–358.3, at 512 unchanged.
+const FUSED_WAVES: usize = 4;
 
 /// Whether the weight gradient of a dense layer (`out × inp`, and its bias) runs fused (the
 /// panel kernel, db from a column of ones), not as cuBLAS and a bias-gradient kernel: up to
