@@ -188,20 +188,24 @@ const FUSED_BATCH: usize = 128;
 /// 33.9–34.1 → 32.6–32.7; 100-200-1 forward at 512 (inputs on the device) 14.1–14.4 → 13.2; MLP
 /// forward at 1024 40.7–40.9 → 39.3–39.7.
 ///
-/// Any product whose grid takes at most [`FUSED_WAVES`] such waves runs fused too.
+/// A product with k above [`PANEL_MAX_K`] (row-chunked) whose grid takes at most [`FUSED_WAVES`]
+/// such waves runs fused too; panels in more than one wave stay on cuBLAS (the 100-200-1 at
+/// 1024, whose first layer is 448 panels, same run: step 33.0–33.2 µs that way against 34.2–34.4
+/// in panels, forward with the inputs on the device 15.6–15.9 against 17.2–17.8).
 fn fused(gpu: &Gpu, batch: usize, n: usize, k: usize) -> bool {
     let one_wave = SKINNY_BLOCKS_PER_SM * gpu.multiprocessors() as usize;
     let blocks = gpu.dense_blocks(batch, n, k, false);
-    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && blocks <= one_wave) || blocks <= FUSED_WAVES * one_wave
+    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && blocks <= one_wave) || (k > PANEL_MAX_K && blocks <= FUSED_WAVES * one_wave)
 }
 
-/// Waves of blocks up to which a forward or input-gradient product runs fused at any k, rather
-/// than as a cuBLAS call, whose kernels are not dependent launches (the kernel after one starts
-/// only once it has finished), and a bias/activation kernel. Measured on the H100 (2026-11-23,
-/// same run, two rounds, before → after; the MLP's first layer row-chunked: 2.4 waves at 160,
-/// 3 at 200, 3.9 at 256): MLP step at 160 32.5–32.7 → 29.5–29.9 µs, 200 33.6–33.8 → 32.5–32.6,
-/// 256 35.1–35.2 → 35.3–35.4; LeNet at 256 (its first dense layer, 3.6 waves) 360.5–361.6 →
-/// 358.1–358.3, at 512 unchanged.
+/// Waves of blocks up to which a forward or input-gradient product over k above [`PANEL_MAX_K`]
+/// runs fused (row-chunked), rather than as a cuBLAS call, whose kernels are not dependent
+/// launches (the kernel after one starts only once it has finished), and a bias/activation
+/// kernel. Measured on the H100 (2026-11-23, same run, two rounds, before → after; the MLP's first
+/// layer row-chunked: 2.4 waves at 160, 3 at 200, 3.9 at 256): MLP step at 160 32.5–32.7 →
+/// 29.5–29.9 µs, 200 33.6–33.8 → 32.5–32.6, 256 35.1–35.2 → 35.3–35.4; MLP forward at 160 with the
+/// inputs on the device 22.2–22.6 → 18.3–18.6, at 256 unchanged (22.0–23.1); LeNet at 256 (its
+/// first dense layer, 3.6 waves) 360.5–361.6 → 358.1–358.3, at 512 unchanged.
 const FUSED_WAVES: usize = 4;
 
 /// Whether the weight gradient of a dense layer (`out × inp`, and its bias) runs fused (the
