@@ -93,8 +93,8 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
     // output it stores (the first ROWS × COLS threads store one each): with b_early, read
     // before waiting for the kernel ahead (they are then a layer's weights and bias, or
     // activations of the forward pass, which that kernel does not write: Gpu::dense in
-    // src/cuda/ops.rs), so that their loads overlap it. Rows past M and columns past N read nothing and add 0 to sums that are never
-    // stored.
+    // src/cuda/ops.rs), so that their loads overlap it. Rows past M and columns past N read
+    // nothing and add 0 to sums that are never stored.
     float bk[SKINNY_EARLY][COLS];
     float2 e = make_float2(0.0f, 0.0f);
     int er = threadIdx.x / COLS, ec = threadIdx.x % COLS;
@@ -159,13 +159,15 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
 extern "C" __global__ void dense_skinny(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                         int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                         const float* y_prev, int act, float slope, int b_early) {
-    dense_skinny_cols<SKINNY_ROWS, 1>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope, b_early);
+    dense_skinny_cols<SKINNY_ROWS, 1>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope,
+                                      b_early);
 }
 
 extern "C" __global__ void dense_skinny4(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                          int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                          const float* y_prev, int act, float slope, int b_early) {
-    dense_skinny_cols<SKINNY_ROWS, 4>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope, b_early);
+    dense_skinny_cols<SKINNY_ROWS, 4>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope,
+                                      b_early);
 }
 
 extern "C" __global__ void dense_row(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K, int mode,
