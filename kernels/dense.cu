@@ -67,8 +67,8 @@ __device__ __forceinline__ void dense_skinny_load_b(float (&bk)[SKINNY_EARLY][CO
 }
 
 // Rows in chunks of ROWS (8, or 1 for a product of one row), batches up to a few hundred
-// samples: one block of 256 threads per chunk of rows and group of COLS output columns (1 or 4:
-// each row of A read then serves that many); the threads split k (coalesced reads of A's rows
+// samples: one block of 256 threads per chunk of rows and group of COLS output columns (1, 4 or
+// 8: each row of A read then serves that many); the threads split k (coalesced reads of A's rows
 // and of B's columns, fused multiply-adds), then each warp adds its 32 lanes in order and the
 // block its 8 warps in order, through shared memory, so each value is summed in the same order
 // whatever ROWS and COLS are. Grid: (ceil(N / COLS), ceil(M / ROWS)).
@@ -77,8 +77,10 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
                                                   int K, int mode, int ldc, const float* bias, float* out0, float* out1,
                                                   const float* z_prev, const float* y_prev, int act, float slope,
                                                   bool b_early) {
-    __shared__ float lanes[8][ROWS * COLS][33];
-    __shared__ float part[8][ROWS * COLS];
+    // the lanes' sums go through shared memory up to 32 at a time (see below)
+    constexpr int SUMS = ROWS * COLS, CHUNK = SUMS < 32 ? SUMS : 32;
+    __shared__ float lanes[8][CHUNK][33];
+    __shared__ float part[8][SUMS];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int j0 = blockIdx.x * COLS, r0 = blockIdx.y * ROWS;
     int rows = min(ROWS, M - r0);
@@ -135,18 +137,19 @@ __device__ __forceinline__ void dense_skinny_cols(const float* A, int a_rs, int 
     // at column l of each row), then lane v adds row v in order. A shuffle tree over every sum
     // took 320 instructions a warp at four columns against ~100 here, and the kernel is bound
     // by issuing them (`ncu`: 0.57 instructions a cycle a scheduler); rows padded to 33, so
-    // neither the stores nor the loads conflict on banks.
+    // neither the stores nor the loads conflict on banks. More than 32 sums go in chunks of 32.
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) {
+    for (int c0 = 0; c0 < SUMS; c0 += CHUNK) {
 #pragma unroll
-        for (int c = 0; c < COLS; c++) lanes[warp][r * COLS + c][lane] = acc[r][c];
-    }
-    __syncwarp();
-    if (lane < ROWS * COLS) {
-        float v = lanes[warp][lane][0];
+        for (int q = 0; q < CHUNK; q++) lanes[warp][q][lane] = acc[(c0 + q) / COLS][(c0 + q) % COLS];
+        __syncwarp();
+        if (lane < CHUNK) {
+            float v = lanes[warp][lane][0];
 #pragma unroll
-        for (int l = 1; l < 32; l++) v += lanes[warp][lane][l];
-        part[warp][lane] = v;
+            for (int l = 1; l < 32; l++) v += lanes[warp][lane][l];
+            part[warp][c0 + lane] = v;
+        }
+        __syncwarp();
     }
     __syncthreads();
     if (stores && er < rows && j0 + ec < N) {
@@ -167,6 +170,17 @@ extern "C" __global__ void dense_skinny4(const float* A, int a_rs, int a_cs, con
                                          int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                          const float* y_prev, int act, float slope, int b_early) {
     dense_skinny_cols<SKINNY_ROWS, 4>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope,
+                                      b_early);
+}
+
+// Eight columns a block (wide products: each row of A read serves eight), at most 128 registers
+// a thread so that two blocks fit on an SM.
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_skinny8(const float* A, int a_rs, int a_cs, const float* B, int b_rs,
+                                                                              int b_cs, int M, int N, int K, int mode, int ldc,
+                                                                              const float* bias, float* out0, float* out1,
+                                                                              const float* z_prev, const float* y_prev, int act,
+                                                                              float slope, int b_early) {
+    dense_skinny_cols<SKINNY_ROWS, 8>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, slope,
                                       b_early);
 }
 

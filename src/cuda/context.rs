@@ -40,6 +40,7 @@ kernels! {
     MaxpoolBackward = "maxpool_backward",
     DenseSkinny = "dense_skinny",
     DenseSkinny4 = "dense_skinny4",
+    DenseSkinny8 = "dense_skinny8",
     DenseRow = "dense_row",
     DensePanel = "dense_panel",
     Im2col = "im2col",

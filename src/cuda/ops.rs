@@ -34,7 +34,8 @@ pub const FINISH_MAX: usize = 16_384;
 
 /// Rows per block of the row-chunked product (SKINNY_ROWS in kernels/dense.cu). A product of
 /// more rows than that runs [`SKINNY_COLS`] columns per block (`dense_skinny4`: each row of A
-/// read serves four columns), one chunk of rows one column per block (`dense_skinny`: more
+/// read serves four columns; [`SKINNY_WIDE_COLS`] in `dense_skinny8` where that is needed to fit
+/// in one wave), one chunk of rows one column per block (`dense_skinny`: more
 /// blocks share the loads; `dense_row` for a single row, which keeps one row's sums instead of
 /// eight). Measured on the H100 (MLP, same binary, back to back, 1 → 4 columns): training step
 /// at batch 64 33.1–33.2 → 30.7 µs, 16 24.7–24.8 → 23.9–24.1, 32 27.1–27.2 → 26.4–26.7, but
@@ -42,6 +43,16 @@ pub const FINISH_MAX: usize = 16_384;
 const SKINNY_ROWS: usize = 8;
 /// Columns per block of `dense_skinny4`.
 const SKINNY_COLS: usize = 4;
+/// Columns per block of `dense_skinny8`: each row of A read serves eight, and half as many
+/// blocks read it. Used only where k is above [`PANEL_MAX_K`] and the product has at least
+/// [`SKINNY_WIDE_MIN`] columns, and only eight columns a block fit in one wave: the MLP's first
+/// layer at 65–132 samples. Measured on the H100 (same run, two rounds, before → after): MLP
+/// step at 100 25.0–25.1 → 24.8 µs, 128 26.7–26.8 → 26.0, forward at 128 (inputs on the device)
+/// 16.2–16.6 → 15.2–15.6; used wherever only it fits in one wave, products with k ≤ 256 too
+/// (instead of panels), the step went 29.7–29.8 → 30.4–30.5 at 160, 32.3–32.4 → 33.7 at 200 and
+/// 35.5 → 36.7–36.9 at 256.
+const SKINNY_WIDE_COLS: usize = 8;
+const SKINNY_WIDE_MIN: usize = 32;
 /// Output tile of the panel product (PANEL_M × PANEL_N in kernels/dense.cu).
 const PANEL_M: usize = 16;
 const PANEL_N: usize = 32;
@@ -187,9 +198,13 @@ impl Gpu {
     /// The kernel and grid [`Gpu::dense`] runs an `m × cols` product over `k` on (`cols`
     /// counts a weight gradient's column of ones).
     fn dense_kernel(&self, m: usize, cols: usize, k: usize, weight_grad: bool) -> (Kernel, (u32, u32)) {
-        // blocks of dense_skinny4 against the blocks the GPU holds at once
+        // row-chunked blocks against the blocks the GPU holds at once: four columns a block, or
+        // eight where only that fits in one wave and k is too deep for panels
         let one_wave = SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize;
-        let fits = cols.div_ceil(SKINNY_COLS) * m.div_ceil(SKINNY_ROWS) <= one_wave;
+        let blocks = |per_block: usize| cols.div_ceil(per_block) * m.div_ceil(SKINNY_ROWS);
+        let eight = cols >= SKINNY_WIDE_MIN && k > PANEL_MAX_K && blocks(SKINNY_COLS) > one_wave && blocks(SKINNY_WIDE_COLS) <= one_wave;
+        let (wide, per_block) = if eight { (Kernel::DenseSkinny8, SKINNY_WIDE_COLS) } else { (Kernel::DenseSkinny4, SKINNY_COLS) };
+        let fits = blocks(per_block) <= one_wave;
         // a narrow product too tall for one wave row-chunked runs in panels where they are at
         // most one an SM (see PANEL_MIN_COLS)
         let panels_fit = k <= PANEL_MAX_K && cols.div_ceil(PANEL_N) * m.div_ceil(PANEL_M) <= self.multiprocessors() as usize;
@@ -200,7 +215,7 @@ impl Gpu {
             let (kernel, per_block) = match m {
                 1 => (Kernel::DenseRow, 1),
                 2..=SKINNY_ROWS => (Kernel::DenseSkinny, 1),
-                _ => (Kernel::DenseSkinny4, SKINNY_COLS),
+                _ => (wide, per_block),
             };
             (kernel, (cols.div_ceil(per_block) as u32, m.div_ceil(SKINNY_ROWS) as u32))
         } else {

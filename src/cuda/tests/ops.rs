@@ -351,14 +351,21 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
     }
 }
 
-/// A product of many rows (four columns per block) gives, row by row, the bits of the same
-/// product one row at a time (`dense_row`): the kernels sum every value in one order. Random values, so another order would show in the last bits.
+/// A product of many rows (four or eight columns per block) gives, row by row, the bits of the
+/// same product one row at a time (`dense_row`): the kernels sum every value in one order.
+/// Random values, so another order would show in the last bits.
 #[test]
-fn four_columns_per_block_sum_in_the_order_of_one() {
+fn four_and_eight_columns_per_block_sum_in_the_order_of_one() {
+    use crate::cuda::ops::SKINNY_BLOCKS_PER_SM;
     let gpu = gpu_or_skip!();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(14);
-    for (m, n, k) in [(9, 10, 1300), (37, 65, 130), (64, 7, 300), (128, 33, 784)] {
+    // eight columns a block: k too deep for panels, and only eight columns a block fit in one
+    // wave (128 rows on the H100)
+    let one_wave = SKINNY_BLOCKS_PER_SM * gpu.multiprocessors() as usize;
+    let eight_rows = 8 * (one_wave / 16);
+    assert_eq!(gpu.dense_blocks(eight_rows, 128, 784, false), 16 * eight_rows / 8, "{eight_rows} × 128 over 784: eight columns a block");
+    for (m, n, k) in [(9, 10, 1300), (37, 65, 130), (64, 7, 300), (128, 33, 784), (eight_rows, 128, 784)] {
         let (a, w, bias) = (rng.uniform(m * k), rng.uniform(n * k), rng.uniform(n));
         let (ad, wd, bd) = (upload(&stream, &a), upload(&stream, &w), upload(&stream, &bias));
         // W stored n × k, as a dense layer's forward reads it
