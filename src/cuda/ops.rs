@@ -86,12 +86,12 @@ const PANEL_MIN_COLS: usize = 16;
 
 /// What the fused dense product does with each value c of C = A·B.
 pub enum DenseEpilogue<'a> {
-    /// z = c + bias[j], and y = act(z) when `y` is given (a layer's forward).
+    /// `z = c + bias[j]`, and `y = act(z)` when `y` is given (a layer's forward).
     Forward { bias: View<'a, f32>, z: ViewMut<'a, f32>, y: Option<ViewMut<'a, f32>>, act: Activation },
     /// dx = c, times act'(z, y) of the layer that produced x when `prev` is given (so dx is
     /// that layer's dz).
     InputGrad { dx: ViewMut<'a, f32>, prev: Option<(View<'a, f32>, View<'a, f32>, Activation)> },
-    /// dW = C (m × n), and db[i] = Σ_k A(i, k) (B gets a column of ones).
+    /// `dW = C` (m × n), and `db[i] = Σ_k A(i, k)` (B gets a column of ones).
     WeightGrad { dw: ViewMut<'a, f32>, db: ViewMut<'a, f32> },
 }
 
@@ -230,7 +230,7 @@ impl Gpu {
         x as usize * y as usize
     }
 
-    /// z[s, c, p] += bias[c] for `batch` samples of `channels × pixels`; then y = act(z) when
+    /// `z[s, c, p] += bias[c]` for `batch` samples of `channels × pixels`; then y = act(z) when
     /// `y` is given. Without `y` only the bias is added (an identity layer, whose z is its y).
     #[allow(clippy::too_many_arguments)]
     pub fn bias_act(
@@ -277,7 +277,7 @@ impl Gpu {
         self.run(stream, Kernel::ActBackward, blocks(n), kernel_args![z, y, dy, dz, code, slope, len])
     }
 
-    /// db[c] = Σ_{s,p} dz[s, c, p], overwritten; a fixed summation order (bit-identical runs).
+    /// `db[c] = Σ_{s,p} dz[s, c, p]`, overwritten; a fixed summation order (bit-identical runs).
     pub fn bias_grad(
         &self,
         stream: &CudaStream,
@@ -297,9 +297,9 @@ impl Gpu {
     }
 
     /// Softmax cross-entropy of logits y (batch, classes) against `labels`: dy as
-    /// [`crate::loss::logit_cross_entropy`] computes it, and loss[0] (f64) = the mean over the
+    /// [`crate::loss::logit_cross_entropy`] computes it, and `loss[0]` (f64) = the mean over the
     /// batch, summed on the device in a fixed order (one launch; `scratch`: [`LOSS_SCRATCH`]
-    /// values, zero before the first call and left so); loss[1] += loss[0], loss[2] += 1. A
+    /// values, zero before the first call and left so); `loss[1] += loss[0]`, `loss[2] += 1`. A
     /// label outside 0..classes makes the loss NaN (labels are checked on the host).
     #[allow(clippy::too_many_arguments)]
     pub fn softmax_xent(
@@ -325,9 +325,9 @@ impl Gpu {
         self.run(stream, Kernel::SoftmaxXent, loss_blocks(batch), kernel_args![y, labels, dy, loss, scratch, c, b, scale, mean_scale])
     }
 
-    /// Mean squared error over the first `n` values: dy = 2(y − t)/n, and loss[0] (f64) =
+    /// Mean squared error over the first `n` values: dy = 2(y − t)/n, and `loss[0]` (f64) =
     /// Σ(y − t)²/n summed on the device in a fixed order (one launch; `scratch` as for
-    /// [`Gpu::softmax_xent`]); loss[1] += loss[0], loss[2] += 1.
+    /// [`Gpu::softmax_xent`]); `loss[1] += loss[0]`, `loss[2] += 1`.
     #[allow(clippy::too_many_arguments)]
     pub fn mse(
         &self,
@@ -348,7 +348,7 @@ impl Gpu {
         self.run(stream, Kernel::Mse, loss_blocks(n), kernel_args![y, t, dy, loss, scratch, len, grad_scale, mean_scale])
     }
 
-    /// Max-pool forward of `batch` samples, as [`pool::forward_spec`].
+    /// Max-pool forward of `batch` samples, as `pool::forward_spec`.
     pub fn maxpool_forward(&self, stream: &CudaStream, g: &pool::Geometry, batch: usize, x: View<f32>, y: ViewMut<f32>) -> Result<()> {
         let (in_len, out_len) = (g.channels * g.height * g.width, g.channels * g.out_height * g.out_width);
         assert!(x.len() >= batch * in_len && y.len() >= batch * out_len, "maxpool_forward: short x or y");
@@ -361,7 +361,7 @@ impl Gpu {
         self.run(stream, Kernel::MaxpoolForward, blocks(batch * out_len), kernel_args![x, y, c, h, w, oh, ow, kh, kw, sh, sw, b])
     }
 
-    /// Max-pool backward, dx overwritten, as [`pool::backward_spec`] (bit-equal: the same sums
+    /// Max-pool backward, dx overwritten, as `pool::backward_spec` (bit-equal: the same sums
     /// in the same order).
     pub fn maxpool_backward(
         &self,
@@ -454,7 +454,7 @@ impl Gpu {
         }
     }
 
-    /// out[b, ..] = data[indices[b], ..] for `batch` samples of `sample_len` f32 values; the data
+    /// `out[b, ..] = data[indices[b], ..]` for `batch` samples of `sample_len` f32 values; the data
     /// set `data` is (samples, sample_len) on the device, already normalised. An index past the
     /// data set gives a NaN sample.
     pub fn gather_batch(
@@ -491,7 +491,7 @@ impl Gpu {
 
     /// Copies `n` values of `src` to page-locked host memory at `host_dst` (its device address),
     /// then writes the next value of `counter` to the page-locked flag at `host_flag`: one block,
-    /// for outputs of at most [`FINISH_MAX`] values (see kernels/data.cu).
+    /// for outputs of at most `FINISH_MAX` values (see kernels/data.cu).
     pub fn finish_outputs(
         &self,
         stream: &CudaStream,
@@ -506,7 +506,7 @@ impl Gpu {
         self.run(stream, Kernel::FinishOutputs, 1, kernel_args![src, host_dst, ni, counter, host_flag])
     }
 
-    /// out[b] = labels[indices[b]]; an index past the labels gives 0xFFFF_FFFF.
+    /// `out[b] = labels[indices[b]]`; an index past the labels gives 0xFFFF_FFFF.
     pub fn gather_labels(&self, stream: &CudaStream, batch: usize, labels: View<u32>, indices: View<u32>, out: ViewMut<u32>) -> Result<()> {
         assert!(indices.len() >= batch && out.len() >= batch, "gather_labels: short indices or out");
         if batch == 0 {
