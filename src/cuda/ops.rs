@@ -45,8 +45,8 @@ const SKINNY_ROWS: usize = 8;
 const SKINNY_COLS: usize = 4;
 /// Columns per block of `dense_skinny8`: each row of A read serves eight, and half as many
 /// blocks read it. Used only where k is above [`PANEL_MAX_K`] and the product has at least
-/// [`SKINNY_WIDE_MIN`] columns, and only eight columns a block fit in one wave: the MLP's first
-/// layer at 65–132 samples. Measured on the H100 (same run, two rounds, before → after): MLP
+/// [`SKINNY_WIDE_MIN`] columns, and only eight columns a block fit in one wave: on the H100 the
+/// MLP's first layer at 65–128 samples. Measured on the H100 (same run, two rounds, before → after): MLP
 /// step at 100 25.0–25.1 → 24.8 µs, 128 26.7–26.8 → 26.0, forward at 128 (inputs on the device)
 /// 16.2–16.6 → 15.2–15.6; used wherever only it fits in one wave, products with k ≤ 256 too
 /// (instead of panels), the step went 29.7–29.8 → 30.4–30.5 at 160, 32.3–32.4 → 33.7 at 200 and
@@ -56,15 +56,16 @@ const SKINNY_WIDE_MIN: usize = 32;
 /// Output tile of the panel product (PANEL_M × PANEL_N in kernels/dense.cu).
 const PANEL_M: usize = 16;
 const PANEL_N: usize = 32;
-/// Forward and input-gradient products of at most this many rows, or of fewer than
-/// [`PANEL_MIN_COLS`] columns, run row-chunked: it spreads k over a block (measured on the H100,
-/// the MLP's forward at batch 64 took 18.2 µs row-chunked, 31.1 µs in panels, whose first layer
-/// has k = 784: seven waits on memory per block), and so do products with k above
-/// [`PANEL_MAX_K`] whatever their height, and products whose row-chunked blocks all fit on the
-/// GPU at once ([`SKINNY_BLOCKS_PER_SM`]). Everything else, and every weight gradient, runs in
-/// panels.
+/// Forward and input-gradient products of at most this many rows run row-chunked: it spreads k
+/// over a block (measured on the H100, the MLP's forward at batch 64 took 18.2 µs row-chunked,
+/// 31.1 µs in panels, whose first layer has k = 784: seven waits on memory per block), and so do
+/// products with k above [`PANEL_MAX_K`] whatever their height, products whose row-chunked
+/// blocks all fit on the GPU at once ([`SKINNY_BLOCKS_PER_SM`]), and products of fewer than
+/// [`PANEL_MIN_COLS`] columns except where panels fit and row-chunked does not. Everything else,
+/// and every weight gradient, runs in panels.
 const PANEL_MIN_ROWS: usize = 64;
-/// Row-chunked blocks an SM holds at once (96 registers a thread, 256 threads). A product whose
+/// Row-chunked blocks an SM holds at once (256 threads; on sm_90, 80 registers a thread with
+/// four columns a block, 128 with eight, which `__launch_bounds__` caps for two blocks an SM). A product whose
 /// row-chunked grid fits in one such wave runs row-chunked at any height. Measured on the H100
 /// (in-graph, batch 128, row-chunked against panels): 128 × 64 over k = 128 (256 blocks) 2.22
 /// against 4.25 µs, 128 × 64 over k = 10 (256 blocks) 2.11 against 3.01, but 128 × 128 over k = 64

@@ -288,7 +288,7 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
     let gpu = gpu_or_skip!();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(11);
-    for (m, n, k) in [
+    let shapes = [
         (1, 1, 1),
         (1, 128, 784),
         (3, 7, 5),
@@ -301,7 +301,9 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
         (65, 16, 1),
         (150, 200, 100),
         (5, 9, 1500),
-    ] {
+    ];
+    // and one that runs eight columns a block (see the next test)
+    for (m, n, k) in shapes.into_iter().chain([(eight_column_rows(&gpu), 128, 784)]) {
         let (a, b, bias) = (rng.ints(m * k), rng.ints(k * n), rng.ints(n));
         let c = product(m, n, k, &a, &b);
         let (ad, bd, biasd) = (upload(&stream, &a), upload(&stream, &b), upload(&stream, &bias));
@@ -318,11 +320,12 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
                 if a_transposed { DevMat { data: View::of(&atd), rs: 1, cs: m } } else { DevMat { data: View::of(&ad), rs: k, cs: 1 } };
             let bm =
                 if b_transposed { DevMat { data: View::of(&btd), rs: 1, cs: k } } else { DevMat { data: View::of(&bd), rs: n, cs: 1 } };
-            for act in [Identity, Relu, Tanh, Gelu] {
+            // B and the epilogue's inputs read before the wait (as a layer's weights are) or after
+            for (act, b_early) in [Identity, Relu, Tanh, Gelu].into_iter().flat_map(|act| [(act, false), (act, true)]) {
+                let what = format!("{what} b_early {b_early}");
                 let (mut z, mut y) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m * n)));
                 let epilogue = DenseEpilogue::Forward { bias: View::of(&biasd), z: ViewMut::of(&mut z), y: Some(ViewMut::of(&mut y)), act };
-                // B read before the wait, as a layer's weights are (both ways: the next test)
-                gpu.dense(&stream, m, n, k, am, bm, epilogue, true).unwrap();
+                gpu.dense(&stream, m, n, k, am, bm, epilogue, b_early).unwrap();
                 let z_want: Vec<f32> = c.iter().enumerate().map(|(l, v)| v + bias[l % n]).collect();
                 let y_want: Vec<f32> = z_want.iter().map(|&v| act.apply(v)).collect();
                 check(&format!("{what} forward z {act:?}"), &download(&stream, &z), &z_want, 0.0, 0.0);
@@ -332,7 +335,7 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
                 let yp: Vec<f32> = zp.iter().map(|&v| act.apply(v)).collect();
                 let (zpd, ypd, mut dx) = (upload(&stream, &zp), upload(&stream, &yp), upload(&stream, &poisoned(m * n)));
                 let epilogue = DenseEpilogue::InputGrad { dx: ViewMut::of(&mut dx), prev: Some((View::of(&zpd), View::of(&ypd), act)) };
-                gpu.dense(&stream, m, n, k, am, bm, epilogue, true).unwrap();
+                gpu.dense(&stream, m, n, k, am, bm, epilogue, b_early).unwrap();
                 let dx_want: Vec<f32> = (0..m * n).map(|l| c[l] * act.derivative(zp[l], yp[l])).collect();
                 // act' on the device and on the host differ by an ulp or two (expf, erf fit), so
                 // the products differ by as much relative to them
@@ -351,20 +354,25 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
     }
 }
 
+/// Rows of a product of 128 columns over k = 784 that runs eight columns a row-chunked block
+/// (`dense_skinny8`): k too deep for panels, and only eight columns a block fit in one wave (128
+/// rows on the H100). Asserts that it does.
+fn eight_column_rows(gpu: &crate::cuda::Gpu) -> usize {
+    let one_wave = crate::cuda::ops::SKINNY_BLOCKS_PER_SM * gpu.multiprocessors() as usize;
+    let rows = 8 * (one_wave / 16);
+    assert_eq!(gpu.dense_blocks(rows, 128, 784, false), 16 * rows / 8, "{rows} × 128 over 784: eight columns a block");
+    rows
+}
+
 /// A product of many rows (four or eight columns per block) gives, row by row, the bits of the
 /// same product one row at a time (`dense_row`): the kernels sum every value in one order.
 /// Random values, so another order would show in the last bits.
 #[test]
 fn four_and_eight_columns_per_block_sum_in_the_order_of_one() {
-    use crate::cuda::ops::SKINNY_BLOCKS_PER_SM;
     let gpu = gpu_or_skip!();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(14);
-    // eight columns a block: k too deep for panels, and only eight columns a block fit in one
-    // wave (128 rows on the H100)
-    let one_wave = SKINNY_BLOCKS_PER_SM * gpu.multiprocessors() as usize;
-    let eight_rows = 8 * (one_wave / 16);
-    assert_eq!(gpu.dense_blocks(eight_rows, 128, 784, false), 16 * eight_rows / 8, "{eight_rows} × 128 over 784: eight columns a block");
+    let eight_rows = eight_column_rows(&gpu);
     for (m, n, k) in [(9, 10, 1300), (37, 65, 130), (64, 7, 300), (128, 33, 784), (eight_rows, 128, 784)] {
         let (a, w, bias) = (rng.uniform(m * k), rng.uniform(n * k), rng.uniform(n));
         let (ad, wd, bd) = (upload(&stream, &a), upload(&stream, &w), upload(&stream, &bias));
@@ -553,7 +561,8 @@ fn kernel_times_of_the_mlp_step() {
                 DevMat { data: v(xp, batch * k), rs: k, cs: 1 },
                 DevMat { data: v(wp, n * k), rs: 1, cs: k },
                 epilogue,
-                // as in a step: the first layer waits before reading its weights
+                // as in a training step on a batch already on the device: the first layer
+                // waits before reading its weights
                 name != "forward 1",
             )
         });
