@@ -10,7 +10,7 @@ use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::dnn::Dnn;
 use super::launch::{View, ViewMut};
-use super::ops::{DenseEpilogue, PANEL_MAX_K, SKINNY_BLOCKS_PER_SM};
+use super::ops::{DenseEpilogue, PANEL_MAX_K};
 use super::pinned::Event;
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
@@ -177,8 +177,8 @@ const FUSED_BATCH: usize = 128;
 /// Whether a forward or input-gradient product (`batch × n` over `k`: a dense layer's inputs,
 /// or outputs for the input gradient) runs fused. Above [`FUSED_BATCH`], those with k at most
 /// [`PANEL_MAX_K`] still do (the panel kernel: k staged in shared memory 128 at a time) where
-/// their blocks all fit on the GPU at once (two an SM, [`SKINNY_BLOCKS_PER_SM`], which panels
-/// hold too). Measured on the H100 against cuBLAS + separate
+/// their blocks all fit on the GPU at once (two an SM, [`Gpu::dense_wave`], which panels hold
+/// too). Measured on the H100 against cuBLAS + separate
 /// bias/activation kernels (`step_time`, p50): 100-200-1 forward at batch 128 13.8 → 11.7 µs, at
 /// 256 15.7 → 12.1 µs, but at 1024 (448 panels, two waves) 15.8 → 23.0 µs; MLP forward at 128
 /// 31.9 → 24.9 µs (when its first layer, k = 784, still ran on cuBLAS there; at batches up to
@@ -193,7 +193,7 @@ const FUSED_BATCH: usize = 128;
 /// 1024, whose first layer is 448 panels, same run: step 33.0–33.2 µs that way against 34.2–34.4
 /// in panels, forward with the inputs on the device 15.6–15.9 against 17.2–17.8).
 fn fused(gpu: &Gpu, batch: usize, n: usize, k: usize) -> bool {
-    let one_wave = SKINNY_BLOCKS_PER_SM * gpu.multiprocessors() as usize;
+    let one_wave = gpu.dense_wave();
     let blocks = gpu.dense_blocks(batch, n, k, false);
     batch <= FUSED_BATCH || (k <= PANEL_MAX_K && blocks <= one_wave) || (k > PANEL_MAX_K && blocks <= FUSED_WAVES * one_wave)
 }
@@ -211,15 +211,14 @@ const FUSED_WAVES: usize = 4;
 /// Whether the weight gradient of a dense layer (`out × inp`, and its bias) runs fused (the
 /// panel kernel, db from a column of ones), not as cuBLAS and a bias-gradient kernel: up to
 /// [`FUSED_BATCH`], and above it where the batch (its k) is at most [`PANEL_MAX_K`] and the
-/// panels all fit on the GPU at once (two an SM, [`SKINNY_BLOCKS_PER_SM`]). Measured on the H100
+/// panels all fit on the GPU at once (two an SM, [`Gpu::dense_wave`]). Measured on the H100
 /// (2026-11-23, same run, three rounds, before → after): panels at most one an SM instead of
 /// cuBLAS above [`FUSED_BATCH`], MLP step at 256 41.4–41.5 → 40.7–40.8 µs, at 200 39.3–39.5 →
 /// 38.6–38.8; then two an SM (the MLP's first layer, 200 panels at 256, once its panels read X
 /// before waiting for the kernel ahead), MLP step at 160 34.0 → 32.6–32.7, 200 35.8–35.9 →
 /// 33.7–33.9, 256 37.8 → 35.4–35.5, with the 100-200-1 and LeNet at 256 unchanged.
 fn fused_weight_grad(gpu: &Gpu, batch: usize, out: usize, inp: usize) -> bool {
-    let one_wave = SKINNY_BLOCKS_PER_SM * gpu.multiprocessors() as usize;
-    batch <= FUSED_BATCH || (batch <= PANEL_MAX_K && gpu.dense_blocks(out, inp, batch, true) <= one_wave)
+    batch <= FUSED_BATCH || (batch <= PANEL_MAX_K && gpu.dense_blocks(out, inp, batch, true) <= gpu.dense_wave())
 }
 
 /// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last

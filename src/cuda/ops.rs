@@ -71,7 +71,7 @@ const PANEL_MIN_ROWS: usize = 64;
 /// against 4.25 µs, 128 × 64 over k = 10 (256 blocks) 2.11 against 3.01, but 128 × 128 over k = 64
 /// (512 blocks) 3.81 against 3.56 and 256 × 128 over k = 64 6.48 against 3.59; 100-200-1 step at
 /// 128 (800 blocks) 17.7 µs in panels against 21.5 row-chunked.
-pub(super) const SKINNY_BLOCKS_PER_SM: usize = 2;
+const SKINNY_BLOCKS_PER_SM: usize = 2;
 /// Above this k a panel waits on memory once per 128 values of k, so products of any height run
 /// row-chunked (the MLP's first layer forward at batch 128, k = 784: step 43.2 → 39.1–39.4 µs
 /// against cuBLAS with separate bias and activation kernels).
@@ -196,12 +196,17 @@ impl Gpu {
         self.run_grid(stream, kernel, grid, args)
     }
 
+    /// Blocks of the dense kernels the GPU holds at once: [`SKINNY_BLOCKS_PER_SM`] an SM.
+    pub(crate) fn dense_wave(&self) -> usize {
+        SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize
+    }
+
     /// The kernel and grid [`Gpu::dense`] runs an `m × cols` product over `k` on (`cols`
     /// counts a weight gradient's column of ones).
     fn dense_kernel(&self, m: usize, cols: usize, k: usize, weight_grad: bool) -> (Kernel, (u32, u32)) {
         // row-chunked blocks against the blocks the GPU holds at once: four columns a block, or
         // eight where only that fits in one wave and k is too deep for panels
-        let one_wave = SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize;
+        let one_wave = self.dense_wave();
         let blocks = |per_block: usize| cols.div_ceil(per_block) * m.div_ceil(SKINNY_ROWS);
         let eight = cols >= SKINNY_WIDE_MIN && k > PANEL_MAX_K && blocks(SKINNY_COLS) > one_wave && blocks(SKINNY_WIDE_COLS) <= one_wave;
         let (wide, per_block) = if eight { (Kernel::DenseSkinny8, SKINNY_WIDE_COLS) } else { (Kernel::DenseSkinny4, SKINNY_COLS) };

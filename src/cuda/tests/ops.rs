@@ -358,8 +358,7 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
 /// (`dense_skinny8`): k too deep for panels, and only eight columns a block fit in one wave (128
 /// rows on the H100). Asserts that it does.
 fn eight_column_rows(gpu: &crate::cuda::Gpu) -> usize {
-    let one_wave = crate::cuda::ops::SKINNY_BLOCKS_PER_SM * gpu.multiprocessors() as usize;
-    let rows = 8 * (one_wave / 16);
+    let rows = 8 * (gpu.dense_wave() / 16);
     assert_eq!(gpu.dense_blocks(rows, 128, 784, false), 16 * rows / 8, "{rows} × 128 over 784: eight columns a block");
     rows
 }
