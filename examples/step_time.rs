@@ -2,12 +2,15 @@
 //! (set_inputs + forward), median and p90 over repeated calls, on any device. Small enough to
 //! run under a profiler (`ncu`, `compute-sanitizer`).
 //!
-//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn] [--task train|train-copy|train-host|forward|forward-resident]
+//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn]
+//!       [--task train|train-copy|train-host|forward|forward-resident|serve|serve-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
 //!       [--conv auto|cudnn|own]
 //!
 //! `train-copy` sets the inputs from the host before every step, `train-host` the labels (or
 //! targets) too, as a training loop over host data does; `train` keeps the batch on the device.
+//! `serve` and `serve-resident` time the same call as `forward` and `forward-resident` through a
+//! [`Server`] (a resident kernel where the model allows one).
 //!
 //! `--conv` sets `FLATNN_CUDNN` (auto, 1, 0) for a model with convolutions on a GPU; the cache's
 //! report (which path each conv layer and direction took, both measured) is printed before the
@@ -59,8 +62,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "lenet" => (models::lenet5(), Loss::LogitCrossEntropy),
         _ => return Err(format!("--model must be mlp, lenet or simplenn, not {name:?}").into()),
     };
-    if !["train", "train-copy", "train-host", "forward", "forward-resident"].contains(&task.as_str()) {
-        return Err(format!("--task must be train, train-copy, train-host, forward or forward-resident, not {task:?}").into());
+    let tasks = ["train", "train-copy", "train-host", "forward", "forward-resident", "serve", "serve-resident"];
+    if !tasks.contains(&task.as_str()) {
+        return Err(format!("--task must be one of {}, not {task:?}", tasks.join(", ")).into());
     }
     if batch == 0 || calls == 0 {
         return Err("--batch and --calls must be at least 1".into());
@@ -70,6 +74,20 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = Rng::new(3);
     let inputs = rng.uniform(batch * model.input_shape().len());
     let outputs = model.output_shape().len();
+    let label = |graphs: bool| format!("{name} {task} batch {batch} on {device} (graphs {})", if graphs { "on" } else { "off" });
+    if task.starts_with("serve") {
+        let mut server = model.serve(batch)?;
+        server.set_inputs(&inputs)?;
+        let (per_call, times) = measure(calls, |_| {
+            // serve-resident: the batch stays where the last set_inputs put it
+            if task == "serve" {
+                server.set_inputs(&inputs)?;
+            }
+            server.forward().map(|_| ())
+        })?;
+        report(&format!("{} (resident kernel: {})", label(graphs), server.is_resident()), per_call, &times, "");
+        return Ok(());
+    }
     let mut fwd = model.preallocate(batch)?;
     let mut bwd = model.preallocate_grads(batch)?;
     let mut opt = Optimizer::new(&model, Optim::adam(1e-4))?;
@@ -106,23 +124,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(())
     };
-    for _ in 0..calls.min(20) {
-        call(true)?;
-    }
-    // Throughput: `calls` calls with one wait at the end.
-    let start = Instant::now();
-    for i in 0..calls {
-        call(i + 1 == calls)?;
-    }
-    let per_call = start.elapsed().as_secs_f64() / calls as f64;
-    // Latency: each call waited for.
-    let mut times: Vec<f64> = (0..calls.min(2000))
-        .map(|_| {
-            let start = Instant::now();
-            call(true).map(|()| start.elapsed().as_secs_f64())
-        })
-        .collect::<flatnn::Result<_>>()?;
-    times.sort_by(f64::total_cmp);
+    let (per_call, times) = measure(calls, &mut call)?;
     // Host time to queue one training step (the device idle at the start, no wait between):
     // where it is near the back-to-back time, the host, not the device, sets the pace.
     let queue_time = if task.starts_with("train") {
@@ -138,17 +140,42 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         String::new()
     };
-    let report = fwd.conv_backends();
-    if !report.is_empty() {
-        println!("{report}");
+    let backends = fwd.conv_backends();
+    if !backends.is_empty() {
+        println!("{backends}");
     }
+    report(&label(graphs), per_call, &times, &queue_time);
+    Ok(())
+}
+
+/// Times `call` (its argument: whether the host waits for the result): `calls` calls back to
+/// back with one wait at the end (seconds a call), then up to 2,000 calls each waited for
+/// (seconds each, sorted), after 20 warm-up calls.
+fn measure(calls: usize, mut call: impl FnMut(bool) -> flatnn::Result<()>) -> flatnn::Result<(f64, Vec<f64>)> {
+    for _ in 0..calls.min(20) {
+        call(true)?;
+    }
+    let start = Instant::now();
+    for i in 0..calls {
+        call(i + 1 == calls)?;
+    }
+    let per_call = start.elapsed().as_secs_f64() / calls as f64;
+    let mut times: Vec<f64> = (0..calls.min(2000))
+        .map(|_| {
+            let start = Instant::now();
+            call(true).map(|()| start.elapsed().as_secs_f64())
+        })
+        .collect::<flatnn::Result<_>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok((per_call, times))
+}
+
+fn report(what: &str, per_call: f64, times: &[f64], extra: &str) {
     let at = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)] * 1e6;
     println!(
-        "{name} {task} batch {batch} on {device} (graphs {}): {:.1} µs per call queued back to back; waited each: p50 {:.1} µs, p90 {:.1} µs{queue_time}",
-        if graphs { "on" } else { "off" },
+        "{what}: {:.1} µs per call queued back to back; waited each: p50 {:.1} µs, p90 {:.1} µs{extra}",
         per_call * 1e6,
         at(0.5),
         at(0.9)
     );
-    Ok(())
 }

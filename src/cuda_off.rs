@@ -20,6 +20,16 @@ pub(crate) enum DevModel {}
 pub(crate) enum DevCache {}
 pub(crate) enum DevGrads {}
 pub(crate) enum DevOptim {}
+pub(crate) enum DevServer {}
+
+impl DevServer {
+    pub fn inputs_mut(&mut self, _len: usize) -> &mut [f32] {
+        match *self {}
+    }
+    pub fn forward(&mut self, _samples: usize, _fresh: bool) -> Result<&[f32]> {
+        match *self {}
+    }
+}
 
 impl DevModel {
     pub fn on(_ordinal: usize, _params: &[f32], _options: GpuOptions) -> Result<DevModel> {
@@ -38,6 +48,9 @@ impl DevModel {
         match *self {}
     }
     pub fn new_grads(&self, _plan: &Plan, _capacity: usize) -> Result<DevGrads> {
+        match *self {}
+    }
+    pub fn server(&self, _plan: &Plan, _capacity: usize) -> Result<std::result::Result<DevServer, String>> {
         match *self {}
     }
     pub fn new_optim(&self, _values: &[f32]) -> Result<DevOptim> {

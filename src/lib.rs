@@ -47,6 +47,7 @@ pub mod loss;
 pub mod model;
 pub mod models;
 pub mod optim;
+pub mod serve;
 #[doc(hidden)]
 pub mod testutil;
 
@@ -60,6 +61,7 @@ pub use init::Init;
 pub use loss::Loss;
 pub use model::Model;
 pub use optim::{Optim, Optimizer};
+pub use serve::Server;
 
 /// Everything a training program needs, in one import.
 pub mod prelude {

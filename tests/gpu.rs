@@ -356,3 +356,55 @@ fn several_models_on_several_threads_match_one_at_a_time() {
         assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "a model trained beside others gave other bits");
     }
 }
+
+/// A server on the GPU: small dense models are answered by the resident kernel and match the
+/// CPU, with new inputs and with the last ones again, at partial batches, after the kernel left
+/// for want of calls, and while the model's own graphs run beside it; models it cannot take (a
+/// convolution, weights too large for shared memory) are served through `forward`.
+#[test]
+fn a_server_matches_the_cpu() {
+    let Some(device) = cuda_or_skip() else { return };
+    let chains = [
+        ("100-200-1", Chain::new(Input::vector(100)).dense(200, Relu).dense(1, Identity), 128),
+        ("20-7", Chain::new(Input::vector(20)).dense(7, Sigmoid), 1),
+        ("37-256-9-250-3", Chain::new(Input::vector(37)).dense(256, Tanh).dense(9, Sigmoid).dense(250, LeakyRelu(0.2)).dense(3, Gelu), 300),
+        ("mlp", mlp(), 16),
+        ("mixed", mixed(), 8),
+    ];
+    let mut rng = Rng::new(12);
+    for (name, chain, capacity) in chains {
+        let cpu = chain.build().unwrap().init(Init::GlorotUniform, 2).with_threads(1).unwrap();
+        let gpu = cpu.to(&device).unwrap();
+        let mut cpu_fwd = cpu.preallocate(capacity).unwrap();
+        let mut server = gpu.serve(capacity).unwrap();
+        let resident = server.is_resident();
+        println!("{name}: resident {resident}");
+        assert_eq!(resident, !matches!(name, "mlp" | "mixed"), "{name}");
+        let mut gpu_fwd = gpu.preallocate(capacity).unwrap();
+        for (round, n) in [capacity, 1, capacity.div_ceil(3), capacity].into_iter().enumerate() {
+            let (x, _) = batch(&mut rng, &cpu, n);
+            cpu_fwd.set_inputs(&x).unwrap();
+            let want = cpu.forward(&mut cpu_fwd).unwrap().to_vec();
+            server.set_inputs(&x).unwrap();
+            let got = server.forward().unwrap().to_vec();
+            let err = rel_err(&got, &want);
+            // the same inputs again, from the device's copy
+            let again = server.forward().unwrap().to_vec();
+            println!("{name} batch {n}: rel err {err:.2e}");
+            assert_eq!(got.len(), want.len(), "{name} batch {n}");
+            assert!(err <= 1e-5, "{name} batch {n}: {err:e}");
+            assert_eq!(again, got, "{name} batch {n}: the same inputs again");
+            match round {
+                // long enough for the kernel to leave by itself
+                1 => std::thread::sleep(std::time::Duration::from_millis(5)),
+                // the model's own forward (a graph, on its stream) while the kernel is resident
+                2 => {
+                    gpu_fwd.set_inputs(&x).unwrap();
+                    assert_eq!(gpu.forward(&mut gpu_fwd).unwrap().len(), want.len());
+                }
+                _ => {}
+            }
+        }
+        assert!(matches!(server.set_inputs(&vec![0.0; (capacity + 1) * cpu.input_shape().len()]), Err(Error::Capacity { .. })));
+    }
+}

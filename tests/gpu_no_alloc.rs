@@ -1,5 +1,5 @@
-//! A GPU training step and an inference call allocate nothing on the host and leave the
-//! device's free memory as it was, over 1,000 of each. Its own test binary: no other test
+//! A GPU training step, an inference call and a call to a resident server allocate nothing on
+//! the host and leave the device's free memory as it was, over 1,000 of each. Its own test binary: no other test
 //! allocates device memory while the free memory is read (the test runs itself in a child
 //! process per `FLATNN_CUDNN` setting, one at a time). Prints `skipped: no CUDA device` and
 //! passes where CUDA is missing.
@@ -80,4 +80,39 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
             assert!(loss.is_finite());
         }
     }
+    if cudnn == "0" {
+        a_server_call_allocates_nothing(&device);
+    }
+}
+
+/// 1,000 calls to a resident server, new inputs and the same again, batch 128 and 1, with a
+/// pause in the middle after which the kernel is launched again.
+fn a_server_call_allocates_nothing(device: &Device) {
+    let model = flatnn::models::simplenns_mlp().build().unwrap().init(Init::HeNormal, 1).to(device).unwrap();
+    let mut server = model.serve(128).unwrap();
+    assert!(server.is_resident());
+    let x = Rng::new(2).uniform(128 * 100);
+    let mut call = |i: usize| {
+        if i % 3 != 2 {
+            server.set_inputs(&x[..if i.is_multiple_of(2) { 128 * 100 } else { 100 }]).unwrap();
+        }
+        assert!(server.forward().unwrap()[0].is_finite());
+    };
+    for i in 0..10 {
+        call(i);
+    }
+    let free_before = device.memory().unwrap().0;
+    let allocations = allocations_in(|| {
+        for i in 0..1000 {
+            if i == 500 {
+                // the kernel leaves after 1 ms without a call; the next call launches it again
+                std::thread::sleep(std::time::Duration::from_millis(3));
+            }
+            call(i);
+        }
+    });
+    let free_after = device.memory().unwrap().0;
+    println!("server: 1000 calls, {allocations} host allocations+frees; free device memory {free_before} -> {free_after}");
+    assert_eq!(allocations, 0, "host allocations in 1000 server calls");
+    assert_eq!(free_before, free_after, "device memory changed over 1000 server calls");
 }

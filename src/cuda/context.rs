@@ -18,6 +18,7 @@ pub(crate) const SOURCE_FILES: &[(&str, &str)] = &[
     ("dense.cu", include_str!("../../kernels/dense.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("data.cu", include_str!("../../kernels/data.cu")),
+    ("serve.cu", include_str!("../../kernels/serve.cu")),
 ];
 
 /// Declares the kernels: the `Kernel` enum indexes `KERNELS`, the names looked up in the module
@@ -53,6 +54,7 @@ kernels! {
     GatherLabels = "gather_labels",
     FinishOutputs = "finish_outputs",
     CopyFromHost = "copy_from_host",
+    ServeDense = "serve_dense",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.
@@ -64,6 +66,8 @@ pub struct Gpu {
     name: String,
     compute_capability: (u32, u32),
     multiprocessors: u32,
+    /// Bytes of shared memory a block may use when its kernel asks for them.
+    shared_memory_optin: usize,
     /// Kernels are launched as programmatic dependents of the kernel ahead of them (sm_90 and
     /// later with a CUDA 12.3 or later driver, unless `FLATNN_DEPENDENT_LAUNCH=0`); see
     /// [`super::launch::launch`].
@@ -90,6 +94,9 @@ impl Gpu {
         let (major, minor) = ctx.compute_capability().map_err(err("reading the compute capability"))?;
         let multiprocessors =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(err("reading the SM count"))?;
+        let shared_memory_optin = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(err("reading the shared memory limit"))?;
         let name = ctx.name().map_err(err("reading the name"))?;
         let cubin = compile((major, minor))?;
         let module: Arc<CudaModule> = ctx.load_module(Ptx::from_binary(cubin)).map_err(err("loading the compiled kernels"))?;
@@ -106,6 +113,15 @@ impl Gpu {
         let mut driver = 0;
         // SAFETY: writes one int.
         let driver_ok = unsafe { sys::cuDriverGetVersion(&mut driver) }.result().is_ok() && driver >= 12_030;
+        if driver >= 12_040 {
+            // With lazy loading (CUDA's default since 12.2) a kernel would be loaded at its
+            // first launch, which can wait for the whole device, and so for a resident kernel
+            // (src/cuda/serve.rs) that is serving calls: load them all now.
+            for f in &functions {
+                // SAFETY: a function of the module loaded above, in the current context.
+                unsafe { sys::cuFuncLoad(f.cu_function()) }.result().map_err(|e| driver_error("loading a kernel", e))?;
+            }
+        }
         let dependent_launch = major >= 9 && driver_ok && std::env::var("FLATNN_DEPENDENT_LAUNCH").map_or(true, |v| v != "0");
         Ok(Gpu {
             ctx,
@@ -114,6 +130,7 @@ impl Gpu {
             name,
             compute_capability: (major as u32, minor as u32),
             multiprocessors: multiprocessors as u32,
+            shared_memory_optin: shared_memory_optin.max(0) as usize,
             dependent_launch,
         })
     }
@@ -143,6 +160,11 @@ impl Gpu {
 
     pub fn multiprocessors(&self) -> u32 {
         self.multiprocessors
+    }
+
+    /// Bytes of shared memory a block may use when its kernel asks for them.
+    pub fn shared_memory_optin(&self) -> usize {
+        self.shared_memory_optin
     }
 
     /// Waits until all work on this device is done.

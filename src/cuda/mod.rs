@@ -28,6 +28,7 @@ mod graph;
 mod launch;
 mod ops;
 pub(crate) mod pinned;
+pub(crate) mod serve;
 pub(crate) mod state;
 #[cfg(test)]
 mod tests;

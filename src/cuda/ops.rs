@@ -115,7 +115,7 @@ fn ints<const N: usize>(values: [usize; N]) -> Result<[i32; N]> {
 }
 
 /// The kernels' activation id and leaky slope (see kernels/activation.cu).
-fn act_code(act: Activation) -> (i32, f32) {
+pub(super) fn act_code(act: Activation) -> (i32, f32) {
     match act {
         Activation::Identity => (0, 0.0),
         Activation::Relu => (1, 0.0),

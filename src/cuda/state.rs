@@ -20,6 +20,7 @@ use super::graph::{Graphs, Key};
 use super::launch::ViewMut;
 use super::ops::FINISH_MAX;
 use super::pinned::{Event, Pinned};
+pub(crate) use super::serve::DevServer;
 use crate::cache::{Cache, Grads};
 use crate::chain::Plan;
 use crate::device::Device;
@@ -155,6 +156,15 @@ impl DevModel {
     /// `params` on CUDA device `ordinal`.
     pub fn on(ordinal: usize, params: &[f32], options: GpuOptions) -> Result<DevModel> {
         DevModel::new(&super::gpu(ordinal)?, params, options)
+    }
+
+    /// The resident kernel's buffers for calls of up to `capacity` samples, or why this model
+    /// cannot be served that way.
+    pub fn server(&self, plan: &Plan, capacity: usize) -> Result<std::result::Result<DevServer, String>> {
+        match super::serve::unsupported(&self.gpu, plan, capacity) {
+            Some(why) => Ok(Err(why)),
+            None => DevServer::new(self, plan, capacity).map(Ok),
+        }
     }
 
     /// The device half of a cache for `capacity` samples.
