@@ -11,7 +11,8 @@
 // on in `go` (device memory), which the other blocks poll. Each block writes its samples'
 // outputs to `host_out` and counts itself in `count`; the last one writes the call's number to
 // `done`, which the host spins on. A nonzero bell word SERVE_STOP ends the kernel, and so does
-// `idle_ns` without a call (block 0 passes SERVE_LEAVE on, and every block leaves).
+// `idle_ns` without a call once every block has finished the last one (block 0 passes
+// SERVE_LEAVE on, and every block leaves).
 //
 // The layer table holds SERVE_FIELDS ints a layer: inputs, outputs, activation, its slope's
 // bits, the weights' offset in `params` (outputs × inputs, row-major) and the bias's. In shared
@@ -120,20 +121,26 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void serve_dense(const f
                 for (unsigned spins = 0;; spins++) {
                     d = *(const volatile unsigned long long*)bell;
                     if ((unsigned)d != last) break;
-                    if (spins % 64 == 63 && (((const volatile unsigned*)bell)[SERVE_STOP] != 0 || serve_clock() - since > idle_ns)) {
+                    // leave when told to, or when idle, but only once every block has
+                    // finished the last call (one not yet on the GPU, behind other work, would
+                    // otherwise miss it)
+                    if (spins % 64 == 63 &&
+                        (((const volatile unsigned*)bell)[SERVE_STOP] != 0 ||
+                         (serve_clock() - since > idle_ns && *(const volatile unsigned*)count == calls * gridDim.x))) {
                         d = SERVE_LEAVE;
                         break;
                     }
                 }
+                // new inputs: this fence acquires what the host wrote before the doorbell and
+                // releases it to the blocks that read `go` (their fence below acquires it)
+                if (d >> 63) serve_fence();
                 atomicExch(go, d);
             } else {
                 do {
                     d = *(const volatile unsigned long long*)go;
                 } while ((unsigned)d == last);
+                if (d >> 63) serve_fence();
             }
-            // new inputs: the reads of them below come after the doorbell's (the host wrote
-            // them first)
-            if (d >> 63) serve_fence();
             call[0] = (unsigned)d;
             call[1] = (unsigned)(d >> 32) & 0x7FFFFFFFu;
             call[2] = (unsigned)(d >> 63);

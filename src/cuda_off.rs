@@ -23,6 +23,9 @@ pub(crate) enum DevOptim {}
 pub(crate) enum DevServer {}
 
 impl DevServer {
+    pub fn poison_for_test(&mut self, _kernel_idle: std::time::Duration) {
+        match *self {}
+    }
     pub fn inputs_mut(&mut self, _len: usize) -> &mut [f32] {
         match *self {}
     }

@@ -67,6 +67,6 @@ pub use serve::Server;
 pub mod prelude {
     pub use crate::{
         Activation, Cache, Chain, ConvOptions, Device, Error, Gelu, GpuOptions, Grads, Identity, Init, Input, LeakyRelu, Loss, Model,
-        Optim, Optimizer, Relu, Shape, Sigmoid, Tanh, ToDevice,
+        Optim, Optimizer, Relu, Server, Shape, Sigmoid, Tanh, ToDevice,
     };
 }

@@ -15,12 +15,15 @@ use crate::model::Model;
 /// up to about 55,000 parameters) is served by a resident kernel: launched once, it stays on the
 /// GPU and answers calls that the host rings on a doorbell in page-locked memory, so no call
 /// pays for a launch. Each of its blocks takes a share of the batch through every layer, and
-/// uses an SM while the kernel lives (one block an SM, as many as there are samples, up to the
-/// SM count), so other work on that GPU runs on the SMs left. The kernel leaves after 1 ms
-/// without a call and is relaunched after 20 ms of running (the next call pays one launch), so
-/// that the GPU and other threads' calls that wait for the whole device (freeing device memory)
-/// are not held long. Any other model, and every model on the CPU, is served by
-/// [`Model::forward`] on a cache of the server's capacity: [`Server::is_resident`] tells which.
+/// holds an SM while the kernel lives (one block an SM, as many as there are samples, up to the
+/// SM count): other work on that GPU shares the SMs left, and while other work holds SMs the
+/// kernel's blocks may wait for them, and calls with them. The kernel leaves after 1 ms without
+/// a call; a call that finds it has run 20 ms ends and relaunches it first (that call pays one
+/// launch); so the SMs go back to other work when calls stop, and another thread's call that
+/// waits for the whole device (freeing device memory does) is held at most about 1 ms after
+/// calls stop, or until the next call past 20 ms while they go on. Any other model, and every
+/// model on the CPU, is served by [`Model::forward`] on a cache of the server's capacity:
+/// [`Server::is_resident`] tells which.
 ///
 /// The server borrows the model: its parameters cannot change while the server lives.
 pub struct Server<'m> {
@@ -109,6 +112,16 @@ impl Server<'_> {
     /// The device the server runs on (the model's).
     pub fn device(&self) -> Device {
         self.model.device()
+    }
+
+    /// For tests of the resident kernel (nothing otherwise): fills its outputs with NaN, so that
+    /// a call that writes none is seen, and shortens how long the kernel, from its next launch,
+    /// waits for a call before it leaves, so that calls meet a kernel that has left.
+    #[doc(hidden)]
+    pub fn poison_for_test(&mut self, kernel_idle: std::time::Duration) {
+        if let How::Resident { dev, .. } = &mut self.how {
+            dev.poison_for_test(kernel_idle);
+        }
     }
 
     /// The largest batch it takes.

@@ -358,9 +358,12 @@ fn several_models_on_several_threads_match_one_at_a_time() {
 }
 
 /// A server on the GPU: small dense models are answered by the resident kernel and match the
-/// CPU, with new inputs and with the last ones again, at partial batches, after the kernel left
-/// for want of calls, and while the model's own graphs run beside it; models it cannot take (a
-/// convolution, weights too large for shared memory) are served through `forward`.
+/// CPU, with new inputs and with the last ones again (outputs poisoned with NaN before each
+/// call, so a call that writes none fails), at partial batches, after the kernel left for want
+/// of calls (on the host's side of the margin, and on the kernel's, which makes the host
+/// relaunch it mid-call), and with the model's own graphs run between calls; models it cannot
+/// take (a convolution, weights too large for shared memory, no dense layer) are served through
+/// `forward`.
 #[test]
 fn a_server_matches_the_cpu() {
     let Some(device) = cuda_or_skip() else { return };
@@ -370,7 +373,9 @@ fn a_server_matches_the_cpu() {
         ("37-256-9-250-3", Chain::new(Input::vector(37)).dense(256, Tanh).dense(9, Sigmoid).dense(250, LeakyRelu(0.2)).dense(3, Gelu), 300),
         ("mlp", mlp(), 16),
         ("mixed", mixed(), 8),
+        ("flatten", Chain::new(Input::image(2, 3, 1)).flatten(), 4),
     ];
+    let default_idle = std::time::Duration::from_millis(1);
     let mut rng = Rng::new(12);
     for (name, chain, capacity) in chains {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 2).with_threads(1).unwrap();
@@ -379,32 +384,94 @@ fn a_server_matches_the_cpu() {
         let mut server = gpu.serve(capacity).unwrap();
         let resident = server.is_resident();
         println!("{name}: resident {resident}");
-        assert_eq!(resident, !matches!(name, "mlp" | "mixed"), "{name}");
+        assert_eq!(resident, !matches!(name, "mlp" | "mixed" | "flatten"), "{name}");
         let mut gpu_fwd = gpu.preallocate(capacity).unwrap();
-        for (round, n) in [capacity, 1, capacity.div_ceil(3), capacity].into_iter().enumerate() {
+        let mut check = |server: &mut Server, n: usize, idle: std::time::Duration, what: &str| {
             let (x, _) = batch(&mut rng, &cpu, n);
             cpu_fwd.set_inputs(&x).unwrap();
             let want = cpu.forward(&mut cpu_fwd).unwrap().to_vec();
             server.set_inputs(&x).unwrap();
+            server.poison_for_test(idle);
             let got = server.forward().unwrap().to_vec();
             let err = rel_err(&got, &want);
             // the same inputs again, from the device's copy
+            server.poison_for_test(idle);
             let again = server.forward().unwrap().to_vec();
-            println!("{name} batch {n}: rel err {err:.2e}");
-            assert_eq!(got.len(), want.len(), "{name} batch {n}");
-            assert!(err <= 1e-5, "{name} batch {n}: {err:e}");
-            assert_eq!(again, got, "{name} batch {n}: the same inputs again");
+            println!("{name} batch {n}{what}: rel err {err:.2e}");
+            assert_eq!(got.len(), want.len(), "{name} batch {n}{what}");
+            assert!(err <= 1e-5, "{name} batch {n}{what}: {err:e}");
+            assert_eq!(again, got, "{name} batch {n}{what}: the same inputs again");
+            x
+        };
+        for (round, n) in [capacity, 1, capacity.div_ceil(3), capacity].into_iter().enumerate() {
+            let x = check(&mut server, n, default_idle, "");
             match round {
                 // long enough for the kernel to leave by itself
                 1 => std::thread::sleep(std::time::Duration::from_millis(5)),
                 // the model's own forward (a graph, on its stream) while the kernel is resident
                 2 => {
                     gpu_fwd.set_inputs(&x).unwrap();
-                    assert_eq!(gpu.forward(&mut gpu_fwd).unwrap().len(), want.len());
+                    assert_eq!(gpu.forward(&mut gpu_fwd).unwrap().len(), x.len() / cpu.input_shape().len() * cpu.output_shape().len());
                 }
                 _ => {}
             }
         }
+        if resident {
+            // the kernel leaves after 20 µs without a call from its next launch (the host,
+            // assuming 1 ms, stops it before the next call and launches it so); the calls
+            // after 300 µs find it gone, and the host launches it again mid-call
+            let short = std::time::Duration::from_micros(20);
+            server.poison_for_test(short);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            for _ in 0..5 {
+                std::thread::sleep(std::time::Duration::from_micros(300));
+                check(&mut server, capacity, short, " after the kernel left");
+            }
+        }
         assert!(matches!(server.set_inputs(&vec![0.0; (capacity + 1) * cpu.input_shape().len()]), Err(Error::Capacity { .. })));
     }
+}
+
+/// A server keeps answering, right, while another thread's model keeps the GPU busy with large
+/// products (its blocks may then wait for SMs, and the kernel must not leave before every block
+/// has finished a call).
+#[test]
+fn a_server_answers_while_other_work_holds_the_gpu() {
+    let Some(device) = cuda_or_skip() else { return };
+    let cpu = Chain::new(Input::vector(100)).dense(200, Relu).dense(1, Identity).build().unwrap().init(Init::GlorotUniform, 4);
+    let gpu = cpu.to(&device).unwrap();
+    let (x, _) = batch(&mut Rng::new(5), &cpu, 128);
+    let mut cpu_fwd = cpu.preallocate(128).unwrap();
+    cpu_fwd.set_inputs(&x).unwrap();
+    let want = cpu.forward(&mut cpu_fwd).unwrap().to_vec();
+    let (stop, busy_calls) = (std::sync::atomic::AtomicBool::new(false), std::sync::atomic::AtomicUsize::new(0));
+    std::thread::scope(|scope| {
+        let busy = scope.spawn(|| {
+            let big = Chain::new(Input::vector(4096)).dense(4096, Relu).build().unwrap().init(Init::GlorotUniform, 1);
+            let big = big.to(&device).unwrap();
+            let mut fwd = big.preallocate(4096).unwrap();
+            fwd.set_inputs(&vec![0.5; 4096 * 4096]).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                big.forward(&mut fwd).unwrap();
+                busy_calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        // the server starts, and calls come, while the other model's products hold the SMs
+        while busy_calls.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            std::thread::yield_now();
+        }
+        let before = busy_calls.load(std::sync::atomic::Ordering::Relaxed);
+        let mut server = gpu.serve(128).unwrap();
+        assert!(server.is_resident());
+        server.set_inputs(&x).unwrap();
+        for call in 0..3000 {
+            let got = server.forward().unwrap();
+            assert!(rel_err(got, &want) <= 1e-5, "call {call}");
+        }
+        let beside = busy_calls.load(std::sync::atomic::Ordering::Relaxed) - before;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        busy.join().unwrap();
+        assert!(beside >= 2, "the other model ran {beside} forward calls beside the server");
+        println!("3000 server calls beside {beside} forward calls of a 4096-4096 layer at batch 4096");
+    });
 }

@@ -13,10 +13,10 @@
 //! 6.1 µs.
 //!
 //! The kernel leaves when the server is dropped, and by itself after [`IDLE`] without a call;
-//! the host also ends it after [`LIFE`] of running. A call after that relaunches it (one launch,
-//! and the weights copied again). So another thread's work that waits for the whole device (a
-//! `cuMemFree` does) waits at most that long, and the SMs go back to other work when no calls
-//! come.
+//! a call that finds it has run [`LIFE`] ends it first. A call after that relaunches it (one
+//! launch, and the weights copied again). So another thread's work that waits for the whole
+//! device (a `cuMemFree` does) is held about [`IDLE`] after calls stop, or until the next call
+//! past [`LIFE`] while they go on, and the SMs go back to other work when no calls come.
 
 use super::buffer::DevBuf;
 use super::context::{Gpu, Kernel};
@@ -48,23 +48,41 @@ pub(crate) const LIFE: Duration = Duration::from_millis(20);
 const MARGIN: Duration = Duration::from_micros(100);
 
 /// Why a model cannot be served by the resident kernel (then `Server` runs `Model::forward`).
-pub(crate) fn unsupported(gpu: &Gpu, plan: &Plan, capacity: usize) -> Option<String> {
+pub(crate) fn unsupported(gpu: &Gpu, plan: &Plan, capacity: usize) -> Result<Option<String>> {
     if let Some((index, step)) = plan.steps.iter().enumerate().find(|(_, s)| !matches!(s.layer, Layer::Dense { .. } | Layer::Flatten)) {
-        return Some(format!("layer {index} is {:?}, and the resident kernel runs dense layers only", step.layer));
+        return Ok(Some(format!("layer {index} is {:?}, and the resident kernel runs dense layers only", step.layer)));
     }
     let dense = plan.steps.iter().filter(|s| matches!(s.layer, Layer::Dense { .. })).count();
-    if dense > MAX_LAYERS {
-        return Some(format!("it has {dense} dense layers, and the resident kernel takes at most {MAX_LAYERS}"));
+    if dense == 0 || dense > MAX_LAYERS {
+        return Ok(Some(format!("it has {dense} dense layers, and the resident kernel takes 1 to {MAX_LAYERS}")));
     }
     let (_, _, bytes) = shape(gpu, plan, capacity);
-    let limit = gpu.shared_memory_optin();
-    (bytes > limit).then(|| format!("its weights and activations need {bytes} bytes of shared memory a block, more than the {limit} here"))
+    let limit = dynamic_limit(gpu)?;
+    Ok((bytes > limit)
+        .then(|| format!("its weights and activations need {bytes} bytes of shared memory a block, more than the {limit} here")))
+}
+
+/// The dynamic shared memory a block of the kernel may have: the device's opt-in limit less
+/// what the kernel declares itself (its call words and layer table).
+fn dynamic_limit(gpu: &Gpu) -> Result<usize> {
+    gpu.bind()?;
+    let mut declared = 0;
+    // SAFETY: writes one int; a kernel of the current context.
+    unsafe {
+        sys::cuFuncGetAttribute(
+            &mut declared,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            gpu.function(Kernel::ServeDense),
+        )
+    }
+    .result()
+    .map_err(|e| driver_error("reading the resident kernel's shared memory", e))?;
+    Ok(gpu.shared_memory_optin().saturating_sub(declared.max(0) as usize))
 }
 
 /// Samples a block takes, blocks, and the dynamic shared memory a block needs.
 fn shape(gpu: &Gpu, plan: &Plan, capacity: usize) -> (usize, usize, usize) {
-    let most = std::env::var("FLATNN_SERVE_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(gpu.multiprocessors() as usize);
-    let rows = capacity.div_ceil(most).max(1);
+    let rows = capacity.div_ceil(gpu.multiprocessors() as usize).max(1);
     let blocks = capacity.div_ceil(rows).max(1);
     let dense = plan.steps.iter().filter(|s| matches!(s.layer, Layer::Dense { .. }));
     let weights: usize = dense.clone().map(|s| s.output.len() * ((s.input.len() | 1) + 1)).sum();
@@ -77,6 +95,8 @@ fn shape(gpu: &Gpu, plan: &Plan, capacity: usize) -> (usize, usize, usize) {
 pub(crate) struct DevServer {
     gpu: Arc<Gpu>,
     stream: Arc<CudaStream>,
+    /// The model's parameters: valid while the model lives and unchanged, which `Server<'m>`
+    /// (the only owner of a DevServer) ensures by borrowing the model.
     params: sys::CUdeviceptr,
     /// The layer table (FIELDS ints a dense layer).
     table: DevBuf<i32>,
@@ -99,6 +119,8 @@ pub(crate) struct DevServer {
     seq: u32,
     /// Since when the kernel runs, and when its last call was answered (None: not running).
     running: Option<(Instant, Instant)>,
+    /// How long the kernel waits for a call before it leaves ([`IDLE`]; tests shorten it).
+    kernel_idle: Duration,
 }
 
 impl DevServer {
@@ -137,6 +159,7 @@ impl DevServer {
             output_len,
             seq: 0,
             running: None,
+            kernel_idle: IDLE,
             stream,
             gpu,
         };
@@ -145,6 +168,14 @@ impl DevServer {
         model.stream.synchronize().map_err(|e| driver_error("waiting for the model's stream", e))?;
         server.stream.synchronize().map_err(|e| driver_error("preparing the server's buffers", e))?;
         Ok(server)
+    }
+
+    /// For tests: NaN in every output, so that a call that writes none is seen; and how long the
+    /// kernel, from its next launch, waits for a call before leaving (the host still assumes
+    /// [`IDLE`], so a shorter wait makes calls meet a kernel that has left).
+    pub fn poison_for_test(&mut self, kernel_idle: Duration) {
+        self.host_out.as_mut_slice().fill(f32::NAN);
+        self.kernel_idle = kernel_idle;
     }
 
     /// The page-locked buffer the next fresh call's inputs go into.
@@ -241,7 +272,7 @@ impl DevServer {
         let (params, table, layers, rows, width) = (self.params, self.table.ptr(), self.layers, self.rows as i32, self.width);
         let (bell, go, done) = (self.bell.device_ptr(), self.go.ptr(), self.done.device_ptr());
         let (host_in, dev_in, host_out) = (self.host_in.device_ptr(), self.dev_in.ptr(), self.host_out.device_ptr());
-        let idle_ns = IDLE.as_nanos() as u64;
+        let idle_ns = self.kernel_idle.as_nanos() as u64;
         let count = go + 8;
         let mut args = kernel_args![params, table, layers, rows, width, bell, go, done, host_in, dev_in, host_out, last, idle_ns, count];
         self.gpu.bind()?;
@@ -283,12 +314,12 @@ impl DevServer {
     }
 }
 
-/// Lets the kernel use as much shared memory a block as the device allows (the same for every
-/// server on the device, so that one server's setting never stops another's launch).
+/// Lets the kernel use as much dynamic shared memory a block as the device allows (the same for
+/// every server on the device, so that one server's setting never stops another's launch).
 fn gpu_ready(server: &DevServer) -> Result<()> {
-    server.gpu.bind()?;
-    let limit = i32::try_from(server.gpu.shared_memory_optin()).unwrap_or(i32::MAX);
-    // SAFETY: a kernel of the current context; the device's own opt-in limit.
+    let limit = i32::try_from(dynamic_limit(&server.gpu)?).unwrap_or(i32::MAX);
+    // SAFETY: a kernel of the current context (bound by dynamic_limit); within the device's
+    // limit for it.
     unsafe {
         sys::cuFuncSetAttribute(
             server.gpu.function(Kernel::ServeDense),

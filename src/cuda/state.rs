@@ -161,7 +161,7 @@ impl DevModel {
     /// The resident kernel's buffers for calls of up to `capacity` samples, or why this model
     /// cannot be served that way.
     pub fn server(&self, plan: &Plan, capacity: usize) -> Result<std::result::Result<DevServer, String>> {
-        match super::serve::unsupported(&self.gpu, plan, capacity) {
+        match super::serve::unsupported(&self.gpu, plan, capacity)? {
             Some(why) => Ok(Err(why)),
             None => DevServer::new(self, plan, capacity).map(Ok),
         }
