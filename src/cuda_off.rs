@@ -53,7 +53,7 @@ impl DevModel {
     pub fn new_grads(&self, _plan: &Plan, _capacity: usize) -> Result<DevGrads> {
         match *self {}
     }
-    pub fn server(&self, _plan: &Plan, _capacity: usize) -> Result<std::result::Result<DevServer, String>> {
+    pub fn server(&self, _plan: &Plan, _capacity: usize) -> Result<Option<DevServer>> {
         match *self {}
     }
     pub fn new_optim(&self, _values: &[f32]) -> Result<DevOptim> {

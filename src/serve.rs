@@ -49,7 +49,7 @@ impl Model {
             return Err(Error::Config("a server needs a capacity of at least one sample".into()));
         }
         let resident = match &self.dev {
-            Some(dev) => dev.server(&self.plan, capacity)?.ok(),
+            Some(dev) => dev.server(&self.plan, capacity)?,
             None => None,
         };
         let how = match resident {

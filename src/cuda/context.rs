@@ -66,8 +66,9 @@ pub struct Gpu {
     name: String,
     compute_capability: (u32, u32),
     multiprocessors: u32,
-    /// Bytes of shared memory a block may use when its kernel asks for them.
-    shared_memory_optin: usize,
+    /// Bytes of dynamic shared memory a block of `serve_dense` may have (set when the kernels
+    /// are loaded: the device's opt-in limit less what the kernel declares itself).
+    serve_shared_limit: usize,
     /// Kernels are launched as programmatic dependents of the kernel ahead of them (sm_90 and
     /// later with a CUDA 12.3 or later driver, unless `FLATNN_DEPENDENT_LAUNCH=0`); see
     /// [`super::launch::launch`].
@@ -94,7 +95,7 @@ impl Gpu {
         let (major, minor) = ctx.compute_capability().map_err(err("reading the compute capability"))?;
         let multiprocessors =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(err("reading the SM count"))?;
-        let shared_memory_optin = ctx
+        let shared_optin = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(err("reading the shared memory limit"))?;
         let name = ctx.name().map_err(err("reading the name"))?;
@@ -122,6 +123,7 @@ impl Gpu {
                 unsafe { sys::cuFuncLoad(f.cu_function()) }.result().map_err(|e| driver_error("loading a kernel", e))?;
             }
         }
+        let serve_shared_limit = allow_dynamic_shared(functions[Kernel::ServeDense as usize].cu_function(), shared_optin)?;
         let dependent_launch = major >= 9 && driver_ok && std::env::var("FLATNN_DEPENDENT_LAUNCH").map_or(true, |v| v != "0");
         Ok(Gpu {
             ctx,
@@ -130,7 +132,7 @@ impl Gpu {
             name,
             compute_capability: (major as u32, minor as u32),
             multiprocessors: multiprocessors as u32,
-            shared_memory_optin: shared_memory_optin.max(0) as usize,
+            serve_shared_limit,
             dependent_launch,
         })
     }
@@ -162,9 +164,10 @@ impl Gpu {
         self.multiprocessors
     }
 
-    /// Bytes of shared memory a block may use when its kernel asks for them.
-    pub fn shared_memory_optin(&self) -> usize {
-        self.shared_memory_optin
+    /// Bytes of dynamic shared memory a block of the resident kernel (src/cuda/serve.rs) may
+    /// have.
+    pub(crate) fn serve_shared_limit(&self) -> usize {
+        self.serve_shared_limit
     }
 
     /// Waits until all work on this device is done.
@@ -181,6 +184,22 @@ impl Gpu {
     pub(crate) fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| driver_error("binding the CUDA context", e))
     }
+}
+
+/// Lets `func` (of the current context) have as much dynamic shared memory a block as the
+/// device allows it, `optin` less what it declares itself; returns that many bytes.
+fn allow_dynamic_shared(func: sys::CUfunction, optin: i32) -> Result<usize> {
+    let mut declared = 0;
+    // SAFETY: writes one int; a kernel of the current context.
+    unsafe { sys::cuFuncGetAttribute(&mut declared, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, func) }
+        .result()
+        .map_err(|e| driver_error("reading a kernel's shared memory", e))?;
+    let limit = optin.saturating_sub(declared).max(0);
+    // SAFETY: a kernel of the current context; within the device's limit for it.
+    unsafe { sys::cuFuncSetAttribute(func, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, limit) }
+        .result()
+        .map_err(|e| driver_error("letting a kernel use shared memory", e))?;
+    Ok(limit as usize)
 }
 
 /// `kernels/*.cu` compiled by NVRTC to machine code for compute capability `cc` (a cubin, so no

@@ -24,9 +24,10 @@ use super::driver_error;
 use super::launch::{int, kernel_args, launch, BLOCK};
 use super::ops::act_code;
 use super::pinned::Pinned;
-use super::state::DevModel;
+use super::state::{spin_until, DevModel};
 use crate::chain::{Layer, Plan};
 use crate::error::{Error, Result};
+use crate::layers::dense_steps;
 use cudarc::driver::{sys, CudaStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,48 +48,35 @@ pub(crate) const IDLE: Duration = Duration::from_millis(1);
 pub(crate) const LIFE: Duration = Duration::from_millis(20);
 const MARGIN: Duration = Duration::from_micros(100);
 
-/// Why a model cannot be served by the resident kernel (then `Server` runs `Model::forward`).
-pub(crate) fn unsupported(gpu: &Gpu, plan: &Plan, capacity: usize) -> Result<Option<String>> {
-    if let Some((index, step)) = plan.steps.iter().enumerate().find(|(_, s)| !matches!(s.layer, Layer::Dense { .. } | Layer::Flatten)) {
-        return Ok(Some(format!("layer {index} is {:?}, and the resident kernel runs dense layers only", step.layer)));
-    }
-    let dense = plan.steps.iter().filter(|s| matches!(s.layer, Layer::Dense { .. })).count();
-    if dense == 0 || dense > MAX_LAYERS {
-        return Ok(Some(format!("it has {dense} dense layers, and the resident kernel takes 1 to {MAX_LAYERS}")));
-    }
-    let (_, _, bytes) = shape(gpu, plan, capacity);
-    let limit = dynamic_limit(gpu)?;
-    Ok((bytes > limit)
-        .then(|| format!("its weights and activations need {bytes} bytes of shared memory a block, more than the {limit} here")))
+/// Whether the resident kernel can serve `plan` at `capacity` (else `Server` runs
+/// `Model::forward`): 1 to [`MAX_LAYERS`] dense layers (and flatten steps) and nothing else,
+/// whose weights and a block's activations fit in the shared memory the kernel may have.
+pub(crate) fn fits(gpu: &Gpu, plan: &Plan, capacity: usize) -> bool {
+    let dense = dense_steps(plan).count();
+    let others = plan.steps.iter().any(|s| !matches!(s.layer, Layer::Dense { .. } | Layer::Flatten));
+    !others && (1..=MAX_LAYERS).contains(&dense) && Shape::of(gpu, plan, capacity).shared <= gpu.serve_shared_limit()
 }
 
-/// The dynamic shared memory a block of the kernel may have: the device's opt-in limit less
-/// what the kernel declares itself (its call words and layer table).
-fn dynamic_limit(gpu: &Gpu) -> Result<usize> {
-    gpu.bind()?;
-    let mut declared = 0;
-    // SAFETY: writes one int; a kernel of the current context.
-    unsafe {
-        sys::cuFuncGetAttribute(
-            &mut declared,
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-            gpu.function(Kernel::ServeDense),
-        )
-    }
-    .result()
-    .map_err(|e| driver_error("reading the resident kernel's shared memory", e))?;
-    Ok(gpu.shared_memory_optin().saturating_sub(declared.max(0) as usize))
+/// How the kernel runs a plan at a capacity.
+struct Shape {
+    /// Samples a block takes.
+    rows: usize,
+    blocks: usize,
+    /// The widest layer's inputs or outputs.
+    width: usize,
+    /// Bytes of dynamic shared memory a block needs.
+    shared: usize,
 }
 
-/// Samples a block takes, blocks, and the dynamic shared memory a block needs.
-fn shape(gpu: &Gpu, plan: &Plan, capacity: usize) -> (usize, usize, usize) {
-    let rows = capacity.div_ceil(gpu.multiprocessors() as usize).max(1);
-    let blocks = capacity.div_ceil(rows).max(1);
-    let dense = plan.steps.iter().filter(|s| matches!(s.layer, Layer::Dense { .. }));
-    let weights: usize = dense.clone().map(|s| s.output.len() * ((s.input.len() | 1) + 1)).sum();
-    let width = dense.map(|s| s.output.len()).chain([plan.input.len()]).max().unwrap_or(0);
-    // the activations start at a multiple of 4 values (kernels/serve.cu loads 4 at a time)
-    (rows, blocks, 4 * (weights.next_multiple_of(4) + 2 * rows * width))
+impl Shape {
+    fn of(gpu: &Gpu, plan: &Plan, capacity: usize) -> Shape {
+        let rows = capacity.div_ceil(gpu.multiprocessors() as usize).max(1);
+        let weights: usize = dense_steps(plan).map(|s| s.output.len() * ((s.input.len() | 1) + 1)).sum();
+        let width = dense_steps(plan).map(|s| s.output.len()).chain([plan.input.len()]).max().unwrap_or(0);
+        // the activations start at a multiple of 4 values (kernels/serve.cu loads 4 at a time)
+        let shared = 4 * (weights.next_multiple_of(4) + 2 * rows * width);
+        Shape { rows, blocks: capacity.div_ceil(rows).max(1), width, shared }
+    }
 }
 
 /// The resident kernel of one model, and the page-locked memory calls go through.
@@ -110,10 +98,7 @@ pub(crate) struct DevServer {
     done: Pinned<u32>,
     host_in: Pinned<f32>,
     host_out: Pinned<f32>,
-    rows: usize,
-    blocks: usize,
-    shared: usize,
-    width: i32,
+    shape: Shape,
     output_len: usize,
     /// The number of the last call made.
     seq: u32,
@@ -125,17 +110,17 @@ pub(crate) struct DevServer {
 
 impl DevServer {
     /// Buffers for calls of up to `capacity` samples of `plan` on `model`'s parameters (the
-    /// kernel starts at the first call). The caller checked [`unsupported`].
+    /// kernel starts at the first call). The caller checked [`fits`].
     pub fn new(model: &DevModel, plan: &Plan, capacity: usize) -> Result<DevServer> {
         let gpu = Arc::clone(&model.gpu);
-        let (rows, blocks, shared) = shape(&gpu, plan, capacity);
+        let shape = Shape::of(&gpu, plan, capacity);
+        int(shape.width)?;
         let mut table = Vec::new();
-        for step in plan.steps.iter().filter(|s| matches!(s.layer, Layer::Dense { .. })) {
+        for step in dense_steps(plan) {
             let (w, b) = step.weight_and_bias();
             let (act, slope) = act_code(step.layer.activation());
             table.extend([int(step.input.len())?, int(step.output.len())?, act, slope.to_bits() as i32, int(w.start)?, int(b.start)?]);
         }
-        let width = plan.steps.iter().map(|s| s.output.len()).chain([plan.input.len()]).max().unwrap_or(0);
         let (input_len, output_len) = (plan.input.len(), plan.output().len());
         int(capacity * input_len.max(output_len))?;
         let stream = gpu.new_stream()?;
@@ -152,10 +137,7 @@ impl DevServer {
             layers: (table.len() / FIELDS) as i32,
             dev_in,
             go,
-            rows,
-            blocks,
-            shared,
-            width: int(width)?,
+            shape,
             output_len,
             seq: 0,
             running: None,
@@ -163,7 +145,6 @@ impl DevServer {
             stream,
             gpu,
         };
-        gpu_ready(&server)?;
         // the weights as the model's queued steps leave them
         model.stream.synchronize().map_err(|e| driver_error("waiting for the model's stream", e))?;
         server.stream.synchronize().map_err(|e| driver_error("preparing the server's buffers", e))?;
@@ -193,7 +174,7 @@ impl DevServer {
             }
         }
         if self.running.is_none() {
-            self.start()?;
+            self.start(self.seq)?;
         }
         // 0 is what `done` holds before any call, and u32::MAX the kernel's "leave"
         self.seq = if self.seq >= u32::MAX - 1 { 1 } else { self.seq + 1 };
@@ -220,56 +201,29 @@ impl DevServer {
     /// Spins until the last call is answered. A kernel that left without answering (it went
     /// idle as the call came) is relaunched, once; a fault is an error.
     fn wait(&mut self) -> Result<()> {
-        let (mut spins, mut relaunched) = (0u32, false);
-        let start = Instant::now();
-        loop {
-            if self.answered() {
-                let now = Instant::now();
-                if let Some((_, answered)) = &mut self.running {
-                    *answered = now;
-                }
-                return Ok(());
-            }
-            spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(1024) {
-                std::hint::spin_loop();
-                continue;
-            }
-            // SAFETY: a live stream of the current context.
-            match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) } {
-                sys::CUresult::CUDA_ERROR_NOT_READY => {
-                    if start.elapsed() > Duration::from_micros(200) {
-                        std::thread::yield_now();
-                    }
-                }
-                sys::CUresult::CUDA_SUCCESS if self.answered() => {}
-                sys::CUresult::CUDA_SUCCESS if !relaunched => {
-                    relaunched = true;
-                    self.running = None;
-                    self.start_from(self.seq - 1)?;
-                }
-                sys::CUresult::CUDA_SUCCESS => {
-                    return Err(Error::Cuda { what: "the resident kernel left without answering a call".into() });
-                }
-                e => return Err(driver_error("waiting for the resident kernel", cudarc::driver::DriverError(e))),
-            }
-        }
-    }
-
-    fn answered(&self) -> bool {
+        let (done, seq, stream) = (self.done.as_ptr(), self.seq, Arc::clone(&self.stream));
         // SAFETY: a live, aligned word of page-locked memory that the device writes; the
         // acquire load orders the reads of the outputs after it.
-        unsafe { AtomicU32::from_ptr(self.done.as_ptr().cast_mut()) }.load(Ordering::Acquire) == self.seq
-    }
-
-    fn start(&mut self) -> Result<()> {
-        self.start_from(self.seq)
+        let answered = || unsafe { AtomicU32::from_ptr(done.cast_mut()) }.load(Ordering::Acquire) == seq;
+        let mut relaunched = false;
+        spin_until(&stream, "waiting for the resident kernel", answered, || {
+            if relaunched {
+                return Err(Error::Cuda { what: "the resident kernel left without answering a call".into() });
+            }
+            relaunched = true;
+            self.start(seq - 1)
+        })?;
+        if let Some((_, answered)) = &mut self.running {
+            *answered = Instant::now();
+        }
+        Ok(())
     }
 
     /// Launches the kernel, which answers calls numbered other than `last`.
-    fn start_from(&mut self, last: u32) -> Result<()> {
+    fn start(&mut self, last: u32) -> Result<()> {
         self.bell.as_mut_slice()[STOP] = 0;
-        let (params, table, layers, rows, width) = (self.params, self.table.ptr(), self.layers, self.rows as i32, self.width);
+        let (rows, width) = (self.shape.rows as i32, self.shape.width as i32);
+        let (params, table, layers) = (self.params, self.table.ptr(), self.layers);
         let (bell, go, done) = (self.bell.device_ptr(), self.go.ptr(), self.done.device_ptr());
         let (host_in, dev_in, host_out) = (self.host_in.device_ptr(), self.dev_in.ptr(), self.host_out.device_ptr());
         let idle_ns = self.kernel_idle.as_nanos() as u64;
@@ -290,9 +244,9 @@ impl DevServer {
         unsafe {
             launch(
                 self.gpu.function(Kernel::ServeDense),
-                (self.blocks as u32, 1, 1),
+                (self.shape.blocks as u32, 1, 1),
                 (BLOCK, 1, 1),
-                self.shared as u32,
+                self.shape.shared as u32,
                 self.stream.cu_stream(),
                 false,
                 &mut args,
@@ -312,23 +266,6 @@ impl DevServer {
         self.gpu.bind()?;
         self.stream.synchronize().map_err(|e| driver_error("stopping the resident kernel", e))
     }
-}
-
-/// Lets the kernel use as much dynamic shared memory a block as the device allows (the same for
-/// every server on the device, so that one server's setting never stops another's launch).
-fn gpu_ready(server: &DevServer) -> Result<()> {
-    let limit = i32::try_from(dynamic_limit(&server.gpu)?).unwrap_or(i32::MAX);
-    // SAFETY: a kernel of the current context (bound by dynamic_limit); within the device's
-    // limit for it.
-    unsafe {
-        sys::cuFuncSetAttribute(
-            server.gpu.function(Kernel::ServeDense),
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            limit,
-        )
-    }
-    .result()
-    .map_err(|e| driver_error("letting the resident kernel use shared memory", e))
 }
 
 impl Drop for DevServer {

@@ -158,13 +158,10 @@ impl DevModel {
         DevModel::new(&super::gpu(ordinal)?, params, options)
     }
 
-    /// The resident kernel's buffers for calls of up to `capacity` samples, or why this model
-    /// cannot be served that way.
-    pub fn server(&self, plan: &Plan, capacity: usize) -> Result<std::result::Result<DevServer, String>> {
-        match super::serve::unsupported(&self.gpu, plan, capacity)? {
-            Some(why) => Ok(Err(why)),
-            None => DevServer::new(self, plan, capacity).map(Ok),
-        }
+    /// The resident kernel's buffers for calls of up to `capacity` samples, or None where this
+    /// model cannot be served that way.
+    pub fn server(&self, plan: &Plan, capacity: usize) -> Result<Option<DevServer>> {
+        super::serve::fits(&self.gpu, plan, capacity).then(|| DevServer::new(self, plan, capacity)).transpose()
     }
 
     /// The device half of a cache for `capacity` samples.
@@ -485,30 +482,39 @@ fn copy_inputs_in(gpu: &Gpu, stream: &CudaStream, acts: &DevBuf<f32>, len: usize
 /// caller reads next), asking the stream every so often whether it failed or finished without
 /// writing it, so that a fault is an error rather than a hang.
 fn wait_for_flag(stream: &CudaStream, flag: &Pinned<u32>, want: u32) -> Result<()> {
+    let flag = flag.as_ptr();
     // SAFETY: a live, aligned u32 of page-locked memory, only ever accessed atomically or by
     // the device; the acquire load orders the reads of the outputs after it.
-    let flag = unsafe { std::sync::atomic::AtomicU32::from_ptr(flag.as_ptr().cast_mut()) };
+    let holds = || unsafe { std::sync::atomic::AtomicU32::from_ptr(flag.cast_mut()) }.load(std::sync::atomic::Ordering::Acquire);
+    spin_until(
+        stream,
+        "waiting for the forward pass",
+        || holds() == want,
+        || Err(Error::Cuda { what: format!("the forward pass finished but its flag holds {} instead of {want}", holds()) }),
+    )
+}
+
+/// Spins until `ready()`, asking `stream` every 1,024 spins whether it failed (an error that
+/// says `what` the host was doing) or has nothing left to run while `ready()` is still false:
+/// then `finished()` decides (an error, or work queued again and the spin goes on). Past 200 µs
+/// the spin lets other threads have the core between spins.
+pub(super) fn spin_until(
+    stream: &CudaStream,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+    mut finished: impl FnMut() -> Result<()>,
+) -> Result<()> {
     let (mut spins, start, mut long) = (0u32, std::time::Instant::now(), false);
-    while flag.load(std::sync::atomic::Ordering::Acquire) != want {
+    while !ready() {
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(1024) {
-            // past 200 µs (large batches, big models) the wait lets other threads have the core
             long = start.elapsed() > std::time::Duration::from_micros(200);
             // SAFETY: a live stream of the current context.
             match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
                 sys::CUresult::CUDA_ERROR_NOT_READY => {}
-                sys::CUresult::CUDA_SUCCESS => {
-                    if flag.load(std::sync::atomic::Ordering::Acquire) == want {
-                        break;
-                    }
-                    return Err(Error::Cuda {
-                        what: format!(
-                            "the forward pass finished but its flag holds {} instead of {want}",
-                            flag.load(std::sync::atomic::Ordering::Relaxed)
-                        ),
-                    });
-                }
-                e => return Err(driver_error("waiting for the forward pass", cudarc::driver::DriverError(e))),
+                sys::CUresult::CUDA_SUCCESS if ready() => break,
+                sys::CUresult::CUDA_SUCCESS => finished()?,
+                e => return Err(driver_error(what, cudarc::driver::DriverError(e))),
             }
         }
         if long {

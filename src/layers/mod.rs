@@ -90,6 +90,12 @@ impl GradWorkspace {
     }
 }
 
+/// The plan's dense steps.
+#[cfg(feature = "cuda")]
+pub(crate) fn dense_steps(plan: &Plan) -> impl Iterator<Item = &Step> {
+    plan.steps.iter().filter(|s| matches!(s.layer, Layer::Dense { .. }))
+}
+
 /// The plan's convolution steps.
 pub(crate) fn conv_steps(plan: &Plan) -> impl Iterator<Item = &Step> {
     plan.steps.iter().filter(|s| matches!(s.layer, Layer::Conv { .. }))
