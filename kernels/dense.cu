@@ -277,3 +277,257 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
         if (i + 1 < M) dense_store(mode, i + 1, j, acc1, e1, z_prev, N, ldc, out0, out1, act, slope);
     }
 }
+
+// Tensor-core tiles (sm_80 and later): large products, such as a first layer's forward over
+// k = 784 and its weight gradient over a batch of hundreds. A block of MMA_THREADS computes a
+// BM × BN tile of C over all of k, streaming A's and B's slices of MMA_KC values of k through
+// MMA_STAGES buffers in (dynamic) shared memory with 16-byte asynchronous copies, so that
+// several slices are in flight while one is summed. Two layouts, chosen on the host: forward
+// (A and B contiguous along k: X and a layer's W) and weight gradient (A contiguous along m, B
+// along n: dZᵀ and X); the host also checks that the operands are 16-byte aligned.
+//
+// Each warp sums a 16-row strip of the tile over every WK-th group of eight values of k of a
+// slice with mma.sync (m16n8k8, TF32 inputs, FP32 sums) in three products, the 3xTF32 scheme:
+// each value is split into its TF32 rounding and what that leaves out, and small·big +
+// big·small + big·big recovers FP32's accuracy (small·small is below FP32's rounding; the
+// tensor cores read a register as TF32 by ignoring its low 13 bits, so the small part is
+// passed as it is). The tensor cores round their sums toward zero, so each slice's products are
+// summed afresh and added to the warp's FP32 total with an ordinary (rounded) addition. The
+// warps' totals are then added in order through shared memory: each output is summed in one
+// fixed order. Grid: (ceil(N / BN), ceil(M / BM)).
+#define MMA_THREADS 256
+#define MMA_KC 64
+#define MMA_STAGES 4
+
+// x = big + small: big its TF32 rounding (to nearest, ties away; as bits), small the rest,
+// exactly, in FP32
+__device__ __forceinline__ void mma_split(float x, unsigned& big, unsigned& small) {
+    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+    small = __float_as_uint(x - __uint_as_float(big));
+}
+
+// d += a·b for one 16 × 8 tile over 8 values of k (fragments as PTX's m16n8k8 .tf32 lays them out)
+__device__ __forceinline__ void mma_16x8x8(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Copies `bytes` (0 to 16) bytes from global into shared memory and zero-fills the rest of the
+// 16, asynchronously (cp.async, one group a slice: mma_commit, mma_wait)
+__device__ __forceinline__ void mma_copy(unsigned dst, const float* src, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mma_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most N of this thread's groups of copies are still in flight
+template <int N>
+__device__ __forceinline__ void mma_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Floats of one operand's slice buffer: [r][k] (rows padded to MMA_KC + 4) when the operand is
+// contiguous along k (KM), else [k][r] (rows padded to TR + 8); both paddings make a warp's
+// fragment loads hit 32 different banks. dense_mma_shared in src/cuda/ops.rs mirrors this.
+template <int TR, bool KM>
+__host__ __device__ constexpr int mma_buf() {
+    return KM ? TR * (MMA_KC + 4) : MMA_KC * (TR + 8);
+}
+
+template <int TR, bool KM>
+__device__ __forceinline__ constexpr int mma_at(int r, int k) {
+    return KM ? r * (MMA_KC + 4) + k : k * (TR + 8) + r;
+}
+
+// One operand's share of a thread in every slice: V runs of four values, each a 16-byte copy.
+// (r, k) of the operand is X[r·rs + k·cs]; rows r0 .. r0 + TR of R, k up to K; what lies outside
+// is zero-filled. Along k (KM) a run is four values of k of one row; else four rows at one k.
+template <int TR, bool KM>
+struct MmaOperand {
+    static constexpr int V = TR * MMA_KC / 4 / MMA_THREADS;
+    const float* src[V];  // the run at slice 0
+    int at[V];            // where it lands in a slice buffer
+    int k[V];             // its k within a slice
+    int bytes[V];         // KM: 16 if its row is inside R, else 0; else the bytes of its rows inside R
+    long long step;       // the offset from one slice to the next
+
+    __device__ __forceinline__ MmaOperand(const float* X, int rs, int cs, int R, int r0) {
+        step = (long long)MMA_KC * (KM ? 1 : cs);
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            int e = threadIdx.x + v * MMA_THREADS;
+            int r = KM ? e / (MMA_KC / 4) : (e % (TR / 4)) * 4;
+            k[v] = KM ? (e % (MMA_KC / 4)) * 4 : e / (TR / 4);
+            at[v] = mma_at<TR, KM>(r, k[v]);
+            bytes[v] = KM ? (r0 + r < R ? 16 : 0) : 4 * min(max(R - (r0 + r), 0), 4);
+            src[v] = bytes[v] > 0 ? X + (long long)(r0 + r) * rs + (long long)k[v] * cs : X;
+        }
+    }
+
+    // the copies of slice s into the buffer at shared address buf
+    __device__ __forceinline__ void load(unsigned buf, int s, int K) const {
+        int k0 = s * MMA_KC;
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            int left = K - (k0 + k[v]);
+            int n = KM ? min(max(left, 0), 4) * (bytes[v] / 4) : (left > 0 ? bytes[v] : 0);
+            mma_copy(buf + 4 * at[v], n > 0 ? src[v] + s * step : src[v], n);
+        }
+    }
+};
+
+template <int BM, int BN, bool AK, bool BK>
+__device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
+                                               int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
+                                               const float* y_prev, int act, float slope, bool b_early) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int WM = BM / 16, WK = (MMA_THREADS / 32) / WM, FRAGS = BN / 8, OUTS = BM * BN / MMA_THREADS;
+    constexpr int A_SIZE = mma_buf<BM, AK>(), STAGE = A_SIZE + mma_buf<BN, BK>();
+    static_assert(WM * WK * 32 == MMA_THREADS && (MMA_KC / 8) % WK == 0 && BN % 8 == 0 && BM * BN % MMA_THREADS == 0, "tile shape");
+    static_assert(WK * BM * (BN + 1) <= MMA_STAGES * STAGE, "the warps' sums fit in the buffers");
+    extern __shared__ __align__(16) float smem[];
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < 4u * MMA_STAGES * STAGE) __trap();  // the host gave less shared memory than the tile needs
+    unsigned base = (unsigned)__cvta_generic_to_shared(smem);
+    int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    // the weight gradient's column of ones (j == N − 1) is not in B: it is written into the
+    // slices of the block that holds it once they have landed
+    int ones = mode == DENSE_WEIGHT_GRAD && N - 1 >= n0 && N - 1 < n0 + BN ? N - 1 - n0 : -1;
+    MmaOperand<BM, AK> a_in(A, a_rs, a_cs, M, m0);
+    MmaOperand<BN, BK> b_in(B, b_cs, b_rs, mode == DENSE_WEIGHT_GRAD ? N - 1 : N, n0);
+    int slices = (K + MMA_KC - 1) / MMA_KC;
+    float2 e[OUTS];
+    auto epilogue_in = [&]() {
+#pragma unroll
+        for (int q = 0; q < OUTS; q++) {
+            int o = threadIdx.x + q * MMA_THREADS;
+            e[q] = dense_epilogue_in(mode, m0 + o / BN, n0 + o % BN, M, N, ldc, bias, z_prev, y_prev);
+        }
+    };
+    // the first slices' B (and the epilogue's inputs) before the wait with b_early (see
+    // dense_skinny_cols); each slice's copies are one group, A's joining B's
+    if (b_early) {
+        for (int s = 0; s < MMA_STAGES - 1 && s < slices; s++) b_in.load(base + 4 * (s * STAGE + A_SIZE), s, K);
+        epilogue_in();
+    }
+    after_prior();
+    if (!b_early) epilogue_in();
+    for (int s = 0; s < MMA_STAGES - 1; s++) {
+        if (s < slices) {
+            if (!b_early) b_in.load(base + 4 * (s * STAGE + A_SIZE), s, K);
+            a_in.load(base + 4 * s * STAGE, s, K);
+        }
+        mma_commit();
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int wm = warp % WM, wk = warp / WM;
+    // the lane's first fragment values in a slice (its steps to the others are constants)
+    int a0 = mma_at<BM, AK>(wm * 16 + g, wk * 8 + t), b0 = A_SIZE + mma_at<BN, BK>(g, wk * 8 + t);
+    float total[FRAGS][4];
+#pragma unroll
+    for (int f = 0; f < FRAGS; f++) total[f][0] = total[f][1] = total[f][2] = total[f][3] = 0.0f;
+    for (int c = 0; c < slices; c++) {
+        mma_wait<MMA_STAGES - 2>();
+        __syncthreads();
+        float* buf = smem + (c % MMA_STAGES) * STAGE;
+        if (ones >= 0) {
+            for (int k = threadIdx.x; k < MMA_KC; k += MMA_THREADS) buf[A_SIZE + mma_at<BN, BK>(ones, k)] = c * MMA_KC + k < K ? 1.0f : 0.0f;
+            __syncthreads();
+        }
+        // the slice MMA_STAGES − 1 ahead, into the buffer every warp has finished with
+        int next = c + MMA_STAGES - 1;
+        if (next < slices) {
+            unsigned nb = base + 4 * (next % MMA_STAGES) * STAGE;
+            b_in.load(nb + 4 * A_SIZE, next, K);
+            a_in.load(nb, next, K);
+        }
+        mma_commit();
+        float acc[FRAGS][4];
+#pragma unroll
+        for (int f = 0; f < FRAGS; f++) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < MMA_KC / 8 / WK; s++) {
+            const float* as = buf + a0 + mma_at<BM, AK>(0, s * WK * 8);
+            const float* bs = buf + b0 + mma_at<BN, BK>(0, s * WK * 8);
+            unsigned ab[4], al[4], bb[FRAGS][2], bl[FRAGS][2];
+            mma_split(as[0], ab[0], al[0]);
+            mma_split(as[mma_at<BM, AK>(8, 0)], ab[1], al[1]);
+            mma_split(as[mma_at<BM, AK>(0, 4)], ab[2], al[2]);
+            mma_split(as[mma_at<BM, AK>(8, 4)], ab[3], al[3]);
+#pragma unroll
+            for (int f = 0; f < FRAGS; f++) {
+                mma_split(bs[mma_at<BN, BK>(8 * f, 0)], bb[f][0], bl[f][0]);
+                mma_split(bs[mma_at<BN, BK>(8 * f, 4)], bb[f][1], bl[f][1]);
+            }
+            // the three products of each fragment apart, so that consecutive ones add into
+            // different sums and need not wait for each other
+#pragma unroll
+            for (int f = 0; f < FRAGS; f++) mma_16x8x8(acc[f], al, bb[f][0], bb[f][1]);
+#pragma unroll
+            for (int f = 0; f < FRAGS; f++) mma_16x8x8(acc[f], ab, bl[f][0], bl[f][1]);
+#pragma unroll
+            for (int f = 0; f < FRAGS; f++) mma_16x8x8(acc[f], ab, bb[f][0], bb[f][1]);
+        }
+#pragma unroll
+        for (int f = 0; f < FRAGS; f++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) total[f][q] += acc[f][q];
+        }
+    }
+    mma_wait<0>();
+    __syncthreads();
+    // the warps' totals through shared memory, added in the order of their groups of k
+    float* sums = smem;
+#pragma unroll
+    for (int f = 0; f < FRAGS; f++) {
+        int r = wk * BM + wm * 16 + g, col = f * 8 + 2 * t;
+        sums[r * (BN + 1) + col] = total[f][0];
+        sums[r * (BN + 1) + col + 1] = total[f][1];
+        sums[(r + 8) * (BN + 1) + col] = total[f][2];
+        sums[(r + 8) * (BN + 1) + col + 1] = total[f][3];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < OUTS; q++) {
+        int o = threadIdx.x + q * MMA_THREADS, r = o / BN, col = o % BN;
+        float v = sums[r * (BN + 1) + col];
+#pragma unroll
+        for (int w = 1; w < WK; w++) v += sums[(w * BM + r) * (BN + 1) + col];
+        if (m0 + r < M && n0 + col < N) dense_store(mode, m0 + r, n0 + col, v, e[q], z_prev, N, ldc, out0, out1, act, slope);
+    }
+#else
+    __trap();
+#endif
+}
+
+// dense_mma_BMxBN_kk: A and B contiguous along k (forward); _mn: A along m, B along n (weight
+// gradient)
+#define DENSE_MMA(BM, BN)                                                                                                           \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS) void dense_mma_##BM##x##BN##_kk(                                          \
+        const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K, int mode, int ldc,          \
+        const float* bias, float* out0, float* out1, const float* z_prev, const float* y_prev, int act, float slope, int b_early) { \
+        dense_mma_tile<BM, BN, true, true>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, \
+                                           slope, b_early);                                                                      \
+    }                                                                                                                             \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS) void dense_mma_##BM##x##BN##_mn(                                          \
+        const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K, int mode, int ldc,          \
+        const float* bias, float* out0, float* out1, const float* z_prev, const float* y_prev, int act, float slope, int b_early) { \
+        dense_mma_tile<BM, BN, false, false>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev,    \
+                                             act, slope, b_early);                                                               \
+    }
+DENSE_MMA(16, 16)
+DENSE_MMA(32, 16)
+DENSE_MMA(16, 32)
+DENSE_MMA(32, 32)

@@ -44,6 +44,14 @@ kernels! {
     DenseSkinny8 = "dense_skinny8",
     DenseRow = "dense_row",
     DensePanel = "dense_panel",
+    DenseMma16x16Kk = "dense_mma_16x16_kk",
+    DenseMma32x16Kk = "dense_mma_32x16_kk",
+    DenseMma16x32Kk = "dense_mma_16x32_kk",
+    DenseMma32x32Kk = "dense_mma_32x32_kk",
+    DenseMma16x16Mn = "dense_mma_16x16_mn",
+    DenseMma32x16Mn = "dense_mma_32x16_mn",
+    DenseMma16x32Mn = "dense_mma_16x32_mn",
+    DenseMma32x32Mn = "dense_mma_32x32_mn",
     Im2col = "im2col",
     Col2im = "col2im",
     Sgd = "sgd",
@@ -124,6 +132,14 @@ impl Gpu {
             }
         }
         let serve_shared_limit = allow_dynamic_shared(functions[Kernel::ServeDense as usize].cu_function(), shared_optin)?;
+        if major >= 8 {
+            // the tensor-core tiles' slice buffers are dynamic shared memory (kernels/dense.cu)
+            for tile in super::ops::MMA_TILES {
+                for kernel in [tile.forward, tile.weight_grad] {
+                    allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin)?;
+                }
+            }
+        }
         let dependent_launch = major >= 9 && driver_ok && std::env::var("FLATNN_DEPENDENT_LAUNCH").map_or(true, |v| v != "0");
         Ok(Gpu {
             ctx,

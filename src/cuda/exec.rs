@@ -195,7 +195,10 @@ const FUSED_BATCH: usize = 128;
 fn fused(gpu: &Gpu, batch: usize, n: usize, k: usize) -> bool {
     let one_wave = gpu.dense_wave();
     let blocks = gpu.dense_blocks(batch, n, k, false);
-    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && blocks <= one_wave) || (k > PANEL_MAX_K && blocks <= FUSED_WAVES * one_wave)
+    batch <= FUSED_BATCH
+        || gpu.dense_on_tensor_cores(batch, n, k, false)
+        || (k <= PANEL_MAX_K && blocks <= one_wave)
+        || (k > PANEL_MAX_K && blocks <= FUSED_WAVES * one_wave)
 }
 
 /// Waves of blocks up to which a forward or input-gradient product over k above [`PANEL_MAX_K`]
@@ -218,7 +221,9 @@ const FUSED_WAVES: usize = 4;
 /// before waiting for the kernel ahead), MLP step at 160 34.0 → 32.6–32.7, 200 35.8–35.9 →
 /// 33.7–33.9, 256 37.8 → 35.4–35.5, with the 100-200-1 and LeNet at 256 unchanged.
 fn fused_weight_grad(gpu: &Gpu, batch: usize, out: usize, inp: usize) -> bool {
-    batch <= FUSED_BATCH || (batch <= PANEL_MAX_K && gpu.dense_blocks(out, inp, batch, true) <= gpu.dense_wave())
+    batch <= FUSED_BATCH
+        || gpu.dense_on_tensor_cores(out, inp, batch, true)
+        || (batch <= PANEL_MAX_K && gpu.dense_blocks(out, inp, batch, true) <= gpu.dense_wave())
 }
 
 /// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last

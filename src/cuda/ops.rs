@@ -85,6 +85,54 @@ pub(super) const PANEL_MAX_K: usize = 256;
 /// 100-200-1's 53.3 → 56.5, hence one an SM.
 const PANEL_MIN_COLS: usize = 16;
 
+/// Where a product runs on the tensor-core tiles ([`Gpu::mma_tile`]): from this many
+/// multiply-adds, and k in this range. Measured on the H100 (in-graph, epilogue included, the
+/// MLP's first layer; the tiles against the kernel that ran before): forward at 160 samples 5.9
+/// against 7.2 µs (row-chunked), at 256 6.1 against ~10.4, at 1024 10.9 against 14.6 (cuBLAS +
+/// bias and activation); weight gradient over 160 samples 3.8 against 6.3 (panels), over 1024
+/// 12.2 against 15.6 (cuBLAS + bias gradient). But with two waves of blocks or more (the forward
+/// at 2048, the 100-200-1's first layer at 1024) or k of 2048 and more the MLP step at 2048 went
+/// 76.5 → 78.3 µs and at 4096 130.5 → 138.8, and below half a wave (the forward at 128: 64
+/// blocks) the forward took 5.8 against 4.8 µs row-chunked. Weight gradients over more than
+/// [`MMA_MAX_SAMPLES`] stay on cuBLAS: the 100-200-1's first layer at 1024 (91 blocks) took its
+/// step 33.1 → 35.4 µs on the tiles.
+const MMA_MIN_FMAS: usize = 1 << 22;
+const MMA_MIN_K: usize = 256;
+const MMA_MAX_K: usize = 1024;
+const MMA_MAX_SAMPLES: usize = 512;
+
+/// One shape of the tensor-core tiles (`dense_mma_*` in kernels/dense.cu): BM × BN outputs a
+/// block, a kernel for each of the two layouts they take.
+#[derive(Clone, Copy)]
+pub(crate) struct MmaTile {
+    pub forward: Kernel,
+    pub weight_grad: Kernel,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+pub(crate) const MMA_TILES: [MmaTile; 4] = [
+    MmaTile { forward: Kernel::DenseMma16x16Kk, weight_grad: Kernel::DenseMma16x16Mn, rows: 16, cols: 16 },
+    MmaTile { forward: Kernel::DenseMma32x16Kk, weight_grad: Kernel::DenseMma32x16Mn, rows: 32, cols: 16 },
+    MmaTile { forward: Kernel::DenseMma16x32Kk, weight_grad: Kernel::DenseMma16x32Mn, rows: 16, cols: 32 },
+    MmaTile { forward: Kernel::DenseMma32x32Kk, weight_grad: Kernel::DenseMma32x32Mn, rows: 32, cols: 32 },
+];
+
+/// Values of k a slice of the tiles holds, and slices in flight (MMA_KC, MMA_STAGES).
+const MMA_KC: usize = 64;
+const MMA_STAGES: usize = 4;
+
+impl MmaTile {
+    /// Bytes of shared memory a block needs: MMA_STAGES slice buffers of A and B, as
+    /// `mma_buf` in kernels/dense.cu lays them out (along k, rows padded to MMA_KC + 4; else
+    /// rows of k padded to the tile's side + 8).
+    fn shared_bytes(&self, kernel: Kernel) -> u32 {
+        let along_k = kernel == self.forward;
+        let buf = |side: usize| if along_k { side * (MMA_KC + 4) } else { MMA_KC * (side + 8) };
+        (4 * MMA_STAGES * (buf(self.rows) + buf(self.cols))) as u32
+    }
+}
+
 /// What the fused dense product does with each value c of C = A·B.
 pub enum DenseEpilogue<'a> {
     /// `z = c + bias[j]`, and `y = act(z)` when `y` is given (a layer's forward).
@@ -133,13 +181,26 @@ impl Gpu {
     }
 
     /// Launches `kernel` on a 2-D grid of [`BLOCK`]-thread blocks.
-    fn run_grid<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: (u32, u32), mut args: [*mut c_void; N]) -> Result<()> {
+    fn run_grid<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: (u32, u32), args: [*mut c_void; N]) -> Result<()> {
+        self.run_blocks(stream, kernel, grid, 0, args)
+    }
+
+    /// Launches `kernel` on a 2-D grid of [`BLOCK`]-thread blocks with `shared` bytes of
+    /// dynamic shared memory each.
+    fn run_blocks<const N: usize>(
+        &self,
+        stream: &CudaStream,
+        kernel: Kernel,
+        grid: (u32, u32),
+        shared: u32,
+        mut args: [*mut c_void; N],
+    ) -> Result<()> {
         assert_eq!(stream.context().cu_ctx(), self.ctx.cu_ctx(), "a stream of another device");
         self.bind()?;
         // SAFETY: every wrapper below passes its kernel's parameters in order with their C
         // types, after checking on the host that each view holds what the kernel touches.
         unsafe {
-            launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), 0, stream.cu_stream(), self.dependent_launch, &mut args)
+            launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), shared, stream.cu_stream(), self.dependent_launch, &mut args)
         }
     }
 
@@ -157,6 +218,47 @@ impl Gpu {
     pub fn dense(
         &self,
         stream: &CudaStream,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: DevMat,
+        b: DevMat,
+        epilogue: DenseEpilogue,
+        b_early: bool,
+    ) -> Result<()> {
+        let weight_grad = matches!(epilogue, DenseEpilogue::WeightGrad { .. });
+        let (kernel, grid) = self.dense_choice(m, n + usize::from(weight_grad), k, &a, &b, weight_grad);
+        self.dense_on(stream, kernel, grid, m, n, k, a, b, epilogue, b_early)
+    }
+
+    /// The kernel and grid [`Gpu::dense`] runs an `m × cols` product over `k` on (`cols`
+    /// counts a weight gradient's column of ones): the tensor-core tiles where they take it
+    /// ([`Gpu::mma_tile`]), else [`Gpu::dense_kernel`]'s.
+    pub(crate) fn dense_choice(&self, m: usize, cols: usize, k: usize, a: &DevMat, b: &DevMat, weight_grad: bool) -> (Kernel, (u32, u32)) {
+        let tiles = self.mma_tile(m, cols, k, weight_grad).and_then(|tile| {
+            let aligned = |d: &DevMat, stride: usize| d.data.ptr().is_multiple_of(16) && stride.is_multiple_of(4);
+            // forward's layout: A and B contiguous along k; weight gradient's: along m and n
+            if a.cs == 1 && b.rs == 1 && aligned(a, a.rs) && aligned(b, b.cs) {
+                Some((tile.forward, tile))
+            } else if a.rs == 1 && b.cs == 1 && aligned(a, a.cs) && aligned(b, b.rs) {
+                Some((tile.weight_grad, tile))
+            } else {
+                None
+            }
+        });
+        match tiles {
+            Some((kernel, tile)) => (kernel, (cols.div_ceil(tile.cols) as u32, m.div_ceil(tile.rows) as u32)),
+            None => self.dense_kernel(m, cols, k, weight_grad),
+        }
+    }
+
+    /// [`Gpu::dense`] on the given kernel and grid.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dense_on(
+        &self,
+        stream: &CudaStream,
+        kernel: Kernel,
+        grid: (u32, u32),
         m: usize,
         n: usize,
         k: usize,
@@ -192,8 +294,8 @@ impl Gpu {
         let early = i32::from(b_early);
         let args =
             kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope, early];
-        let (kernel, grid) = self.dense_kernel(m, cols, k, mode == 2);
-        self.run_grid(stream, kernel, grid, args)
+        let tile = MMA_TILES.iter().find(|t| t.forward == kernel || t.weight_grad == kernel);
+        self.run_blocks(stream, kernel, grid, tile.map_or(0, |t| t.shared_bytes(kernel)), args)
     }
 
     /// Blocks of the dense kernels the GPU holds at once: [`SKINNY_BLOCKS_PER_SM`] an SM.
@@ -227,6 +329,32 @@ impl Gpu {
         } else {
             (Kernel::DensePanel, (cols.div_ceil(PANEL_N) as u32, m.div_ceil(PANEL_M) as u32))
         }
+    }
+
+    /// The tensor-core tile (`dense_mma_*`) for an `m × cols` product over `k`, where they
+    /// run it (given operands laid out as a forward's or a weight gradient's and 16-byte
+    /// aligned, which [`Gpu::dense`] checks): on sm_80 and later, for k from [`MMA_MIN_K`] to
+    /// [`MMA_MAX_K`] ([`MMA_MAX_SAMPLES`] for a weight gradient, whose k is the batch) and at
+    /// least [`MMA_MIN_FMAS`] multiply-adds, where a tile shape gives between half as many
+    /// blocks as the GPU has multiprocessors and as many; of those, the shape whose blocks read
+    /// the fewest values (BM + BN a value of k).
+    pub(crate) fn mma_tile(&self, m: usize, cols: usize, k: usize, weight_grad: bool) -> Option<MmaTile> {
+        let max_k = if weight_grad { MMA_MAX_SAMPLES } else { MMA_MAX_K };
+        if self.compute_capability().0 < 8 || !(MMA_MIN_K..=max_k).contains(&k) || m * cols * k < MMA_MIN_FMAS {
+            return None;
+        }
+        let sms = self.multiprocessors() as usize;
+        MMA_TILES
+            .into_iter()
+            .filter(|t| (sms / 2..=sms).contains(&(cols.div_ceil(t.cols) * m.div_ceil(t.rows))))
+            .min_by_key(|t| t.rows + t.cols)
+    }
+
+    /// Whether [`Gpu::dense`] runs an `m × n` product over `k` (a weight gradient's, with its
+    /// column of ones, when `weight_grad`) on the tensor-core tiles, given operands laid out and
+    /// aligned for them.
+    pub fn dense_on_tensor_cores(&self, m: usize, n: usize, k: usize, weight_grad: bool) -> bool {
+        self.mma_tile(m, n + usize::from(weight_grad), k, weight_grad).is_some()
     }
 
     /// Blocks [`Gpu::dense`] launches for an `m × n` product over `k` (a weight gradient's, with

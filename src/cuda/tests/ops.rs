@@ -301,6 +301,11 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
         (65, 16, 1),
         (150, 200, 100),
         (5, 9, 1500),
+        // on the tensor-core tiles where A and B are laid out and aligned for them (asserted in
+        // tensor_core_tiles_keep_fp32_accuracy), edges everywhere; the second, whose rows are
+        // not 16-byte aligned, on the other kernels
+        (300, 132, 500),
+        (257, 67, 1001),
     ];
     // and one that runs eight columns a block (see the next test)
     for (m, n, k) in shapes.into_iter().chain([(eight_column_rows(&gpu), 128, 784)]) {
@@ -350,6 +355,61 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
                 check(&format!("{what} dW b_early {b_early}"), &download(&stream, &dw), &c, 0.0, 0.0);
                 check(&format!("{what} db b_early {b_early}"), &download(&stream, &db), &db_want, 0.0, 0.0);
             }
+        }
+    }
+}
+
+/// The tensor-core tiles (3xTF32) against products in f64 on random values, in the two layouts
+/// they take (a forward's: A and B contiguous along k; a weight gradient's: A along m, B along
+/// n): no output errs by more than twice the worst error of the same sums in FP32 one after the
+/// other on the CPU, plus 1e-9 of Σ |a·b| (one TF32 product alone would err by about 1e-4 of
+/// it, so dropping the small parts of the split would fail). Asserts that these products run on
+/// the tiles.
+#[test]
+fn tensor_core_tiles_keep_fp32_accuracy() {
+    let gpu = gpu_or_skip!();
+    if gpu.compute_capability().0 < 8 {
+        println!("skipped: no tensor cores with TF32 (sm_80) on this device");
+        return;
+    }
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(17);
+    for (m, n, k) in [(300, 132, 500), (1024, 128, 784), (128, 784, 512), (200, 128, 784)] {
+        let (a, b) = (rng.uniform(m * k), rng.uniform(k * n));
+        let (mut want, mut scale, mut fp32) = (vec![0.0f64; m * n], vec![0.0f64; m * n], vec![0.0f32; m * n]);
+        for i in 0..m {
+            for p in 0..k {
+                let av = a[i * k + p];
+                for j in 0..n {
+                    let ab = av as f64 * b[p * n + j] as f64;
+                    want[i * n + j] += ab;
+                    scale[i * n + j] += ab.abs();
+                    fp32[i * n + j] += av * b[p * n + j];
+                }
+            }
+        }
+        let worst = |got: &[f32]| {
+            // a NaN (an output never written) counts as the worst error
+            let error = |l: usize| Some((got[l] as f64 - want[l]).abs() / scale[l]).filter(|e| !e.is_nan()).unwrap_or(f64::INFINITY);
+            (0..m * n).map(error).fold(0.0f64, f64::max)
+        };
+        let bound = 2.0 * worst(&fp32) + 1e-9;
+        let at: Vec<f32> = (0..k * m).map(|l| a[(l % m) * k + l / m]).collect();
+        let bt: Vec<f32> = (0..n * k).map(|l| b[(l % k) * n + l / k]).collect();
+        let (ad, atd, bd, btd) = (upload(&stream, &a), upload(&stream, &at), upload(&stream, &b), upload(&stream, &bt));
+        let zero = upload(&stream, &vec![0.0f32; n]);
+        let forward = (DevMat { data: View::of(&ad), rs: k, cs: 1 }, DevMat { data: View::of(&btd), rs: 1, cs: k });
+        let weight_grad = (DevMat { data: View::of(&atd), rs: 1, cs: m }, DevMat { data: View::of(&bd), rs: n, cs: 1 });
+        for (layout, (am, bm)) in [("forward", forward), ("weight gradient", weight_grad)] {
+            let (kernel, _) = gpu.dense_choice(m, n, k, &am, &bm, false);
+            let tiles = crate::cuda::ops::MMA_TILES.iter().any(|t| kernel == if layout == "forward" { t.forward } else { t.weight_grad });
+            assert!(tiles, "{m}x{n}x{k} in the {layout} layout runs on the tensor-core tiles, not {kernel:?}");
+            let mut z = upload(&stream, &poisoned(m * n));
+            let epilogue = DenseEpilogue::Forward { bias: View::of(&zero), z: ViewMut::of(&mut z), y: None, act: Identity };
+            gpu.dense(&stream, m, n, k, am, bm, epilogue, false).unwrap();
+            let got = worst(&download(&stream, &z));
+            println!("tiles {m}x{n}x{k}, {layout} layout: worst error {got:e} of sum |a b| (FP32 in order: {:e})", (bound - 1e-9) / 2.0);
+            assert!(got <= bound, "{m}x{n}x{k} ({layout}): error {got:e} of sum |a b|, over {bound:e}");
         }
     }
 }
@@ -596,6 +656,21 @@ fn kernel_times_of_the_mlp_step() {
                 epilogue,
                 true,
             )
+        });
+    }
+    // the first layer's two products on each tensor-core tile
+    for tile in crate::cuda::ops::MMA_TILES {
+        let (bm, bn) = (tile.rows, tile.cols);
+        let grid = |m: usize, n: usize| (n.div_ceil(bn) as u32, m.div_ceil(bm) as u32);
+        time(format!("tiles {bm}x{bn} forward 1 {batch}x128x784"), &|| {
+            let epilogue = DenseEpilogue::Forward { bias: v(wp, 128), z: vm(zp, batch * 128), y: Some(vm(yp, batch * 128)), act: Relu };
+            let (x, w) = (DevMat { data: v(xp, batch * 784), rs: 784, cs: 1 }, DevMat { data: v(wp, 128 * 784), rs: 1, cs: 784 });
+            gpu.dense_on(&stream, tile.forward, grid(batch, 128), batch, 128, 784, x, w, epilogue, false)
+        });
+        time(format!("tiles {bm}x{bn} weight grad 1 128x784x{batch}"), &|| {
+            let epilogue = DenseEpilogue::WeightGrad { dw: vm(op, 128 * 784), db: vm(yp, 128) };
+            let (dz, x) = (DevMat { data: v(zp, 128 * batch), rs: 1, cs: 128 }, DevMat { data: v(xp, batch * 784), rs: 784, cs: 1 });
+            gpu.dense_on(&stream, tile.weight_grad, grid(128, 785), 128, 784, batch, dz, x, epilogue, true)
         });
     }
     let labels = upload(&stream, &(0..batch as u32).map(|i| i % 10).collect::<Vec<_>>());
