@@ -300,7 +300,8 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
 #define MMA_STAGES 4
 
 // x = big + small: big its TF32 rounding (to nearest, ties away; as bits), small the rest,
-// exactly, in FP32
+// exactly, in FP32. Infinities (and values within a TF32 step of overflow) give a NaN small
+// part, so such inputs make NaN outputs where the FP32 kernels would give ±inf.
 __device__ __forceinline__ void mma_split(float x, unsigned& big, unsigned& small) {
     big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
     small = __float_as_uint(x - __uint_as_float(big));
@@ -339,7 +340,7 @@ __device__ __forceinline__ void mma_wait() {
 
 // Floats of one operand's slice buffer: [r][k] (rows padded to MMA_KC + 4) when the operand is
 // contiguous along k (KM), else [k][r] (rows padded to TR + 8); both paddings make a warp's
-// fragment loads hit 32 different banks. dense_mma_shared in src/cuda/ops.rs mirrors this.
+// fragment loads hit 32 different banks. MmaTile::shared_bytes in src/cuda/ops.rs mirrors this.
 template <int TR, bool KM>
 __host__ __device__ constexpr int mma_buf() {
     return KM ? TR * (MMA_KC + 4) : MMA_KC * (TR + 8);

@@ -115,7 +115,8 @@ pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, 
                 // for small batches)
                 let xm = DevMat { data: acts.at(x), rs: in_features, cs: 1 };
                 let wt = DevMat { data: params.at(w), rs: 1, cs: in_features };
-                if fused(gpu, batch, out_features, in_features) {
+                let tiles = gpu.dense_on_tensor_cores(batch, out_features, in_features, &xm, &wt, false);
+                if tiles || fused(gpu, batch, out_features, in_features) {
                     let y = (z != y).then(|| acts.at_mut(y));
                     let epilogue = DenseEpilogue::Forward { bias: params.at(b), z: acts.at_mut(z), y, act: activation };
                     gpu.dense(stream, batch, out_features, in_features, xm, wt, epilogue, weights_early)?;
@@ -192,13 +193,12 @@ const FUSED_BATCH: usize = 128;
 /// such waves runs fused too; panels in more than one wave stay on cuBLAS (the 100-200-1 at
 /// 1024, whose first layer is 448 panels, same run: step 33.0–33.2 µs that way against 34.2–34.4
 /// in panels, forward with the inputs on the device 15.6–15.9 against 17.2–17.8).
+///
+/// A forward that runs on the tensor-core tiles (`Gpu::dense_on_tensor_cores`) runs fused too.
 fn fused(gpu: &Gpu, batch: usize, n: usize, k: usize) -> bool {
     let one_wave = gpu.dense_wave();
     let blocks = gpu.dense_blocks(batch, n, k, false);
-    batch <= FUSED_BATCH
-        || gpu.dense_on_tensor_cores(batch, n, k, false)
-        || (k <= PANEL_MAX_K && blocks <= one_wave)
-        || (k > PANEL_MAX_K && blocks <= FUSED_WAVES * one_wave)
+    batch <= FUSED_BATCH || (k <= PANEL_MAX_K && blocks <= one_wave) || (k > PANEL_MAX_K && blocks <= FUSED_WAVES * one_wave)
 }
 
 /// Waves of blocks up to which a forward or input-gradient product over k above [`PANEL_MAX_K`]
@@ -220,10 +220,10 @@ const FUSED_WAVES: usize = 4;
 /// 38.6–38.8; then two an SM (the MLP's first layer, 200 panels at 256, once its panels read X
 /// before waiting for the kernel ahead), MLP step at 160 34.0 → 32.6–32.7, 200 35.8–35.9 →
 /// 33.7–33.9, 256 37.8 → 35.4–35.5, with the 100-200-1 and LeNet at 256 unchanged.
+///
+/// One that runs on the tensor-core tiles (`Gpu::dense_on_tensor_cores`) runs fused too.
 fn fused_weight_grad(gpu: &Gpu, batch: usize, out: usize, inp: usize) -> bool {
-    batch <= FUSED_BATCH
-        || gpu.dense_on_tensor_cores(out, inp, batch, true)
-        || (batch <= PANEL_MAX_K && gpu.dense_blocks(out, inp, batch, true) <= gpu.dense_wave())
+    batch <= FUSED_BATCH || (batch <= PANEL_MAX_K && gpu.dense_blocks(out, inp, batch, true) <= gpu.dense_wave())
 }
 
 /// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last
@@ -274,7 +274,7 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                     } else {
                         (stream, blas)
                     };
-                    if fused_weight_grad(gpu, batch, out, inp) {
+                    if gpu.dense_on_tensor_cores(out, inp, batch, &dzt, &xm, true) || fused_weight_grad(gpu, batch, out, inp) {
                         let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias) };
                         // B is X, from the forward pass: the kernel ahead (the backward
                         // pass's, or the loss) does not write it

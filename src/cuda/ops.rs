@@ -62,7 +62,8 @@ const PANEL_N: usize = 32;
 /// products with k above [`PANEL_MAX_K`] whatever their height, products whose row-chunked
 /// blocks all fit on the GPU at once ([`SKINNY_BLOCKS_PER_SM`]), and products of fewer than
 /// [`PANEL_MIN_COLS`] columns except where panels fit and row-chunked does not. Everything else,
-/// and every weight gradient, runs in panels.
+/// and every weight gradient, runs in panels (where the tensor-core tiles do not take them:
+/// [`Gpu::mma_tile`]).
 const PANEL_MIN_ROWS: usize = 64;
 /// Row-chunked blocks an SM holds at once (256 threads; on sm_90, 80 registers a thread with
 /// four columns a block, 128 with eight, which `__launch_bounds__` caps for two blocks an SM). A product whose
@@ -89,8 +90,8 @@ const PANEL_MIN_COLS: usize = 16;
 /// multiply-adds, and k in this range. Measured on the H100 (in-graph, epilogue included, the
 /// MLP's first layer; the tiles against the kernel that ran before): forward at 160 samples 5.9
 /// against 7.2 µs (row-chunked), at 256 6.1 against ~10.4, at 1024 10.9 against 14.6 (cuBLAS +
-/// bias and activation); weight gradient over 160 samples 3.8 against 6.3 (panels), over 1024
-/// 12.2 against 15.6 (cuBLAS + bias gradient). But with two waves of blocks or more (the forward
+/// bias and activation); weight gradient over 128 samples 3.4 against 4.7 (panels), over 160
+/// 3.8 against 6.3, over 1024 12.2 against 15.6 (cuBLAS + bias gradient). But with two waves of blocks or more (the forward
 /// at 2048, the 100-200-1's first layer at 1024) or k of 2048 and more the MLP step at 2048 went
 /// 76.5 → 78.3 µs and at 4096 130.5 → 138.8, and below half a wave (the forward at 128: 64
 /// blocks) the forward took 5.8 against 4.8 µs row-chunked. Weight gradients over more than
@@ -98,6 +99,8 @@ const PANEL_MIN_COLS: usize = 16;
 /// step 33.1 → 35.4 µs on the tiles.
 const MMA_MIN_FMAS: usize = 1 << 22;
 const MMA_MIN_K: usize = 256;
+/// A weight gradient's k (its batch) from which it runs on the tiles.
+const MMA_MIN_SAMPLES: usize = 128;
 const MMA_MAX_K: usize = 1024;
 const MMA_MAX_SAMPLES: usize = 512;
 
@@ -123,6 +126,18 @@ const MMA_KC: usize = 64;
 const MMA_STAGES: usize = 4;
 
 impl MmaTile {
+    /// Whether `kernel` (this tile's `forward` or `weight_grad`) takes A and B as laid out:
+    /// forward's layout, A and B contiguous along k; weight gradient's, along m and n; either
+    /// 16-byte aligned with rows of a multiple of four values (its copies are 16 bytes).
+    fn takes(&self, kernel: Kernel, a: &DevMat, b: &DevMat) -> bool {
+        let aligned = |d: &DevMat, stride: usize| d.data.ptr().is_multiple_of(16) && stride.is_multiple_of(4);
+        if kernel == self.forward {
+            a.cs == 1 && b.rs == 1 && aligned(a, a.rs) && aligned(b, b.cs)
+        } else {
+            kernel == self.weight_grad && a.rs == 1 && b.cs == 1 && aligned(a, a.cs) && aligned(b, b.rs)
+        }
+    }
+
     /// Bytes of shared memory a block needs: MMA_STAGES slice buffers of A and B, as
     /// `mma_buf` in kernels/dense.cu lays them out (along k, rows padded to MMA_KC + 4; else
     /// rows of k padded to the tile's side + 8).
@@ -236,15 +251,7 @@ impl Gpu {
     /// ([`Gpu::mma_tile`]), else [`Gpu::dense_kernel`]'s.
     pub(crate) fn dense_choice(&self, m: usize, cols: usize, k: usize, a: &DevMat, b: &DevMat, weight_grad: bool) -> (Kernel, (u32, u32)) {
         let tiles = self.mma_tile(m, cols, k, weight_grad).and_then(|tile| {
-            let aligned = |d: &DevMat, stride: usize| d.data.ptr().is_multiple_of(16) && stride.is_multiple_of(4);
-            // forward's layout: A and B contiguous along k; weight gradient's: along m and n
-            if a.cs == 1 && b.rs == 1 && aligned(a, a.rs) && aligned(b, b.cs) {
-                Some((tile.forward, tile))
-            } else if a.rs == 1 && b.cs == 1 && aligned(a, a.cs) && aligned(b, b.rs) {
-                Some((tile.weight_grad, tile))
-            } else {
-                None
-            }
+            [tile.forward, tile.weight_grad].into_iter().find(|&kernel| tile.takes(kernel, a, b)).map(|kernel| (kernel, tile))
         });
         match tiles {
             Some((kernel, tile)) => (kernel, (cols.div_ceil(tile.cols) as u32, m.div_ceil(tile.rows) as u32)),
@@ -295,6 +302,7 @@ impl Gpu {
         let args =
             kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope, early];
         let tile = MMA_TILES.iter().find(|t| t.forward == kernel || t.weight_grad == kernel);
+        assert!(tile.is_none_or(|t| t.takes(kernel, &a, &b)), "dense: {kernel:?} does not take A and B as laid out");
         self.run_blocks(stream, kernel, grid, tile.map_or(0, |t| t.shared_bytes(kernel)), args)
     }
 
@@ -303,7 +311,8 @@ impl Gpu {
         SKINNY_BLOCKS_PER_SM * self.multiprocessors() as usize
     }
 
-    /// The kernel and grid [`Gpu::dense`] runs an `m × cols` product over `k` on (`cols`
+    /// The kernel and grid [`Gpu::dense`] runs an `m × cols` product over `k` on where the
+    /// tensor-core tiles do not take it (`cols`
     /// counts a weight gradient's column of ones).
     fn dense_kernel(&self, m: usize, cols: usize, k: usize, weight_grad: bool) -> (Kernel, (u32, u32)) {
         // row-chunked blocks against the blocks the GPU holds at once: four columns a block, or
@@ -334,13 +343,14 @@ impl Gpu {
     /// The tensor-core tile (`dense_mma_*`) for an `m × cols` product over `k`, where they
     /// run it (given operands laid out as a forward's or a weight gradient's and 16-byte
     /// aligned, which [`Gpu::dense`] checks): on sm_80 and later, for k from [`MMA_MIN_K`] to
-    /// [`MMA_MAX_K`] ([`MMA_MAX_SAMPLES`] for a weight gradient, whose k is the batch) and at
+    /// [`MMA_MAX_K`] (a weight gradient, whose k is the batch: [`MMA_MIN_SAMPLES`] to
+    /// [`MMA_MAX_SAMPLES`]) and at
     /// least [`MMA_MIN_FMAS`] multiply-adds, where a tile shape gives between half as many
     /// blocks as the GPU has multiprocessors and as many; of those, the shape whose blocks read
     /// the fewest values (BM + BN a value of k).
     pub(crate) fn mma_tile(&self, m: usize, cols: usize, k: usize, weight_grad: bool) -> Option<MmaTile> {
-        let max_k = if weight_grad { MMA_MAX_SAMPLES } else { MMA_MAX_K };
-        if self.compute_capability().0 < 8 || !(MMA_MIN_K..=max_k).contains(&k) || m * cols * k < MMA_MIN_FMAS {
+        let ks = if weight_grad { MMA_MIN_SAMPLES..=MMA_MAX_SAMPLES } else { MMA_MIN_K..=MMA_MAX_K };
+        if self.compute_capability().0 < 8 || !ks.contains(&k) || m * cols * k < MMA_MIN_FMAS {
             return None;
         }
         let sms = self.multiprocessors() as usize;
@@ -350,14 +360,14 @@ impl Gpu {
             .min_by_key(|t| t.rows + t.cols)
     }
 
-    /// Whether [`Gpu::dense`] runs an `m × n` product over `k` (a weight gradient's, with its
-    /// column of ones, when `weight_grad`) on the tensor-core tiles, given operands laid out and
-    /// aligned for them.
-    pub fn dense_on_tensor_cores(&self, m: usize, n: usize, k: usize, weight_grad: bool) -> bool {
-        self.mma_tile(m, n + usize::from(weight_grad), k, weight_grad).is_some()
+    /// Whether [`Gpu::dense`] runs an `m × n` product over `k` of these operands (a weight
+    /// gradient's, with its column of ones, when `weight_grad`) on the tensor-core tiles.
+    pub fn dense_on_tensor_cores(&self, m: usize, n: usize, k: usize, a: &DevMat, b: &DevMat, weight_grad: bool) -> bool {
+        let (kernel, _) = self.dense_choice(m, n + usize::from(weight_grad), k, a, b, weight_grad);
+        MMA_TILES.iter().any(|t| t.forward == kernel || t.weight_grad == kernel)
     }
 
-    /// Blocks [`Gpu::dense`] launches for an `m × n` product over `k` (a weight gradient's, with
+    /// Blocks [`Gpu::dense`] launches off the tensor-core tiles for an `m × n` product over `k` (a weight gradient's, with
     /// its column of ones for the bias, when `weight_grad`).
     pub fn dense_blocks(&self, m: usize, n: usize, k: usize, weight_grad: bool) -> usize {
         let (_, (x, y)) = self.dense_kernel(m, n + usize::from(weight_grad), k, weight_grad);
