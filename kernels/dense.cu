@@ -295,7 +295,7 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
 // summed afresh and added to the warp's FP32 total with an ordinary (rounded) addition. The
 // warps' totals are then added in order through shared memory: each output is summed in one
 // fixed order. Grid: (ceil(N / BN), ceil(M / BM)).
-#define MMA_THREADS 256
+#define MMA_THREADS 256  // the host's BLOCK
 #define MMA_KC 64
 #define MMA_STAGES 4
 
@@ -342,13 +342,13 @@ __device__ __forceinline__ void mma_wait() {
 // contiguous along k (KM), else [k][r] (rows padded to TR + 8); both paddings make a warp's
 // fragment loads hit 32 different banks. MmaTile::shared_bytes in src/cuda/ops.rs mirrors this.
 template <int TR, bool KM>
-__host__ __device__ constexpr int mma_buf() {
-    return KM ? TR * (MMA_KC + 4) : MMA_KC * (TR + 8);
+__device__ __forceinline__ constexpr int mma_at(int r, int k) {
+    return KM ? r * (MMA_KC + 4) + k : k * (TR + 8) + r;
 }
 
 template <int TR, bool KM>
-__device__ __forceinline__ constexpr int mma_at(int r, int k) {
-    return KM ? r * (MMA_KC + 4) + k : k * (TR + 8) + r;
+__device__ __forceinline__ constexpr int mma_buf() {
+    return KM ? mma_at<TR, KM>(TR, 0) : mma_at<TR, KM>(0, MMA_KC);
 }
 
 // One operand's share of a thread in every slice: V runs of four values, each a 16-byte copy.

@@ -91,10 +91,10 @@ const PANEL_MIN_COLS: usize = 16;
 /// MLP's first layer; the tiles against the kernel that ran before): forward at 160 samples 5.9
 /// against 7.2 µs (row-chunked), at 256 6.1 against ~10.4, at 1024 10.9 against 14.6 (cuBLAS +
 /// bias and activation); weight gradient over 128 samples 3.4 against 4.7 (panels), over 160
-/// 3.8 against 6.3, over 1024 12.2 against 15.6 (cuBLAS + bias gradient). But with two waves of blocks or more (the forward
-/// at 2048, the 100-200-1's first layer at 1024) or k of 2048 and more the MLP step at 2048 went
-/// 76.5 → 78.3 µs and at 4096 130.5 → 138.8, and below half a wave (the forward at 128: 64
-/// blocks) the forward took 5.8 against 4.8 µs row-chunked. Weight gradients over more than
+/// 3.8 against 6.3, over 1024 12.2 against 15.6 (cuBLAS + bias gradient). But with two waves
+/// of blocks or more (the forward at 2048, the 100-200-1's first layer at 1024) or k of 2048
+/// and more the MLP step at 2048 went 76.5 → 78.3 µs and at 4096 130.5 → 138.8, and below half
+/// a wave (the forward at 128: 64 blocks) the forward took 5.8 against 4.8 µs row-chunked. Weight gradients over more than
 /// [`MMA_MAX_SAMPLES`] stay on cuBLAS: the 100-200-1's first layer at 1024 (91 blocks) took its
 /// step 33.1 → 35.4 µs on the tiles.
 const MMA_MIN_FMAS: usize = 1 << 22;
@@ -105,7 +105,8 @@ const MMA_MAX_K: usize = 1024;
 const MMA_MAX_SAMPLES: usize = 512;
 
 /// One shape of the tensor-core tiles (`dense_mma_*` in kernels/dense.cu): BM × BN outputs a
-/// block, a kernel for each of the two layouts they take.
+/// block of [`BLOCK`] threads (MMA_THREADS there), a kernel for each of the two layouts they
+/// take.
 #[derive(Clone, Copy)]
 pub(crate) struct MmaTile {
     pub forward: Kernel,
@@ -126,6 +127,11 @@ const MMA_KC: usize = 64;
 const MMA_STAGES: usize = 4;
 
 impl MmaTile {
+    /// The tile whose kernel `kernel` is, if it is one of theirs.
+    pub(crate) fn of(kernel: Kernel) -> Option<MmaTile> {
+        MMA_TILES.into_iter().find(|t| t.forward == kernel || t.weight_grad == kernel)
+    }
+
     /// Whether `kernel` (this tile's `forward` or `weight_grad`) takes A and B as laid out:
     /// forward's layout, A and B contiguous along k; weight gradient's, along m and n; either
     /// 16-byte aligned with rows of a multiple of four values (its copies are 16 bytes).
@@ -250,13 +256,17 @@ impl Gpu {
     /// counts a weight gradient's column of ones): the tensor-core tiles where they take it
     /// ([`Gpu::mma_tile`]), else [`Gpu::dense_kernel`]'s.
     pub(crate) fn dense_choice(&self, m: usize, cols: usize, k: usize, a: &DevMat, b: &DevMat, weight_grad: bool) -> (Kernel, (u32, u32)) {
-        let tiles = self.mma_tile(m, cols, k, weight_grad).and_then(|tile| {
-            [tile.forward, tile.weight_grad].into_iter().find(|&kernel| tile.takes(kernel, a, b)).map(|kernel| (kernel, tile))
-        });
-        match tiles {
+        match self.mma_choice(m, cols, k, a, b, weight_grad) {
             Some((kernel, tile)) => (kernel, (cols.div_ceil(tile.cols) as u32, m.div_ceil(tile.rows) as u32)),
             None => self.dense_kernel(m, cols, k, weight_grad),
         }
+    }
+
+    /// The tensor-core tile for the product and its kernel for the operands' layout, where one
+    /// takes them ([`Gpu::mma_tile`], [`MmaTile::takes`]).
+    fn mma_choice(&self, m: usize, cols: usize, k: usize, a: &DevMat, b: &DevMat, weight_grad: bool) -> Option<(Kernel, MmaTile)> {
+        let tile = self.mma_tile(m, cols, k, weight_grad)?;
+        [tile.forward, tile.weight_grad].into_iter().find(|&kernel| tile.takes(kernel, a, b)).map(|kernel| (kernel, tile))
     }
 
     /// [`Gpu::dense`] on the given kernel and grid.
@@ -301,7 +311,7 @@ impl Gpu {
         let early = i32::from(b_early);
         let args =
             kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope, early];
-        let tile = MMA_TILES.iter().find(|t| t.forward == kernel || t.weight_grad == kernel);
+        let tile = MmaTile::of(kernel);
         assert!(tile.is_none_or(|t| t.takes(kernel, &a, &b)), "dense: {kernel:?} does not take A and B as laid out");
         self.run_blocks(stream, kernel, grid, tile.map_or(0, |t| t.shared_bytes(kernel)), args)
     }
@@ -312,8 +322,7 @@ impl Gpu {
     }
 
     /// The kernel and grid [`Gpu::dense`] runs an `m × cols` product over `k` on where the
-    /// tensor-core tiles do not take it (`cols`
-    /// counts a weight gradient's column of ones).
+    /// tensor-core tiles do not take it (`cols` counts a weight gradient's column of ones).
     fn dense_kernel(&self, m: usize, cols: usize, k: usize, weight_grad: bool) -> (Kernel, (u32, u32)) {
         // row-chunked blocks against the blocks the GPU holds at once: four columns a block, or
         // eight where only that fits in one wave and k is too deep for panels
@@ -344,10 +353,9 @@ impl Gpu {
     /// run it (given operands laid out as a forward's or a weight gradient's and 16-byte
     /// aligned, which [`Gpu::dense`] checks): on sm_80 and later, for k from [`MMA_MIN_K`] to
     /// [`MMA_MAX_K`] (a weight gradient, whose k is the batch: [`MMA_MIN_SAMPLES`] to
-    /// [`MMA_MAX_SAMPLES`]) and at
-    /// least [`MMA_MIN_FMAS`] multiply-adds, where a tile shape gives between half as many
-    /// blocks as the GPU has multiprocessors and as many; of those, the shape whose blocks read
-    /// the fewest values (BM + BN a value of k).
+    /// [`MMA_MAX_SAMPLES`]) and at least [`MMA_MIN_FMAS`] multiply-adds, where a tile shape
+    /// gives between half as many blocks as the GPU has multiprocessors and as many; of those,
+    /// the shape whose blocks read the fewest values (BM + BN a value of k).
     pub(crate) fn mma_tile(&self, m: usize, cols: usize, k: usize, weight_grad: bool) -> Option<MmaTile> {
         let ks = if weight_grad { MMA_MIN_SAMPLES..=MMA_MAX_SAMPLES } else { MMA_MIN_K..=MMA_MAX_K };
         if self.compute_capability().0 < 8 || !ks.contains(&k) || m * cols * k < MMA_MIN_FMAS {
@@ -363,12 +371,11 @@ impl Gpu {
     /// Whether [`Gpu::dense`] runs an `m × n` product over `k` of these operands (a weight
     /// gradient's, with its column of ones, when `weight_grad`) on the tensor-core tiles.
     pub fn dense_on_tensor_cores(&self, m: usize, n: usize, k: usize, a: &DevMat, b: &DevMat, weight_grad: bool) -> bool {
-        let (kernel, _) = self.dense_choice(m, n + usize::from(weight_grad), k, a, b, weight_grad);
-        MMA_TILES.iter().any(|t| t.forward == kernel || t.weight_grad == kernel)
+        self.mma_choice(m, n + usize::from(weight_grad), k, a, b, weight_grad).is_some()
     }
 
-    /// Blocks [`Gpu::dense`] launches off the tensor-core tiles for an `m × n` product over `k` (a weight gradient's, with
-    /// its column of ones for the bias, when `weight_grad`).
+    /// Blocks [`Gpu::dense`] launches off the tensor-core tiles for an `m × n` product over `k`
+    /// (a weight gradient's, with its column of ones for the bias, when `weight_grad`).
     pub fn dense_blocks(&self, m: usize, n: usize, k: usize, weight_grad: bool) -> usize {
         let (_, (x, y)) = self.dense_kernel(m, n + usize::from(weight_grad), k, weight_grad);
         x as usize * y as usize

@@ -407,7 +407,8 @@ fn tensor_core_tiles_keep_fp32_accuracy() {
         let weight_grad = (DevMat { data: View::of(&atd), rs: 1, cs: m }, DevMat { data: View::of(&bd), rs: n, cs: 1 });
         for (layout, (am, bm)) in [("forward", forward), ("weight gradient", weight_grad)] {
             let (kernel, _) = gpu.dense_choice(m, n, k, &am, &bm, false);
-            let tiles = crate::cuda::ops::MMA_TILES.iter().any(|t| kernel == if layout == "forward" { t.forward } else { t.weight_grad });
+            let tiles = crate::cuda::ops::MmaTile::of(kernel)
+                .is_some_and(|t| kernel == if layout == "forward" { t.forward } else { t.weight_grad });
             if !tiles {
                 // no tile shape fills half a wave to a wave of this GPU's multiprocessors
                 println!("tiles {m}x{n}x{k}, {layout} layout: not on the tiles on this GPU ({kernel:?}), skipped");
