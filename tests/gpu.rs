@@ -152,6 +152,52 @@ fn dense_plans_match_the_cpu() {
     }
 }
 
+/// Training steps whose last layer, loss and input gradient run in one kernel (src/cuda/head.rs,
+/// 257 to 2048 samples) against the CPU: batches past 1024, which take its warps round more than
+/// once, just above 256, and one sample (the separate kernels); a layer before it with and
+/// without an activation, an activated last layer, both losses, 1 to 32 outputs.
+#[test]
+fn large_batches_through_the_head_match_the_cpu() {
+    let Some(device) = cuda_or_skip() else { return };
+    let chains = [
+        ("33-40-7", Chain::new(Input::vector(33)).dense(40, Tanh).dense(7, Identity), Loss::LogitCrossEntropy),
+        ("6-9-9-2", Chain::new(Input::vector(6)).dense(9, Identity).dense(9, Gelu).dense(2, Sigmoid), Loss::Mse),
+        (
+            "50-20-30-5",
+            Chain::new(Input::vector(50)).dense(20, LeakyRelu(0.1)).dense(30, Identity).dense(5, Identity),
+            Loss::LogitCrossEntropy,
+        ),
+    ];
+    let mut rng = Rng::new(12);
+    for (name, chain, loss) in chains {
+        let cpu = chain.build().unwrap().init(Init::GlorotUniform, 4).with_threads(1).unwrap();
+        let gpu = cpu.to(&device).unwrap();
+        let (mut cpu_fwd, mut gpu_fwd) = (cpu.preallocate(2048).unwrap(), gpu.preallocate(2048).unwrap());
+        let (mut cpu_bwd, mut gpu_bwd) = (cpu.preallocate_grads(2048).unwrap(), gpu.preallocate_grads(2048).unwrap());
+        for n in [2048, 1100, 257, 1] {
+            let (x, labels) = batch(&mut rng, &cpu, n);
+            for f in [&mut cpu_fwd, &mut gpu_fwd] {
+                f.set_inputs(&x).unwrap();
+            }
+            if loss == Loss::Mse {
+                let targets = rng.uniform(n * cpu.output_shape().len());
+                cpu_fwd.set_targets(&targets).unwrap();
+                gpu_fwd.set_targets(&targets).unwrap();
+            } else {
+                cpu_fwd.set_labels(&labels).unwrap();
+                gpu_fwd.set_labels(&labels).unwrap();
+            }
+            cpu.backprop(&mut cpu_bwd, &mut cpu_fwd, loss).unwrap();
+            gpu.backprop(&mut gpu_bwd, &mut gpu_fwd, loss).unwrap();
+            let grad_err = rel_err(&gpu_bwd.gradients().unwrap(), &cpu_bwd.gradients().unwrap());
+            let loss_err = rel_err(&[gpu_bwd.last_loss().unwrap()], &[cpu_bwd.last_loss().unwrap()]);
+            println!("{name} batch {n}: gradients rel err {grad_err:.2e}, loss {loss_err:.2e}");
+            assert!(grad_err <= 1e-5, "{name} batch {n}: gradients {grad_err:e}");
+            assert!(loss_err <= 1e-6, "{name} batch {n}: loss {loss_err:e}");
+        }
+    }
+}
+
 /// Outputs of up to 16,384 values come back through a kernel that writes them to the host and
 /// sets a flag; larger ones through a copy and a stream wait. Calls alternate between the two on
 /// one cache (the flag's count must stay in step), with graphs on and off.

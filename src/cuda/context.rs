@@ -19,6 +19,7 @@ pub(crate) const SOURCE_FILES: &[(&str, &str)] = &[
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("data.cu", include_str!("../../kernels/data.cu")),
     ("serve.cu", include_str!("../../kernels/serve.cu")),
+    ("head.cu", include_str!("../../kernels/head.cu")),
 ];
 
 /// Declares the kernels: the `Kernel` enum indexes `KERNELS`, the names looked up in the module
@@ -63,6 +64,7 @@ kernels! {
     FinishOutputs = "finish_outputs",
     CopyFromHost = "copy_from_host",
     ServeDense = "serve_dense",
+    DenseHead = "dense_head",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.
@@ -77,6 +79,12 @@ pub struct Gpu {
     /// Bytes of dynamic shared memory a block of `serve_dense` may have (set when the kernels
     /// are loaded: the device's opt-in limit less what the kernel declares itself).
     serve_shared_limit: usize,
+    /// The same for `dense_head` (src/cuda/head.rs).
+    head_shared_limit: usize,
+    /// Whether training steps end in `dense_head` where it takes the plan (unless
+    /// `FLATNN_HEAD=0`, read when the device is set up: for measuring against the separate
+    /// kernels).
+    head_enabled: bool,
     /// Kernels are launched as programmatic dependents of the kernel ahead of them (sm_90 and
     /// later with a CUDA 12.3 or later driver, unless `FLATNN_DEPENDENT_LAUNCH=0`); see
     /// [`super::launch::launch`].
@@ -132,6 +140,8 @@ impl Gpu {
             }
         }
         let serve_shared_limit = allow_dynamic_shared(functions[Kernel::ServeDense as usize].cu_function(), shared_optin)?;
+        let head_shared_limit = allow_dynamic_shared(functions[Kernel::DenseHead as usize].cu_function(), shared_optin)?;
+        let head_enabled = std::env::var("FLATNN_HEAD").map_or(true, |v| v != "0");
         if major >= 8 {
             // the tensor-core tiles' slice buffers are dynamic shared memory (kernels/dense.cu)
             for tile in super::ops::MMA_TILES {
@@ -149,6 +159,8 @@ impl Gpu {
             compute_capability: (major as u32, minor as u32),
             multiprocessors: multiprocessors as u32,
             serve_shared_limit,
+            head_shared_limit,
+            head_enabled,
             dependent_launch,
         })
     }
@@ -184,6 +196,16 @@ impl Gpu {
     /// have.
     pub(crate) fn serve_shared_limit(&self) -> usize {
         self.serve_shared_limit
+    }
+
+    /// Bytes of dynamic shared memory a block of `dense_head` may have.
+    pub(crate) fn head_shared_limit(&self) -> usize {
+        self.head_shared_limit
+    }
+
+    /// Whether training steps may end in `dense_head` (see the field).
+    pub(crate) fn head_enabled(&self) -> bool {
+        self.head_enabled
     }
 
     /// Waits until all work on this device is done.

@@ -9,6 +9,7 @@ use super::blas::{Blas, DevMat, DevMatMut};
 use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::dnn::Dnn;
+use super::head::{Head, HeadBuffers};
 use super::launch::{View, ViewMut};
 use super::ops::{DenseEpilogue, PANEL_MAX_K};
 use super::pinned::Event;
@@ -91,17 +92,26 @@ pub(crate) struct LossBuffers<'a> {
     pub scratch: &'a DevBuf<f64>,
 }
 
-/// Every step's output for the first `f.batch` samples (as `layers::forward`).
+/// Steps `0..upto`'s outputs for the first `f.batch` samples (as `layers::forward`); returns
+/// whether the kernel after them may read weights before waiting for the one ahead of it.
 ///
 /// `after_copy`: the kernel ahead of the pass in `stream` is the copy of its inputs (which
 /// writes no weights), so even the first layer reads its weights before waiting for it; else
 /// that kernel may be an optimiser's, and the first layer waits first.
-pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward, after_copy: bool) -> Result<()> {
+pub(crate) fn forward(
+    gpu: &Gpu,
+    blas: &Blas,
+    stream: &CudaStream,
+    plan: &Plan,
+    f: &Forward,
+    after_copy: bool,
+    upto: usize,
+) -> Result<bool> {
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let (capacity, batch) = (f.capacity, f.batch);
     // whether the kernel ahead writes no weights: after the pass's own first launch it never does
     let mut early_next = after_copy;
-    for (index, step) in plan.steps.iter().enumerate() {
+    for (index, step) in plan.steps[..upto].iter().enumerate() {
         let weights_early = early_next;
         early_next |= !matches!(step.layer, Layer::Flatten);
         let x = region(plan, step.input_region, capacity, batch);
@@ -141,7 +151,7 @@ pub(crate) fn forward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, 
         let out = (z != y).then(|| acts.at_mut(y));
         gpu.bias_act(stream, act, params.at(b), channels, pixels, batch, acts.at_mut(z), out)?;
     }
-    Ok(())
+    Ok(early_next)
 }
 
 /// The loss of the last step's output: its gradient into `dacts`, its value into `l.loss`.
@@ -161,6 +171,35 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
             gpu.mse(stream, n, acts.at(out.clone()), Raw::of(l.targets).at(0..n), dacts.at_mut(out), value, scratch)
         }
     }
+}
+
+/// The head of a training step in one launch (src/cuda/head.rs): the last step's forward, the
+/// loss, and that step's dz and input gradient; `backward` then runs with `Some(head)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn head(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    f: &Forward,
+    b: &Backward,
+    l: &LossBuffers,
+    loss: Loss,
+    head: &Head,
+    weights_early: bool,
+) -> Result<()> {
+    let outputs = head.outputs();
+    assert!(l.labels.len() >= f.batch && l.targets.len() >= f.batch * outputs, "head: short labels or targets");
+    assert!(l.loss.len() >= 3 && l.scratch.len() >= super::LOSS_SCRATCH, "head: short loss or scratch");
+    assert!(f.capacity >= f.batch && b.dacts.len() == f.acts.len(), "head: activations and their gradients differ");
+    let buffers = HeadBuffers {
+        params: f.params.ptr(),
+        acts: f.acts.ptr(),
+        dacts: b.dacts.ptr(),
+        labels: l.labels.ptr(),
+        targets: l.targets.ptr(),
+        loss: l.loss.ptr(),
+        scratch: l.scratch.ptr(),
+    };
+    gpu.dense_head(stream, head, f.batch, loss, &buffers, weights_early)
 }
 
 /// Batches up to this run each dense layer through flatnn's fused kernels (product, bias and
@@ -238,22 +277,38 @@ fn fused_weight_grad(gpu: &Gpu, batch: usize, out: usize, inp: usize) -> bool {
 /// writes afterwards, and write only their own gradients). The layer with no input gradient
 /// (the first) keeps them on `stream`: nothing is left to overlap them with, and there they
 /// start as dependent launches instead of after an event.
-pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, f: &Forward, b: &Backward, side: &Side) -> Result<()> {
+///
+/// After [`head`] (`head` given), the last step needs only its weight gradient, and the
+/// head's producer's dz is written.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(
+    gpu: &Gpu,
+    blas: &Blas,
+    stream: &CudaStream,
+    plan: &Plan,
+    f: &Forward,
+    b: &Backward,
+    side: &Side,
+    head: Option<&Head>,
+) -> Result<()> {
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let (dacts, grads) = (Raw::of(b.dacts), Raw::of(b.grads));
     let (capacity, batch) = (f.capacity, f.batch);
     let mut forked = false;
     // bit i: step i's dz was written by the layer after it (steps past 127 are never fused)
-    let mut dz_ready = 0u128;
     let bit = |i: usize| 1u128.checked_shl(i as u32).unwrap_or(0);
+    let mut dz_ready = head.and_then(|h| h.producer).map_or(0, bit);
+    let head_step = head.map(|h| h.step);
     for (index, step) in plan.steps.iter().enumerate().rev() {
         let x = region(plan, step.input_region, capacity, batch);
         let z = region(plan, step.z_region, capacity, batch);
         let y = region(plan, step.output_region, capacity, batch);
-        let need_dx = step.input_region != 0;
+        // the head wrote its dz and its input gradient
+        let in_head = head_step == Some(index);
+        let need_dx = step.input_region != 0 && !in_head;
         match step.layer {
             Layer::Dense { .. } | Layer::Conv { .. } => {
-                if z != y && dz_ready & bit(index) == 0 {
+                if z != y && dz_ready & bit(index) == 0 && !in_head {
                     // dz = dy ⊙ act'(z)
                     let act = step.layer.activation();
                     gpu.act_backward(stream, act, z.len(), acts.at(z.clone()), acts.at(y.clone()), dacts.at(y), dacts.at_mut(z.clone()))?;
@@ -266,7 +321,7 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                     let xm = DevMat { data: acts.at(x.clone()), rs: inp, cs: 1 };
                     // the first layer's (no input gradient follows it) stays on the step's
                     // stream: nothing is left to overlap it with there
-                    let (w_stream, w_blas) = if need_dx {
+                    let (w_stream, w_blas) = if step.input_region != 0 {
                         side.fork.record(stream)?;
                         side.fork.wait_in(side.stream)?;
                         forked = true;
@@ -277,7 +332,7 @@ pub(crate) fn backward(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan,
                     if gpu.dense_on_tensor_cores(out, inp, batch, &dzt, &xm, true) || fused_weight_grad(gpu, batch, out, inp) {
                         let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias) };
                         // B is X, from the forward pass: the kernel ahead (the backward
-                        // pass's, or the loss) does not write it
+                        // pass's, the loss or the head) does not write it
                         gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue, true)?;
                     } else {
                         gpu.bias_grad(w_stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;

@@ -25,6 +25,7 @@ pub(crate) mod data;
 mod dnn;
 mod exec;
 mod graph;
+pub(crate) mod head;
 mod launch;
 mod ops;
 pub(crate) mod pinned;

@@ -17,7 +17,7 @@ use std::ffi::c_void;
 
 /// Most blocks a loss kernel runs on (LOSS_BLOCKS): one value or sample per thread up to
 /// 128 × 256, then grid-stride.
-const LOSS_BLOCKS: usize = 128;
+pub(super) const LOSS_BLOCKS: usize = 128;
 
 /// f64 values of the scratch a loss kernel needs: a counter, then one partial sum per block.
 pub const LOSS_SCRATCH: usize = LOSS_BLOCKS + 1;
@@ -208,7 +208,7 @@ impl Gpu {
 
     /// Launches `kernel` on a 2-D grid of [`BLOCK`]-thread blocks with `shared` bytes of
     /// dynamic shared memory each.
-    fn run_blocks<const N: usize>(
+    pub(super) fn run_blocks<const N: usize>(
         &self,
         stream: &CudaStream,
         kernel: Kernel,

@@ -17,6 +17,7 @@ use super::dnn::{Dnn, StepRun};
 use super::driver_error;
 use super::exec::{self, Backward, Forward, LossBuffers, Side};
 use super::graph::{Graphs, Key};
+use super::head::Head;
 use super::launch::ViewMut;
 use super::ops::FINISH_MAX;
 use super::pinned::{Event, Pinned};
@@ -241,7 +242,7 @@ impl DevModel {
                 // the host does not write the staging buffer before the wait below
                 copy_inputs_in(gpu, stream, f.acts, inputs.len(), inputs_device)?;
             }
-            exec::forward(gpu, blas, stream, plan, &f, inputs.is_some())?;
+            exec::forward(gpu, blas, stream, plan, &f, inputs.is_some(), plan.steps.len())?;
             let outputs = f.acts.view(out.clone());
             if signal {
                 return gpu.finish_outputs(stream, out.len(), outputs, host_out_device, counter.all_mut(), flag);
@@ -302,9 +303,16 @@ impl DevModel {
                 // the host does not write the staging buffer until `copied[current]` has passed
                 copy_inputs_in(gpu, stream, f.acts, inputs_len, inputs_device)?;
             }
-            exec::forward(gpu, blas, stream, plan, &f, copy_in)?;
-            exec::loss(gpu, stream, plan, &f, &b, &l, loss)?;
-            exec::backward(gpu, blas, stream, plan, &f, &b, &side)
+            // the last dense layer, the loss and that layer's input gradient in one kernel where
+            // it takes them (src/cuda/head.rs)
+            let head = Head::of(gpu, plan, capacity, batch);
+            let upto = head.map_or(plan.steps.len(), |h| h.step);
+            let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto)?;
+            match &head {
+                Some(h) => exec::head(gpu, stream, &f, &b, &l, loss, h, weights_early)?,
+                None => exec::loss(gpu, stream, plan, &f, &b, &l, loss)?,
+            }
+            exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref())
         });
         if copy_in {
             // Whether or not the step went through, part of it (eager launches) may have been

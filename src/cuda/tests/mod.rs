@@ -77,7 +77,20 @@ fn every_launched_kernel_is_defined_in_the_sources() {
             // dense product's loads of B when the launch says B is weights that the kernel
             // ahead does not write (`b_early`; the wait follows those loads in dense.cu)
             let (params, body) = rest.split_at(rest.find('{').unwrap());
-            if name.starts_with("dense_") {
+            if name == "dense_head" {
+                // it stages the layer's weights (from `params`) before the wait when told the
+                // kernel ahead does not write them, and touches no other buffer before it
+                assert!(params.contains("int weights_early)"), "dense_head does not take weights_early");
+                let first = body.find("if (!weights_early) after_prior();").expect("dense_head waits first without weights_early");
+                let declarations = ["extern __shared__ ", "__shared__ "];
+                for line in body[1..first].lines().map(str::trim) {
+                    assert!(line.is_empty() || declarations.iter().any(|d| line.starts_with(d)), "dense_head: {line:?} before the wait");
+                }
+                let early = &body[first..body.find("if (weights_early) after_prior();").expect("dense_head waits after staging")];
+                for buffer in ["acts", "labels", "targets", "loss", "scratch"] {
+                    assert!(!early.contains(buffer), "dense_head reads {buffer} before the wait");
+                }
+            } else if name.starts_with("dense_") {
                 assert!(params.contains("int b_early)"), "kernel {name} does not take b_early");
             } else {
                 assert!(body[1..].trim_start().starts_with("after_prior();"), "kernel {name} does not begin with after_prior()");

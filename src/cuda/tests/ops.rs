@@ -596,6 +596,50 @@ fn copy_from_host_copies_exactly_n_values() {
     }
 }
 
+/// Which plans the head kernel takes (src/cuda/head.rs): a last dense layer of at most 32
+/// outputs and 1024 inputs, from 257 to 2048 samples; whose dz it writes besides its own; how it
+/// spreads a batch.
+#[test]
+fn the_head_takes_a_narrow_last_dense_layer() {
+    use crate::chain::{Layer, Plan};
+    use crate::cuda::head::Head;
+    let gpu = gpu_or_skip!();
+    if !gpu.head_enabled() {
+        println!("skipped: FLATNN_HEAD=0");
+        return;
+    }
+    let dense = |out_features, activation| Layer::Dense { out_features, activation };
+    let conv = Layer::Conv { out_channels: 4, kernel: (3, 3), stride: (1, 1), padding: (0, 0), activation: Relu };
+    let pool = Layer::MaxPool { window: (2, 2), stride: (2, 2) };
+    // (input, layers, the step whose dz it writes), for plans it takes
+    type Case = (Shape, Vec<Layer>, Option<Option<usize>>);
+    let cases: [Case; 8] = [
+        // the MLP: the layer before is activated, so the head writes its dz
+        (Shape::vector(784), vec![dense(128, Relu), dense(64, Relu), dense(10, Identity)], Some(Some(1))),
+        // a whole model, so no input gradient
+        (Shape::vector(100), vec![dense(1, Identity)], Some(None)),
+        // after an identity layer: the input gradient is that layer's dz as it is
+        (Shape::vector(20), vec![dense(30, Identity), dense(32, Sigmoid)], Some(None)),
+        // after a flatten of a convolution: that convolution's dz
+        (Shape::image(6, 6, 2), vec![conv, Layer::Flatten, dense(5, Tanh)], Some(Some(0))),
+        // after a max-pool: the input gradient goes to the pool's output region
+        (Shape::image(6, 6, 2), vec![conv, pool, Layer::Flatten, dense(5, Tanh)], Some(None)),
+        // no dense layer at the end, too many outputs, too many inputs
+        (Shape::image(6, 6, 2), vec![conv, Layer::Flatten], None),
+        (Shape::vector(8), vec![dense(33, Relu)], None),
+        (Shape::vector(1025), vec![dense(3, Relu)], None),
+    ];
+    for (input, layers, want) in cases {
+        let plan = Plan::new(input, &layers).unwrap();
+        let head = Head::of(&gpu, &plan, 1024, 1024);
+        assert_eq!(head.map(|h| (h.step, h.producer)), want.map(|p| (layers.len() - 1, p)), "{layers:?}");
+    }
+    // from 257 to 2048 samples only; a warp a sample, at most 128 blocks (the loss's partials)
+    let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
+    let blocks = |batch| Head::of(&gpu, &plan, 4096, batch).map(|h| h.blocks());
+    assert_eq!([1, 256, 257, 1024, 2048, 2049].map(blocks), [None, None, Some(33), Some(128), Some(128), None]);
+}
+
 /// Not a check but a measurement: microseconds per launch of each kernel of the MLP's training
 /// step (784-128-64-10; batch from `FLATNN_TIMES_BATCH`, default 128), each timed as a graph of
 /// ten dependent launches, as a step runs them; then the cuBLAS products (FP32 and TF32) and
@@ -693,6 +737,28 @@ fn kernel_times_of_the_mlp_step() {
         let (l, s) = unsafe { (ViewMut::<f64>::from_raw(lp, 3), ViewMut::<f64>::from_raw(sp, LOSS_SCRATCH)) };
         gpu.softmax_xent(&stream, 10, batch, v(xp, batch * 10), View::of(&labels), vm(op, batch * 10), l, s)
     });
+    // the head kernel (src/cuda/head.rs): forward 3, the loss and input gradient 3 in one
+    {
+        use crate::chain::{Layer, Plan};
+        use crate::cuda::head::{Head, HeadBuffers};
+        let dense = |out_features, activation| Layer::Dense { out_features, activation };
+        let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
+        if let Some(head) = Head::of(&gpu, &plan, batch, batch) {
+            let (params, acts, dacts) = (random(plan.param_len), random(plan.acts_len(batch)), random(plan.acts_len(batch)));
+            let buffers = HeadBuffers {
+                params: View::of(&params).ptr(),
+                acts: View::of(&acts).ptr(),
+                dacts: View::of(&dacts).ptr(),
+                labels: View::of(&labels).ptr(),
+                targets: 0,
+                loss: lp,
+                scratch: sp,
+            };
+            time(format!("head {batch}x10x64 ({} blocks)", head.blocks()), &|| {
+                gpu.dense_head(&stream, &head, batch, loss::Loss::LogitCrossEntropy, &buffers, true)
+            });
+        }
+    }
     let n = 109_386;
     let (p, g, state) = (random(n), random(n), random(2 * n));
     let (pp, gp, statep) = (View::of(&p).ptr(), View::of(&g).ptr(), View::of(&state).ptr());
