@@ -5,9 +5,9 @@
 // time: lane j computes output j from the sample's inputs and row j of W (staged into shared
 // memory while the kernel ahead still runs; with few outputs, lanes share one), the lanes
 // exchange what the loss needs by shuffles, and then split the input gradient's values among
-// them. Nothing waits for another
-// warp until the loss's sum at the end (finish_loss in loss.cu: each thread in order, a fixed
-// tree, the blocks' partials in block order, so the same bits every run).
+// them. Nothing waits for another warp until the loss's sum at the end (finish_loss in loss.cu:
+// each thread in order, a fixed tree, the blocks' partials in block order, so the same bits
+// every run).
 //
 // It writes what the separate kernels write, in the plan's regions: the layer's z and y (y only
 // with an activation), the loss gradient dy (only with an activation; else it is dz) and dz,
@@ -58,6 +58,12 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(const fl
     // W (n rows of `ws`) and b, then a row of inputs a warp (and of the producer's z)
     int ws = head_stride(k);
     float *wsm = head_smem, *bsm = head_smem + n * ws;
+    if (threadIdx.x == 0) {
+        unsigned have;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+        // src/cuda/head.rs sizes the launch: a mismatch is a bug
+        if (4u * (unsigned)(n * ws + n + (prev_z >= 0 ? 2 : 1) * HEAD_WARPS * k) > have) asm volatile("trap;");
+    }
     for (int i = threadIdx.x; i < n * k; i += REDUCE_THREADS) head_copy(wsm + (i / k) * ws + i % k, params + w + i);
     for (int j = threadIdx.x; j < n; j += REDUCE_THREADS) head_copy(bsm + j, params + b + j);
     if (weights_early) after_prior();

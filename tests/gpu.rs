@@ -99,6 +99,25 @@ fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
     }
 }
 
+/// The loss's labels (cross-entropy) or targets (MSE) into both caches, then a backprop of each
+/// model on its cache.
+fn backprop_both(
+    models: (&Model, &Model),
+    fwd: (&mut Cache, &mut Cache),
+    bwd: (&mut Grads, &mut Grads),
+    loss: Loss,
+    labels: &[u32],
+    targets: &[f32],
+) {
+    for (model, fwd, bwd) in [(models.0, fwd.0, bwd.0), (models.1, fwd.1, bwd.1)] {
+        match loss {
+            Loss::Mse => fwd.set_targets(targets).unwrap(),
+            Loss::LogitCrossEntropy => fwd.set_labels(labels).unwrap(),
+        }
+        model.backprop(bwd, fwd, loss).unwrap();
+    }
+}
+
 /// Dense plans of odd widths, every activation, one layer or several, at batches that run on
 /// the fused kernels (≤ 128, and above where k ≤ 256 and the kernel's blocks fit on the GPU at
 /// once: at 512 and 1024 some of these products do, some do not) and on cuBLAS: forward against
@@ -134,16 +153,8 @@ fn dense_plans_match_the_cpu() {
             // in another order, and change its unit's gradients by ~1e-3; a draw that put the
             // MLP's batch 256 there was checked on the CPU, min |z| 1.6e-7)
             let loss = if cpu.output_shape().len() == 1 { Loss::Mse } else { Loss::LogitCrossEntropy };
-            if loss == Loss::Mse {
-                let targets = target_rng.uniform(n);
-                cpu_fwd.set_targets(&targets).unwrap();
-                gpu_fwd.set_targets(&targets).unwrap();
-            } else {
-                cpu_fwd.set_labels(&labels).unwrap();
-                gpu_fwd.set_labels(&labels).unwrap();
-            }
-            cpu.backprop(&mut cpu_bwd, &mut cpu_fwd, loss).unwrap();
-            gpu.backprop(&mut gpu_bwd, &mut gpu_fwd, loss).unwrap();
+            let targets = if loss == Loss::Mse { target_rng.uniform(n) } else { Vec::new() };
+            backprop_both((&cpu, &gpu), (&mut cpu_fwd, &mut gpu_fwd), (&mut cpu_bwd, &mut gpu_bwd), loss, &labels, &targets);
             let grad_err = rel_err(&gpu_bwd.gradients().unwrap(), &cpu_bwd.gradients().unwrap());
             println!("{name} batch {n}: forward rel err {err:.2e}, gradients after it {grad_err:.2e}");
             assert!(err <= 1e-5, "{name} batch {n}: forward {err:e}");
@@ -179,16 +190,8 @@ fn large_batches_through_the_head_match_the_cpu() {
             for f in [&mut cpu_fwd, &mut gpu_fwd] {
                 f.set_inputs(&x).unwrap();
             }
-            if loss == Loss::Mse {
-                let targets = rng.uniform(n * cpu.output_shape().len());
-                cpu_fwd.set_targets(&targets).unwrap();
-                gpu_fwd.set_targets(&targets).unwrap();
-            } else {
-                cpu_fwd.set_labels(&labels).unwrap();
-                gpu_fwd.set_labels(&labels).unwrap();
-            }
-            cpu.backprop(&mut cpu_bwd, &mut cpu_fwd, loss).unwrap();
-            gpu.backprop(&mut gpu_bwd, &mut gpu_fwd, loss).unwrap();
+            let targets = if loss == Loss::Mse { rng.uniform(n * cpu.output_shape().len()) } else { Vec::new() };
+            backprop_both((&cpu, &gpu), (&mut cpu_fwd, &mut gpu_fwd), (&mut cpu_bwd, &mut gpu_bwd), loss, &labels, &targets);
             let grad_err = rel_err(&gpu_bwd.gradients().unwrap(), &cpu_bwd.gradients().unwrap());
             let loss_err = rel_err(&[gpu_bwd.last_loss().unwrap()], &[cpu_bwd.last_loss().unwrap()]);
             println!("{name} batch {n}: gradients rel err {grad_err:.2e}, loss {loss_err:.2e}");

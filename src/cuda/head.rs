@@ -87,8 +87,8 @@ impl Head {
         let (k, n) = (step.input.len(), step.output.len());
         // as exec::backward: a producer past step 127 gets its dz from its own pass
         let producer = step.activated_input.filter(|&p| p < 128);
-        let rows = if producer.is_some() { 2 } else { 1 };
-        let shared = 4 * (n * (k | 1) + n + rows * WARPS * k);
+        let rows_a_warp = if producer.is_some() { 2 } else { 1 };
+        let shared = 4 * (n * (k | 1) + n + rows_a_warp * WARPS * k);
         let fits = matches!(step.layer, Layer::Dense { .. }) && n <= MAX_OUTPUTS && k <= MAX_INPUTS && shared <= gpu.head_shared_limit();
         if !gpu.head_enabled() || !fits || batch <= MIN_BATCH || batch > MAX_BATCH {
             return None;
