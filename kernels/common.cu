@@ -47,4 +47,20 @@ __device__ __forceinline__ double block_sum_f64(double v, double* buf) {
     return sum;
 }
 
+// Σ a[i]·b[i] over i = first, first + step, … < len, in four sums that take turns (so that the
+// adds do not wait on one another), added as (s0 + s1) + (s2 + s3): a fixed order. A `first` of
+// len or more gives 0.
+__device__ __forceinline__ float strided_dot(const float* a, const float* b, int first, int step, int len) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    int i = first;
+    for (; i + 3 * step < len; i += 4 * step) {
+        s0 = fmaf(a[i], b[i], s0);
+        s1 = fmaf(a[i + step], b[i + step], s1);
+        s2 = fmaf(a[i + 2 * step], b[i + 2 * step], s2);
+        s3 = fmaf(a[i + 3 * step], b[i + 3 * step], s3);
+    }
+    for (; i < len; i += step) s0 = fmaf(a[i], b[i], s0);
+    return (s0 + s1) + (s2 + s3);
+}
+
 #define GRID_STRIDE(i, n) for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)

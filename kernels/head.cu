@@ -15,7 +15,8 @@
 // `prev_z` is given (as exec.rs folds it in: then `dx` is that layer's dz).
 //
 // Offsets are in floats: w and b in params; x, z, y and prev_z (sample 0 of the region) in
-// acts; dz, dy and dx in dacts (−1: no input gradient).
+// acts, and z, y (for dz, dy) and dx (−1: no input gradient) in dacts, which has the same
+// layout.
 
 #define HEAD_MAX_OUTPUTS 32
 // samples a block takes at a time: a warp each
@@ -46,8 +47,8 @@ __device__ __forceinline__ int head_stride(int k) {
 // `weights_early`: the kernel ahead in the stream writes no weights (it is a layer's forward, or
 // the copy of the inputs), so W and b are staged before waiting for it.
 extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(const float* params, float* acts, float* dacts, int k, int n,
-                                                                        int act, float slope, int w, int b, int x, int z, int y, int dz,
-                                                                        int dy, int dx, int prev_z, int prev_act, float prev_slope,
+                                                                        int act, float slope, int w, int b, int x, int z, int y, int dx,
+                                                                        int prev_z, int prev_act, float prev_slope,
                                                                         int xent, const unsigned* labels, const float* targets,
                                                                         double* loss, double* scratch, float grad_scale,
                                                                         double mean_scale, int batch, int weights_early) {
@@ -90,17 +91,8 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(const fl
         }
         head_copied();
         __syncwarp();
-        // z_j = Σ_c x_c · W[j][c] + b_j, four sums in turn, added in a fixed order
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-        int c = out ? part : k;
-        for (; c + 3 * parts < k; c += 4 * parts) {
-            s0 = fmaf(xs[c], wj[c], s0);
-            s1 = fmaf(xs[c + parts], wj[c + parts], s1);
-            s2 = fmaf(xs[c + 2 * parts], wj[c + 2 * parts], s2);
-            s3 = fmaf(xs[c + 3 * parts], wj[c + 3 * parts], s3);
-        }
-        for (; c < k; c += parts) s0 = fmaf(xs[c], wj[c], s0);
-        float sum = (s0 + s1) + (s2 + s3);
+        // z_j = Σ_c x_c · W[j][c] + b_j: the lane's share of c, then its group's
+        float sum = strided_dot(xs, wj, out ? part : k, parts, k);
         for (int d = parts / 2; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
         float zj = sum + bsm[out ? jl : 0];
         float yj = act != 0 ? act_apply(act, slope, zj) : zj;
@@ -131,8 +123,8 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(const fl
         }
         float dzj = act != 0 ? dyj * act_derivative(act, slope, zj, yj) : dyj;
         if (leader) {
-            if (act != 0) dacts[dy + o] = dyj;
-            dacts[dz + o] = dzj;
+            if (act != 0) dacts[y + o] = dyj;
+            dacts[z + o] = dzj;
             dzs[warp][jl] = dzj;
         }
         __syncwarp();

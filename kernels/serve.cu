@@ -59,17 +59,8 @@ __device__ __forceinline__ void serve_layer(const float* w, const float* b, int 
         int r = live ? o / n : 0, j = live ? o - r * n : 0;
         const float* wj = w + j * stride;
         const float* xr = x + r * in;
-        // four sums over k (per lane), so that the adds do not wait on one another
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-        int k = live ? lane : in;
-        for (; k + 3 * lanes < in; k += 4 * lanes) {
-            s0 = fmaf(wj[k], xr[k], s0);
-            s1 = fmaf(wj[k + lanes], xr[k + lanes], s1);
-            s2 = fmaf(wj[k + 2 * lanes], xr[k + 2 * lanes], s2);
-            s3 = fmaf(wj[k + 3 * lanes], xr[k + 3 * lanes], s3);
-        }
-        for (; k < in; k += lanes) s0 = fmaf(wj[k], xr[k], s0);
-        float s = (s0 + s1) + (s2 + s3);
+        // the lane's share of k
+        float s = strided_dot(wj, xr, live ? lane : in, lanes, in);
         for (int d = lanes / 2; d > 0; d /= 2) s += __shfl_xor_sync(0xffffffffu, s, d, lanes);
         if (live && lane == 0) {
             float y = act_apply(act, slope, s + b[j]);

@@ -11,7 +11,7 @@
 
 use super::context::{Gpu, Kernel};
 use super::launch::{int, kernel_args, BLOCK};
-use super::ops::{act_code, LOSS_BLOCKS};
+use super::ops::{act_code, loss_scales, LOSS_BLOCKS};
 use crate::chain::{Layer, Plan};
 use crate::error::Result;
 use crate::layers::region;
@@ -50,15 +50,14 @@ pub(crate) struct Head {
     n: i32,
     act: (i32, f32),
     /// Offsets (floats) of W and b in the parameters; of x, z, y and the producer's z (−1:
-    /// none) in the activations; of dz, dy and the input gradient (−1: none) in their gradients.
+    /// none) in the activations, and of the input gradient (−1: none) in their gradients (dz and
+    /// dy are at z and y there: the two buffers have one layout).
     w: i32,
     b: i32,
     x: i32,
     z: i32,
     y: i32,
     prev_z: i32,
-    dz: i32,
-    dy: i32,
     dx: i32,
     prev_act: (i32, f32),
     blocks: usize,
@@ -117,8 +116,6 @@ impl Head {
             z,
             y,
             prev_z,
-            dz: z,
-            dy: y,
             dx,
             prev_act,
             // a warp a sample, up to the loss's most partial sums
@@ -152,19 +149,13 @@ impl Gpu {
         weights_early: bool,
     ) -> Result<()> {
         let HeadBuffers { params, acts, dacts, labels, targets, loss: value, scratch } = *buffers;
-        // the CPU's scales (loss.cu)
-        let (xent, mean_scale, grad_scale) = match loss {
-            Loss::LogitCrossEntropy => (1i32, 1.0 / batch as f64, (1.0 / batch as f64) as f32),
-            Loss::Mse => {
-                let mean = 1.0 / (batch * head.outputs()) as f64;
-                (0, mean, (2.0 * mean) as f32)
-            }
-        };
-        let Head { k, n, act: (act, slope), w, b, x, z, y, prev_z, dz, dy, dx, prev_act: (prev_act, prev_slope), .. } = *head;
+        let xent = i32::from(loss == Loss::LogitCrossEntropy);
+        let (mean_scale, grad_scale) = loss_scales(loss, batch, head.outputs());
+        let Head { k, n, act: (act, slope), w, b, x, z, y, prev_z, dx, prev_act: (prev_act, prev_slope), .. } = *head;
         let (rows, early) = (int(batch)?, i32::from(weights_early));
         let args = kernel_args![
-            params, acts, dacts, k, n, act, slope, w, b, x, z, y, dz, dy, dx, prev_z, prev_act, prev_slope, xent, labels, targets, value,
-            scratch, grad_scale, mean_scale, rows, early
+            params, acts, dacts, k, n, act, slope, w, b, x, z, y, dx, prev_z, prev_act, prev_slope, xent, labels, targets, value, scratch,
+            grad_scale, mean_scale, rows, early
         ];
         self.run_blocks(stream, Kernel::DenseHead, (head.blocks as u32, 1), head.shared as u32, args)
     }

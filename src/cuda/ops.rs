@@ -11,6 +11,7 @@ use super::launch::{blocks, int, kernel_args, launch, View, ViewMut, BLOCK};
 use crate::activation::Activation;
 use crate::error::Result;
 use crate::layers::{conv, pool};
+use crate::loss::Loss;
 use crate::optim::Optim;
 use cudarc::driver::CudaStream;
 use std::ffi::c_void;
@@ -26,6 +27,19 @@ pub const LOSS_SCRATCH: usize = LOSS_BLOCKS + 1;
 /// in which the loss is summed never changes.
 fn loss_blocks(n: usize) -> u32 {
     n.div_ceil(BLOCK as usize).clamp(1, LOSS_BLOCKS) as u32
+}
+
+/// The CPU's scales of a loss over `batch` samples of `outputs` values (src/loss.rs): the value's
+/// (1/batch for cross-entropy, 1/(batch·outputs) for MSE) in f64, and the gradient's (that, or
+/// twice that for MSE) rounded to f32.
+pub(super) fn loss_scales(loss: Loss, batch: usize, outputs: usize) -> (f64, f32) {
+    match loss {
+        Loss::LogitCrossEntropy => (1.0 / batch as f64, (1.0 / batch as f64) as f32),
+        Loss::Mse => {
+            let mean = 1.0 / (batch * outputs) as f64;
+            (mean, (2.0 * mean) as f32)
+        }
+    }
 }
 
 /// Most outputs [`Gpu::finish_outputs`] copies (64 KiB): one block writing over the bus; larger
@@ -470,9 +484,8 @@ impl Gpu {
         assert!(batch > 0 && classes > 0, "softmax_xent: empty batch");
         let _ = int(len)?;
         let (y, labels, dy, loss, scratch) = (y.ptr(), labels.ptr(), dy.ptr(), loss.ptr(), scratch.ptr());
-        // the CPU's scales: 1/batch in f64, rounded to f32 for the gradient
-        let mean_scale = 1.0 / batch as f64;
-        let (c, b, scale) = (int(classes)?, int(batch)?, mean_scale as f32);
+        let (mean_scale, scale) = loss_scales(Loss::LogitCrossEntropy, batch, classes);
+        let (c, b) = (int(classes)?, int(batch)?);
         self.run(stream, Kernel::SoftmaxXent, loss_blocks(batch), kernel_args![y, labels, dy, loss, scratch, c, b, scale, mean_scale])
     }
 
@@ -493,9 +506,9 @@ impl Gpu {
         assert!(y.len() >= n && t.len() >= n && dy.len() >= n, "mse: a view is shorter than {n}");
         assert!(loss.len() >= 3 && scratch.len() >= LOSS_SCRATCH, "mse: short loss or scratch");
         assert!(n > 0, "mse: no values");
-        let mean_scale = 1.0 / n as f64;
-        let (y, t, dy, loss, scratch, len, grad_scale) =
-            (y.ptr(), t.ptr(), dy.ptr(), loss.ptr(), scratch.ptr(), int(n)?, (2.0 * mean_scale) as f32);
+        // n values, as one sample of n outputs
+        let (mean_scale, grad_scale) = loss_scales(Loss::Mse, 1, n);
+        let (y, t, dy, loss, scratch, len) = (y.ptr(), t.ptr(), dy.ptr(), loss.ptr(), scratch.ptr(), int(n)?);
         self.run(stream, Kernel::Mse, loss_blocks(n), kernel_args![y, t, dy, loss, scratch, len, grad_scale, mean_scale])
     }
 
