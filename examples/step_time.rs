@@ -9,6 +9,7 @@
 //!
 //! `train-copy` sets the inputs from the host before every step, `train-host` the labels (or
 //! targets) too, as a training loop over host data does; `train` keeps the batch on the device.
+//! `backprop` is `train` without the optimiser's update.
 //! `serve` and `serve-resident` time the same call as `forward` and `forward-resident` through a
 //! [`Server`] (a resident kernel where the model allows one).
 //!
@@ -62,7 +63,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "lenet" => (models::lenet5(), Loss::LogitCrossEntropy),
         _ => return Err(format!("--model must be mlp, lenet or simplenn, not {name:?}").into()),
     };
-    let tasks = ["train", "train-copy", "train-host", "forward", "forward-resident", "serve", "serve-resident"];
+    let tasks = ["train", "train-copy", "train-host", "backprop", "forward", "forward-resident", "serve", "serve-resident"];
     if !tasks.contains(&task.as_str()) {
         return Err(format!("--task must be one of {}, not {task:?}", tasks.join(", ")).into());
     }
@@ -117,7 +118,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             model.backprop(&mut bwd, &mut fwd, loss)?;
-            opt.update(&mut model, &bwd)?;
+            if task != "backprop" {
+                opt.update(&mut model, &bwd)?;
+            }
             if wait {
                 bwd.last_loss()?;
             }
@@ -127,7 +130,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (per_call, times) = measure(calls, &mut call)?;
     // Host time to queue one training step (the device idle at the start, no wait between):
     // where it is near the back-to-back time, the host, not the device, sets the pace.
-    let queue_time = if task.starts_with("train") {
+    let queue_time = if task.starts_with("train") || task == "backprop" {
         let mut queued: Vec<f64> = (0..calls.min(100))
             .map(|_| {
                 let start = Instant::now();
