@@ -16,6 +16,7 @@ pub(crate) const SOURCE_FILES: &[(&str, &str)] = &[
     ("pool.cu", include_str!("../../kernels/pool.cu")),
     ("conv.cu", include_str!("../../kernels/conv.cu")),
     ("dense.cu", include_str!("../../kernels/dense.cu")),
+    ("wgrad.cu", include_str!("../../kernels/wgrad.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("data.cu", include_str!("../../kernels/data.cu")),
     ("serve.cu", include_str!("../../kernels/serve.cu")),
@@ -65,6 +66,7 @@ kernels! {
     CopyFromHost = "copy_from_host",
     ServeDense = "serve_dense",
     DenseHead = "dense_head",
+    WeightGradSplit = "weight_grad_split",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.
@@ -85,6 +87,10 @@ pub struct Gpu {
     /// `FLATNN_HEAD=0`, read when the device is set up: for measuring against the separate
     /// kernels).
     head_enabled: bool,
+    /// Whether narrow layers' weight gradients may run split over the batch in clusters
+    /// (src/cuda/wgrad.rs; unless `FLATNN_SPLIT=0`, read when the device is set up: for
+    /// measuring against the other kernels).
+    split_enabled: bool,
     /// Kernels are launched as programmatic dependents of the kernel ahead of them (sm_90 and
     /// later with a CUDA 12.3 or later driver, unless `FLATNN_DEPENDENT_LAUNCH=0`); see
     /// [`super::launch::launch`].
@@ -142,6 +148,11 @@ impl Gpu {
         let serve_shared_limit = allow_dynamic_shared(functions[Kernel::ServeDense as usize].cu_function(), shared_optin)?;
         let head_shared_limit = allow_dynamic_shared(functions[Kernel::DenseHead as usize].cu_function(), shared_optin)?;
         let head_enabled = std::env::var("FLATNN_HEAD").map_or(true, |v| v != "0");
+        let split_enabled = major >= 9 && std::env::var("FLATNN_SPLIT").map_or(true, |v| v != "0");
+        if major >= 9 {
+            // its staging buffers are dynamic shared memory (kernels/wgrad.cu)
+            allow_dynamic_shared(functions[Kernel::WeightGradSplit as usize].cu_function(), shared_optin)?;
+        }
         if major >= 8 {
             // the tensor-core tiles' slice buffers are dynamic shared memory (kernels/dense.cu)
             for tile in super::ops::MMA_TILES {
@@ -161,6 +172,7 @@ impl Gpu {
             serve_shared_limit,
             head_shared_limit,
             head_enabled,
+            split_enabled,
             dependent_launch,
         })
     }
@@ -206,6 +218,11 @@ impl Gpu {
     /// Whether training steps may end in `dense_head` (see the field).
     pub(crate) fn head_enabled(&self) -> bool {
         self.head_enabled
+    }
+
+    /// Whether narrow layers' weight gradients may run split over the batch (see the field).
+    pub(crate) fn split_enabled(&self) -> bool {
+        self.split_enabled
     }
 
     /// Waits until all work on this device is done.

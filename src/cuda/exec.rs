@@ -13,6 +13,7 @@ use super::head::{Head, HeadBuffers};
 use super::launch::{View, ViewMut};
 use super::ops::{DenseEpilogue, PANEL_MAX_K};
 use super::pinned::Event;
+use super::wgrad::Job;
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
 use crate::layers::{bias_layout, conv, conv_geometry, pool_geometry, region};
@@ -298,6 +299,8 @@ pub(crate) fn backward(
     // bit i: step i's dz was written by the layer after it (steps past 127 are never fused)
     let bit = |i: usize| 1u128.checked_shl(i as u32).unwrap_or(0);
     let mut dz_ready = head.and_then(|h| h.producer).map_or(0, bit);
+    // bit i: step i's weight gradient went with the head's (see below)
+    let mut split_done = 0u128;
     let head_step = head.map(|h| h.step);
     for (index, step) in plan.steps.iter().enumerate().rev() {
         let x = region(plan, step.input_region, capacity, batch);
@@ -320,8 +323,9 @@ pub(crate) fn backward(
                     let dzt = DevMat { data: dacts.at(z.clone()), rs: 1, cs: out };
                     let xm = DevMat { data: acts.at(x.clone()), rs: inp, cs: 1 };
                     // the first layer's (no input gradient follows it) stays on the step's
-                    // stream: nothing is left to overlap it with there
-                    let (w_stream, w_blas) = if step.input_region != 0 {
+                    // stream: nothing is left to overlap it with there (nor is one that went
+                    // with the head's forked again)
+                    let (w_stream, w_blas) = if step.input_region != 0 && split_done & bit(index) == 0 {
                         side.fork.record(stream)?;
                         side.fork.wait_in(side.stream)?;
                         forked = true;
@@ -329,7 +333,30 @@ pub(crate) fn backward(
                     } else {
                         (stream, blas)
                     };
-                    if gpu.dense_on_tensor_cores(out, inp, batch, &dzt, &xm, true) || fused_weight_grad(gpu, batch, out, inp) {
+                    // Split over the batch (src/cuda/wgrad.rs) only on the side stream: on the
+                    // step's own it lost to the other kernels (the 100-200-1's first layer). The
+                    // head's producer's dz is written too: where its weight gradient also runs on
+                    // the side stream, both go in one launch.
+                    let side_split = |layers: &[(usize, usize)]| step.input_region != 0 && gpu.weight_grad_split_takes(layers, batch);
+                    let pair = head.and_then(|h| h.producer).filter(|&p| in_head && plan.steps[p].input_region != 0);
+                    let pair = pair.filter(|&p| dense_shape(&plan.steps[p]).is_some_and(|ps| side_split(&[(out, inp), ps])));
+                    if split_done & bit(index) != 0 {
+                        // launched with the head's
+                    } else if pair.is_some() || side_split(&[(out, inp)]) {
+                        let job = |s: &Step| {
+                            let (out, inp) = dense_shape(s).expect("a dense layer");
+                            let (w, b) = s.weight_and_bias();
+                            let (x, z) = (region(plan, s.input_region, capacity, batch), region(plan, s.z_region, capacity, batch));
+                            Job { out, inp, dz: dacts.at(z), x: acts.at(x), dw: grads.at_mut(w), db: grads.at_mut(b) }
+                        };
+                        match pair {
+                            Some(p) => {
+                                split_done |= bit(p);
+                                gpu.weight_grad_split(w_stream, batch, &[job(step), job(&plan.steps[p])])?;
+                            }
+                            None => gpu.weight_grad_split(w_stream, batch, &[job(step)])?,
+                        }
+                    } else if gpu.dense_on_tensor_cores(out, inp, batch, &dzt, &xm, true) || fused_weight_grad(gpu, batch, out, inp) {
                         let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias) };
                         // B is X, from the forward pass: the kernel ahead (the backward
                         // pass's, the loss or the head) does not write it
@@ -387,6 +414,14 @@ pub(crate) fn backward(
         side.join.wait_in(stream)?;
     }
     Ok(())
+}
+
+/// A dense step's (outputs, inputs), or None for other layers.
+fn dense_shape(step: &Step) -> Option<(usize, usize)> {
+    match step.layer {
+        Layer::Dense { out_features, .. } => Some((out_features, step.input.len())),
+        _ => None,
+    }
 }
 
 /// A convolution step's regions for the batch (input x, pre-activation z), its weight range and

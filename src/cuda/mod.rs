@@ -34,6 +34,7 @@ pub(crate) mod state;
 #[cfg(test)]
 mod tests;
 mod timing;
+pub(crate) mod wgrad;
 
 pub use blas::{Blas, DevMat, DevMatMut};
 pub use context::Gpu;

@@ -72,7 +72,9 @@ fn every_launched_kernel_is_defined_in_the_sources() {
                 rest = bounded[bounded.find(')').unwrap() + 1..].trim_start();
             }
             rest = rest.strip_prefix("void ").expect("a kernel returns void");
-            let name = rest[..rest.find('(').unwrap()].trim().to_string();
+            // the name is the last word before the parameters (an attribute such as a
+            // cluster's dimensions may come before it)
+            let name = rest[..rest.find('(').unwrap()].split_whitespace().last().unwrap().to_string();
             // Launched as programmatic dependents: nothing may run before the wait, except a
             // dense product's loads of B when the launch says B is weights that the kernel
             // ahead does not write (`b_early`; the wait follows those loads in dense.cu)

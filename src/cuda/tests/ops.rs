@@ -361,6 +361,87 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
     }
 }
 
+/// Narrow layers' weight gradients split over the batch in clusters (src/cuda/wgrad.rs) against
+/// plain loops, one layer a launch and two: exact on small integers (every partial sum is an
+/// integer below 2^24), with edges in rows, columns and samples, outputs poisoned; and on random
+/// values within FP32's rounding of the f64 sums, the same bits in two runs. Shapes whose
+/// blocks do not fit on this GPU at once are skipped, but some must run.
+#[test]
+fn split_weight_grads_match_plain_loops() {
+    use crate::cuda::wgrad::Job;
+    let gpu = gpu_or_skip!();
+    if !gpu.split_enabled() {
+        println!("skipped: needs sm_90 (clusters), or FLATNN_SPLIT=0");
+        return;
+    }
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(12);
+    // (layers (out, in), batch): the MLP's last two layers together and alone; the fewest outputs;
+    // two column groups; 130 and 7 columns together, over shares of 125 samples (not whole
+    // chunks); shares of 512 samples but the last of 509; the 100-200-1's first layer (13 row
+    // groups); rows of X of odd length (4-byte copies)
+    let cases: [(&[(usize, usize)], usize); 8] = [
+        (&[(10, 64), (64, 128)], 512),
+        (&[(64, 128)], 1024),
+        (&[(8, 200)], 257),
+        (&[(16, 256)], 300),
+        (&[(33, 130), (9, 7)], 1000),
+        (&[(8, 5)], 4093),
+        (&[(200, 100)], 1024),
+        (&[(12, 63), (20, 129)], 2048),
+    ];
+    let mut ran = 0;
+    for (layers, batch) in cases {
+        if !gpu.weight_grad_split_takes(layers, batch) {
+            println!("{layers:?} over {batch}: not on this GPU");
+            continue;
+        }
+        ran += 1;
+        // dZ and X of each layer, filled by `fill`; dW and db of each, from the GPU
+        let run = |inputs: &[(Vec<f32>, Vec<f32>)]| {
+            let data: Vec<_> = inputs.iter().map(|(dz, x)| (upload(&stream, dz), upload(&stream, x))).collect();
+            let mut outs: Vec<_> =
+                layers.iter().map(|&(out, inp)| (upload(&stream, &poisoned(out * inp)), upload(&stream, &poisoned(out)))).collect();
+            let jobs: Vec<Job> = layers
+                .iter()
+                .zip(&data)
+                .zip(&mut outs)
+                .map(|((&(out, inp), (dz, x)), (dw, db))| Job {
+                    out,
+                    inp,
+                    dz: View::of(dz),
+                    x: View::of(x),
+                    dw: ViewMut::of(dw),
+                    db: ViewMut::of(db),
+                })
+                .collect();
+            gpu.weight_grad_split(&stream, batch, &jobs).unwrap();
+            drop(jobs);
+            outs.iter().map(|(dw, db)| (download(&stream, dw), download(&stream, db))).collect::<Vec<_>>()
+        };
+        for integers in [true, false] {
+            let mut fill = |n: usize| if integers { rng.ints(n) } else { rng.uniform(n) };
+            let inputs: Vec<_> = layers.iter().map(|&(out, inp)| (fill(batch * out), fill(batch * inp))).collect();
+            let (got, again) = (run(&inputs), run(&inputs));
+            for ((&(out, inp), (dz, x)), ((dw, db), (dw2, db2))) in layers.iter().zip(&inputs).zip(got.iter().zip(&again)) {
+                let what = format!("split dW {out}x{inp} over {batch} of {layers:?}, integers {integers}");
+                same_bits(&format!("{what} dW"), dw, dw2);
+                same_bits(&format!("{what} db"), db, db2);
+                // dW[o][j] = Σ_s dZ[s][o]·X[s][j], db[o] = Σ_s dZ[s][o], in f64
+                let dw_want: Vec<f32> = (0..out * inp)
+                    .map(|l| (0..batch).map(|s| dz[s * out + l / inp] as f64 * x[s * inp + l % inp] as f64).sum::<f64>() as f32)
+                    .collect();
+                let db_want: Vec<f32> = (0..out).map(|o| (0..batch).map(|s| dz[s * out + o] as f64).sum::<f64>() as f32).collect();
+                // integers: exact; random values: within FP32 rounding of batch-long sums
+                let bound = if integers { 0.0 } else { 1e-6 * batch as f32 };
+                check(&format!("{what} dW"), dw, &dw_want, bound, 0.0);
+                check(&format!("{what} db"), db, &db_want, bound, 0.0);
+            }
+        }
+    }
+    assert!(ran > 0, "no shape ran split");
+}
+
 /// The tensor-core tiles (3xTF32) against products in f64 on random values, in the two layouts
 /// they take (a forward's: A and B contiguous along k; a weight gradient's: A along m, B along
 /// n): no output errs by more than twice the worst error of the same sums in FP32 one after the
@@ -713,6 +794,28 @@ fn kernel_times_of_the_mlp_step() {
                 true,
             )
         });
+    }
+    // narrow layers' weight gradients split over the batch in clusters (src/cuda/wgrad.rs):
+    // the MLP's second and third layers, the 100-200-1's first
+    for layers in [&[(64, 128)][..], &[(10, 64)], &[(64, 128), (10, 64)], &[(200, 100)]] {
+        if gpu.weight_grad_split_takes(layers, batch) {
+            time(format!("split weight grad {layers:?} over {batch}"), &|| {
+                // the second layer's outputs after the first's
+                let jobs = layers.iter().scan(0, |at, &(m, n)| {
+                    *at += m * n + m;
+                    let o = op + 4 * (*at - m * n - m) as u64;
+                    Some(crate::cuda::wgrad::Job {
+                        out: m,
+                        inp: n,
+                        dz: v(zp, m * batch),
+                        x: v(xp, batch * n),
+                        dw: vm(o, m * n),
+                        db: vm(o + 4 * (m * n) as u64, m),
+                    })
+                });
+                gpu.weight_grad_split(&stream, batch, &jobs.collect::<Vec<_>>())
+            });
+        }
     }
     // the first layer's two products on each tensor-core tile
     for tile in crate::cuda::ops::MMA_TILES {
