@@ -51,6 +51,25 @@ __device__ __forceinline__ float cluster_load(unsigned at, unsigned rank) {
     return v;
 }
 
+// Stages one chunk's samples first .. of M (rows of `width` floats) into shared memory at `buf`,
+// [sample][W]: columns col0 .. col0 + W, zeros at columns past `width` and samples from `end`;
+// `step` (1, or 4 where rows and M are 16-byte aligned) values a copy
+template <int W>
+__device__ __forceinline__ void wg_stage(unsigned buf, const float* m, int width, int col0, int first, int end, int step) {
+    for (int e = step * threadIdx.x; e < WG_CHUNK * W; e += step * MMA_THREADS) {
+        int s = first + e / W, j = col0 + e % W;
+        bool valid = s < end && j < width;
+        const float* src = valid ? m + (long long)s * width + j : m;
+        if (step == 4) {
+            mma_copy(buf + 4 * e, src, valid ? 16 : 0);
+        } else {
+#if __CUDA_ARCH__ >= 800
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(buf + 4 * e), "l"(src), "r"(valid ? 4 : 0) : "memory");
+#endif
+        }
+    }
+}
+
 extern "C" __global__ __launch_bounds__(MMA_THREADS) void WG_CLUSTER weight_grad_split(WgJob first, WgJob second, int batch) {
     after_prior();
 #if __CUDA_ARCH__ >= 900
@@ -76,34 +95,12 @@ extern "C" __global__ __launch_bounds__(MMA_THREADS) void WG_CLUSTER weight_grad
     // X in 16-byte copies where its rows allow
     bool x16 = in % 4 == 0 && ((unsigned long long)x & 15) == 0;
     unsigned base = (unsigned)__cvta_generic_to_shared(smem);
-    // chunk c into buffer c % WG_STAGES: [sample][R] of dZ, then [sample][C] of X; zeros
-    // outside the layer and past the block's samples
+    // chunk c into buffer c % WG_STAGES: [sample][R] of dZ, then [sample][C] of X
     auto load = [&](int c) {
         unsigned buf = base + 4 * (c % WG_STAGES) * STAGE;
         int first_sample = s0 + c * WG_CHUNK;
-        for (int e = threadIdx.x; e < WG_CHUNK * R; e += MMA_THREADS) {
-            int s = first_sample + e / R, r = r0 + e % R;
-            bool valid = s < s1 && r < out;
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(buf + 4 * e), "l"(valid ? dz + (long long)s * out + r : dz),
-                         "r"(valid ? 4 : 0)
-                         : "memory");
-        }
-        buf += 4 * WG_CHUNK * R;
-        if (x16) {
-            for (int e = 4 * threadIdx.x; e < WG_CHUNK * C; e += 4 * MMA_THREADS) {
-                int s = first_sample + e / C, j = c0 + e % C;
-                bool valid = s < s1 && j < in;
-                mma_copy(buf + 4 * e, valid ? x + (long long)s * in + j : x, valid ? 16 : 0);
-            }
-        } else {
-            for (int e = threadIdx.x; e < WG_CHUNK * C; e += MMA_THREADS) {
-                int s = first_sample + e / C, j = c0 + e % C;
-                bool valid = s < s1 && j < in;
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(buf + 4 * e), "l"(valid ? x + (long long)s * in + j : x),
-                             "r"(valid ? 4 : 0)
-                             : "memory");
-            }
-        }
+        wg_stage<R>(buf, dz, out, r0, first_sample, s1, 1);
+        wg_stage<C>(buf + 4 * WG_CHUNK * R, x, in, c0, first_sample, s1, x16 ? 4 : 1);
     };
     for (int c = 0; c < WG_STAGES - 1; c++) {
         if (c < chunks) load(c);
