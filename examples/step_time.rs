@@ -3,7 +3,7 @@
 //! run under a profiler (`ncu`, `compute-sanitizer`).
 //!
 //!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn]
-//!       [--task train|train-copy|train-host|forward|forward-resident|serve|serve-resident]
+//!       [--task train|train-copy|train-host|backprop|forward|forward-resident|serve|serve-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
 //!       [--conv auto|cudnn|own]
 //!

@@ -317,8 +317,7 @@ pub(crate) fn backward(
                     gpu.act_backward(stream, act, z.len(), acts.at(z.clone()), acts.at(y.clone()), dacts.at(y), dacts.at_mut(z.clone()))?;
                 }
                 let (w, bias) = step.weight_and_bias();
-                if let Layer::Dense { out_features: out, .. } = step.layer {
-                    let inp = step.input.len();
+                if let Some((out, inp)) = dense_shape(step) {
                     // dW (out × in) = dZᵀ (out × batch) · X (batch × in), db = Σ_batch dZ
                     let dzt = DevMat { data: dacts.at(z.clone()), rs: 1, cs: out };
                     let xm = DevMat { data: acts.at(x.clone()), rs: inp, cs: 1 };
