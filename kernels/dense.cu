@@ -338,12 +338,13 @@ __device__ __forceinline__ void mma_wait() {
 #endif
 }
 
-// Floats of one operand's slice buffer: [r][k] (rows padded to MMA_KC + 4) when the operand is
-// contiguous along k (KM), else [k][r] (rows padded to TR + 8); both paddings make a warp's
-// fragment loads hit 32 different banks. MmaTile::shared_bytes in src/cuda/ops.rs mirrors this.
+// Floats of one operand's slice buffer: [r][k] (rows padded to MMA_KC + 8) when the operand is
+// contiguous along k (KM), else [k][r] (rows padded to TR + 8); both paddings keep a warp's
+// fragment loads free of bank conflicts (along k they are 8 bytes: see dense_mma_tile).
+// MmaTile::shared_bytes in src/cuda/ops.rs mirrors this.
 template <int TR, bool KM>
 __device__ __forceinline__ constexpr int mma_at(int r, int k) {
-    return KM ? r * (MMA_KC + 4) + k : k * (TR + 8) + r;
+    return KM ? r * (MMA_KC + 8) + k : k * (TR + 8) + r;
 }
 
 template <int TR, bool KM>
@@ -434,8 +435,13 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
     }
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int wm = warp % WM, wk = warp / WM;
-    // the lane's first fragment values in a slice (its steps to the others are constants)
-    int a0 = mma_at<BM, AK>(wm * 16 + g, wk * 8 + t), b0 = A_SIZE + mma_at<BN, BK>(g, wk * 8 + t);
+    // The lane's first fragment values in a slice (its steps to the others are constants).
+    // Along k (forward layout) the fragments' k t and t + 4 of a group of eight are taken from
+    // k 2t and 2t + 1 of A and of B alike (the same products, summed in another order), so that
+    // each pair is one 8-byte load.
+    constexpr bool PAIRS = AK && BK;
+    int kt = PAIRS ? 2 * t : t;
+    int a0 = mma_at<BM, AK>(wm * 16 + g, wk * 8 + kt), b0 = A_SIZE + mma_at<BN, BK>(g, wk * 8 + kt);
     float total[FRAGS][4];
 #pragma unroll
     for (int f = 0; f < FRAGS; f++) total[f][0] = total[f][1] = total[f][2] = total[f][3] = 0.0f;
@@ -463,14 +469,28 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
             const float* as = buf + a0 + mma_at<BM, AK>(0, s * WK * 8);
             const float* bs = buf + b0 + mma_at<BN, BK>(0, s * WK * 8);
             unsigned ab[4], al[4], bb[FRAGS][2], bl[FRAGS][2];
-            mma_split(as[0], ab[0], al[0]);
-            mma_split(as[mma_at<BM, AK>(8, 0)], ab[1], al[1]);
-            mma_split(as[mma_at<BM, AK>(0, 4)], ab[2], al[2]);
-            mma_split(as[mma_at<BM, AK>(8, 4)], ab[3], al[3]);
+            if constexpr (PAIRS) {
+                float2 a_lo = *(const float2*)as, a_hi = *(const float2*)(as + mma_at<BM, AK>(8, 0));
+                mma_split(a_lo.x, ab[0], al[0]);
+                mma_split(a_hi.x, ab[1], al[1]);
+                mma_split(a_lo.y, ab[2], al[2]);
+                mma_split(a_hi.y, ab[3], al[3]);
+            } else {
+                mma_split(as[0], ab[0], al[0]);
+                mma_split(as[mma_at<BM, AK>(8, 0)], ab[1], al[1]);
+                mma_split(as[mma_at<BM, AK>(0, 4)], ab[2], al[2]);
+                mma_split(as[mma_at<BM, AK>(8, 4)], ab[3], al[3]);
+            }
 #pragma unroll
             for (int f = 0; f < FRAGS; f++) {
-                mma_split(bs[mma_at<BN, BK>(8 * f, 0)], bb[f][0], bl[f][0]);
-                mma_split(bs[mma_at<BN, BK>(8 * f, 4)], bb[f][1], bl[f][1]);
+                if constexpr (PAIRS) {
+                    float2 b = *(const float2*)(bs + mma_at<BN, BK>(8 * f, 0));
+                    mma_split(b.x, bb[f][0], bl[f][0]);
+                    mma_split(b.y, bb[f][1], bl[f][1]);
+                } else {
+                    mma_split(bs[mma_at<BN, BK>(8 * f, 0)], bb[f][0], bl[f][0]);
+                    mma_split(bs[mma_at<BN, BK>(8 * f, 4)], bb[f][1], bl[f][1]);
+                }
             }
             // the three products of each fragment apart, so that consecutive ones add into
             // different sums and need not wait for each other

@@ -108,15 +108,19 @@ const PANEL_MIN_COLS: usize = 16;
 /// 3.8 against 6.3, over 1024 12.2 against 15.6 (cuBLAS + bias gradient). But with two waves
 /// of blocks or more (the forward at 2048, the 100-200-1's first layer at 1024) or k of 2048
 /// and more the MLP step at 2048 went 76.5 → 78.3 µs and at 4096 130.5 → 138.8, and below half
-/// a wave (the forward at 128: 64 blocks) the forward took 5.8 against 4.8 µs row-chunked. Weight gradients over more than
-/// [`MMA_MAX_SAMPLES`] stay on cuBLAS: the 100-200-1's first layer at 1024 (91 blocks) took its
-/// step 33.1 → 35.4 µs on the tiles.
+/// a wave (the forward at 128: 64 blocks) the forward took 5.8 against 4.8 µs row-chunked.
+/// Weight gradients over more than [`MMA_MAX_SMALL_SAMPLES`] run only on the 32 × 32 tiles
+/// (the MLP's first layer over 1024 samples 12.0 against 15.7 µs in-graph, over 2048 22.1
+/// against 25.3): on 16 × 16 tiles the 100-200-1's first layer over 1024 (91 blocks) took its
+/// step 33.1 → 35.4 µs. Over more than [`MMA_MAX_SAMPLES`] they stay on cuBLAS.
 const MMA_MIN_FMAS: usize = 1 << 22;
 const MMA_MIN_K: usize = 256;
 /// A weight gradient's k (its batch) from which it runs on the tiles.
 const MMA_MIN_SAMPLES: usize = 128;
 const MMA_MAX_K: usize = 1024;
-const MMA_MAX_SAMPLES: usize = 512;
+const MMA_MAX_SAMPLES: usize = 2048;
+/// Over more samples than this, a weight gradient runs only on the 32 × 32 tiles.
+const MMA_MAX_SMALL_SAMPLES: usize = 512;
 
 /// One shape of the tensor-core tiles (`dense_mma_*` in kernels/dense.cu): BM × BN outputs a
 /// block of [`BLOCK`] threads (MMA_THREADS there), a kernel for each of the two layouts they
@@ -159,11 +163,11 @@ impl MmaTile {
     }
 
     /// Bytes of shared memory a block needs: MMA_STAGES slice buffers of A and B, as
-    /// `mma_buf` in kernels/dense.cu lays them out (along k, rows padded to MMA_KC + 4; else
+    /// `mma_buf` in kernels/dense.cu lays them out (along k, rows padded to MMA_KC + 8; else
     /// rows of k padded to the tile's side + 8).
     fn shared_bytes(&self, kernel: Kernel) -> u32 {
         let along_k = kernel == self.forward;
-        let buf = |side: usize| if along_k { side * (MMA_KC + 4) } else { MMA_KC * (side + 8) };
+        let buf = |side: usize| if along_k { side * (MMA_KC + 8) } else { MMA_KC * (side + 8) };
         (4 * MMA_STAGES * (buf(self.rows) + buf(self.cols))) as u32
     }
 }
@@ -376,9 +380,11 @@ impl Gpu {
             return None;
         }
         let sms = self.multiprocessors() as usize;
+        let deep = weight_grad && k > MMA_MAX_SMALL_SAMPLES;
         MMA_TILES
             .into_iter()
             .filter(|t| (sms / 2..=sms).contains(&(cols.div_ceil(t.cols) * m.div_ceil(t.rows))))
+            .filter(|t| !deep || t.rows * t.cols >= 32 * 32)
             .min_by_key(|t| t.rows + t.cols)
     }
 

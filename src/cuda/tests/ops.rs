@@ -442,12 +442,12 @@ fn split_weight_grads_match_plain_loops() {
     assert!(ran > 0, "no shape ran split");
 }
 
-/// The tensor-core tiles (3xTF32) against products in f64 on random values, in the two layouts
-/// they take (a forward's: A and B contiguous along k; a weight gradient's: A along m, B along
-/// n): no output errs by more than twice the worst error of the same sums in FP32 one after the
-/// other on the CPU, plus 1e-9 of Σ |a·b| (one TF32 product alone would err by about 1e-4 of
-/// it, so dropping the small parts of the split would fail). Products that take no tile on this
-/// GPU (the tiles want half a wave to a wave of blocks) are skipped, but some must run.
+/// The tensor-core tiles (3xTF32) against products in f64 on random values, every tile in the
+/// two layouts they take (a forward's: A and B contiguous along k; a weight gradient's: A along
+/// m, B along n): no output errs by more than twice the worst error of the same sums in FP32 one
+/// after the other on the CPU, plus 1e-9 of Σ |a·b| (one TF32 product alone would err by about
+/// 1e-4 of it, so dropping the small parts of the split would fail). The shapes have edges in
+/// rows, columns and k for some tile.
 #[test]
 fn tensor_core_tiles_keep_fp32_accuracy() {
     let gpu = gpu_or_skip!();
@@ -457,9 +457,6 @@ fn tensor_core_tiles_keep_fp32_accuracy() {
     }
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(17);
-    let mut on_tiles = 0;
-    // on a GPU of 132 multiprocessors (the H100) these take the 32 × 16, 32 × 32, 32 × 32,
-    // 16 × 16 and 16 × 32 tiles
     for (m, n, k) in [(300, 132, 500), (1024, 128, 784), (128, 784, 512), (200, 128, 784), (48, 1408, 784)] {
         let (a, b) = (rng.uniform(m * k), rng.uniform(k * n));
         let (mut want, mut scale, mut fp32) = (vec![0.0f64; m * n], vec![0.0f64; m * n], vec![0.0f32; m * n]);
@@ -487,24 +484,18 @@ fn tensor_core_tiles_keep_fp32_accuracy() {
         let forward = (DevMat { data: View::of(&ad), rs: k, cs: 1 }, DevMat { data: View::of(&btd), rs: 1, cs: k });
         let weight_grad = (DevMat { data: View::of(&atd), rs: 1, cs: m }, DevMat { data: View::of(&bd), rs: n, cs: 1 });
         for (layout, (am, bm)) in [("forward", forward), ("weight gradient", weight_grad)] {
-            let (kernel, _) = gpu.dense_choice(m, n, k, &am, &bm, false);
-            let tiles = crate::cuda::ops::MmaTile::of(kernel)
-                .is_some_and(|t| kernel == if layout == "forward" { t.forward } else { t.weight_grad });
-            if !tiles {
-                // no tile shape fills half a wave to a wave of this GPU's multiprocessors
-                println!("tiles {m}x{n}x{k}, {layout} layout: not on the tiles on this GPU ({kernel:?}), skipped");
-                continue;
+            for tile in crate::cuda::ops::MMA_TILES {
+                let kernel = if layout == "forward" { tile.forward } else { tile.weight_grad };
+                let grid = (n.div_ceil(tile.cols) as u32, m.div_ceil(tile.rows) as u32);
+                let mut z = upload(&stream, &poisoned(m * n));
+                let epilogue = DenseEpilogue::Forward { bias: View::of(&zero), z: ViewMut::of(&mut z), y: None, act: Identity };
+                gpu.dense_on(&stream, kernel, grid, m, n, k, am, bm, epilogue, false).unwrap();
+                let got = worst(&download(&stream, &z));
+                println!("{kernel:?} {m}x{n}x{k}: worst error {got:e} of sum |a b| (FP32 in order: {:e})", (bound - 1e-9) / 2.0);
+                assert!(got <= bound, "{kernel:?} {m}x{n}x{k}: error {got:e} of sum |a b|, over {bound:e}");
             }
-            on_tiles += 1;
-            let mut z = upload(&stream, &poisoned(m * n));
-            let epilogue = DenseEpilogue::Forward { bias: View::of(&zero), z: ViewMut::of(&mut z), y: None, act: Identity };
-            gpu.dense(&stream, m, n, k, am, bm, epilogue, false).unwrap();
-            let got = worst(&download(&stream, &z));
-            println!("tiles {m}x{n}x{k}, {layout} layout: worst error {got:e} of sum |a b| (FP32 in order: {:e})", (bound - 1e-9) / 2.0);
-            assert!(got <= bound, "{m}x{n}x{k} ({layout}): error {got:e} of sum |a b|, over {bound:e}");
         }
     }
-    assert!(on_tiles >= 2, "at least one product in each layout ran on the tiles");
 }
 
 /// Rows of a product of 128 columns over k = 784 that runs eight columns a row-chunked block
