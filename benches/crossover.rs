@@ -101,8 +101,7 @@ fn measure(bench: &Bench, place: Place, task: Task, batch: usize, quick: bool) -
             let mut bwd = model.preallocate_grads(batch)?;
             let mut opt = Optimizer::new(&model, Optim::adam(1e-4))?;
             median_time(quick, |last| {
-                model.backprop(&mut bwd, &mut fwd, bench.loss).expect("backprop");
-                opt.update(&mut model, &bwd).expect("update");
+                opt.train_step(&mut model, &mut bwd, &mut fwd, bench.loss).expect("train_step");
                 if last {
                     // reading the loss waits for the device (and costs nothing on the CPU)
                     bwd.last_loss().expect("loss");

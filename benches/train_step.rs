@@ -53,8 +53,7 @@ fn train_step(c: &mut Criterion) {
                 group.throughput(Throughput::Elements(2 * batch as u64 * (2 * forward + dx)));
                 group.bench_function(BenchmarkId::new(format!("{threads}t"), batch), |b| {
                     b.iter(|| {
-                        model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
-                        opt.update(&mut model, &bwd).unwrap();
+                        opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
                     })
                 });
             }
@@ -90,8 +89,7 @@ fn train_step_gpu(c: &mut Criterion) {
                 b.iter_custom(|steps| {
                     let start = Instant::now();
                     for _ in 0..steps {
-                        model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
-                        opt.update(&mut model, &bwd).unwrap();
+                        opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
                     }
                     bwd.last_loss().unwrap();
                     start.elapsed()

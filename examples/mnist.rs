@@ -180,8 +180,7 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         let mut batches = 0usize;
         bwd.mean_loss()?;
         while train.next_batch(&mut train_loader, &mut fwd)?.is_some() {
-            model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
-            opt.update(&mut model, &bwd)?;
+            opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
             batches += 1;
             if batches.is_multiple_of(100) {
                 // reading the loss waits for the device: only every 100 steps

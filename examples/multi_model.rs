@@ -107,8 +107,7 @@ impl Trainer {
         while self.next_batch()?.is_none() {
             self.loader.shuffle();
         }
-        self.model.backprop(&mut self.bwd, &mut self.fwd, Loss::LogitCrossEntropy)?;
-        self.opt.update(&mut self.model, &self.bwd)
+        self.opt.train_step(&mut self.model, &mut self.bwd, &mut self.fwd, Loss::LogitCrossEntropy)
     }
 
     fn next_batch(&mut self) -> flatnn::Result<Option<usize>> {

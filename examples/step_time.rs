@@ -3,13 +3,15 @@
 //! run under a profiler (`ncu`, `compute-sanitizer`).
 //!
 //!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn]
-//!       [--task train|train-copy|train-host|backprop|forward|forward-resident|serve|serve-resident]
+//!       [--task train|train-split|train-copy|train-host|backprop|forward|forward-resident|serve|serve-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
 //!       [--conv auto|cudnn|own]
 //!
 //! `train-copy` sets the inputs from the host before every step, `train-host` the labels (or
 //! targets) too, as a training loop over host data does; `train` keeps the batch on the device.
-//! `backprop` is `train` without the optimiser's update.
+//! `train` is `Optimizer::train_step` (on a GPU, backprop and the update in one graph);
+//! `train-split` the same step as `backprop` and then `update` (two launches); `backprop` is
+//! the step without the optimiser's update.
 //! `serve` and `serve-resident` time the same call as `forward` and `forward-resident` through a
 //! [`Server`] (a resident kernel where the model allows one).
 //!
@@ -63,7 +65,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "lenet" => (models::lenet5(), Loss::LogitCrossEntropy),
         _ => return Err(format!("--model must be mlp, lenet or simplenn, not {name:?}").into()),
     };
-    let tasks = ["train", "train-copy", "train-host", "backprop", "forward", "forward-resident", "serve", "serve-resident"];
+    let tasks = ["train", "train-split", "train-copy", "train-host", "backprop", "forward", "forward-resident", "serve", "serve-resident"];
     if !tasks.contains(&task.as_str()) {
         return Err(format!("--task must be one of {}, not {task:?}", tasks.join(", ")).into());
     }
@@ -117,8 +119,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     Loss::LogitCrossEntropy => fwd.set_labels(&labels)?,
                 }
             }
-            model.backprop(&mut bwd, &mut fwd, loss)?;
-            if task != "backprop" {
+            if task == "backprop" || task == "train-split" {
+                model.backprop(&mut bwd, &mut fwd, loss)?;
+            } else {
+                opt.train_step(&mut model, &mut bwd, &mut fwd, loss)?;
+            }
+            if task == "train-split" {
                 opt.update(&mut model, &bwd)?;
             }
             if wait {

@@ -68,6 +68,19 @@ impl DevModel {
     pub fn update(&mut self, _config: Optim, _step: u64, _opt: &mut DevOptim, _grads: &Grads) -> Result<()> {
         match *self {}
     }
+    #[allow(clippy::too_many_arguments)]
+    pub fn train_step(
+        &mut self,
+        _plan: &Plan,
+        _grads: &mut Grads,
+        _cache: &mut Cache,
+        _loss: Loss,
+        _config: Optim,
+        _step: u64,
+        _opt: &mut DevOptim,
+    ) -> Result<()> {
+        match *self {}
+    }
 }
 
 impl DevCache {

@@ -17,8 +17,8 @@
 //! model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
 //! let first = bwd.last_loss()?;
 //! for _ in 0..50 {
-//!     model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
-//!     opt.update(&mut model, &bwd)?;
+//!     // backprop, then the update (on a GPU, one graph)
+//!     opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
 //! }
 //! model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
 //! assert!(bwd.last_loss()? < first);

@@ -175,6 +175,38 @@ impl Model {
     /// `set_targets` (MSE) and must cover the batch. Every check runs before any buffer is
     /// written. Allocates nothing. On a GPU the step is queued and the host goes on.
     pub fn backprop(&self, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
+        self.check_backprop(grads, cache, loss)?;
+        if let Some(dev) = &self.dev {
+            return dev.backprop(&self.plan, grads, cache, loss);
+        }
+        let (batch, outputs) = (cache.batch, self.plan.output().len());
+        let (plan, capacity) = (&*self.plan, cache.capacity);
+        layers::forward(plan, &self.params, &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws);
+        let last = plan.steps.last().expect("a plan has steps").output_region;
+        let out = region(plan, last, capacity, batch);
+        let (y, dy) = (&cache.acts[out.clone()], &mut grads.dacts[out]);
+        let value = match loss {
+            Loss::LogitCrossEntropy => loss::logit_cross_entropy(y, &cache.labels[..batch], outputs, dy),
+            Loss::Mse => loss::mse(y, &cache.targets[..batch * outputs], dy),
+        };
+        layers::backward(
+            plan,
+            &self.params,
+            &cache.acts,
+            &mut grads.dacts,
+            &mut grads.grads,
+            capacity,
+            batch,
+            &self.pool,
+            &mut cache.ws,
+            &mut grads.gws,
+        );
+        grads.record_loss(value);
+        Ok(())
+    }
+
+    /// [`Model::backprop`]'s checks of its arguments.
+    pub(crate) fn check_backprop(&self, grads: &Grads, cache: &Cache, loss: Loss) -> Result<()> {
         self.check_cache(cache)?;
         if !Arc::ptr_eq(&grads.plan, &self.plan) {
             return Err(Error::Mismatch("these gradient buffers were preallocated for another model".into()));
@@ -209,31 +241,6 @@ impl Model {
                 }
             }
         }
-        if let Some(dev) = &self.dev {
-            return dev.backprop(&self.plan, grads, cache, loss);
-        }
-        let (plan, capacity) = (&*self.plan, cache.capacity);
-        layers::forward(plan, &self.params, &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws);
-        let last = plan.steps.last().expect("a plan has steps").output_region;
-        let out = region(plan, last, capacity, batch);
-        let (y, dy) = (&cache.acts[out.clone()], &mut grads.dacts[out]);
-        let value = match loss {
-            Loss::LogitCrossEntropy => loss::logit_cross_entropy(y, &cache.labels[..batch], outputs, dy),
-            Loss::Mse => loss::mse(y, &cache.targets[..batch * outputs], dy),
-        };
-        layers::backward(
-            plan,
-            &self.params,
-            &cache.acts,
-            &mut grads.dacts,
-            &mut grads.grads,
-            capacity,
-            batch,
-            &self.pool,
-            &mut cache.ws,
-            &mut grads.gws,
-        );
-        grads.record_loss(value);
         Ok(())
     }
 

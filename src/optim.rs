@@ -2,12 +2,13 @@
 //! rules, spread over the model's threads (each element is independent, so the result does not
 //! depend on the thread count).
 
-use crate::cache::Grads;
+use crate::cache::{Cache, Grads};
 use crate::chain::Plan;
 use crate::cpu::{for_chunks, SharedMut};
 use crate::dev::DevOptim;
 use crate::device::{Device, ToDevice};
 use crate::error::{Error, Result};
+use crate::loss::Loss;
 use crate::model::Model;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -60,7 +61,7 @@ impl Optim {
     }
 
     /// Number of state values kept per parameter.
-    fn state_per_param(&self) -> usize {
+    pub(crate) fn state_per_param(&self) -> usize {
         match self {
             Optim::Sgd { momentum, .. } => usize::from(*momentum != 0.0),
             Optim::Adam { .. } | Optim::AdamW { .. } => 2,
@@ -168,20 +169,7 @@ impl Optimizer {
 
     /// One update of `model`'s parameters from `grads`. Allocates nothing.
     pub fn update(&mut self, model: &mut Model, grads: &Grads) -> Result<()> {
-        if !Arc::ptr_eq(&self.plan, &model.plan) {
-            return Err(Error::Mismatch("this optimiser was built for another model".into()));
-        }
-        if !Arc::ptr_eq(&grads.plan, &model.plan) {
-            return Err(Error::Mismatch("these gradients belong to another model".into()));
-        }
-        let device = model.device();
-        if self.device() != device || grads.device() != device {
-            return Err(Error::Mismatch(format!(
-                "model on {device}, optimiser state on {}, gradients on {}: move them together",
-                self.device(),
-                grads.device()
-            )));
-        }
+        self.check(model, grads)?;
         if let (Some(dev_model), Some(dev)) = (&mut model.dev, &mut self.dev) {
             dev_model.update(self.config, self.steps + 1, dev, grads)?;
             self.steps += 1;
@@ -200,6 +188,43 @@ impl Optimizer {
             let s2 = (per >= 2).then(|| unsafe { state.slice(n + r.start..n + r.end) });
             step(config, t, p, &g[r], s1, s2);
         });
+        Ok(())
+    }
+
+    /// A whole training step: `model.backprop(grads, cache, loss)` and then
+    /// `self.update(model, grads)`, with the same results. On a GPU with graphs (the default)
+    /// the two are one graph, the update its last kernel, so the update costs no launch of its
+    /// own; the step's number and the learning rate are set in that graph before each replay,
+    /// so steps queued back to back each use their own (`set_lr` between them included). Every
+    /// check of both calls runs before any buffer is written. Allocates nothing.
+    pub fn train_step(&mut self, model: &mut Model, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
+        self.check(model, grads)?;
+        model.check_backprop(grads, cache, loss)?;
+        if let (Some(dev_model), Some(dev)) = (&mut model.dev, &mut self.dev) {
+            dev_model.train_step(&model.plan, grads, cache, loss, self.config, self.steps + 1, dev)?;
+            self.steps += 1;
+            return Ok(());
+        }
+        model.backprop(grads, cache, loss)?;
+        self.update(model, grads)
+    }
+
+    /// [`Optimizer::update`]'s checks: the same model, and everything on one device.
+    fn check(&self, model: &Model, grads: &Grads) -> Result<()> {
+        if !Arc::ptr_eq(&self.plan, &model.plan) {
+            return Err(Error::Mismatch("this optimiser was built for another model".into()));
+        }
+        if !Arc::ptr_eq(&grads.plan, &model.plan) {
+            return Err(Error::Mismatch("these gradients belong to another model".into()));
+        }
+        let device = model.device();
+        if self.device() != device || grads.device() != device {
+            return Err(Error::Mismatch(format!(
+                "model on {device}, optimiser state on {}, gradients on {}: move them together",
+                self.device(),
+                grads.device()
+            )));
+        }
         Ok(())
     }
 }

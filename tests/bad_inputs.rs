@@ -92,8 +92,18 @@ fn cache_grads_or_optimiser_of_another_model() {
     let params = model.parameters().unwrap().to_vec();
     assert!(matches!(opt.update(&mut model, &bwd), Err(Error::Mismatch(_))));
     assert_eq!(&*model.parameters().unwrap(), &params[..], "a refused update changed the parameters");
+    let err = opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse).unwrap_err();
+    assert!(matches!(err, Error::Mismatch(_)), "{err}");
+    assert_eq!(&*model.parameters().unwrap(), &params[..], "a refused train_step changed the parameters");
     let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
     assert!(matches!(opt.update(&mut model, &other_bwd), Err(Error::Mismatch(_))));
+    // train_step checks what backprop checks before anything runs: the optimiser takes no step
+    let err = opt.train_step(&mut model, &mut bwd, &mut other_fwd, Loss::Mse).unwrap_err();
+    assert!(matches!(err, Error::Mismatch(_)), "{err}");
+    let mut unlabelled = model.preallocate(2).unwrap();
+    unlabelled.set_inputs(&[0.5; 8]).unwrap();
+    assert!(matches!(opt.train_step(&mut model, &mut bwd, &mut unlabelled, Loss::LogitCrossEntropy), Err(Error::Shape(_))));
+    assert_eq!((opt.steps(), &*model.parameters().unwrap()), (0, &params[..]), "a refused train_step ran");
     // a clone shares the plan, so its caches are compatible
     let twin = model.to(&Device::Cpu).unwrap();
     twin.forward(&mut fwd).unwrap();

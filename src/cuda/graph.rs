@@ -21,6 +21,9 @@ pub(crate) struct Key {
     /// cache's addresses, so addresses alone could replay a graph against freed memory.
     pub cache: u64,
     pub buffers: [sys::CUdeviceptr; 4],
+    /// The optimiser's kernel at the end of a training step's graph and the state it updates
+    /// (None for graphs without one).
+    pub update: Option<(super::context::Kernel, sys::CUdeviceptr)>,
 }
 
 /// Instantiated graphs, at most [`Graphs::SLOTS`]; the oldest is replaced when full.
@@ -29,7 +32,14 @@ pub(crate) struct Graphs {
     next: usize,
 }
 
-pub(super) struct Exec(sys::CUgraphExec);
+pub(super) struct Exec {
+    exec: sys::CUgraphExec,
+    /// The graph it was instantiated from and, in it, the kernel node whose arguments are set
+    /// before each replay ([`Graphs::run_updating`]) with the parameters it was captured with;
+    /// null and None when there is none.
+    graph: sys::CUgraph,
+    update: Option<(sys::CUgraphNode, sys::CUDA_KERNEL_NODE_PARAMS)>,
+}
 
 // SAFETY: a graph exec may be launched from any thread with its context current; `Graphs` is
 // used through `&mut` only.
@@ -39,10 +49,18 @@ impl Drop for Exec {
     fn drop(&mut self) {
         let _exclusive = super::device_wide();
         // SAFETY: instantiated once, destroyed once; a launched exec may be destroyed while it
-        // runs (the driver finishes it first).
-        let _ = unsafe { result::graph::exec_destroy(self.0) };
+        // runs (the driver finishes it first). The graph is kept only for its node's handle.
+        let _ = unsafe { result::graph::exec_destroy(self.exec) };
+        if !self.graph.is_null() {
+            // SAFETY: as above, destroyed once.
+            let _ = unsafe { result::graph::destroy(self.graph) };
+        }
     }
 }
+
+/// Arguments for the kernel a step's graph updates before each replay: `set(args)` with one
+/// pointer to each of its parameters' values, as for a launch.
+pub(crate) type SetArgs<'a> = dyn FnMut(&mut [*mut std::ffi::c_void]) -> Result<()> + 'a;
 
 impl Graphs {
     /// Batch sizes (or buffer sets) a store keeps captured at once: a training loop uses one or
@@ -59,17 +77,43 @@ impl Graphs {
     /// debugging). `work` must only enqueue on `stream` (no host synchronisation, allocation or
     /// copy from pageable memory), and must enqueue the same work for the same key.
     pub fn run(&mut self, enabled: bool, stream: &CudaStream, key: Key, work: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.run_updating(enabled, stream, key, None, work, |_| Ok(()))
+    }
+
+    /// [`Graphs::run`] for work whose last launch on `stream` is of `kernel` (an optimiser's)
+    /// with arguments that change from one call to the next (the step number, the learning
+    /// rate): a graph replayed has that kernel node's arguments set first by `args` (which
+    /// gets the setter), so each replay, even one queued behind others, runs with the values
+    /// given at its own call. A capture (or an eager run) takes them from `work` itself.
+    pub fn run_updating(
+        &mut self,
+        enabled: bool,
+        stream: &CudaStream,
+        key: Key,
+        kernel: Option<sys::CUfunction>,
+        work: impl FnOnce() -> Result<()>,
+        args: impl FnOnce(&mut SetArgs) -> Result<()>,
+    ) -> Result<()> {
         if !enabled {
             return work();
         }
-        let cu_stream = stream.cu_stream();
         if let Some((_, exec)) = self.slots.iter().find(|(k, _)| *k == key) {
-            // SAFETY: a live exec of this stream's context.
-            return unsafe { result::graph::launch(exec.0, cu_stream) }.map_err(|e| driver_error("launching a CUDA graph", e));
+            if let Some((node, captured)) = exec.update {
+                args(&mut |values| {
+                    let params = sys::CUDA_KERNEL_NODE_PARAMS { kernelParams: values.as_mut_ptr(), ..captured };
+                    // SAFETY: a node of the graph this exec was instantiated from; the same
+                    // kernel, grid and block as captured, and `values` its arguments (the
+                    // caller's contract, as for a launch), which the driver copies. Replays
+                    // already queued keep the arguments they were launched with.
+                    unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec.exec, node, &params) }
+                        .result()
+                        .map_err(|e| driver_error("setting the optimiser's arguments in a step's graph", e))
+                })?;
+            }
+            return exec.launch(stream);
         }
-        let exec = capture(cu_stream, work)?;
-        // SAFETY: as above.
-        unsafe { result::graph::launch(exec.0, cu_stream) }.map_err(|e| driver_error("launching a CUDA graph", e))?;
+        let exec = capture(stream.cu_stream(), kernel, work)?;
+        exec.launch(stream)?;
         if self.slots.len() < Self::SLOTS {
             self.slots.push((key, exec));
         } else {
@@ -84,12 +128,13 @@ impl Exec {
     /// Queues one replay of the graph on `stream` (of the context it was captured in).
     pub(super) fn launch(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: a live exec; the caller's stream is of its context.
-        unsafe { result::graph::launch(self.0, stream.cu_stream()) }.map_err(|e| driver_error("launching a CUDA graph", e))
+        unsafe { result::graph::launch(self.exec, stream.cu_stream()) }.map_err(|e| driver_error("launching a CUDA graph", e))
     }
 }
 
-/// Captures what `work` enqueues on `stream` and instantiates it.
-pub(super) fn capture(stream: sys::CUstream, work: impl FnOnce() -> Result<()>) -> Result<Exec> {
+/// Captures what `work` enqueues on `stream` and instantiates it; with `update`, keeps the
+/// graph and its one node that launches that kernel (an Err if there is not exactly one).
+pub(super) fn capture(stream: sys::CUstream, update: Option<sys::CUfunction>, work: impl FnOnce() -> Result<()>) -> Result<Exec> {
     let _shared = super::capturing();
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     // SAFETY: a live stream; the capture is always ended below, whatever `work` returns.
@@ -115,11 +160,67 @@ pub(super) fn capture(stream: sys::CUstream, work: impl FnOnce() -> Result<()>) 
     };
     #[cfg(test)]
     count_allocation_nodes(graph);
-    // SAFETY: a graph just captured; the exec owns a copy, so the graph is destroyed after.
-    let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
-    // SAFETY: as above.
-    let _ = unsafe { result::graph::destroy(graph) };
-    exec.map(Exec).map_err(|e| driver_error("instantiating a CUDA graph", e))
+    let node = update.map(|function| update_node(graph, function)).transpose();
+    // SAFETY: a graph just captured; the exec owns a copy.
+    let exec = node.and_then(|node| {
+        let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+        exec.map(|exec| (exec, node)).map_err(|e| driver_error("instantiating a CUDA graph", e))
+    });
+    match exec {
+        Ok((exec, Some((node, params)))) => {
+            let exec = Exec { exec, graph, update: Some((node, params)) };
+            // Setting the node's arguments to those it was captured with changes nothing, but
+            // finds now what a replay would (an error; the driver's entry point loaded, which
+            // allocates once in a process), so the first replay allocates nothing.
+            // SAFETY: a node of the graph this exec was instantiated from, with its own parameters.
+            unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec.exec, node, &params) }
+                .result()
+                .map_err(|e| driver_error("setting the optimiser's arguments in a step's graph", e))?;
+            Ok(exec)
+        }
+        outcome => {
+            // SAFETY: as above; not needed once instantiated without an update node.
+            let _ = unsafe { result::graph::destroy(graph) };
+            outcome.map(|(exec, _)| Exec { exec, graph: std::ptr::null_mut(), update: None })
+        }
+    }
+}
+
+/// The one kernel node of `graph` that launches `function`, with the parameters it was
+/// captured with.
+fn update_node(graph: sys::CUgraph, function: sys::CUfunction) -> Result<(sys::CUgraphNode, sys::CUDA_KERNEL_NODE_PARAMS)> {
+    let mut n = 0usize;
+    // SAFETY: a live graph; first the count.
+    unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.result().map_err(|e| driver_error("counting graph nodes", e))?;
+    // a step's graph has a few dozen nodes; a fixed array keeps capture's allocations in the driver
+    let mut nodes = [std::ptr::null_mut(); 512];
+    if n > nodes.len() {
+        return Err(Error::Cuda { what: format!("a step's graph has {n} nodes, more than the {} searched for its update", nodes.len()) });
+    }
+    // SAFETY: as above, into a buffer of at least `n` handles.
+    unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.result().map_err(|e| driver_error("listing graph nodes", e))?;
+    let mut found = None;
+    for &node in &nodes[..n] {
+        let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        // SAFETY: a node of the live graph.
+        unsafe { sys::cuGraphNodeGetType(node, &mut kind) }.result().map_err(|e| driver_error("reading a node's type", e))?;
+        if kind != sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL {
+            continue;
+        }
+        // SAFETY: plain data, written by the driver below.
+        let mut params: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: a kernel node of the live graph.
+        unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut params) }
+            .result()
+            .map_err(|e| driver_error("reading a kernel node's parameters", e))?;
+        if params.func == function {
+            if found.is_some() {
+                return Err(Error::Cuda { what: "a step's graph launches its optimiser's kernel twice".into() });
+            }
+            found = Some((node, params));
+        }
+    }
+    found.ok_or_else(|| Error::Cuda { what: "a step's graph has no node of its optimiser's kernel".into() })
 }
 
 #[cfg(test)]

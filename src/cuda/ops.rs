@@ -201,6 +201,20 @@ fn ints<const N: usize>(values: [usize; N]) -> Result<[i32; N]> {
     Ok(out)
 }
 
+/// What takes a kernel, its grid (of [`BLOCK`]-thread blocks) and its arguments: a launch, or
+/// the setting of those arguments in a graph.
+pub(crate) type LaunchArgs<'a> = dyn FnMut(Kernel, u32, &mut [*mut c_void]) -> Result<()> + 'a;
+
+/// The kernel of an optimiser's update.
+pub(crate) fn optim_kernel(config: Optim) -> Kernel {
+    match config {
+        Optim::Sgd { momentum: 0.0, .. } => Kernel::Sgd,
+        Optim::Sgd { .. } => Kernel::SgdMomentum,
+        Optim::Adam { .. } | Optim::AdamW { .. } => Kernel::Adam,
+        Optim::RmsProp { .. } => Kernel::RmsProp,
+    }
+}
+
 /// The kernels' activation id and leaky slope (see kernels/activation.cu).
 pub(super) fn act_code(act: Activation) -> (i32, f32) {
     match act {
@@ -234,12 +248,25 @@ impl Gpu {
         shared: u32,
         mut args: [*mut c_void; N],
     ) -> Result<()> {
+        self.launch_args(stream, kernel, grid, BLOCK, shared, &mut args)
+    }
+
+    /// [`Gpu::run_blocks`] with the arguments in a slice and blocks of `threads` threads.
+    pub(crate) fn launch_args(
+        &self,
+        stream: &CudaStream,
+        kernel: Kernel,
+        grid: (u32, u32),
+        threads: u32,
+        shared: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
         assert_eq!(stream.context().cu_ctx(), self.ctx.cu_ctx(), "a stream of another device");
         self.bind()?;
         // SAFETY: every wrapper below passes its kernel's parameters in order with their C
         // types, after checking on the host that each view holds what the kernel touches.
         unsafe {
-            launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), shared, stream.cu_stream(), self.dependent_launch, &mut args)
+            launch(self.function(kernel), (grid.0, grid.1, 1), (threads, 1, 1), shared, stream.cu_stream(), self.dependent_launch, args)
         }
     }
 
@@ -595,21 +622,35 @@ impl Gpu {
         grads: View<f32>,
         state: ViewMut<f32>,
     ) -> Result<()> {
-        let per_param = match config {
-            Optim::Sgd { momentum, .. } => usize::from(momentum != 0.0),
-            Optim::Adam { .. } | Optim::AdamW { .. } => 2,
-            Optim::RmsProp { .. } => 1,
-        };
-        assert!(params.len() >= n && grads.len() >= n && state.len() >= per_param * n, "optim_step: short view");
+        self.optim_call(config, step, n, params, grads, state, |kernel, grid, args| {
+            self.launch_args(stream, kernel, (grid, 1), BLOCK, 0, args)
+        })
+    }
+
+    /// The kernel, grid and arguments of [`Gpu::optim_step`], given to `call` (which launches
+    /// them, or sets them in a step's graph); nothing is called when `n` is 0.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn optim_call(
+        &self,
+        config: Optim,
+        step: u64,
+        n: usize,
+        params: ViewMut<f32>,
+        grads: View<f32>,
+        state: ViewMut<f32>,
+        call: impl FnOnce(Kernel, u32, &mut [*mut c_void]) -> Result<()>,
+    ) -> Result<()> {
+        assert!(params.len() >= n && grads.len() >= n && state.len() >= config.state_per_param() * n, "optim_step: short view");
         if n == 0 {
             return Ok(());
         }
         let (p, g, s1, s2, len, grid) = (params.ptr(), grads.ptr(), state.ptr(), state.ptr() + 4 * n as u64, int(n)?, blocks(n));
+        let kernel = optim_kernel(config);
         match config {
-            Optim::Sgd { lr, momentum: 0.0, .. } => self.run(stream, Kernel::Sgd, grid, kernel_args![p, g, lr, len]),
+            Optim::Sgd { lr, momentum: 0.0, .. } => call(kernel, grid, &mut kernel_args![p, g, lr, len]),
             Optim::Sgd { lr, momentum, nesterov } => {
                 let nesterov = i32::from(nesterov);
-                self.run(stream, Kernel::SgdMomentum, grid, kernel_args![p, g, s1, lr, momentum, nesterov, len])
+                call(kernel, grid, &mut kernel_args![p, g, s1, lr, momentum, nesterov, len])
             }
             Optim::Adam { lr, beta1, beta2, eps } | Optim::AdamW { lr, beta1, beta2, eps, weight_decay: _ } => {
                 let decay = if let Optim::AdamW { weight_decay, .. } = config { weight_decay } else { 0.0 };
@@ -618,9 +659,9 @@ impl Gpu {
                 let step_size = lr / (1.0 - beta1.powi(t));
                 let inv_bias2 = 1.0 / (1.0 - beta2.powi(t)).sqrt();
                 let shrink = 1.0 - lr * decay;
-                self.run(stream, Kernel::Adam, grid, kernel_args![p, g, s1, s2, beta1, beta2, eps, step_size, inv_bias2, shrink, len])
+                call(kernel, grid, &mut kernel_args![p, g, s1, s2, beta1, beta2, eps, step_size, inv_bias2, shrink, len])
             }
-            Optim::RmsProp { lr, alpha, eps } => self.run(stream, Kernel::RmsProp, grid, kernel_args![p, g, s1, lr, alpha, eps, len]),
+            Optim::RmsProp { lr, alpha, eps } => call(kernel, grid, &mut kernel_args![p, g, s1, lr, alpha, eps, len]),
         }
     }
 

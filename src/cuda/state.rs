@@ -18,8 +18,8 @@ use super::driver_error;
 use super::exec::{self, Backward, Forward, LossBuffers, Side};
 use super::graph::{Graphs, Key};
 use super::head::Head;
-use super::launch::ViewMut;
-use super::ops::FINISH_MAX;
+use super::launch::{ViewMut, BLOCK};
+use super::ops::{optim_kernel, LaunchArgs, FINISH_MAX};
 use super::pinned::{Event, Pinned};
 pub(crate) use super::serve::DevServer;
 use crate::cache::{Cache, Grads};
@@ -228,6 +228,7 @@ impl DevModel {
             tf32: self.options.tf32,
             cache: dnn.id(),
             buffers: [self.params.ptr(), acts.ptr(), cols.ptr(), from],
+            update: None,
         };
         let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None };
         let (gpu, stream) = (&self.gpu, &self.stream);
@@ -267,6 +268,38 @@ impl DevModel {
     /// New inputs are copied in by the step's graph, as in [`DevModel::forward`]; the staging
     /// buffer they come from is marked in use until the step has run.
     pub fn backprop(&self, plan: &Plan, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
+        self.step(plan, grads, cache, loss, None)
+    }
+
+    /// [`DevModel::backprop`] and then [`DevModel::update`] as one call, queued: with graphs,
+    /// one graph whose last kernel is the update, its arguments (step number, learning rate)
+    /// set before each replay.
+    #[allow(clippy::too_many_arguments)]
+    pub fn train_step(
+        &mut self,
+        plan: &Plan,
+        grads: &mut Grads,
+        cache: &mut Cache,
+        loss: Loss,
+        config: Optim,
+        step: u64,
+        opt: &mut DevOptim,
+    ) -> Result<()> {
+        rebind(&mut opt.stream, &self.stream)?;
+        self.step(plan, grads, cache, loss, Some((config, step, &opt.state)))
+    }
+
+    /// Backprop, and then the update `(config, step, state)` when given.
+    fn step(
+        &self,
+        plan: &Plan,
+        grads: &mut Grads,
+        cache: &mut Cache,
+        loss: Loss,
+        update: Option<(Optim, u64, &DevBuf<f32>)>,
+    ) -> Result<()> {
+        // a model without parameters has nothing to update (and its graph no update kernel)
+        let update = update.filter(|_| self.params.len() > 0);
         // cleared once the step is queued: after an error the next step copies the inputs again
         let copy_in = cache.inputs_dirty;
         self.upload_batch(plan, cache)?;
@@ -289,6 +322,7 @@ impl DevModel {
             tf32: self.options.tf32,
             cache: dev.dnn.id(),
             buffers: [self.params.ptr(), dev.acts.ptr(), dg.grads.ptr(), dg.dacts.ptr()],
+            update: update.map(|(config, _, state)| (optim_kernel(config), state.ptr())),
         };
         let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
@@ -298,7 +332,17 @@ impl DevModel {
         let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
         let side = Side { blas: &dg.side_blas, stream: &self.side, fork: &dg.fork, join: &dg.join };
-        let outcome = dg.graphs.run(self.options.graphs, stream, key, || {
+        let (n, params_ptr) = (self.params.len(), self.params.ptr());
+        let update_args = |config: Optim, step: u64, state: &DevBuf<f32>, call: &mut LaunchArgs| {
+            // SAFETY: the model's parameters and the optimiser's state, whole, for one launch
+            // (or one setting of its arguments) queued on the model's stream after everything
+            // in the step that reads them; nothing else writes them meanwhile (`&mut` model
+            // and optimiser in `Optimizer::train_step`).
+            let (p, s) = unsafe { (ViewMut::from_raw(params_ptr, n), ViewMut::from_raw(state.ptr(), state.len())) };
+            gpu.optim_call(config, step, n, p, dg.grads.all(), s, |kernel, grid, args| call(kernel, grid, args))
+        };
+        let function = update.map(|(config, _, _)| gpu.function(optim_kernel(config)));
+        let work = || {
             if copy_in {
                 // the host does not write the staging buffer until `copied[current]` has passed
                 copy_inputs_in(gpu, stream, f.acts, inputs_len, inputs_device)?;
@@ -312,7 +356,17 @@ impl DevModel {
                 Some(h) => exec::head(gpu, stream, &f, &b, &l, loss, h, weights_early)?,
                 None => exec::loss(gpu, stream, plan, &f, &b, &l, loss)?,
             }
-            exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref())
+            exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref())?;
+            match update {
+                Some((config, step, state)) => {
+                    update_args(config, step, state, &mut |kernel, grid, args| gpu.launch_args(stream, kernel, (grid, 1), BLOCK, 0, args))
+                }
+                None => Ok(()),
+            }
+        };
+        let outcome = dg.graphs.run_updating(self.options.graphs, stream, key, function, work, |set| match update {
+            Some((config, step, state)) => update_args(config, step, state, &mut |_, _, args| set(args)),
+            None => Ok(()),
         });
         if copy_in {
             // Whether or not the step went through, part of it (eager launches) may have been

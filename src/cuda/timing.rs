@@ -23,7 +23,7 @@ pub(super) fn time_calls(gpu: &Gpu, stream: &CudaStream, graphs: bool, work: &dy
         stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
     }
     let exec = match graphs {
-        true => Some(graph::capture(stream.cu_stream(), || (0..REPS).try_for_each(|_| work()))?),
+        true => Some(graph::capture(stream.cu_stream(), None, || (0..REPS).try_for_each(|_| work()))?),
         false => None,
     };
     let reps = || match &exec {
