@@ -5,9 +5,9 @@
 // time: lane j computes output j from the sample's inputs and row j of W (staged into shared
 // memory while the kernel ahead still runs; with few outputs, lanes share one), the lanes
 // exchange what the loss needs by shuffles, and then split the input gradient's values among
-// them. Nothing waits for another warp until the loss's sum at the end (finish_loss in loss.cu:
-// each thread in order, a fixed tree, the blocks' partials in block order, so the same bits
-// every run).
+// them. No warp waits for another: each leaves the sum of its samples' loss terms in
+// partials[block · HEAD_WARPS + warp], and loss_sum (loss.cu) adds them up in order, beside the
+// rest of the step (so the same bits every run).
 //
 // It writes what the separate kernels write, in the plan's regions: the layer's z and y (y only
 // with an activation), the loss gradient dy (only with an activation; else it is dz) and dz,
@@ -50,10 +50,9 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(const fl
                                                                         int act, float slope, int w, int b, int x, int z, int y, int dx,
                                                                         int prev_z, int prev_act, float prev_slope,
                                                                         int xent, const unsigned* labels, const float* targets,
-                                                                        double* loss, double* scratch, float grad_scale,
-                                                                        double mean_scale, int batch, int weights_early) {
+                                                                        double* partials, float grad_scale, int batch,
+                                                                        int weights_early) {
     extern __shared__ float head_smem[];
-    __shared__ double buf[REDUCE_THREADS];
     __shared__ float dzs[HEAD_WARPS][HEAD_MAX_OUTPUTS];
     if (!weights_early) after_prior();
     // W (n rows of `ws`) and b, then a row of inputs a warp (and of the producer's z)
@@ -68,7 +67,6 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(const fl
     for (int i = threadIdx.x; i < n * k; i += REDUCE_THREADS) head_copy(wsm + (i / k) * ws + i % k, params + w + i);
     for (int j = threadIdx.x; j < n; j += REDUCE_THREADS) head_copy(bsm + j, params + b + j);
     if (weights_early) after_prior();
-    LossTotals totals = loss_totals(loss);
     head_copied();
     __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -140,5 +138,8 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(const fl
         // the next sample's inputs overwrite xs and zs, and its dz dzs
         __syncwarp();
     }
-    finish_loss(block_sum_f64(acc, buf), scratch, mean_scale, loss, totals, buf);
+    // the warp's loss terms (lane 0's for cross-entropy, the leaders' for MSE), by shuffles in
+    // a fixed order; lane 0's sum is the warp's partial
+    for (int d = 16; d > 0; d /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, d);
+    if (lane == 0) partials[blockIdx.x * HEAD_WARPS + warp] = acc;
 }

@@ -23,6 +23,16 @@ __device__ __forceinline__ LossTotals loss_totals(const double* loss) {
     return t;
 }
 
+// Thread 0 stores the loss's value, total·scale, and adds it to the running totals.
+__device__ __forceinline__ void store_loss(double total, double scale, double* loss, LossTotals totals) {
+    if (threadIdx.x == 0) {
+        double value = total * scale;
+        loss[0] = value;
+        loss[1] = totals.sum + value;
+        loss[2] = totals.count + 1.0;
+    }
+}
+
 __device__ void finish_loss(double block_sum, double* scratch, double scale, double* loss, LossTotals totals, double* buf) {
     __shared__ bool last;
     unsigned int* counter = (unsigned int*)scratch;
@@ -30,12 +40,7 @@ __device__ void finish_loss(double block_sum, double* scratch, double scale, dou
     if (gridDim.x == 1) {
         // one block (up to 256 samples or values): its sum is the total, exactly what the last
         // block would compute from one partial, without the fences and the counter
-        if (threadIdx.x == 0) {
-            double value = block_sum * scale;
-            loss[0] = value;
-            loss[1] = totals.sum + value;
-            loss[2] = totals.count + 1.0;
-        }
+        store_loss(block_sum, scale, loss, totals);
         return;
     }
     if (threadIdx.x == 0) {
@@ -48,14 +53,21 @@ __device__ void finish_loss(double block_sum, double* scratch, double scale, dou
     __threadfence();
     double acc = 0.0;
     for (int b = threadIdx.x; b < gridDim.x; b += REDUCE_THREADS) acc += ((volatile double*)partials)[b];
-    double total = block_sum_f64(acc, buf);
-    if (threadIdx.x == 0) {
-        double value = total * scale;
-        loss[0] = value;
-        loss[1] = totals.sum + value;
-        loss[2] = totals.count + 1.0;
-        *counter = 0u;
-    }
+    store_loss(block_sum_f64(acc, buf), scale, loss, totals);
+    if (threadIdx.x == 0) *counter = 0u;
+}
+
+// The loss of a launch that left `count` partial sums (dense_head in head.cu, a warp's each):
+// one block sums them (each thread every REDUCE_THREADS-th in order, then a fixed tree), so the
+// launch that made them pays no fence, counter or last block, and this one can run beside the
+// rest of the step.
+extern "C" __global__ void loss_sum(const double* partials, int count, double scale, double* loss) {
+    after_prior();
+    __shared__ double buf[REDUCE_THREADS];
+    LossTotals totals = loss_totals(loss);
+    double acc = 0.0;
+    for (int i = threadIdx.x; i < count; i += REDUCE_THREADS) acc += partials[i];
+    store_loss(block_sum_f64(acc, buf), scale, loss, totals);
 }
 
 // Softmax cross-entropy on logits y (batch, classes) with labels: dy = (softmax(y) − onehot)·scale

@@ -39,6 +39,7 @@ kernels! {
     BiasGrad = "bias_grad",
     SoftmaxXent = "softmax_xent",
     Mse = "mse",
+    LossSum = "loss_sum",
     MaxpoolForward = "maxpool_forward",
     MaxpoolBackward = "maxpool_backward",
     DenseSkinny = "dense_skinny",

@@ -175,7 +175,8 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
 }
 
 /// The head of a training step in one launch (src/cuda/head.rs): the last step's forward, the
-/// loss, and that step's dz and input gradient; `backward` then runs with `Some(head)`.
+/// loss's terms, and that step's dz and input gradient; `backward` then runs with the head,
+/// and sums the loss's terms on its side stream.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn head(
     gpu: &Gpu,
@@ -197,10 +198,18 @@ pub(crate) fn head(
         dacts: b.dacts.ptr(),
         labels: l.labels.ptr(),
         targets: l.targets.ptr(),
-        loss: l.loss.ptr(),
-        scratch: l.scratch.ptr(),
+        // after the loss kernels' counter, which the head leaves alone
+        partials: l.scratch.ptr() + 8,
     };
     gpu.dense_head(stream, head, f.batch, loss, &buffers, weights_early)
+}
+
+/// The loss's value from the partial sums [`head`] left in `l.scratch`, queued on `stream`.
+fn head_loss(gpu: &Gpu, stream: &CudaStream, f: &Forward, l: &LossBuffers, loss: Loss, head: &Head) -> Result<()> {
+    let (scratch, value) = (Raw::of(l.scratch), Raw::of(l.loss));
+    let count = head.partials();
+    let (mean_scale, _) = super::ops::loss_scales(loss, f.batch, head.outputs());
+    gpu.loss_sum(stream, scratch.at(1..1 + count), count, mean_scale, value.at_mut(0..3))
 }
 
 /// Batches up to this run each dense layer through flatnn's fused kernels (product, bias and
@@ -290,7 +299,7 @@ pub(crate) fn backward(
     f: &Forward,
     b: &Backward,
     side: &Side,
-    head: Option<&Head>,
+    head: Option<(&Head, &LossBuffers, Loss)>,
 ) -> Result<()> {
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let (dacts, grads) = (Raw::of(b.dacts), Raw::of(b.grads));
@@ -298,10 +307,10 @@ pub(crate) fn backward(
     let mut forked = false;
     // bit i: step i's dz was written by the layer after it (steps past 127 are never fused)
     let bit = |i: usize| 1u128.checked_shl(i as u32).unwrap_or(0);
-    let mut dz_ready = head.and_then(|h| h.producer).map_or(0, bit);
+    let mut dz_ready = head.and_then(|(h, ..)| h.producer).map_or(0, bit);
     // bit i: step i's weight gradient went with the head's (see below)
     let mut split_done = 0u128;
-    let head_step = head.map(|h| h.step);
+    let head_step = head.map(|(h, ..)| h.step);
     for (index, step) in plan.steps.iter().enumerate().rev() {
         let x = region(plan, step.input_region, capacity, batch);
         let z = region(plan, step.z_region, capacity, batch);
@@ -337,7 +346,7 @@ pub(crate) fn backward(
                     // head's producer's dz is written too: where its weight gradient also runs on
                     // the side stream, both go in one launch.
                     let side_split = |layers: &[(usize, usize)]| step.input_region != 0 && gpu.weight_grad_split_takes(layers, batch);
-                    let pair = head.and_then(|h| h.producer).filter(|&p| in_head && plan.steps[p].input_region != 0);
+                    let pair = head.and_then(|(h, ..)| h.producer).filter(|&p| in_head && plan.steps[p].input_region != 0);
                     let pair = pair.filter(|&p| dense_shape(&plan.steps[p]).is_some_and(|ps| side_split(&[(out, inp), ps])));
                     if split_done & bit(index) != 0 {
                         // launched with the head's
@@ -407,6 +416,15 @@ pub(crate) fn backward(
             }
             Layer::MaxPool { .. } | Layer::Flatten => {}
         }
+    }
+    if let Some((h, l, loss)) = head {
+        // after the side stream's weight gradients (ahead of them it would delay them)
+        if !forked {
+            side.fork.record(stream)?;
+            side.fork.wait_in(side.stream)?;
+            forked = true;
+        }
+        head_loss(gpu, side.stream, f, l, loss, h)?;
     }
     if forked {
         side.join.record(side.stream)?;

@@ -24,13 +24,16 @@ pub(crate) const MAX_INPUTS: usize = 1024;
 /// Samples a block takes at a time, a warp each (HEAD_WARPS).
 const WARPS: usize = BLOCK as usize / 32;
 /// Batches up to this run the separate kernels: there the loss kernel is one block, while the
-/// head's loss is summed across its blocks (a warp a sample), through a fence, a counter and the
+/// head's loss was summed across its blocks (a warp a sample), through a fence, a counter and the
 /// last block (`finish_loss` in kernels/loss.cu), which took back what the fusion saved.
 /// Measured on the H100 (same binary, `FLATNN_HEAD=1` against `0`, two rounds, back to back):
 /// MLP step at 1 15.2 against 16.6 µs, 64 21.9–22.1 against 20.6–20.7, 128 25.0 against 25.9,
 /// 160 28.3 against 27.3, 200 29.6 against 28.3–28.5, 256 30.6–30.8 against 29.9, 512 40.4–40.5
 /// against 41.0–41.2, 1024 49.5–49.6 against 53.1–53.3; 100-200-1 at 1 11.9–12.1 against 11.5,
-/// 128 16.3 against 15.6–15.7, 1024 30.3 against 32.8.
+/// 128 16.3 against 15.6–15.7, 1024 30.3 against 32.8. With the loss summed beside the rest of
+/// the step (`Gpu::loss_sum`, twentieth session; that run summed it ahead of the side stream's
+/// weight gradients) the head still lost below 257 samples: MLP step at 16 17.1 against 16.5
+/// µs, 64 20.1 against 19.3, 160 27.3 against 25.5, 256 31.0 against 27.5.
 const MIN_BATCH: usize = BLOCK as usize;
 /// Nor past this: at 4096 samples (4 a warp) the step lost (MLP 133.2–134.2 against 129.1–129.6
 /// µs, 100-200-1 57.2–57.6 against 53.3–53.5; same run), at 2048 it gained ~0.5 µs, at 16384 it
@@ -66,15 +69,15 @@ pub(crate) struct Head {
     shared: usize,
 }
 
-/// The device buffers the head reads and writes (see `exec::LossBuffers`).
+/// The device buffers the head reads and writes (see `exec::LossBuffers`): `partials` takes
+/// [`Head::partials`] f64 sums of the loss's terms, which `Gpu::loss_sum` adds up.
 pub(crate) struct HeadBuffers {
     pub params: u64,
     pub acts: u64,
     pub dacts: u64,
     pub labels: u64,
     pub targets: u64,
-    pub loss: u64,
-    pub scratch: u64,
+    pub partials: u64,
 }
 
 impl Head {
@@ -134,6 +137,11 @@ impl Head {
     pub(crate) fn blocks(&self) -> usize {
         self.blocks
     }
+
+    /// Partial sums of the loss the kernel leaves: one a warp.
+    pub(crate) fn partials(&self) -> usize {
+        self.blocks * WARPS
+    }
 }
 
 impl Gpu {
@@ -148,14 +156,14 @@ impl Gpu {
         buffers: &HeadBuffers,
         weights_early: bool,
     ) -> Result<()> {
-        let HeadBuffers { params, acts, dacts, labels, targets, loss: value, scratch } = *buffers;
+        let HeadBuffers { params, acts, dacts, labels, targets, partials } = *buffers;
         let xent = i32::from(loss == Loss::LogitCrossEntropy);
-        let (mean_scale, grad_scale) = loss_scales(loss, batch, head.outputs());
+        let (_, grad_scale) = loss_scales(loss, batch, head.outputs());
         let Head { k, n, act: (act, slope), w, b, x, z, y, prev_z, dx, prev_act: (prev_act, prev_slope), .. } = *head;
         let (rows, early) = (int(batch)?, i32::from(weights_early));
         let args = kernel_args![
-            params, acts, dacts, k, n, act, slope, w, b, x, z, y, dx, prev_z, prev_act, prev_slope, xent, labels, targets, value, scratch,
-            grad_scale, mean_scale, rows, early
+            params, acts, dacts, k, n, act, slope, w, b, x, z, y, dx, prev_z, prev_act, prev_slope, xent, labels, targets, partials,
+            grad_scale, rows, early
         ];
         self.run_blocks(stream, Kernel::DenseHead, (head.blocks as u32, 1), head.shared as u32, args)
     }

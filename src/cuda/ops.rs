@@ -20,8 +20,9 @@ use std::ffi::c_void;
 /// 128 × 256, then grid-stride.
 pub(super) const LOSS_BLOCKS: usize = 128;
 
-/// f64 values of the scratch a loss kernel needs: a counter, then one partial sum per block.
-pub const LOSS_SCRATCH: usize = LOSS_BLOCKS + 1;
+/// f64 values of the scratch a loss kernel needs: a counter, then one partial sum per block
+/// (or, after the counter, one a warp: the head's, src/cuda/head.rs).
+pub const LOSS_SCRATCH: usize = LOSS_BLOCKS * (BLOCK as usize / 32) + 1;
 
 /// Blocks of a loss kernel over `n` samples or values: a function of `n` alone, so the order
 /// in which the loss is summed never changes.
@@ -492,6 +493,15 @@ impl Gpu {
         let _ = int(batch * channels * pixels)?;
         let (dz, db, c, p, b) = (dz.ptr(), db.ptr(), int(channels)?, int(pixels)?, int(batch)?);
         self.run(stream, Kernel::BiasGrad, c as u32, kernel_args![dz, db, c, p, b])
+    }
+
+    /// `loss[0]` = Σ of `count` partial sums (in a fixed order) × `scale`; `loss[1] +=
+    /// loss[0]`, `loss[2] += 1`: the loss of a launch that left its terms' sums in `partials`
+    /// (the head's, src/cuda/head.rs). One block.
+    pub(crate) fn loss_sum(&self, stream: &CudaStream, partials: View<f64>, count: usize, scale: f64, loss: ViewMut<f64>) -> Result<()> {
+        assert!(partials.len() >= count && loss.len() >= 3, "loss_sum: short partials or loss");
+        let (partials, count, loss) = (partials.ptr(), int(count)?, loss.ptr());
+        self.run(stream, Kernel::LossSum, 1, kernel_args![partials, count, scale, loss])
     }
 
     /// Softmax cross-entropy of logits y (batch, classes) against `labels`: dy as

@@ -356,7 +356,7 @@ impl DevModel {
                 Some(h) => exec::head(gpu, stream, &f, &b, &l, loss, h, weights_early)?,
                 None => exec::loss(gpu, stream, plan, &f, &b, &l, loss)?,
             }
-            exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref())?;
+            exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref().map(|h| (h, &l, loss)))?;
             match update {
                 Some((config, step, state)) => {
                     update_args(config, step, state, &mut |kernel, grid, args| gpu.launch_args(stream, kernel, (grid, 1), BLOCK, 0, args))

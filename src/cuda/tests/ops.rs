@@ -845,8 +845,7 @@ fn kernel_times_of_the_mlp_step() {
                 dacts: View::of(&dacts).ptr(),
                 labels: View::of(&labels).ptr(),
                 targets: 0,
-                loss: lp,
-                scratch: sp,
+                partials: sp + 8,
             };
             time(format!("head {batch}x10x64 ({} blocks)", head.blocks()), &|| {
                 gpu.dense_head(&stream, &head, batch, loss::Loss::LogitCrossEntropy, &buffers, true)
