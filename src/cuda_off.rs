@@ -76,7 +76,7 @@ impl DevModel {
         _cache: &mut Cache,
         _loss: Loss,
         _config: Optim,
-        _step: u64,
+        _steps: &mut u64,
         _opt: &mut DevOptim,
     ) -> Result<()> {
         match *self {}

@@ -201,9 +201,8 @@ impl Optimizer {
         self.check(model, grads)?;
         model.check_backprop(grads, cache, loss)?;
         if let (Some(dev_model), Some(dev)) = (&mut model.dev, &mut self.dev) {
-            dev_model.train_step(&model.plan, grads, cache, loss, self.config, self.steps + 1, dev)?;
-            self.steps += 1;
-            return Ok(());
+            // counts the step once its update is queued
+            return dev_model.train_step(&model.plan, grads, cache, loss, self.config, &mut self.steps, dev);
         }
         model.backprop(grads, cache, loss)?;
         self.update(model, grads)

@@ -116,6 +116,34 @@ fn train_step_matches_backprop_then_update() {
     }
 }
 
+/// `train_step` on a GPU checks what backprop and update check before it queues anything:
+/// missing labels, another model's cache and another model's optimiser are errors that leave
+/// the parameters and the optimiser's step count as they were; then a step goes through.
+#[test]
+fn train_step_checks_before_it_queues() {
+    let Some(device) = cuda_or_skip() else { return };
+    let build = || mlp().build().unwrap().init(Init::HeNormal, 5).to(&device).unwrap();
+    let (mut model, other) = (build(), build());
+    let (mut fwd, mut bwd) = (model.preallocate(64).unwrap(), model.preallocate_grads(64).unwrap());
+    let mut other_fwd = other.preallocate(64).unwrap();
+    let (x, labels) = batch(&mut Rng::new(3), &model, 64);
+    fwd.set_inputs(&x).unwrap();
+    other_fwd.set_inputs(&x).unwrap();
+    other_fwd.set_labels(&labels).unwrap();
+    let (mut opt, mut other_opt) = (Optimizer::new(&model, Optim::adam(1e-3)).unwrap(), Optimizer::new(&other, Optim::adam(1e-3)).unwrap());
+    let before = model.parameters().unwrap().to_vec();
+    let xent = Loss::LogitCrossEntropy;
+    assert!(matches!(opt.train_step(&mut model, &mut bwd, &mut fwd, xent), Err(Error::Shape(_))), "no labels");
+    fwd.set_labels(&labels).unwrap();
+    assert!(matches!(opt.train_step(&mut model, &mut bwd, &mut other_fwd, xent), Err(Error::Mismatch(_))), "another model's cache");
+    assert!(matches!(other_opt.train_step(&mut model, &mut bwd, &mut fwd, xent), Err(Error::Mismatch(_))), "another model's optimiser");
+    assert_eq!((opt.steps(), other_opt.steps()), (0, 0));
+    assert!(model.parameters().unwrap().iter().zip(&before).all(|(a, b)| a.to_bits() == b.to_bits()), "a refused step ran");
+    opt.train_step(&mut model, &mut bwd, &mut fwd, xent).unwrap();
+    assert_eq!(opt.steps(), 1);
+    assert!(model.parameters().unwrap().as_ref() != &before[..], "the step did not update");
+}
+
 #[test]
 fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
     let Some(device) = cuda_or_skip() else { return };
@@ -165,7 +193,8 @@ fn backprop_both(
 
 /// Dense plans of odd widths, every activation, one layer or several, at batches that run on
 /// the fused kernels (≤ 128, and above where k ≤ 256 and the kernel's blocks fit on the GPU at
-/// once: at 512 and 1024 some of these products do, some do not) and on cuBLAS: forward against
+/// once: at 512 and 1024 some of these products do, some do not), on the tensor-core tiles (the
+/// MLP's first layer; at 2048 its weight gradient on a 32 × 32 tile) and on cuBLAS: forward against
 /// the CPU, then a backprop on the same batch without new inputs, which checks that the forward
 /// left the inputs on the device.
 #[test]
@@ -183,9 +212,10 @@ fn dense_plans_match_the_cpu() {
     for (name, chain) in chains {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 2).with_threads(1).unwrap();
         let gpu = cpu.to(&device).unwrap();
-        let (mut cpu_fwd, mut gpu_fwd) = (cpu.preallocate(1024).unwrap(), gpu.preallocate(1024).unwrap());
-        let (mut cpu_bwd, mut gpu_bwd) = (cpu.preallocate_grads(1024).unwrap(), gpu.preallocate_grads(1024).unwrap());
-        for n in [1, 7, 8, 9, 64, 128, 200, 256, 512, 1024, 3] {
+        let (mut cpu_fwd, mut gpu_fwd) = (cpu.preallocate(2048).unwrap(), gpu.preallocate(2048).unwrap());
+        let (mut cpu_bwd, mut gpu_bwd) = (cpu.preallocate_grads(2048).unwrap(), gpu.preallocate_grads(2048).unwrap());
+        // 2048 last, so the batches before it draw what they drew before it was added
+        for n in [1, 7, 8, 9, 64, 128, 200, 256, 512, 1024, 3, 2048] {
             let (x, labels) = batch(&mut rng, &cpu, n);
             cpu_fwd.set_inputs(&x).unwrap();
             gpu_fwd.set_inputs(&x).unwrap();

@@ -135,13 +135,15 @@ impl Exec {
 /// Captures what `work` enqueues on `stream` and instantiates it; with `update`, keeps the
 /// graph and its one node that launches that kernel (an Err if there is not exactly one).
 pub(super) fn capture(stream: sys::CUstream, update: Option<sys::CUfunction>, work: impl FnOnce() -> Result<()>) -> Result<Exec> {
-    let _shared = super::capturing();
+    let shared = super::capturing();
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     // SAFETY: a live stream; the capture is always ended below, whatever `work` returns.
     unsafe { result::stream::begin_capture(stream, mode) }.map_err(|e| driver_error("starting a CUDA graph capture", e))?;
     let outcome = work();
     // SAFETY: ends the capture begun above.
     let ended = unsafe { result::stream::end_capture(stream) };
+    // the capture is over: an Exec dropped below takes the lock exclusively
+    drop(shared);
     let graph = match (outcome, ended) {
         (Ok(()), Ok(graph)) if !graph.is_null() => graph,
         (outcome, ended) => {
@@ -192,12 +194,8 @@ fn update_node(graph: sys::CUgraph, function: sys::CUfunction) -> Result<(sys::C
     let mut n = 0usize;
     // SAFETY: a live graph; first the count.
     unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.result().map_err(|e| driver_error("counting graph nodes", e))?;
-    // a step's graph has a few dozen nodes; a fixed array keeps capture's allocations in the driver
-    let mut nodes = [std::ptr::null_mut(); 512];
-    if n > nodes.len() {
-        return Err(Error::Cuda { what: format!("a step's graph has {n} nodes, more than the {} searched for its update", nodes.len()) });
-    }
-    // SAFETY: as above, into a buffer of at least `n` handles.
+    let mut nodes = vec![std::ptr::null_mut(); n];
+    // SAFETY: as above, into a buffer of `n` handles.
     unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.result().map_err(|e| driver_error("listing graph nodes", e))?;
     let mut found = None;
     for &node in &nodes[..n] {

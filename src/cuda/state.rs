@@ -273,7 +273,8 @@ impl DevModel {
 
     /// [`DevModel::backprop`] and then [`DevModel::update`] as one call, queued: with graphs,
     /// one graph whose last kernel is the update, its arguments (step number, learning rate)
-    /// set before each replay.
+    /// set before each replay. `steps` (the steps taken) counts this one once its update is
+    /// queued, even if something after that fails.
     #[allow(clippy::too_many_arguments)]
     pub fn train_step(
         &mut self,
@@ -282,22 +283,27 @@ impl DevModel {
         cache: &mut Cache,
         loss: Loss,
         config: Optim,
-        step: u64,
+        steps: &mut u64,
         opt: &mut DevOptim,
     ) -> Result<()> {
         rebind(&mut opt.stream, &self.stream)?;
-        self.step(plan, grads, cache, loss, Some((config, step, &opt.state)))
+        self.step(plan, grads, cache, loss, Some((config, steps, &opt.state)))
     }
 
-    /// Backprop, and then the update `(config, step, state)` when given.
+    /// Backprop, and then the update `(config, steps, state)` when given (step `*steps + 1`,
+    /// counted once queued).
     fn step(
         &self,
         plan: &Plan,
         grads: &mut Grads,
         cache: &mut Cache,
         loss: Loss,
-        update: Option<(Optim, u64, &DevBuf<f32>)>,
+        update: Option<(Optim, &mut u64, &DevBuf<f32>)>,
     ) -> Result<()> {
+        let (update, steps) = match update {
+            Some((config, steps, state)) => (Some((config, *steps + 1, state)), Some(steps)),
+            None => (None, None),
+        };
         // a model without parameters has nothing to update (and its graph no update kernel)
         let update = update.filter(|_| self.params.len() > 0);
         // cleared once the step is queued: after an error the next step copies the inputs again
@@ -368,6 +374,10 @@ impl DevModel {
             Some((config, step, state)) => update_args(config, step, state, &mut |_, _, args| set(args)),
             None => Ok(()),
         });
+        if let Some(steps) = steps.filter(|_| outcome.is_ok()) {
+            // the update is queued (a model without parameters takes its steps too)
+            *steps += 1;
+        }
         if copy_in {
             // Whether or not the step went through, part of it (eager launches) may have been
             // queued and may still read the staging buffer: mark it in use either way.
