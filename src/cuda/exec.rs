@@ -198,18 +198,21 @@ pub(crate) fn head(
         dacts: b.dacts.ptr(),
         labels: l.labels.ptr(),
         targets: l.targets.ptr(),
-        // after the loss kernels' counter, which the head leaves alone
-        partials: l.scratch.ptr() + 8,
+        partials: head_partials(l, head).ptr(),
     };
     gpu.dense_head(stream, head, f.batch, loss, &buffers, weights_early)
 }
 
-/// The loss's value from the partial sums [`head`] left in `l.scratch`, queued on `stream`.
+/// Where [`head`] leaves its partial sums of the loss: after the loss kernels' counter, which
+/// it leaves alone.
+fn head_partials<'a>(l: &LossBuffers<'a>, head: &Head) -> View<'a, f64> {
+    Raw::of(l.scratch).at(1..1 + head.partials())
+}
+
+/// The loss's value from the partial sums [`head`] left, queued on `stream`.
 fn head_loss(gpu: &Gpu, stream: &CudaStream, f: &Forward, l: &LossBuffers, loss: Loss, head: &Head) -> Result<()> {
-    let (scratch, value) = (Raw::of(l.scratch), Raw::of(l.loss));
-    let count = head.partials();
     let (mean_scale, _) = super::ops::loss_scales(loss, f.batch, head.outputs());
-    gpu.loss_sum(stream, scratch.at(1..1 + count), count, mean_scale, value.at_mut(0..3))
+    gpu.loss_sum(stream, head_partials(l, head), head.partials(), mean_scale, Raw::of(l.loss).at_mut(0..3))
 }
 
 /// Batches up to this run each dense layer through flatnn's fused kernels (product, bias and

@@ -98,17 +98,8 @@ impl Graphs {
             return work();
         }
         if let Some((_, exec)) = self.slots.iter().find(|(k, _)| *k == key) {
-            if let Some((node, captured)) = exec.update {
-                args(&mut |values| {
-                    let params = sys::CUDA_KERNEL_NODE_PARAMS { kernelParams: values.as_mut_ptr(), ..captured };
-                    // SAFETY: a node of the graph this exec was instantiated from; the same
-                    // kernel, grid and block as captured, and `values` its arguments (the
-                    // caller's contract, as for a launch), which the driver copies. Replays
-                    // already queued keep the arguments they were launched with.
-                    unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec.exec, node, &params) }
-                        .result()
-                        .map_err(|e| driver_error("setting the optimiser's arguments in a step's graph", e))
-                })?;
+            if exec.update.is_some() {
+                args(&mut |values| exec.set_update_args(Some(values)))?;
             }
             return exec.launch(stream);
         }
@@ -125,6 +116,24 @@ impl Graphs {
 }
 
 impl Exec {
+    /// Sets the arguments of the update's node for the replays queued after this: `values`
+    /// (one pointer to each argument's value, as for a launch), or with None those it was
+    /// captured with. Replays already queued keep the arguments they were launched with.
+    fn set_update_args(&self, values: Option<&mut [*mut std::ffi::c_void]>) -> Result<()> {
+        let (node, captured) = self.update.expect("set_update_args: a graph without an update");
+        let params = match values {
+            Some(values) => sys::CUDA_KERNEL_NODE_PARAMS { kernelParams: values.as_mut_ptr(), ..captured },
+            None => captured,
+        };
+        // SAFETY: a node of the graph this exec was instantiated from (alive as long as the
+        // exec, with the captured arguments it owns); the same kernel, grid and block as
+        // captured, and `values` its arguments (the caller's contract, as for a launch), which
+        // the driver copies.
+        unsafe { sys::cuGraphExecKernelNodeSetParams_v2(self.exec, node, &params) }
+            .result()
+            .map_err(|e| driver_error("setting the optimiser's arguments in a step's graph", e))
+    }
+
     /// Queues one replay of the graph on `stream` (of the context it was captured in).
     pub(super) fn launch(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: a live exec; the caller's stream is of its context.
@@ -169,15 +178,12 @@ pub(super) fn capture(stream: sys::CUstream, update: Option<sys::CUfunction>, wo
         exec.map(|exec| (exec, node)).map_err(|e| driver_error("instantiating a CUDA graph", e))
     });
     match exec {
-        Ok((exec, Some((node, params)))) => {
-            let exec = Exec { exec, graph, update: Some((node, params)) };
+        Ok((exec, Some(update))) => {
+            let exec = Exec { exec, graph, update: Some(update) };
             // Setting the node's arguments to those it was captured with changes nothing, but
             // finds now what a replay would (an error; the driver's entry point loaded, which
             // allocates once in a process), so the first replay allocates nothing.
-            // SAFETY: a node of the graph this exec was instantiated from, with its own parameters.
-            unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec.exec, node, &params) }
-                .result()
-                .map_err(|e| driver_error("setting the optimiser's arguments in a step's graph", e))?;
+            exec.set_update_args(None)?;
             Ok(exec)
         }
         outcome => {

@@ -249,16 +249,15 @@ impl Gpu {
         shared: u32,
         mut args: [*mut c_void; N],
     ) -> Result<()> {
-        self.launch_args(stream, kernel, grid, BLOCK, shared, &mut args)
+        self.launch_args(stream, kernel, grid, shared, &mut args)
     }
 
-    /// [`Gpu::run_blocks`] with the arguments in a slice and blocks of `threads` threads.
+    /// [`Gpu::run_blocks`] with the arguments in a slice.
     pub(crate) fn launch_args(
         &self,
         stream: &CudaStream,
         kernel: Kernel,
         grid: (u32, u32),
-        threads: u32,
         shared: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
@@ -267,7 +266,7 @@ impl Gpu {
         // SAFETY: every wrapper below passes its kernel's parameters in order with their C
         // types, after checking on the host that each view holds what the kernel touches.
         unsafe {
-            launch(self.function(kernel), (grid.0, grid.1, 1), (threads, 1, 1), shared, stream.cu_stream(), self.dependent_launch, args)
+            launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), shared, stream.cu_stream(), self.dependent_launch, args)
         }
     }
 
@@ -632,9 +631,7 @@ impl Gpu {
         grads: View<f32>,
         state: ViewMut<f32>,
     ) -> Result<()> {
-        self.optim_call(config, step, n, params, grads, state, |kernel, grid, args| {
-            self.launch_args(stream, kernel, (grid, 1), BLOCK, 0, args)
-        })
+        self.optim_call(config, step, n, params, grads, state, |kernel, grid, args| self.launch_args(stream, kernel, (grid, 1), 0, args))
     }
 
     /// The kernel, grid and arguments of [`Gpu::optim_step`], given to `call` (which launches

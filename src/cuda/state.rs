@@ -18,7 +18,7 @@ use super::driver_error;
 use super::exec::{self, Backward, Forward, LossBuffers, Side};
 use super::graph::{Graphs, Key};
 use super::head::Head;
-use super::launch::{ViewMut, BLOCK};
+use super::launch::ViewMut;
 use super::ops::{optim_kernel, LaunchArgs, FINISH_MAX};
 use super::pinned::{Event, Pinned};
 pub(crate) use super::serve::DevServer;
@@ -365,7 +365,7 @@ impl DevModel {
             exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref().map(|h| (h, &l, loss)))?;
             match update {
                 Some((config, step, state)) => {
-                    update_args(config, step, state, &mut |kernel, grid, args| gpu.launch_args(stream, kernel, (grid, 1), BLOCK, 0, args))
+                    update_args(config, step, state, &mut |kernel, grid, args| gpu.launch_args(stream, kernel, (grid, 1), 0, args))
                 }
                 None => Ok(()),
             }
