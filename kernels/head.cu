@@ -1,22 +1,29 @@
 // A model's last dense layer, the loss and that layer's input gradient in one launch (src/cuda/
 // head.rs), for a last layer of at most 32 outputs (a classifier's or a regression's): run
 // separately, those are three kernels on the step's critical path (the layer, the loss, the
-// input gradient), each a kernel boundary and a round of loads. Each warp takes one sample at a
-// time: lane j computes output j from the sample's inputs and row j of W (staged into shared
-// memory while the kernel ahead still runs; with few outputs, lanes share one), the lanes
-// exchange what the loss needs by shuffles, and then split the input gradient's values among
-// them. No warp waits for another: each leaves the sum of its samples' loss terms in
-// partials[block · HEAD_WARPS + warp], and loss_sum (loss.cu) adds them up in order, beside the
-// rest of the step (so the same bits every run).
+// input gradient), each a kernel boundary and a round of loads. Where the dense layer before it
+// fits in shared memory too (`k0` > 0), that layer's forward and input gradient run here as
+// well: two kernels fewer. Each warp takes one sample at a time (warp w of block b of G: samples
+// b + G·w, b + G·(w + HEAD_WARPS), …, so that a grid of more blocks than the batch needs at a
+// warp a sample spreads it over more multiprocessors): lane j computes output j from
+// the sample's inputs and row j of W (staged into shared memory while the kernel ahead still
+// runs; with few outputs, lanes share one), the lanes exchange what the loss needs by shuffles,
+// and then split the input gradient's values among them. No warp waits for another: each
+// leaves the sum of its samples' loss terms in partials[block · HEAD_WARPS + warp], and
+// loss_sum (loss.cu) adds them up in order, beside the rest of the step (so the same bits every
+// run).
 //
 // It writes what the separate kernels write, in the plan's regions: the layer's z and y (y only
 // with an activation), the loss gradient dy (only with an activation; else it is dz) and dz,
 // and the input gradient, times the derivative of the activation that made the inputs when
-// `prev_z` is given (as exec.rs folds it in: then `dx` is that layer's dz).
+// `prev_z` is given (as exec.rs folds it in: then `dx` is that layer's dz). With the layer
+// before: its z (at prev_z, or at x without an activation) and y (at x), and its input
+// gradient (at dx0), likewise times the derivative of the activation that made its inputs when
+// `prev_z0` is given.
 //
-// Offsets are in floats: w and b in params; x, z, y and prev_z (sample 0 of the region) in
-// acts, and z, y (for dz, dy) and dx (−1: no input gradient) in dacts, which has the same
-// layout.
+// Offsets are in floats: w, b, w0 and b0 in params; x, z, y, prev_z, x0 and prev_z0 (sample 0
+// of the region) in acts, and z, y (for dz, dy), dx and dx0 (−1: no input gradient) in dacts,
+// which has the same layout.
 
 #define HEAD_MAX_OUTPUTS 32
 // samples a block takes at a time: a warp each
@@ -44,31 +51,185 @@ __device__ __forceinline__ int head_stride(int k) {
     return k | 1;
 }
 
+// Stages W (n rows of k, at wsm with stride head_stride(k)) and b (n, at bsm) from params
+__device__ __forceinline__ void head_stage(float* wsm, float* bsm, const float* w, const float* b, int n, int k) {
+    int ws = head_stride(k);
+    for (int r = threadIdx.x / 32; r < n; r += HEAD_WARPS) {
+        for (int c = threadIdx.x % 32; c < k; c += 32) head_copy(wsm + r * ws + c, w + (long long)r * k + c);
+    }
+    for (int j = threadIdx.x; j < n; j += REDUCE_THREADS) head_copy(bsm + j, b + j);
+}
+
+// k rounded up to a multiple of four (rows that the vector loops below read 16 bytes at a time)
+__device__ __forceinline__ int head_pad4(int k) {
+    return (k + 3) & ~3;
+}
+
+// rows 16-byte aligned, and 4 (mod 32) floats apart, so that the eight lanes of a quarter warp
+// reading 16 bytes of eight consecutive rows hit all 32 banks
+__device__ __forceinline__ int head_inner_stride(int k0) {
+    return ((k0 + 31) & ~31) + 4;
+}
+
+// Stages the layer before's W0 (k rows of k0, at w0sm with stride head_inner_stride(k0)), its
+// rows padded to head_pad4(k0) values and to head_pad4(k) rows with zeros (the vector loops below
+// read the pads), and b0 (k, at b0sm)
+__device__ __forceinline__ void head_stage_inner(float* w0sm, float* b0sm, const float* w0, const float* b0, int k, int k0) {
+    int ws0 = head_inner_stride(k0), kp = head_pad4(k), k0p = head_pad4(k0);
+    for (int r = threadIdx.x / 32; r < kp; r += HEAD_WARPS) {
+        for (int c = threadIdx.x % 32; c < k0p; c += 32) {
+            if (r < k && c < k0) {
+                head_copy(w0sm + r * ws0 + c, w0 + (long long)r * k0 + c);
+            } else {
+                w0sm[r * ws0 + c] = 0.0f;
+            }
+        }
+    }
+    for (int j = threadIdx.x; j < k; j += REDUCE_THREADS) head_copy(b0sm + j, b0 + j);
+}
+
+// The layer before's z_j = Σ_c x_c · W0[j][c] + b_j for the lane's outputs j0 + lane and
+// j0 + lane + 32 (rows past k read row k − 1 and are dropped by the caller), four values of c at
+// a time from 16-byte loads of the padded rows (x: the warp's row of inputs, k0p values, padded
+// with zeros); each output summed in four sums (c mod 4), added as (s0 + s1) + (s2 + s3).
+__device__ __forceinline__ void head_inner_forward(const float* xs0, const float* w0sm, const float* b0sm, int k, int k0, int j0, int lane,
+                                                   float (&out)[2]) {
+    int ws0 = head_inner_stride(k0), k0p = head_pad4(k0);
+    const float4* x = reinterpret_cast<const float4*>(xs0);
+    const float4* row[2];
+    float4 acc[2];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        row[q] = reinterpret_cast<const float4*>(w0sm + min(j0 + lane + 32 * q, k - 1) * ws0);
+        acc[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll 4
+    for (int c = 0; c < k0p / 4; c++) {
+        float4 xv = x[c];
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            float4 w = row[q][c];
+            acc[q].x = fmaf(xv.x, w.x, acc[q].x);
+            acc[q].y = fmaf(xv.y, w.y, acc[q].y);
+            acc[q].z = fmaf(xv.z, w.z, acc[q].z);
+            acc[q].w = fmaf(xv.w, w.w, acc[q].w);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < 2; q++) out[q] = ((acc[q].x + acc[q].y) + (acc[q].z + acc[q].w)) + b0sm[min(j0 + lane + 32 * q, k - 1)];
+}
+
+// The layer before's input gradient dx_c = Σ_j d_j · W0[j][c] (d: its dz, the warp's row of kp
+// values, padded with zeros), times act'(zs0[c], xs0[c]) of the layer that made its inputs when
+// zs0 is given, into dx (the sample's row): four consecutive columns a lane (16-byte loads), 128
+// a warp at a time; each summed over even and odd j apart, then added.
+__device__ __forceinline__ void head_inner_back(const float* d, const float* w0sm, int k, int k0, const float* zs0, const float* xs0,
+                                                int act, float slope, float* dx, int lane) {
+    int ws0 = head_inner_stride(k0), kp = head_pad4(k);
+    const float4* dv = reinterpret_cast<const float4*>(d);
+    for (int c0 = 4 * lane; c0 < k0; c0 += 128) {
+        const float4* col = reinterpret_cast<const float4*>(w0sm + c0);
+        float4 even = make_float4(0.0f, 0.0f, 0.0f, 0.0f), odd = even;
+#pragma unroll 2
+        for (int j = 0; j < kp / 4; j++) {
+            float4 dj = dv[j];
+            float4 w0 = col[(4 * j) * ws0 / 4], w1 = col[(4 * j + 1) * ws0 / 4], w2 = col[(4 * j + 2) * ws0 / 4],
+                   w3 = col[(4 * j + 3) * ws0 / 4];
+            even.x = fmaf(dj.x, w0.x, even.x);
+            even.y = fmaf(dj.x, w0.y, even.y);
+            even.z = fmaf(dj.x, w0.z, even.z);
+            even.w = fmaf(dj.x, w0.w, even.w);
+            odd.x = fmaf(dj.y, w1.x, odd.x);
+            odd.y = fmaf(dj.y, w1.y, odd.y);
+            odd.z = fmaf(dj.y, w1.z, odd.z);
+            odd.w = fmaf(dj.y, w1.w, odd.w);
+            even.x = fmaf(dj.z, w2.x, even.x);
+            even.y = fmaf(dj.z, w2.y, even.y);
+            even.z = fmaf(dj.z, w2.z, even.z);
+            even.w = fmaf(dj.z, w2.w, even.w);
+            odd.x = fmaf(dj.w, w3.x, odd.x);
+            odd.y = fmaf(dj.w, w3.y, odd.y);
+            odd.z = fmaf(dj.w, w3.z, odd.z);
+            odd.w = fmaf(dj.w, w3.w, odd.w);
+        }
+        float v[4] = {even.x + odd.x, even.y + odd.y, even.z + odd.z, even.w + odd.w};
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u;
+            if (c >= k0) break;
+            dx[c] = zs0 ? v[u] * act_derivative(act, slope, zs0[c], xs0[c]) : v[u];
+        }
+    }
+}
+
+// The input gradient for columns c < k of W (n rows of stride ws in shared memory) from the
+// warp's dz (d, n values): dx_c = Σ_j d_j · W[j][c], times act'(zs[c], xs[c]) of the layer that
+// made the inputs when zs is given, into dx (the sample's row) and, when keep is given, into
+// keep; two columns a lane at a time (c, c + 32), each summed over even and odd j apart, then
+// added: four sums that do not wait on one another.
+__device__ __forceinline__ void head_back(const float* d, const float* wsm, int ws, int n, int k, const float* zs, const float* xs,
+                                          int act, float slope, float* dx, float* keep, int lane) {
+    for (int c0 = lane; c0 < k; c0 += 64) {
+        int c[2] = {c0, min(c0 + 32, k - 1)};
+        float even[2] = {0.0f, 0.0f}, odd[2] = {0.0f, 0.0f};
+        int j = 0;
+#pragma unroll 4
+        for (; j + 1 < n; j += 2) {
+            float d0 = d[j], d1 = d[j + 1];
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                even[q] = fmaf(d0, wsm[j * ws + c[q]], even[q]);
+                odd[q] = fmaf(d1, wsm[(j + 1) * ws + c[q]], odd[q]);
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            if (c0 + 32 * q >= k) break;
+            float v = (j < n ? fmaf(d[j], wsm[j * ws + c[q]], even[q]) : even[q]) + odd[q];
+            if (zs) v *= act_derivative(act, slope, zs[c[q]], xs[c[q]]);
+            dx[c[q]] = v;
+            if (keep) keep[c[q]] = v;
+        }
+    }
+}
+
 // `weights_early`: the kernel ahead in the stream writes no weights (it is a layer's forward, or
-// the copy of the inputs), so W and b are staged before waiting for it.
-extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(const float* params, float* acts, float* dacts, int k, int n,
-                                                                        int act, float slope, int w, int b, int x, int z, int y, int dx,
-                                                                        int prev_z, int prev_act, float prev_slope,
-                                                                        int xent, const unsigned* labels, const float* targets,
-                                                                        double* partials, float grad_scale, int batch,
-                                                                        int weights_early) {
-    extern __shared__ float head_smem[];
+// the copy of the inputs), so W and b (and W0, b0) are staged before waiting for it. DEEP: the
+// kernel runs the layer before too (dense_head_deep; dense_head is compiled without that code,
+// and its k0 is 0).
+#define HEAD_PARAMS                                                                                                              \
+    const float *params, float *acts, float *dacts, int k, int n, int act, float slope, int w, int b, int x, int z, int y, int dx, \
+        int prev_z, int prev_act, float prev_slope, int k0, int act0, float slope0, int w0, int b0, int x0, int dx0, int prev_z0,  \
+        int prev_act0, float prev_slope0, int xent, const unsigned *labels, const float *targets, double *partials,              \
+        float grad_scale, int batch, int weights_early
+#define HEAD_ARGS                                                                                                                  \
+    params, acts, dacts, k, n, act, slope, w, b, x, z, y, dx, prev_z, prev_act, prev_slope, k0, act0, slope0, w0, b0, x0, dx0, prev_z0, \
+        prev_act0, prev_slope0, xent, labels, targets, partials, grad_scale, batch, weights_early
+
+template <bool DEEP>
+__device__ __forceinline__ void dense_head_impl(HEAD_PARAMS) {
+    extern __shared__ __align__(16) float head_smem[];
     __shared__ float dzs[HEAD_WARPS][HEAD_MAX_OUTPUTS];
     if (!weights_early) after_prior();
-    // W (n rows of `ws`) and b, then a row of inputs a warp (and of the producer's z)
-    int ws = head_stride(k);
-    float *wsm = head_smem, *bsm = head_smem + n * ws;
+    // with the layer before: W0 (head_stage_inner) and b0 (kp), then W (n rows of `ws`) and b,
+    // then the warps' rows (see `row` below), every region 16-byte aligned
+    constexpr bool deep = DEEP;
+    int ws = head_stride(k), kp = head_pad4(k), k0p = head_pad4(k0);
+    float* w0sm = head_smem;
+    float* b0sm = w0sm + (deep ? kp * head_inner_stride(k0) : 0);
+    float* wsm = b0sm + (deep ? kp : 0);
+    float* bsm = wsm + n * ws;
+    float* rows = bsm + head_pad4(n * ws + n) - n * ws;
+    int row = kp * (1 + (prev_z >= 0) + deep) + (deep ? k0p * (1 + (prev_z0 >= 0)) : 0);
     if (threadIdx.x == 0) {
         unsigned have;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
         // src/cuda/head.rs sizes the launch: a mismatch is a bug
-        if (4u * (unsigned)(n * ws + n + (prev_z >= 0 ? 2 : 1) * HEAD_WARPS * k) > have) asm volatile("trap;");
+        if (4u * (unsigned)(rows - head_smem + HEAD_WARPS * row) > have) asm volatile("trap;");
     }
-    for (int i = threadIdx.x; i < n * k; i += REDUCE_THREADS) head_copy(wsm + (i / k) * ws + i % k, params + w + i);
-    for (int j = threadIdx.x; j < n; j += REDUCE_THREADS) head_copy(bsm + j, params + b + j);
+    head_stage(wsm, bsm, params + w, params + b, n, k);
+    if (deep) head_stage_inner(w0sm, b0sm, params + w0, params + b0, k, k0);
     if (weights_early) after_prior();
-    head_copied();
-    __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     // `parts` lanes share an output (32 over n rounded up to a power of two): each sums every
     // parts-th value of k, then the group adds its sums by shuffles, so every lane of the group
@@ -78,17 +239,59 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(const fl
     int jl = lane / parts, part = lane % parts;
     bool out = jl < n, leader = out && part == 0;
     const float* wj = wsm + (out ? jl : 0) * ws;
-    // a row of inputs a warp, and of the producer's z when its derivative is folded in
-    float* xs = bsm + n + warp * k;
-    float* zs = prev_z >= 0 ? bsm + n + (HEAD_WARPS + warp) * k : nullptr;
+    // the warp's rows: the layer's inputs, the producer's z when its derivative is folded in,
+    // and with the layer before: the input gradient (that layer's dz), that layer's inputs and
+    // the z of the layer that made them when its derivative is folded in; rows of kp and k0p
+    // values, whose pads (read by the vector loops) are zero
+    float* xs = rows + warp * row;
+    float* zs = prev_z >= 0 ? xs + kp : nullptr;
+    float* ds = deep ? xs + kp * (1 + (prev_z >= 0)) : nullptr;
+    float* xs0 = deep ? ds + kp : nullptr;
+    float* zs0 = deep && prev_z0 >= 0 ? xs0 + k0p : nullptr;
+    if (deep) {
+        for (int c = k + lane; c < kp; c += 32) ds[c] = 0.0f;
+        for (int c = k0 + lane; c < k0p; c += 32) xs0[c] = 0.0f;
+    }
+    head_copied();
+    __syncthreads();
     double acc = 0.0;
-    for (int s = blockIdx.x * HEAD_WARPS + warp; s < batch; s += gridDim.x * HEAD_WARPS) {
-        for (int c = lane; c < k; c += 32) {
-            head_copy(xs + c, acts + x + (long long)s * k + c);
-            if (zs) head_copy(zs + c, acts + prev_z + (long long)s * k + c);
+    int first = deep ? blockIdx.x + gridDim.x * warp : blockIdx.x * HEAD_WARPS + warp;
+    for (int s = first; s < batch; s += gridDim.x * HEAD_WARPS) {
+        if (deep) {
+            for (int c = lane; c < k0; c += 32) {
+                head_copy(xs0 + c, acts + x0 + (long long)s * k0 + c);
+                if (zs0) head_copy(zs0 + c, acts + prev_z0 + (long long)s * k0 + c);
+            }
+        } else {
+            for (int c = lane; c < k; c += 32) {
+                head_copy(xs + c, acts + x + (long long)s * k + c);
+                if (zs) head_copy(zs + c, acts + prev_z + (long long)s * k + c);
+            }
         }
         head_copied();
         __syncwarp();
+        if (deep) {
+            // the layer before: its z_j and y_j, two outputs a lane at a time (j, j + 32), into
+            // the layer's inputs (and the producer's z)
+            for (int j0 = 0; j0 < k; j0 += 64) {
+                float z0[2];
+                head_inner_forward(xs0, w0sm, b0sm, k, k0, j0, lane, z0);
+#pragma unroll
+                for (int q = 0; q < 2; q++) {
+                    int j = j0 + lane + 32 * q;
+                    if (j >= k) continue;
+                    float zj = z0[q], yj = zs ? act_apply(act0, slope0, zj) : zj;
+                    long long o = (long long)s * k + j;
+                    if (zs) {
+                        acts[prev_z + o] = zj;
+                        zs[j] = zj;
+                    }
+                    acts[x + o] = yj;
+                    xs[j] = yj;
+                }
+            }
+            __syncwarp();
+        }
         // z_j = Σ_c x_c · W[j][c] + b_j: the lane's share of c, then its group's
         float sum = strided_dot(xs, wj, out ? part : k, parts, k);
         for (int d = parts / 2; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
@@ -126,20 +329,27 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(const fl
             dzs[warp][jl] = dzj;
         }
         __syncwarp();
-        // the input gradient: dx_c = Σ_j dz_j · W[j][c], times the producer's act'
-        if (dx >= 0) {
-            for (int c = lane; c < k; c += 32) {
-                float v = 0.0f;
-                for (int j = 0; j < n; j++) v = fmaf(dzs[warp][j], wsm[j * ws + c], v);
-                if (zs) v *= act_derivative(prev_act, prev_slope, zs[c], xs[c]);
-                dacts[dx + (long long)s * k + c] = v;
-            }
+        // the input gradient: dx_c = Σ_j dz_j · W[j][c], times the producer's act' (kept for
+        // the layer before's input gradient)
+        if (dx >= 0) head_back(dzs[warp], wsm, ws, n, k, zs, xs, prev_act, prev_slope, dacts + dx + (long long)s * k, ds, lane);
+        if (deep && dx0 >= 0) {
+            __syncwarp();
+            head_inner_back(ds, w0sm, k, k0, zs0, xs0, prev_act0, prev_slope0, dacts + dx0 + (long long)s * k0, lane);
         }
-        // the next sample's inputs overwrite xs and zs, and its dz dzs
+        // the next sample's inputs overwrite the rows, and its dz dzs
         __syncwarp();
     }
     // the warp's loss terms (lane 0's for cross-entropy, the leaders' for MSE), by shuffles in
     // a fixed order; lane 0's sum is the warp's partial
     for (int d = 16; d > 0; d /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, d);
     if (lane == 0) partials[blockIdx.x * HEAD_WARPS + warp] = acc;
+}
+
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void dense_head(HEAD_PARAMS) {
+    dense_head_impl<false>(HEAD_ARGS);
+}
+
+// (a bound of one block an SM: without it ptxas kept it to 80 registers and spilled)
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 1) void dense_head_deep(HEAD_PARAMS) {
+    dense_head_impl<true>(HEAD_ARGS);
 }

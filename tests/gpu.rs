@@ -239,9 +239,12 @@ fn dense_plans_match_the_cpu() {
 }
 
 /// Training steps whose last layer, loss and input gradient run in one kernel (src/cuda/head.rs,
-/// 257 to 2048 samples) against the CPU: batches past 1024, which take its warps round more than
-/// once, just above 256, and one sample (the separate kernels); a layer before it with and
-/// without an activation, an activated last layer, both losses, 1 to 32 outputs.
+/// 257 to 2048 samples), with the layer before it (a deep head: forward and input gradient)
+/// where it fits, against the CPU: batches past 1024, which take its warps round more than once,
+/// just above 256, and one sample (the separate kernels); a layer before it with and without an
+/// activation, taking the plan's input or another layer's output, activated or not; an
+/// activated last layer, both losses, 1 to 32 outputs. `dense_plans_match_the_cpu` runs the MLP
+/// (deep, both layers activated) and a layer before too large to stage (the 100-200-1).
 #[test]
 fn large_batches_through_the_head_match_the_cpu() {
     let Some(device) = cuda_or_skip() else { return };

@@ -67,6 +67,7 @@ kernels! {
     CopyFromHost = "copy_from_host",
     ServeDense = "serve_dense",
     DenseHead = "dense_head",
+    DenseHeadDeep = "dense_head_deep",
     WeightGradSplit = "weight_grad_split",
 }
 
@@ -82,12 +83,15 @@ pub struct Gpu {
     /// Bytes of dynamic shared memory a block of `serve_dense` may have (set when the kernels
     /// are loaded: the device's opt-in limit less what the kernel declares itself).
     serve_shared_limit: usize,
-    /// The same for `dense_head` (src/cuda/head.rs).
+    /// The same for `dense_head` and `dense_head_deep` (src/cuda/head.rs), the smaller.
     head_shared_limit: usize,
     /// Whether training steps end in `dense_head` where it takes the plan (unless
     /// `FLATNN_HEAD=0`, read when the device is set up: for measuring against the separate
     /// kernels).
     head_enabled: bool,
+    /// Whether it may take the layer before the last too (a deep head; unless `FLATNN_HEAD` is
+    /// `0` or `1`, which keeps it to the last layer).
+    head_deep: bool,
     /// Whether narrow layers' weight gradients may run split over the batch in clusters
     /// (src/cuda/wgrad.rs; unless `FLATNN_SPLIT=0`, read when the device is set up: for
     /// measuring against the other kernels).
@@ -147,8 +151,12 @@ impl Gpu {
             }
         }
         let serve_shared_limit = allow_dynamic_shared(functions[Kernel::ServeDense as usize].cu_function(), shared_optin)?;
-        let head_shared_limit = allow_dynamic_shared(functions[Kernel::DenseHead as usize].cu_function(), shared_optin)?;
-        let head_enabled = std::env::var("FLATNN_HEAD").map_or(true, |v| v != "0");
+        let head_shared_limit = [Kernel::DenseHead, Kernel::DenseHeadDeep]
+            .into_iter()
+            .map(|kernel| allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin))
+            .try_fold(usize::MAX, |limit, l| l.map(|l| limit.min(l)))?;
+        let head_setting = std::env::var("FLATNN_HEAD").unwrap_or_default();
+        let (head_enabled, head_deep) = (head_setting != "0", head_setting != "0" && head_setting != "1");
         let split_enabled = major >= 9 && std::env::var("FLATNN_SPLIT").map_or(true, |v| v != "0");
         if major >= 9 {
             // its staging buffers are dynamic shared memory (kernels/wgrad.cu)
@@ -173,6 +181,7 @@ impl Gpu {
             serve_shared_limit,
             head_shared_limit,
             head_enabled,
+            head_deep,
             split_enabled,
             dependent_launch,
         })
@@ -211,7 +220,7 @@ impl Gpu {
         self.serve_shared_limit
     }
 
-    /// Bytes of dynamic shared memory a block of `dense_head` may have.
+    /// Bytes of dynamic shared memory a block of `dense_head` or `dense_head_deep` may have.
     pub(crate) fn head_shared_limit(&self) -> usize {
         self.head_shared_limit
     }
@@ -219,6 +228,11 @@ impl Gpu {
     /// Whether training steps may end in `dense_head` (see the field).
     pub(crate) fn head_enabled(&self) -> bool {
         self.head_enabled
+    }
+
+    /// Whether the head may take the layer before the last too (see the field).
+    pub(crate) fn head_deep(&self) -> bool {
+        self.head_deep
     }
 
     /// Whether narrow layers' weight gradients may run split over the batch (see the field).

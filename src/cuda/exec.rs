@@ -175,7 +175,8 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
 }
 
 /// The head of a training step in one launch (src/cuda/head.rs): the last step's forward, the
-/// loss's terms, and that step's dz and input gradient; `backward` then runs with the head,
+/// loss's terms, and that step's dz and input gradient (and the same for the step before it
+/// where the head is deep); `backward` then runs with the head,
 /// and sums the loss's terms on its side stream.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn head(
@@ -291,7 +292,7 @@ fn fused_weight_grad(gpu: &Gpu, batch: usize, out: usize, inp: usize) -> bool {
 /// (the first) keeps them on `stream`: nothing is left to overlap them with, and there they
 /// start as dependent launches instead of after an event.
 ///
-/// After [`head`] (`head` given), the last step needs only its weight gradient, and the
+/// After [`head`] (`head` given), the steps it ran need only their weight gradients, and the
 /// head's producer's dz is written.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
@@ -319,7 +320,7 @@ pub(crate) fn backward(
         let z = region(plan, step.z_region, capacity, batch);
         let y = region(plan, step.output_region, capacity, batch);
         // the head wrote its dz and its input gradient
-        let in_head = head_step == Some(index);
+        let in_head = head.is_some_and(|(h, ..)| h.runs(index));
         let need_dx = step.input_region != 0 && !in_head;
         match step.layer {
             Layer::Dense { .. } | Layer::Conv { .. } => {
@@ -346,10 +347,12 @@ pub(crate) fn backward(
                     };
                     // Split over the batch (src/cuda/wgrad.rs) only on the side stream: on the
                     // step's own it lost to the other kernels (the 100-200-1's first layer). The
-                    // head's producer's dz is written too: where its weight gradient also runs on
-                    // the side stream, both go in one launch.
+                    // dz of the head's layer before (or of its producer) is written too: where its
+                    // weight gradient also runs on the side stream, both go in one launch.
                     let side_split = |layers: &[(usize, usize)]| step.input_region != 0 && gpu.weight_grad_split_takes(layers, batch);
-                    let pair = head.and_then(|(h, ..)| h.producer).filter(|&p| in_head && plan.steps[p].input_region != 0);
+                    let pair = head
+                        .and_then(|(h, ..)| h.inner.or(h.producer))
+                        .filter(|&p| head_step == Some(index) && plan.steps[p].input_region != 0);
                     let pair = pair.filter(|&p| dense_shape(&plan.steps[p]).is_some_and(|ps| side_split(&[(out, inp), ps])));
                     if split_done & bit(index) != 0 {
                         // launched with the head's

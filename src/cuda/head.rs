@@ -1,18 +1,21 @@
 //! A model's last dense layer, the loss and that layer's input gradient in one launch
 //! (kernels/head.cu), where the layer has at most [`MAX_OUTPUTS`] outputs and at most
-//! [`MAX_INPUTS`] inputs, for batches above [`MIN_BATCH`] and up to [`MAX_BATCH`]. Run separately, those are three kernels on a training step's critical
-//! path (the layer's forward, the loss, the layer's input gradient), each a kernel boundary and a
-//! round of loads after it (≥ ~1.5 µs each in-graph on the H100); here one warp takes a sample
-//! through all three, with the layer's weights staged into shared memory while the kernel ahead
-//! still runs. The layer's weight gradient stays with the dense kernels (`exec::backward`).
+//! [`MAX_INPUTS`] inputs, for batches above [`MIN_BATCH`] and up to [`MAX_BATCH`]. Run
+//! separately, those are three kernels on a training step's critical path (the layer's forward,
+//! the loss, the layer's input gradient), each a kernel boundary and a round of loads after it
+//! (≥ ~1.5 µs each in-graph on the H100); here one warp takes a sample through all three, with
+//! the layer's weights staged into shared memory while the kernel ahead still runs. Where the
+//! dense layer before it is small enough ([`MAX_INNER_WEIGHTS`]), that layer's forward and
+//! input gradient join it (the head is then "deep"): two kernels fewer again. The layers'
+//! weight gradients stay with the dense kernels (`exec::backward`).
 //!
-//! `FLATNN_HEAD=0` (read when the device is set up) turns it off, for measuring against the
-//! separate kernels.
+//! `FLATNN_HEAD` (read when the device is set up): `0` turns it off, `1` keeps it to the last
+//! layer, for measuring against the separate kernels.
 
 use super::context::{Gpu, Kernel};
 use super::launch::{int, kernel_args, BLOCK};
 use super::ops::{act_code, loss_scales, LOSS_BLOCKS};
-use crate::chain::{Layer, Plan};
+use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
 use crate::layers::region;
 use crate::loss::Loss;
@@ -39,15 +42,27 @@ const MIN_BATCH: usize = BLOCK as usize;
 /// µs, 100-200-1 57.2–57.6 against 53.3–53.5; same run), at 2048 it gained ~0.5 µs, at 16384 it
 /// gained (331.3–331.9 against 342.4–344.2), not traced.
 const MAX_BATCH: usize = 2048;
+/// Most weights the layer before may have for a deep head: every block stages them, and a lane
+/// computes its outputs one after another (sums of k0 terms), so that a large layer is better
+/// left to the dense kernels, which spread it over the whole GPU.
+pub(crate) const MAX_INNER_WEIGHTS: usize = 16_384;
+/// Nor for batches past this: one sample a warp of the most blocks the kernel runs on. With two
+/// a warp the MLP's step at 2048 took 81.7–81.8 µs against 66.9–67.0 with the last layer
+/// alone (H100, same binary, two rounds), and at 1024 41.1–41.5 against 43.0.
+const DEEP_MAX_BATCH: usize = LOSS_BLOCKS * WARPS;
 
 /// How one step's head runs: where its buffers are and the launch's shape.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Head {
     /// The last step, which the kernel runs.
     pub step: usize,
-    /// The step whose dz the kernel writes (the input gradient times its activation's
-    /// derivative), as `exec::backward` would fold it in; else the input gradient goes to the
-    /// layer's input region, when that is not the plan's input.
+    /// The step before it, when the kernel runs that one too (a deep head): then it writes
+    /// that step's z, y and dz as well.
+    pub inner: Option<usize>,
+    /// The step whose dz the kernel writes from the input gradient of the first step it runs
+    /// (times the producer's activation's derivative), as `exec::backward` would fold it in;
+    /// else that input gradient goes to the first step's input region, when that is not the
+    /// plan's input.
     pub producer: Option<usize>,
     k: i32,
     n: i32,
@@ -63,10 +78,40 @@ pub(crate) struct Head {
     prev_z: i32,
     dx: i32,
     prev_act: (i32, f32),
+    /// The deep head's layer before, as the kernel takes it.
+    deep: Deep,
     blocks: usize,
-    /// Bytes of dynamic shared memory a block needs: W (rows of an odd stride), b, a row of
-    /// inputs a warp, and of the producer's z.
+    /// Bytes of dynamic shared memory a block needs: W (rows of an odd stride) and b, the same
+    /// for the layer before, and a warp's rows (kernels/head.cu).
     shared: usize,
+}
+
+/// The layer before the last in a deep head: inputs (0: no deep head), activation, offsets of
+/// W0 and b0 in the parameters, of its input (and of the z of the step that made that input, −1:
+/// none) in the activations, of its input gradient (−1: none) in their gradients.
+#[derive(Clone, Copy, Debug)]
+struct Deep {
+    k: i32,
+    act: (i32, f32),
+    w: i32,
+    b: i32,
+    x: i32,
+    dx: i32,
+    prev_z: i32,
+    prev_act: (i32, f32),
+}
+
+/// Where a step's input gradient goes: its producer's dz (offset `dx`, the same as `prev_z`,
+/// with the producer's activation), or its input region (`prev_z` −1), or nowhere (both −1).
+struct InputGrad {
+    producer: Option<usize>,
+    dx: i32,
+    prev_z: i32,
+    prev_act: (i32, f32),
+}
+
+impl Deep {
+    const NONE: Deep = Deep { k: 0, act: (0, 0.0), w: -1, b: -1, x: -1, dx: -1, prev_z: -1, prev_act: (0, 0.0) };
 }
 
 /// The device buffers the head reads and writes (see `exec::LossBuffers`): `partials` takes
@@ -87,28 +132,79 @@ impl Head {
         let step_index = plan.steps.len().checked_sub(1)?;
         let step = &plan.steps[step_index];
         let (k, n) = (step.input.len(), step.output.len());
-        // as exec::backward: a producer past step 127 gets its dz from its own pass
-        let producer = step.activated_input.filter(|&p| p < 128);
-        let rows_a_warp = if producer.is_some() { 2 } else { 1 };
-        let shared = 4 * (n * (k | 1) + n + rows_a_warp * WARPS * k);
-        let fits = matches!(step.layer, Layer::Dense { .. }) && n <= MAX_OUTPUTS && k <= MAX_INPUTS && shared <= gpu.head_shared_limit();
-        if !gpu.head_enabled() || !fits || batch <= MIN_BATCH || batch > MAX_BATCH {
+        let dense = |s: &Step| matches!(s.layer, Layer::Dense { .. });
+        if !gpu.head_enabled() || !dense(step) || n > MAX_OUTPUTS || k > MAX_INPUTS || batch <= MIN_BATCH || batch > MAX_BATCH {
             return None;
         }
         let at = |r: usize| int(region(plan, r, capacity, batch).start).ok();
-        let (w, b) = step.weight_and_bias();
-        let (dx, prev_z, prev_act) = match producer {
-            Some(p) => {
-                let ps = &plan.steps[p];
-                let z = at(ps.z_region)?;
-                (z, z, act_code(ps.layer.activation()))
-            }
-            None if step.input_region != 0 => (at(step.input_region)?, -1, (0, 0.0)),
-            None => (-1, -1, (0, 0.0)),
+        // where a step's input gradient goes (the producer's dz, or the input region, or
+        // nowhere) and the producer: as exec::backward, a producer past step 127 gets its dz
+        // from its own pass
+        let input_grad = |s: &Step| -> Option<InputGrad> {
+            Some(match s.activated_input.filter(|&p| p < 128) {
+                Some(p) => {
+                    let ps = &plan.steps[p];
+                    let z = at(ps.z_region)?;
+                    InputGrad { producer: Some(p), dx: z, prev_z: z, prev_act: act_code(ps.layer.activation()) }
+                }
+                None if s.input_region != 0 => InputGrad { producer: None, dx: at(s.input_region)?, prev_z: -1, prev_act: (0, 0.0) },
+                None => InputGrad { producer: None, dx: -1, prev_z: -1, prev_act: (0, 0.0) },
+            })
         };
+        let InputGrad { producer, dx, prev_z, prev_act } = input_grad(step)?;
+        // bytes of shared memory, as kernels/head.cu lays it out: with a deep head W0 (rows of
+        // k0 rounded up to a multiple of 32, plus 4; k rounded up to a multiple of 4 of them) and
+        // b0, then W (rows of an odd stride) and b, then each warp's rows of floats (the inputs,
+        // the producer's z, and with a deep head the input gradient, the layer before's inputs
+        // and its producer's z), each rounded up to a multiple of 4
+        let pad4 = |v: usize| v.next_multiple_of(4);
+        let own = pad4(n * (k | 1) + n);
+        let shallow_shared = 4 * (own + WARPS * pad4(k) * (1 + usize::from(producer.is_some())));
+        // the layer before, where it takes it: dense, feeding the last directly, its producer
+        // (if activated) the one the last layer's dz folds into
+        let inner = step_index.checked_sub(1).filter(|&i| {
+            let s = &plan.steps[i];
+            let k0 = s.input.len();
+            gpu.head_deep()
+                && batch <= DEEP_MAX_BATCH
+                && dense(s)
+                && s.output_region == step.input_region
+                && producer.is_none_or(|p| p == i)
+                && k0 <= MAX_INPUTS
+                && k * k0 <= MAX_INNER_WEIGHTS
+        });
+        let deep_shared = |s: &Step, inner_producer: bool| {
+            let k0 = s.input.len();
+            let row = pad4(k) * (2 + usize::from(producer.is_some())) + pad4(k0) * (1 + usize::from(inner_producer));
+            4 * (pad4(k) * (k0.next_multiple_of(32) + 4) + pad4(k) + own + WARPS * row)
+        };
+        let inner = inner.and_then(|i| {
+            let s = &plan.steps[i];
+            let InputGrad { producer: inner_producer, dx, prev_z, prev_act } = input_grad(s)?;
+            let shared = deep_shared(s, inner_producer.is_some());
+            let (w, b) = s.weight_and_bias();
+            let deep = Deep {
+                k: int(s.input.len()).ok()?,
+                act: act_code(s.layer.activation()),
+                w: int(w.start).ok()?,
+                b: int(b.start).ok()?,
+                x: at(s.input_region)?,
+                dx,
+                prev_z,
+                prev_act,
+            };
+            (shared <= gpu.head_shared_limit()).then_some((i, inner_producer, deep, shared))
+        });
+        let (inner, producer, deep, shared) = match inner {
+            Some((i, p, deep, shared)) => (Some(i), p, deep, shared),
+            None if shallow_shared <= gpu.head_shared_limit() => (None, producer, Deep::NONE, shallow_shared),
+            None => return None,
+        };
+        let (w, b) = step.weight_and_bias();
         let (z, y) = (at(step.z_region)?, at(step.output_region)?);
         Some(Head {
             step: step_index,
+            inner,
             producer,
             k: int(k).ok()?,
             n: int(n).ok()?,
@@ -121,10 +217,23 @@ impl Head {
             prev_z,
             dx,
             prev_act,
-            // a warp a sample, up to the loss's most partial sums
-            blocks: batch.div_ceil(WARPS).min(LOSS_BLOCKS),
+            deep,
+            // a warp a sample, up to the loss's most partial sums; a deep head's samples take
+            // longer, so they are spread over twice the blocks (half their warps) where that
+            // adds multiprocessors
+            blocks: batch.div_ceil(if inner.is_some() { WARPS / 2 } else { WARPS }).min(LOSS_BLOCKS),
             shared,
         })
+    }
+
+    /// The first step the kernel runs (the forward pass stops before it).
+    pub(crate) fn first(&self) -> usize {
+        self.inner.unwrap_or(self.step)
+    }
+
+    /// Whether the kernel runs step `index` (and so writes its dz and its input gradient).
+    pub(crate) fn runs(&self, index: usize) -> bool {
+        index == self.step || Some(index) == self.inner
     }
 
     /// The layer's outputs a sample.
@@ -159,12 +268,45 @@ impl Gpu {
         let HeadBuffers { params, acts, dacts, labels, targets, partials } = *buffers;
         let xent = i32::from(loss == Loss::LogitCrossEntropy);
         let (_, grad_scale) = loss_scales(loss, batch, head.outputs());
-        let Head { k, n, act: (act, slope), w, b, x, z, y, prev_z, dx, prev_act: (prev_act, prev_slope), .. } = *head;
+        let Head { k, n, act: (act, slope), w, b, x, z, y, prev_z, dx, prev_act: (prev_act, prev_slope), deep, .. } = *head;
+        let Deep { k: k0, act: (act0, slope0), w: w0, b: b0, x: x0, dx: dx0, prev_z: prev_z0, prev_act: (prev_act0, prev_slope0) } = deep;
         let (rows, early) = (int(batch)?, i32::from(weights_early));
         let args = kernel_args![
-            params, acts, dacts, k, n, act, slope, w, b, x, z, y, dx, prev_z, prev_act, prev_slope, xent, labels, targets, partials,
-            grad_scale, rows, early
+            params,
+            acts,
+            dacts,
+            k,
+            n,
+            act,
+            slope,
+            w,
+            b,
+            x,
+            z,
+            y,
+            dx,
+            prev_z,
+            prev_act,
+            prev_slope,
+            k0,
+            act0,
+            slope0,
+            w0,
+            b0,
+            x0,
+            dx0,
+            prev_z0,
+            prev_act0,
+            prev_slope0,
+            xent,
+            labels,
+            targets,
+            partials,
+            grad_scale,
+            rows,
+            early
         ];
-        self.run_blocks(stream, Kernel::DenseHead, (head.blocks as u32, 1), head.shared as u32, args)
+        let kernel = if head.inner.is_some() { Kernel::DenseHeadDeep } else { Kernel::DenseHead };
+        self.run_blocks(stream, kernel, (head.blocks as u32, 1), head.shared as u32, args)
     }
 }

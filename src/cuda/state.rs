@@ -356,7 +356,7 @@ impl DevModel {
             // the last dense layer, the loss and that layer's input gradient in one kernel where
             // it takes them (src/cuda/head.rs)
             let head = Head::of(gpu, plan, capacity, batch);
-            let upto = head.map_or(plan.steps.len(), |h| h.step);
+            let upto = head.map_or(plan.steps.len(), |h| h.first());
             let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto)?;
             match &head {
                 Some(h) => exec::head(gpu, stream, &f, &b, &l, loss, h, weights_early)?,

@@ -79,19 +79,10 @@ fn every_launched_kernel_is_defined_in_the_sources() {
             // dense product's loads of B when the launch says B is weights that the kernel
             // ahead does not write (`b_early`; the wait follows those loads in dense.cu)
             let (params, body) = rest.split_at(rest.find('{').unwrap());
-            if name == "dense_head" {
-                // it stages the layer's weights (from `params`) before the wait when told the
-                // kernel ahead does not write them, and touches no other buffer before it
-                assert!(params.contains("int weights_early)"), "dense_head does not take weights_early");
-                let first = body.find("if (!weights_early) after_prior();").expect("dense_head waits first without weights_early");
-                let declarations = ["extern __shared__ ", "__shared__ "];
-                for line in body[1..first].lines().map(str::trim) {
-                    assert!(line.is_empty() || declarations.iter().any(|d| line.starts_with(d)), "dense_head: {line:?} before the wait");
-                }
-                let early = &body[first..body.find("if (weights_early) after_prior();").expect("dense_head waits after staging")];
-                for buffer in ["acts", "labels", "targets", "partials"] {
-                    assert!(!early.contains(buffer), "dense_head reads {buffer} before the wait");
-                }
+            if name.starts_with("dense_head") {
+                // both heads are dense_head_impl, checked below
+                assert!(params.contains("(HEAD_PARAMS)"), "{name} does not take HEAD_PARAMS");
+                assert!(body[1..].trim_start().starts_with("dense_head_impl<"), "{name} is not dense_head_impl");
             } else if name.starts_with("dense_") {
                 assert!(params.contains("int b_early)"), "kernel {name} does not take b_early");
             } else {
@@ -102,6 +93,21 @@ fn every_launched_kernel_is_defined_in_the_sources() {
                 defined.push(name);
             }
         }
+    }
+    // The heads stage the layers' weights (from `params`) before the wait when told the kernel
+    // ahead does not write them, and touch no other buffer before it
+    let head = SOURCE_FILES.iter().find(|(name, _)| *name == "head.cu").unwrap().1;
+    let params = &head[head.find("#define HEAD_PARAMS").expect("head.cu defines HEAD_PARAMS")..];
+    assert!(params[..params.find("\n#define").unwrap()].ends_with("int weights_early"), "the heads do not take weights_early last");
+    let body = &head[head.find("void dense_head_impl(HEAD_PARAMS) {").expect("head.cu defines dense_head_impl")..];
+    let first = body.find("if (!weights_early) after_prior();").expect("dense_head waits first without weights_early");
+    let declarations = ["extern __shared__ ", "__shared__ "];
+    for line in body[body.find('{').unwrap() + 1..first].lines().map(str::trim) {
+        assert!(line.is_empty() || declarations.iter().any(|d| line.starts_with(d)), "dense_head: {line:?} before the wait");
+    }
+    let early = &body[first..body.find("if (weights_early) after_prior();").expect("dense_head waits after staging")];
+    for buffer in ["acts", "labels", "targets", "partials"] {
+        assert!(!early.contains(buffer), "dense_head reads {buffer} before the wait");
     }
     // the tensor-core tiles are defined by a macro, two kernels (layouts) a tile shape
     let dense = SOURCE_FILES.iter().find(|(name, _)| *name == "dense.cu").unwrap().1;

@@ -669,12 +669,13 @@ fn copy_from_host_copies_exactly_n_values() {
 }
 
 /// Which plans the head kernel takes (src/cuda/head.rs): a last dense layer of at most 32
-/// outputs and 1024 inputs, from 257 to 2048 samples; whose dz it writes besides its own; how it
+/// outputs and 1024 inputs, from 257 to 2048 samples, and the dense layer before it where that
+/// one's weights are few enough (a deep head); whose dz it writes besides its own; how it
 /// spreads a batch.
 #[test]
 fn the_head_takes_a_narrow_last_dense_layer() {
     use crate::chain::{Layer, Plan};
-    use crate::cuda::head::Head;
+    use crate::cuda::head::{Head, MAX_INNER_WEIGHTS};
     let gpu = gpu_or_skip!();
     if !gpu.head_enabled() {
         println!("skipped: FLATNN_HEAD=0");
@@ -683,19 +684,23 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     let dense = |out_features, activation| Layer::Dense { out_features, activation };
     let conv = Layer::Conv { out_channels: 4, kernel: (3, 3), stride: (1, 1), padding: (0, 0), activation: Relu };
     let pool = Layer::MaxPool { window: (2, 2), stride: (2, 2) };
-    // (input, layers, the step whose dz it writes), for plans it takes
-    type Case = (Shape, Vec<Layer>, Option<Option<usize>>);
-    let cases: [Case; 8] = [
-        // the MLP: the layer before is activated, so the head writes its dz
-        (Shape::vector(784), vec![dense(128, Relu), dense(64, Relu), dense(10, Identity)], Some(Some(1))),
+    // (input, layers, (the layer before it runs too, the step whose dz it writes from the
+    // first layer's input gradient)), for plans it takes
+    type Case = (Shape, Vec<Layer>, Option<(Option<usize>, Option<usize>)>);
+    let cases: [Case; 10] = [
+        // the MLP: deep, and the first layer is activated, so the head writes its dz
+        (Shape::vector(784), vec![dense(128, Relu), dense(64, Relu), dense(10, Identity)], Some((Some(1), Some(0)))),
         // a whole model, so no input gradient
-        (Shape::vector(100), vec![dense(1, Identity)], Some(None)),
-        // after an identity layer: the input gradient is that layer's dz as it is
-        (Shape::vector(20), vec![dense(30, Identity), dense(32, Sigmoid)], Some(None)),
+        (Shape::vector(100), vec![dense(1, Identity)], Some((None, None))),
+        // deep over an identity layer that takes the plan's input: no input gradient to write
+        (Shape::vector(20), vec![dense(30, Identity), dense(32, Sigmoid)], Some((Some(0), None))),
+        // the layer before has too many weights to be staged: the producer's dz as before
+        (Shape::vector(100), vec![dense(200, Relu), dense(1, Identity)], Some((None, Some(0)))),
+        (Shape::vector(MAX_INNER_WEIGHTS / 16), vec![dense(16, Tanh), dense(3, Identity)], Some((Some(0), None))),
         // after a flatten of a convolution: that convolution's dz
-        (Shape::image(6, 6, 2), vec![conv, Layer::Flatten, dense(5, Tanh)], Some(Some(0))),
+        (Shape::image(6, 6, 2), vec![conv, Layer::Flatten, dense(5, Tanh)], Some((None, Some(0)))),
         // after a max-pool: the input gradient goes to the pool's output region
-        (Shape::image(6, 6, 2), vec![conv, pool, Layer::Flatten, dense(5, Tanh)], Some(None)),
+        (Shape::image(6, 6, 2), vec![conv, pool, Layer::Flatten, dense(5, Tanh)], Some((None, None))),
         // no dense layer at the end, too many outputs, too many inputs
         (Shape::image(6, 6, 2), vec![conv, Layer::Flatten], None),
         (Shape::vector(8), vec![dense(33, Relu)], None),
@@ -704,12 +709,31 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     for (input, layers, want) in cases {
         let plan = Plan::new(input, &layers).unwrap();
         let head = Head::of(&gpu, &plan, 1024, 1024);
-        assert_eq!(head.map(|h| (h.step, h.producer)), want.map(|p| (layers.len() - 1, p)), "{layers:?}");
+        // FLATNN_HEAD=1 keeps the head to the last layer (then a deep head's producer is the
+        // layer before)
+        let want = want.map(|(inner, producer)| match inner {
+            Some(i) if !gpu.head_deep() => (None, (layers[i].activation() != Identity).then_some(i)),
+            _ => (inner, producer),
+        });
+        let got = head.map(|h| (h.step, h.first(), h.inner, h.producer));
+        let want = want.map(|(inner, producer)| (layers.len() - 1, inner.unwrap_or(layers.len() - 1), inner, producer));
+        assert_eq!(got, want, "{layers:?}");
     }
-    // from 257 to 2048 samples only; a warp a sample, at most 128 blocks (the loss's partials)
+    // from 257 to 2048 samples only; a warp a sample (a deep head: over twice the blocks where
+    // that takes fewer than 128), at most 128 blocks (the loss's partials)
+    let blocks = |plan: &Plan, batch| Head::of(&gpu, plan, 4096, batch).map(|h| h.blocks());
+    let plan = Plan::new(Shape::vector(100), &[dense(200, Relu), dense(1, Identity)]).unwrap();
+    assert_eq!([1, 256, 257, 1024, 2048, 2049].map(|b| blocks(&plan, b)), [None, None, Some(33), Some(128), Some(128), None]);
     let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
-    let blocks = |batch| Head::of(&gpu, &plan, 4096, batch).map(|h| h.blocks());
-    assert_eq!([1, 256, 257, 1024, 2048, 2049].map(blocks), [None, None, Some(33), Some(128), Some(128), None]);
+    let deep = if gpu.head_deep() {
+        [None, None, Some(65), Some(128), Some(128), None]
+    } else {
+        [None, None, Some(33), Some(128), Some(128), None]
+    };
+    assert_eq!([1, 256, 257, 1024, 2048, 2049].map(|b| blocks(&plan, b)), deep);
+    // deep up to 1024 samples only (one a warp)
+    let inner = |b| Head::of(&gpu, &plan, 4096, b).map(|h| h.inner.is_some());
+    assert_eq!([257, 1024, 1025, 2048].map(inner), [Some(gpu.head_deep()), Some(gpu.head_deep()), Some(false), Some(false)]);
 }
 
 /// Not a check but a measurement: microseconds per launch of each kernel of the MLP's training
@@ -831,7 +855,8 @@ fn kernel_times_of_the_mlp_step() {
         let (l, s) = unsafe { (ViewMut::<f64>::from_raw(lp, 3), ViewMut::<f64>::from_raw(sp, LOSS_SCRATCH)) };
         gpu.softmax_xent(&stream, 10, batch, v(xp, batch * 10), View::of(&labels), vm(op, batch * 10), l, s)
     });
-    // the head kernel (src/cuda/head.rs): forward 3, the loss and input gradient 3 in one
+    // the head kernel (src/cuda/head.rs): forward 3, the loss and input gradient 3 in one, and
+    // with a deep head forward 2 and input gradient 2 too
     {
         use crate::chain::{Layer, Plan};
         use crate::cuda::head::{Head, HeadBuffers};
@@ -847,7 +872,8 @@ fn kernel_times_of_the_mlp_step() {
                 targets: 0,
                 partials: sp + 8,
             };
-            time(format!("head {batch}x10x64 ({} blocks)", head.blocks()), &|| {
+            let deep = if head.inner.is_some() { ", deep: 64x128 too" } else { "" };
+            time(format!("head {batch}x10x64{deep} ({} blocks)", head.blocks()), &|| {
                 gpu.dense_head(&stream, &head, batch, loss::Loss::LogitCrossEntropy, &buffers, true)
             });
         }
