@@ -15,11 +15,40 @@
 // then lets the next kernel start launching: its blocks get ready while this one runs, instead
 // of after it. Before sm_90 (and for kernels launched without the attribute) the stream already
 // orders them; both are no-ops.
-__device__ __forceinline__ void after_prior() {
+//
+// With `launch_next` false the kernel lets the next one start launching later, itself
+// (next_may_launch), where the next kernel's blocks, resident early, would take the room its own
+// later blocks need.
+__device__ __forceinline__ void next_may_launch() {
 #if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+__device__ __forceinline__ void after_prior(bool launch_next = true) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    if (launch_next) next_may_launch();
+}
+
+// The cluster's barrier: every block's shared memory writes before it are visible to every
+// block after it
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// The float at this block's shared address `at` in block `rank` of the cluster
+__device__ __forceinline__ float cluster_load(unsigned at, unsigned rank) {
+    float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+#endif
+    return v;
 }
 
 // Σ of v over the block, in a fixed order; every thread gets the sum. buf: REDUCE_THREADS slots.

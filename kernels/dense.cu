@@ -294,7 +294,13 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
 // passed as it is). The tensor cores round their sums toward zero, so each slice's products are
 // summed afresh and added to the warp's FP32 total with an ordinary (rounded) addition. The
 // warps' totals are then added in order through shared memory: each output is summed in one
-// fixed order. Grid: (ceil(N / BN), ceil(M / BM)).
+// fixed order. Grid: (ceil(N / BN), SPLIT · ceil(M / BM)).
+//
+// SPLIT 2 (sm_90 and later): a tile's slices are shared by a thread block cluster of two blocks
+// (along y), the first half of them (rounded up) to the block of rank 0, so that each block's
+// chain of slices is half as long and the GPU holds twice the blocks; after the cluster's
+// barrier each block adds half the outputs (by parity) over both blocks' warps, rank 0's first,
+// reading the other's totals through distributed shared memory.
 #define MMA_THREADS 256  // the host's BLOCK
 #define MMA_KC 64
 #define MMA_STAGES 4
@@ -389,7 +395,7 @@ struct MmaOperand {
     }
 };
 
-template <int BM, int BN, bool AK, bool BK>
+template <int BM, int BN, bool AK, bool BK, int SPLIT>
 __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                                int mode, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                                const float* y_prev, int act, float slope, bool b_early) {
@@ -398,18 +404,24 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
     constexpr int A_SIZE = mma_buf<BM, AK>(), STAGE = A_SIZE + mma_buf<BN, BK>();
     static_assert(WM * WK * 32 == MMA_THREADS && (MMA_KC / 8) % WK == 0 && BN % 8 == 0 && BM * BN % MMA_THREADS == 0, "tile shape");
     static_assert(WK * BM * (BN + 1) <= MMA_STAGES * STAGE, "the warps' sums fit in the buffers");
+    static_assert(SPLIT == 1 || SPLIT == 2, "one block or a cluster of two a tile");
+#if __CUDA_ARCH__ < 900
+    if (SPLIT > 1) __trap();  // clusters: the host launches split tiles on sm_90 and later only
+#endif
     extern __shared__ __align__(16) float smem[];
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < 4u * MMA_STAGES * STAGE) __trap();  // the host gave less shared memory than the tile needs
     unsigned base = (unsigned)__cvta_generic_to_shared(smem);
-    int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    int m0 = (blockIdx.y / SPLIT) * BM, n0 = blockIdx.x * BN, rank = blockIdx.y % SPLIT;
     // the weight gradient's column of ones (j == N − 1) is not in B: it is written into the
     // slices of the block that holds it once they have landed
     int ones = mode == DENSE_WEIGHT_GRAD && N - 1 >= n0 && N - 1 < n0 + BN ? N - 1 - n0 : -1;
     MmaOperand<BM, AK> a_in(A, a_rs, a_cs, M, m0);
     MmaOperand<BN, BK> b_in(B, b_cs, b_rs, mode == DENSE_WEIGHT_GRAD ? N - 1 : N, n0);
-    int slices = (K + MMA_KC - 1) / MMA_KC;
+    // this block's slices: first, first + 1, …, first + slices − 1
+    int all = (K + MMA_KC - 1) / MMA_KC, per = (all + SPLIT - 1) / SPLIT;
+    int first = SPLIT > 1 ? min(rank * per, all) : 0, slices = SPLIT > 1 ? min(per, all - first) : all;
     float2 e[OUTS];
     auto epilogue_in = [&]() {
 #pragma unroll
@@ -421,15 +433,15 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
     // the first slices' B (and the epilogue's inputs) before the wait with b_early (see
     // dense_skinny_cols); each slice's copies are one group, A's joining B's
     if (b_early) {
-        for (int s = 0; s < MMA_STAGES - 1 && s < slices; s++) b_in.load(base + 4 * (s * STAGE + A_SIZE), s, K);
+        for (int s = 0; s < MMA_STAGES - 1 && s < slices; s++) b_in.load(base + 4 * (s * STAGE + A_SIZE), first + s, K);
         epilogue_in();
     }
-    after_prior();
+    after_prior(SPLIT == 1);
     if (!b_early) epilogue_in();
     for (int s = 0; s < MMA_STAGES - 1; s++) {
         if (s < slices) {
-            if (!b_early) b_in.load(base + 4 * (s * STAGE + A_SIZE), s, K);
-            a_in.load(base + 4 * s * STAGE, s, K);
+            if (!b_early) b_in.load(base + 4 * (s * STAGE + A_SIZE), first + s, K);
+            a_in.load(base + 4 * s * STAGE, first + s, K);
         }
         mma_commit();
     }
@@ -450,15 +462,15 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
         __syncthreads();
         float* buf = smem + (c % MMA_STAGES) * STAGE;
         if (ones >= 0) {
-            for (int k = threadIdx.x; k < MMA_KC; k += MMA_THREADS) buf[A_SIZE + mma_at<BN, BK>(ones, k)] = c * MMA_KC + k < K ? 1.0f : 0.0f;
+            for (int k = threadIdx.x; k < MMA_KC; k += MMA_THREADS) buf[A_SIZE + mma_at<BN, BK>(ones, k)] = (first + c) * MMA_KC + k < K ? 1.0f : 0.0f;
             __syncthreads();
         }
         // the slice MMA_STAGES − 1 ahead, into the buffer every warp has finished with
         int next = c + MMA_STAGES - 1;
         if (next < slices) {
             unsigned nb = base + 4 * (next % MMA_STAGES) * STAGE;
-            b_in.load(nb + 4 * A_SIZE, next, K);
-            a_in.load(nb, next, K);
+            b_in.load(nb + 4 * A_SIZE, first + next, K);
+            a_in.load(nb, first + next, K);
         }
         mma_commit();
         float acc[FRAGS][4];
@@ -507,6 +519,9 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
             for (int q = 0; q < 4; q++) total[f][q] += acc[f][q];
         }
     }
+    // a split tile's grid holds two blocks an SM: the next kernel's blocks may be resident
+    // only once each block has done its products
+    if (SPLIT > 1) next_may_launch();
     mma_wait<0>();
     __syncthreads();
     // the warps' totals through shared memory, added in the order of their groups of k
@@ -520,35 +535,57 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
         sums[(r + 8) * (BN + 1) + col + 1] = total[f][3];
     }
     __syncthreads();
+    if (SPLIT > 1) cluster_sync();
 #pragma unroll
     for (int q = 0; q < OUTS; q++) {
         int o = threadIdx.x + q * MMA_THREADS, r = o / BN, col = o % BN;
-        float v = sums[r * (BN + 1) + col];
+        float v;
+        if constexpr (SPLIT == 1) {
+            v = sums[r * (BN + 1) + col];
 #pragma unroll
-        for (int w = 1; w < WK; w++) v += sums[(w * BM + r) * (BN + 1) + col];
+            for (int w = 1; w < WK; w++) v += sums[(w * BM + r) * (BN + 1) + col];
+        } else {
+            if (o % SPLIT != rank) continue;
+            unsigned at = (unsigned)__cvta_generic_to_shared(sums + r * (BN + 1) + col);
+            v = cluster_load(at, 0);
+#pragma unroll
+            for (int w = 1; w < WK; w++) v += cluster_load(at + 4 * w * BM * (BN + 1), 0);
+#pragma unroll
+            for (int p = 1; p < SPLIT; p++) {
+#pragma unroll
+                for (int w = 0; w < WK; w++) v += cluster_load(at + 4 * w * BM * (BN + 1), p);
+            }
+        }
         if (m0 + r < M && n0 + col < N) dense_store(mode, m0 + r, n0 + col, v, e[q], z_prev, N, ldc, out0, out1, act, slope);
     }
+    // the other block reads this one's totals until it passes this barrier
+    if (SPLIT > 1) cluster_sync();
 #else
     __trap();
 #endif
 }
 
 // dense_mma_BMxBN_kk: A and B contiguous along k (forward); _mn: A along m, B along n (weight
-// gradient)
-#define DENSE_MMA(BM, BN)                                                                                                           \
-    extern "C" __global__ __launch_bounds__(MMA_THREADS) void dense_mma_##BM##x##BN##_kk(                                          \
+// gradient); dense_mma_32x32_mn2: the latter, a tile's slices split over a cluster of two blocks
+// (sm_90 and later; src/cuda/ops.rs, MMA_SPLIT_MIN_SAMPLES, says where it runs and why no other
+// does)
+#if __CUDA_ARCH__ >= 900
+#define MMA_CLUSTER2 __cluster_dims__(1, 2, 1)
+#else
+#define MMA_CLUSTER2
+#endif
+#define DENSE_MMA_KERNEL(BM, BN, NAME, CLUSTER, AK, SPLIT)                                                                        \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS) void CLUSTER dense_mma_##BM##x##BN##_##NAME(                             \
         const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K, int mode, int ldc,          \
         const float* bias, float* out0, float* out1, const float* z_prev, const float* y_prev, int act, float slope, int b_early) { \
-        dense_mma_tile<BM, BN, true, true>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev, act, \
-                                           slope, b_early);                                                                      \
-    }                                                                                                                             \
-    extern "C" __global__ __launch_bounds__(MMA_THREADS) void dense_mma_##BM##x##BN##_mn(                                          \
-        const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K, int mode, int ldc,          \
-        const float* bias, float* out0, float* out1, const float* z_prev, const float* y_prev, int act, float slope, int b_early) { \
-        dense_mma_tile<BM, BN, false, false>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev,    \
-                                             act, slope, b_early);                                                               \
+        dense_mma_tile<BM, BN, AK, AK, SPLIT>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev,   \
+                                              act, slope, b_early);                                                               \
     }
+#define DENSE_MMA(BM, BN)               \
+    DENSE_MMA_KERNEL(BM, BN, kk, , true, 1) \
+    DENSE_MMA_KERNEL(BM, BN, mn, , false, 1)
 DENSE_MMA(16, 16)
 DENSE_MMA(32, 16)
 DENSE_MMA(16, 32)
 DENSE_MMA(32, 32)
+DENSE_MMA_KERNEL(32, 32, mn2, MMA_CLUSTER2, false, 2)

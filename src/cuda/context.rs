@@ -55,6 +55,7 @@ kernels! {
     DenseMma32x16Mn = "dense_mma_32x16_mn",
     DenseMma16x32Mn = "dense_mma_16x32_mn",
     DenseMma32x32Mn = "dense_mma_32x32_mn",
+    DenseMma32x32Mn2 = "dense_mma_32x32_mn2",
     Im2col = "im2col",
     Col2im = "col2im",
     Sgd = "sgd",
@@ -96,6 +97,11 @@ pub struct Gpu {
     /// (src/cuda/wgrad.rs; unless `FLATNN_SPLIT=0`, read when the device is set up: for
     /// measuring against the other kernels).
     split_enabled: bool,
+    /// Whether weight gradients on the tensor-core tiles over many samples may split each tile's
+    /// slices over a cluster of two blocks (sm_90 and later, unless `FLATNN_MMA_SPLIT=0`, read
+    /// when the device is set up: for measuring against the tiles of one block;
+    /// [`Gpu::mma_split`]).
+    mma_split_enabled: bool,
     /// Kernels are launched as programmatic dependents of the kernel ahead of them (sm_90 and
     /// later with a CUDA 12.3 or later driver, unless `FLATNN_DEPENDENT_LAUNCH=0`); see
     /// [`super::launch::launch`].
@@ -158,6 +164,7 @@ impl Gpu {
         let head_setting = std::env::var("FLATNN_HEAD").unwrap_or_default();
         let (head_enabled, head_deep) = (head_setting != "0", head_setting != "0" && head_setting != "1");
         let split_enabled = major >= 9 && std::env::var("FLATNN_SPLIT").map_or(true, |v| v != "0");
+        let mma_split_enabled = major >= 9 && std::env::var("FLATNN_MMA_SPLIT").map_or(true, |v| v != "0");
         if major >= 9 {
             // its staging buffers are dynamic shared memory (kernels/wgrad.cu)
             allow_dynamic_shared(functions[Kernel::WeightGradSplit as usize].cu_function(), shared_optin)?;
@@ -165,7 +172,7 @@ impl Gpu {
         if major >= 8 {
             // the tensor-core tiles' slice buffers are dynamic shared memory (kernels/dense.cu)
             for tile in super::ops::MMA_TILES {
-                for kernel in [tile.forward, tile.weight_grad] {
+                for kernel in tile.kernels() {
                     allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin)?;
                 }
             }
@@ -183,6 +190,7 @@ impl Gpu {
             head_enabled,
             head_deep,
             split_enabled,
+            mma_split_enabled,
             dependent_launch,
         })
     }
@@ -238,6 +246,11 @@ impl Gpu {
     /// Whether narrow layers' weight gradients may run split over the batch (see the field).
     pub(crate) fn split_enabled(&self) -> bool {
         self.split_enabled
+    }
+
+    /// Whether weight gradients on the tiles may split over a cluster of two (see the field).
+    pub(crate) fn mma_split_enabled(&self) -> bool {
+        self.mma_split_enabled
     }
 
     /// Waits until all work on this device is done.

@@ -122,23 +122,40 @@ const MMA_MAX_K: usize = 1024;
 const MMA_MAX_SAMPLES: usize = 2048;
 /// Over more samples than this, a weight gradient runs only on the 32 × 32 tiles.
 const MMA_MAX_SMALL_SAMPLES: usize = 512;
+/// From this many samples, weight gradients on the tiles split their slices over a cluster of
+/// two blocks ([`Gpu::mma_split`]). Measured on the H100 (MLP step, same binary, two rounds,
+/// `FLATNN_MMA_SPLIT=0` against split): 512 26.4–26.6 → 26.0–26.1 µs, 768 34.0–34.2 → 32.4, 1024
+/// 38.1 → 34.3–34.5, 2048 68.6 → 64.9–65.0; from 256 samples, 256 went 27.4 → 33.5 and 384 was
+/// unchanged. Not split: forwards over k from 512 (the first layer's at 384–1024 lost 0.2–0.9
+/// µs, and 3.7 at 1024 beside split weight gradients), clusters of four (1024 +9 µs), nor the
+/// smaller tiles (the 100-200-1's first layer over 512 samples on 16 × 16 tiles: 17.1–17.2 →
+/// 17.6–17.8).
+const MMA_SPLIT_MIN_SAMPLES: usize = 512;
 
 /// One shape of the tensor-core tiles (`dense_mma_*` in kernels/dense.cu): BM × BN outputs a
 /// block of [`BLOCK`] threads (MMA_THREADS there), a kernel for each of the two layouts they
-/// take.
+/// take, and for the 32 × 32 tile the weight gradient's with a tile's slices split over a
+/// cluster of two blocks (SPLIT 2, sm_90 and later: [`Gpu::mma_split`]).
 #[derive(Clone, Copy)]
 pub(crate) struct MmaTile {
     pub forward: Kernel,
     pub weight_grad: Kernel,
+    pub weight_grad_split: Option<Kernel>,
     pub rows: usize,
     pub cols: usize,
 }
 
 pub(crate) const MMA_TILES: [MmaTile; 4] = [
-    MmaTile { forward: Kernel::DenseMma16x16Kk, weight_grad: Kernel::DenseMma16x16Mn, rows: 16, cols: 16 },
-    MmaTile { forward: Kernel::DenseMma32x16Kk, weight_grad: Kernel::DenseMma32x16Mn, rows: 32, cols: 16 },
-    MmaTile { forward: Kernel::DenseMma16x32Kk, weight_grad: Kernel::DenseMma16x32Mn, rows: 16, cols: 32 },
-    MmaTile { forward: Kernel::DenseMma32x32Kk, weight_grad: Kernel::DenseMma32x32Mn, rows: 32, cols: 32 },
+    MmaTile { forward: Kernel::DenseMma16x16Kk, weight_grad: Kernel::DenseMma16x16Mn, weight_grad_split: None, rows: 16, cols: 16 },
+    MmaTile { forward: Kernel::DenseMma32x16Kk, weight_grad: Kernel::DenseMma32x16Mn, weight_grad_split: None, rows: 32, cols: 16 },
+    MmaTile { forward: Kernel::DenseMma16x32Kk, weight_grad: Kernel::DenseMma16x32Mn, weight_grad_split: None, rows: 16, cols: 32 },
+    MmaTile {
+        forward: Kernel::DenseMma32x32Kk,
+        weight_grad: Kernel::DenseMma32x32Mn,
+        weight_grad_split: Some(Kernel::DenseMma32x32Mn2),
+        rows: 32,
+        cols: 32,
+    },
 ];
 
 /// Values of k a slice of the tiles holds, and slices in flight (MMA_KC, MMA_STAGES).
@@ -148,18 +165,37 @@ const MMA_STAGES: usize = 4;
 impl MmaTile {
     /// The tile whose kernel `kernel` is, if it is one of theirs.
     pub(crate) fn of(kernel: Kernel) -> Option<MmaTile> {
-        MMA_TILES.into_iter().find(|t| t.forward == kernel || t.weight_grad == kernel)
+        MMA_TILES.into_iter().find(|t| t.kernels().any(|k| k == kernel))
     }
 
-    /// Whether `kernel` (this tile's `forward` or `weight_grad`) takes A and B as laid out:
-    /// forward's layout, A and B contiguous along k; weight gradient's, along m and n; either
-    /// 16-byte aligned with rows of a multiple of four values (its copies are 16 bytes).
+    /// The tile's kernels: forward layout, weight-gradient layout, the latter split.
+    pub(crate) fn kernels(&self) -> impl Iterator<Item = Kernel> {
+        [self.forward, self.weight_grad].into_iter().chain(self.weight_grad_split)
+    }
+
+    /// Blocks a tile of `kernel` (one of this tile's) runs on: two for the split kernel.
+    pub(crate) fn split(&self, kernel: Kernel) -> usize {
+        if Some(kernel) == self.weight_grad_split {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// The grid of `kernel` (one of this tile's) for an `m × cols` product.
+    pub(crate) fn grid(&self, kernel: Kernel, m: usize, cols: usize) -> (u32, u32) {
+        (cols.div_ceil(self.cols) as u32, (self.split(kernel) * m.div_ceil(self.rows)) as u32)
+    }
+
+    /// Whether `kernel` (this tile's `forward` or a weight gradient's) takes A and B as laid
+    /// out: forward's layout, A and B contiguous along k; weight gradient's, along m and n;
+    /// either 16-byte aligned with rows of a multiple of four values (its copies are 16 bytes).
     fn takes(&self, kernel: Kernel, a: &DevMat, b: &DevMat) -> bool {
         let aligned = |d: &DevMat, stride: usize| d.data.ptr().is_multiple_of(16) && stride.is_multiple_of(4);
         if kernel == self.forward {
             a.cs == 1 && b.rs == 1 && aligned(a, a.rs) && aligned(b, b.cs)
         } else {
-            kernel == self.weight_grad && a.rs == 1 && b.cs == 1 && aligned(a, a.cs) && aligned(b, b.rs)
+            self.kernels().any(|k| k == kernel) && a.rs == 1 && b.cs == 1 && aligned(a, a.cs) && aligned(b, b.rs)
         }
     }
 
@@ -302,16 +338,26 @@ impl Gpu {
     /// ([`Gpu::mma_tile`]), else [`Gpu::dense_kernel`]'s.
     pub(crate) fn dense_choice(&self, m: usize, cols: usize, k: usize, a: &DevMat, b: &DevMat, weight_grad: bool) -> (Kernel, (u32, u32)) {
         match self.mma_choice(m, cols, k, a, b, weight_grad) {
-            Some((kernel, tile)) => (kernel, (cols.div_ceil(tile.cols) as u32, m.div_ceil(tile.rows) as u32)),
+            Some((kernel, tile)) => (kernel, tile.grid(kernel, m, cols)),
             None => self.dense_kernel(m, cols, k, weight_grad),
         }
     }
 
     /// The tensor-core tile for the product and its kernel for the operands' layout, where one
-    /// takes them ([`Gpu::mma_tile`], [`MmaTile::takes`]).
+    /// takes them ([`Gpu::mma_tile`], [`MmaTile::takes`]); a weight gradient's split where
+    /// [`Gpu::mma_split`] says.
     fn mma_choice(&self, m: usize, cols: usize, k: usize, a: &DevMat, b: &DevMat, weight_grad: bool) -> Option<(Kernel, MmaTile)> {
         let tile = self.mma_tile(m, cols, k, weight_grad)?;
-        [tile.forward, tile.weight_grad].into_iter().find(|&kernel| tile.takes(kernel, a, b)).map(|kernel| (kernel, tile))
+        let weight_grad = tile.weight_grad_split.filter(|_| self.mma_split(k)).unwrap_or(tile.weight_grad);
+        [tile.forward, weight_grad].into_iter().find(|&kernel| tile.takes(kernel, a, b)).map(|kernel| (kernel, tile))
+    }
+
+    /// Whether a weight gradient over `k` samples on the 32 × 32 tiles splits each tile's
+    /// slices over a cluster of two blocks: on sm_90 and later, over [`MMA_SPLIT_MIN_SAMPLES`]
+    /// or more (where [`Gpu::mma_tile`] takes it, its grid is at most one block an SM, so the
+    /// split one holds two an SM).
+    pub(crate) fn mma_split(&self, k: usize) -> bool {
+        self.mma_split_enabled() && k >= MMA_SPLIT_MIN_SAMPLES
     }
 
     /// [`Gpu::dense`] on the given kernel and grid.

@@ -109,18 +109,28 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     for buffer in ["acts", "labels", "targets", "partials"] {
         assert!(!early.contains(buffer), "dense_head reads {buffer} before the wait");
     }
-    // the tensor-core tiles are defined by a macro, two kernels (layouts) a tile shape
+    // the tensor-core tiles are defined by two macros: DENSE_MMA_KERNEL (one kernel, which takes
+    // b_early), used by DENSE_MMA for the two layouts of a tile shape
     let dense = SOURCE_FILES.iter().find(|(name, _)| *name == "dense.cu").unwrap().1;
+    let one = &dense[dense.find("#define DENSE_MMA_KERNEL(").expect("dense.cu defines DENSE_MMA_KERNEL")..];
+    let one = &one[..one.find("\n#define").unwrap()];
+    assert_eq!(one.matches("int b_early)").count(), 1, "DENSE_MMA_KERNEL's kernel takes b_early");
     let mma = &dense[dense.find("#define DENSE_MMA(").expect("dense.cu defines DENSE_MMA")..];
     let mma = &mma[..mma.find("\nDENSE_MMA(").unwrap()];
-    assert_eq!(mma.matches("int b_early)").count(), 2, "both DENSE_MMA kernels take b_early");
+    let names: Vec<&str> = mma.split("DENSE_MMA_KERNEL(BM, BN, ").skip(1).map(|rest| &rest[..rest.find(',').unwrap()]).collect();
+    assert_eq!(names, ["kk", "mn"], "the kernels of a tile shape");
     for line in dense.lines().filter(|l| l.starts_with("DENSE_MMA(")) {
         let shape: Vec<&str> = line["DENSE_MMA(".len()..line.len() - 1].split(", ").collect();
-        defined.extend(["kk", "mn"].map(|layout| format!("dense_mma_{}x{}_{layout}", shape[0], shape[1])));
+        defined.extend(names.iter().map(|name| format!("dense_mma_{}x{}_{name}", shape[0], shape[1])));
+    }
+    // and one more kernel of one shape
+    for line in dense.lines().filter(|l| l.starts_with("DENSE_MMA_KERNEL(")) {
+        let args: Vec<&str> = line["DENSE_MMA_KERNEL(".len()..line.len() - 1].split(", ").collect();
+        defined.push(format!("dense_mma_{}x{}_{}", args[0], args[1], args[2]));
     }
     // in dense.cu, the only work before the wait is in `if (b_early) { .. }` just ahead of it:
     // loads of B and of the epilogue's inputs
-    let waits: Vec<usize> = dense.match_indices("after_prior();").map(|(at, _)| at).collect();
+    let waits: Vec<usize> = dense.match_indices("after_prior(").map(|(at, _)| at).collect();
     assert_eq!(waits.len(), 3, "dense.cu waits in three places (row-chunked, panels, tensor-core tiles)");
     for at in waits {
         let early = &dense[dense[..at].rfind("if (b_early) {").expect("loads before the wait only with b_early")..at];

@@ -3,6 +3,7 @@
 use super::{check, download, same_bits, upload};
 use crate::activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
 use crate::chain::{Chain, Input, Shape};
+use crate::cuda::ops::MMA_TILES;
 use crate::cuda::{gpu_or_skip, DenseEpilogue, DevMat, DevMatMut, View, ViewMut, LOSS_SCRATCH};
 use crate::init::Init;
 use crate::layers::{conv, pool};
@@ -444,10 +445,11 @@ fn split_weight_grads_match_plain_loops() {
 
 /// The tensor-core tiles (3xTF32) against products in f64 on random values, every tile in the
 /// two layouts they take (a forward's: A and B contiguous along k; a weight gradient's: A along
-/// m, B along n): no output errs by more than twice the worst error of the same sums in FP32 one
-/// after the other on the CPU, plus 1e-9 of Σ |a·b| (one TF32 product alone would err by about
-/// 1e-4 of it, so dropping the small parts of the split would fail). The shapes have edges in
-/// rows, columns and k for some tile.
+/// m, B along n, also split over a cluster of two on sm_90 and later): no output errs
+/// by more than twice the worst error of the same sums in FP32 one after the other on the CPU,
+/// plus 1e-9 of Σ |a·b| (one TF32 product alone would err by about 1e-4 of it, so dropping the
+/// small parts of the split would fail). The shapes have edges in rows, columns and k for some
+/// tile, and k of one slice (the second block of a split tile has none) to 13.
 #[test]
 fn tensor_core_tiles_keep_fp32_accuracy() {
     let gpu = gpu_or_skip!();
@@ -457,7 +459,8 @@ fn tensor_core_tiles_keep_fp32_accuracy() {
     }
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(17);
-    for (m, n, k) in [(300, 132, 500), (1024, 128, 784), (128, 784, 512), (200, 128, 784), (48, 1408, 784)] {
+    let splits = if gpu.compute_capability().0 >= 9 { 2 } else { 1 };
+    for (m, n, k) in [(300, 132, 500), (1024, 128, 784), (128, 784, 512), (200, 128, 784), (48, 1408, 784), (40, 24, 60)] {
         let (a, b) = (rng.uniform(m * k), rng.uniform(k * n));
         let (mut want, mut scale, mut fp32) = (vec![0.0f64; m * n], vec![0.0f64; m * n], vec![0.0f32; m * n]);
         for i in 0..m {
@@ -484,9 +487,16 @@ fn tensor_core_tiles_keep_fp32_accuracy() {
         let forward = (DevMat { data: View::of(&ad), rs: k, cs: 1 }, DevMat { data: View::of(&btd), rs: 1, cs: k });
         let weight_grad = (DevMat { data: View::of(&atd), rs: 1, cs: m }, DevMat { data: View::of(&bd), rs: n, cs: 1 });
         for (layout, (am, bm)) in [("forward", forward), ("weight gradient", weight_grad)] {
-            for tile in crate::cuda::ops::MMA_TILES {
-                let kernel = if layout == "forward" { tile.forward } else { tile.weight_grad };
-                let grid = (n.div_ceil(tile.cols) as u32, m.div_ceil(tile.rows) as u32);
+            let kernels = MMA_TILES.into_iter().flat_map(|tile| {
+                let kernels = if layout == "forward" {
+                    vec![tile.forward]
+                } else {
+                    [tile.weight_grad].into_iter().chain(tile.weight_grad_split).collect()
+                };
+                kernels.into_iter().take(splits).map(move |kernel| (tile, kernel))
+            });
+            for (tile, kernel) in kernels {
+                let grid = tile.grid(kernel, m, n);
                 let mut z = upload(&stream, &poisoned(m * n));
                 let epilogue = DenseEpilogue::Forward { bias: View::of(&zero), z: ViewMut::of(&mut z), y: None, act: Identity };
                 gpu.dense_on(&stream, kernel, grid, m, n, k, am, bm, epilogue, false).unwrap();
@@ -832,20 +842,23 @@ fn kernel_times_of_the_mlp_step() {
             });
         }
     }
-    // the first layer's two products on each tensor-core tile
-    for tile in crate::cuda::ops::MMA_TILES {
+    // the first layer's two products on each tensor-core tile, the weight gradient also split
+    // over a cluster of two (sm_90 on)
+    let splits = if gpu.compute_capability().0 >= 9 { 2 } else { 1 };
+    for tile in MMA_TILES {
         let (bm, bn) = (tile.rows, tile.cols);
-        let grid = |m: usize, n: usize| (n.div_ceil(bn) as u32, m.div_ceil(bm) as u32);
         time(format!("tiles {bm}x{bn} forward 1 {batch}x128x784"), &|| {
             let epilogue = DenseEpilogue::Forward { bias: v(wp, 128), z: vm(zp, batch * 128), y: Some(vm(yp, batch * 128)), act: Relu };
             let (x, w) = (DevMat { data: v(xp, batch * 784), rs: 784, cs: 1 }, DevMat { data: v(wp, 128 * 784), rs: 1, cs: 784 });
-            gpu.dense_on(&stream, tile.forward, grid(batch, 128), batch, 128, 784, x, w, epilogue, false)
+            gpu.dense_on(&stream, tile.forward, tile.grid(tile.forward, batch, 128), batch, 128, 784, x, w, epilogue, false)
         });
-        time(format!("tiles {bm}x{bn} weight grad 1 128x784x{batch}"), &|| {
-            let epilogue = DenseEpilogue::WeightGrad { dw: vm(op, 128 * 784), db: vm(yp, 128) };
-            let (dz, x) = (DevMat { data: v(zp, 128 * batch), rs: 1, cs: 128 }, DevMat { data: v(xp, batch * 784), rs: 784, cs: 1 });
-            gpu.dense_on(&stream, tile.weight_grad, grid(128, 785), 128, 784, batch, dz, x, epilogue, true)
-        });
+        for kernel in [tile.weight_grad].into_iter().chain(tile.weight_grad_split).take(splits) {
+            time(format!("tiles {bm}x{bn}/{} weight grad 1 128x784x{batch}", tile.split(kernel)), &|| {
+                let epilogue = DenseEpilogue::WeightGrad { dw: vm(op, 128 * 784), db: vm(yp, 128) };
+                let (dz, x) = (DevMat { data: v(zp, 128 * batch), rs: 1, cs: 128 }, DevMat { data: v(xp, batch * 784), rs: 784, cs: 1 });
+                gpu.dense_on(&stream, kernel, tile.grid(kernel, 128, 785), 128, 784, batch, dz, x, epilogue, true)
+            });
+        }
     }
     let labels = upload(&stream, &(0..batch as u32).map(|i| i % 10).collect::<Vec<_>>());
     let (loss, scratch) = (upload(&stream, &[0.0f64; 3]), upload(&stream, &[0.0f64; LOSS_SCRATCH]));
