@@ -239,9 +239,10 @@ fn dense_plans_match_the_cpu() {
 }
 
 /// Training steps whose last layer, loss and input gradient run in one kernel (src/cuda/head.rs,
-/// 257 to 2048 samples), with the layer before it (a deep head: forward and input gradient)
-/// where it fits, against the CPU: batches past 1024, which take its warps round more than once,
-/// just above 256, and one sample (the separate kernels); a layer before it with and without an
+/// 257 to 2048 samples), with the layer before it (a deep head: forward and input gradient, a
+/// warp a sample at 513 to 1024, two up to 512) where it fits, against the CPU: batches past
+/// 1024, which take its warps round more than once, 700, just above 256, and one sample (the
+/// separate kernels); a layer before it with and without an
 /// activation, taking the plan's input or another layer's output, activated or not; an
 /// activated last layer, both losses, 1 to 32 outputs. `dense_plans_match_the_cpu` runs the MLP
 /// (deep, both layers activated) and a layer before too large to stage (the 100-200-1).
@@ -263,7 +264,7 @@ fn large_batches_through_the_head_match_the_cpu() {
         let gpu = cpu.to(&device).unwrap();
         let (mut cpu_fwd, mut gpu_fwd) = (cpu.preallocate(2048).unwrap(), gpu.preallocate(2048).unwrap());
         let (mut cpu_bwd, mut gpu_bwd) = (cpu.preallocate_grads(2048).unwrap(), gpu.preallocate_grads(2048).unwrap());
-        for n in [2048, 1100, 257, 1] {
+        for n in [2048, 1100, 700, 257, 1] {
             let (x, labels) = batch(&mut rng, &cpu, n);
             for f in [&mut cpu_fwd, &mut gpu_fwd] {
                 f.set_inputs(&x).unwrap();

@@ -69,6 +69,7 @@ kernels! {
     ServeDense = "serve_dense",
     DenseHead = "dense_head",
     DenseHeadDeep = "dense_head_deep",
+    DenseHeadDeep2 = "dense_head_deep2",
     WeightGradSplit = "weight_grad_split",
 }
 
@@ -157,7 +158,7 @@ impl Gpu {
             }
         }
         let serve_shared_limit = allow_dynamic_shared(functions[Kernel::ServeDense as usize].cu_function(), shared_optin)?;
-        let head_shared_limit = [Kernel::DenseHead, Kernel::DenseHeadDeep]
+        let head_shared_limit = [Kernel::DenseHead, Kernel::DenseHeadDeep, Kernel::DenseHeadDeep2]
             .into_iter()
             .map(|kernel| allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin))
             .try_fold(usize::MAX, |limit, l| l.map(|l| limit.min(l)))?;

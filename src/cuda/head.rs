@@ -26,6 +26,7 @@ pub(crate) const MAX_OUTPUTS: usize = 32;
 pub(crate) const MAX_INPUTS: usize = 1024;
 /// Samples a block takes at a time, a warp each (HEAD_WARPS).
 const WARPS: usize = BLOCK as usize / 32;
+
 /// Batches up to this run the separate kernels: there the loss kernel is one block, while the
 /// head's loss was summed across its blocks (a warp a sample), through a fence, a counter and the
 /// last block (`finish_loss` in kernels/loss.cu), which took back what the fusion saved.
@@ -48,8 +49,13 @@ const MAX_BATCH: usize = 2048;
 pub(crate) const MAX_INNER_WEIGHTS: usize = 16_384;
 /// Nor for batches past this: one sample a warp of the most blocks the kernel runs on. With two
 /// a warp the MLP's step at 2048 took 81.7–81.8 µs against 66.9–67.0 with the last layer
-/// alone (H100, same binary, two rounds), and at 1024 41.1–41.5 against 43.0.
+/// alone (H100, same binary, two rounds).
 const DEEP_MAX_BATCH: usize = LOSS_BLOCKS * WARPS;
+/// Up to this batch a deep head takes a sample by two warps (`dense_head_deep2`), over at most
+/// half a warp a scheduler otherwise. Measured on the H100 (MLP step, against a warp a sample,
+/// two rounds): 257 25.7–25.8 → 24.8–25.0 µs, 384 26.3 → 25.1–25.2, 512 26.0 → 25.5; but at 768
+/// (on 192 blocks) 32.1–32.2 → 33.7–33.8 and 1024 34.6 → 35.7–35.8.
+const DEEP_PAIRS_MAX_BATCH: usize = 512;
 
 /// How one step's head runs: where its buffers are and the launch's shape.
 #[derive(Clone, Copy, Debug)]
@@ -80,6 +86,8 @@ pub(crate) struct Head {
     prev_act: (i32, f32),
     /// The deep head's layer before, as the kernel takes it.
     deep: Deep,
+    /// Warps a sample (a deep head's: 1 or 2).
+    unit: usize,
     blocks: usize,
     /// Bytes of dynamic shared memory a block needs: W (rows of an odd stride) and b, the same
     /// for the layer before, and a warp's rows (kernels/head.cu).
@@ -173,10 +181,12 @@ impl Head {
                 && k0 <= MAX_INPUTS
                 && k * k0 <= MAX_INNER_WEIGHTS
         });
+        // a deep head's warps a sample
+        let unit = if batch <= DEEP_PAIRS_MAX_BATCH { 2 } else { 1 };
         let deep_shared = |s: &Step, inner_producer: bool| {
             let k0 = s.input.len();
             let row = pad4(k) * (2 + usize::from(producer.is_some())) + pad4(k0) * (1 + usize::from(inner_producer));
-            4 * (pad4(k) * (k0.next_multiple_of(32) + 4) + pad4(k) + own + WARPS * row)
+            4 * (pad4(k) * (k0.next_multiple_of(32) + 4) + pad4(k) + own + WARPS / unit * row)
         };
         let inner = inner.and_then(|i| {
             let s = &plan.steps[i];
@@ -200,6 +210,7 @@ impl Head {
             None if shallow_shared <= gpu.head_shared_limit() => (None, producer, Deep::NONE, shallow_shared),
             None => return None,
         };
+        let unit = if inner.is_some() { unit } else { 1 };
         let (w, b) = step.weight_and_bias();
         let (z, y) = (at(step.z_region)?, at(step.output_region)?);
         Some(Head {
@@ -218,7 +229,8 @@ impl Head {
             dx,
             prev_act,
             deep,
-            // a warp a sample, up to the loss's most partial sums; a deep head's samples take
+            unit,
+            // a unit a sample, up to the loss's most partial sums; a deep head's samples take
             // longer, so they are spread over twice the blocks (half their warps) where that
             // adds multiprocessors
             blocks: batch.div_ceil(if inner.is_some() { WARPS / 2 } else { WARPS }).min(LOSS_BLOCKS),
@@ -247,9 +259,9 @@ impl Head {
         self.blocks
     }
 
-    /// Partial sums of the loss the kernel leaves: one a warp.
+    /// Partial sums of the loss the kernel leaves: one a unit.
     pub(crate) fn partials(&self) -> usize {
-        self.blocks * WARPS
+        self.blocks * WARPS / self.unit
     }
 }
 
@@ -306,7 +318,11 @@ impl Gpu {
             rows,
             early
         ];
-        let kernel = if head.inner.is_some() { Kernel::DenseHeadDeep } else { Kernel::DenseHead };
+        let kernel = match (head.inner, head.unit) {
+            (None, _) => Kernel::DenseHead,
+            (Some(_), 1) => Kernel::DenseHeadDeep,
+            (Some(_), _) => Kernel::DenseHeadDeep2,
+        };
         self.run_blocks(stream, kernel, (head.blocks as u32, 1), head.shared as u32, args)
     }
 }

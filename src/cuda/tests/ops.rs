@@ -729,8 +729,8 @@ fn the_head_takes_a_narrow_last_dense_layer() {
         let want = want.map(|(inner, producer)| (layers.len() - 1, inner.unwrap_or(layers.len() - 1), inner, producer));
         assert_eq!(got, want, "{layers:?}");
     }
-    // from 257 to 2048 samples only; a warp a sample (a deep head: over twice the blocks where
-    // that takes fewer than 128), at most 128 blocks (the loss's partials)
+    // from 257 to 2048 samples only; a warp a sample (a deep head: over twice the blocks, and up
+    // to 512 samples two warps a sample), at most 128 blocks (the loss's partials)
     let blocks = |plan: &Plan, batch| Head::of(&gpu, plan, 4096, batch).map(|h| h.blocks());
     let plan = Plan::new(Shape::vector(100), &[dense(200, Relu), dense(1, Identity)]).unwrap();
     assert_eq!([1, 256, 257, 1024, 2048, 2049].map(|b| blocks(&plan, b)), [None, None, Some(33), Some(128), Some(128), None]);
@@ -744,6 +744,14 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     // deep up to 1024 samples only (one a warp)
     let inner = |b| Head::of(&gpu, &plan, 4096, b).map(|h| h.inner.is_some());
     assert_eq!([257, 1024, 1025, 2048].map(inner), [Some(gpu.head_deep()), Some(gpu.head_deep()), Some(false), Some(false)]);
+    // two warps a sample up to 512 (a deep head), so partial sums a unit of warps
+    let partials = |b| Head::of(&gpu, &plan, 4096, b).map(|h| h.partials());
+    let want = if gpu.head_deep() {
+        [Some(65 * 4), Some(128 * 4), Some(128 * 8), Some(128 * 8)]
+    } else {
+        [257usize, 512, 513, 1024].map(|b| Some(b.div_ceil(8) * 8))
+    };
+    assert_eq!([257, 512, 513, 1024].map(partials), want);
 }
 
 /// Not a check but a measurement: microseconds per launch of each kernel of the MLP's training
