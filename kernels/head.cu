@@ -202,20 +202,36 @@ __device__ __forceinline__ void head_back(const float* d, const float* wsm, int 
     }
 }
 
-// The last layer and the loss for sample s from its inputs xs: z_j = Σ_c x_c · W[j][c] + b_j
-// (`parts` lanes share an output: 32 over n rounded up to a power of two; each sums every
-// parts-th value of k, then the group adds its sums by shuffles, so every lane of the group ends
-// with the same bits; lane j·parts + part), y_j, the loss gradient and dz_j into dz_row; with
-// `writes`, z, y, dy and dz into the plan's regions. Returns the lane's share of the sample's
-// loss term (lane 0's for cross-entropy, the group leaders' for MSE).
-__device__ __forceinline__ double head_last(const float* xs, const float* wsm, int ws, const float* bsm, int k, int n, int act, float slope,
+// A lane's share of the last layer: `parts` lanes share an output (32 over n rounded up to a
+// power of two); each sums every parts-th value of k, then the group adds its sums by shuffles,
+// so every lane of the group ends with the same bits; lane jl·parts + part, its output jl (out:
+// jl < n; leader: the group's first lane), wj its row of W. The same for every sample.
+struct HeadLane {
+    int parts, jl, part;
+    bool out, leader;
+    const float* wj;
+};
+
+__device__ __forceinline__ HeadLane head_lane(const float* wsm, int ws, int n, int lane) {
+    HeadLane l;
+    l.parts = 32;
+    while (l.parts > 1 && l.parts * n > 32) l.parts /= 2;
+    l.jl = lane / l.parts, l.part = lane % l.parts;
+    l.out = l.jl < n, l.leader = l.out && l.part == 0;
+    l.wj = wsm + (l.out ? l.jl : 0) * ws;
+    return l;
+}
+
+// The last layer and the loss for sample s from its inputs xs (the lane's share `l`): z_j =
+// Σ_c x_c · W[j][c] + b_j, y_j, the loss gradient and dz_j into dz_row; with `writes`, z, y, dy
+// and dz into the plan's regions. Returns the lane's share of the sample's loss term (lane 0's
+// for cross-entropy, the group leaders' for MSE).
+__device__ __forceinline__ double head_last(const HeadLane& l, const float* xs, const float* bsm, int k, int n, int act, float slope,
                                             int xent, const unsigned* labels, const float* targets, float grad_scale, float* acts,
                                             float* dacts, int z, int y, int s, float* dz_row, bool writes, int lane) {
-    int parts = 32;
-    while (parts > 1 && parts * n > 32) parts /= 2;
-    int jl = lane / parts, part = lane % parts;
-    bool out = jl < n, leader = out && part == 0;
-    const float* wj = wsm + (out ? jl : 0) * ws;
+    int parts = l.parts, jl = l.jl, part = l.part;
+    bool out = l.out, leader = l.leader;
+    const float* wj = l.wj;
     float sum = strided_dot(xs, wj, out ? part : k, parts, k);
     for (int d = parts / 2; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
     float zj = sum + bsm[out ? jl : 0];
@@ -327,6 +343,7 @@ __device__ __forceinline__ void dense_head_impl(HEAD_PARAMS) {
     head_copied();
     __syncthreads();
     double acc = 0.0;
+    HeadLane hl = head_lane(wsm, ws, n, lane);
     // samples b + G·u, b + G·(u + UNITS), … for unit u of block b of G (deep), else b·UNITS + u, …
     int first = deep ? blockIdx.x + gridDim.x * unit : blockIdx.x * UNITS + unit;
     for (int s = first; s < batch; s += gridDim.x * UNITS) {
@@ -368,8 +385,8 @@ __device__ __forceinline__ void dense_head_impl(HEAD_PARAMS) {
             head_unit_sync<U>(unit);
         }
         // the last layer and the loss, by every warp of the unit (the first writes them)
-        double term = head_last(xs, wsm, ws, bsm, k, n, act, slope, xent, labels, targets, grad_scale, acts, dacts, z, y, s, dzs[warp],
-                                h == 0, lane);
+        double term = head_last(hl, xs, bsm, k, n, act, slope, xent, labels, targets, grad_scale, acts, dacts, z, y, s, dzs[warp], h == 0,
+                                lane);
         if (h == 0) acc += term;
         __syncwarp();
         // the input gradient: dx_c = Σ_j dz_j · W[j][c], times the producer's act' (kept for
