@@ -3,8 +3,8 @@
 // separately, those are three kernels on the step's critical path (the layer, the loss, the
 // input gradient), each a kernel boundary and a round of loads. Where the dense layer before it
 // fits in shared memory too (`k0` > 0, dense_head_deep), that layer's forward and input
-// gradient run here as well: two kernels fewer. Each warp (a deep head: each unit of two warps)
-// takes one sample at a time: lane j computes output j from the sample's inputs and row j of W
+// gradient run here as well: two kernels fewer. Each warp (dense_head_deep2: each unit of two
+// warps) takes one sample at a time: lane j computes output j from the sample's inputs and row j of W
 // (staged into shared memory while the kernel ahead still runs; with few outputs, lanes share
 // one), the lanes exchange what the loss needs by shuffles, and then split the input gradient's
 // values among them. No unit waits for another: each leaves the sum of its samples' loss terms
@@ -319,8 +319,9 @@ __device__ __forceinline__ void dense_head_impl(HEAD_PARAMS) {
     if (threadIdx.x == 0) {
         unsigned have;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
-        // src/cuda/head.rs sizes the launch: a mismatch is a bug
-        if (4u * (unsigned)(rows - head_smem + UNITS * row) > have) asm volatile("trap;");
+        // src/cuda/head.rs sizes the launch, and gives a deep head the layer before's z (prev_z)
+        // when it has an activation: a mismatch is a bug
+        if (4u * (unsigned)(rows - head_smem + UNITS * row) > have || (deep && act0 != 0 && prev_z < 0)) asm volatile("trap;");
     }
     head_stage(wsm, bsm, params + w, params + b, n, k);
     if (deep) head_stage_inner(w0sm, b0sm, params + w0, params + b0, k, k0);

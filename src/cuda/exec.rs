@@ -352,7 +352,7 @@ pub(crate) fn backward(
                     let side_split = |layers: &[(usize, usize)]| step.input_region != 0 && gpu.weight_grad_split_takes(layers, batch);
                     let pair = head
                         .and_then(|(h, ..)| h.inner.or(h.producer))
-                        .filter(|&p| head_step == Some(index) && plan.steps[p].input_region != 0);
+                        .filter(|&p| head_step == Some(index) && plan.steps[p].input_region != 0 && bit(p) != 0);
                     let pair = pair.filter(|&p| dense_shape(&plan.steps[p]).is_some_and(|ps| side_split(&[(out, inp), ps])));
                     if split_done & bit(index) != 0 {
                         // launched with the head's
@@ -373,7 +373,9 @@ pub(crate) fn backward(
                     } else if gpu.dense_on_tensor_cores(out, inp, batch, &dzt, &xm, true) || fused_weight_grad(gpu, batch, out, inp) {
                         let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias) };
                         // B is X, from the forward pass: the kernel ahead (the backward
-                        // pass's, the loss or the head) does not write it
+                        // pass's, the loss or the head) does not write it (a deep head writes
+                        // the last step's X, but that step's weight gradient runs on the side
+                        // stream, after an event: its input region is never the plan's)
                         gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue, true)?;
                     } else {
                         gpu.bias_grad(w_stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;

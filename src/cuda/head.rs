@@ -6,7 +6,8 @@
 //! (≥ ~1.5 µs each in-graph on the H100); here one warp takes a sample through all three, with
 //! the layer's weights staged into shared memory while the kernel ahead still runs. Where the
 //! dense layer before it is small enough ([`MAX_INNER_WEIGHTS`]), that layer's forward and
-//! input gradient join it (the head is then "deep"): two kernels fewer again. The layers'
+//! input gradient join it (the head is then "deep", and takes a sample by two warps up to
+//! [`DEEP_PAIRS_MAX_BATCH`] samples): two kernels fewer again. The layers'
 //! weight gradients stay with the dense kernels (`exec::backward`).
 //!
 //! `FLATNN_HEAD` (read when the device is set up): `0` turns it off, `1` keeps it to the last
@@ -55,7 +56,7 @@ const DEEP_MAX_BATCH: usize = LOSS_BLOCKS * WARPS;
 /// half a warp a scheduler otherwise. Measured on the H100 (MLP step, against a warp a sample,
 /// two rounds): 257 25.7–25.8 → 24.8–25.0 µs, 384 26.3 → 25.1–25.2, 512 26.0 → 25.5; but at 768
 /// (on 192 blocks) 32.1–32.2 → 33.7–33.8 and 1024 34.6 → 35.7–35.8.
-const DEEP_PAIRS_MAX_BATCH: usize = 512;
+pub(crate) const DEEP_PAIRS_MAX_BATCH: usize = 512;
 
 /// How one step's head runs: where its buffers are and the launch's shape.
 #[derive(Clone, Copy, Debug)]
@@ -89,8 +90,9 @@ pub(crate) struct Head {
     /// Warps a sample (a deep head's: 1 or 2).
     unit: usize,
     blocks: usize,
-    /// Bytes of dynamic shared memory a block needs: W (rows of an odd stride) and b, the same
-    /// for the layer before, and a warp's rows (kernels/head.cu).
+    /// Bytes of dynamic shared memory a block needs: with a deep head, the layer before's W0
+    /// (rows padded for 16-byte loads) and b0; W (rows of an odd stride) and b; and each unit's
+    /// rows (kernels/head.cu).
     shared: usize,
 }
 
@@ -178,6 +180,9 @@ impl Head {
                 && dense(s)
                 && s.output_region == step.input_region
                 && producer.is_none_or(|p| p == i)
+                // the last step's dz folds this one's activation in (a producer past step 127
+                // does not: its activation would be skipped)
+                && step.activated_input == producer
                 && k0 <= MAX_INPUTS
                 && k * k0 <= MAX_INNER_WEIGHTS
         });
@@ -231,8 +236,8 @@ impl Head {
             deep,
             unit,
             // a unit a sample, up to the loss's most partial sums; a deep head's samples take
-            // longer, so they are spread over twice the blocks (half their warps) where that
-            // adds multiprocessors
+            // longer, so they are spread over twice the blocks where that adds multiprocessors
+            // (with a warp a sample, half of each block's warps; with two, all of them)
             blocks: batch.div_ceil(if inner.is_some() { WARPS / 2 } else { WARPS }).min(LOSS_BLOCKS),
             shared,
         })

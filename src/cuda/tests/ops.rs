@@ -697,7 +697,9 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     // (input, layers, (the layer before it runs too, the step whose dz it writes from the
     // first layer's input gradient)), for plans it takes
     type Case = (Shape, Vec<Layer>, Option<(Option<usize>, Option<usize>)>);
-    let cases: [Case; 10] = [
+    // 129 activated layers: the one before the last is step 128, whose dz is not folded in
+    let deep_chain: Vec<Layer> = std::iter::repeat_n(dense(16, Relu), 129).chain([dense(10, Identity)]).collect();
+    let cases: [Case; 11] = [
         // the MLP: deep, and the first layer is activated, so the head writes its dz
         (Shape::vector(784), vec![dense(128, Relu), dense(64, Relu), dense(10, Identity)], Some((Some(1), Some(0)))),
         // a whole model, so no input gradient
@@ -707,6 +709,9 @@ fn the_head_takes_a_narrow_last_dense_layer() {
         // the layer before has too many weights to be staged: the producer's dz as before
         (Shape::vector(100), vec![dense(200, Relu), dense(1, Identity)], Some((None, Some(0)))),
         (Shape::vector(MAX_INNER_WEIGHTS / 16), vec![dense(16, Tanh), dense(3, Identity)], Some((Some(0), None))),
+        // the layer before is step 128: no producer past 127, so not deep (its activation
+        // would be skipped), and its input gradient goes to its output region
+        (Shape::vector(8), deep_chain, Some((None, None))),
         // after a flatten of a convolution: that convolution's dz
         (Shape::image(6, 6, 2), vec![conv, Layer::Flatten, dense(5, Tanh)], Some((None, Some(0)))),
         // after a max-pool: the input gradient goes to the pool's output region
