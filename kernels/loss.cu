@@ -57,7 +57,8 @@ __device__ void finish_loss(double block_sum, double* scratch, double scale, dou
     if (threadIdx.x == 0) *counter = 0u;
 }
 
-// The loss of a launch that left `count` partial sums (dense_head in head.cu, a warp's each):
+// The loss of a launch that left `count` partial sums (the heads in head.cu, a unit of warps'
+// each):
 // one block sums them (each thread every REDUCE_THREADS-th in order, then a fixed tree), so the
 // launch that made them pays no fence, counter or last block, and this one can run beside the
 // rest of the step.

@@ -85,7 +85,8 @@ pub struct Gpu {
     /// Bytes of dynamic shared memory a block of `serve_dense` may have (set when the kernels
     /// are loaded: the device's opt-in limit less what the kernel declares itself).
     serve_shared_limit: usize,
-    /// The same for `dense_head` and `dense_head_deep` (src/cuda/head.rs), the smaller.
+    /// The same for `dense_head`, `dense_head_deep` and `dense_head_deep2` (src/cuda/head.rs),
+    /// the smallest.
     head_shared_limit: usize,
     /// Whether training steps end in `dense_head` where it takes the plan (unless
     /// `FLATNN_HEAD=0`, read when the device is set up: for measuring against the separate
@@ -229,7 +230,7 @@ impl Gpu {
         self.serve_shared_limit
     }
 
-    /// Bytes of dynamic shared memory a block of `dense_head` or `dense_head_deep` may have.
+    /// Bytes of dynamic shared memory a block of any of the head kernels may have.
     pub(crate) fn head_shared_limit(&self) -> usize {
         self.head_shared_limit
     }

@@ -351,7 +351,7 @@ pub(crate) fn backward(
                     // weight gradient also runs on the side stream, both go in one launch.
                     let side_split = |layers: &[(usize, usize)]| step.input_region != 0 && gpu.weight_grad_split_takes(layers, batch);
                     let pair = head
-                        .and_then(|(h, ..)| h.inner.or(h.producer))
+                        .and_then(|(h, ..)| h.inner().or(h.producer))
                         .filter(|&p| head_step == Some(index) && plan.steps[p].input_region != 0 && bit(p) != 0);
                     let pair = pair.filter(|&p| dense_shape(&plan.steps[p]).is_some_and(|ps| side_split(&[(out, inp), ps])));
                     if split_done & bit(index) != 0 {

@@ -63,9 +63,9 @@ pub(crate) const DEEP_PAIRS_MAX_BATCH: usize = 512;
 pub(crate) struct Head {
     /// The last step, which the kernel runs.
     pub step: usize,
-    /// The step before it, when the kernel runs that one too (a deep head): then it writes
-    /// that step's z, y and dz as well.
-    pub inner: Option<usize>,
+    /// The step before it and that step as the kernel takes it, when the kernel runs that one
+    /// too (a deep head): then it writes that step's z, y and dz as well.
+    inner: Option<(usize, Deep)>,
     /// The step whose dz the kernel writes from the input gradient of the first step it runs
     /// (times the producer's activation's derivative), as `exec::backward` would fold it in;
     /// else that input gradient goes to the first step's input region, when that is not the
@@ -85,8 +85,6 @@ pub(crate) struct Head {
     prev_z: i32,
     dx: i32,
     prev_act: (i32, f32),
-    /// The deep head's layer before, as the kernel takes it.
-    deep: Deep,
     /// Warps a sample (a deep head's: 1 or 2).
     unit: usize,
     blocks: usize,
@@ -96,8 +94,8 @@ pub(crate) struct Head {
     shared: usize,
 }
 
-/// The layer before the last in a deep head: inputs (0: no deep head), activation, offsets of
-/// W0 and b0 in the parameters, of its input (and of the z of the step that made that input, −1:
+/// The layer before the last in a deep head, as the kernel takes it: inputs (0: no deep head,
+/// [`Deep::NONE`]), activation, offsets of W0 and b0 in the parameters, of its input (and of the z of the step that made that input, −1:
 /// none) in the activations, of its input gradient (−1: none) in their gradients.
 #[derive(Clone, Copy, Debug)]
 struct Deep {
@@ -179,19 +177,18 @@ impl Head {
                 && batch <= DEEP_MAX_BATCH
                 && dense(s)
                 && s.output_region == step.input_region
-                && producer.is_none_or(|p| p == i)
-                // the last step's dz folds this one's activation in (a producer past step 127
-                // does not: its activation would be skipped)
+                // the last step's dz folds this one's activation in, if it has one (a producer
+                // past step 127 does not: its activation would be skipped)
                 && step.activated_input == producer
                 && k0 <= MAX_INPUTS
                 && k * k0 <= MAX_INNER_WEIGHTS
         });
         // a deep head's warps a sample
-        let unit = if batch <= DEEP_PAIRS_MAX_BATCH { 2 } else { 1 };
+        let deep_unit = if batch <= DEEP_PAIRS_MAX_BATCH { 2 } else { 1 };
         let deep_shared = |s: &Step, inner_producer: bool| {
             let k0 = s.input.len();
             let row = pad4(k) * (2 + usize::from(producer.is_some())) + pad4(k0) * (1 + usize::from(inner_producer));
-            4 * (pad4(k) * (k0.next_multiple_of(32) + 4) + pad4(k) + own + WARPS / unit * row)
+            4 * (pad4(k) * (k0.next_multiple_of(32) + 4) + pad4(k) + own + WARPS / deep_unit * row)
         };
         let inner = inner.and_then(|i| {
             let s = &plan.steps[i];
@@ -208,14 +205,13 @@ impl Head {
                 prev_z,
                 prev_act,
             };
-            (shared <= gpu.head_shared_limit()).then_some((i, inner_producer, deep, shared))
+            (shared <= gpu.head_shared_limit()).then_some(((i, deep), inner_producer, shared))
         });
-        let (inner, producer, deep, shared) = match inner {
-            Some((i, p, deep, shared)) => (Some(i), p, deep, shared),
-            None if shallow_shared <= gpu.head_shared_limit() => (None, producer, Deep::NONE, shallow_shared),
+        let (inner, producer, shared, unit) = match inner {
+            Some((inner, p, shared)) => (Some(inner), p, shared, deep_unit),
+            None if shallow_shared <= gpu.head_shared_limit() => (None, producer, shallow_shared, 1),
             None => return None,
         };
-        let unit = if inner.is_some() { unit } else { 1 };
         let (w, b) = step.weight_and_bias();
         let (z, y) = (at(step.z_region)?, at(step.output_region)?);
         Some(Head {
@@ -233,7 +229,6 @@ impl Head {
             prev_z,
             dx,
             prev_act,
-            deep,
             unit,
             // a unit a sample, up to the loss's most partial sums; a deep head's samples take
             // longer, so they are spread over twice the blocks where that adds multiprocessors
@@ -245,12 +240,17 @@ impl Head {
 
     /// The first step the kernel runs (the forward pass stops before it).
     pub(crate) fn first(&self) -> usize {
-        self.inner.unwrap_or(self.step)
+        self.inner().unwrap_or(self.step)
+    }
+
+    /// The step before the last, when the kernel runs it too (a deep head).
+    pub(crate) fn inner(&self) -> Option<usize> {
+        self.inner.map(|(i, _)| i)
     }
 
     /// Whether the kernel runs step `index` (and so writes its dz and its input gradient).
     pub(crate) fn runs(&self, index: usize) -> bool {
-        index == self.step || Some(index) == self.inner
+        index == self.step || Some(index) == self.inner()
     }
 
     /// The layer's outputs a sample.
@@ -285,7 +285,8 @@ impl Gpu {
         let HeadBuffers { params, acts, dacts, labels, targets, partials } = *buffers;
         let xent = i32::from(loss == Loss::LogitCrossEntropy);
         let (_, grad_scale) = loss_scales(loss, batch, head.outputs());
-        let Head { k, n, act: (act, slope), w, b, x, z, y, prev_z, dx, prev_act: (prev_act, prev_slope), deep, .. } = *head;
+        let Head { k, n, act: (act, slope), w, b, x, z, y, prev_z, dx, prev_act: (prev_act, prev_slope), inner, .. } = *head;
+        let deep = inner.map_or(Deep::NONE, |(_, deep)| deep);
         let Deep { k: k0, act: (act0, slope0), w: w0, b: b0, x: x0, dx: dx0, prev_z: prev_z0, prev_act: (prev_act0, prev_slope0) } = deep;
         let (rows, early) = (int(batch)?, i32::from(weights_early));
         let args = kernel_args![

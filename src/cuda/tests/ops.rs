@@ -730,7 +730,7 @@ fn the_head_takes_a_narrow_last_dense_layer() {
             Some(i) if !gpu.head_deep() => (None, (layers[i].activation() != Identity).then_some(i)),
             _ => (inner, producer),
         });
-        let got = head.map(|h| (h.step, h.first(), h.inner, h.producer));
+        let got = head.map(|h| (h.step, h.first(), h.inner(), h.producer));
         let want = want.map(|(inner, producer)| (layers.len() - 1, inner.unwrap_or(layers.len() - 1), inner, producer));
         assert_eq!(got, want, "{layers:?}");
     }
@@ -747,7 +747,7 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     };
     assert_eq!([1, 256, 257, 1024, 2048, 2049].map(|b| blocks(&plan, b)), deep);
     // deep up to 1024 samples only (one a warp)
-    let inner = |b| Head::of(&gpu, &plan, 4096, b).map(|h| h.inner.is_some());
+    let inner = |b| Head::of(&gpu, &plan, 4096, b).map(|h| h.inner().is_some());
     assert_eq!([257, 1024, 1025, 2048].map(inner), [Some(gpu.head_deep()), Some(gpu.head_deep()), Some(false), Some(false)]);
     // two warps a sample up to 512 (a deep head), so partial sums a unit of warps
     let partials = |b| Head::of(&gpu, &plan, 4096, b).map(|h| h.partials());
@@ -898,7 +898,7 @@ fn kernel_times_of_the_mlp_step() {
                 targets: 0,
                 partials: sp + 8,
             };
-            let deep = if head.inner.is_some() { ", deep: 64x128 too" } else { "" };
+            let deep = if head.inner().is_some() { ", deep: 64x128 too" } else { "" };
             time(format!("head {batch}x10x64{deep} ({} blocks)", head.blocks()), &|| {
                 gpu.dense_head(&stream, &head, batch, loss::Loss::LogitCrossEntropy, &buffers, true)
             });
