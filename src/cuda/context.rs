@@ -23,6 +23,25 @@ pub(crate) const SOURCE_FILES: &[(&str, &str)] = &[
     ("head.cu", include_str!("../../kernels/head.cu")),
 ];
 
+/// The preferred shared-memory carveout of the kernels that stage through dynamic shared memory:
+/// all of it (a percentage, as `cudaSharedmemCarveoutMaxShared`).
+pub(crate) const CARVEOUT_MAX_SHARED: i32 = 100;
+
+/// The kernels besides the tensor-core tiles (`ops::MMA_TILES`) that ask for
+/// [`CARVEOUT_MAX_SHARED`], unless `FLATNN_CARVEOUT=0` (read when the device is set up: for
+/// measuring against the driver's choice). Left to the driver, an SM's split between L1 and
+/// shared memory follows the kernels on it, and it must drain before the split changes: a
+/// kernel launched early beside the one ahead of it (dependent launch) then waits for that one to
+/// finish where their shared memory together needs a larger split. Measured on the H100 (same
+/// binary, `FLATNN_CARVEOUT=0` against these, two rounds, µs): MLP step at 640 31.0–31.2 → 30.3,
+/// 768 32.1–32.3 → 31.3–31.5, 512, 1024 and 2048 within ±0.1; 100-200-1 at 512 17.0 → 17.2–17.3,
+/// 1024 and 2048 within ±0.2. The shallow head (`dense_head`) is not among them: with it, the
+/// 100-200-1 at 2048 took 37.0–37.1 against 34.5–34.6. On an H200, with the deep head's shared
+/// memory padded by 50 KB (MLP at 1024): 37.6 µs with the driver's choice, 33.8 with every
+/// kernel at the most (33.7 unpadded).
+pub(crate) const SHARED_CARVEOUT_KERNELS: [Kernel; 4] =
+    [Kernel::DenseHeadDeep, Kernel::DenseHeadDeep2, Kernel::WeightGradSplit, Kernel::ServeDense];
+
 /// Declares the kernels: the `Kernel` enum indexes `KERNELS`, the names looked up in the module
 /// (and checked against the sources by a CPU test).
 macro_rules! kernels {
@@ -156,6 +175,23 @@ impl Gpu {
             for f in &functions {
                 // SAFETY: a function of the module loaded above, in the current context.
                 unsafe { sys::cuFuncLoad(f.cu_function()) }.result().map_err(|e| driver_error("loading a kernel", e))?;
+            }
+        }
+        if std::env::var("FLATNN_CARVEOUT").map_or(true, |v| v != "0") {
+            // The kernels that stage through dynamic shared memory ask for the most an SM can
+            // give (the rest of its unified L1 stays cache): see SHARED_CARVEOUT_KERNELS.
+            let staged = SHARED_CARVEOUT_KERNELS.into_iter().chain(super::ops::MMA_TILES.iter().flat_map(|t| t.kernels()));
+            for kernel in staged {
+                // SAFETY: a function of the module loaded above; a percentage the driver takes.
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        functions[kernel as usize].cu_function(),
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                        CARVEOUT_MAX_SHARED,
+                    )
+                }
+                .result()
+                .map_err(|e| driver_error("setting a kernel's shared memory carveout", e))?;
             }
         }
         let serve_shared_limit = allow_dynamic_shared(functions[Kernel::ServeDense as usize].cu_function(), shared_optin)?;

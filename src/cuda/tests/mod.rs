@@ -181,6 +181,32 @@ fn device_info_reads_the_device() {
     assert!(Arc::ptr_eq(&gpu, &super::gpu(0).unwrap()), "one Gpu per device per process");
 }
 
+/// The kernels that stage through shared memory ask for the most of it an SM can give (see
+/// `SHARED_CARVEOUT_KERNELS` in src/cuda/context.rs); the others leave it to the driver.
+#[test]
+fn staging_kernels_ask_for_the_largest_shared_memory_split() {
+    use super::context::{Kernel, CARVEOUT_MAX_SHARED, SHARED_CARVEOUT_KERNELS};
+    let gpu = gpu_or_skip!();
+    if std::env::var("FLATNN_CARVEOUT").is_ok_and(|v| v == "0") {
+        println!("skipped: FLATNN_CARVEOUT=0");
+        return;
+    }
+    let carveout = |kernel: Kernel| {
+        let mut value = 0;
+        let attribute = cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT;
+        // SAFETY: writes one int; a kernel of the device's module.
+        unsafe { cudarc::driver::sys::cuFuncGetAttribute(&mut value, attribute, gpu.function(kernel)) }.result().unwrap();
+        value
+    };
+    let tiles = super::ops::MMA_TILES.iter().flat_map(|t| t.kernels());
+    for kernel in SHARED_CARVEOUT_KERNELS.into_iter().chain(tiles) {
+        assert_eq!(carveout(kernel), CARVEOUT_MAX_SHARED, "{kernel:?}");
+    }
+    for kernel in [Kernel::DenseHead, Kernel::Adam, Kernel::LossSum, Kernel::BiasActForward] {
+        assert_ne!(carveout(kernel), CARVEOUT_MAX_SHARED, "{kernel:?}");
+    }
+}
+
 #[global_allocator]
 static COUNTING: crate::testutil::Counting = crate::testutil::Counting;
 
