@@ -36,8 +36,8 @@ pub(crate) const CARVEOUT_MAX_SHARED: i32 = 100;
 /// binary, `FLATNN_CARVEOUT=0` against these, two rounds, µs): MLP step at 640 31.0–31.2 → 30.3,
 /// 768 32.1–32.3 → 31.3–31.5, 512, 1024 and 2048 within ±0.1; 100-200-1 at 512 17.0 → 17.2–17.3,
 /// 1024 and 2048 within ±0.2; LeNet inference at 1024 with its inputs in host memory 583–593 →
-/// 624–636 (the kernel that reads them, not traced; with the inputs on the device unchanged).
-/// The shallow head (`dense_head`) is not among them: with it, the 100-200-1 at 2048 took
+/// 624–636 in one call, 515–520 → 514–545 in another (that path is mostly the host's copy;
+/// with the inputs on the device unchanged). The shallow head (`dense_head`) is not among them: with it, the 100-200-1 at 2048 took
 /// 37.0–37.1 against 34.5–34.6. On an H200, with the deep head's shared
 /// memory padded by 50 KB (MLP at 1024): 37.6 µs with the driver's choice, 33.8 with every
 /// kernel at the most (33.7 unpadded).
