@@ -65,26 +65,19 @@ pub(crate) struct Head {
     pub step: usize,
     /// The step before it and that step as the kernel takes it, when the kernel runs that one
     /// too (a deep head): then it writes that step's z, y and dz as well.
-    inner: Option<(usize, Deep)>,
+    inner: Option<(usize, Dense)>,
     /// The step whose dz the kernel writes from the input gradient of the first step it runs
     /// (times the producer's activation's derivative), as `exec::backward` would fold it in;
     /// else that input gradient goes to the first step's input region, when that is not the
     /// plan's input.
     pub producer: Option<usize>,
-    k: i32,
+    /// The last step as the kernel takes it, its outputs, and the offsets (floats) of its z and
+    /// y in the activations (dz and dy are at z and y in their gradients: the two buffers have
+    /// one layout).
+    last: Dense,
     n: i32,
-    act: (i32, f32),
-    /// Offsets (floats) of W and b in the parameters; of x, z, y and the producer's z (−1:
-    /// none) in the activations, and of the input gradient (−1: none) in their gradients (dz and
-    /// dy are at z and y there: the two buffers have one layout).
-    w: i32,
-    b: i32,
-    x: i32,
     z: i32,
     y: i32,
-    prev_z: i32,
-    dx: i32,
-    prev_act: (i32, f32),
     /// Warps a sample (a deep head's: 1 or 2).
     unit: usize,
     blocks: usize,
@@ -94,11 +87,12 @@ pub(crate) struct Head {
     shared: usize,
 }
 
-/// The layer before the last in a deep head, as the kernel takes it: inputs (0: no deep head,
-/// [`Deep::NONE`]), activation, offsets of W0 and b0 in the parameters, of its input (and of the z of the step that made that input, −1:
-/// none) in the activations, of its input gradient (−1: none) in their gradients.
+/// A dense step as the kernel takes it (the last, or the one before it in a deep head): inputs
+/// (0: none, [`Dense::NONE`]), activation, offsets (floats) of W and b in the parameters, of its
+/// input in the activations, and where its input gradient goes ([`InputGrad`]'s `dx`, `prev_z`
+/// and `prev_act`).
 #[derive(Clone, Copy, Debug)]
-struct Deep {
+struct Dense {
     k: i32,
     act: (i32, f32),
     w: i32,
@@ -118,8 +112,24 @@ struct InputGrad {
     prev_act: (i32, f32),
 }
 
-impl Deep {
-    const NONE: Deep = Deep { k: 0, act: (0, 0.0), w: -1, b: -1, x: -1, dx: -1, prev_z: -1, prev_act: (0, 0.0) };
+impl Dense {
+    const NONE: Dense = Dense { k: 0, act: (0, 0.0), w: -1, b: -1, x: -1, dx: -1, prev_z: -1, prev_act: (0, 0.0) };
+
+    /// Step `s` (dense) whose input gradient goes where `grad` says; `at` gives a region's
+    /// offset.
+    fn of(s: &Step, grad: &InputGrad, at: impl Fn(usize) -> Option<i32>) -> Option<Dense> {
+        let (w, b) = s.weight_and_bias();
+        Some(Dense {
+            k: int(s.input.len()).ok()?,
+            act: act_code(s.layer.activation()),
+            w: int(w.start).ok()?,
+            b: int(b.start).ok()?,
+            x: at(s.input_region)?,
+            dx: grad.dx,
+            prev_z: grad.prev_z,
+            prev_act: grad.prev_act,
+        })
+    }
 }
 
 /// The device buffers the head reads and writes (see `exec::LossBuffers`): `partials` takes
@@ -159,7 +169,8 @@ impl Head {
                 None => InputGrad { producer: None, dx: -1, prev_z: -1, prev_act: (0, 0.0) },
             })
         };
-        let InputGrad { producer, dx, prev_z, prev_act } = input_grad(step)?;
+        let grad = input_grad(step)?;
+        let producer = grad.producer;
         // bytes of shared memory, as kernels/head.cu lays it out: with a deep head W0 (rows of
         // k0 rounded up to a multiple of 32, plus 4; k rounded up to a multiple of 4 of them) and
         // b0, then W (rows of an odd stride) and b, then each warp's rows of floats (the inputs,
@@ -192,43 +203,24 @@ impl Head {
         };
         let inner = inner.and_then(|i| {
             let s = &plan.steps[i];
-            let InputGrad { producer: inner_producer, dx, prev_z, prev_act } = input_grad(s)?;
-            let shared = deep_shared(s, inner_producer.is_some());
-            let (w, b) = s.weight_and_bias();
-            let deep = Deep {
-                k: int(s.input.len()).ok()?,
-                act: act_code(s.layer.activation()),
-                w: int(w.start).ok()?,
-                b: int(b.start).ok()?,
-                x: at(s.input_region)?,
-                dx,
-                prev_z,
-                prev_act,
-            };
-            (shared <= gpu.head_shared_limit()).then_some(((i, deep), inner_producer, shared))
+            let inner_grad = input_grad(s)?;
+            let shared = deep_shared(s, inner_grad.producer.is_some());
+            let deep = Dense::of(s, &inner_grad, at)?;
+            (shared <= gpu.head_shared_limit()).then_some(((i, deep), inner_grad.producer, shared))
         });
         let (inner, producer, shared, unit) = match inner {
             Some((inner, p, shared)) => (Some(inner), p, shared, deep_unit),
             None if shallow_shared <= gpu.head_shared_limit() => (None, producer, shallow_shared, 1),
             None => return None,
         };
-        let (w, b) = step.weight_and_bias();
-        let (z, y) = (at(step.z_region)?, at(step.output_region)?);
         Some(Head {
             step: step_index,
             inner,
             producer,
-            k: int(k).ok()?,
+            last: Dense::of(step, &grad, at)?,
             n: int(n).ok()?,
-            act: act_code(step.layer.activation()),
-            w: int(w.start).ok()?,
-            b: int(b.start).ok()?,
-            x: at(step.input_region)?,
-            z,
-            y,
-            prev_z,
-            dx,
-            prev_act,
+            z: at(step.z_region)?,
+            y: at(step.output_region)?,
             unit,
             // a unit a sample, up to the loss's most partial sums; a deep head's samples take
             // longer, so they are spread over twice the blocks where that adds multiprocessors
@@ -285,9 +277,10 @@ impl Gpu {
         let HeadBuffers { params, acts, dacts, labels, targets, partials } = *buffers;
         let xent = i32::from(loss == Loss::LogitCrossEntropy);
         let (_, grad_scale) = loss_scales(loss, batch, head.outputs());
-        let Head { k, n, act: (act, slope), w, b, x, z, y, prev_z, dx, prev_act: (prev_act, prev_slope), inner, .. } = *head;
-        let deep = inner.map_or(Deep::NONE, |(_, deep)| deep);
-        let Deep { k: k0, act: (act0, slope0), w: w0, b: b0, x: x0, dx: dx0, prev_z: prev_z0, prev_act: (prev_act0, prev_slope0) } = deep;
+        let Head { last, n, z, y, inner, .. } = *head;
+        let Dense { k, act: (act, slope), w, b, x, dx, prev_z, prev_act: (prev_act, prev_slope) } = last;
+        let deep = inner.map_or(Dense::NONE, |(_, deep)| deep);
+        let Dense { k: k0, act: (act0, slope0), w: w0, b: b0, x: x0, dx: dx0, prev_z: prev_z0, prev_act: (prev_act0, prev_slope0) } = deep;
         let (rows, early) = (int(batch)?, i32::from(weights_early));
         let args = kernel_args![
             params,
