@@ -296,11 +296,13 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
 // warps' totals are then added in order through shared memory: each output is summed in one
 // fixed order. Grid: (ceil(N / BN), SPLIT · ceil(M / BM)).
 //
-// SPLIT 2 (sm_90 and later): a tile's slices are shared by a thread block cluster of two blocks
-// (along y), the first half of them (rounded up) to the block of rank 0, so that each block's
-// chain of slices is half as long and the GPU holds twice the blocks; after the cluster's
-// barrier each block adds half the outputs (by parity) over both blocks' warps, rank 0's first,
-// reading the other's totals through distributed shared memory.
+// SPLIT 2 (a weight gradient's epilogue only): a tile's slices are shared by two blocks (along
+// y), the first half of them (rounded up) to the block of rank 0, so that each block's chain of
+// slices is half as long and the GPU holds twice the blocks; each block adds its sums into dW
+// and db with atomic adds, which the host has cleared (src/cuda/head.rs, DenseEpilogue): two
+// addends to a zero give the same bits in either order, so the result does not depend on which
+// block lands first. (Exchanging the halves through a cluster's shared memory instead, a pull
+// after cluster barriers, cost ~3.3 µs a block at the end; see BENCHMARKS.md.)
 #define MMA_THREADS 256  // the host's BLOCK
 #define MMA_KC 64
 #define MMA_STAGES 4
@@ -404,10 +406,7 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
     constexpr int A_SIZE = mma_buf<BM, AK>(), STAGE = A_SIZE + mma_buf<BN, BK>();
     static_assert(WM * WK * 32 == MMA_THREADS && (MMA_KC / 8) % WK == 0 && BN % 8 == 0 && BM * BN % MMA_THREADS == 0, "tile shape");
     static_assert(WK * BM * (BN + 1) <= MMA_STAGES * STAGE, "the warps' sums fit in the buffers");
-    static_assert(SPLIT == 1 || SPLIT == 2, "one block or a cluster of two a tile");
-#if __CUDA_ARCH__ < 900
-    if (SPLIT > 1) __trap();  // clusters: the host launches split tiles on sm_90 and later only
-#endif
+    static_assert(SPLIT == 1 || SPLIT == 2, "one block or two a tile");
     extern __shared__ __align__(16) float smem[];
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -451,9 +450,17 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
     // Along k (forward layout) the fragments' k t and t + 4 of a group of eight are taken from
     // k 2t and 2t + 1 of A and of B alike (the same products, summed in another order), so that
     // each pair is one 8-byte load.
-    constexpr bool PAIRS = AK && BK;
+    //
+    // In the weight gradient's layout (A along m, B along n) the pairs are along m and n
+    // instead: the fragment's rows g and g + 8 are the strip's rows 2g and 2g + 1, and column
+    // g of fragments 2h and 2h + 1 is the tile's columns 16h + 2g and 16h + 2g + 1 (which
+    // outputs a fragment's sums are is the tile's choice), so that again each pair is one
+    // 8-byte load.
+    constexpr bool PAIRS = AK && BK, MN_PAIRS = !AK && !BK;
+    static_assert(PAIRS || MN_PAIRS, "the forward's layout or the weight gradient's");
+    static_assert(!MN_PAIRS || FRAGS % 2 == 0, "fragments in pairs");
     int kt = PAIRS ? 2 * t : t;
-    int a0 = mma_at<BM, AK>(wm * 16 + g, wk * 8 + kt), b0 = A_SIZE + mma_at<BN, BK>(g, wk * 8 + kt);
+    int a0 = mma_at<BM, AK>(wm * 16 + (MN_PAIRS ? 2 * g : g), wk * 8 + kt), b0 = A_SIZE + mma_at<BN, BK>(MN_PAIRS ? 2 * g : g, wk * 8 + kt);
     float total[FRAGS][4];
 #pragma unroll
     for (int f = 0; f < FRAGS; f++) total[f][0] = total[f][1] = total[f][2] = total[f][3] = 0.0f;
@@ -488,20 +495,27 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
                 mma_split(a_lo.y, ab[2], al[2]);
                 mma_split(a_hi.y, ab[3], al[3]);
             } else {
-                mma_split(as[0], ab[0], al[0]);
-                mma_split(as[mma_at<BM, AK>(8, 0)], ab[1], al[1]);
-                mma_split(as[mma_at<BM, AK>(0, 4)], ab[2], al[2]);
-                mma_split(as[mma_at<BM, AK>(8, 4)], ab[3], al[3]);
+                float2 a_t = *(const float2*)as, a_t4 = *(const float2*)(as + mma_at<BM, AK>(0, 4));
+                mma_split(a_t.x, ab[0], al[0]);
+                mma_split(a_t.y, ab[1], al[1]);
+                mma_split(a_t4.x, ab[2], al[2]);
+                mma_split(a_t4.y, ab[3], al[3]);
             }
+            if constexpr (PAIRS) {
 #pragma unroll
-            for (int f = 0; f < FRAGS; f++) {
-                if constexpr (PAIRS) {
+                for (int f = 0; f < FRAGS; f++) {
                     float2 b = *(const float2*)(bs + mma_at<BN, BK>(8 * f, 0));
                     mma_split(b.x, bb[f][0], bl[f][0]);
                     mma_split(b.y, bb[f][1], bl[f][1]);
-                } else {
-                    mma_split(bs[mma_at<BN, BK>(8 * f, 0)], bb[f][0], bl[f][0]);
-                    mma_split(bs[mma_at<BN, BK>(8 * f, 4)], bb[f][1], bl[f][1]);
+                }
+            } else {
+#pragma unroll
+                for (int f = 0; f < FRAGS; f += 2) {
+                    float2 b_t = *(const float2*)(bs + mma_at<BN, BK>(8 * f, 0)), b_t4 = *(const float2*)(bs + mma_at<BN, BK>(8 * f, 4));
+                    mma_split(b_t.x, bb[f][0], bl[f][0]);
+                    mma_split(b_t4.x, bb[f][1], bl[f][1]);
+                    mma_split(b_t.y, bb[f + 1][0], bl[f + 1][0]);
+                    mma_split(b_t4.y, bb[f + 1][1], bl[f + 1][1]);
                 }
             }
             // the three products of each fragment apart, so that consecutive ones add into
@@ -528,64 +542,51 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
     float* sums = smem;
 #pragma unroll
     for (int f = 0; f < FRAGS; f++) {
-        int r = wk * BM + wm * 16 + g, col = f * 8 + 2 * t;
+        // the tile's row of the fragment's row g, and the next one's (g + 8); its column of the
+        // fragment's column 2t, and the next one's (2t + 1)
+        int r = wk * BM + wm * 16 + (MN_PAIRS ? 2 * g : g), r_next = MN_PAIRS ? 1 : 8;
+        int col = MN_PAIRS ? (f / 2) * 16 + 4 * t + f % 2 : f * 8 + 2 * t, col_next = MN_PAIRS ? 2 : 1;
         sums[r * (BN + 1) + col] = total[f][0];
-        sums[r * (BN + 1) + col + 1] = total[f][1];
-        sums[(r + 8) * (BN + 1) + col] = total[f][2];
-        sums[(r + 8) * (BN + 1) + col + 1] = total[f][3];
+        sums[r * (BN + 1) + col + col_next] = total[f][1];
+        sums[(r + r_next) * (BN + 1) + col] = total[f][2];
+        sums[(r + r_next) * (BN + 1) + col + col_next] = total[f][3];
     }
     __syncthreads();
-    if (SPLIT > 1) cluster_sync();
 #pragma unroll
     for (int q = 0; q < OUTS; q++) {
         int o = threadIdx.x + q * MMA_THREADS, r = o / BN, col = o % BN;
-        float v;
-        if constexpr (SPLIT == 1) {
-            v = sums[r * (BN + 1) + col];
+        float v = sums[r * (BN + 1) + col];
 #pragma unroll
-            for (int w = 1; w < WK; w++) v += sums[(w * BM + r) * (BN + 1) + col];
+        for (int w = 1; w < WK; w++) v += sums[(w * BM + r) * (BN + 1) + col];
+        if (m0 + r >= M || n0 + col >= N) continue;
+        if (SPLIT > 1) {
+            // added into dW or db, cleared by the host, as the other block's half is
+            int i = m0 + r, j = n0 + col;
+            atomicAdd(j < N - 1 ? out0 + (long long)i * ldc + j : out1 + i, v);
         } else {
-            if (o % SPLIT != rank) continue;
-            unsigned at = (unsigned)__cvta_generic_to_shared(sums + r * (BN + 1) + col);
-            v = cluster_load(at, 0);
-#pragma unroll
-            for (int w = 1; w < WK; w++) v += cluster_load(at + 4 * w * BM * (BN + 1), 0);
-#pragma unroll
-            for (int p = 1; p < SPLIT; p++) {
-#pragma unroll
-                for (int w = 0; w < WK; w++) v += cluster_load(at + 4 * w * BM * (BN + 1), p);
-            }
+            dense_store(mode, m0 + r, n0 + col, v, e[q], z_prev, N, ldc, out0, out1, act, slope);
         }
-        if (m0 + r < M && n0 + col < N) dense_store(mode, m0 + r, n0 + col, v, e[q], z_prev, N, ldc, out0, out1, act, slope);
     }
-    // the other block reads this one's totals until it passes this barrier
-    if (SPLIT > 1) cluster_sync();
 #else
     __trap();
 #endif
 }
 
 // dense_mma_BMxBN_kk: A and B contiguous along k (forward); _mn: A along m, B along n (weight
-// gradient); dense_mma_32x32_mn2: the latter, a tile's slices split over a cluster of two blocks
-// (sm_90 and later; src/cuda/ops.rs, MMA_SPLIT_MIN_SAMPLES, says where it runs and why no other
-// does)
-#if __CUDA_ARCH__ >= 900
-#define MMA_CLUSTER2 __cluster_dims__(1, 2, 1)
-#else
-#define MMA_CLUSTER2
-#endif
-#define DENSE_MMA_KERNEL(BM, BN, NAME, CLUSTER, AK, SPLIT)                                                                        \
-    extern "C" __global__ __launch_bounds__(MMA_THREADS) void CLUSTER dense_mma_##BM##x##BN##_##NAME(                             \
+// gradient); dense_mma_32x32_mn2: the latter, a tile's slices split over two blocks (src/cuda/
+// ops.rs, MMA_SPLIT_MIN_SAMPLES, says where it runs and why no other does)
+#define DENSE_MMA_KERNEL(BM, BN, NAME, AK, SPLIT)                                                                                 \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS) void dense_mma_##BM##x##BN##_##NAME(                                     \
         const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K, int mode, int ldc,          \
         const float* bias, float* out0, float* out1, const float* z_prev, const float* y_prev, int act, float slope, int b_early) { \
         dense_mma_tile<BM, BN, AK, AK, SPLIT>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev,   \
                                               act, slope, b_early);                                                               \
     }
 #define DENSE_MMA(BM, BN)               \
-    DENSE_MMA_KERNEL(BM, BN, kk, , true, 1) \
-    DENSE_MMA_KERNEL(BM, BN, mn, , false, 1)
+    DENSE_MMA_KERNEL(BM, BN, kk, true, 1) \
+    DENSE_MMA_KERNEL(BM, BN, mn, false, 1)
 DENSE_MMA(16, 16)
 DENSE_MMA(32, 16)
 DENSE_MMA(16, 32)
 DENSE_MMA(32, 32)
-DENSE_MMA_KERNEL(32, 32, mn2, MMA_CLUSTER2, false, 2)
+DENSE_MMA_KERNEL(32, 32, mn2, false, 2)

@@ -284,7 +284,8 @@ __device__ __forceinline__ void head_unit_sync(int unit) {
 }
 
 // `weights_early`: the kernel ahead in the stream writes no weights (it is a layer's forward, or
-// the copy of the inputs), so W and b (and W0, b0) are staged before waiting for it. DEEP: the
+// the copy of the inputs), so W and b (and W0, b0) are staged before waiting for it. `clear`:
+// clear_len gradients set to zero (see src/cuda/head.rs). DEEP: the
 // kernel runs the layer before too (dense_head_deep and dense_head_deep2; dense_head is compiled
 // without that code, and its k0 is 0). U: warps a sample (a unit); with two (dense_head_deep2),
 // twice the warps hide each other's latencies where a batch leaves the GPU's schedulers a warp
@@ -295,10 +296,10 @@ __device__ __forceinline__ void head_unit_sync(int unit) {
     const float *params, float *acts, float *dacts, int k, int n, int act, float slope, int w, int b, int x, int z, int y, int dx, \
         int prev_z, int prev_act, float prev_slope, int k0, int act0, float slope0, int w0, int b0, int x0, int dx0, int prev_z0,  \
         int prev_act0, float prev_slope0, int xent, const unsigned *labels, const float *targets, double *partials,              \
-        float grad_scale, int batch, int weights_early
+        float grad_scale, int batch, float *clear, int clear_len, int weights_early
 #define HEAD_ARGS                                                                                                                  \
     params, acts, dacts, k, n, act, slope, w, b, x, z, y, dx, prev_z, prev_act, prev_slope, k0, act0, slope0, w0, b0, x0, dx0, prev_z0, \
-        prev_act0, prev_slope0, xent, labels, targets, partials, grad_scale, batch, weights_early
+        prev_act0, prev_slope0, xent, labels, targets, partials, grad_scale, batch, clear, clear_len, weights_early
 template <bool DEEP, int U>
 __device__ __forceinline__ void dense_head_impl(HEAD_PARAMS) {
     extern __shared__ __align__(16) float head_smem[];
@@ -325,6 +326,9 @@ __device__ __forceinline__ void dense_head_impl(HEAD_PARAMS) {
     }
     head_stage(wsm, bsm, params + w, params + b, n, k);
     if (deep) head_stage_inner(w0sm, b0sm, params + w0, params + b0, k, k0);
+    // gradients that weight gradients split over two blocks add into, cleared (nothing before
+    // this kernel in the step touches them)
+    GRID_STRIDE(i, clear_len) clear[i] = 0.0f;
     if (weights_early) after_prior();
     // warp h of unit `unit`; t: the thread's place in its unit
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = warp / U, h = warp % U, t = h * 32 + lane;

@@ -121,7 +121,7 @@ pub struct Gpu {
     /// measuring against the other kernels).
     split_enabled: bool,
     /// Whether weight gradients on the tensor-core tiles over many samples may split each tile's
-    /// slices over a cluster of two blocks (sm_90 and later, unless `FLATNN_MMA_SPLIT=0`, read
+    /// slices over two blocks (sm_90 and later, unless `FLATNN_MMA_SPLIT=0`, read
     /// when the device is set up: for measuring against the tiles of one block;
     /// [`Gpu::mma_split`]).
     mma_split_enabled: bool,
@@ -288,7 +288,7 @@ impl Gpu {
         self.split_enabled
     }
 
-    /// Whether weight gradients on the tiles may split over a cluster of two (see the field).
+    /// Whether weight gradients on the tiles may split over two blocks (see the field).
     pub(crate) fn mma_split_enabled(&self) -> bool {
         self.mma_split_enabled
     }

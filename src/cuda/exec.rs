@@ -188,6 +188,7 @@ pub(crate) fn head(
     loss: Loss,
     head: &Head,
     weights_early: bool,
+    clear: Option<Range<usize>>,
 ) -> Result<()> {
     let outputs = head.outputs();
     assert!(l.labels.len() >= f.batch && l.targets.len() >= f.batch * outputs, "head: short labels or targets");
@@ -200,6 +201,10 @@ pub(crate) fn head(
         labels: l.labels.ptr(),
         targets: l.targets.ptr(),
         partials: head_partials(l, head).ptr(),
+        clear: clear.map_or((0, 0), |c| {
+            let grads: ViewMut<f32> = Raw::of(b.grads).at_mut(c);
+            (grads.ptr(), grads.len())
+        }),
     };
     gpu.dense_head(stream, head, f.batch, loss, &buffers, weights_early)
 }
@@ -304,6 +309,7 @@ pub(crate) fn backward(
     b: &Backward,
     side: &Side,
     head: Option<(&Head, &LossBuffers, Loss)>,
+    cleared: Option<Range<usize>>,
 ) -> Result<()> {
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let (dacts, grads) = (Raw::of(b.dacts), Raw::of(b.grads));
@@ -332,8 +338,7 @@ pub(crate) fn backward(
                 let (w, bias) = step.weight_and_bias();
                 if let Some((out, inp)) = dense_shape(step) {
                     // dW (out × in) = dZᵀ (out × batch) · X (batch × in), db = Σ_batch dZ
-                    let dzt = DevMat { data: dacts.at(z.clone()), rs: 1, cs: out };
-                    let xm = DevMat { data: acts.at(x.clone()), rs: inp, cs: 1 };
+                    let (dzt, xm) = weight_grad_operands(plan, step, f, b, out, inp);
                     // the first layer's (no input gradient follows it) stays on the step's
                     // stream: nothing is left to overlap it with there (nor is one that went
                     // with the head's forked again)
@@ -371,7 +376,10 @@ pub(crate) fn backward(
                             None => gpu.weight_grad_split(w_stream, batch, &[job(step)])?,
                         }
                     } else if gpu.dense_on_tensor_cores(out, inp, batch, &dzt, &xm, true) || fused_weight_grad(gpu, batch, out, inp) {
-                        let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias) };
+                        // split over two blocks, it adds into dW and db, which the head cleared
+                        // where it ran (else the product clears them first)
+                        let cleared = cleared.as_ref().is_some_and(|c| c.start <= step.params.start && step.params.end <= c.end);
+                        let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias), cleared };
                         // B is X, from the forward pass: the kernel ahead (the backward
                         // pass's, the loss or the head) does not write it (a deep head writes
                         // the last step's X, but that step's weight gradient runs on the side
@@ -439,6 +447,35 @@ pub(crate) fn backward(
         side.join.wait_in(stream)?;
     }
     Ok(())
+}
+
+/// A dense step's weight gradient (dW = dZᵀ · X) as [`Gpu::dense`] takes it: A, B.
+fn weight_grad_operands<'a>(
+    plan: &Plan,
+    step: &Step,
+    f: &Forward<'a>,
+    b: &Backward<'a>,
+    out: usize,
+    inp: usize,
+) -> (DevMat<'a>, DevMat<'a>) {
+    let x = region(plan, step.input_region, f.capacity, f.batch);
+    let z = region(plan, step.z_region, f.capacity, f.batch);
+    (DevMat { data: Raw::of(b.dacts).at(z), rs: 1, cs: out }, DevMat { data: Raw::of(f.acts).at(x), rs: inp, cs: 1 })
+}
+
+/// The gradients (a range of them) that cover every dense step's whose weight gradient runs on
+/// a tile split over two blocks ([`Gpu::weight_grad_splits`]: each block adds its half into
+/// them), or None if no step's does. The head clears them before [`backward`] runs (every
+/// gradient in the range is written again after it).
+pub(crate) fn split_weight_grads(gpu: &Gpu, plan: &Plan, f: &Forward, b: &Backward) -> Option<Range<usize>> {
+    let splits = |step: &&Step| {
+        dense_shape(step).is_some_and(|(out, inp)| {
+            let (dzt, xm) = weight_grad_operands(plan, step, f, b, out, inp);
+            gpu.weight_grad_splits(out, inp, f.batch, &dzt, &xm)
+        })
+    };
+    let ranges = plan.steps.iter().filter(splits).map(|s| s.params.clone());
+    ranges.reduce(|a, b| a.start.min(b.start)..a.end.max(b.end))
 }
 
 /// A dense step's (outputs, inputs), or None for other layers.

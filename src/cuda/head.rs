@@ -141,6 +141,9 @@ pub(crate) struct HeadBuffers {
     pub labels: u64,
     pub targets: u64,
     pub partials: u64,
+    /// Gradients the kernel sets to zero (address and length): those of the weight gradients
+    /// that the step runs split over two blocks, which add into them (`exec::head`).
+    pub clear: (u64, usize),
 }
 
 impl Head {
@@ -274,14 +277,14 @@ impl Gpu {
         buffers: &HeadBuffers,
         weights_early: bool,
     ) -> Result<()> {
-        let HeadBuffers { params, acts, dacts, labels, targets, partials } = *buffers;
+        let HeadBuffers { params, acts, dacts, labels, targets, partials, clear: (clear, clear_len) } = *buffers;
         let xent = i32::from(loss == Loss::LogitCrossEntropy);
         let (_, grad_scale) = loss_scales(loss, batch, head.outputs());
         let Head { last, n, z, y, inner, .. } = *head;
         let Dense { k, act: (act, slope), w, b, x, dx, prev_z, prev_act: (prev_act, prev_slope) } = last;
         let deep = inner.map_or(Dense::NONE, |(_, deep)| deep);
         let Dense { k: k0, act: (act0, slope0), w: w0, b: b0, x: x0, dx: dx0, prev_z: prev_z0, prev_act: (prev_act0, prev_slope0) } = deep;
-        let (rows, early) = (int(batch)?, i32::from(weights_early));
+        let (rows, early, clear_len) = (int(batch)?, i32::from(weights_early), int(clear_len)?);
         let args = kernel_args![
             params,
             acts,
@@ -315,6 +318,8 @@ impl Gpu {
             partials,
             grad_scale,
             rows,
+            clear,
+            clear_len,
             early
         ];
         let kernel = match (head.inner, head.unit) {

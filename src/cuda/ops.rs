@@ -7,13 +7,14 @@
 
 use super::blas::DevMat;
 use super::context::{Gpu, Kernel};
+use super::driver_error;
 use super::launch::{blocks, int, kernel_args, launch, View, ViewMut, BLOCK};
 use crate::activation::Activation;
 use crate::error::Result;
 use crate::layers::{conv, pool};
 use crate::loss::Loss;
 use crate::optim::Optim;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{result, CudaStream};
 use std::ffi::c_void;
 
 /// Most blocks a loss kernel runs on (LOSS_BLOCKS): one value or sample per thread up to
@@ -122,20 +123,24 @@ const MMA_MAX_K: usize = 1024;
 const MMA_MAX_SAMPLES: usize = 2048;
 /// Over more samples than this, a weight gradient runs only on the 32 × 32 tiles.
 const MMA_MAX_SMALL_SAMPLES: usize = 512;
-/// From this many samples, weight gradients on the tiles split their slices over a cluster of
-/// two blocks ([`Gpu::mma_split`]). Measured on the H100 (MLP step, same binary, two rounds,
-/// `FLATNN_MMA_SPLIT=0` against split): 512 26.4–26.6 → 26.0–26.1 µs, 768 34.0–34.2 → 32.4, 1024
-/// 38.1 → 34.3–34.5, 2048 68.6 → 64.9–65.0; from 256 samples, 256 went 27.4 → 33.5 and 384 was
-/// unchanged. Not split: forwards over k from 512 (the first layer's at 384–1024 lost 0.2–0.9
-/// µs, and 3.7 at 1024 beside split weight gradients), clusters of four (1024 +9 µs), nor the
-/// smaller tiles (the 100-200-1's first layer over 512 samples on 16 × 16 tiles: 17.1–17.2 →
-/// 17.6–17.8).
+/// From this many samples, weight gradients on the tiles split their slices over two blocks
+/// ([`Gpu::mma_split`]), each adding its half into dW and db, cleared first. Measured on the
+/// H100 (MLP step, same binary, two rounds, `FLATNN_MMA_SPLIT=0` against split, when the halves
+/// were still added through a cluster's shared memory): 512 26.4–26.6 → 26.0–26.1 µs, 768
+/// 34.0–34.2 → 32.4, 1024 38.1 → 34.3–34.5, 2048 68.6 → 64.9–65.0; from 256 samples, 256 went
+/// 27.4 → 33.5 and 384 was unchanged. Adding them with atomics instead (the head clearing dW
+/// and db beside the forward pass): 640 30.3 → 29.4, 768 31.3–31.6 → 30.0–30.1, 1024 34.4–34.6
+/// → 32.2–32.3, 2048 65.2–65.3 → 61.6 (with 8-byte fragment loads in the weight gradient's
+/// layout, −0.3 at 1024 and −0.9 at 2048 of it). Not split: forwards over k from 512 (the
+/// first layer's at 384–1024 lost 0.2–0.9 µs, and 3.7 at 1024 beside split weight gradients),
+/// clusters of four (1024 +9 µs), nor the smaller tiles (the 100-200-1's first layer over 512
+/// samples on 16 × 16 tiles: 17.1–17.2 → 17.6–17.8).
 const MMA_SPLIT_MIN_SAMPLES: usize = 512;
 
 /// One shape of the tensor-core tiles (`dense_mma_*` in kernels/dense.cu): BM × BN outputs a
 /// block of [`BLOCK`] threads (MMA_THREADS there), a kernel for each of the two layouts they
-/// take, and for the 32 × 32 tile the weight gradient's with a tile's slices split over a
-/// cluster of two blocks (SPLIT 2, sm_90 and later: [`Gpu::mma_split`]).
+/// take, and for the 32 × 32 tile the weight gradient's with a tile's slices split over two
+/// blocks (SPLIT 2, sm_90 and later: [`Gpu::mma_split`]).
 #[derive(Clone, Copy)]
 pub(crate) struct MmaTile {
     pub forward: Kernel,
@@ -216,8 +221,12 @@ pub enum DenseEpilogue<'a> {
     /// dx = c, times act'(z, y) of the layer that produced x when `prev` is given (so dx is
     /// that layer's dz).
     InputGrad { dx: ViewMut<'a, f32>, prev: Option<(View<'a, f32>, View<'a, f32>, Activation)> },
-    /// `dW = C` (m × n), and `db[i] = Σ_k A(i, k)` (B gets a column of ones).
-    WeightGrad { dw: ViewMut<'a, f32>, db: ViewMut<'a, f32> },
+    /// `dW = C` (m × n), and `db[i] = Σ_k A(i, k)` (B gets a column of ones). A tile split
+    /// over two blocks ([`Gpu::weight_grad_splits`]) adds each block's half into dW and db, so
+    /// they must hold zeros first: with `cleared` the caller has seen to it (a training step
+    /// clears the gradients beside its forward pass); otherwise [`Gpu::dense`] clears them on
+    /// the stream before the product.
+    WeightGrad { dw: ViewMut<'a, f32>, db: ViewMut<'a, f32>, cleared: bool },
 }
 
 /// Values a `rows × cols` matrix with strides (rs, cs) spans.
@@ -352,8 +361,15 @@ impl Gpu {
         [tile.forward, weight_grad].into_iter().find(|&kernel| tile.takes(kernel, a, b)).map(|kernel| (kernel, tile))
     }
 
+    /// Whether [`Gpu::dense`] runs the weight gradient of an `m × n` dense layer over `k`
+    /// samples (A = dZᵀ, B = X) on a tile split over two blocks, which adds into dW and db
+    /// (see [`DenseEpilogue::WeightGrad`]).
+    pub(crate) fn weight_grad_splits(&self, m: usize, n: usize, k: usize, a: &DevMat, b: &DevMat) -> bool {
+        self.mma_choice(m, n + 1, k, a, b, true).is_some_and(|(kernel, tile)| tile.split(kernel) > 1)
+    }
+
     /// Whether a weight gradient over `k` samples on the 32 × 32 tiles splits each tile's
-    /// slices over a cluster of two blocks: on sm_90 and later, over [`MMA_SPLIT_MIN_SAMPLES`]
+    /// slices over two blocks: on sm_90 and later (where it was measured), over [`MMA_SPLIT_MIN_SAMPLES`]
     /// or more (where [`Gpu::mma_tile`] takes it, its grid is at most one block an SM, so the
     /// split one holds two an SM).
     pub(crate) fn mma_split(&self, k: usize) -> bool {
@@ -380,6 +396,7 @@ impl Gpu {
             return Ok(());
         }
         let null = 0u64;
+        let mut cleared = false;
         let (mode, cols, bias, out0, out1, z_prev, y_prev, act) = match epilogue {
             DenseEpilogue::Forward { bias, z, y, act } => {
                 assert!(bias.len() >= n && z.len() >= m * n && y.as_ref().is_none_or(|y| y.len() >= m * n), "dense forward: short output");
@@ -390,8 +407,9 @@ impl Gpu {
                 let (z, y, act) = prev.map_or((null, null, Activation::Identity), |(z, y, act)| (z.ptr(), y.ptr(), act));
                 (1, n, null, dx.ptr(), null, z, y, act)
             }
-            DenseEpilogue::WeightGrad { dw, db } => {
+            DenseEpilogue::WeightGrad { dw, db, cleared: c } => {
                 assert!(dw.len() >= m * n && db.len() >= m, "dense dw: short dW or db");
+                cleared = c;
                 (2, n + 1, null, dw.ptr(), db.ptr(), null, null, Activation::Identity)
             }
         };
@@ -404,6 +422,16 @@ impl Gpu {
             kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope, early];
         let tile = MmaTile::of(kernel);
         assert!(tile.is_none_or(|t| t.takes(kernel, &a, &b)), "dense: {kernel:?} does not take A and B as laid out");
+        if tile.is_some_and(|t| t.split(kernel) > 1) {
+            assert!(mode == 2, "dense: {kernel:?} takes only a weight gradient's epilogue");
+            if !cleared {
+                // SAFETY: the weight gradient's dW and db, checked above to hold m·n and m values
+                unsafe {
+                    let zero = |ptr: u64, len: usize| result::memset_d8_async(ptr, 0, 4 * len, stream.cu_stream());
+                    zero(out0, m * n).and_then(|_| zero(out1, m)).map_err(|e| driver_error("clearing a weight gradient", e))?;
+                }
+            }
+        }
         self.run_blocks(stream, kernel, grid, tile.map_or(0, |t| t.shared_bytes(kernel)), args)
     }
 

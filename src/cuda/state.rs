@@ -358,11 +358,13 @@ impl DevModel {
             let head = Head::of(gpu, plan, capacity, batch);
             let upto = head.map_or(plan.steps.len(), |h| h.first());
             let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto)?;
+            // the head clears the gradients that split weight gradients add into
+            let cleared = head.as_ref().and_then(|_| exec::split_weight_grads(gpu, plan, &f, &b));
             match &head {
-                Some(h) => exec::head(gpu, stream, &f, &b, &l, loss, h, weights_early)?,
+                Some(h) => exec::head(gpu, stream, &f, &b, &l, loss, h, weights_early, cleared.clone())?,
                 None => exec::loss(gpu, stream, plan, &f, &b, &l, loss)?,
             }
-            exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref().map(|h| (h, &l, loss)))?;
+            exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref().map(|h| (h, &l, loss)), cleared)?;
             match update {
                 Some((config, step, state)) => {
                     update_args(config, step, state, &mut |kernel, grid, args| gpu.launch_args(stream, kernel, (grid, 1), 0, args))

@@ -109,6 +109,10 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     for buffer in ["acts", "labels", "targets", "partials"] {
         assert!(!early.contains(buffer), "dense_head reads {buffer} before the wait");
     }
+    // besides staging, it only clears the gradients that split weight gradients add into,
+    // which nothing ahead of it in the step touches
+    assert_eq!(early.matches("clear[").count(), 1, "dense_head writes nothing but `clear` before the wait");
+    assert!(early.contains("GRID_STRIDE(i, clear_len) clear[i] = 0.0f;"), "dense_head clears `clear` before the wait");
     // the tensor-core tiles are defined by two macros: DENSE_MMA_KERNEL (one kernel, which takes
     // b_early), used by DENSE_MMA for the two layouts of a tile shape
     let dense = SOURCE_FILES.iter().find(|(name, _)| *name == "dense.cu").unwrap().1;

@@ -353,7 +353,7 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
             let db_want: Vec<f32> = (0..m).map(|i| a[i * k..(i + 1) * k].iter().sum()).collect();
             for b_early in [false, true] {
                 let (mut dw, mut db) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m)));
-                let epilogue = DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db) };
+                let epilogue = DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db), cleared: false };
                 gpu.dense(&stream, m, n, k, am, bm, epilogue, b_early).unwrap();
                 check(&format!("{what} dW b_early {b_early}"), &download(&stream, &dw), &c, 0.0, 0.0);
                 check(&format!("{what} db b_early {b_early}"), &download(&stream, &db), &db_want, 0.0, 0.0);
@@ -445,7 +445,7 @@ fn split_weight_grads_match_plain_loops() {
 
 /// The tensor-core tiles (3xTF32) against products in f64 on random values, every tile in the
 /// two layouts they take (a forward's: A and B contiguous along k; a weight gradient's: A along
-/// m, B along n, also split over a cluster of two on sm_90 and later): no output errs
+/// m, B along n, also split over two blocks on sm_90 and later): no output errs
 /// by more than twice the worst error of the same sums in FP32 one after the other on the CPU,
 /// plus 1e-9 of Σ |a·b| (one TF32 product alone would err by about 1e-4 of it, so dropping the
 /// small parts of the split would fail). The shapes have edges in rows, columns and k for some
@@ -496,11 +496,19 @@ fn tensor_core_tiles_keep_fp32_accuracy() {
                 kernels.into_iter().take(splits).map(move |kernel| (tile, kernel))
             });
             for (tile, kernel) in kernels {
-                let grid = tile.grid(kernel, m, n);
-                let mut z = upload(&stream, &poisoned(m * n));
-                let epilogue = DenseEpilogue::Forward { bias: View::of(&zero), z: ViewMut::of(&mut z), y: None, act: Identity };
-                gpu.dense_on(&stream, kernel, grid, m, n, k, am, bm, epilogue, false).unwrap();
-                let got = worst(&download(&stream, &z));
+                let got = if tile.split(kernel) > 1 {
+                    // a split tile takes only a weight gradient's epilogue (it adds into dW):
+                    // dW is the product, its db the column of ones' (not checked here)
+                    let (mut dw, mut db) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m)));
+                    let epilogue = DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db), cleared: false };
+                    gpu.dense_on(&stream, kernel, tile.grid(kernel, m, n + 1), m, n, k, am, bm, epilogue, false).unwrap();
+                    worst(&download(&stream, &dw))
+                } else {
+                    let mut z = upload(&stream, &poisoned(m * n));
+                    let epilogue = DenseEpilogue::Forward { bias: View::of(&zero), z: ViewMut::of(&mut z), y: None, act: Identity };
+                    gpu.dense_on(&stream, kernel, tile.grid(kernel, m, n), m, n, k, am, bm, epilogue, false).unwrap();
+                    worst(&download(&stream, &z))
+                };
                 println!("{kernel:?} {m}x{n}x{k}: worst error {got:e} of sum |a b| (FP32 in order: {:e})", (bound - 1e-9) / 2.0);
                 assert!(got <= bound, "{kernel:?} {m}x{n}x{k}: error {got:e} of sum |a b|, over {bound:e}");
             }
@@ -820,7 +828,7 @@ fn kernel_times_of_the_mlp_step() {
     // weight gradients: dZᵀ (out × batch) · X (batch × in), and db
     for (m, n, name) in [(128, 784, "weight grad 1"), (64, 128, "weight grad 2"), (10, 64, "weight grad 3")] {
         time(format!("{name} {m}x{n}x{batch}"), &|| {
-            let epilogue = DenseEpilogue::WeightGrad { dw: vm(op, m * n), db: vm(yp, m) };
+            let epilogue = DenseEpilogue::WeightGrad { dw: vm(op, m * n), db: vm(yp, m), cleared: true };
             gpu.dense(
                 &stream,
                 m,
@@ -856,7 +864,7 @@ fn kernel_times_of_the_mlp_step() {
         }
     }
     // the first layer's two products on each tensor-core tile, the weight gradient also split
-    // over a cluster of two (sm_90 on)
+    // over two blocks (sm_90 on; its dW and db are not cleared between launches: timing only)
     let splits = if gpu.compute_capability().0 >= 9 { 2 } else { 1 };
     for tile in MMA_TILES {
         let (bm, bn) = (tile.rows, tile.cols);
@@ -867,7 +875,7 @@ fn kernel_times_of_the_mlp_step() {
         });
         for kernel in [tile.weight_grad].into_iter().chain(tile.weight_grad_split).take(splits) {
             time(format!("tiles {bm}x{bn}/{} weight grad 1 128x784x{batch}", tile.split(kernel)), &|| {
-                let epilogue = DenseEpilogue::WeightGrad { dw: vm(op, 128 * 784), db: vm(yp, 128) };
+                let epilogue = DenseEpilogue::WeightGrad { dw: vm(op, 128 * 784), db: vm(yp, 128), cleared: true };
                 let (dz, x) = (DevMat { data: v(zp, 128 * batch), rs: 1, cs: 128 }, DevMat { data: v(xp, batch * 784), rs: 784, cs: 1 });
                 gpu.dense_on(&stream, kernel, tile.grid(kernel, 128, 785), 128, 784, batch, dz, x, epilogue, true)
             });
@@ -897,6 +905,7 @@ fn kernel_times_of_the_mlp_step() {
                 labels: View::of(&labels).ptr(),
                 targets: 0,
                 partials: sp + 8,
+                clear: (0, 0),
             };
             let deep = if head.inner().is_some() { ", deep: 64x128 too" } else { "" };
             time(format!("head {batch}x10x64{deep} ({} blocks)", head.blocks()), &|| {
