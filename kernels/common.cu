@@ -32,25 +32,6 @@ __device__ __forceinline__ void after_prior(bool launch_next = true) {
     if (launch_next) next_may_launch();
 }
 
-// The cluster's barrier: every block's shared memory writes before it are visible to every
-// block after it
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-// The float at this block's shared address `at` in block `rank` of the cluster
-__device__ __forceinline__ float cluster_load(unsigned at, unsigned rank) {
-    float v = 0.0f;
-#if __CUDA_ARCH__ >= 900
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-#endif
-    return v;
-}
-
 // Σ of v over the block, in a fixed order; every thread gets the sum. buf: REDUCE_THREADS slots.
 __device__ __forceinline__ float block_sum_f32(float v, float* buf) {
     buf[threadIdx.x] = v;

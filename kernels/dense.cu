@@ -28,9 +28,10 @@ __device__ __forceinline__ float2 dense_epilogue_in(int mode, int i, int j, int 
     return e;
 }
 
-// e: dense_epilogue_in's value for (i, j); has_prev: the input gradient has a z_prev
+// e: dense_epilogue_in's value for (i, j); has_prev: the input gradient has a z_prev; add: a
+// weight gradient's c is added (atomically) into dW or db instead of stored (a split tile's)
 __device__ __forceinline__ void dense_store(int mode, int i, int j, float c, float2 e, bool has_prev, int N, int ldc, float* out0,
-                                            float* out1, int act, float slope) {
+                                            float* out1, int act, float slope, bool add = false) {
     long long at = (long long)i * ldc + j;
     if (mode == DENSE_FORWARD) {
         c += e.x;
@@ -39,10 +40,13 @@ __device__ __forceinline__ void dense_store(int mode, int i, int j, float c, flo
     } else if (mode == DENSE_INPUT_GRAD) {
         if (has_prev) c *= act_derivative(act, slope, e.x, e.y);
         out0[at] = c;
-    } else if (j < N - 1) {
-        out0[at] = c;
     } else {
-        out1[i] = c;
+        float* to = j < N - 1 ? out0 + at : out1 + i;
+        if (add) {
+            atomicAdd(to, c);
+        } else {
+            *to = c;
+        }
     }
 }
 
@@ -558,11 +562,11 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
         float v = sums[r * (BN + 1) + col];
 #pragma unroll
         for (int w = 1; w < WK; w++) v += sums[(w * BM + r) * (BN + 1) + col];
+        // a split tile's half (a weight gradient's, which reads no epilogue inputs) added into dW
+        // or db, cleared by the host, as the other block's is
         if (m0 + r >= M || n0 + col >= N) continue;
         if (SPLIT > 1) {
-            // added into dW or db, cleared by the host, as the other block's half is
-            int i = m0 + r, j = n0 + col;
-            atomicAdd(j < N - 1 ? out0 + (long long)i * ldc + j : out1 + i, v);
+            dense_store(DENSE_WEIGHT_GRAD, m0 + r, n0 + col, v, make_float2(0.0f, 0.0f), false, N, ldc, out0, out1, act, slope, true);
         } else {
             dense_store(mode, m0 + r, n0 + col, v, e[q], z_prev, N, ldc, out0, out1, act, slope);
         }

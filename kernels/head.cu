@@ -285,9 +285,9 @@ __device__ __forceinline__ void head_unit_sync(int unit) {
 
 // `weights_early`: the kernel ahead in the stream writes no weights (it is a layer's forward, or
 // the copy of the inputs), so W and b (and W0, b0) are staged before waiting for it. `clear`:
-// clear_len gradients set to zero (see src/cuda/head.rs). DEEP: the
-// kernel runs the layer before too (dense_head_deep and dense_head_deep2; dense_head is compiled
-// without that code, and its k0 is 0). U: warps a sample (a unit); with two (dense_head_deep2),
+// clear_len gradients set to zero (see src/cuda/head.rs). DEEP: the kernel runs the layer
+// before too (dense_head_deep and dense_head_deep2; dense_head is compiled without that code,
+// and its k0 is 0). U: warps a sample (a unit); with two (dense_head_deep2),
 // twice the warps hide each other's latencies where a batch leaves the GPU's schedulers a warp
 // or less each: each computes half the layer before's outputs and half of each input gradient;
 // both compute the last layer and the loss (the first alone writes them), between the unit's

@@ -223,9 +223,9 @@ pub enum DenseEpilogue<'a> {
     InputGrad { dx: ViewMut<'a, f32>, prev: Option<(View<'a, f32>, View<'a, f32>, Activation)> },
     /// `dW = C` (m × n), and `db[i] = Σ_k A(i, k)` (B gets a column of ones). A tile split
     /// over two blocks ([`Gpu::weight_grad_splits`]) adds each block's half into dW and db, so
-    /// they must hold zeros first: with `cleared` the caller has seen to it (a training step
-    /// clears the gradients beside its forward pass); otherwise [`Gpu::dense`] clears them on
-    /// the stream before the product.
+    /// they must hold zeros first: with `cleared` the caller has seen to it (in a training step
+    /// the head kernel clears them, beside the forward pass); otherwise [`Gpu::dense`] clears
+    /// them on the stream before the product.
     WeightGrad { dw: ViewMut<'a, f32>, db: ViewMut<'a, f32>, cleared: bool },
 }
 
@@ -369,9 +369,9 @@ impl Gpu {
     }
 
     /// Whether a weight gradient over `k` samples on the 32 × 32 tiles splits each tile's
-    /// slices over two blocks: on sm_90 and later (where it was measured), over [`MMA_SPLIT_MIN_SAMPLES`]
-    /// or more (where [`Gpu::mma_tile`] takes it, its grid is at most one block an SM, so the
-    /// split one holds two an SM).
+    /// slices over two blocks: on sm_90 and later (where it was measured), over
+    /// [`MMA_SPLIT_MIN_SAMPLES`] or more (where [`Gpu::mma_tile`] takes it, its grid is at most
+    /// one block an SM, so the split one holds two an SM).
     pub(crate) fn mma_split(&self, k: usize) -> bool {
         self.mma_split_enabled() && k >= MMA_SPLIT_MIN_SAMPLES
     }
