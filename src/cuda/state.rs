@@ -4,7 +4,8 @@
 //! A model on a GPU owns one stream; everything it runs (forward, backprop, the optimiser
 //! update) is queued there, in order, so a training loop never waits for the device. (Inside a
 //! backward pass, dense weight gradients, but the first layer's, fork to a second stream of the
-//! model and join back before the pass ends, so the order seen from outside is the same.) Caches,
+//! model, and the loss of a step with a head (src/cuda/head.rs) is summed on a third; both join
+//! back before the pass ends, so the order seen from outside is the same.) Caches,
 //! gradient buffers and optimiser state are device memory that any model of the same plan on
 //! the same device may use: the first use by another model waits for the previous one's stream.
 //! The host waits only where a value comes back: `forward`'s outputs, the loss when asked for,
@@ -56,6 +57,9 @@ pub(crate) struct DevModel {
     /// layer's) while the input gradients go on (forked from and joined back into `stream`
     /// inside each step).
     side: Arc<CudaStream>,
+    /// A third, on which a step with a head (src/cuda/head.rs) sums the loss's terms beside the
+    /// weight gradients (forked after the head, joined back before the update).
+    loss_side: Arc<CudaStream>,
     pub params: DevBuf<f32>,
     pub options: GpuOptions,
 }
@@ -95,10 +99,12 @@ pub(crate) struct DevCache {
 /// The device half of [`Grads`].
 pub(crate) struct DevGrads {
     stream: Arc<CudaStream>,
-    /// cuBLAS on the model's side stream, and the events that fork work to it and join it back.
+    /// cuBLAS on the model's side stream, the events that fork work to it and join it back, and
+    /// the event that joins the loss's stream back.
     side_blas: Blas,
     fork: Event,
     join: Event,
+    loss_join: Event,
     grads: DevBuf<f32>,
     dacts: DevBuf<f32>,
     dcols: DevBuf<f32>,
@@ -133,11 +139,11 @@ fn rebind(bound: &mut Arc<CudaStream>, stream: &Arc<CudaStream>) -> Result<()> {
 }
 
 impl DevModel {
-    /// `params` copied to device `gpu`, with a new stream.
+    /// `params` copied to device `gpu`, with new streams.
     pub fn new(gpu: &Arc<Gpu>, params: &[f32], options: GpuOptions) -> Result<DevModel> {
-        let (stream, side) = (gpu.new_stream()?, gpu.new_stream()?);
+        let (stream, side, loss_side) = (gpu.new_stream()?, gpu.new_stream()?, gpu.new_stream()?);
         let params = DevBuf::from_host(gpu, &stream, params)?;
-        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, params, options })
+        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, loss_side, params, options })
     }
 
     pub fn device(&self) -> Device {
@@ -337,7 +343,14 @@ impl DevModel {
         let f = Forward { dnn: Some(&dev.dnn), ..f };
         let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
-        let side = Side { blas: &dg.side_blas, stream: &self.side, fork: &dg.fork, join: &dg.join };
+        let side = Side {
+            blas: &dg.side_blas,
+            stream: &self.side,
+            fork: &dg.fork,
+            join: &dg.join,
+            loss_stream: &self.loss_side,
+            loss_join: &dg.loss_join,
+        };
         let (n, params_ptr) = (self.params.len(), self.params.ptr());
         let update_args = |config: Optim, step: u64, state: &DevBuf<f32>, call: &mut LaunchArgs| {
             // SAFETY: the model's parameters and the optimiser's state, whole, for one launch
@@ -476,6 +489,7 @@ impl DevGrads {
             side_blas: gpu.blas(side, tf32)?,
             fork: Event::new(gpu)?,
             join: Event::new(gpu)?,
+            loss_join: Event::new(gpu)?,
             grads: DevBuf::zeros(gpu, stream, plan.param_len)?,
             dacts: DevBuf::zeros(gpu, stream, plan.acts_len(capacity))?,
             dcols: DevBuf::zeros(gpu, stream, capacity * max_lowered_len(plan))?,
