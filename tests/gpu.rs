@@ -116,6 +116,41 @@ fn train_step_matches_backprop_then_update() {
     }
 }
 
+/// Updates queued back to back (the host never waits) give the same bits as the same updates
+/// with the host waiting after each: each optimiser reads the parameters and its state only
+/// once the update ahead of it has written them (inside `train_step` it reads them early, where
+/// only gradients are written ahead of it: kernels/optim.cu).
+#[test]
+fn updates_queued_back_to_back_match_updates_one_at_a_time() {
+    let Some(device) = cuda_or_skip() else { return };
+    let optimisers = [Optim::adam(1e-3), Optim::adamw(1e-3, 0.1), Optim::sgd(0.05, 0.9), Optim::sgd(0.05, 0.0), Optim::rmsprop(1e-3)];
+    for optim in optimisers {
+        let on_gpu = || mlp().build().unwrap().init(Init::HeNormal, 6).to(&device).unwrap();
+        let (mut queued, mut waited) = (on_gpu(), on_gpu());
+        let (mut queued_opt, mut waited_opt) = (Optimizer::new(&queued, optim).unwrap(), Optimizer::new(&waited, optim).unwrap());
+        let (x, labels) = batch(&mut Rng::new(11), &queued, 64);
+        for (model, opt, wait) in [(&mut queued, &mut queued_opt, false), (&mut waited, &mut waited_opt, true)] {
+            let (mut fwd, mut bwd) = (model.preallocate(64).unwrap(), model.preallocate_grads(64).unwrap());
+            fwd.set_inputs(&x).unwrap();
+            fwd.set_labels(&labels).unwrap();
+            model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+            for _ in 0..6 {
+                opt.update(model, &bwd).unwrap();
+                if wait {
+                    model.parameters().unwrap();
+                }
+            }
+        }
+        let (want, got) = (waited.parameters().unwrap(), queued.parameters().unwrap());
+        assert!(want != mlp().build().unwrap().init(Init::HeNormal, 6).parameters().unwrap().as_ref(), "{optim:?}: trained");
+        let differ = want.iter().zip(got.iter()).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "{optim:?}: {differ} parameters differ");
+        let (want, got) = (waited_opt.state().unwrap(), queued_opt.state().unwrap());
+        assert!(want.iter().zip(got.iter()).all(|(a, b)| a.to_bits() == b.to_bits()), "{optim:?}: optimiser state differs");
+        assert_eq!(queued_opt.steps(), 6, "{optim:?}");
+    }
+}
+
 /// `train_step` on a GPU checks what backprop and update check before it queues anything:
 /// missing labels, another model's cache and another model's optimiser are errors that leave
 /// the parameters and the optimiser's step count as they were; then a step goes through.

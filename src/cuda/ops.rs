@@ -705,11 +705,14 @@ impl Gpu {
         grads: View<f32>,
         state: ViewMut<f32>,
     ) -> Result<()> {
-        self.optim_call(config, step, n, params, grads, state, |kernel, grid, args| self.launch_args(stream, kernel, (grid, 1), 0, args))
+        let launch = |kernel, grid, args: &mut [*mut c_void]| self.launch_args(stream, kernel, (grid, 1), 0, args);
+        self.optim_call(config, step, n, params, grads, state, false, launch)
     }
 
     /// The kernel, grid and arguments of [`Gpu::optim_step`], given to `call` (which launches
-    /// them, or sets them in a step's graph); nothing is called when `n` is 0.
+    /// them, or sets them in a step's graph); nothing is called when `n` is 0. `early`: the
+    /// kernel reads parameters and state before waiting for the kernels ahead of it, which
+    /// must write neither (a training step's backward pass: kernels/optim.cu).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn optim_call(
         &self,
@@ -719,6 +722,7 @@ impl Gpu {
         params: ViewMut<f32>,
         grads: View<f32>,
         state: ViewMut<f32>,
+        early: bool,
         call: impl FnOnce(Kernel, u32, &mut [*mut c_void]) -> Result<()>,
     ) -> Result<()> {
         assert!(params.len() >= n && grads.len() >= n && state.len() >= config.state_per_param() * n, "optim_step: short view");
@@ -726,12 +730,12 @@ impl Gpu {
             return Ok(());
         }
         let (p, g, s1, s2, len, grid) = (params.ptr(), grads.ptr(), state.ptr(), state.ptr() + 4 * n as u64, int(n)?, blocks(n));
-        let kernel = optim_kernel(config);
+        let (kernel, early) = (optim_kernel(config), i32::from(early));
         match config {
-            Optim::Sgd { lr, momentum: 0.0, .. } => call(kernel, grid, &mut kernel_args![p, g, lr, len]),
+            Optim::Sgd { lr, momentum: 0.0, .. } => call(kernel, grid, &mut kernel_args![p, g, lr, len, early]),
             Optim::Sgd { lr, momentum, nesterov } => {
                 let nesterov = i32::from(nesterov);
-                call(kernel, grid, &mut kernel_args![p, g, s1, lr, momentum, nesterov, len])
+                call(kernel, grid, &mut kernel_args![p, g, s1, lr, momentum, nesterov, len, early])
             }
             Optim::Adam { lr, beta1, beta2, eps } | Optim::AdamW { lr, beta1, beta2, eps, weight_decay: _ } => {
                 let decay = if let Optim::AdamW { weight_decay, .. } = config { weight_decay } else { 0.0 };
@@ -740,9 +744,9 @@ impl Gpu {
                 let step_size = lr / (1.0 - beta1.powi(t));
                 let inv_bias2 = 1.0 / (1.0 - beta2.powi(t)).sqrt();
                 let shrink = 1.0 - lr * decay;
-                call(kernel, grid, &mut kernel_args![p, g, s1, s2, beta1, beta2, eps, step_size, inv_bias2, shrink, len])
+                call(kernel, grid, &mut kernel_args![p, g, s1, s2, beta1, beta2, eps, step_size, inv_bias2, shrink, len, early])
             }
-            Optim::RmsProp { lr, alpha, eps } => call(kernel, grid, &mut kernel_args![p, g, s1, lr, alpha, eps, len]),
+            Optim::RmsProp { lr, alpha, eps } => call(kernel, grid, &mut kernel_args![p, g, s1, lr, alpha, eps, len, early]),
         }
     }
 

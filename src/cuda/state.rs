@@ -358,7 +358,9 @@ impl DevModel {
             // in the step that reads them; nothing else writes them meanwhile (`&mut` model
             // and optimiser in `Optimizer::train_step`).
             let (p, s) = unsafe { (ViewMut::from_raw(params_ptr, n), ViewMut::from_raw(state.ptr(), state.len())) };
-            gpu.optim_call(config, step, n, p, dg.grads.all(), s, |kernel, grid, args| call(kernel, grid, args))
+            // the kernels ahead of it in the step write only gradients: it reads the parameters
+            // and its state early
+            gpu.optim_call(config, step, n, p, dg.grads.all(), s, true, |kernel, grid, args| call(kernel, grid, args))
         };
         let function = update.map(|(config, _, _)| gpu.function(optim_kernel(config)));
         let work = || {

@@ -61,7 +61,9 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     compiled.sort();
     assert_eq!(on_disk, compiled, "every kernels/*.cu file is compiled, and only those");
     let mut defined = Vec::new();
+    let mut optim_early = Vec::new();
     for (name, text) in SOURCE_FILES {
+        let file = *name;
         let on_disk = std::fs::read_to_string(dir.join(name)).unwrap();
         assert_eq!(&on_disk, text, "{name} changed since the build");
         let mut rest = *text;
@@ -85,6 +87,12 @@ fn every_launched_kernel_is_defined_in_the_sources() {
                 assert!(body[1..].trim_start().starts_with("dense_head_impl<"), "{name} is not dense_head_impl");
             } else if name.starts_with("dense_") {
                 assert!(params.contains("int b_early)"), "kernel {name} does not take b_early");
+            } else if file == "optim.cu" {
+                // the optimisers, with `early`, read their first values before the wait: checked below
+                assert!(params.contains("int early)"), "kernel {name} does not take early");
+                assert!(body[1..].trim_start().starts_with("OPTIM_EARLY;"), "kernel {name} does not begin with OPTIM_EARLY");
+                let early = &body[..body.find("after_prior();").expect("an optimiser waits")];
+                optim_early.push((name.clone(), early.to_string()));
             } else {
                 assert!(body[1..].trim_start().starts_with("after_prior();"), "kernel {name} does not begin with after_prior()");
             }
@@ -150,6 +158,21 @@ fn every_launched_kernel_is_defined_in_the_sources() {
                 "epilogue_in();",
             ];
             assert!(line.is_empty() || allowed.iter().any(|a| line.starts_with(a)), "dense.cu: {line:?} before the wait");
+        }
+    }
+    // Before its wait an optimiser only reads, where `early` says so (OPTIM_EARLY's `pre`), the
+    // thread's first value of each of its buffers but the gradient, which the kernels ahead of
+    // it write (every statement after OPTIM_EARLY is `float x0 = pre ? x[first] : 0.0f, …;`)
+    assert_eq!(optim_early.len(), 4, "sgd, sgd_momentum, adam and rmsprop");
+    for (name, early) in &optim_early {
+        let statements = early[1..].trim().strip_prefix("OPTIM_EARLY;").unwrap().trim();
+        for declaration in statements.split(';').map(str::trim).filter(|d| !d.is_empty()) {
+            let values = declaration.strip_prefix("float ").unwrap_or_else(|| panic!("{name}: {declaration:?} before the wait"));
+            for value in values.split(", ") {
+                let (_, read) = value.split_once(" = pre ? ").unwrap_or_else(|| panic!("{name}: {value:?} before the wait"));
+                let buffer = read.strip_suffix("[first] : 0.0f").unwrap_or_else(|| panic!("{name}: {read:?} before the wait"));
+                assert!(buffer != "g" && buffer.chars().all(|c| c.is_ascii_alphanumeric()), "{name} reads {buffer} before the wait");
+            }
         }
     }
     for kernel in KERNELS {
