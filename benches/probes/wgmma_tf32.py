@@ -7,7 +7,10 @@
 # width and each reading of the descriptor's two byte offsets, the error against float64 and,
 # where it is right, the time a launch (graphs of 20 launches). BENCHMARKS.md, twenty-fourth
 # session, has what it printed on the H100.
-import cupy as cp, numpy as np, sys
+import os, sys
+import cupy as cp, numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import B, H, I, forward_operands, time_launches
 src = r'''
 #ifndef BN
 #define BN 32
@@ -114,27 +117,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) wg_fwd(const float* X, con
     }
 }
 '''
-rng = np.random.default_rng(1)
-B, I, H = 1024, 784, 128
-X = cp.asarray(rng.standard_normal((B, I), dtype=np.float32))
-W = cp.asarray(rng.standard_normal((H, I), dtype=np.float32) * 0.05)
-bias = cp.asarray(rng.standard_normal(H, dtype=np.float32))
+X, W, bias, ref = forward_operands()
 Z = cp.zeros((B, H), cp.float32)
-ref = X.get().astype(np.float64) @ W.get().T.astype(np.float64) + bias.get()
 stream = cp.cuda.Stream(non_blocking=True)
-def time_launches(fn, reps=20, rounds=5):
-    stream.begin_capture()
-    for _ in range(reps): fn()
-    g = stream.end_capture()
-    for _ in range(3): g.launch(stream=stream)
-    ts = []
-    for _ in range(rounds):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(stream)
-        for _ in range(10): g.launch(stream=stream)
-        b.record(stream); b.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(a, b) * 1000 / (10 * reps))
-    return np.median(ts)
 for bn in (32, 16):
     try:
         mod = cp.RawModule(code=src, options=("--gpu-architecture=sm_90a", "--fmad=false", "--std=c++17", f"-DBN={bn}"))
@@ -151,7 +136,7 @@ for bn in (32, 16):
             err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
             line = f"BN {bn} mode {mode}: max rel err {err:.2e}"
             if err < 1e-5:
-                line += f", {time_launches(fn):.2f} us a launch ({grid[0] * grid[1]} blocks)"
+                line += f", {time_launches(stream, fn):.2f} us a launch ({grid[0] * grid[1]} blocks)"
             else:
                 # where it goes wrong: the first few mismatches
                 bad = np.argwhere(np.abs(got - ref) > 1e-3 * np.max(np.abs(ref)))[:4]

@@ -11,7 +11,10 @@
 # NO_WGMMA, ONE_WGMMA, NO_SPLIT (which part takes the time; the loop below runs them), and the
 # SASS (nvcc -arch=sm_90a -cubin, cuobjdump -sass: how the HGMMA instructions are fenced). Leads:
 # the split pass's 16-byte stores 128 bytes apart (8-way bank conflicts), the no-swizzle layout.
-import cupy as cp, numpy as np, sys
+import os, sys
+import cupy as cp, numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import B, H, I, forward_operands, time_launches
 src = r'''
 #define BM 64
 #define BN 64
@@ -154,27 +157,9 @@ wg_fwd(const float* X, const float* W, const float* bias, float* Z, float* Y, in
     cluster_sync();
 }
 '''
-rng = np.random.default_rng(1)
-B, I, H = 1024, 784, 128
-X = cp.asarray(rng.standard_normal((B, I), dtype=np.float32))
-W = cp.asarray(rng.standard_normal((H, I), dtype=np.float32) * 0.05)
-bias = cp.asarray(rng.standard_normal(H, dtype=np.float32))
+X, W, bias, ref = forward_operands()
 Z = cp.zeros((B, H), cp.float32); Y = cp.zeros((B, H), cp.float32)
-ref = X.get().astype(np.float64) @ W.get().T.astype(np.float64) + bias.get()
 stream = cp.cuda.Stream(non_blocking=True)
-def time_launches(fn, reps=20, rounds=5):
-    stream.begin_capture()
-    for _ in range(reps): fn()
-    g = stream.end_capture()
-    for _ in range(3): g.launch(stream=stream)
-    ts = []
-    for _ in range(rounds):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(stream)
-        for _ in range(10): g.launch(stream=stream)
-        b.record(stream); b.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(a, b) * 1000 / (10 * reps))
-    return np.median(ts)
 for defs in ((), ("-DNO_WGMMA",), ("-DNO_SPLIT",), ("-DONE_WGMMA",), ("-DNO_WGMMA", "-DNO_SPLIT")):
     mod = cp.RawModule(code=src, options=("--gpu-architecture=sm_90a", "--fmad=false", "--std=c++17") + defs)
     k = mod.get_function("wg_fwd")
@@ -185,4 +170,4 @@ for defs in ((), ("-DNO_WGMMA",), ("-DNO_SPLIT",), ("-DONE_WGMMA",), ("-DNO_WGMM
     Z.fill(0); fn(); stream.synchronize()
     got = Z.get()
     err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
-    print(f"{' '.join(defs) or 'full'}: max rel err {err:.2e}, {time_launches(fn):.2f} us a launch", flush=True)
+    print(f"{' '.join(defs) or 'full'}: max rel err {err:.2e}, {time_launches(stream, fn):.2f} us a launch", flush=True)
