@@ -337,8 +337,12 @@ impl Gpu {
         epilogue: DenseEpilogue,
         b_early: bool,
     ) -> Result<()> {
-        let weight_grad = matches!(epilogue, DenseEpilogue::WeightGrad { .. });
-        let (kernel, grid) = self.dense_choice(m, n + usize::from(weight_grad), k, &a, &b, weight_grad);
+        let (kernel, grid) = match epilogue {
+            DenseEpilogue::Forward { .. } => self.dense_choice(m, n, k, &a, &b, false),
+            DenseEpilogue::WeightGrad { .. } => self.dense_choice(m, n + 1, k, &a, &b, true),
+            // the tensor-core tiles take a forward's or a weight gradient's epilogue only
+            DenseEpilogue::InputGrad { .. } => self.dense_kernel(m, n, k, false),
+        };
         self.dense_on(stream, kernel, grid, m, n, k, a, b, epilogue, b_early)
     }
 
@@ -352,13 +356,17 @@ impl Gpu {
         }
     }
 
-    /// The tensor-core tile for the product and its kernel for the operands' layout, where one
-    /// takes them ([`Gpu::mma_tile`], [`MmaTile::takes`]); a weight gradient's split where
+    /// The tensor-core tile for the product and its kernel (a forward's, or a weight
+    /// gradient's: each layout has its epilogue), where it takes the operands as laid out
+    /// ([`Gpu::mma_tile`], [`MmaTile::takes`]); a weight gradient's split where
     /// [`Gpu::mma_split`] says.
     fn mma_choice(&self, m: usize, cols: usize, k: usize, a: &DevMat, b: &DevMat, weight_grad: bool) -> Option<(Kernel, MmaTile)> {
         let tile = self.mma_tile(m, cols, k, weight_grad)?;
-        let weight_grad = tile.weight_grad_split.filter(|_| self.mma_split(k)).unwrap_or(tile.weight_grad);
-        [tile.forward, weight_grad].into_iter().find(|&kernel| tile.takes(kernel, a, b)).map(|kernel| (kernel, tile))
+        let kernel = match weight_grad {
+            true => tile.weight_grad_split.filter(|_| self.mma_split(k)).unwrap_or(tile.weight_grad),
+            false => tile.forward,
+        };
+        tile.takes(kernel, a, b).then_some((kernel, tile))
     }
 
     /// Whether [`Gpu::dense`] runs the weight gradient of an `m × n` dense layer over `k`
@@ -422,14 +430,14 @@ impl Gpu {
             kernel_args![ap, a_rs, a_cs, bp, b_rs, b_cs, mi, ni, ki, mode, ldc, bias, out0, out1, z_prev, y_prev, code, slope, early];
         let tile = MmaTile::of(kernel);
         assert!(tile.is_none_or(|t| t.takes(kernel, &a, &b)), "dense: {kernel:?} does not take A and B as laid out");
-        if tile.is_some_and(|t| t.split(kernel) > 1) {
-            assert!(mode == 2, "dense: {kernel:?} takes only a weight gradient's epilogue");
-            if !cleared {
-                // SAFETY: the weight gradient's dW and db, checked above to hold m·n and m values
-                unsafe {
-                    let zero = |ptr: u64, len: usize| result::memset_d8_async(ptr, 0, 4 * len, stream.cu_stream());
-                    zero(out0, m * n).and_then(|_| zero(out1, m)).map_err(|e| driver_error("clearing a weight gradient", e))?;
-                }
+        // a tile's epilogue follows from its layout (kernels/dense.cu): the forward's, or a
+        // weight gradient's
+        assert!(tile.is_none_or(|t| mode == if kernel == t.forward { 0 } else { 2 }), "dense: {kernel:?} takes another epilogue");
+        if tile.is_some_and(|t| t.split(kernel) > 1) && !cleared {
+            // SAFETY: the weight gradient's dW and db, checked above to hold m·n and m values
+            unsafe {
+                let zero = |ptr: u64, len: usize| result::memset_d8_async(ptr, 0, 4 * len, stream.cu_stream());
+                zero(out0, m * n).and_then(|_| zero(out1, m)).map_err(|e| driver_error("clearing a weight gradient", e))?;
             }
         }
         self.run_blocks(stream, kernel, grid, tile.map_or(0, |t| t.shared_bytes(kernel)), args)
