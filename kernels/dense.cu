@@ -414,8 +414,9 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
     static_assert(SPLIT == 1 || SPLIT == 2, "one block or two a tile");
     // The epilogue follows from the layout (the host checks), known when compiled, not read
     // from `mode`: measured on the H100 against that, the MLP's step went 30.3–30.4 → 29.8–29.9
-    // µs at 1024, 23.4–23.5 → 22.3 at 512, 24.2 → 23.4–23.5 at 128 (the other way, merely
-    // storing the split tile's sums through the general call cost 0.6 µs at 1024).
+    // µs at 1024, 23.4–23.5 → 22.3 at 512, 24.2 → 23.4–23.5 at 128 (with the mode read at run
+    // time, merely storing the split tile's sums through the general call cost 0.6 µs at 1024;
+    // with it known, that one call for every tile measures as the two did).
     constexpr int mode = AK ? DENSE_FORWARD : DENSE_WEIGHT_GRAD;
     extern __shared__ __align__(16) float smem[];
     unsigned dyn;
@@ -568,14 +569,9 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
         float v = sums[r * (BN + 1) + col];
 #pragma unroll
         for (int w = 1; w < WK; w++) v += sums[(w * BM + r) * (BN + 1) + col];
-        // a split tile's half (a weight gradient's, which reads no epilogue inputs) added into dW
-        // or db, cleared by the host, as the other block's is
-        if (m0 + r >= M || n0 + col >= N) continue;
-        if (SPLIT > 1) {
-            dense_store(DENSE_WEIGHT_GRAD, m0 + r, n0 + col, v, make_float2(0.0f, 0.0f), false, N, ldc, out0, out1, act, slope, true);
-        } else {
-            dense_store(mode, m0 + r, n0 + col, v, e[q], z_prev, N, ldc, out0, out1, act, slope);
-        }
+        // a split tile's half (a weight gradient's: the host checks) added into dW or db,
+        // cleared by the host, as the other block's is
+        if (m0 + r < M && n0 + col < N) dense_store(mode, m0 + r, n0 + col, v, e[q], z_prev, N, ldc, out0, out1, act, slope, SPLIT > 1);
     }
 #else
     __trap();
