@@ -55,7 +55,7 @@ pub fn in_child() -> bool {
 pub fn run_alone(test: &str, env: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().expect("the test binary's path");
     let mut command = std::process::Command::new(exe);
-    command.args([test, "--exact", "--nocapture", "--test-threads=1"]).env(CHILD, "1");
+    command.args([test, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"]).env(CHILD, "1");
     for (name, value) in env {
         command.env(name, value);
     }
@@ -124,14 +124,12 @@ pub fn allocations_in(f: impl FnOnce()) -> usize {
     ALLOCATIONS.with(|n| n.get()) - before
 }
 
-/// CUDA device 0, or `None` after printing `skipped: no CUDA device` (the first line of every
-/// GPU test).
-pub fn cuda_or_skip() -> Option<crate::Device> {
+/// The first line of every GPU test: CUDA device 0. GPU tests are `#[ignore]`d, so the test
+/// runner reports them as ignored where they are not asked for; run with `--include-ignored`
+/// where there is a GPU. Asked to run without one, a GPU test fails here, saying why.
+pub fn cuda_device() -> crate::Device {
     match crate::Device::cuda(0) {
-        Ok(device) => Some(device),
-        Err(e) => {
-            println!("skipped: no CUDA device ({e})");
-            None
-        }
+        Ok(device) => device,
+        Err(e) => panic!("this test needs a CUDA device, and there is none usable: {e}"),
     }
 }

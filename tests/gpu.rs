@@ -1,13 +1,13 @@
 //! The model on a GPU against the same model on the CPU, and the GPU's promises: errors that
 //! leave the device usable, devices chosen as documented, models on several threads (no
-//! allocation per step: tests/gpu_no_alloc.rs). Every test prints `skipped: no CUDA device`
-//! and passes where CUDA is missing.
+//! allocation per step: tests/gpu_no_alloc.rs). The GPU tests are `#[ignore]`d: the runner
+//! counts them as ignored, and `cargo test -- --include-ignored` runs them where there is a GPU.
 #![cfg(feature = "cuda")]
 
 use flatnn::cuda;
 use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
-use flatnn::testutil::{batch, cuda_or_skip, rel_err, Rng};
+use flatnn::testutil::{batch, cuda_device, rel_err, Rng};
 
 /// An odd little net touching every layer kind, activation and option the GPU runs.
 fn mixed() -> Chain {
@@ -43,9 +43,10 @@ fn train(model: Model, optim: Optim, loss: Loss, steps: usize, seed: u64) -> (Ve
     (losses, model)
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn training_on_the_gpu_matches_the_cpu() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let cases = [
         ("mlp", mlp(), Optim::Sgd { lr: 0.05, momentum: 0.9, nesterov: true }, Loss::LogitCrossEntropy),
         ("mlp adam", mlp(), Optim::adam(1e-3), Loss::LogitCrossEntropy),
@@ -76,9 +77,10 @@ fn training_on_the_gpu_matches_the_cpu() {
 /// 24 steps queued back to back (the host never waits), two batch sizes (two graphs), the
 /// learning rate changed before every step; each optimiser; graphs on and off. A replay that
 /// kept the arguments it was captured with, or took a later step's, would differ.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn train_step_matches_backprop_then_update() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let optimisers = [Optim::adam(1e-3), Optim::adamw(1e-3, 0.1), Optim::sgd(0.05, 0.9), Optim::sgd(0.05, 0.0), Optim::rmsprop(1e-3)];
     for (optim, graphs) in optimisers.into_iter().flat_map(|o| [(o, true), (o, false)]) {
         let options = GpuOptions { graphs, tf32: false };
@@ -120,9 +122,10 @@ fn train_step_matches_backprop_then_update() {
 /// with the host waiting after each: each optimiser reads the parameters and its state only
 /// once the update ahead of it has written them (inside `train_step` it reads them early, where
 /// only gradients are written ahead of it: kernels/optim.cu).
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn updates_queued_back_to_back_match_updates_one_at_a_time() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let optimisers = [Optim::adam(1e-3), Optim::adamw(1e-3, 0.1), Optim::sgd(0.05, 0.9), Optim::sgd(0.05, 0.0), Optim::rmsprop(1e-3)];
     for optim in optimisers {
         let on_gpu = || mlp().build().unwrap().init(Init::HeNormal, 6).to(&device).unwrap();
@@ -154,9 +157,10 @@ fn updates_queued_back_to_back_match_updates_one_at_a_time() {
 /// `train_step` on a GPU checks what backprop and update check before it queues anything:
 /// missing labels, another model's cache and another model's optimiser are errors that leave
 /// the parameters and the optimiser's step count as they were; then a step goes through.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn train_step_checks_before_it_queues() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let build = || mlp().build().unwrap().init(Init::HeNormal, 5).to(&device).unwrap();
     let (mut model, other) = (build(), build());
     let (mut fwd, mut bwd) = (model.preallocate(64).unwrap(), model.preallocate_grads(64).unwrap());
@@ -179,9 +183,10 @@ fn train_step_checks_before_it_queues() {
     assert!(model.parameters().unwrap().as_ref() != &before[..], "the step did not update");
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let mut rng = Rng::new(4);
     for (name, chain) in [("mlp", mlp()), ("lenet", lenet5()), ("mixed", mixed())] {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 5).with_threads(1).unwrap();
@@ -232,9 +237,10 @@ fn backprop_both(
 /// MLP's first layer; at 2048 its weight gradient on a 32 × 32 tile) and on cuBLAS: forward against
 /// the CPU, then a backprop on the same batch without new inputs, which checks that the forward
 /// left the inputs on the device.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn dense_plans_match_the_cpu() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let chains = [
         ("100-200-1", Chain::new(Input::vector(100)).dense(200, Relu).dense(1, Identity)),
         ("1000-13", Chain::new(Input::vector(1000)).dense(13, Gelu)),
@@ -281,9 +287,10 @@ fn dense_plans_match_the_cpu() {
 /// activation, taking the plan's input or another layer's output, activated or not; an
 /// activated last layer, both losses, 1 to 32 outputs. `dense_plans_match_the_cpu` runs the MLP
 /// (deep, both layers activated) and a layer before too large to stage (the 100-200-1).
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn large_batches_through_the_head_match_the_cpu() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let chains = [
         ("33-40-7", Chain::new(Input::vector(33)).dense(40, Tanh).dense(7, Identity), Loss::LogitCrossEntropy),
         ("6-9-9-2", Chain::new(Input::vector(6)).dense(9, Identity).dense(9, Gelu).dense(2, Sigmoid), Loss::Mse),
@@ -318,9 +325,10 @@ fn large_batches_through_the_head_match_the_cpu() {
 /// Outputs of up to 16,384 values come back through a kernel that writes them to the host and
 /// sets a flag; larger ones through a copy and a stream wait. Calls alternate between the two on
 /// one cache (the flag's count must stay in step), with graphs on and off.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn forward_outputs_on_both_sides_of_the_flag_path_match_the_cpu() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let chain = Chain::new(Input::vector(20)).dense(64, Relu).dense(40, Identity);
     let cpu = chain.build().unwrap().init(Init::GlorotUniform, 4).with_threads(1).unwrap();
     let mut rng = Rng::new(21);
@@ -342,9 +350,10 @@ fn forward_outputs_on_both_sides_of_the_flag_path_match_the_cpu() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn saved_on_the_gpu_loads_on_the_cpu() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let model = mlp().build().unwrap().init(Init::HeNormal, 1).to(&device).unwrap();
     let (_, trained) = train(model, Optim::adam(1e-3), Loss::LogitCrossEntropy, 5, 2);
     let path = std::env::temp_dir().join(format!("flatnn-gpu-save-{}.safetensors", std::process::id()));
@@ -396,29 +405,29 @@ fn train_moving(stops: &[Device]) -> f64 {
     rel_err(&back.parameters().unwrap(), &reference.parameters().unwrap())
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn model_optimiser_and_caches_move_together() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let err = train_moving(&[Device::Cpu, device]);
     println!("moved CPU -> GPU mid-training: parameters rel err {err:.2e}");
     assert!(err <= 1e-5, "{err:e}");
 }
 
+#[ignore = "needs two CUDA devices: run with --include-ignored where there are (--skip two_gpus elsewhere)"]
 #[test]
-fn moves_between_gpus() {
-    let Some(_) = cuda_or_skip() else { return };
-    if cuda::device_count() < 2 {
-        println!("skipped: fewer than 2 CUDA devices");
-        return;
-    }
+fn moves_between_two_gpus() {
+    cuda_device();
+    assert!(cuda::device_count() >= 2, "this test needs two CUDA devices, and there are {}", cuda::device_count());
     let err = train_moving(&[Device::Cuda(0), Device::Cuda(1), Device::Cuda(0), Device::Cpu]);
     println!("moved cuda:0 -> cuda:1 -> cuda:0 -> CPU mid-training: parameters rel err {err:.2e}");
     assert!(err <= 1e-5, "{err:e}");
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn mismatched_devices_are_errors() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let cpu_model = mlp().build().unwrap().init(Init::HeNormal, 1);
     let mut gpu_model = cpu_model.to(&device).unwrap();
     let mut cpu_cache = cpu_model.preallocate(4).unwrap();
@@ -430,9 +439,10 @@ fn mismatched_devices_are_errors() {
     assert!(matches!(gpu_model.parameters_mut(), Err(Error::Mismatch(_))));
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn a_device_error_is_an_err_and_the_device_stays_usable() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let model = mlp().build().unwrap().init(Init::HeNormal, 1).to(&device).unwrap();
     // activations for 2^27 samples: ~630 GB, more than any GPU has
     match model.preallocate(1 << 27) {
@@ -444,9 +454,10 @@ fn a_device_error_is_an_err_and_the_device_stays_usable() {
     assert!(losses.iter().all(|l| l.is_finite()), "the device is still usable: {losses:?}");
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn flatnn_device_chooses_the_device() {
-    let Some(_) = cuda_or_skip() else { return };
+    cuda_device();
     // The only test in this binary that reads or sets FLATNN_DEVICE.
     let with = |value: Option<&str>| {
         match value {
@@ -466,6 +477,7 @@ fn flatnn_device_chooses_the_device() {
 }
 
 /// Run by `cuda_visible_devices_is_honoured` in a child process; does nothing otherwise.
+#[ignore = "run by cuda_visible_devices_is_honoured in a child process"]
 #[test]
 fn child_process_sees_expected_devices() {
     let Ok(expected) = std::env::var("FLATNN_TEST_EXPECT_DEVICES") else { return };
@@ -481,12 +493,13 @@ fn child_process_sees_expected_devices() {
     println!("child: ok");
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn cuda_visible_devices_is_honoured() {
-    let Some(_) = cuda_or_skip() else { return };
+    cuda_device();
     for (visible, expected) in [("", 0), ("0", 1), ("-1", 0)] {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_process_sees_expected_devices", "--nocapture", "--test-threads=1"])
+            .args(["--exact", "child_process_sees_expected_devices", "--include-ignored", "--nocapture", "--test-threads=1"])
             .env("CUDA_VISIBLE_DEVICES", visible)
             .env("FLATNN_TEST_EXPECT_DEVICES", expected.to_string())
             .env_remove("FLATNN_DEVICE")
@@ -498,9 +511,10 @@ fn cuda_visible_devices_is_honoured() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn several_models_on_several_threads_match_one_at_a_time() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let model = |seed| lenet5().build().unwrap().init(Init::HeNormal, seed).to(&device).unwrap();
     let alone: Vec<Vec<f32>> = (0..4)
         .map(|seed| train(model(seed), Optim::adam(1e-3), Loss::LogitCrossEntropy, 10, seed).1.parameters().unwrap().into_owned())
@@ -527,9 +541,10 @@ fn several_models_on_several_threads_match_one_at_a_time() {
 /// relaunch it mid-call), and with the model's own graphs run between calls; models it cannot
 /// take (a convolution, weights too large for shared memory, no dense layer) are served through
 /// `forward`.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn a_server_matches_the_cpu() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let chains = [
         ("100-200-1", Chain::new(Input::vector(100)).dense(200, Relu).dense(1, Identity), 128),
         ("20-7", Chain::new(Input::vector(20)).dense(7, Sigmoid), 1),
@@ -598,9 +613,10 @@ fn a_server_matches_the_cpu() {
 /// A server keeps answering, right, while another thread's model keeps the GPU busy with large
 /// products (its blocks may then wait for SMs, and the kernel must not leave before every block
 /// has finished a call).
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn a_server_answers_while_other_work_holds_the_gpu() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let cpu = Chain::new(Input::vector(100)).dense(200, Relu).dense(1, Identity).build().unwrap().init(Init::GlorotUniform, 4);
     let gpu = cpu.to(&device).unwrap();
     let (x, _) = batch(&mut Rng::new(5), &cpu, 128);

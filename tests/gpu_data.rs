@@ -1,21 +1,21 @@
 //! Data on the GPU: a data set in device memory gathered per batch ([`DeviceDataset`] with
 //! [`Loader::next_device_batch`]) and batches streamed from page-locked host memory
 //! ([`StreamingLoader`]) give exactly the host loader's batches and training results, allocate
-//! nothing per batch, and refuse bad labels and oversized batches. Every test prints
-//! `skipped: no CUDA device` and passes where CUDA is missing.
+//! nothing per batch, and refuse bad labels and oversized batches. The GPU tests are
+//! `#[ignore]`d: `cargo test -- --include-ignored` runs them where there is a GPU.
 
 use flatnn::data::{Dataset, DeviceDataset, Loader, StreamingLoader};
 use flatnn::prelude::*;
-use flatnn::testutil::{allocations_in, cuda_or_skip, rel_err, Counting, Rng};
+use flatnn::testutil::{allocations_in, cuda_device, rel_err, Counting, Rng};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The GPU tests of this file run one at a time: one of them reads the device's free memory,
 /// which another test allocating beside it would change.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// CUDA device 0 and this file's turn on it, or `None` after printing the skip line.
-fn gpu_device() -> Option<(Device, MutexGuard<'static, ()>)> {
-    cuda_or_skip().map(|device| (device, ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)))
+/// CUDA device 0 and this file's turn on it.
+fn gpu_device() -> (Device, MutexGuard<'static, ()>) {
+    (cuda_device(), ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
 /// `n` samples of `len` values in [−1, 1) (sample i's labels below `classes`).
@@ -99,9 +99,10 @@ fn device_loaders_move_between_threads() {
     send::<(Model, Cache, Grads, Optimizer)>();
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn gathered_and_streamed_batches_are_the_host_loaders() {
-    let Some((device, _turn)) = gpu_device() else { return };
+    let (device, _turn) = gpu_device();
     let (len, n, batch) = (7, 50, 8);
     let data = dataset(n, len, len, 1);
     let cpu = identity(len);
@@ -176,9 +177,10 @@ fn train(model: &Model, kind: Kind, data: &Dataset, steps: usize, seed: u64) -> 
     (model.parameters().unwrap().into_owned(), losses)
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn training_from_device_data_matches_the_host_loader() {
-    let Some((device, _turn)) = gpu_device() else { return };
+    let (device, _turn) = gpu_device();
     // 200 samples in batches of 32: six full batches and one of 8 per epoch; 30 steps cross
     // four epochs, so the order is copied to the device four times
     let data = dataset(200, 20, 10, 2);
@@ -200,9 +202,10 @@ fn training_from_device_data_matches_the_host_loader() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn one_device_data_set_feeds_two_models_on_their_own_streams() {
-    let Some((device, _turn)) = gpu_device() else { return };
+    let (device, _turn) = gpu_device();
     let data = dataset(200, 20, 10, 4);
     let models: Vec<Model> = [5, 6].iter().map(|&seed| mlp().init(Init::HeNormal, seed).to(&device).unwrap()).collect();
     let alone: Vec<Vec<f32>> = models.iter().zip([7, 8]).map(|(m, seed)| train(m, Kind::Host, &data, 20, seed).0).collect();
@@ -239,9 +242,10 @@ fn one_device_data_set_feeds_two_models_on_their_own_streams() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn labels_and_capacity_are_checked() {
-    let Some((device, _turn)) = gpu_device() else { return };
+    let (device, _turn) = gpu_device();
     let mut data = dataset(40, 20, 10, 5);
     // a label at or past the classes is refused at upload, naming it
     let mut labels = data.labels().to_vec();
@@ -299,9 +303,10 @@ fn free_device_memory() -> usize {
     Device::Cuda(0).memory().unwrap().0
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn a_batch_gathered_on_the_device_does_not_move_with_its_cache() {
-    let Some((device, _turn)) = gpu_device() else { return };
+    let (device, _turn) = gpu_device();
     let data = dataset(40, 20, 10, 8);
     let model = mlp().to(&device).unwrap();
     let mut fwd = model.preallocate(16).unwrap();
@@ -319,9 +324,10 @@ fn a_batch_gathered_on_the_device_does_not_move_with_its_cache() {
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn device_batches_allocate_nothing() {
-    let Some((device, _turn)) = gpu_device() else { return };
+    let (device, _turn) = gpu_device();
     let data = dataset(200, 20, 10, 6);
     for kind in [Kind::Device, Kind::Streaming] {
         let mut model = mlp().to(&device).unwrap();

@@ -1,7 +1,7 @@
 //! Convolutions through cuDNN (`FLATNN_CUDNN=1`) against the CPU and against flatnn's own GPU
-//! kernels (`FLATNN_CUDNN=0`), and the automatic choice (`auto`). Every test prints
-//! `skipped: no CUDA device` where CUDA is missing; those that need cuDNN print
-//! `skipped: no cuDNN 9 library` where it is missing, and pass.
+//! kernels (`FLATNN_CUDNN=0`), and the automatic choice (`auto`). The tests are `#[ignore]`d:
+//! `cargo test -- --include-ignored` runs them where there is a GPU; those that need cuDNN
+//! print `skipped: no cuDNN 9 library` where it is missing, and pass.
 //!
 //! flatnn reads `FLATNN_CUDNN` once per process, so a test that needs a setting runs itself
 //! again alone in a child process with it (`testutil::run_alone`).
@@ -10,7 +10,7 @@
 use flatnn::cuda::cudnn_version;
 use flatnn::models::lenet5;
 use flatnn::prelude::*;
-use flatnn::testutil::{batch, cuda_or_skip, in_child, rel_err, run_alone, Rng};
+use flatnn::testutil::{batch, cuda_device, in_child, rel_err, run_alone, Rng};
 use std::path::{Path, PathBuf};
 
 /// Strides and paddings LeNet lacks: stride 2 with padding 1, a non-square kernel with
@@ -98,9 +98,10 @@ fn lines_at<'r>(report: &'r str, batch: usize, arith: &str) -> Vec<&'r str> {
     report.lines().filter(|l| l.starts_with(&prefix)).collect()
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn cudnn_forward_and_training_match_the_cpu() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let Some(version) = cudnn_version() else {
         println!("skipped: no cuDNN 9 library");
         return;
@@ -162,10 +163,11 @@ fn result_path(dir: &Path, model: &str, what: &str) -> PathBuf {
     dir.join(format!("{model}-{what}.f32"))
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn cudnn_and_flatnn_kernels_agree() {
     const TEST: &str = "cudnn_and_flatnn_kernels_agree";
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     if cudnn_version().is_none() {
         println!("skipped: no cuDNN 9 library");
         return;
@@ -215,9 +217,10 @@ fn cudnn_and_flatnn_kernels_agree() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn the_automatic_choice_matches_the_cpu_and_reports_itself() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     if !in_mode("the_automatic_choice_matches_the_cpu_and_reports_itself", "auto") {
         return;
     }
@@ -242,9 +245,10 @@ fn the_automatic_choice_matches_the_cpu_and_reports_itself() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn a_flatnn_cudnn_not_understood_is_reported_and_means_auto() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     if !in_mode("a_flatnn_cudnn_not_understood_is_reported_and_means_auto", "sometimes") {
         return;
     }
@@ -262,10 +266,11 @@ fn a_flatnn_cudnn_not_understood_is_reported_and_means_auto() {
 /// workspace, so both take the same path for each layer and batch size and compute the same
 /// bits. (The workspace once depended on the capacity, and the path on which cache measured
 /// first.) In both `FLATNN_CUDNN=1` and `auto`.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn caches_of_any_capacity_compute_the_same_bits() {
     const TEST: &str = "caches_of_any_capacity_compute_the_same_bits";
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     if !in_child() {
         for mode in ["1", "auto"] {
             run_alone(TEST, &[("FLATNN_CUDNN", mode)]);
@@ -304,9 +309,10 @@ fn caches_of_any_capacity_compute_the_same_bits() {
 /// (which may be given the freed cache's addresses): the gradients' captured graphs must not
 /// replay against the old cache's buffers or cuDNN workspace. The same bits as training with one
 /// cache throughout.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn a_new_cache_in_a_freed_caches_place_trains_as_the_old_one() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let cpu = lenet5().build().unwrap().init(Init::HeNormal, 31);
     let run = |swap: bool| -> Vec<f32> {
         let mut model = on_gpu(&cpu, &device, fp32(true));
@@ -331,9 +337,10 @@ fn a_new_cache_in_a_freed_caches_place_trains_as_the_old_one() {
     assert!(swapped == once, "parameters differ: rel err {:e}", rel_err(&swapped, &once));
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn a_model_without_convolutions_reports_nothing() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     let model = flatnn::models::mlp().build().unwrap().to(&device).unwrap();
     assert_eq!(model.preallocate(4).unwrap().conv_backends(), "");
     let cpu = lenet5().build().unwrap();

@@ -1,20 +1,21 @@
 //! A GPU training step, an inference call and a call to a resident server allocate nothing on
 //! the host and leave the device's free memory as it was, over 1,000 of each. Its own test binary: no other test
 //! allocates device memory while the free memory is read (the test runs itself in a child
-//! process per `FLATNN_CUDNN` setting, one at a time). Prints `skipped: no CUDA device` and
-//! passes where CUDA is missing.
+//! process per `FLATNN_CUDNN` setting, one at a time). `#[ignore]`d: `cargo test --
+//! --include-ignored` runs it where there is a GPU.
 #![cfg(feature = "cuda")]
 
 use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
-use flatnn::testutil::{allocations_in, cuda_or_skip, in_child, run_alone, Counting, Rng};
+use flatnn::testutil::{allocations_in, cuda_device, in_child, run_alone, Counting, Rng};
 
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
-    let Some(device) = cuda_or_skip() else { return };
+    let device = cuda_device();
     // FLATNN_CUDNN is read once per process: the MLP and LeNet on flatnn's kernels in one child
     // process, LeNet through cuDNN (on flatnn's kernels again where cuDNN is missing) in another
     if !in_child() {

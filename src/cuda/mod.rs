@@ -188,26 +188,10 @@ fn guarded_result<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
         .unwrap_or_else(|_| Err(Error::Cuda { what: "a CUDA library lacks a function flatnn needs (driver or toolkit too old?)".into() }))
 }
 
-/// The device-0 [`Gpu`] for a test, or `None` (after printing the skip line) without CUDA.
+/// The first line of every GPU test (each `#[ignore]`d, see `testutil::cuda_device`): the
+/// device-0 [`Gpu`]; without one, the test fails saying so.
 #[cfg(test)]
-pub(crate) fn test_gpu() -> Option<Arc<Gpu>> {
-    if !is_functional() {
-        println!("skipped: no CUDA device");
-        return None;
-    }
-    Some(gpu(0).expect("device 0 works (is_functional said so)"))
+pub(crate) fn test_gpu() -> Arc<Gpu> {
+    assert!(is_functional(), "this test needs a CUDA device, and there is none usable");
+    gpu(0).expect("device 0 works (is_functional said so)")
 }
-
-/// First line of every GPU test: the device-0 [`Gpu`], or return after printing
-/// `skipped: no CUDA device`.
-#[cfg(test)]
-macro_rules! gpu_or_skip {
-    () => {
-        match $crate::cuda::test_gpu() {
-            Some(gpu) => gpu,
-            None => return,
-        }
-    };
-}
-#[cfg(test)]
-pub(crate) use gpu_or_skip;

@@ -4,7 +4,7 @@ use super::{check, download, same_bits, upload};
 use crate::activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
 use crate::chain::{Chain, Input, Shape};
 use crate::cuda::ops::MMA_TILES;
-use crate::cuda::{gpu_or_skip, DenseEpilogue, DevMat, DevMatMut, View, ViewMut, LOSS_SCRATCH};
+use crate::cuda::{test_gpu, DenseEpilogue, DevMat, DevMatMut, View, ViewMut, LOSS_SCRATCH};
 use crate::init::Init;
 use crate::layers::{conv, pool};
 use crate::loss;
@@ -14,9 +14,10 @@ use crate::testutil::{poisoned, Rng};
 
 const ACTS: [Activation; 6] = [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu];
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn bias_act_matches_the_cpu() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(1);
     for (channels, pixels, batch) in [(7, 13, 5), (37, 1, 3), (1, 1, 1), (16, 576, 33)] {
@@ -39,9 +40,10 @@ fn bias_act_matches_the_cpu() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn act_backward_matches_the_cpu() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(2);
     for n in [1, 1001, (1 << 24) + 3] {
@@ -58,9 +60,10 @@ fn act_backward_matches_the_cpu() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn bias_grad_is_exact_on_integers_and_deterministic() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(3);
     for (channels, pixels, batch) in [(7, 13, 5), (10, 1, 1000), (3, 784, 64), (1, 1, 1)] {
@@ -82,9 +85,10 @@ fn bias_grad_is_exact_on_integers_and_deterministic() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn softmax_xent_matches_the_cpu_and_is_deterministic() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(4);
     for (classes, batch) in [(10, 1), (13, 37), (10, 1000), (1000, 3)] {
@@ -115,9 +119,10 @@ fn softmax_xent_matches_the_cpu_and_is_deterministic() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn mse_matches_the_cpu_and_is_deterministic() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(5);
     for n in [1, 7, 1000, 300_001] {
@@ -144,9 +149,10 @@ fn mse_matches_the_cpu_and_is_deterministic() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn maxpool_matches_the_spec_bit_for_bit() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(6);
     // (H, W, C, window, stride): disjoint, overlapping, stride 1, uneven, stride > window
@@ -209,9 +215,10 @@ fn im2col_reference(g: &conv::Geometry, x: &[f32]) -> Vec<f32> {
 
 /// im2col, then W·col (strided-batched SGEMM), equals the conv spec; Wᵀ·dZ then col2im equals
 /// its dX, and Σ dZ_s·col_sᵀ its dW. Small integers: everything is exact.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn conv_lowering_with_sgemm_matches_the_spec() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let blas = gpu.blas(&stream, false).unwrap();
     let mut rng = Rng::new(7);
@@ -284,9 +291,10 @@ fn product(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
 
 /// The fused dense kernels (both shapes: few rows, panels) against plain loops, on small
 /// integers (so the products are exact) for every epilogue, with A and B each stored either way.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn dense_products_and_their_epilogues_match_plain_loops() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(11);
     let shapes = [
@@ -367,10 +375,11 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
 /// integer below 2^24), with edges in rows, columns and samples, outputs poisoned; and on random
 /// values within FP32's rounding of the f64 sums, the same bits in two runs. Shapes whose
 /// blocks do not fit on this GPU at once are skipped, but some must run.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn split_weight_grads_match_plain_loops() {
     use crate::cuda::wgrad::Job;
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     if !gpu.split_enabled() {
         println!("skipped: needs sm_90 (clusters), or FLATNN_SPLIT=0");
         return;
@@ -450,9 +459,10 @@ fn split_weight_grads_match_plain_loops() {
 /// plus 1e-9 of Σ |a·b| (one TF32 product alone would err by about 1e-4 of it, so dropping the
 /// small parts of the split would fail). The shapes have edges in rows, columns and k for some
 /// tile, and k of one slice (the second block of a split tile has none) to 13.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn tensor_core_tiles_keep_fp32_accuracy() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     if gpu.compute_capability().0 < 8 {
         println!("skipped: no tensor cores with TF32 (sm_80) on this device");
         return;
@@ -528,9 +538,10 @@ fn eight_column_rows(gpu: &crate::cuda::Gpu) -> usize {
 /// A product of many rows (four or eight columns per block) gives, row by row, the bits of the
 /// same product one row at a time (`dense_row`): the kernels sum every value in one order.
 /// Random values, so another order would show in the last bits.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn four_and_eight_columns_per_block_sum_in_the_order_of_one() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(14);
     let eight_rows = eight_column_rows(&gpu);
@@ -554,9 +565,10 @@ fn four_and_eight_columns_per_block_sum_in_the_order_of_one() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn optimisers_match_the_cpu() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(8);
     let nesterov = Optim::Sgd { lr: 0.05, momentum: 0.9, nesterov: true };
@@ -579,9 +591,10 @@ fn optimisers_match_the_cpu() {
     }
 }
 
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn gather_picks_the_indexed_samples() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(9);
     let (samples, sample_len, batch) = (100, 37, 33);
@@ -606,9 +619,10 @@ fn gather_picks_the_indexed_samples() {
 }
 
 /// After one warm-up call each, the wrappers and SGEMM allocate nothing on the host.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn launches_allocate_nothing() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let blas = gpu.blas(&stream, false).unwrap();
     let (channels, pixels, batch) = (8, 36, 4);
@@ -669,9 +683,10 @@ fn loss_totals_follow(loss: &[f64]) {
 
 /// Inputs from mapped page-locked memory: every length's vector part and tail, and nothing
 /// past `n` written.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn copy_from_host_copies_exactly_n_values() {
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(31);
     for n in [1, 3, 4, 5, 1029, 100_003] {
@@ -690,11 +705,12 @@ fn copy_from_host_copies_exactly_n_values() {
 /// outputs and 1024 inputs, from 257 to 2048 samples, and the dense layer before it where that
 /// one's weights are few enough (a deep head); whose dz it writes besides its own; how it
 /// spreads a batch.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn the_head_takes_a_narrow_last_dense_layer() {
     use crate::chain::{Layer, Plan};
     use crate::cuda::head::{Head, MAX_INNER_WEIGHTS};
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     if !gpu.head_enabled() {
         println!("skipped: FLATNN_HEAD=0");
         return;
@@ -776,7 +792,7 @@ fn the_head_takes_a_narrow_last_dense_layer() {
 #[ignore]
 fn kernel_times_of_the_mlp_step() {
     use crate::cuda::timing::time_calls;
-    let gpu = gpu_or_skip!();
+    let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(16);
     let batch: usize = std::env::var("FLATNN_TIMES_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
