@@ -24,8 +24,9 @@ impl Shape {
         Shape::Vector(n)
     }
 
-    /// An image input, `height × width` pixels of `channels` channels.
-    pub fn image(height: usize, width: usize, channels: usize) -> Shape {
+    /// An image input of `channels` planes of `height × width` pixels, given in the order of
+    /// its data layout (C, H, W), as PyTorch's `(N, C, H, W)` tensors lay out each sample.
+    pub fn image(channels: usize, height: usize, width: usize) -> Shape {
         Shape::Image { channels, height, width }
     }
 
@@ -47,7 +48,7 @@ impl std::fmt::Display for Shape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Shape::Vector(n) => write!(f, "vector({n})"),
-            Shape::Image { channels, height, width } => write!(f, "image({height}×{width}×{channels})"),
+            Shape::Image { channels, height, width } => write!(f, "image({channels}×{height}×{width})"),
         }
     }
 }
@@ -322,7 +323,7 @@ mod tests {
     #[test]
     fn lenet_shapes_and_layout() {
         let plan = Plan::new(
-            Shape::image(28, 28, 1),
+            Shape::image(1, 28, 28),
             &[
                 Layer::Conv { out_channels: 6, kernel: (5, 5), stride: (1, 1), padding: (2, 2), activation: Relu },
                 Layer::MaxPool { window: (2, 2), stride: (2, 2) },
@@ -335,10 +336,10 @@ mod tests {
         )
         .unwrap();
         let outs: Vec<Shape> = plan.steps.iter().map(|s| s.output).collect();
-        assert_eq!(outs[0], Shape::image(28, 28, 6));
-        assert_eq!(outs[1], Shape::image(14, 14, 6));
-        assert_eq!(outs[2], Shape::image(10, 10, 16));
-        assert_eq!(outs[3], Shape::image(5, 5, 16));
+        assert_eq!(outs[0], Shape::image(6, 28, 28));
+        assert_eq!(outs[1], Shape::image(6, 14, 14));
+        assert_eq!(outs[2], Shape::image(16, 10, 10));
+        assert_eq!(outs[3], Shape::image(16, 5, 5));
         assert_eq!(outs[4], Shape::Vector(400));
         assert_eq!(plan.param_len, (6 * 25 + 6) + (16 * 6 * 25 + 16) + (120 * 400 + 120) + (10 * 120 + 10));
         // flatten aliases its input region; identity layers have z == y
@@ -354,14 +355,14 @@ mod tests {
     #[test]
     fn mismatches_name_the_layer_and_shapes() {
         let cases: Vec<(Shape, Vec<Layer>, &str)> = vec![
-            (Shape::image(8, 8, 1), vec![Layer::Dense { out_features: 3, activation: Relu }], "layer 0"),
+            (Shape::image(1, 8, 8), vec![Layer::Dense { out_features: 3, activation: Relu }], "layer 0"),
             (Shape::vector(4), vec![Layer::Flatten], "already a vector"),
-            (Shape::image(4, 4, 1), vec![Layer::MaxPool { window: (5, 5), stride: (5, 5) }], "larger than the input 4×4"),
-            (Shape::image(4, 4, 1), vec![Layer::Flatten, Layer::Dense { out_features: 0, activation: Relu }], "layer 1"),
+            (Shape::image(1, 4, 4), vec![Layer::MaxPool { window: (5, 5), stride: (5, 5) }], "larger than the input 4×4"),
+            (Shape::image(1, 4, 4), vec![Layer::Flatten, Layer::Dense { out_features: 0, activation: Relu }], "layer 1"),
             (Shape::vector(0), vec![Layer::Dense { out_features: 1, activation: Relu }], "no values"),
             (Shape::vector(3), vec![], "no layers"),
             (
-                Shape::image(3, 3, 1),
+                Shape::image(1, 3, 3),
                 vec![Layer::Conv { out_channels: 1, kernel: (4, 4), stride: (1, 1), padding: (0, 0), activation: Relu }],
                 "kernel 4×4",
             ),

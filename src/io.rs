@@ -99,8 +99,9 @@ fn parse_architecture(text: &str, path: &Path) -> Result<(Shape, Vec<Layer>)> {
     let input = match w.first().map(String::as_str) {
         Some("vector") if w.len() == 2 => Shape::Vector(numbers(&w[1..], 1, first)?[0]),
         Some("image") if w.len() == 4 => {
+            // the file keeps its order, height width channels
             let n = numbers(&w[1..], 3, first)?;
-            Shape::image(n[0], n[1], n[2])
+            Shape::image(n[2], n[0], n[1])
         }
         _ => return Err(bad(format!("the architecture must start with the input shape, not {first:?}"))),
     };
@@ -324,7 +325,7 @@ mod tests {
 
     #[test]
     fn architecture_round_trips_and_names_follow_sequential() {
-        let model = crate::Chain::new(Shape::image(28, 28, 1))
+        let model = crate::Chain::new(Shape::image(1, 28, 28))
             .conv_with(6, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
             .max_pool((2, 2))
             .flatten()
@@ -388,7 +389,7 @@ mod tests {
             ("vector 1000000000; dense 1 identity", "more parameters"),
             ("vector 4611686018427387904; dense 4 relu", "the input vector(4611686018427387904) has more than"),
             ("vector 100000000; dense 100 relu", "layers 0..=0 (to Dense { out_features: 100, activation: Relu }) have more parameters"),
-            ("image 4 4 11073741825; conv 2 3 3 1 1 1 1 relu", "the input image(4×4×11073741825) has more than"),
+            ("image 4 4 11073741825; conv 2 3 3 1 1 1 1 relu", "the input image(11073741825×4×4) has more than"),
             ("image 4 4 1000000; conv 2 3 3 1 1 1 1 relu", "have more parameters than the file's"),
             ("image 4294967296 4294967296 4294967296; maxpool 1 1 1 1", "the input image(4294967296×4294967296×4294967296)"),
             ("image 2 2 1; conv 1 1 1 1 1 9223372036854775807 0 relu", "padded input's size overflows"),

@@ -11,7 +11,7 @@ use flatnn::testutil::{batch, cuda_device, rel_err, Rng};
 
 /// An odd little net touching every layer kind, activation and option the GPU runs.
 fn mixed() -> Chain {
-    Chain::new(Input::image(9, 7, 2))
+    Chain::new(Input::image(2, 9, 7))
         .conv_with(3, (3, 2), Tanh, ConvOptions { stride: (2, 1), padding: (1, 1) })
         .max_pool_with((2, 2), (1, 2))
         .conv(4, (2, 2), Gelu)
@@ -551,7 +551,7 @@ fn a_server_matches_the_cpu() {
         ("37-256-9-250-3", Chain::new(Input::vector(37)).dense(256, Tanh).dense(9, Sigmoid).dense(250, LeakyRelu(0.2)).dense(3, Gelu), 300),
         ("mlp", mlp(), 16),
         ("mixed", mixed(), 8),
-        ("flatten", Chain::new(Input::image(2, 3, 1)).flatten(), 4),
+        ("flatten", Chain::new(Input::image(1, 2, 3)).flatten(), 4),
     ];
     let default_idle = std::time::Duration::from_millis(1);
     let mut rng = Rng::new(12);

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 /// Strides and paddings LeNet lacks: stride 2 with padding 1, a non-square kernel with
 /// stride (2, 1), and a conv without activation (z is y).
 fn strided() -> Chain {
-    Chain::new(Input::image(16, 15, 3))
+    Chain::new(Input::image(3, 16, 15))
         .conv_with(8, (3, 3), Relu, ConvOptions { stride: (2, 2), padding: (1, 1) })
         .conv_with(6, (3, 3), Tanh, ConvOptions { stride: (1, 1), padding: (1, 1) })
         .max_pool((2, 2))

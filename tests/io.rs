@@ -13,7 +13,7 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 fn lenet() -> Chain {
-    Chain::new(Input::image(12, 12, 1))
+    Chain::new(Input::image(1, 12, 12))
         .conv_with(3, (5, 5), Relu, ConvOptions { stride: (1, 1), padding: (2, 2) })
         .max_pool((2, 2))
         .conv(4, (3, 3), Tanh)

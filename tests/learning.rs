@@ -112,7 +112,7 @@ fn mse_regression_learns() {
 
 #[test]
 fn same_seed_same_threads_same_bits() {
-    let cnn = || Chain::new(Input::image(6, 6, 1)).conv(4, (3, 3), Relu).max_pool((2, 2)).flatten().dense(2, Identity);
+    let cnn = || Chain::new(Input::image(1, 6, 6)).conv(4, (3, 3), Relu).max_pool((2, 2)).flatten().dense(2, Identity);
     for threads in [1, 2] {
         let run = |chain: Chain| {
             let mut model = chain.build().unwrap().init(Init::GlorotNormal, 11).with_threads(threads).unwrap();
@@ -132,7 +132,7 @@ fn same_seed_same_threads_same_bits() {
             model.parameters().unwrap().iter().map(|p| p.to_bits()).collect::<Vec<u32>>()
         };
         assert_eq!(run(cnn()), run(cnn()), "cnn, {threads} threads");
-        let mlp16 = || Chain::new(Input::image(6, 6, 1)).flatten().dense(64, Relu).dense(2, Identity);
+        let mlp16 = || Chain::new(Input::image(1, 6, 6)).flatten().dense(64, Relu).dense(2, Identity);
         assert_eq!(run(mlp16()), run(mlp16()), "mlp, {threads} threads");
     }
 }

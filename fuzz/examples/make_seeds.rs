@@ -82,7 +82,7 @@ fn main() -> flatnn::Result<()> {
     fs::create_dir_all(&model_dir).unwrap();
     let mlp = Chain::new(Input::vector(4)).dense(3, Relu).dense(2, Identity).build()?.init(Init::GlorotNormal, 1);
     mlp.save(model_dir.join("mlp.safetensors"))?;
-    let cnn = Chain::new(Input::image(5, 5, 1))
+    let cnn = Chain::new(Input::image(1, 5, 5))
         .conv_with(2, (3, 3), LeakyRelu(0.1), ConvOptions { stride: (1, 1), padding: (1, 1) })
         .max_pool((2, 2))
         .flatten()

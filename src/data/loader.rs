@@ -58,7 +58,7 @@ impl Dataset {
             return Err(Error::Format { path: labels_path, what: format!("{} labels for {count} images", labels.len()) });
         }
         let samples = pixels.iter().map(|&p| p as f32 / 255.0).collect();
-        Dataset::new(samples, labels.into_iter().map(u32::from).collect(), Shape::image(rows, cols, 1))
+        Dataset::new(samples, labels.into_iter().map(u32::from).collect(), Shape::image(1, rows, cols))
     }
 
     /// The first `n` samples (all of them if there are fewer).
@@ -489,7 +489,7 @@ mod tests {
     fn real_mnist_loads() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist");
         let test = Dataset::mnist(&dir, Split::Test).unwrap();
-        assert_eq!((test.len(), test.shape()), (10_000, Shape::image(28, 28, 1)));
+        assert_eq!((test.len(), test.shape()), (10_000, Shape::image(1, 28, 28)));
         assert_eq!(test.labels()[0], 7);
         assert!(test.sample(0).iter().all(|&p| (0.0..=1.0).contains(&p)));
         let err = Dataset::mnist(Path::new("/nonexistent"), Split::Train).unwrap_err();

@@ -448,13 +448,13 @@ mod tests {
     fn fast_matches_spec_with_stride_and_padding() {
         let mut rng = Rng::new(11);
         let cases = [
-            (Shape::image(5, 5, 1), 2, (3, 3), (1, 1), (0, 0)),
-            (Shape::image(7, 6, 3), 4, (3, 2), (2, 1), (1, 1)),
-            (Shape::image(9, 9, 2), 3, (5, 5), (2, 2), (2, 2)),
-            (Shape::image(1, 1, 2), 5, (1, 1), (1, 1), (0, 0)),
-            (Shape::image(28, 28, 1), 6, (5, 5), (1, 1), (2, 2)),
-            (Shape::image(4, 5, 2), 3, (2, 2), (3, 2), (2, 3)),
-            (Shape::image(14, 14, 6), 16, (5, 5), (1, 1), (0, 0)),
+            (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0)),
+            (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1)),
+            (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2)),
+            (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0)),
+            (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2)),
+            (Shape::image(2, 4, 5), 3, (2, 2), (3, 2), (2, 3)),
+            (Shape::image(6, 14, 14), 16, (5, 5), (1, 1), (0, 0)),
         ];
         for threads in [1, 2, 3] {
             let pool = Pool::new(threads).unwrap();
@@ -462,7 +462,7 @@ mod tests {
             for (input, oc, kernel, stride, padding) in cases {
                 let Shape::Image { channels, height, width } = input else { unreachable!() };
                 let (oh, ow) = ((height + 2 * padding.0 - kernel.0) / stride.0 + 1, (width + 2 * padding.1 - kernel.1) / stride.1 + 1);
-                let g = Geometry::new(input, Shape::image(oh, ow, oc), kernel, stride, padding);
+                let g = Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding);
                 for batch in [1, 2, 5] {
                     let w = rng.ints(oc * channels * kernel.0 * kernel.1);
                     let zero_b = vec![0.0; oc];

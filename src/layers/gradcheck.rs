@@ -23,7 +23,7 @@ fn models() -> Vec<(&'static str, Chain)> {
         ),
         (
             "conv stride/padding, overlapping pool",
-            Chain::new(Shape::image(7, 6, 2))
+            Chain::new(Shape::image(2, 7, 6))
                 .conv_with(3, (3, 3), Tanh, strided)
                 .max_pool_with((2, 2), (1, 1))
                 .conv(2, (2, 2), Gelu)
@@ -32,7 +32,7 @@ fn models() -> Vec<(&'static str, Chain)> {
         ),
         (
             "lenet-like",
-            Chain::new(Shape::image(8, 8, 1))
+            Chain::new(Shape::image(1, 8, 8))
                 .conv_with(2, (3, 3), LeakyRelu(0.2), ConvOptions { stride: (1, 1), padding: (1, 1) })
                 .max_pool((2, 2))
                 .conv(3, (3, 3), Identity)

@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn first_maximum_takes_the_gradient_and_overlaps_add() {
         // 1 channel 3×3, window 2×2 stride 1: windows overlap on the centre.
-        let g = Geometry::new(Shape::image(3, 3, 1), Shape::image(2, 2, 1), (2, 2), (1, 1));
+        let g = Geometry::new(Shape::image(1, 3, 3), Shape::image(1, 2, 2), (2, 2), (1, 1));
         let x = [1.0f32, 2.0, 0.0, 0.0, 9.0, 0.0, 3.0, 3.0, 1.0];
         let mut y = poisoned(4);
         forward_spec(&g, 1, &x, &mut y);
@@ -282,7 +282,7 @@ mod tests {
         assert_eq!(dx, [0.0, 0.0, 0.0, 0.0, 10.0, 0.0, 0.0, 0.0, 0.0]);
         // ties: the first in row-major order wins
         let x = [5.0f32, 5.0, 5.0, 5.0];
-        let g = Geometry::new(Shape::image(2, 2, 1), Shape::image(1, 1, 1), (2, 2), (2, 2));
+        let g = Geometry::new(Shape::image(1, 2, 2), Shape::image(1, 1, 1), (2, 2), (2, 2));
         let mut dx = poisoned(4);
         backward_spec(&g, 1, &x, &[1.0], &mut dx);
         assert_eq!(dx, [1.0, 0.0, 0.0, 0.0]);
@@ -293,18 +293,18 @@ mod tests {
         let mut rng = crate::testutil::Rng::new(5);
         // (input, window, stride): square, overlapping, ragged edge, one window per channel
         let cases = [
-            (Shape::image(28, 28, 6), (2, 2), (2, 2)),
-            (Shape::image(7, 9, 2), (2, 2), (2, 2)),
-            (Shape::image(7, 9, 3), (3, 2), (2, 3)),
-            (Shape::image(5, 5, 2), (2, 2), (1, 1)),
+            (Shape::image(6, 28, 28), (2, 2), (2, 2)),
+            (Shape::image(2, 7, 9), (2, 2), (2, 2)),
+            (Shape::image(3, 7, 9), (3, 2), (2, 3)),
+            (Shape::image(2, 5, 5), (2, 2), (1, 1)),
             (Shape::image(8, 8, 8), (4, 4), (4, 4)),
-            (Shape::image(3, 4, 1), (3, 4), (1, 1)),
+            (Shape::image(1, 3, 4), (3, 4), (1, 1)),
         ];
         for threads in [1, 2, 3] {
             let pool = Pool::new(threads).unwrap();
             for (input, window, stride) in cases {
                 let Shape::Image { channels, height, width } = input else { unreachable!() };
-                let output = Shape::image((height - window.0) / stride.0 + 1, (width - window.1) / stride.1 + 1, channels);
+                let output = Shape::image(channels, (height - window.0) / stride.0 + 1, (width - window.1) / stride.1 + 1);
                 let g = Geometry::new(input, output, window, stride);
                 for batch in [1, 3, 17] {
                     // small ints make ties common; a few NaNs test the NaN rule

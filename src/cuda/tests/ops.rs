@@ -165,7 +165,7 @@ fn maxpool_matches_the_spec_bit_for_bit() {
     ];
     for (h, w, c, window, stride) in cases {
         let (oh, ow) = ((h - window.0) / stride.0 + 1, (w - window.1) / stride.1 + 1);
-        let g = pool::Geometry::new(Shape::image(h, w, c), Shape::image(oh, ow, c), window, stride);
+        let g = pool::Geometry::new(Shape::image(c, h, w), Shape::image(c, oh, ow), window, stride);
         for batch in [1, 3] {
             let (in_len, out_len) = (batch * c * h * w, batch * c * oh * ow);
             let mut x = rng.ints(in_len); // small integers: many ties
@@ -223,16 +223,16 @@ fn conv_lowering_with_sgemm_matches_the_spec() {
     let blas = gpu.blas(&stream, false).unwrap();
     let mut rng = Rng::new(7);
     let cases = [
-        (Shape::image(5, 5, 1), 2, (3, 3), (1, 1), (0, 0)),
-        (Shape::image(7, 6, 3), 4, (3, 2), (2, 1), (1, 1)),
-        (Shape::image(9, 9, 2), 3, (5, 5), (2, 2), (2, 2)),
-        (Shape::image(1, 1, 2), 5, (1, 1), (1, 1), (0, 0)),
-        (Shape::image(28, 28, 1), 6, (5, 5), (1, 1), (2, 2)),
+        (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0)),
+        (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1)),
+        (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2)),
+        (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0)),
+        (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2)),
     ];
     for (input, oc, kernel, stride, padding) in cases {
         let Shape::Image { channels: _, height, width } = input else { unreachable!() };
         let (oh, ow) = ((height + 2 * padding.0 - kernel.0) / stride.0 + 1, (width + 2 * padding.1 - kernel.1) / stride.1 + 1);
-        let g = conv::Geometry::new(input, Shape::image(oh, ow, oc), kernel, stride, padding);
+        let g = conv::Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding);
         let (ckk, ohw, out_len) = (g.ckk(), g.ohw(), oc * g.ohw());
         for batch in [1, 2, 5] {
             let (w, x, dz) = (rng.ints(oc * ckk), rng.ints(batch * input.len()), rng.ints(batch * out_len));
@@ -638,8 +638,8 @@ fn launches_allocate_nothing() {
     let (mut loss, mut scratch) = (upload(&stream, &[0.0f64; 3]), upload(&stream, &[0.0f64; LOSS_SCRATCH]));
     let labels = upload(&stream, &vec![1u32; batch]);
     let mut labels_out = upload(&stream, &vec![0u32; batch]);
-    let pool_g = pool::Geometry::new(Shape::image(6, 6, channels), Shape::image(3, 3, channels), (2, 2), (2, 2));
-    let conv_g = conv::Geometry::new(Shape::image(6, 6, 2), Shape::image(4, 4, 3), (3, 3), (1, 1), (0, 0));
+    let pool_g = pool::Geometry::new(Shape::image(channels, 6, 6), Shape::image(channels, 3, 3), (2, 2), (2, 2));
+    let conv_g = conv::Geometry::new(Shape::image(2, 6, 6), Shape::image(3, 4, 4), (3, 3), (1, 1), (0, 0));
     let mut every_kernel = || {
         let (av, bv) = (View::of(&a), View::of(&b));
         gpu.bias_act(&stream, Gelu, av, channels, pixels, batch, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
@@ -737,11 +737,11 @@ fn the_head_takes_a_narrow_last_dense_layer() {
         // would be skipped), and its input gradient goes to its output region
         (Shape::vector(8), deep_chain, Some((None, None))),
         // after a flatten of a convolution: that convolution's dz
-        (Shape::image(6, 6, 2), vec![conv, Layer::Flatten, dense(5, Tanh)], Some((None, Some(0)))),
+        (Shape::image(2, 6, 6), vec![conv, Layer::Flatten, dense(5, Tanh)], Some((None, Some(0)))),
         // after a max-pool: the input gradient goes to the pool's output region
-        (Shape::image(6, 6, 2), vec![conv, pool, Layer::Flatten, dense(5, Tanh)], Some((None, None))),
+        (Shape::image(2, 6, 6), vec![conv, pool, Layer::Flatten, dense(5, Tanh)], Some((None, None))),
         // no dense layer at the end, too many outputs, too many inputs
-        (Shape::image(6, 6, 2), vec![conv, Layer::Flatten], None),
+        (Shape::image(2, 6, 6), vec![conv, Layer::Flatten], None),
         (Shape::vector(8), vec![dense(33, Relu)], None),
         (Shape::vector(1025), vec![dense(3, Relu)], None),
     ];
