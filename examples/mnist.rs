@@ -85,7 +85,7 @@ fn optimizer(name: &str, lr: Option<f32>) -> Result<Optim, String> {
     Ok(match name {
         "adam" => Optim::adam(lr.unwrap_or(2e-3)),
         "adamw" => Optim::adamw(lr.unwrap_or(1e-3), 1e-4),
-        "sgd" => Optim::Sgd { lr: lr.unwrap_or(0.05), momentum: 0.9, nesterov: true },
+        "sgd" => Optim::Sgd { lr: lr.unwrap_or(0.05), momentum: 0.9, nesterov: true, weight_decay: 0.0 },
         "rmsprop" => Optim::rmsprop(lr.unwrap_or(1e-3)),
         _ => return Err(format!("--optimizer must be adam, adamw, sgd or rmsprop, not {name:?}")),
     })

@@ -7,7 +7,7 @@ use crate::chain::Plan;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::loss::Loss;
-use crate::optim::Optim;
+use crate::optim::Update;
 
 /// How a model runs on the GPU (no effect in a build without the `cuda` feature).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,7 +65,7 @@ impl DevModel {
     pub fn backprop(&self, _plan: &Plan, _grads: &mut Grads, _cache: &mut Cache, _loss: Loss) -> Result<()> {
         match *self {}
     }
-    pub fn update(&mut self, _config: Optim, _step: u64, _opt: &mut DevOptim, _grads: &Grads) -> Result<()> {
+    pub fn update(&mut self, _update: Update, _step: u64, _opt: &mut DevOptim, _grads: &Grads) -> Result<()> {
         match *self {}
     }
     #[allow(clippy::too_many_arguments)]
@@ -75,7 +75,7 @@ impl DevModel {
         _grads: &mut Grads,
         _cache: &mut Cache,
         _loss: Loss,
-        _config: Optim,
+        _update: Update,
         _steps: &mut u64,
         _opt: &mut DevOptim,
     ) -> Result<()> {
@@ -130,6 +130,12 @@ impl DevOptim {
         match *self {}
     }
     pub fn download(&self, _out: &mut [f32]) -> Result<()> {
+        match *self {}
+    }
+    pub fn upload(&mut self, _values: &[f32]) -> Result<()> {
+        match *self {}
+    }
+    pub fn norm(&self) -> Result<f32> {
         match *self {}
     }
 }

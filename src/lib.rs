@@ -28,6 +28,7 @@
 pub mod activation;
 pub mod cache;
 pub mod chain;
+pub(crate) mod clip;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -47,6 +48,7 @@ pub mod loss;
 pub mod model;
 pub mod models;
 pub mod optim;
+pub(crate) mod schedule;
 pub mod serve;
 #[doc(hidden)]
 pub mod testutil;
@@ -60,13 +62,14 @@ pub use error::{Error, Result};
 pub use init::Init;
 pub use loss::Loss;
 pub use model::Model;
-pub use optim::{Optim, Optimizer};
+pub use optim::{Clip, Optim, Optimizer};
+pub use schedule::Schedule;
 pub use serve::Server;
 
 /// Everything a training program needs, in one import.
 pub mod prelude {
     pub use crate::{
-        Activation, Cache, Chain, ConvOptions, Device, Error, Gelu, GpuOptions, Grads, Identity, Init, Input, LeakyRelu, Loss, Model,
-        Optim, Optimizer, Relu, Server, Shape, Sigmoid, Tanh, ToDevice,
+        Activation, Cache, Chain, Clip, ConvOptions, Device, Error, Gelu, GpuOptions, Grads, Identity, Init, Input, LeakyRelu, Loss, Model,
+        Optim, Optimizer, Relu, Schedule, Server, Shape, Sigmoid, Tanh, ToDevice,
     };
 }

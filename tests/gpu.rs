@@ -48,7 +48,7 @@ fn train(model: Model, optim: Optim, loss: Loss, steps: usize, seed: u64) -> (Ve
 fn training_on_the_gpu_matches_the_cpu() {
     let device = cuda_device();
     let cases = [
-        ("mlp", mlp(), Optim::Sgd { lr: 0.05, momentum: 0.9, nesterov: true }, Loss::LogitCrossEntropy),
+        ("mlp", mlp(), Optim::Sgd { lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.0 }, Loss::LogitCrossEntropy),
         ("mlp adam", mlp(), Optim::adam(1e-3), Loss::LogitCrossEntropy),
         ("lenet", lenet5(), Optim::sgd(0.05, 0.9), Loss::LogitCrossEntropy),
         ("lenet adam", lenet5(), Optim::adam(1e-3), Loss::LogitCrossEntropy),

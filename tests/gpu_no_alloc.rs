@@ -37,7 +37,11 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
             // the last two weight gradients run split over the batch (src/cuda/wgrad.rs); 63:
             // in the separate kernels
             let (mut fwd, mut bwd) = (model.preallocate(512).unwrap(), model.preallocate_grads(512).unwrap());
-            let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+            // clipping by norm (a kernel of its own in the step), L2 decay and a schedule (the
+            // rate set in the graph before each replay)
+            let mut opt = Optimizer::new(&model, Optim::adam(1e-3).with_weight_decay(1e-4)).unwrap();
+            opt.set_clip(Clip::Norm(1.0)).unwrap();
+            opt.set_schedule(Schedule::cosine(100, 2000)).unwrap();
             let mut rng = Rng::new(1);
             let x = rng.uniform(512 * model.input_shape().len());
             let labels: Vec<u32> = (0..512).map(|i| i % 10).collect();

@@ -72,7 +72,7 @@ fn loss_falls_with_every_optimiser() {
         Optim::adam(1e-2),
         Optim::adamw(1e-2, 1e-3),
         Optim::sgd(0.1, 0.9),
-        Optim::Sgd { lr: 0.1, momentum: 0.9, nesterov: true },
+        Optim::Sgd { lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.0 },
         Optim::rmsprop(1e-3),
     ];
     for optim in optims {

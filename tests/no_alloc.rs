@@ -1,6 +1,7 @@
 //! A counting global allocator proves that a step allocates nothing: after one warm-up step,
 //! 100 steps of set_inputs + set_labels + backprop + update (and forward) make 0 allocations
-//! and 0 deallocations, for an MLP and a CNN, on 1 thread and on 2; and so does a whole epoch
+//! and 0 deallocations, for an MLP and a CNN, on 1 thread and on 2, with each optimiser, each
+//! kind of clipping, weight decay and a learning-rate schedule; and so does a whole epoch
 //! of the MNIST loader (shuffle, batches written into the cache, a final partial batch) and
 //! training steps, after a warm-up epoch.
 //!
@@ -39,11 +40,13 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 /// Allocations and deallocations over 100 steps after one warm-up step.
-fn count(chain: Chain, threads: usize, batch: usize, optim: Optim) -> (usize, usize) {
+fn count(chain: Chain, threads: usize, batch: usize, optim: Optim, clip: Clip) -> (usize, usize) {
     let mut model = chain.build().unwrap().init(Init::GlorotNormal, 1).with_threads(threads).unwrap();
     let mut fwd = model.preallocate(batch).unwrap();
     let mut bwd = model.preallocate_grads(batch).unwrap();
     let mut opt = Optimizer::new(&model, optim).unwrap();
+    opt.set_clip(clip).unwrap();
+    opt.set_schedule(Schedule::cosine(10, 50)).unwrap();
     let mut rng = Rng::new(2);
     let x = rng.uniform(batch * model.input_shape().len());
     let labels: Vec<u32> = (0..batch).map(|_| rng.below(10) as u32).collect();
@@ -100,20 +103,25 @@ fn a_step_allocates_nothing() {
     drop(std::hint::black_box(vec![1u8; 16]));
     assert_eq!((ALLOCS.load(Relaxed) - a0, DEALLOCS.load(Relaxed) - d0), (1, 1));
 
-    let optims = [Optim::adam(1e-3), Optim::sgd(0.01, 0.9), Optim::adamw(1e-3, 0.01), Optim::rmsprop(1e-3)];
+    let optims = [
+        (Optim::adam(1e-3), Clip::None),
+        (Optim::sgd(0.01, 0.9).with_weight_decay(1e-4), Clip::Norm(1.0)),
+        (Optim::adamw(1e-3, 0.01), Clip::Value(0.1)),
+        (Optim::rmsprop(1e-3).with_weight_decay(1e-4), Clip::Norm(0.5)),
+    ];
     let mut report = Vec::new();
     for threads in [1, 2] {
         for (name, chain, batch) in [("mlp", mlp(), 32), ("cnn", simplenns_cnn(), 8)] {
-            for optim in optims {
-                let counts = count(chain.clone(), threads, batch, optim);
-                report.push((name, threads, optim, counts));
+            for (optim, clip) in optims {
+                let counts = count(chain.clone(), threads, batch, optim, clip);
+                report.push((name, threads, optim, clip, counts));
             }
         }
     }
-    for (name, threads, optim, (allocs, deallocs)) in &report {
-        println!("{name} threads={threads} {optim:?}: {allocs} allocations, {deallocs} deallocations in 100 steps");
+    for (name, threads, optim, clip, (allocs, deallocs)) in &report {
+        println!("{name} threads={threads} {optim:?} {clip:?}: {allocs} allocations, {deallocs} deallocations in 100 steps");
     }
-    assert!(report.iter().all(|r| r.3 == (0, 0)), "a step allocated");
+    assert!(report.iter().all(|r| r.4 == (0, 0)), "a step allocated");
     for threads in [1, 2] {
         let (allocs, deallocs) = count_epoch(threads);
         println!("mnist epoch, loader + step, threads={threads}: {allocs} allocations, {deallocs} deallocations");

@@ -83,6 +83,7 @@ kernels! {
     SgdMomentum = "sgd_momentum",
     Adam = "adam",
     RmsProp = "rmsprop",
+    GradNorm = "grad_norm",
     GatherBatch = "gather_batch",
     GatherLabels = "gather_labels",
     FinishOutputs = "finish_outputs",

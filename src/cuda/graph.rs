@@ -21,9 +21,10 @@ pub(crate) struct Key {
     /// cache's addresses, so addresses alone could replay a graph against freed memory.
     pub cache: u64,
     pub buffers: [sys::CUdeviceptr; 4],
-    /// The optimiser's kernel at the end of a training step's graph and the state it updates
-    /// (None for graphs without one).
-    pub update: Option<(super::context::Kernel, sys::CUdeviceptr)>,
+    /// The optimiser's kernel at the end of a training step's graph, the state it updates and
+    /// the norm the norm's kernel ahead of it writes (0 when it does not clip by norm: no such
+    /// kernel); None for graphs without an update.
+    pub update: Option<(super::context::Kernel, sys::CUdeviceptr, sys::CUdeviceptr)>,
 }
 
 /// Instantiated graphs, at most [`Graphs::SLOTS`]; the oldest is replaced when full.

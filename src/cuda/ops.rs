@@ -13,7 +13,7 @@ use crate::activation::Activation;
 use crate::error::Result;
 use crate::layers::{conv, pool};
 use crate::loss::Loss;
-use crate::optim::Optim;
+use crate::optim::{bias_step, Clip, Optim, Update};
 use cudarc::driver::{result, CudaStream};
 use std::ffi::c_void;
 
@@ -25,8 +25,12 @@ pub(super) const LOSS_BLOCKS: usize = 128;
 /// (or, after the counter, one a warp: the head's, src/cuda/head.rs).
 pub const LOSS_SCRATCH: usize = LOSS_BLOCKS * (BLOCK as usize / 32) + 1;
 
-/// Blocks of a loss kernel over `n` samples or values: a function of `n` alone, so the order
-/// in which the loss is summed never changes.
+/// f64 values of the buffer [`Gpu::grad_norm`] writes: the norm, a counter, then one partial
+/// sum per block (at most [`LOSS_BLOCKS`], as a loss).
+pub const NORM_SCRATCH: usize = LOSS_BLOCKS + 2;
+
+/// Blocks of a loss kernel (or of the gradients' norm) over `n` samples or values: a function
+/// of `n` alone, so the order in which the sum is taken never changes.
 fn loss_blocks(n: usize) -> u32 {
     n.div_ceil(BLOCK as usize).clamp(1, LOSS_BLOCKS) as u32
 }
@@ -701,20 +705,22 @@ impl Gpu {
     /// One optimiser update over the first `n` parameters, as `Optimizer::update` on the CPU:
     /// `step` is the 1-based step number; `state` holds the optimiser's flat state in the CPU's
     /// layout (`state[..n]` first moment / momentum / square average, `state[n..2n]` Adam's
-    /// second moment), zero before the first step.
+    /// second moment), zero before the first step; `norm` the buffer [`Gpu::grad_norm`] wrote
+    /// ‖g‖ into ahead of it, read where `update` clips by norm.
     #[allow(clippy::too_many_arguments)]
-    pub fn optim_step(
+    pub(crate) fn optim_step(
         &self,
         stream: &CudaStream,
-        config: Optim,
+        update: Update,
         step: u64,
         n: usize,
         params: ViewMut<f32>,
         grads: View<f32>,
         state: ViewMut<f32>,
+        norm: View<f64>,
     ) -> Result<()> {
         let launch = |kernel, grid, args: &mut [*mut c_void]| self.launch_args(stream, kernel, (grid, 1), 0, args);
-        self.optim_call(config, step, n, params, grads, state, false, launch)
+        self.optim_call(update, step, n, params, grads, state, norm, false, launch)
     }
 
     /// The kernel, grid and arguments of [`Gpu::optim_step`], given to `call` (which launches
@@ -724,38 +730,70 @@ impl Gpu {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn optim_call(
         &self,
-        config: Optim,
+        update: Update,
         step: u64,
         n: usize,
         params: ViewMut<f32>,
         grads: View<f32>,
         state: ViewMut<f32>,
+        norm: View<f64>,
         early: bool,
         call: impl FnOnce(Kernel, u32, &mut [*mut c_void]) -> Result<()>,
     ) -> Result<()> {
+        let Update { config, clip } = update;
         assert!(params.len() >= n && grads.len() >= n && state.len() >= config.state_per_param() * n, "optim_step: short view");
+        assert!(!norm.is_empty(), "optim_step: no norm");
         if n == 0 {
             return Ok(());
         }
         let (p, g, s1, s2, len, grid) = (params.ptr(), grads.ptr(), state.ptr(), state.ptr() + 4 * n as u64, int(n)?, blocks(n));
         let (kernel, early) = (optim_kernel(config), i32::from(early));
+        // the clipping and the L2 term (optim_grad in kernels/optim.cu): a null norm where not
+        // clipping by norm
+        let (norm, max_norm) = match clip {
+            Clip::Norm(max_norm) => (norm.ptr(), max_norm),
+            _ => (0u64, 0.0f32),
+        };
+        let (bound, decay) = (clip.value_bound(), config.l2());
         match config {
-            Optim::Sgd { lr, momentum: 0.0, .. } => call(kernel, grid, &mut kernel_args![p, g, lr, len, early]),
-            Optim::Sgd { lr, momentum, nesterov } => {
-                let nesterov = i32::from(nesterov);
-                call(kernel, grid, &mut kernel_args![p, g, s1, lr, momentum, nesterov, len, early])
+            Optim::Sgd { lr, momentum: 0.0, .. } => {
+                call(kernel, grid, &mut kernel_args![p, g, norm, max_norm, bound, decay, lr, len, early])
             }
-            Optim::Adam { lr, beta1, beta2, eps } | Optim::AdamW { lr, beta1, beta2, eps, weight_decay: _ } => {
-                let decay = if let Optim::AdamW { weight_decay, .. } = config { weight_decay } else { 0.0 };
+            Optim::Sgd { lr, momentum, nesterov, .. } => {
+                let nesterov = i32::from(nesterov);
+                call(kernel, grid, &mut kernel_args![p, g, norm, max_norm, bound, decay, s1, lr, momentum, nesterov, len, early])
+            }
+            Optim::Adam { lr, beta1, beta2, eps, .. } | Optim::AdamW { lr, beta1, beta2, eps, .. } => {
+                let decoupled = if let Optim::AdamW { weight_decay, .. } = config { weight_decay } else { 0.0 };
                 // the CPU's scalars, computed the same way (src/optim.rs, adam)
-                let t = step as i32;
+                let t = bias_step(step);
                 let step_size = lr / (1.0 - beta1.powi(t));
                 let inv_bias2 = 1.0 / (1.0 - beta2.powi(t)).sqrt();
-                let shrink = 1.0 - lr * decay;
-                call(kernel, grid, &mut kernel_args![p, g, s1, s2, beta1, beta2, eps, step_size, inv_bias2, shrink, len, early])
+                let shrink = 1.0 - lr * decoupled;
+                call(
+                    kernel,
+                    grid,
+                    &mut kernel_args![
+                        p, g, norm, max_norm, bound, decay, s1, s2, beta1, beta2, eps, step_size, inv_bias2, shrink, len, early
+                    ],
+                )
             }
-            Optim::RmsProp { lr, alpha, eps } => call(kernel, grid, &mut kernel_args![p, g, s1, lr, alpha, eps, len, early]),
+            Optim::RmsProp { lr, alpha, eps, .. } => {
+                call(kernel, grid, &mut kernel_args![p, g, norm, max_norm, bound, decay, s1, lr, alpha, eps, len, early])
+            }
         }
+    }
+
+    /// `norm[0]` = ‖g‖₂ of the first `n` gradients rounded to f32, Σg² in f64 in a fixed order
+    /// (kernels/optim.cu, grad_norm); `norm` holds [`NORM_SCRATCH`] values, the second zero
+    /// before the first launch (a counter the kernel resets).
+    pub(crate) fn grad_norm(&self, stream: &CudaStream, n: usize, grads: View<f32>, norm: ViewMut<f64>) -> Result<()> {
+        assert!(grads.len() >= n && norm.len() >= NORM_SCRATCH, "grad_norm: short view");
+        if n == 0 {
+            return Ok(());
+        }
+        let (g, len, out) = (grads.ptr(), int(n)?, norm.ptr());
+        self.run(stream, Kernel::GradNorm, loss_blocks(n), kernel_args![g, len, out])
     }
 
     /// `out[b, ..] = data[indices[b], ..]` for `batch` samples of `sample_len` f32 values; the data

@@ -20,7 +20,7 @@ use super::exec::{self, Backward, Forward, LossBuffers, Side};
 use super::graph::{Graphs, Key};
 use super::head::Head;
 use super::launch::ViewMut;
-use super::ops::{optim_kernel, LaunchArgs, FINISH_MAX};
+use super::ops::{optim_kernel, LaunchArgs, FINISH_MAX, NORM_SCRATCH};
 use super::pinned::{Event, Pinned};
 pub(crate) use super::serve::DevServer;
 use crate::cache::{Cache, Grads};
@@ -29,7 +29,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::layers::{conv_geometry, conv_steps};
 use crate::loss::Loss;
-use crate::optim::Optim;
+use crate::optim::{Clip, Update};
 use cudarc::driver::{result, sys, CudaStream};
 use std::sync::Arc;
 
@@ -117,10 +117,13 @@ pub(crate) struct DevGrads {
     graphs: Graphs,
 }
 
-/// The device half of an optimiser: its flat state.
+/// The device half of an optimiser: its flat state, and where clipping by norm puts the norm.
 pub(crate) struct DevOptim {
     stream: Arc<CudaStream>,
     pub state: DevBuf<f32>,
+    /// ‖g‖₂ of the last update that clipped by norm (rounded to f32), then the scratch of its
+    /// sum (`Gpu::grad_norm`).
+    norm: DevBuf<f64>,
 }
 
 /// The longest lowered sample (CKK × OHW) of any convolution: the GPU lowers a whole batch, one
@@ -183,7 +186,7 @@ impl DevModel {
 
     /// The device half of an optimiser's state, `values` copied.
     pub fn new_optim(&self, values: &[f32]) -> Result<DevOptim> {
-        Ok(DevOptim { stream: Arc::clone(&self.stream), state: DevBuf::from_host(&self.gpu, &self.stream, values)? })
+        DevOptim::new(&self.gpu, &self.stream, values)
     }
 
     /// Queues the copies of the labels or targets the host changed in the cache since the last
@@ -278,9 +281,10 @@ impl DevModel {
     }
 
     /// [`DevModel::backprop`] and then [`DevModel::update`] as one call, queued: with graphs,
-    /// one graph whose last kernel is the update, its arguments (step number, learning rate)
-    /// set before each replay. `steps` (the steps taken) counts this one once its update is
-    /// queued, even if something after that fails.
+    /// one graph whose last kernel is the update (after the norm's, when clipping by norm), its
+    /// arguments (step number, learning rate, clipping) set before each replay. `steps` (the
+    /// steps taken) counts this one once its update is queued, even if something after that
+    /// fails.
     #[allow(clippy::too_many_arguments)]
     pub fn train_step(
         &mut self,
@@ -288,26 +292,26 @@ impl DevModel {
         grads: &mut Grads,
         cache: &mut Cache,
         loss: Loss,
-        config: Optim,
+        update: Update,
         steps: &mut u64,
         opt: &mut DevOptim,
     ) -> Result<()> {
         rebind(&mut opt.stream, &self.stream)?;
-        self.step(plan, grads, cache, loss, Some((config, steps, &opt.state)))
+        self.step(plan, grads, cache, loss, Some((update, steps, opt)))
     }
 
-    /// Backprop, and then the update `(config, steps, state)` when given (step `*steps + 1`,
-    /// counted once queued).
+    /// Backprop, and then the update `(update, steps, optimiser)` when given (step
+    /// `*steps + 1`, counted once queued).
     fn step(
         &self,
         plan: &Plan,
         grads: &mut Grads,
         cache: &mut Cache,
         loss: Loss,
-        update: Option<(Optim, &mut u64, &DevBuf<f32>)>,
+        update: Option<(Update, &mut u64, &DevOptim)>,
     ) -> Result<()> {
         let (update, steps) = match update {
-            Some((config, steps, state)) => (Some((config, *steps + 1, state)), Some(steps)),
+            Some((rule, steps, opt)) => (Some((rule, *steps + 1, opt)), Some(steps)),
             None => (None, None),
         };
         // a model without parameters has nothing to update (and its graph no update kernel)
@@ -334,7 +338,7 @@ impl DevModel {
             tf32: self.options.tf32,
             cache: dev.dnn.id(),
             buffers: [self.params.ptr(), dev.acts.ptr(), dg.grads.ptr(), dg.dacts.ptr()],
-            update: update.map(|(config, _, state)| (optim_kernel(config), state.ptr())),
+            update: update.map(|(rule, _, opt)| (optim_kernel(rule.config), opt.state.ptr(), opt.norm_ptr(rule.clip))),
         };
         let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
@@ -352,17 +356,17 @@ impl DevModel {
             loss_join: &dg.loss_join,
         };
         let (n, params_ptr) = (self.params.len(), self.params.ptr());
-        let update_args = |config: Optim, step: u64, state: &DevBuf<f32>, call: &mut LaunchArgs| {
+        let update_args = |rule: Update, step: u64, opt: &DevOptim, call: &mut LaunchArgs| {
             // SAFETY: the model's parameters and the optimiser's state, whole, for one launch
             // (or one setting of its arguments) queued on the model's stream after everything
             // in the step that reads them; nothing else writes them meanwhile (`&mut` model
             // and optimiser in `Optimizer::train_step`).
-            let (p, s) = unsafe { (ViewMut::from_raw(params_ptr, n), ViewMut::from_raw(state.ptr(), state.len())) };
-            // the kernels ahead of it in the step write only gradients: it reads the parameters
-            // and its state early
-            gpu.optim_call(config, step, n, p, dg.grads.all(), s, true, |kernel, grid, args| call(kernel, grid, args))
+            let (p, s) = unsafe { (ViewMut::from_raw(params_ptr, n), ViewMut::from_raw(opt.state.ptr(), opt.state.len())) };
+            // the kernels ahead of it in the step write only gradients and the norm: it reads
+            // the parameters and its state early
+            gpu.optim_call(rule, step, n, p, dg.grads.all(), s, opt.norm.all(), true, |kernel, grid, args| call(kernel, grid, args))
         };
-        let function = update.map(|(config, _, _)| gpu.function(optim_kernel(config)));
+        let function = update.map(|(rule, _, _)| gpu.function(optim_kernel(rule.config)));
         let work = || {
             if copy_in {
                 // the host does not write the staging buffer until `copied[current]` has passed
@@ -381,14 +385,17 @@ impl DevModel {
             }
             exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref().map(|h| (h, &l, loss)), cleared)?;
             match update {
-                Some((config, step, state)) => {
-                    update_args(config, step, state, &mut |kernel, grid, args| gpu.launch_args(stream, kernel, (grid, 1), 0, args))
+                Some((rule, step, opt)) => {
+                    if let Clip::Norm(_) = rule.clip {
+                        opt.queue_norm(gpu, stream, n, &dg.grads)?;
+                    }
+                    update_args(rule, step, opt, &mut |kernel, grid, args| gpu.launch_args(stream, kernel, (grid, 1), 0, args))
                 }
                 None => Ok(()),
             }
         };
         let outcome = dg.graphs.run_updating(self.options.graphs, stream, key, function, work, |set| match update {
-            Some((config, step, state)) => update_args(config, step, state, &mut |_, _, args| set(args)),
+            Some((rule, step, opt)) => update_args(rule, step, opt, &mut |_, _, args| set(args)),
             None => Ok(()),
         });
         if let Some(steps) = steps.filter(|_| outcome.is_ok()) {
@@ -409,15 +416,20 @@ impl DevModel {
         Ok(())
     }
 
-    /// One optimiser step, queued: `step` is the 1-based step number.
-    pub fn update(&mut self, config: Optim, step: u64, opt: &mut DevOptim, grads: &Grads) -> Result<()> {
+    /// One optimiser step, queued (after the norm's kernel when clipping by norm): `step` is
+    /// the 1-based step number.
+    pub fn update(&mut self, update: Update, step: u64, opt: &mut DevOptim, grads: &Grads) -> Result<()> {
         let dg = grads.dev.as_ref().expect("GPU gradients");
         rebind(&mut opt.stream, &self.stream)?;
         if !Arc::ptr_eq(&dg.stream, &self.stream) {
             dg.stream.synchronize().map_err(|e| driver_error("waiting for another model's stream", e))?;
         }
         let n = self.params.len();
-        self.gpu.optim_step(&self.stream, config, step, n, self.params.all_mut(), dg.grads.all(), opt.state.all_mut())
+        if let Clip::Norm(_) = update.clip {
+            opt.queue_norm(&self.gpu, &self.stream, n, &dg.grads)?;
+        }
+        let DevOptim { state, norm, .. } = opt;
+        self.gpu.optim_step(&self.stream, update, step, n, self.params.all_mut(), dg.grads.all(), state.all_mut(), norm.all())
     }
 }
 
@@ -541,19 +553,60 @@ impl DevGrads {
 }
 
 impl DevOptim {
+    /// `values` copied to `gpu`, on `stream`; the norm NaN until a step clips by it.
+    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, values: &[f32]) -> Result<DevOptim> {
+        let mut norm = [0.0; NORM_SCRATCH];
+        norm[0] = f64::NAN;
+        Ok(DevOptim {
+            stream: Arc::clone(stream),
+            state: DevBuf::from_host(gpu, stream, values)?,
+            norm: DevBuf::from_host(gpu, stream, &norm)?,
+        })
+    }
+
     /// `values` on CUDA device `ordinal`, not yet bound to a model's stream.
     pub fn on(ordinal: usize, values: &[f32]) -> Result<DevOptim> {
         let gpu = super::gpu(ordinal)?;
-        let stream = gpu.new_stream()?;
-        Ok(DevOptim { state: DevBuf::from_host(&gpu, &stream, values)?, stream })
+        DevOptim::new(&gpu, &gpu.new_stream()?, values)
     }
 
     pub fn device(&self) -> Device {
         Device::Cuda(self.state.gpu().ordinal())
     }
 
+    /// The state, copied to the host after every queued step.
     pub fn download(&self, out: &mut [f32]) -> Result<()> {
         self.state.download(&self.stream, out)
+    }
+
+    /// The state replaced by `values`, after every queued step.
+    pub fn upload(&mut self, values: &[f32]) -> Result<()> {
+        self.state.upload(&self.stream, values)
+    }
+
+    /// The norm the last update that clipped by norm computed (waits for it).
+    pub fn norm(&self) -> Result<f32> {
+        let mut out = [0.0f64];
+        self.norm.download(&self.stream, &mut out)?;
+        Ok(out[0] as f32)
+    }
+
+    /// The norm's address where `clip` clips by norm (the step's graph then holds the norm's
+    /// kernel), else 0: part of a step graph's key.
+    fn norm_ptr(&self, clip: Clip) -> sys::CUdeviceptr {
+        match clip {
+            Clip::Norm(_) => self.norm.ptr(),
+            _ => 0,
+        }
+    }
+
+    /// Queues, on `stream`, ‖g‖₂ of the first `n` gradients of `grads` into `norm`, for the
+    /// update queued next.
+    fn queue_norm(&self, gpu: &Gpu, stream: &CudaStream, n: usize, grads: &DevBuf<f32>) -> Result<()> {
+        // SAFETY: the norm and its scratch are this optimiser's, written only by its updates,
+        // which are queued in one stream's order (the model's; `&mut` optimiser in its callers).
+        let norm = unsafe { ViewMut::from_raw(self.norm.ptr(), self.norm.len()) };
+        gpu.grad_norm(stream, n, grads.all(), norm)
     }
 }
 

@@ -4,11 +4,12 @@ use super::{check, download, same_bits, upload};
 use crate::activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
 use crate::chain::{Chain, Input, Shape};
 use crate::cuda::ops::MMA_TILES;
+use crate::cuda::ops::NORM_SCRATCH;
 use crate::cuda::{test_gpu, DenseEpilogue, DevMat, DevMatMut, View, ViewMut, LOSS_SCRATCH};
 use crate::init::Init;
 use crate::layers::{conv, pool};
 use crate::loss;
-use crate::optim::{Optim, Optimizer};
+use crate::optim::{Clip, Optim, Optimizer, Update};
 use crate::testutil::allocations_in;
 use crate::testutil::{poisoned, Rng};
 
@@ -565,29 +566,48 @@ fn four_and_eight_columns_per_block_sum_in_the_order_of_one() {
     }
 }
 
+/// Each rule, with and without clipping (by norm, by value) and weight decay, against
+/// `Optimizer::update` on the CPU over 3 steps of random gradients: parameters, and the norm.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn optimisers_match_the_cpu() {
     let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(8);
-    let nesterov = Optim::Sgd { lr: 0.05, momentum: 0.9, nesterov: true };
-    for config in [Optim::sgd(0.1, 0.0), Optim::sgd(0.1, 0.9), nesterov, Optim::adam(0.01), Optim::adamw(0.01, 0.1), Optim::rmsprop(0.001)]
-    {
-        let mut model =
-            Chain::new(Input::vector(37)).dense(29, Identity).build().unwrap().init(Init::GlorotNormal, 1).with_threads(1).unwrap();
-        let mut grads = model.preallocate_grads(1).unwrap();
-        let mut opt = Optimizer::new(&model, config).unwrap();
-        let n = model.params.len();
-        let (mut params, mut state) = (upload(&stream, &model.params), upload(&stream, &vec![0.0f32; 2 * n]));
-        for step in 1..=3 {
-            let g = rng.uniform(n);
-            grads.grads.copy_from_slice(&g);
-            opt.update(&mut model, &grads).unwrap();
-            let gd = upload(&stream, &g);
-            gpu.optim_step(&stream, config, step, n, ViewMut::of(&mut params), View::of(&gd), ViewMut::of(&mut state)).unwrap();
+    let nesterov = Optim::Sgd { lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.0 };
+    let configs = [Optim::sgd(0.1, 0.0), Optim::sgd(0.1, 0.9), nesterov, Optim::adam(0.01), Optim::adamw(0.01, 0.1), Optim::rmsprop(0.001)];
+    // uniform gradients in [-1, 1) over 1,102 parameters: a norm near 19, so Norm(2.0) clips
+    let extras = [(Clip::None, 0.0), (Clip::Norm(2.0), 0.0), (Clip::Value(0.3), 0.0), (Clip::Norm(2.0), 0.05), (Clip::None, 0.05)];
+    for config in configs {
+        for (clip, decay) in extras {
+            let config = if decay > 0.0 { config.with_weight_decay(decay) } else { config };
+            let name = format!("{config:?} {clip:?}");
+            let mut model =
+                Chain::new(Input::vector(37)).dense(29, Identity).build().unwrap().init(Init::GlorotNormal, 1).with_threads(1).unwrap();
+            let mut grads = model.preallocate_grads(1).unwrap();
+            let mut opt = Optimizer::new(&model, config).unwrap();
+            opt.set_clip(clip).unwrap();
+            let n = model.params.len();
+            let (mut params, mut state) = (upload(&stream, &model.params), upload(&stream, &vec![0.0f32; 2 * n]));
+            let mut norm = upload(&stream, &[0.0f64; NORM_SCRATCH]);
+            for step in 1..=3 {
+                let g = rng.uniform(n);
+                grads.grads.copy_from_slice(&g);
+                opt.update(&mut model, &grads).unwrap();
+                let gd = upload(&stream, &g);
+                if let Clip::Norm(_) = clip {
+                    gpu.grad_norm(&stream, n, View::of(&gd), ViewMut::of(&mut norm)).unwrap();
+                }
+                let rule = Update { config, clip };
+                let (p, s) = (ViewMut::of(&mut params), ViewMut::of(&mut state));
+                gpu.optim_step(&stream, rule, step, n, p, View::of(&gd), s, View::of(&norm)).unwrap();
+                if let Clip::Norm(_) = clip {
+                    let norm = download(&stream, &norm)[0] as f32;
+                    check(&format!("{name} norm at step {step}"), &[norm], &[opt.grad_norm().unwrap()], 0.0, 1e-6);
+                }
+            }
+            check(&format!("{name} after 3 steps"), &download(&stream, &params), &model.params, 0.0, 1e-6);
         }
-        check(&format!("{config:?} after 3 steps"), &download(&stream, &params), &model.params, 0.0, 1e-6);
     }
 }
 
@@ -635,6 +655,7 @@ fn launches_allocate_nothing() {
         upload(&stream, &rng.uniform(n)),
     );
     let mut state = upload(&stream, &vec![0.0f32; 2 * n]);
+    let mut norm = upload(&stream, &[0.0f64; NORM_SCRATCH]);
     let (mut loss, mut scratch) = (upload(&stream, &[0.0f64; 3]), upload(&stream, &[0.0f64; LOSS_SCRATCH]));
     let labels = upload(&stream, &vec![1u32; batch]);
     let mut labels_out = upload(&stream, &vec![0u32; batch]);
@@ -657,8 +678,10 @@ fn launches_allocate_nothing() {
         gpu.maxpool_backward(&stream, &pool_g, batch, av, bv, ViewMut::of(&mut c)).unwrap();
         gpu.im2col(&stream, &conv_g, 2, av, ViewMut::of(&mut c)).unwrap();
         gpu.col2im(&stream, &conv_g, 2, av, ViewMut::of(&mut c)).unwrap();
-        for config in [Optim::sgd(0.1, 0.0), Optim::sgd(0.1, 0.9), Optim::adamw(1e-3, 0.1), Optim::rmsprop(1e-3)] {
-            gpu.optim_step(&stream, config, 3, n / 2, ViewMut::of(&mut c), av, ViewMut::of(&mut state)).unwrap();
+        gpu.grad_norm(&stream, n, av, ViewMut::of(&mut norm)).unwrap();
+        for config in [Optim::sgd(0.1, 0.0), Optim::sgd(0.1, 0.9), Optim::adamw(1e-3, 0.1), Optim::rmsprop(1e-3).with_weight_decay(0.1)] {
+            let rule = Update { config, clip: Clip::Norm(1.0) };
+            gpu.optim_step(&stream, rule, 3, n / 2, ViewMut::of(&mut c), av, ViewMut::of(&mut state), View::of(&norm)).unwrap();
         }
         gpu.gather_batch(&stream, 9, batch, av, View::of(&labels), ViewMut::of(&mut c)).unwrap();
         gpu.gather_labels(&stream, batch, View::of(&labels), View::of(&labels), ViewMut::of(&mut labels_out)).unwrap();
@@ -932,7 +955,8 @@ fn kernel_times_of_the_mlp_step() {
     let n = 109_386;
     let (p, g, state) = (random(n), random(n), random(2 * n));
     let (pp, gp, statep) = (View::of(&p).ptr(), View::of(&g).ptr(), View::of(&state).ptr());
-    time(format!("adam {n}"), &|| gpu.optim_step(&stream, Optim::adam(1e-4), 3, n, vm(pp, n), v(gp, n), vm(statep, 2 * n)));
+    let (adam, norm) = (Update { config: Optim::adam(1e-4), clip: Clip::None }, upload(&stream, &[0.0f64; NORM_SCRATCH]));
+    time(format!("adam {n}"), &|| gpu.optim_step(&stream, adam, 3, n, vm(pp, n), v(gp, n), vm(statep, 2 * n), View::of(&norm)));
     // what runs instead above FUSED_BATCH: cuBLAS products (FP32, then TF32) and separate
     // element-wise kernels
     for tf32 in [false, true] {
