@@ -16,21 +16,25 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-const ARCHITECTURE_KEY: &str = "flatnn.architecture";
+pub(crate) const ARCHITECTURE_KEY: &str = "flatnn.architecture";
+
+/// The prefix of a checkpoint's optimiser tensors (src/checkpoint.rs), which model loading
+/// passes over.
+pub(crate) const OPTIMIZER_PREFIX: &str = "optimizer.";
 
 /// The most values one sample of a loaded model may need, in its activations (all layers
 /// together) and in any convolution's lowered input: 2³⁰ (4 GiB of f32), as for an IDX file.
 pub const MAX_SAMPLE_VALUES: usize = 1 << 30;
 
 /// One parameter tensor of the model, as PyTorch would name and shape it.
-struct Tensor {
-    name: String,
-    shape: Vec<usize>,
-    range: std::ops::Range<usize>,
+pub(crate) struct Tensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub range: std::ops::Range<usize>,
 }
 
 /// Every parameter tensor in PyTorch's `nn.Sequential` naming.
-fn tensors(plan: &Plan) -> Vec<Tensor> {
+pub(crate) fn tensors(plan: &Plan) -> Vec<Tensor> {
     let mut out = Vec::new();
     let mut module = 0usize;
     for step in &plan.steps {
@@ -52,7 +56,7 @@ fn tensors(plan: &Plan) -> Vec<Tensor> {
 }
 
 /// The architecture as one line of text (see `parse_architecture`).
-fn describe(plan: &Plan) -> String {
+pub(crate) fn describe(plan: &Plan) -> String {
     let mut parts = vec![match plan.input {
         Shape::Vector(n) => format!("vector {n}"),
         Shape::Image { channels, height, width } => format!("image {height} {width} {channels}"),
@@ -228,8 +232,9 @@ impl Model {
         write_atomically(path, &file)
     }
 
-    /// Reads a model written by [`Model::save`]: rebuilds its chain from the file's metadata
-    /// and fills its parameters.
+    /// Reads a model written by [`Model::save`] (or a checkpoint, [`Model::save_checkpoint`],
+    /// whose optimiser state it passes over): rebuilds its chain from the file's metadata and
+    /// fills its parameters.
     pub fn load(path: impl AsRef<Path>) -> Result<Model> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
@@ -263,42 +268,53 @@ impl Model {
 
     fn fill_from(&mut self, bytes: &[u8], path: &Path) -> Result<()> {
         let file = SafeTensors::deserialize(bytes).map_err(|e| format_err(path, e))?;
+        let params = self.read_parameters(&file, path)?;
+        self.set_parameters(&params)
+    }
+
+    /// This model's parameters as `file` holds them (its optimiser tensors passed over), every
+    /// tensor checked; the model is not changed.
+    pub(crate) fn read_parameters(&self, file: &SafeTensors, path: &Path) -> Result<Vec<f32>> {
         let wanted = tensors(&self.plan);
-        let bad = |what: String| Err(Error::Format { path: path.to_owned(), what });
-        let mut extra: Vec<&String> = file.names().into_iter().filter(|n| !wanted.iter().any(|t| &t.name == *n)).collect();
+        let mut extra: Vec<&String> =
+            file.names().into_iter().filter(|n| !n.starts_with(OPTIMIZER_PREFIX) && !wanted.iter().any(|t| &t.name == *n)).collect();
         extra.sort();
         if !extra.is_empty() {
-            return bad(format!("tensors this model does not have: {extra:?}"));
-        }
-        let mut views = Vec::with_capacity(wanted.len());
-        for t in &wanted {
-            let Ok(view) = file.tensor(&t.name) else {
-                return bad(format!("tensor {} {:?} is missing", t.name, t.shape));
-            };
-            if view.dtype() != Dtype::F32 {
-                return bad(format!("tensor {} is {:?}, expected F32", t.name, view.dtype()));
-            }
-            if view.shape() != t.shape.as_slice() {
-                return bad(format!("tensor {} has shape {:?}, expected {:?}", t.name, view.shape(), t.shape));
-            }
-            views.push(view);
+            return Err(Error::Format { path: path.to_owned(), what: format!("tensors this model does not have: {extra:?}") });
         }
         let mut params = self.parameters()?.into_owned();
-        for (t, view) in wanted.iter().zip(views) {
-            for (p, b) in params[t.range.clone()].iter_mut().zip(view.data().chunks_exact(4)) {
-                *p = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
+        for t in &wanted {
+            read_f32(file, &t.name, &t.shape, &mut params[t.range.clone()], path)?;
         }
-        self.set_parameters(&params)
+        Ok(params)
     }
 }
 
-fn format_err(path: &Path, e: safetensors::SafeTensorError) -> Error {
+/// Copies the tensor `name` of `file`, which must be F32 of `shape`, into `out` (as many values).
+pub(crate) fn read_f32(file: &SafeTensors, name: &str, shape: &[usize], out: &mut [f32], path: &Path) -> Result<()> {
+    let bad = |what: String| Err(Error::Format { path: path.to_owned(), what });
+    let Ok(view) = file.tensor(name) else {
+        return bad(format!("tensor {name} {shape:?} is missing"));
+    };
+    if view.dtype() != Dtype::F32 {
+        return bad(format!("tensor {name} is {:?}, expected F32", view.dtype()));
+    }
+    if view.shape() != shape {
+        return bad(format!("tensor {name} has shape {:?}, expected {shape:?}", view.shape()));
+    }
+    debug_assert_eq!(out.len(), shape.iter().product::<usize>());
+    for (v, b) in out.iter_mut().zip(view.data().chunks_exact(4)) {
+        *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    Ok(())
+}
+
+pub(crate) fn format_err(path: &Path, e: safetensors::SafeTensorError) -> Error {
     Error::Format { path: path.to_owned(), what: format!("not a valid safetensors file: {e}") }
 }
 
 /// Writes `bytes` to a temporary file in `path`'s folder, syncs it, and renames it over `path`.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let io = |p: &Path| {
         let p = p.to_path_buf();
         move |source| Error::Io { path: p, source }

@@ -28,6 +28,7 @@
 pub mod activation;
 pub mod cache;
 pub mod chain;
+pub(crate) mod checkpoint;
 pub(crate) mod clip;
 pub mod cpu;
 #[cfg(feature = "cuda")]

@@ -380,6 +380,11 @@ impl Optimizer {
         }
         Ok(())
     }
+
+    /// The model this optimiser was built for is the one with this plan.
+    pub(crate) fn plan(&self) -> &Arc<Plan> {
+        &self.plan
+    }
 }
 
 /// The update rule on one chunk; `t` is the 1-based step number.
