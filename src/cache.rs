@@ -10,6 +10,7 @@ use crate::dev::{DevCache, DevGrads};
 use crate::device::{Device, ToDevice};
 use crate::error::{Error, Result};
 use crate::layers::{region, GradWorkspace, Workspace};
+use crate::loss::Loss;
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -35,10 +36,11 @@ pub struct Cache {
     pub(crate) inputs_dirty: bool,
     pub(crate) labels_dirty: bool,
     pub(crate) targets_dirty: bool,
-    /// The inputs / labels were written on the device (by the data loader's gather; the labels
+    /// The inputs / labels / targets were written on the device (by a data loader; the labels
     /// from a data set checked when it was uploaded), so the host's copies are not theirs.
     pub(crate) inputs_on_device: bool,
     pub(crate) labels_on_device: bool,
+    pub(crate) targets_on_device: bool,
 }
 
 impl Cache {
@@ -64,6 +66,7 @@ impl Cache {
             targets_dirty: false,
             inputs_on_device: false,
             labels_on_device: false,
+            targets_on_device: false,
         })
     }
 
@@ -163,10 +166,30 @@ impl Cache {
             return Err(Error::Capacity { batch, capacity: self.capacity });
         }
         check_finite(targets, "targets")?;
-        self.targets[..targets.len()].copy_from_slice(targets);
-        self.targets_set = batch;
-        self.targets_dirty = true;
+        self.targets_mut(batch)?.copy_from_slice(targets);
         Ok(())
+    }
+
+    /// The target buffer for `batch` samples (`batch × outputs`), to be filled in place with
+    /// finite values (how the data loader writes them).
+    pub(crate) fn targets_mut(&mut self, batch: usize) -> Result<&mut [f32]> {
+        if batch > self.capacity {
+            return Err(Error::Capacity { batch, capacity: self.capacity });
+        }
+        self.targets_set = batch;
+        (self.targets_dirty, self.targets_on_device) = (true, false);
+        Ok(&mut self.targets[..batch * self.plan.output().len()])
+    }
+
+    /// Copies the batch's labels (for cross-entropy) or targets (MSE) back into the host's
+    /// buffers where a loader wrote them on the device, for a loss computed on the host.
+    pub(crate) fn targets_to_host(&mut self, loss: Loss) -> Result<()> {
+        let len = self.batch * self.plan.output().len();
+        match (&self.dev, loss) {
+            (Some(dev), Loss::LogitCrossEntropy) if self.labels_on_device => dev.download_labels(&mut self.labels[..self.batch]),
+            (Some(dev), Loss::Mse) if self.targets_on_device => dev.download_targets(&mut self.targets[..len]),
+            _ => Ok(()),
+        }
     }
 
     /// The model's outputs for the current batch: on the CPU valid after `forward` or
@@ -320,7 +343,8 @@ impl ToDevice for Cache {
         }
         (moved.labels, moved.targets) = (self.labels, self.targets);
         let labels_set = if self.labels_on_device { 0 } else { self.labels_set };
-        (moved.labels_set, moved.targets_set) = (labels_set, self.targets_set);
+        let targets_set = if self.targets_on_device { 0 } else { self.targets_set };
+        (moved.labels_set, moved.targets_set) = (labels_set, targets_set);
         (moved.inputs_dirty, moved.labels_dirty, moved.targets_dirty) = (true, true, true);
         Ok(moved)
     }

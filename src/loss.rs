@@ -48,6 +48,30 @@ pub fn logit_cross_entropy<F: Float>(y: &[F], labels: &[u32], classes: usize, dy
     sum * scale
 }
 
+/// L alone for MSE: the value [`mse`] reports, by the same operations (the same bits).
+pub fn mse_value<F: Float>(y: &[F], t: &[F]) -> f64 {
+    let scale = 1.0 / y.len() as f64;
+    let sum = y.iter().zip(t).fold(0.0f64, |sum, (&y, &t)| {
+        let d = y - t;
+        sum + d.f64() * d.f64()
+    });
+    sum * scale
+}
+
+/// L alone for softmax cross-entropy: the value [`logit_cross_entropy`] reports, by the same
+/// operations (the same bits); `y` is (labels.len(), classes).
+pub fn logit_cross_entropy_value<F: Float>(y: &[F], labels: &[u32], classes: usize) -> f64 {
+    let scale = 1.0 / labels.len() as f64;
+    let mut sum = 0.0f64;
+    for (s, &label) in labels.iter().enumerate() {
+        let row = &y[s * classes..][..classes];
+        let max = row.iter().fold(row[0], |m, &v| m.max(v));
+        let denom = row.iter().fold(F::ZERO, |d, &v| d + (v - max).exp());
+        sum += (max + denom.ln() - row[label as usize]).f64();
+    }
+    sum * scale
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,6 +96,16 @@ mod tests {
         let t = [1.0, 0.0, 2.0, -1.0, 0.5, 0.5];
         check_gradient(|y, dy| mse(y, &t, dy), &y);
         check_gradient(|y, dy| logit_cross_entropy(y, &[2, 0], 3, dy), &y);
+    }
+
+    #[test]
+    fn values_alone_are_the_same_bits() {
+        let y: Vec<f32> = (0..21).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7).collect();
+        let t: Vec<f32> = (0..21).map(|i| (i % 4) as f32 * 0.3).collect();
+        let mut dy = vec![0.0f32; 21];
+        assert_eq!(mse_value(&y, &t).to_bits(), mse(&y, &t, &mut dy).to_bits());
+        let labels = [2, 0, 6];
+        assert_eq!(logit_cross_entropy_value(&y, &labels, 7).to_bits(), logit_cross_entropy(&y, &labels, 7, &mut dy).to_bits());
     }
 
     #[test]

@@ -205,6 +205,25 @@ impl Model {
         Ok(())
     }
 
+    /// The loss on the cache's current batch in inference mode, as [`Model::forward`] runs it
+    /// (no gradient, no [`Grads`]): a validation loss. Targets as for `backprop`, covering the
+    /// batch (set, or gathered by a loader). On the CPU it is the value `backprop` reports for
+    /// the same batch, bit for bit. On a GPU the forward pass runs there and the value is
+    /// computed on the host from the outputs it brings back (and from the targets, copied back
+    /// where a loader gathered them on the device); the host waits. Allocates nothing.
+    pub fn loss(&self, cache: &mut Cache, loss: Loss) -> Result<f32> {
+        self.check_cache(cache)?;
+        self.check_targets(cache, loss)?;
+        self.forward(cache)?;
+        cache.targets_to_host(loss)?;
+        let (batch, outputs) = (cache.batch, self.plan.output().len());
+        let value = match loss {
+            Loss::LogitCrossEntropy => loss::logit_cross_entropy_value(cache.outputs(), &cache.labels[..batch], outputs),
+            Loss::Mse => loss::mse_value(cache.outputs(), &cache.targets[..batch * outputs]),
+        };
+        Ok(value as f32)
+    }
+
     /// [`Model::backprop`]'s checks of its arguments.
     pub(crate) fn check_backprop(&self, grads: &Grads, cache: &Cache, loss: Loss) -> Result<()> {
         self.check_cache(cache)?;
@@ -225,7 +244,12 @@ impl Model {
         if batch > grads.capacity {
             return Err(Error::Capacity { batch, capacity: grads.capacity });
         }
-        let outputs = self.plan.output().len();
+        self.check_targets(cache, loss)
+    }
+
+    /// The cache holds `loss`'s targets (labels, or real values) for its whole batch.
+    fn check_targets(&self, cache: &Cache, loss: Loss) -> Result<()> {
+        let (batch, outputs) = (cache.batch, self.plan.output().len());
         match loss {
             Loss::LogitCrossEntropy => {
                 if cache.labels_set != batch {

@@ -170,3 +170,26 @@ fn mnist_mlp_learns_from_a_few_thousand_images() {
     println!("MLP on 3,000 MNIST images, 2 epochs: test accuracy {:.1}% on 1,000", 100.0 * accuracy);
     assert!(accuracy > 0.80, "accuracy {accuracy}");
 }
+
+/// `Model::loss` is a validation loss: the value `backprop` reports on the same batch, bit for
+/// bit, for both losses, with no gradient buffers touched; and it needs its targets.
+#[test]
+fn a_loss_without_a_backward_pass_is_backprops_value() {
+    let mut rng = Rng::new(6);
+    let model = Chain::new(Input::vector(4)).dense(9, Tanh).dense(3, Identity).build().unwrap().init(Init::HeNormal, 2);
+    let (mut fwd, mut bwd) = (model.preallocate(16).unwrap(), model.preallocate_grads(16).unwrap());
+    fwd.set_inputs(&rng.uniform(13 * 4)).unwrap();
+    assert!(matches!(model.loss(&mut fwd, Loss::LogitCrossEntropy), Err(Error::Shape(_))), "no labels set");
+    fwd.set_labels(&(0..13).map(|i| i % 3).collect::<Vec<_>>()).unwrap();
+    fwd.set_targets(&rng.uniform(13 * 3)).unwrap();
+    for loss in [Loss::LogitCrossEntropy, Loss::Mse] {
+        let value = model.loss(&mut fwd, loss).unwrap();
+        model.backprop(&mut bwd, &mut fwd, loss).unwrap();
+        assert_eq!(value.to_bits(), bwd.last_loss().unwrap().to_bits(), "{loss:?}");
+        assert!(value.is_finite() && value > 0.0);
+    }
+    // the gradients are those of the last backprop, not changed by a loss evaluation
+    let grads = bwd.gradients().unwrap().to_vec();
+    model.loss(&mut fwd, Loss::LogitCrossEntropy).unwrap();
+    assert_eq!(bwd.gradients().unwrap(), &grads[..]);
+}

@@ -493,6 +493,16 @@ impl DevCache {
     pub fn outputs(&self, len: usize) -> &[f32] {
         &self.outputs.as_slice()[..len]
     }
+
+    /// The first `out.len()` labels on the device, after the work queued on the cache's stream.
+    pub fn download_labels(&self, out: &mut [u32]) -> Result<()> {
+        self.labels.download(&self.stream, out)
+    }
+
+    /// The first `out.len()` targets on the device, after the work queued on the cache's stream.
+    pub fn download_targets(&self, out: &mut [f32]) -> Result<()> {
+        self.targets.download(&self.stream, out)
+    }
 }
 
 impl DevGrads {
