@@ -12,6 +12,7 @@ use super::context::Gpu;
 use super::driver_error;
 use super::pinned::{Event, Pinned};
 use super::state::DevCache;
+use crate::data::loader::Targets;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaStream};
@@ -28,12 +29,16 @@ unsafe fn copy_pinned<T>(dst: sys::CUdeviceptr, src: &[T], stream: &CudaStream, 
 }
 
 /// A data set in the memory of one GPU: samples (samples, sample_len) f32, already normalised;
-/// labels u32 (checked by the caller before upload); and the loader's order for the current
-/// epoch, one index per sample, with its page-locked host mirror.
+/// labels u32 (checked by the caller before upload) or real-valued targets (samples, outputs);
+/// and the loader's order for the current epoch, one index per sample, with its page-locked
+/// host mirror.
 pub(crate) struct DevDataset {
     gpu: Arc<Gpu>,
     samples: DevBuf<f32>,
+    /// The labels, or the targets and how many a sample; the other buffer empty.
     labels: DevBuf<u32>,
+    targets: DevBuf<f32>,
+    outputs: Option<usize>,
     order: DevBuf<u32>,
     order_host: Pinned<u32>,
     /// The stream that used the buffers last, and the point it reached after its last use.
@@ -44,19 +49,25 @@ pub(crate) struct DevDataset {
 }
 
 impl DevDataset {
-    /// `samples` (`labels.len()` samples) and `labels` copied to CUDA device `ordinal`; the
-    /// host waits for the copies.
-    pub fn on(ordinal: usize, samples: &[f32], labels: &[u32]) -> Result<DevDataset> {
-        if labels.is_empty() || !samples.len().is_multiple_of(labels.len()) {
-            return Err(Error::Shape(format!("{} values are not a whole number of {} samples", samples.len(), labels.len())));
+    /// `samples` and their labels or targets copied to CUDA device `ordinal`; the host waits
+    /// for the copies.
+    pub fn on(ordinal: usize, samples: &[f32], targets: &Targets) -> Result<DevDataset> {
+        let (labels, values, count) = match targets {
+            Targets::Labels(labels) => (&labels[..], &[][..], labels.len()),
+            Targets::Values { values, outputs } => (&[][..], &values[..], values.len() / outputs),
+        };
+        if count == 0 || !samples.len().is_multiple_of(count) {
+            return Err(Error::Shape(format!("{} values are not a whole number of {count} samples", samples.len())));
         }
         let gpu = super::gpu(ordinal)?;
         let stream = gpu.new_stream()?;
         let data = DevDataset {
             samples: DevBuf::from_host(&gpu, &stream, samples)?,
             labels: DevBuf::from_host(&gpu, &stream, labels)?,
-            order: DevBuf::zeros(&gpu, &stream, labels.len())?,
-            order_host: Pinned::zeros(&gpu, labels.len())?,
+            targets: DevBuf::from_host(&gpu, &stream, values)?,
+            outputs: targets.outputs(),
+            order: DevBuf::zeros(&gpu, &stream, count)?,
+            order_host: Pinned::zeros(&gpu, count)?,
             used: Event::new(&gpu)?,
             order_copied: Event::new(&gpu)?,
             stream,
@@ -121,8 +132,9 @@ impl DevCache {
     }
 
     /// Queues the gather of the samples `order[start..start + batch]` of `data` into this
-    /// cache's inputs (the front `batch × sample_len` activations) and labels, on the cache's
-    /// stream. `batch` must be within the cache's capacity (checked: an `Error::Capacity`).
+    /// cache's inputs (the front `batch × sample_len` activations) and labels or targets, on
+    /// the cache's stream. `batch` must be within the cache's capacity (checked: an
+    /// `Error::Capacity`), and targets as many a sample as the cache's model has outputs.
     pub(crate) fn gather(&mut self, data: &mut DevDataset, start: usize, batch: usize) -> Result<()> {
         self.check_gpu(&data.gpu, "data set")?;
         let samples = data.order.len();
@@ -133,23 +145,35 @@ impl DevCache {
         if batch > self.labels.len() || batch * sample_len > self.acts.len() {
             return Err(Error::Capacity { batch, capacity: self.labels.len() });
         }
+        if data.outputs.is_some_and(|outputs| batch * outputs > self.targets.len()) {
+            return Err(Error::Capacity { batch, capacity: self.labels.len() });
+        }
         data.gpu.bind()?;
         data.bind_stream(&self.stream)?;
         let gpu = Arc::clone(&data.gpu);
         let indices = data.order.view(start..start + batch);
         gpu.gather_batch(&self.stream, sample_len, batch, data.samples.all(), indices, self.acts.view_mut(0..batch * sample_len))?;
-        gpu.gather_labels(&self.stream, batch, data.labels.all(), indices, self.labels.view_mut(0..batch))?;
+        match data.outputs {
+            None => gpu.gather_labels(&self.stream, batch, data.labels.all(), indices, self.labels.view_mut(0..batch))?,
+            Some(outputs) => {
+                let targets = self.targets.view_mut(0..batch * outputs);
+                gpu.gather_batch(&self.stream, outputs, batch, data.targets.all(), indices, targets)?
+            }
+        }
         data.used.record(&self.stream)
     }
 }
 
-/// One of [`DevStaging`]'s two buffers: a batch in page-locked host memory and its copy on the
-/// device, with the events that keep the host, the copy stream and the step apart.
+/// One of [`DevStaging`]'s two buffers: a batch (inputs, and labels or targets) in page-locked
+/// host memory and its copy on the device, with the events that keep the host, the copy stream
+/// and the step apart.
 struct Slot {
     host_inputs: Pinned<f32>,
     host_labels: Pinned<u32>,
+    host_targets: Pinned<f32>,
     inputs: DevBuf<f32>,
     labels: DevBuf<u32>,
+    targets: DevBuf<f32>,
     /// Reached when the last host→device copy of this slot is done: the host may refill the
     /// page-locked buffers, and a step may read the device copy.
     copied: Event,
@@ -159,26 +183,31 @@ struct Slot {
 }
 
 /// Double-buffered staging of batches from page-locked host memory on a copy stream of its
-/// own, for up to `capacity` samples of `sample_len` values.
+/// own, for up to `capacity` samples of `sample_len` values, each with a label or `outputs`
+/// targets.
 pub(crate) struct DevStaging {
     gpu: Arc<Gpu>,
     copy_stream: Arc<CudaStream>,
     sample_len: usize,
+    outputs: usize,
     capacity: usize,
     slots: [Slot; 2],
 }
 
 impl DevStaging {
-    pub fn on(ordinal: usize, capacity: usize, sample_len: usize) -> Result<DevStaging> {
-        let len = capacity.checked_mul(sample_len).ok_or_else(|| Error::Shape(format!("{capacity} samples of {sample_len} overflow")))?;
+    pub fn on(ordinal: usize, capacity: usize, sample_len: usize, outputs: usize) -> Result<DevStaging> {
+        let sized = |per: usize| capacity.checked_mul(per).ok_or_else(|| Error::Shape(format!("{capacity} samples of {per} overflow")));
+        let (len, targets_len) = (sized(sample_len)?, sized(outputs)?);
         let gpu = super::gpu(ordinal)?;
         let copy_stream = gpu.new_stream()?;
         let slot = || -> Result<Slot> {
             Ok(Slot {
                 host_inputs: Pinned::zeros(&gpu, len)?,
                 host_labels: Pinned::zeros(&gpu, capacity)?,
+                host_targets: Pinned::zeros(&gpu, targets_len)?,
                 inputs: DevBuf::zeros(&gpu, &copy_stream, len)?,
                 labels: DevBuf::zeros(&gpu, &copy_stream, capacity)?,
+                targets: DevBuf::zeros(&gpu, &copy_stream, targets_len)?,
                 copied: Event::new(&gpu)?,
                 delivered: Event::new(&gpu)?,
             })
@@ -186,24 +215,27 @@ impl DevStaging {
         let slots = [slot()?, slot()?];
         // the zeroing above is ordered before every later copy on the copy stream, and a
         // delivery waits for `copied`, recorded on it after its copy
-        Ok(DevStaging { gpu, copy_stream, sample_len, capacity, slots })
+        Ok(DevStaging { gpu, copy_stream, sample_len, outputs, capacity, slots })
     }
 
     pub fn device(&self) -> Device {
         Device::Cuda(self.gpu.ordinal())
     }
 
-    /// Slot `slot`'s page-locked inputs (`capacity × sample_len`) and labels (`capacity`), to
-    /// be filled: the host first waits for the copy that last read them.
-    pub fn host_slot(&mut self, slot: usize) -> Result<(&mut [f32], &mut [u32])> {
+    /// Slot `slot`'s page-locked inputs (`capacity × sample_len`), labels (`capacity`) and
+    /// targets (`capacity × outputs`), to be filled: the host first waits for the copy that
+    /// last read them.
+    #[allow(clippy::type_complexity)]
+    pub fn host_slot(&mut self, slot: usize) -> Result<(&mut [f32], &mut [u32], &mut [f32])> {
         let s = &mut self.slots[slot];
         s.copied.wait()?;
-        Ok((s.host_inputs.as_mut_slice(), s.host_labels.as_mut_slice()))
+        Ok((s.host_inputs.as_mut_slice(), s.host_labels.as_mut_slice(), s.host_targets.as_mut_slice()))
     }
 
-    /// Queues the copy of slot `slot`'s first `batch` samples and labels to the device on the
-    /// copy stream, after the last delivery of the slot's previous contents.
-    pub fn send(&mut self, slot: usize, batch: usize) -> Result<()> {
+    /// Queues the copy of slot `slot`'s first `batch` samples and labels (with `values`, their
+    /// targets) to the device on the copy stream, after the last delivery of the slot's
+    /// previous contents.
+    pub fn send(&mut self, slot: usize, batch: usize, values: bool) -> Result<()> {
         if batch > self.capacity {
             return Err(Error::Capacity { batch, capacity: self.capacity });
         }
@@ -216,7 +248,12 @@ impl DevStaging {
         // freed before (`Drop` waits for it).
         unsafe {
             copy_pinned(s.inputs.ptr(), inputs, stream, "copying a batch to the device")?;
-            copy_pinned(s.labels.ptr(), &s.host_labels.as_slice()[..batch], stream, "copying labels to the device")?;
+            if values {
+                let targets = &s.host_targets.as_slice()[..batch * self.outputs];
+                copy_pinned(s.targets.ptr(), targets, stream, "copying targets to the device")?;
+            } else {
+                copy_pinned(s.labels.ptr(), &s.host_labels.as_slice()[..batch], stream, "copying labels to the device")?;
+            }
         }
         s.copied.record(stream)
     }
@@ -236,12 +273,12 @@ impl Drop for DevStaging {
 
 impl DevCache {
     /// Queues, on this cache's stream, the delivery of staging slot `slot`'s first `batch`
-    /// samples and labels (sent before) into the cache's inputs and labels: the stream waits
-    /// for the slot's copy, then copies device to device.
-    pub(crate) fn receive(&mut self, staging: &mut DevStaging, slot: usize, batch: usize) -> Result<()> {
+    /// samples and labels (with `values`, targets), sent before, into the cache's inputs and
+    /// labels (targets): the stream waits for the slot's copy, then copies device to device.
+    pub(crate) fn receive(&mut self, staging: &mut DevStaging, slot: usize, batch: usize, values: bool) -> Result<()> {
         self.check_gpu(&staging.gpu, "staging buffers")?;
-        let len = batch * staging.sample_len;
-        if batch > staging.capacity || batch > self.labels.len() || len > self.acts.len() {
+        let (len, targets_len) = (batch * staging.sample_len, batch * staging.outputs);
+        if batch > staging.capacity || batch > self.labels.len() || len > self.acts.len() || targets_len > self.targets.len() {
             return Err(Error::Capacity { batch, capacity: self.labels.len().min(staging.capacity) });
         }
         staging.gpu.bind()?;
@@ -253,7 +290,11 @@ impl DevCache {
             unsafe { result::memcpy_dtod_async(dst, src, bytes, stream) }.map_err(|e| driver_error("copying a staged batch", e))
         };
         copy(self.acts.ptr(), s.inputs.ptr(), len * size_of::<f32>())?;
-        copy(self.labels.ptr(), s.labels.ptr(), batch * size_of::<u32>())?;
+        if values {
+            copy(self.targets.ptr(), s.targets.ptr(), targets_len * size_of::<f32>())?;
+        } else {
+            copy(self.labels.ptr(), s.labels.ptr(), batch * size_of::<u32>())?;
+        }
         s.delivered.record(&self.stream)
     }
 }

@@ -76,7 +76,7 @@ pub(crate) struct DevCache {
     pub(super) acts: DevBuf<f32>,
     cols: DevBuf<f32>,
     pub(super) labels: DevBuf<u32>,
-    targets: DevBuf<f32>,
+    pub(super) targets: DevBuf<f32>,
     /// Two page-locked buffers the host writes batches of inputs into, in turn, so that the
     /// next batch is written while the copy of the last one may still be queued: `current` is
     /// the one holding the batch; `pending[b]` says a copy from buffer b may not have run yet,

@@ -1,5 +1,6 @@
-//! Data sets in memory and a loader that writes each shuffled batch straight into a cache's
-//! preallocated input and label buffers: no allocation per batch or per epoch.
+//! Data sets in memory, labelled with classes or with real-valued targets, and a loader that
+//! writes each shuffled batch straight into a cache's preallocated input and label (or target)
+//! buffers: no allocation per batch or per epoch.
 //!
 //! On a GPU a batch can come two other ways. [`DeviceDataset`] keeps the whole data set in
 //! device memory and [`Loader::next_device_batch`] gathers each shuffled batch there with a
@@ -9,7 +10,7 @@
 
 use super::idx::{read_images, read_labels};
 use super::{DevDataset, DevStaging};
-use crate::cache::{check_labels, Cache};
+use crate::cache::{check_finite, check_labels, Cache};
 use crate::chain::Shape;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -17,12 +18,66 @@ use crate::init::Rng;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Images (or feature vectors) normalised to f32 once, at load, with integer class labels.
+/// Samples (images or feature vectors) normalised to f32 once, at load, each with an integer
+/// class label (for [`crate::Loss::LogitCrossEntropy`]) or with real-valued targets (a
+/// regression, [`crate::Loss::Mse`]).
+///
+/// ```
+/// use flatnn::data::{Dataset, Loader};
+/// use flatnn::prelude::*;
+///
+/// // y = 2x − 1 from 64 points: a regression from plain vectors
+/// let xs: Vec<f32> = (0..64).map(|i| i as f32 / 32.0 - 1.0).collect();
+/// let ys: Vec<f32> = xs.iter().map(|x| 2.0 * x - 1.0).collect();
+/// let data = Dataset::from_targets(&xs, &ys, Shape::vector(1), 1)?;
+/// let model = Chain::new(Input::vector(1)).dense(8, Tanh).dense(1, Identity).build()?;
+/// let mut model = model.init(Init::GlorotUniform, 1).with_threads(1)?;
+/// let (mut fwd, mut bwd) = (model.preallocate(16)?, model.preallocate_grads(16)?);
+/// let mut opt = Optimizer::new(&model, Optim::adam(2e-2))?;
+/// let mut loader = Loader::new(data.len(), 16, 7, false)?;
+/// let mut epoch_loss = f32::NAN;
+/// for _ in 0..100 {
+///     loader.shuffle();
+///     while loader.next_batch(&data, &mut fwd)?.is_some() {
+///         opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse)?;
+///     }
+///     epoch_loss = bwd.mean_loss()?;
+/// }
+/// // the mean squared error over the last epoch, for targets of variance 4/3
+/// assert!(epoch_loss < 0.01, "{epoch_loss}");
+/// # Ok::<(), flatnn::Error>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct Dataset {
     samples: Vec<f32>,
-    labels: Vec<u32>,
+    targets: Targets,
     shape: Shape,
+}
+
+/// What a data set's samples are labelled with.
+#[derive(Clone, Debug)]
+pub(crate) enum Targets {
+    /// One class label per sample.
+    Labels(Vec<u32>),
+    /// `outputs` finite values per sample, sample-major.
+    Values { values: Vec<f32>, outputs: usize },
+}
+
+impl Targets {
+    fn len(&self) -> usize {
+        match self {
+            Targets::Labels(labels) => labels.len(),
+            Targets::Values { values, outputs } => values.len() / outputs,
+        }
+    }
+
+    /// Real values per sample; None for class labels.
+    pub(crate) fn outputs(&self) -> Option<usize> {
+        match self {
+            Targets::Labels(_) => None,
+            Targets::Values { outputs, .. } => Some(*outputs),
+        }
+    }
 }
 
 /// Which MNIST file pair to read.
@@ -35,12 +90,39 @@ pub enum Split {
 }
 
 impl Dataset {
-    /// A data set from sample-major values and one label per sample.
+    /// A data set from sample-major values and one class label per sample (each must be below
+    /// the outputs of the model it feeds: checked per batch, or once by [`Dataset::to_device`]).
     pub fn new(samples: Vec<f32>, labels: Vec<u32>, shape: Shape) -> Result<Dataset> {
-        if shape.is_empty() || samples.len() != labels.len() * shape.len() {
-            return Err(Error::Shape(format!("{} values are not {} samples of {shape}", samples.len(), labels.len())));
+        Dataset::with(samples, Targets::Labels(labels), shape)
+    }
+
+    /// A regression data set: sample-major values and `outputs` real-valued targets per
+    /// sample (`targets.len() / outputs` samples), each finite (an [`Error::NonFinite`]
+    /// naming the first that is not).
+    pub fn regression(samples: Vec<f32>, targets: Vec<f32>, shape: Shape, outputs: usize) -> Result<Dataset> {
+        if outputs == 0 || !targets.len().is_multiple_of(outputs) {
+            return Err(Error::Shape(format!("{} target values are not a whole number of samples of {outputs}", targets.len())));
         }
-        Ok(Dataset { samples, labels, shape })
+        check_finite(&targets, "targets")?;
+        Dataset::with(samples, Targets::Values { values: targets, outputs }, shape)
+    }
+
+    /// [`Dataset::new`] from borrowed slices (copied once).
+    pub fn from_labels(samples: &[f32], labels: &[u32], shape: Shape) -> Result<Dataset> {
+        Dataset::new(samples.to_vec(), labels.to_vec(), shape)
+    }
+
+    /// [`Dataset::regression`] from borrowed slices (copied once).
+    pub fn from_targets(samples: &[f32], targets: &[f32], shape: Shape, outputs: usize) -> Result<Dataset> {
+        Dataset::regression(samples.to_vec(), targets.to_vec(), shape, outputs)
+    }
+
+    fn with(samples: Vec<f32>, targets: Targets, shape: Shape) -> Result<Dataset> {
+        let count = targets.len();
+        if shape.is_empty() || count.checked_mul(shape.len()) != Some(samples.len()) {
+            return Err(Error::Shape(format!("{} values are not {count} samples of {shape}", samples.len())));
+        }
+        Ok(Dataset { samples, targets, shape })
     }
 
     /// MNIST from `dir` (the four IDX files, raw or gzipped, as `data/mnist/` ships them);
@@ -65,18 +147,21 @@ impl Dataset {
     pub fn take(mut self, n: usize) -> Dataset {
         let n = n.min(self.len());
         self.samples.truncate(n * self.shape.len());
-        self.labels.truncate(n);
+        match &mut self.targets {
+            Targets::Labels(labels) => labels.truncate(n),
+            Targets::Values { values, outputs } => values.truncate(n * *outputs),
+        }
         self
     }
 
     /// Number of samples.
     pub fn len(&self) -> usize {
-        self.labels.len()
+        self.targets.len()
     }
 
     /// True when there are no samples.
     pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
+        self.len() == 0
     }
 
     /// Shape of one sample.
@@ -89,38 +174,65 @@ impl Dataset {
         &self.samples[i * self.shape.len()..][..self.shape.len()]
     }
 
-    /// All labels.
+    /// All class labels (empty for a regression data set).
     pub fn labels(&self) -> &[u32] {
-        &self.labels
+        match &self.targets {
+            Targets::Labels(labels) => labels,
+            Targets::Values { .. } => &[],
+        }
+    }
+
+    /// All real-valued targets, `outputs` a sample (empty for a data set of class labels).
+    pub fn targets(&self) -> &[f32] {
+        match &self.targets {
+            Targets::Labels(_) => &[],
+            Targets::Values { values, .. } => values,
+        }
     }
 
     /// This data set copied to `device` (a CUDA device), for [`Loader::next_device_batch`];
-    /// the host waits for the copy. Every label must be below `classes` (an [`Error::Label`]
-    /// naming the first that is not), and a model it feeds must have at least `classes`
-    /// outputs. On the CPU, or without the `cuda` feature, an error: there the loader reads
-    /// the `Dataset` itself.
-    pub fn to_device(&self, device: &Device, classes: usize) -> Result<DeviceDataset> {
+    /// the host waits for the copy. `outputs` is the number of outputs of the models it will
+    /// feed: class labels must be below it (an [`Error::Label`] naming the first that is not;
+    /// a model fed must then have at least `outputs`), real-valued targets must be `outputs` a
+    /// sample (an [`Error::Shape`]). On the CPU, or without the `cuda` feature, an error: there
+    /// the loader reads the `Dataset` itself.
+    pub fn to_device(&self, device: &Device, outputs: usize) -> Result<DeviceDataset> {
         if self.is_empty() {
             return Err(Error::Config("an empty data set cannot be put on a device".into()));
         }
-        check_labels(&self.labels, classes)?;
+        match &self.targets {
+            Targets::Labels(labels) => check_labels(labels, outputs)?,
+            Targets::Values { outputs: per_sample, .. } => check_outputs(*per_sample, outputs)?,
+        }
         let dev = match *device {
             Device::Cpu => {
                 return Err(Error::Config("a device data set needs a CUDA device; on the CPU the loader reads the Dataset".into()))
             }
-            Device::Cuda(ordinal) => DevDataset::on(ordinal, &self.samples, &self.labels)?,
+            Device::Cuda(ordinal) => DevDataset::on(ordinal, &self.samples, &self.targets)?,
         };
-        Ok(DeviceDataset { dev, shape: self.shape, len: self.len(), classes, order_of: None })
+        let targets = self.targets.outputs();
+        Ok(DeviceDataset { dev, shape: self.shape, len: self.len(), outputs, targets, order_of: None })
     }
 }
 
+/// Real-valued targets of `per_sample` values a sample for a model of `outputs` outputs.
+fn check_outputs(per_sample: usize, outputs: usize) -> Result<()> {
+    if per_sample != outputs {
+        return Err(Error::Shape(format!("the data's targets are {per_sample} values a sample, the model has {outputs} outputs")));
+    }
+    Ok(())
+}
+
 /// A [`Dataset`] in the memory of one GPU (from [`Dataset::to_device`]): its samples as f32,
-/// its labels (checked below `classes` at upload), and room for a loader's order.
+/// its labels (checked below `outputs` at upload) or real-valued targets (`outputs` a
+/// sample), and room for a loader's order.
 pub struct DeviceDataset {
     dev: DevDataset,
     shape: Shape,
     len: usize,
-    classes: usize,
+    outputs: usize,
+    /// Real values per sample; None for class labels.
+    targets: Option<usize>,
     /// The loader (its id) and epoch whose order the device holds.
     order_of: Option<(u64, u64)>,
 }
@@ -141,9 +253,10 @@ impl DeviceDataset {
         self.shape
     }
 
-    /// Every label is below this.
-    pub fn classes(&self) -> usize {
-        self.classes
+    /// The outputs of the models it feeds: every label is below this, or every sample has
+    /// this many targets.
+    pub fn outputs(&self) -> usize {
+        self.outputs
     }
 
     /// The device holding the data.
@@ -216,10 +329,14 @@ impl Loader {
         }
     }
 
-    /// Writes the next batch's samples and labels into `cache` and returns its size, or
-    /// `None` at the end of the epoch. The data set must be the one the loader was made for.
+    /// Writes the next batch's samples and labels (or targets) into `cache` and returns its
+    /// size, or `None` at the end of the epoch. The data set must be the one the loader was
+    /// made for.
     pub fn next_batch(&mut self, data: &Dataset, cache: &mut Cache) -> Result<Option<usize>> {
         self.check(data.len(), data.shape, cache)?;
+        if let Some(per_sample) = data.targets.outputs() {
+            check_outputs(per_sample, cache.plan.output().len())?;
+        }
         let Some(size) = self.batch_at(self.next) else { return Ok(None) };
         let per_sample = data.shape.len();
         let picked = &self.order[self.next..self.next + size];
@@ -227,25 +344,37 @@ impl Loader {
         for (dst, &i) in inputs.chunks_exact_mut(per_sample).zip(picked) {
             dst.copy_from_slice(data.sample(i as usize));
         }
-        let labels = cache.labels_mut(size)?;
-        for (dst, &i) in labels.iter_mut().zip(picked) {
-            *dst = data.labels[i as usize];
+        match &data.targets {
+            Targets::Labels(labels) => {
+                for (dst, &i) in cache.labels_mut(size)?.iter_mut().zip(picked) {
+                    *dst = labels[i as usize];
+                }
+            }
+            Targets::Values { values, outputs } => {
+                for (dst, &i) in cache.targets_mut(size)?.chunks_exact_mut(*outputs).zip(picked) {
+                    dst.copy_from_slice(&values[i as usize * outputs..][..*outputs]);
+                }
+            }
         }
         self.next += size;
         Ok(Some(size))
     }
 
     /// As [`Loader::next_batch`], from a data set on the cache's GPU: queues, on the cache's
-    /// stream, the gather of the next batch into the cache's inputs and labels, and returns its
-    /// size (the host neither copies the batch nor waits). The first batch of an epoch first
-    /// queues the copy of this epoch's order to the device. Nothing is changed on error. The
-    /// batch is only on the device: [`Cache::inputs`] does not show it.
+    /// stream, the gather of the next batch into the cache's inputs and labels (or targets),
+    /// and returns its size (the host neither copies the batch nor waits). The first batch of
+    /// an epoch first queues the copy of this epoch's order to the device. Nothing is changed
+    /// on error. The batch is only on the device: [`Cache::inputs`] does not show it.
     pub fn next_device_batch(&mut self, data: &mut DeviceDataset, cache: &mut Cache) -> Result<Option<usize>> {
         self.check(data.len, data.shape, cache)?;
         check_device(data.device(), cache)?;
         let outputs = cache.plan.output().len();
-        if data.classes > outputs {
-            return Err(Error::Mismatch(format!("the data set has {} classes, the model {outputs} outputs", data.classes)));
+        match data.targets {
+            None if data.outputs > outputs => {
+                return Err(Error::Mismatch(format!("the data set has {} classes, the model {outputs} outputs", data.outputs)))
+            }
+            Some(per_sample) => check_outputs(per_sample, outputs)?,
+            None => {}
         }
         let Some(size) = self.batch_at(self.next) else { return Ok(None) };
         if size > cache.capacity {
@@ -259,7 +388,7 @@ impl Loader {
             data.order_of = order_of;
         }
         dev.gather(&mut data.dev, self.next, size)?;
-        mark_written_on_device(cache, size);
+        mark_written_on_device(cache, size, data.targets.is_some());
         self.next += size;
         Ok(Some(size))
     }
@@ -289,13 +418,17 @@ fn check_device(device: Device, cache: &Cache) -> Result<()> {
     Ok(())
 }
 
-/// Records in `cache` that a batch of `batch` inputs and labels was queued into its device
-/// buffers: nothing is copied from the host for them, and the labels were checked (at upload,
-/// or on the host before staging) so `backprop` need not look at them.
-fn mark_written_on_device(cache: &mut Cache, batch: usize) {
-    (cache.batch, cache.labels_set) = (batch, batch);
-    (cache.inputs_dirty, cache.labels_dirty) = (false, false);
-    (cache.inputs_on_device, cache.labels_on_device) = (true, true);
+/// Records in `cache` that a batch of `batch` inputs and labels (or, with `values`, targets)
+/// was queued into its device buffers: nothing is copied from the host for them, and the
+/// labels were checked (at upload, or on the host before staging) so `backprop` need not look
+/// at them, as the targets were (finite, when the data set was made).
+fn mark_written_on_device(cache: &mut Cache, batch: usize, values: bool) {
+    (cache.batch, cache.inputs_dirty, cache.inputs_on_device) = (batch, false, true);
+    if values {
+        (cache.targets_set, cache.targets_dirty, cache.targets_on_device) = (batch, false, true);
+    } else {
+        (cache.labels_set, cache.labels_dirty, cache.labels_on_device) = (batch, false, true);
+    }
 }
 
 /// A loader that streams batches to a GPU from page-locked host memory: [`next_batch`] hands
@@ -331,8 +464,9 @@ struct Staged {
 
 impl StreamingLoader {
     /// Streams `loader`'s batches into caches like `cache` (same model, same GPU): staging
-    /// buffers for the loader's batch are allocated here, page-locked on the host and on the
-    /// device. A loader batch over the cache's capacity is an [`Error::Capacity`].
+    /// buffers for the loader's batch (inputs, and labels or targets) are allocated here,
+    /// page-locked on the host and on the device. A loader batch over the cache's capacity is
+    /// an [`Error::Capacity`].
     pub fn new(loader: Loader, cache: &Cache) -> Result<StreamingLoader> {
         let Device::Cuda(ordinal) = cache.device() else {
             return Err(Error::Config("streaming to a GPU needs a cache on a GPU; on the CPU use Loader::next_batch".into()));
@@ -341,7 +475,7 @@ impl StreamingLoader {
             return Err(Error::Capacity { batch: loader.batch, capacity: cache.capacity });
         }
         let sample_len = cache.plan.input.len();
-        let staging = DevStaging::on(ordinal, loader.batch, sample_len)?;
+        let staging = DevStaging::on(ordinal, loader.batch, sample_len, cache.plan.output().len())?;
         Ok(StreamingLoader { loader, staging, sample_len, ahead: None, slot: 0 })
     }
 
@@ -363,10 +497,11 @@ impl StreamingLoader {
     }
 
     /// As [`Loader::next_batch`]: queues the delivery of the next batch of `data` into the
-    /// cache's inputs and labels (on the cache's stream, after its copy) and returns its size,
-    /// or `None` at the end of the epoch; then stages the batch after it. Labels are checked on
-    /// the host against the model's outputs. Nothing is changed by a mismatch, capacity or
-    /// label error. The batch is only on the device: [`Cache::inputs`] does not show it.
+    /// cache's inputs and labels or targets (on the cache's stream, after its copy) and returns
+    /// its size, or `None` at the end of the epoch; then stages the batch after it. Labels are
+    /// checked on the host against the model's outputs. Nothing is changed by a mismatch,
+    /// capacity or label error. The batch is only on the device: [`Cache::inputs`] does not
+    /// show it.
     pub fn next_batch(&mut self, data: &Dataset, cache: &mut Cache) -> Result<Option<usize>> {
         self.loader.check(data.len(), data.shape, cache)?;
         check_device(self.staging.device(), cache)?;
@@ -379,20 +514,26 @@ impl StreamingLoader {
             return Err(Error::Capacity { batch: size, capacity: cache.capacity });
         }
         let classes = cache.plan.output().len();
-        for (index, &i) in self.loader.order[start..start + size].iter().enumerate() {
-            let label = data.labels[i as usize];
-            if label as usize >= classes {
-                return Err(Error::Label { index, label, classes });
+        match &data.targets {
+            Targets::Labels(labels) => {
+                for (index, &i) in self.loader.order[start..start + size].iter().enumerate() {
+                    let label = labels[i as usize];
+                    if label as usize >= classes {
+                        return Err(Error::Label { index, label, classes });
+                    }
+                }
             }
+            Targets::Values { outputs, .. } => check_outputs(*outputs, classes)?,
         }
+        let values = data.targets.outputs().is_some();
         let dev = cache.dev.as_mut().ok_or_else(|| Error::Mismatch("streaming needs a cache on the GPU".into()))?;
         let want = self.staged(data, self.slot, start, size);
         let slot = match self.ahead.take() {
             Some(ahead) if ahead == Staged { slot: ahead.slot, ..want } => ahead.slot,
             _ => self.stage(data, start, size)?,
         };
-        dev.receive(&mut self.staging, slot, size)?;
-        mark_written_on_device(cache, size);
+        dev.receive(&mut self.staging, slot, size, values)?;
+        mark_written_on_device(cache, size, values);
         self.loader.next += size;
         let next = self.loader.next;
         if let Some(next_size) = self.loader.batch_at(next) {
@@ -411,12 +552,19 @@ impl StreamingLoader {
     fn stage(&mut self, data: &Dataset, start: usize, size: usize) -> Result<usize> {
         let slot = self.slot;
         let picked = &self.loader.order[start..start + size];
-        let (inputs, labels) = self.staging.host_slot(slot)?;
-        for ((dst, label), &i) in inputs.chunks_exact_mut(self.sample_len).zip(labels.iter_mut()).zip(picked) {
+        let (inputs, labels, targets) = self.staging.host_slot(slot)?;
+        for (dst, &i) in inputs.chunks_exact_mut(self.sample_len).zip(picked) {
             dst.copy_from_slice(data.sample(i as usize));
-            *label = data.labels[i as usize];
         }
-        self.staging.send(slot, size)?;
+        match &data.targets {
+            Targets::Labels(all) => labels.iter_mut().zip(picked).for_each(|(dst, &i)| *dst = all[i as usize]),
+            Targets::Values { values, outputs } => {
+                for (dst, &i) in targets.chunks_exact_mut(*outputs).zip(picked) {
+                    dst.copy_from_slice(&values[i as usize * outputs..][..*outputs]);
+                }
+            }
+        }
+        self.staging.send(slot, size, data.targets.outputs().is_some())?;
         self.slot ^= 1;
         Ok(slot)
     }
@@ -459,6 +607,43 @@ mod tests {
             count += 1;
         }
         assert_eq!((count, dropping.batches(), loader.batches()), (2, 2, 3));
+    }
+
+    /// Real-valued targets travel with their samples into the cache's targets, a final partial
+    /// batch included; a model of another width, non-finite targets and ragged lengths are
+    /// refused.
+    #[test]
+    fn regression_batches_carry_their_targets() {
+        let n = 5;
+        let xs: Vec<f32> = (0..n * 3).map(|v| v as f32).collect();
+        let ys: Vec<f32> = (0..n * 2).map(|v| -(v as f32)).collect();
+        let data = Dataset::from_targets(&xs, &ys, Shape::vector(3), 2).unwrap();
+        assert_eq!((data.len(), data.labels(), data.targets()), (5, &[][..], &ys[..]));
+        let model = Chain::new(Shape::vector(3)).dense(2, Identity).build().unwrap();
+        let mut cache = model.preallocate(4).unwrap();
+        let mut loader = Loader::new(n, 4, 3, false).unwrap();
+        loader.shuffle();
+        let mut seen = Vec::new();
+        while let Some(b) = loader.next_batch(&data, &mut cache).unwrap() {
+            assert_eq!(cache.targets_set, b);
+            for (x, t) in cache.inputs().chunks(3).zip(cache.targets[..2 * b].chunks(2)) {
+                let i = x[0] as usize / 3;
+                assert_eq!(t, [-(2.0 * i as f32), -(2.0 * i as f32 + 1.0)], "sample {i}'s targets");
+                seen.push(i);
+            }
+        }
+        seen.sort();
+        assert_eq!(seen, [0, 1, 2, 3, 4]);
+        assert_eq!(data.clone().take(2).targets(), &ys[..4]);
+        let wide = Chain::new(Shape::vector(3)).dense(3, Identity).build().unwrap();
+        let mut wide_cache = wide.preallocate(4).unwrap();
+        loader.rewind();
+        assert!(matches!(loader.next_batch(&data, &mut wide_cache), Err(Error::Shape(_))));
+        assert!(matches!(Dataset::from_targets(&xs, &[1.0, f32::NAN], Shape::vector(3), 2), Err(Error::NonFinite { index: 1, .. })));
+        assert!(matches!(Dataset::from_targets(&xs, &ys[..9], Shape::vector(3), 2), Err(Error::Shape(_))));
+        assert!(matches!(Dataset::from_targets(&xs, &ys, Shape::vector(3), 0), Err(Error::Shape(_))));
+        assert!(matches!(Dataset::from_labels(&xs, &[0, 1], Shape::vector(3)), Err(Error::Shape(_))));
+        assert!(matches!(data.to_device(&Device::Cuda(0), 3), Err(Error::Shape(_))), "the model's width is checked first");
     }
 
     #[test]

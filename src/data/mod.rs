@@ -1,5 +1,6 @@
-//! Data: IDX files, a zero-allocation loader, and batches fed to a GPU from device memory
-//! ([`DeviceDataset`]) or streamed from page-locked host memory ([`StreamingLoader`]).
+//! Data: IDX files, data sets of class labels or real-valued targets, a zero-allocation loader,
+//! and batches fed to a GPU from device memory ([`DeviceDataset`]) or streamed from page-locked
+//! host memory ([`StreamingLoader`]).
 
 pub mod idx;
 pub mod loader;
@@ -15,6 +16,7 @@ use off::{DevDataset, DevStaging};
 /// values, and asking for one is an [`crate::Error::Cuda`].
 #[cfg(not(feature = "cuda"))]
 mod off {
+    use super::loader::Targets;
     use crate::dev::DevCache;
     use crate::device::Device;
     use crate::error::{Error, Result};
@@ -27,7 +29,7 @@ mod off {
     }
 
     impl DevDataset {
-        pub fn on(_ordinal: usize, _samples: &[f32], _labels: &[u32]) -> Result<DevDataset> {
+        pub fn on(_ordinal: usize, _samples: &[f32], _targets: &Targets) -> Result<DevDataset> {
             Err(no_cuda())
         }
         pub fn device(&self) -> Device {
@@ -36,16 +38,17 @@ mod off {
     }
 
     impl DevStaging {
-        pub fn on(_ordinal: usize, _capacity: usize, _sample_len: usize) -> Result<DevStaging> {
+        pub fn on(_ordinal: usize, _capacity: usize, _sample_len: usize, _outputs: usize) -> Result<DevStaging> {
             Err(no_cuda())
         }
         pub fn device(&self) -> Device {
             match *self {}
         }
-        pub fn host_slot(&mut self, _slot: usize) -> Result<(&mut [f32], &mut [u32])> {
+        #[allow(clippy::type_complexity)]
+        pub fn host_slot(&mut self, _slot: usize) -> Result<(&mut [f32], &mut [u32], &mut [f32])> {
             match *self {}
         }
-        pub fn send(&mut self, _slot: usize, _batch: usize) -> Result<()> {
+        pub fn send(&mut self, _slot: usize, _batch: usize, _values: bool) -> Result<()> {
             match *self {}
         }
     }
@@ -57,7 +60,7 @@ mod off {
         pub(crate) fn gather(&mut self, data: &mut DevDataset, _start: usize, _batch: usize) -> Result<()> {
             match *data {}
         }
-        pub(crate) fn receive(&mut self, staging: &mut DevStaging, _slot: usize, _batch: usize) -> Result<()> {
+        pub(crate) fn receive(&mut self, staging: &mut DevStaging, _slot: usize, _batch: usize, _values: bool) -> Result<()> {
             match *staging {}
         }
     }
