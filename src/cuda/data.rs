@@ -12,7 +12,7 @@ use super::context::Gpu;
 use super::driver_error;
 use super::pinned::{Event, Pinned};
 use super::state::DevCache;
-use crate::data::loader::Targets;
+use crate::data::dataset::Targets;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaStream};

@@ -2,10 +2,12 @@
 //! and batches fed to a GPU from device memory ([`DeviceDataset`]) or streamed from page-locked
 //! host memory ([`StreamingLoader`]).
 
+pub(crate) mod dataset;
 pub mod idx;
 pub mod loader;
 
-pub use loader::{Dataset, DeviceDataset, Loader, Split, StreamingLoader};
+pub use dataset::{Dataset, DeviceDataset, Split};
+pub use loader::{Loader, StreamingLoader};
 
 #[cfg(feature = "cuda")]
 use crate::cuda::data::{DevDataset, DevStaging};
@@ -16,7 +18,7 @@ use off::{DevDataset, DevStaging};
 /// values, and asking for one is an [`crate::Error::Cuda`].
 #[cfg(not(feature = "cuda"))]
 mod off {
-    use super::loader::Targets;
+    use super::dataset::Targets;
     use crate::dev::DevCache;
     use crate::device::Device;
     use crate::error::{Error, Result};
