@@ -51,6 +51,7 @@ pub mod models;
 pub mod optim;
 pub(crate) mod schedule;
 pub mod serve;
+pub(crate) mod summary;
 #[doc(hidden)]
 pub mod testutil;
 
