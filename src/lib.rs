@@ -2,7 +2,7 @@
 //!
 //! A model's shapes are fixed when it is built; every buffer it will touch (parameters,
 //! gradients, activations, optimiser state, scratch) is allocated once, and a training step or
-//! an inference call then allocates nothing.
+//! an inference call then allocates nothing, on the CPU or on an NVIDIA GPU.
 //!
 //! ```
 //! use flatnn::prelude::*;
@@ -24,6 +24,104 @@
 //! assert!(bwd.last_loss()? < first);
 //! # Ok::<(), flatnn::Error>(())
 //! ```
+//!
+//! # What a model is made of
+//!
+//! A [`Chain`] starts from an [`Input`] shape and adds layers; [`Chain::build`] infers and
+//! checks every shape once (a mismatch is an [`Error::Shape`] naming the layer and the shapes)
+//! and gives a [`Model`]. Samples are laid out as PyTorch lays them out, batch first:
+//! [`Input::vector`]`(n)`, or [`Input::image`]`(channels, height, width)`, whose arguments come
+//! in the order of the data's (C, H, W) layout.
+//!
+//! - **Layers**: [`Chain::dense`] (y = act(W·x + b)), [`Chain::conv`] / [`Chain::conv_with`]
+//!   (2-D cross-correlation, stride and zero padding in [`ConvOptions`]), [`Chain::max_pool`] /
+//!   [`Chain::max_pool_with`], [`Chain::flatten`] (image to vector).
+//! - **Activations** ([`Activation`]), per dense or conv layer: [`Identity`], [`Relu`],
+//!   [`LeakyRelu`], [`Tanh`], [`Sigmoid`], [`Gelu`] (erf).
+//! - **Losses** ([`Loss`]): [`Loss::LogitCrossEntropy`] (softmax cross-entropy on logits with
+//!   integer class labels, [`Cache::set_labels`]) and [`Loss::Mse`] (real-valued targets,
+//!   [`Cache::set_targets`]), both means over the batch.
+//! - **Optimisers** ([`Optim`], bound to a model by [`Optimizer`]): SGD (momentum, Nesterov),
+//!   Adam, AdamW, RMSProp, with PyTorch's update rules and `weight_decay`
+//!   ([`Optim::with_weight_decay`]); gradient clipping by global norm or by value ([`Clip`],
+//!   [`Optimizer::set_clip`]; [`Optimizer::grad_norm`] reads the norm); learning-rate
+//!   schedules ([`Schedule`]: step, exponential, cosine with warm-up, one-cycle;
+//!   [`Optimizer::set_schedule`]). All of it is one pass over the flat parameters per step.
+//! - **Initialisers** ([`Init`]): Glorot and He (normal or uniform), LeCun normal, zeros, from
+//!   a seed.
+//!
+//! `println!("{model}")` prints a summary: each layer with its output shape, parameters and
+//! activation, the totals and the device.
+//!
+//! # The life of a model
+//!
+//! ```no_run
+//! use flatnn::prelude::*;
+//! # let (images, labels) = (vec![0.0f32; 128 * 784], vec![0u32; 128]);
+//!
+//! // build: the plan (shapes, parameter layout), then the parameters
+//! let model = flatnn::models::mlp().build()?.init(Init::HeNormal, 1);
+//! // to a device: the best one here (CUDA if it works, else the CPU; FLATNN_DEVICE overrides)
+//! let device = flatnn::device();
+//! let mut model = model.to(&device)?;
+//! // preallocate: everything a step needs, for batches of up to 128
+//! let mut fwd = model.preallocate(128)?;                 // inputs, targets, activations
+//! let mut bwd = model.preallocate_grads(128)?;           // gradients, the parameters' layout
+//! let mut opt = Optimizer::new(&model, Optim::adam(1e-3))?;
+//! opt.set_schedule(Schedule::cosine(100, 10_000))?;      // warm-up, then a cosine to zero
+//! opt.set_clip(Clip::Norm(1.0))?;
+//! // step: forward, loss, backward and update (on a GPU one CUDA graph, queued)
+//! fwd.set_inputs(&images)?;
+//! fwd.set_labels(&labels)?;
+//! opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::LogitCrossEntropy)?;
+//! let loss = bwd.last_loss()?;                           // the loss stays on the device until asked
+//! let val = model.loss(&mut fwd, Loss::LogitCrossEntropy)?; // inference mode, no backward pass
+//! let scores = model.forward(&mut fwd)?;                 // inference
+//! // save: PyTorch's names (a model file), or the model with its optimiser (a checkpoint)
+//! model.save("mlp.safetensors")?;
+//! model.save_checkpoint(&opt, "run.safetensors")?;       // model.load_checkpoint(&mut opt, ..) resumes
+//! let same = Model::load("mlp.safetensors")?;            // loads on a machine with no GPU
+//! # Ok::<(), flatnn::Error>(())
+//! ```
+//!
+//! A batch smaller than the capacity runs in the same buffers; a larger one is an
+//! [`Error::Capacity`], never a reallocation. Bad input is an [`Error`] saying what to change.
+//! [`data`] reads data sets (MNIST's IDX files; your own vectors with class labels or
+//! real-valued targets, [`data::Dataset`]) and loads shuffled batches straight into a cache:
+//! [`data::Loader`] on the CPU, [`data::DeviceDataset`] (the data in device memory, batches
+//! gathered there) or [`data::StreamingLoader`] (copies overlapping the steps) on a GPU.
+//!
+//! # Devices
+//!
+//! A [`Device`] is `Device::Cpu` or `Device::Cuda(n)`. On the CPU a model runs on its own pool
+//! of threads (one a physical core, or [`Model::with_threads`], or `FLATNN_THREADS`). On a GPU
+//! its parameters, caches, gradients and optimiser state live in device memory; it owns a
+//! stream, its steps are queued there and the host waits only where a value comes back.
+//! [`device()`], [`gpu_or_cpu()`], [`gpu()`] and [`cpu()`] pick or move; [`ToDevice`] moves a
+//! model, its optimiser and caches (and tuples, `Vec`s and `Option`s of them) together;
+//! [`GpuOptions`] turns CUDA graphs and TF32 on or off. CUDA is loaded at run time: the crate
+//! builds, and runs on the CPU, with no CUDA installed.
+//!
+//! # Serving
+//!
+//! [`Model::serve`] gives a [`Server`] for a program that makes many small inference calls:
+//! on a GPU, a small dense model is answered by a kernel that stays resident between calls; any
+//! other model by [`Model::forward`] on a cache of its own.
+//!
+//! # Threads
+//!
+//! [`Model`] is `Send + Sync`: threads may share one model (`&Model`), each with its own
+//! [`Cache`] for `forward` or `loss` (a CPU model's thread pool then takes their calls in
+//! turn). Training needs `&mut Model`, so one thread trains a model at a time; on a GPU, models
+//! trained from several threads run on their own streams and overlap.
+//!
+//! # Examples
+//!
+//! In `examples/` (`cargo run --release --example NAME`; each file's first lines give its
+//! options): `mnist` (trains the MLP, a CNN or LeNet-5 on MNIST, shipped with the crate), `latency`
+//! (batch-1 inference latency, through `forward` or a [`Server`]), `multi_model` (several
+//! models trained at once on one GPU), `step_time` (one kind of call at one batch size, for
+//! profilers) and `launch_floor` (what the GPU driver alone costs here).
 
 pub mod activation;
 pub mod cache;
