@@ -52,19 +52,24 @@ impl DevDataset {
     /// `samples` and their labels or targets copied to CUDA device `ordinal`; the host waits
     /// for the copies.
     pub fn on(ordinal: usize, samples: &[f32], targets: &Targets) -> Result<DevDataset> {
-        let (labels, values, count) = match targets {
-            Targets::Labels(labels) => (&labels[..], &[][..], labels.len()),
-            Targets::Values { values, outputs } => (&[][..], &values[..], values.len() / outputs),
+        let count = match targets {
+            Targets::Labels(labels) => labels.len(),
+            Targets::Values { values, outputs } => values.len() / outputs,
         };
         if count == 0 || !samples.len().is_multiple_of(count) {
             return Err(Error::Shape(format!("{} values are not a whole number of {count} samples", samples.len())));
         }
         let gpu = super::gpu(ordinal)?;
         let stream = gpu.new_stream()?;
+        // the kind of targets the data set does not have: an empty buffer
+        let (labels, values) = match targets {
+            Targets::Labels(labels) => (DevBuf::from_host(&gpu, &stream, labels)?, DevBuf::zeros(&gpu, &stream, 0)?),
+            Targets::Values { values, .. } => (DevBuf::zeros(&gpu, &stream, 0)?, DevBuf::from_host(&gpu, &stream, values)?),
+        };
         let data = DevDataset {
             samples: DevBuf::from_host(&gpu, &stream, samples)?,
-            labels: DevBuf::from_host(&gpu, &stream, labels)?,
-            targets: DevBuf::from_host(&gpu, &stream, values)?,
+            labels,
+            targets: values,
             outputs: targets.outputs(),
             order: DevBuf::zeros(&gpu, &stream, count)?,
             order_host: Pinned::zeros(&gpu, count)?,
