@@ -37,7 +37,7 @@ def try_import(name):
         return None, f"{name} not importable: {e}"
 
 
-def environment(torch, ort_error, torch_error):
+def environment(torch):
     env = {"python": platform.python_version()}
     for name in ("numpy", "onnx", "onnxruntime"):
         module, _ = try_import(name)
@@ -51,9 +51,6 @@ def environment(torch, ort_error, torch_error):
             "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
         }
-    missing = "; ".join(e for e in (ort_error, torch_error) if e)
-    if missing:
-        env["missing"] = missing
     return env
 
 
@@ -228,7 +225,8 @@ def serve(args):
 
     peers = Peers(args, json.loads(args.config))
     send({
-        "env": environment(peers.torch, peers.ort_error, peers.torch_error),
+        "env": environment(peers.torch),
+        "not_importable": "; ".join(e for e in (peers.ort_error, peers.torch_error) if e),
         "params": {m: zoo_models.param_count(m) for m in zoo_models.MODELS},
     })
     for line in sys.stdin:

@@ -244,6 +244,9 @@ fn main() -> Result<()> {
     if let Some(p) = peer {
         let env: Vec<String> = p.env.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(header, "peers: {}", env.join(", "));
+        if !p.not_importable.is_empty() {
+            let _ = writeln!(header, "peers: {}", p.not_importable);
+        }
         let sources: Vec<String> = p.onnx_source.iter().map(|(k, v)| format!("{k}: {v}")).collect();
         if !sources.is_empty() {
             let _ = writeln!(header, "ONNX files: {}", sources.join("; "));

@@ -2,7 +2,7 @@
 //! point at a time right after flatnn measured it, so that both sides of a ratio are taken a few
 //! seconds apart (a shared host drifts over a run). It waits on its input between points.
 //!
-//! Protocol, one JSON object a line: the process first writes `@zoo {"env", "params", "models"}`,
+//! Protocol, one JSON object a line: the process first writes `@zoo {"env", "not_importable", "params"}`,
 //! then, for each request `{"model", "device", "batch", "tasks"}` on its input, one
 //! `@zoo {"results", "missing", "onnx_source"}`. Other lines it writes are passed on to stderr.
 
@@ -19,6 +19,8 @@ pub struct Peer {
     output: BufReader<ChildStdout>,
     /// Versions, GPU name and the like, as the script found them.
     pub env: Vec<(String, String)>,
+    /// What the script could not import (and so which peers cannot run), if anything.
+    pub not_importable: String,
     /// Parameter count of each model the peers know.
     pub params: Vec<(String, usize)>,
     /// How each model's ONNX file was made.
@@ -62,6 +64,7 @@ impl Peer {
             input,
             output: BufReader::new(output),
             env: Vec::new(),
+            not_importable: String::new(),
             params: Vec::new(),
             onnx_source: Vec::new(),
             missing: Vec::new(),
@@ -69,6 +72,7 @@ impl Peer {
         };
         let hello = peer.receive()?;
         peer.env = pairs(&hello["env"]);
+        peer.not_importable = hello["not_importable"].as_str().unwrap_or_default().to_owned();
         peer.params =
             hello["params"].as_object().into_iter().flatten().filter_map(|(k, v)| Some((k.clone(), v.as_u64()? as usize))).collect();
         Ok(peer)

@@ -203,7 +203,11 @@ pub fn summary(out: &mut String, res: &Results, place: Place, task: Task) {
     render(out, &table);
     match geomean(&rows) {
         Some((g, n, red)) => {
-            let _ = writeln!(out, "geometric mean of the ratios: {g:.2} over {n} points ({red} with flatnn slower, marked *)");
+            let _ = writeln!(
+                out,
+                "geometric mean of the ratios: {g:.2} over {n} point{} ({red} with flatnn slower, marked *)",
+                if n == 1 { "" } else { "s" }
+            );
         }
         None => {
             let _ = writeln!(out, "geometric mean of the ratios: none (no point measured by both)");
