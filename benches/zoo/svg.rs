@@ -9,7 +9,6 @@ const COLOURS: [&str; 10] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467b
 const PANEL_W: f64 = 320.0;
 const PANEL_H: f64 = 220.0;
 const MARGIN: f64 = 60.0;
-const PER_ROW: usize = 3;
 
 pub fn plot(res: &Results, title: &str) -> String {
     let panels: Vec<(Place, Task)> = res
@@ -24,8 +23,13 @@ pub fn plot(res: &Results, title: &str) -> String {
     // y from the decade below the smallest ratio (at most 0.1) to the one above the largest (at least 10)
     let lo = ratios.iter().copied().fold(0.1f64, f64::min).log10().floor();
     let hi = ratios.iter().copied().fold(10.0f64, f64::max).log10().ceil();
-    let cols = panels.len().clamp(1, PER_ROW);
-    let grid_rows = panels.len().div_ceil(PER_ROW).max(1);
+    // one row per place, one column per task, for the places and tasks that have a panel
+    let mut rows_of: Vec<Place> = panels.iter().map(|p| p.0).collect();
+    rows_of.dedup();
+    let mut cols_of: Vec<Task> = panels.iter().map(|p| p.1).collect();
+    cols_of.sort_unstable();
+    cols_of.dedup();
+    let (cols, grid_rows) = (cols_of.len().max(1), rows_of.len().max(1));
     let width = cols as f64 * (PANEL_W + MARGIN) + MARGIN;
     let height = grid_rows as f64 * (PANEL_H + 2.0 * MARGIN) + 50.0;
     let mut out = format!(
@@ -35,9 +39,11 @@ pub fn plot(res: &Results, title: &str) -> String {
     if panels.is_empty() {
         let _ = writeln!(out, "<text x=\"{MARGIN}\" y=\"60\">no point was measured by flatnn and a peer</text>");
     }
-    for (i, &(place, task)) in panels.iter().enumerate() {
-        let x0 = MARGIN + (i % PER_ROW) as f64 * (PANEL_W + MARGIN);
-        let y0 = MARGIN + (i / PER_ROW) as f64 * (PANEL_H + 2.0 * MARGIN);
+    for &(place, task) in &panels {
+        let col = cols_of.iter().position(|&t| t == task).unwrap_or(0);
+        let row = rows_of.iter().position(|&p| p == place).unwrap_or(0);
+        let x0 = MARGIN + col as f64 * (PANEL_W + MARGIN);
+        let y0 = MARGIN + row as f64 * (PANEL_H + 2.0 * MARGIN);
         let sx = |b: f64| x0 + (b.log2() - b_lo.log2()) / (b_hi.log2() - b_lo.log2()).max(1e-9) * PANEL_W;
         let sy = |r: f64| y0 + (hi - r.log10()) / (hi - lo) * PANEL_H;
         let rows = res.rows(place, task);
