@@ -2,7 +2,8 @@
 batches and timing method, in one process the bench starts and asks for one point at a time.
 
     python3 zoo.py --serve --config '{"timing": {...}, "threads": 16, ...}' [--compile]
-        then one request a line on stdin: {"model": "mlp", "device": "cpu1", "batch": 64, "tasks": ["infer"]}
+        then one request a line on stdin:
+        {"model": "mlp", "device": "cpu1", "batch": 64, "tasks": ["infer"], "cpu_clock": false}
     python3 zoo.py --check DIR     # outputs and losses of flatnn's saved models, recomputed here
 
 Devices: cpu1 (one thread), cpu (config's thread count), gpu (FP32: TF32 off everywhere), gpu-tf32
@@ -56,7 +57,7 @@ def environment(torch):
 
 class Peers:
     def __init__(self, args, config):
-        self.args, self.config, self.timing = args, config, config["timing"]
+        self.args, self.config = args, config
         self.np, _ = try_import("numpy")
         self.ort, self.ort_error = try_import("onnxruntime") if self.np else (None, "numpy not importable")
         if self.ort:
@@ -166,7 +167,7 @@ class Peers:
             return self.zoo_ort.infer_call(sess, x, zoo_models.output_len(name))
         return self.zoo_ort.latency_call(sess, x)
 
-    def measure(self, name, device, task, batch, peer, make):
+    def measure(self, name, device, task, batch, peer, make, timing):
         entry = {"model": name, "device": device, "task": task, "batch": batch, "peer": peer,
                  "seconds": None, "p99": None, "calls": 0, "note": None}
         try:
@@ -174,9 +175,9 @@ class Peers:
             if getattr(call, "build_s", None) is not None and peer.startswith("pt-compile"):
                 entry["build_s"] = round(call.build_s, 2)
             if task == "latency":
-                entry["seconds"], entry["p99"], entry["calls"] = zoo_timing.single(self.timing, call)
+                entry["seconds"], entry["p99"], entry["calls"] = zoo_timing.single(timing, call)
             else:
-                entry["seconds"], entry["calls"] = zoo_timing.repeated(self.timing, call)
+                entry["seconds"], entry["calls"] = zoo_timing.repeated(timing, call)
         except zoo_timing.OverLimit as e:
             entry["note"] = f"over the limit: {e}"
         except Exception as e:
@@ -190,22 +191,24 @@ class Peers:
                 self.zoo_torch.release()
         return entry
 
-    def point(self, name, device, batch, tasks):
-        """Every peer's entry for `tasks` of model `name` at `batch` on `device`."""
+    def point(self, name, device, batch, tasks, cpu_clock):
+        """Every peer's entry for `tasks` of model `name` at `batch` on `device`, timed by the
+        process's CPU time where `cpu_clock`."""
         if self.model != name:
             self.model, self.sessions = name, {}
+        timing = dict(self.config["timing"], cpu_clock=cpu_clock)
         out = []
         for task in tasks:
             if task == "latency" and batch > self.config["latency_max_batch"]:
                 continue
             for peer, make in self.variants(device, task, batch):
                 series = self.series.setdefault((name, device, task, peer), zoo_timing.Series())
-                why = series.skip(batch, self.timing)
+                why = series.skip(batch, timing)
                 if why:
                     entry = {"model": name, "device": device, "task": task, "batch": batch, "peer": peer,
                              "seconds": None, "p99": None, "calls": 0, "note": why}
                 else:
-                    entry = self.measure(name, device, task, batch, peer, make)
+                    entry = self.measure(name, device, task, batch, peer, make, timing)
                     series.record(batch, entry)
                 out.append(entry)
                 shown = f"{entry['seconds'] * 1e6:.1f} us" if entry["seconds"] else entry["note"]
@@ -233,7 +236,7 @@ def serve(args):
         if not line.strip():
             continue
         r = json.loads(line)
-        results = peers.point(r["model"], r["device"], r["batch"], r["tasks"])
+        results = peers.point(r["model"], r["device"], r["batch"], r["tasks"], r.get("cpu_clock", False))
         send({"results": results, "missing": peers.missing, "onnx_source": peers.onnx_source})
 
 

@@ -4,7 +4,7 @@
 //!
 //!   cargo bench --bench zoo -- [--models a,b] [--tasks train,infer,latency]
 //!       [--devices cpu1,cpu,gpu,gpu-tf32] [--batches 1,8,64] [--peers|--no-peers] [--compile]
-//!       [--quick] [--out DIR] [--python PATH] [--check]
+//!       [--quick] [--cpu1-clock wall|cpu] [--out DIR] [--python PATH] [--check]
 //!
 //! See BENCHMARKS.md, "Zoo", for what each task includes on each side and how points are timed.
 
@@ -42,12 +42,14 @@ struct Args {
     compile: bool,
     quick: bool,
     check: bool,
+    /// Time `cpu1` points by process CPU time (both sides), not the wall clock.
+    cpu1_cpu_clock: bool,
     out: PathBuf,
     python: String,
 }
 
 const USAGE: &str = "cargo bench --bench zoo -- [--models a,b] [--tasks train,infer,latency] [--devices cpu1,cpu,gpu,gpu-tf32] \
-[--batches 1,8,64] [--peers|--no-peers] [--compile] [--quick] [--out DIR] [--python PATH] [--check]";
+[--batches 1,8,64] [--peers|--no-peers] [--compile] [--quick] [--cpu1-clock wall|cpu] [--out DIR] [--python PATH] [--check]";
 
 fn list<T>(text: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>> {
     text.split(',').filter(|s| !s.is_empty()).map(|s| parse(s).ok_or_else(|| Error::Config(format!("unknown {what} {s:?}")))).collect()
@@ -67,6 +69,7 @@ fn parse_args() -> Result<Args> {
         compile: false,
         quick: false,
         check: false,
+        cpu1_cpu_clock: false,
         out: manifest_dir().join("target/flatnn-bench"),
         python: "python3".into(),
     };
@@ -84,6 +87,13 @@ fn parse_args() -> Result<Args> {
             "--compile" => args.compile = true,
             "--quick" => args.quick = true,
             "--check" => args.check = true,
+            "--cpu1-clock" => {
+                args.cpu1_cpu_clock = match value()?.as_str() {
+                    "cpu" => true,
+                    "wall" => false,
+                    other => return Err(Error::Config(format!("--cpu1-clock {other:?}: expected cpu or wall"))),
+                }
+            }
             "--out" => args.out = PathBuf::from(value()?),
             "--python" => args.python = value()?,
             "--help" | "-h" => {
@@ -223,6 +233,7 @@ fn main() -> Result<()> {
     for &zoo in &args.models {
         for &place in &places {
             let mut runner = engine::Runner::new(zoo, place, device);
+            let timing = Timing { cpu_clock: args.cpu1_cpu_clock && place == Place::Cpu1, ..timing };
             for &batch in &args.batches {
                 let tasks: Vec<Task> = args.tasks.iter().copied().filter(|&t| t != Task::Latency || batch <= LATENCY_MAX_BATCH).collect();
                 if tasks.is_empty() {
@@ -232,7 +243,7 @@ fn main() -> Result<()> {
                 let Some(p) = peer.as_mut().filter(|p| peers_failed.is_none() && p.params.iter().any(|(n, _)| n == zoo.name)) else {
                     continue;
                 };
-                match p.point(zoo.name, place, batch, &tasks) {
+                match p.point(zoo.name, place, batch, &tasks, timing.cpu_clock) {
                     Ok(theirs) => figures.extend(theirs),
                     Err(why) => peers_failed = Some(why),
                 }
@@ -258,6 +269,9 @@ fn main() -> Result<()> {
         let _ = writeln!(header, "peers: {why}");
     }
     let _ = writeln!(header, "timing: {}", timing.describe());
+    if args.cpu1_cpu_clock {
+        let _ = writeln!(header, "cpu1 timed by process CPU time on both sides (--cpu1-clock cpu): the load of other jobs left out");
+    }
     let _ = writeln!(header, "total {:.0} s (peers {peers_s:.0} s of it)", started.elapsed().as_secs_f64());
     let results = Results {
         figures: &figures,

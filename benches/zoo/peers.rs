@@ -3,7 +3,7 @@
 //! seconds apart (a shared host drifts over a run). It waits on its input between points.
 //!
 //! Protocol, one JSON object a line: the process first writes `@zoo {"env", "not_importable", "params"}`,
-//! then, for each request `{"model", "device", "batch", "tasks"}` on its input, one
+//! then, for each request `{"model", "device", "batch", "tasks", "cpu_clock"}` on its input, one
 //! `@zoo {"results", "missing", "onnx_source"}`. Other lines it writes are passed on to stderr.
 
 use crate::figures::{Figure, Place, Task};
@@ -98,11 +98,13 @@ impl Peer {
         }
     }
 
-    /// The peers' figures for `tasks` of `model` at `batch` on `place`.
-    pub fn point(&mut self, model: &str, place: Place, batch: usize, tasks: &[Task]) -> Result<Vec<Figure>, String> {
+    /// The peers' figures for `tasks` of `model` at `batch` on `place` (timed by the process's
+    /// CPU time where `cpu_clock`).
+    pub fn point(&mut self, model: &str, place: Place, batch: usize, tasks: &[Task], cpu_clock: bool) -> Result<Vec<Figure>, String> {
         let start = Instant::now();
         let tasks: Vec<&str> = tasks.iter().map(|t| t.label()).collect();
-        let request = serde_json::json!({ "model": model, "device": place.label(), "batch": batch, "tasks": tasks });
+        let request =
+            serde_json::json!({ "model": model, "device": place.label(), "batch": batch, "tasks": tasks, "cpu_clock": cpu_clock });
         writeln!(self.input, "{request}").and_then(|()| self.input.flush()).map_err(|e| format!("writing to the peer script: {e}"))?;
         let reply = self.receive()?;
         self.seconds += start.elapsed().as_secs_f64();
