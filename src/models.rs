@@ -1,6 +1,6 @@
 //! The networks the examples, benches and tests train, as chains ready to build.
 
-use crate::activation::Activation::{Identity, Relu};
+use crate::activation::Activation::{Gelu, Identity, Relu, Sigmoid};
 use crate::chain::{Chain, ConvOptions, Input};
 
 /// The MLP 784-128-64-10 with ReLU, for 28×28 images given as vectors (MNIST).
@@ -37,4 +37,62 @@ pub fn simplenns_cnn() -> Chain {
 /// The SimpleNNs documentation regression network 100-200(ReLU)-1.
 pub fn simplenns_mlp() -> Chain {
     Chain::new(Input::vector(100)).dense(200, Relu).dense(1, Identity)
+}
+
+/// The autoencoder 784-256-64-256-784: ReLU inside, sigmoid output (for MSE against inputs in
+/// [0, 1]).
+pub fn autoencoder() -> Chain {
+    Chain::new(Input::vector(784)).dense(256, Relu).dense(64, Relu).dense(256, Relu).dense(784, Sigmoid)
+}
+
+/// The wide MLP 512-1024-1024-16 with GELU (the erf form, PyTorch's default `nn.GELU()`), for
+/// cross-entropy over 16 classes.
+pub fn gelu_mlp() -> Chain {
+    Chain::new(Input::vector(512)).dense(1024, Gelu).dense(1024, Gelu).dense(16, Identity)
+}
+
+/// A small VGG-style CNN on 3×32×32 images (C×H×W, CIFAR-sized): two conv 3×3×16 pad 1, max-pool
+/// 2, two conv 3×3×32 pad 1, max-pool 2, flatten (32×8×8), dense 64, dense 10; ReLU throughout.
+pub fn vgg_small() -> Chain {
+    let same = ConvOptions { stride: (1, 1), padding: (1, 1) };
+    Chain::new(Input::image(3, 32, 32))
+        .conv_with(16, (3, 3), Relu, same)
+        .conv_with(16, (3, 3), Relu, same)
+        .max_pool((2, 2))
+        .conv_with(32, (3, 3), Relu, same)
+        .conv_with(32, (3, 3), Relu, same)
+        .max_pool((2, 2))
+        .flatten()
+        .dense(64, Relu)
+        .dense(10, Identity)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chain::Shape;
+
+    /// Parameters of a dense layer and of a k×k convolution, weights and biases.
+    fn dense(inputs: usize, outputs: usize) -> usize {
+        inputs * outputs + outputs
+    }
+    fn conv(in_channels: usize, out_channels: usize, k: usize) -> usize {
+        in_channels * out_channels * k * k + out_channels
+    }
+
+    /// Each network has the parameter count and output shape its description implies (the
+    /// zoo's peers are checked against the same counts).
+    #[test]
+    fn zoo_models_have_the_described_shapes() {
+        let cases = [
+            (autoencoder(), dense(784, 256) + dense(256, 64) + dense(64, 256) + dense(256, 784), 784),
+            (gelu_mlp(), dense(512, 1024) + dense(1024, 1024) + dense(1024, 16), 16),
+            (vgg_small(), conv(3, 16, 3) + conv(16, 16, 3) + conv(16, 32, 3) + conv(32, 32, 3) + dense(32 * 8 * 8, 64) + dense(64, 10), 10),
+        ];
+        for (chain, params, outputs) in cases {
+            let model = chain.build().unwrap();
+            assert_eq!(model.parameters().unwrap().len(), params, "{model:?}");
+            assert_eq!(model.output_shape(), Shape::Vector(outputs), "{model:?}");
+        }
+    }
 }

@@ -1,0 +1,138 @@
+"""ONNX files of the zoo's networks: exported from the PyTorch twin where torch imports, else built
+with onnx.helper from the same layer list; and a reader for the safetensors files flatnn writes.
+
+Both ways give a graph with one input "x" (batch, *input shape) and one output "y"
+(batch, outputs), the batch dimension symbolic, opset 17. GELU is written as PyTorch's exporter
+writes nn.GELU() (x * 0.5 * (1 + erf(x / sqrt 2))), which ONNX Runtime fuses into one Gelu node.
+"""
+
+import json
+import math
+import struct
+
+import numpy as np
+
+import zoo_models
+
+OPSET = 17
+
+
+def read_safetensors(path):
+    """{name: float32 array} and the metadata of a safetensors file (little-endian F32 only)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + header_len])
+    meta = header.pop("__metadata__", {})
+    body = data[8 + header_len :]
+    out = {}
+    for name, info in header.items():
+        if info["dtype"] != "F32":
+            raise ValueError(f"{path}: tensor {name} is {info['dtype']}, expected F32")
+        begin, end = info["data_offsets"]
+        out[name] = np.frombuffer(body[begin:end], dtype="<f4").reshape(info["shape"]).astype(np.float32)
+    return out, meta
+
+
+def random_weights(name, seed):
+    """Weights drawn as PyTorch's default init would scale them (uniform ±1/sqrt(fan_in)); only
+    their shapes matter for timing."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for tensor, shape in zoo_models.tensors(name):
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+        out[tensor] = rng.uniform(-1, 1, size=shape).astype(np.float32) / math.sqrt(fan_in)
+    return out
+
+
+def build(name, weights):
+    """The network `name` with `weights` ({state_dict name: array}) as an onnx.ModelProto."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits = [], []
+    counter = [0]
+
+    def fresh(prefix):
+        counter[0] += 1
+        return f"{prefix}{counter[0]}"
+
+    def const(value):
+        n = fresh("c")
+        inits.append(numpy_helper.from_array(np.array(value, dtype=np.float32), n))
+        return n
+
+    def activation(act, x):
+        if act == "identity":
+            return x
+        if act in ("relu", "sigmoid", "tanh"):
+            y = fresh("a")
+            nodes.append(helper.make_node({"relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh"}[act], [x], [y]))
+            return y
+        if act == "gelu":
+            d, e, a, m, y = (fresh("g") for _ in range(5))
+            nodes.append(helper.make_node("Div", [x, const(math.sqrt(2.0))], [d]))
+            nodes.append(helper.make_node("Erf", [d], [e]))
+            nodes.append(helper.make_node("Add", [e, const(1.0)], [a]))
+            nodes.append(helper.make_node("Mul", [x, a], [m]))
+            nodes.append(helper.make_node("Mul", [m, const(0.5)], [y]))
+            return y
+        raise ValueError(f"unknown activation {act}")
+
+    x = "x"
+    for module, layer, _, _ in zoo_models.walk(name):
+        kind = layer[0]
+        if kind in ("dense", "conv"):
+            w, b = f"{module}.weight", f"{module}.bias"
+            inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[w], dtype=np.float32), w))
+            inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[b], dtype=np.float32), b))
+            z = fresh("z")
+            if kind == "dense":
+                nodes.append(helper.make_node("Gemm", [x, w, b], [z], transB=1))
+            else:
+                k, pad = layer[2], layer[3]
+                nodes.append(helper.make_node("Conv", [x, w, b], [z], kernel_shape=[k, k], pads=[pad] * 4, strides=[1, 1]))
+            x = activation(layer[-1], z)
+        elif kind == "maxpool":
+            y = fresh("p")
+            nodes.append(helper.make_node("MaxPool", [x], [y], kernel_shape=[layer[1]] * 2, strides=[layer[1]] * 2))
+            x = y
+        else:
+            y = fresh("f")
+            nodes.append(helper.make_node("Flatten", [x], [y], axis=1))
+            x = y
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *zoo_models.input_shape(name)])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", zoo_models.output_len(name)])]
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="flatnn-zoo")
+    import onnx
+
+    onnx.checker.check_model(model)
+    return model
+
+
+def export_torch(model, name, path):
+    """Writes the torch twin `model` (on the CPU, eval mode) to `path` through torch.onnx; returns
+    which exporter succeeded, or raises the last error."""
+    import torch
+
+    x = torch.rand((2, *zoo_models.input_shape(name)))
+    errors = []
+    try:
+        torch.onnx.export(
+            model, (x,), path, input_names=["x"], output_names=["y"],
+            dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=OPSET, dynamo=False,
+        )
+        return "torch.onnx.export (TorchScript)"
+    except Exception as e:  # the legacy exporter may be gone in this torch
+        errors.append(f"TorchScript exporter: {e}")
+    try:
+        batch = torch.export.Dim("batch", min=1)
+        torch.onnx.export(
+            model, (x,), path, input_names=["x"], output_names=["y"],
+            dynamic_shapes=({0: batch},), opset_version=OPSET, dynamo=True,
+        )
+        return "torch.onnx.export (dynamo)"
+    except Exception as e:
+        errors.append(f"dynamo exporter: {e}")
+    raise RuntimeError("; ".join(errors))
