@@ -14,6 +14,7 @@ import numpy as np
 
 import zoo_models
 
+IR_VERSION = 8
 OPSET = 17
 
 
@@ -105,6 +106,9 @@ def build(name, weights):
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", zoo_models.output_len(name)])]
     graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="flatnn-zoo")
+    # a newer onnx package writes an IR version an older ONNX Runtime refuses; opset 17 needs
+    # only IR 8
+    model.ir_version = IR_VERSION
     import onnx
 
     onnx.checker.check_model(model)
@@ -123,6 +127,7 @@ def export_torch(model, name, path):
             model, (x,), path, input_names=["x"], output_names=["y"],
             dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, opset_version=OPSET, dynamo=False,
         )
+        cap_ir_version(path)
         return "torch.onnx.export (TorchScript)"
     except Exception as e:  # the legacy exporter may be gone in this torch
         errors.append(f"TorchScript exporter: {e}")
@@ -132,7 +137,18 @@ def export_torch(model, name, path):
             model, (x,), path, input_names=["x"], output_names=["y"],
             dynamic_shapes=({0: batch},), opset_version=OPSET, dynamo=True,
         )
+        cap_ir_version(path)
         return "torch.onnx.export (dynamo)"
     except Exception as e:
         errors.append(f"dynamo exporter: {e}")
     raise RuntimeError("; ".join(errors))
+
+
+def cap_ir_version(path):
+    """Rewrites the ONNX file at `path` with at most IR version IR_VERSION (see `build`)."""
+    import onnx
+
+    model = onnx.load(path)
+    if model.ir_version > IR_VERSION:
+        model.ir_version = IR_VERSION
+        onnx.save(model, path)
