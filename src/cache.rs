@@ -5,10 +5,10 @@
 //! parameters' layout), activation gradients and backward scratch. A batch smaller than the
 //! capacity runs in the front of the same buffers; a larger one is an [`Error::Capacity`].
 
-use crate::chain::Plan;
+use crate::chain::{batch_len, Plan};
 use crate::dev::{DevCache, DevGrads};
 use crate::device::{Device, ToDevice};
-use crate::error::{Error, Result};
+use crate::error::{zeros, Error, Result};
 use crate::layers::{region, GradWorkspace, Workspace};
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -44,20 +44,21 @@ pub struct Cache {
 impl Cache {
     pub(crate) fn new(plan: &Arc<Plan>, capacity: usize, threads: usize, dev: Option<DevCache>) -> Result<Cache> {
         check_capacity(capacity)?;
-        let outputs = plan.output().len();
         // on a GPU the host stages inputs in the device half's page-locked buffers
-        let acts_len = if dev.is_some() { 0 } else { plan.acts_len(capacity) };
+        let acts_len = if dev.is_some() { 0 } else { plan.acts_len(capacity)? };
+        let acts = zeros(acts_len, || format!("the activations of a cache for {capacity} samples"))?;
+        let targets = batch_len(capacity, plan.output().len(), "targets")?;
         Ok(Cache {
             plan: Arc::clone(plan),
             capacity,
             threads,
             batch: 0,
-            acts: vec![0.0; acts_len],
-            labels: vec![0; capacity],
-            targets: vec![0.0; capacity * outputs],
+            acts,
+            labels: zeros(capacity, || format!("the labels of a cache for {capacity} samples"))?,
+            targets: zeros(targets, || format!("the targets of a cache for {capacity} samples"))?,
             labels_set: 0,
             targets_set: 0,
-            ws: if dev.is_some() { Workspace::none() } else { Workspace::new(plan, threads) },
+            ws: if dev.is_some() { Workspace::none() } else { Workspace::new(plan, threads)? },
             dev,
             inputs_dirty: false,
             labels_dirty: false,
@@ -216,13 +217,14 @@ impl Grads {
     pub(crate) fn new(plan: &Arc<Plan>, capacity: usize, threads: usize, dev: Option<DevGrads>) -> Result<Grads> {
         check_capacity(capacity)?;
         let on_cpu = dev.is_none();
+        let (grads, dacts) = if on_cpu { (plan.param_len, plan.acts_len(capacity)?) } else { (0, 0) };
         Ok(Grads {
             plan: Arc::clone(plan),
             capacity,
             threads,
-            grads: if on_cpu { vec![0.0; plan.param_len] } else { Vec::new() },
-            dacts: if on_cpu { vec![0.0; plan.acts_len(capacity)] } else { Vec::new() },
-            gws: if on_cpu { GradWorkspace::new(plan, threads) } else { GradWorkspace::none() },
+            grads: zeros(grads, || "the parameter gradients".into())?,
+            dacts: zeros(dacts, || format!("the activation gradients for {capacity} samples"))?,
+            gws: if on_cpu { GradWorkspace::new(plan, threads)? } else { GradWorkspace::none() },
             last_loss: f64::NAN,
             loss_sum: 0.0,
             losses: 0,
@@ -268,7 +270,7 @@ impl Grads {
         match &self.dev {
             None => Ok(Cow::Borrowed(&self.grads)),
             Some(dev) => {
-                let mut out = vec![0.0; self.plan.param_len];
+                let mut out = zeros(self.plan.param_len, || "a host copy of the gradients".into())?;
                 dev.download(&mut out)?;
                 Ok(Cow::Owned(out))
             }

@@ -10,6 +10,7 @@
 use crate::activation::Activation;
 use crate::chain::{Layer, Plan, Shape};
 use crate::error::{Error, Result};
+use crate::layers::conv_geometry;
 use crate::model::Model;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
@@ -132,77 +133,32 @@ fn parse_architecture(text: &str, path: &Path) -> Result<(Shape, Vec<Layer>)> {
     Ok((input, layers))
 }
 
-/// Checks the sizes an architecture read from a file implies before [`Plan::new`], whose
-/// arithmetic is unchecked, and [`Model`], which allocates the parameters, see it: every shape,
-/// padded input, weight count and total fits in `usize`; the parameters fit in the file's
-/// `file_len` bytes (4 each, so the file bounds their buffer); one sample's activations, and each
-/// convolution's lowered input, stay within [`MAX_SAMPLE_VALUES`]. Stops at the first layer that
-/// does not fit its input, which `Plan::new` then names.
-fn check_sizes(input: Shape, layers: &[Layer], file_len: usize, path: &Path) -> Result<()> {
-    let bad = |what: String| Error::Format { path: path.to_owned(), what };
-    let len = |shape: Shape| match shape {
-        Shape::Vector(n) => Some(n),
-        Shape::Image { channels, height, width } => channels.checked_mul(height)?.checked_mul(width),
-    };
-    let per_sample = |n: Option<usize>, what: &dyn Fn() -> String| {
-        n.filter(|&n| n <= MAX_SAMPLE_VALUES).ok_or_else(|| bad(format!("{} more than {MAX_SAMPLE_VALUES} values per sample", what())))
-    };
-    let mut acts = per_sample(len(input), &|| format!("the input {input} has"))?;
-    // The current shape and its length, checked and within MAX_SAMPLE_VALUES.
-    let (mut shape, mut shape_len, mut params) = (input, acts, 0usize);
-    for (index, layer) in layers.iter().enumerate() {
-        let (output, weights, bias) = match (*layer, shape) {
-            (Layer::Dense { out_features, .. }, Shape::Vector(n)) if out_features > 0 => {
-                (Shape::Vector(out_features), out_features.checked_mul(n), out_features)
-            }
-            (Layer::Conv { out_channels, kernel, stride, padding, .. }, Shape::Image { channels, height, width }) => {
-                let padded = |n: usize, p: usize| p.checked_mul(2).and_then(|p| p.checked_add(n));
-                let (Some(ph), Some(pw)) = (padded(height, padding.0), padded(width, padding.1)) else {
-                    return Err(bad(format!("layer {index} ({layer:?}): the padded input's size overflows")));
-                };
-                let (k, s, p) = (kernel, stride, padding);
-                if out_channels == 0 || k.0 == 0 || k.1 == 0 || s.0 == 0 || s.1 == 0 || k.0 > ph || k.1 > pw || p.0 >= k.0 || p.1 >= k.1 {
-                    return Ok(());
-                }
-                let (oh, ow) = ((ph - k.0) / s.0 + 1, (pw - k.1) / s.1 + 1);
-                let lowered = channels.checked_mul(k.0).and_then(|n| n.checked_mul(k.1));
-                per_sample(lowered.and_then(|n| n.checked_mul(oh)?.checked_mul(ow)), &|| {
-                    format!("layer {index} ({layer:?}) lowers its input to")
-                })?;
-                (
-                    Shape::Image { channels: out_channels, height: oh, width: ow },
-                    lowered.and_then(|n| n.checked_mul(out_channels)),
-                    out_channels,
-                )
-            }
-            (Layer::MaxPool { window: w, stride: s }, Shape::Image { channels, height, width }) => {
-                if w.0 == 0 || w.1 == 0 || s.0 == 0 || s.1 == 0 || w.0 > height || w.1 > width {
-                    return Ok(());
-                }
-                (Shape::Image { channels, height: (height - w.0) / s.0 + 1, width: (width - w.1) / s.1 + 1 }, Some(0), 0)
-            }
-            (Layer::Flatten, Shape::Image { .. }) => (Shape::Vector(shape_len), Some(0), 0),
-            _ => return Ok(()),
-        };
-        // Activation regions: flatten adds none, a layer with an activation two (z and y).
-        let regions = match layer {
-            Layer::Flatten => 0,
-            _ if layer.activation() != Activation::Identity => 2,
-            _ => 1,
-        };
-        let output_len = per_sample(len(output), &|| format!("layer {index} ({layer:?}) outputs {output}:"))?;
-        acts = per_sample(output_len.checked_mul(regions).and_then(|n| n.checked_add(acts)), &|| {
-            format!("layers 0..={index} (to {layer:?}) give activations of")
-        })?;
-        params = weights
-            .and_then(|w| w.checked_add(bias)?.checked_add(params))
-            .filter(|p| p.checked_mul(4).is_some_and(|b| b <= file_len))
-            .ok_or_else(|| {
-                bad(format!(
-                    "layers 0..={index} (to {layer:?}) have more parameters than the file's {file_len} bytes can hold (4 bytes each)"
-                ))
-            })?;
-        (shape, shape_len) = (output, output_len);
+/// Checks the sizes a plan read from a file implies, before [`Model`] allocates its parameters
+/// and anyone a cache for it: the parameters fit in the file's `file_len` bytes (4 each, so the
+/// file bounds their buffer); one sample's activations, and each convolution's lowered input,
+/// stay within [`MAX_SAMPLE_VALUES`]. ([`Plan::new`] has checked that no size overflows.)
+fn check_sizes(plan: &Plan, file_len: usize, path: &Path) -> Result<()> {
+    let bad = |what: String| Err(Error::Format { path: path.to_owned(), what });
+    let over = |n: usize| n > MAX_SAMPLE_VALUES;
+    let more = format!("more than {MAX_SAMPLE_VALUES} values per sample");
+    for (index, step) in plan.steps.iter().enumerate() {
+        let layer = step.layer;
+        if matches!(layer, Layer::Conv { .. }) && over(conv_geometry(step).col_len()) {
+            return bad(format!("layer {index} ({layer:?}) lowers its input to {more}"));
+        }
+        if over(step.output.len()) {
+            return bad(format!("layer {index} ({layer:?}) outputs {}: {more}", step.output));
+        }
+        // regions are laid out in step order: those up to this step's output are its activations
+        if over(plan.regions[..=step.output_region].iter().sum()) {
+            return bad(format!("layers 0..={index} (to {layer:?}) give activations of {more}"));
+        }
+        // at most chain::MAX_VALUES parameters: four times that does not overflow
+        if step.params.end * 4 > file_len {
+            return bad(format!(
+                "layers 0..={index} (to {layer:?}) have more parameters than the file's {file_len} bytes can hold (4 bytes each)"
+            ));
+        }
     }
     Ok(())
 }
@@ -244,9 +200,13 @@ impl Model {
             what: format!("no {ARCHITECTURE_KEY} metadata: use load_weights on a chain"),
         })?;
         let (input, layers) = parse_architecture(architecture, path)?;
-        check_sizes(input, &layers, bytes.len(), path)?;
+        if input.len() > MAX_SAMPLE_VALUES {
+            let what = format!("the input {input} has more than {MAX_SAMPLE_VALUES} values per sample");
+            return Err(Error::Format { path: path.to_owned(), what });
+        }
         let plan =
             Plan::new(input, &layers).map_err(|e| Error::Format { path: path.to_owned(), what: format!("bad architecture: {e}") })?;
+        check_sizes(&plan, bytes.len(), path)?;
         let mut model = Model::from_plan(plan)?;
         model.fill_from(bytes, path)?;
         Ok(model)

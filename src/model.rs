@@ -5,7 +5,7 @@ use crate::chain::{Plan, Shape};
 use crate::cpu::pool::{physical_cores, Pool};
 use crate::dev::{DevModel, GpuOptions};
 use crate::device::{Device, ToDevice};
-use crate::error::{Error, Result};
+use crate::error::{zeros, Error, Result};
 use crate::init::{self, Init};
 use crate::layers::{self, region};
 use crate::loss::{self, Loss};
@@ -34,8 +34,10 @@ pub fn default_threads() -> usize {
 }
 
 impl Model {
+    /// The model of `plan`, its parameters zero: an [`Error::OutOfMemory`] if they cannot be
+    /// had.
     pub(crate) fn from_plan(plan: Plan) -> Result<Model> {
-        let params = vec![0.0; plan.param_len];
+        let params = zeros(plan.param_len, || format!("the {} parameters of the model", plan.param_len))?;
         let pool = Arc::new(new_pool(default_threads())?);
         Ok(Model { plan: Arc::new(plan), params, pool, dev: None, gpu_options: GpuOptions::default() })
     }
@@ -116,7 +118,7 @@ impl Model {
         match &self.dev {
             None => Ok(Cow::Borrowed(&self.params)),
             Some(dev) => {
-                let mut out = vec![0.0; self.plan.param_len];
+                let mut out = zeros(self.plan.param_len, || "a host copy of the parameters".into())?;
                 dev.download(&mut out)?;
                 Ok(Cow::Owned(out))
             }

@@ -7,7 +7,7 @@ use crate::chain::Plan;
 use crate::cpu::{for_chunks, SharedMut};
 use crate::dev::DevOptim;
 use crate::device::{Device, ToDevice};
-use crate::error::{Error, Result};
+use crate::error::{zeros, Error, Result};
 use crate::loss::Loss;
 use crate::model::Model;
 use std::borrow::Cow;
@@ -122,10 +122,12 @@ pub struct Optimizer {
 }
 
 impl Optimizer {
-    /// State for `model`, zero-initialised. Out-of-range hyper-parameters are an error.
+    /// State for `model`, zero-initialised. Out-of-range hyper-parameters are an error, and so
+    /// is state that cannot be allocated ([`Error::OutOfMemory`]).
     pub fn new(model: &Model, config: Optim) -> Result<Optimizer> {
         config.check()?;
-        let state = vec![0.0; config.state_per_param() * model.plan.param_len];
+        // at most 2 × param_len, which is at most chain::MAX_VALUES: no overflow
+        let state = zeros(config.state_per_param() * model.plan.param_len, || format!("the state of {config:?}"))?;
         let dev = model.dev.as_ref().map(|d| d.new_optim(&state)).transpose()?;
         let state = if dev.is_some() { Vec::new() } else { state };
         Ok(Optimizer { config, plan: Arc::clone(&model.plan), state, steps: 0, dev })
@@ -141,7 +143,7 @@ impl Optimizer {
         match &self.dev {
             None => Ok(Cow::Borrowed(&self.state)),
             Some(dev) => {
-                let mut out = vec![0.0; self.config.state_per_param() * self.plan.param_len];
+                let mut out = zeros(self.config.state_per_param() * self.plan.param_len, || "a host copy of the optimiser state".into())?;
                 dev.download(&mut out)?;
                 Ok(Cow::Owned(out))
             }

@@ -48,6 +48,9 @@ impl Model {
         if capacity == 0 {
             return Err(Error::Config("a server needs a capacity of at least one sample".into()));
         }
+        // every buffer of the server holds at most the activations of `capacity` samples, so
+        // once this fits, no size for the capacity overflows
+        self.plan.acts_len(capacity)?;
         let resident = match &self.dev {
             Some(dev) => dev.server(&self.plan, capacity)?,
             None => None,

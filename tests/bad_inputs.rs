@@ -126,3 +126,48 @@ fn bad_hyper_parameters() {
     assert!(opt.set_lr(f32::NAN).is_err());
     assert_eq!(opt.config(), Optim::sgd(0.1, 0.0));
 }
+
+#[test]
+fn sizes_that_overflow_are_shape_errors() {
+    // (2⁶³ + 1)·1·2 values, which wrapped to 2 in release builds and built a wrong plan
+    let err = Chain::new(Input::image((1 << 63) + 1, 1, 2)).flatten().dense(2, Identity).build().unwrap_err();
+    assert!(matches!(err, Error::Shape(_)) && err.to_string().contains("image(9223372036854775809×1×2)"), "{err}");
+    let err = Chain::new(Input::vector(1 << 32)).dense(1 << 32, Relu).build().unwrap_err();
+    assert!(matches!(err, Error::Shape(_)) && err.to_string().contains("layer 0 (Dense"), "{err}");
+    // a capacity times a sample's activations (17 values here)
+    let model = mlp();
+    for capacity in [usize::MAX, 1 << 60] {
+        let err = model.preallocate(capacity).map(|_| ()).unwrap_err();
+        assert!(matches!(err, Error::Shape(_)) && err.to_string().contains(&format!("for {capacity} samples of 17 values")), "{err}");
+        assert!(matches!(model.preallocate_grads(capacity), Err(Error::Shape(_))));
+        assert!(matches!(model.serve(capacity), Err(Error::Shape(_))));
+    }
+}
+
+#[test]
+fn allocations_that_fail_are_errors_that_give_the_size() {
+    // 2²⁴ × 2²⁴ weights are 2⁵⁰ bytes, more than a 47-bit address space holds, so the allocator
+    // refuses them on any system (4 TB for 10⁶ × 10⁶ is refused too where memory is not
+    // overcommitted that far); black_box: an allocation never used may be left out, as if it
+    // had succeeded
+    match std::hint::black_box(Chain::new(Input::vector(1 << 24)).dense(1 << 24, Identity).build()) {
+        Err(Error::OutOfMemory { what, bytes }) => {
+            assert_eq!(bytes, ((1 << 48) + (1 << 24)) * 4);
+            assert!(what.contains("parameters"), "{what}");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    // 2⁴⁰ samples of 64 + 64 + 64 + 10 activation values: 888 TB
+    let model = Chain::new(Input::vector(64)).dense(64, Relu).dense(10, Identity).build().unwrap();
+    for made in
+        [std::hint::black_box(model.preallocate(1 << 40)).map(|_| ()), std::hint::black_box(model.preallocate_grads(1 << 40)).map(|_| ())]
+    {
+        match made {
+            Err(Error::OutOfMemory { what, bytes }) => {
+                assert_eq!(bytes, 202 << 42);
+                assert!(what.contains("for 1099511627776 samples"), "{what}");
+            }
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+    }
+}

@@ -41,7 +41,7 @@ fn small(plan: &Plan) -> bool {
         }
         _ => 0,
     });
-    plan.param_len <= RUN_LIMIT && plan.acts_len(1) <= RUN_LIMIT && cols.max().unwrap_or(0) <= RUN_LIMIT
+    plan.param_len <= RUN_LIMIT && plan.acts_len(1).is_ok_and(|n| n <= RUN_LIMIT) && cols.max().unwrap_or(0) <= RUN_LIMIT
 }
 
 fn run(model: &Model) {

@@ -37,7 +37,7 @@ pub enum Split {
 impl Dataset {
     /// A data set from sample-major values and one label per sample.
     pub fn new(samples: Vec<f32>, labels: Vec<u32>, shape: Shape) -> Result<Dataset> {
-        if shape.is_empty() || samples.len() != labels.len() * shape.len() {
+        if shape.is_empty() || labels.len().checked_mul(shape.len()) != Some(samples.len()) {
             return Err(Error::Shape(format!("{} values are not {} samples of {shape}", samples.len(), labels.len())));
         }
         Ok(Dataset { samples, labels, shape })
