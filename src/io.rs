@@ -8,6 +8,7 @@
 //! [`Model::load`] rebuilds the chain with no code.
 
 use crate::activation::Activation;
+use crate::cache::first_non_finite;
 use crate::chain::{Layer, Plan, Shape};
 use crate::error::{Error, Result};
 use crate::layers::conv_geometry;
@@ -214,7 +215,8 @@ impl Model {
 
     /// Fills this model's parameters from a safetensors file written elsewhere (for example
     /// a PyTorch `state_dict` of the matching `nn.Sequential`). Missing, extra, mis-shaped or
-    /// non-f32 tensors are refused, by name, before any parameter changes.
+    /// non-f32 tensors, and tensors holding NaN or infinities, are refused, by name, before any
+    /// parameter changes.
     pub fn load_weights(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
@@ -245,8 +247,12 @@ impl Model {
         }
         let mut params = self.parameters()?.into_owned();
         for (t, view) in wanted.iter().zip(views) {
-            for (p, b) in params[t.range.clone()].iter_mut().zip(view.data().chunks_exact(4)) {
+            let values = &mut params[t.range.clone()];
+            for (p, b) in values.iter_mut().zip(view.data().chunks_exact(4)) {
                 *p = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+            if let Some(index) = first_non_finite(values) {
+                return bad(format!("tensor {} holds NaN or an infinity (value {index} of {:?})", t.name, t.shape));
             }
         }
         self.set_parameters(&params)

@@ -1,6 +1,6 @@
 //! A built model: its plan, its flat parameters, and the threads it runs on.
 
-use crate::cache::{check_labels, Cache, Grads};
+use crate::cache::{check_finite, check_labels, Cache, Grads};
 use crate::chain::{Plan, Shape};
 use crate::cpu::pool::{physical_cores, Pool};
 use crate::dev::{DevModel, GpuOptions};
@@ -126,7 +126,8 @@ impl Model {
     }
 
     /// All parameters, flat and writable, for a model on the CPU (on a GPU: an error; use
-    /// [`Model::set_parameters`]).
+    /// [`Model::set_parameters`]). Unlike `set_parameters`, nothing checks what is written
+    /// here: a NaN or an infinity goes into every later step.
     pub fn parameters_mut(&mut self) -> Result<&mut [f32]> {
         match self.dev {
             None => Ok(&mut self.params),
@@ -134,11 +135,13 @@ impl Model {
         }
     }
 
-    /// Replaces every parameter, on any device.
+    /// Replaces every parameter, on any device. A NaN or infinite value is an
+    /// [`Error::NonFinite`]; nothing is written on error.
     pub fn set_parameters(&mut self, values: &[f32]) -> Result<()> {
         if values.len() != self.plan.param_len {
             return Err(Error::Shape(format!("{} parameter values for a model of {}", values.len(), self.plan.param_len)));
         }
+        check_finite(values, "parameters")?;
         match &mut self.dev {
             None => self.params.copy_from_slice(values),
             Some(dev) => dev.upload(values)?,
@@ -164,6 +167,7 @@ impl Model {
     /// nothing.
     pub fn forward<'c>(&self, cache: &'c mut Cache) -> Result<&'c [f32]> {
         self.check_cache(cache)?;
+        cache.inputs_finite = true;
         if let Some(dev) = &self.dev {
             return dev.forward(&self.plan, cache);
         }
@@ -176,8 +180,12 @@ impl Model {
     /// so a GPU step never waits for it. Targets come from `set_labels` (cross-entropy) or
     /// `set_targets` (MSE) and must cover the batch. Every check runs before any buffer is
     /// written. Allocates nothing. On a GPU the step is queued and the host goes on.
+    ///
+    /// A loss that comes out NaN or infinite (divergence) is recorded as it is: see
+    /// [`Grads::last_loss`] and [`Grads::diverged`].
     pub fn backprop(&self, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
         self.check_backprop(grads, cache, loss)?;
+        cache.inputs_finite = true;
         if let Some(dev) = &self.dev {
             return dev.backprop(&self.plan, grads, cache, loss);
         }
@@ -262,6 +270,10 @@ impl Model {
         }
         if cache.batch == 0 {
             return Err(Error::Shape("no inputs set: call set_inputs first".into()));
+        }
+        if !cache.inputs_finite {
+            // written in place (`Cache::inputs_mut`) since the last check
+            check_finite(cache.inputs(), "inputs")?;
         }
         Ok(())
     }

@@ -198,10 +198,12 @@ impl Optimizer {
     /// the two are one graph, the update its last kernel, so the update costs no launch of its
     /// own; the step's number and the learning rate are set in that graph before each replay,
     /// so steps queued back to back each use their own (`set_lr` between them included). Every
-    /// check of both calls runs before any buffer is written. Allocates nothing.
+    /// check of both calls runs before any buffer is written. Allocates nothing. A step whose
+    /// loss comes out NaN or infinite still updates: see [`Grads::diverged`].
     pub fn train_step(&mut self, model: &mut Model, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
         self.check(model, grads)?;
         model.check_backprop(grads, cache, loss)?;
+        cache.inputs_finite = true;
         if let (Some(dev_model), Some(dev)) = (&mut model.dev, &mut self.dev) {
             // counts the step once its update is queued
             return dev_model.train_step(&model.plan, grads, cache, loss, self.config, &mut self.steps, dev);

@@ -171,3 +171,57 @@ fn allocations_that_fail_are_errors_that_give_the_size() {
         }
     }
 }
+
+#[test]
+fn non_finite_inputs_and_parameters() {
+    let mut model = mlp();
+    let (mut fwd, mut bwd) = ready(&model);
+    let (inputs, params, grads) = (fwd.inputs().to_vec(), model.parameters().unwrap().to_vec(), bwd.gradients().unwrap().to_vec());
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut x = [0.5f32; 8];
+        x[6] = bad;
+        assert!(matches!(fwd.set_inputs(&x), Err(Error::NonFinite { what: "inputs", index: 6 })));
+        assert_eq!(fwd.inputs(), &inputs[..], "a refused set_inputs changed the inputs");
+        // written in place: refused by the next forward or backprop, before anything runs
+        fwd.inputs_mut(2).unwrap().copy_from_slice(&x);
+        assert!(matches!(model.forward(&mut fwd), Err(Error::NonFinite { what: "inputs", index: 6 })));
+        assert!(matches!(model.backprop(&mut bwd, &mut fwd, Loss::Mse), Err(Error::NonFinite { what: "inputs", index: 6 })));
+        assert_eq!(&*bwd.gradients().unwrap(), &grads[..], "a refused backprop ran");
+        let mut opt = Optimizer::new(&model, Optim::sgd(0.1, 0.0)).unwrap();
+        assert!(matches!(opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse), Err(Error::NonFinite { .. })));
+        fwd.set_inputs(&inputs).unwrap();
+        model.forward(&mut fwd).unwrap();
+
+        let mut values = params.clone();
+        values[3] = bad;
+        assert!(matches!(model.set_parameters(&values), Err(Error::NonFinite { what: "parameters", index: 3 })));
+        assert_eq!(&*model.parameters().unwrap(), &params[..], "a refused set_parameters changed the parameters");
+
+        let mut server = model.serve(2).unwrap();
+        assert!(matches!(server.set_inputs(&x), Err(Error::NonFinite { what: "inputs", index: 6 })));
+        let data = flatnn::data::Dataset::new(x.to_vec(), vec![0, 1], Input::vector(4));
+        assert!(matches!(data, Err(Error::NonFinite { what: "samples", index: 6 })));
+    }
+}
+
+#[test]
+fn a_step_whose_loss_is_not_finite_is_reported() {
+    let mut model = mlp();
+    let (mut fwd, mut bwd) = ready(&model);
+    let mut opt = Optimizer::new(&model, Optim::sgd(0.1, 0.0)).unwrap();
+    opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse).unwrap();
+    assert!(!bwd.diverged().unwrap());
+    // weights of 10³⁰ on inputs of 10¹⁰: the outputs overflow f32, and so does the loss
+    model.set_parameters(&vec![1e30; model.plan().param_len]).unwrap();
+    fwd.set_inputs(&[1e10; 8]).unwrap();
+    opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse).unwrap();
+    assert!(!bwd.last_loss().unwrap().is_finite());
+    assert!(bwd.diverged().unwrap());
+    assert!(model.parameters().unwrap().iter().any(|p| !p.is_finite()), "the update applies the step's gradients");
+    // it stays reported through later steps, until mean_loss reads the losses
+    fwd.set_inputs(&[0.5; 8]).unwrap();
+    opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse).unwrap();
+    assert!(bwd.diverged().unwrap());
+    assert!(!bwd.mean_loss().unwrap().is_finite());
+    assert!(!bwd.diverged().unwrap());
+}

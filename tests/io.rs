@@ -141,6 +141,22 @@ fn corrupt_and_mismatched_files_are_refused_by_name() {
             }),
             "0.weight is F64",
         ),
+        (
+            "nan",
+            Box::new(move |p: &Path| {
+                let nan_bias = ("2.bias", Dtype::F32, vec![1], f32_bytes(&[f32::NAN]));
+                write_torch_style(p, &[w("0.weight", vec![2, 2]), w("0.bias", vec![2]), w("2.weight", vec![1, 2]), nan_bias])
+            }),
+            "tensor 2.bias holds NaN or an infinity (value 0 of [1])",
+        ),
+        (
+            "infinite",
+            Box::new(move |p: &Path| {
+                let inf_weight = ("0.weight", Dtype::F32, vec![2, 2], f32_bytes(&[0.0, 0.0, f32::NEG_INFINITY, 0.0]));
+                write_torch_style(p, &[inf_weight, w("0.bias", vec![2]), w("2.weight", vec![1, 2]), w("2.bias", vec![1])])
+            }),
+            "tensor 0.weight holds NaN or an infinity (value 2 of [2, 2])",
+        ),
     ];
     for (name, write, needle) in cases {
         let path = dir.join(format!("{name}.safetensors"));
@@ -154,7 +170,13 @@ fn corrupt_and_mismatched_files_are_refused_by_name() {
         assert_eq!(&*model.parameters().unwrap(), &before[..], "{name}: a refused file changed the parameters");
     }
     assert!(matches!(Model::load(dir.join("absent.safetensors")), Err(Error::Io { .. })));
-    let model = chain().build().unwrap();
+    // a model file (our metadata) with an infinite weight: refused by Model::load too
+    let mut model = chain().build().unwrap();
+    model.parameters_mut().unwrap()[1] = f32::INFINITY;
+    let infinite = dir.join("infinite-weight.safetensors");
+    model.save(&infinite).unwrap();
+    let err = Model::load(&infinite).unwrap_err();
+    assert!(err.to_string().contains("tensor 0.weight holds NaN or an infinity (value 1 of [2, 2])"), "{err}");
     assert!(matches!(model.save(dir.join("no/such/dir/m.safetensors")), Err(Error::Io { .. })));
 }
 

@@ -535,6 +535,11 @@ impl DevGrads {
         Ok(self.totals()?[0] as f32)
     }
 
+    /// The sum of the losses since the last `mean_loss` (waits for the queued steps).
+    pub fn loss_sum(&self) -> Result<f64> {
+        Ok(self.totals()?[1])
+    }
+
     /// The mean loss since the last call (waits for the queued steps), and a new count.
     pub fn mean_loss(&mut self) -> Result<f32> {
         let [_, sum, count] = self.totals()?;
