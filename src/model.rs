@@ -181,8 +181,9 @@ impl Model {
     /// `set_targets` (MSE) and must cover the batch. Every check runs before any buffer is
     /// written. Allocates nothing. On a GPU the step is queued and the host goes on.
     ///
-    /// A loss that comes out NaN or infinite (divergence) is recorded as it is: see
-    /// [`Grads::last_loss`] and [`Grads::diverged`].
+    /// Cross-entropy needs a vector of at least 2 outputs (class scores). A loss that comes out
+    /// NaN or infinite (divergence) is recorded as it is: see [`Grads::last_loss`] and
+    /// [`Grads::diverged`].
     pub fn backprop(&self, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
         self.check_backprop(grads, cache, loss)?;
         cache.inputs_finite = true;
@@ -238,6 +239,13 @@ impl Model {
         let outputs = self.plan.output().len();
         match loss {
             Loss::LogitCrossEntropy => {
+                // one score gives a loss of 0 and no gradient; an image is not a set of scores
+                if !matches!(self.plan.output(), Shape::Vector(classes) if classes >= 2) {
+                    return Err(Error::Shape(format!(
+                        "cross-entropy needs a vector of at least 2 class scores per sample; the model outputs {}",
+                        self.plan.output()
+                    )));
+                }
                 if cache.labels_set != batch {
                     return Err(Error::Shape(format!("{} labels set for a batch of {batch}: call set_labels", cache.labels_set)));
                 }

@@ -225,3 +225,24 @@ fn a_step_whose_loss_is_not_finite_is_reported() {
     assert!(!bwd.mean_loss().unwrap().is_finite());
     assert!(!bwd.diverged().unwrap());
 }
+
+#[test]
+fn cross_entropy_needs_a_vector_of_two_scores_or_more() {
+    let one = Chain::new(Input::vector(4)).dense(1, Identity).build().unwrap();
+    let image = Chain::new(Input::image(1, 4, 4)).conv(3, (3, 3), Identity).build().unwrap();
+    for (mut model, output) in [(one, "vector(1)"), (image, "image(3×2×2)")] {
+        let mut fwd = model.preallocate(2).unwrap();
+        let mut bwd = model.preallocate_grads(2).unwrap();
+        let mut opt = Optimizer::new(&model, Optim::sgd(0.1, 0.0)).unwrap();
+        fwd.set_inputs(&vec![0.5; 2 * model.input_shape().len()]).unwrap();
+        fwd.set_labels(&[0, 0]).unwrap();
+        let err = model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap_err();
+        assert!(matches!(err, Error::Shape(_)) && err.to_string().contains(&format!("the model outputs {output}")), "{err}");
+        let err = opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap_err();
+        assert!(matches!(err, Error::Shape(_)), "{err}");
+        assert_eq!(opt.steps(), 0);
+        // MSE fits any output
+        fwd.set_targets(&vec![1.0; 2 * model.output_shape().len()]).unwrap();
+        opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse).unwrap();
+    }
+}
