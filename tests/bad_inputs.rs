@@ -246,3 +246,11 @@ fn cross_entropy_needs_a_vector_of_two_scores_or_more() {
         opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse).unwrap();
     }
 }
+
+#[test]
+fn a_sample_past_the_end_is_none() {
+    let data = flatnn::data::Dataset::new(vec![1.0, 2.0, 3.0, 4.0], vec![0, 1], Input::vector(2)).unwrap();
+    assert_eq!(data.sample(1), Some(&[3.0, 4.0][..]));
+    assert_eq!(data.sample(2), None);
+    assert_eq!(data.sample(usize::MAX), None);
+}

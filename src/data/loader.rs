@@ -89,9 +89,9 @@ impl Dataset {
         self.shape
     }
 
-    /// Sample `i`'s values.
-    pub fn sample(&self, i: usize) -> &[f32] {
-        &self.samples[i * self.shape.len()..][..self.shape.len()]
+    /// Sample `i`'s values; `None` past the last sample.
+    pub fn sample(&self, i: usize) -> Option<&[f32]> {
+        self.samples.chunks_exact(self.shape.len()).nth(i)
     }
 
     /// All labels.
@@ -230,7 +230,7 @@ impl Loader {
         let picked = &self.order[self.next..self.next + size];
         let inputs = cache.inputs_mut(size)?;
         for (dst, &i) in inputs.chunks_exact_mut(per_sample).zip(picked) {
-            dst.copy_from_slice(data.sample(i as usize));
+            dst.copy_from_slice(data.sample(i as usize).ok_or_else(|| out_of_order(i))?);
         }
         // from a data set, whose values were checked when it was made
         cache.inputs_finite = true;
@@ -287,6 +287,13 @@ impl Loader {
         }
         Ok(())
     }
+}
+
+/// A loader's order holds a sample the data set lacks: `check` makes that impossible (the order
+/// is a permutation of the data set's indices), but an error is cheaper to reason about than a
+/// panic.
+fn out_of_order(i: u32) -> Error {
+    Error::Mismatch(format!("the loader's order names sample {i}, which the data set lacks"))
 }
 
 fn check_device(device: Device, cache: &Cache) -> Result<()> {
@@ -420,7 +427,7 @@ impl StreamingLoader {
         let picked = &self.loader.order[start..start + size];
         let (inputs, labels) = self.staging.host_slot(slot)?;
         for ((dst, label), &i) in inputs.chunks_exact_mut(self.sample_len).zip(labels.iter_mut()).zip(picked) {
-            dst.copy_from_slice(data.sample(i as usize));
+            dst.copy_from_slice(data.sample(i as usize).ok_or_else(|| out_of_order(i))?);
             *label = data.labels[i as usize];
         }
         self.staging.send(slot, size)?;
@@ -498,7 +505,8 @@ mod tests {
         let test = Dataset::mnist(&dir, Split::Test).unwrap();
         assert_eq!((test.len(), test.shape()), (10_000, Shape::image(1, 28, 28)));
         assert_eq!(test.labels()[0], 7);
-        assert!(test.sample(0).iter().all(|&p| (0.0..=1.0).contains(&p)));
+        assert!(test.sample(0).unwrap().iter().all(|&p| (0.0..=1.0).contains(&p)));
+        assert_eq!((test.sample(9_999).map(<[f32]>::len), test.sample(10_000)), (Some(784), None));
         let err = Dataset::mnist(Path::new("/nonexistent"), Split::Train).unwrap_err();
         assert!(err.to_string().contains("train-images.idx3-ubyte"), "{err}");
     }
