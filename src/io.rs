@@ -15,8 +15,11 @@ use crate::layers::conv_geometry;
 use crate::model::Model;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
-use std::io::Write;
+use std::fs::File;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 const ARCHITECTURE_KEY: &str = "flatnn.architecture";
 
@@ -263,25 +266,54 @@ fn format_err(path: &Path, e: safetensors::SafeTensorError) -> Error {
     Error::Format { path: path.to_owned(), what: format!("not a valid safetensors file: {e}") }
 }
 
-/// Writes `bytes` to a temporary file in `path`'s folder, syncs it, and renames it over `path`.
+/// Writes `bytes` to a temporary file beside `path`, syncs it, gives it the permissions of the
+/// file it replaces (if any), renames it over `path`, and syncs the folder, so that the rename
+/// too is on disk. The temporary file's name is new to each call (this process's id, a count
+/// of its saves, and the clock's nanoseconds, in case a crashed process with the same id left
+/// one behind), so saves to one path from several threads or processes never share one: the
+/// last rename wins, whole. Errors name `path` and the step that failed; after a failure the
+/// temporary file is removed.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| Error::Io { path: p, source }
+    static SAVES: AtomicU64 = AtomicU64::new(0);
+    let failed = |step: &'static str| {
+        move |e: io::Error| Error::Io { path: path.to_owned(), source: io::Error::new(e.kind(), format!("{step}: {e}")) }
     };
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| Error::Config(format!("{} is not a file name", path.display())))?;
-    let tmp: PathBuf = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
+    let count = SAVES.fetch_add(1, Ordering::Relaxed);
+    let tmp: PathBuf = dir.join(format!(".{}.tmp-{}-{count}-{nanos}", name.to_string_lossy(), std::process::id()));
     let result = (|| {
-        let mut file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        file.write_all(bytes).map_err(io(&tmp))?;
-        file.sync_all().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, path).map_err(io(path))
+        let mut file = File::create_new(&tmp).map_err(failed("creating a temporary file beside it"))?;
+        if let Ok(old) = std::fs::metadata(path) {
+            file.set_permissions(old.permissions()).map_err(failed("giving the temporary file its permissions"))?;
+        }
+        file.write_all(bytes).map_err(failed("writing a temporary file beside it"))?;
+        file.sync_all().map_err(failed("syncing a temporary file beside it"))?;
+        std::fs::rename(&tmp, path).map_err(failed("renaming a temporary file over it"))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    result
+    result?;
+    match sync_folder(dir) {
+        // some file systems cannot sync a folder (EINVAL); there the rename is as durable as
+        // they make it
+        Err(e) if !matches!(e.kind(), io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported) => Err(failed("syncing its folder")(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Flushes a folder's entries (a rename in it) to disk.
+#[cfg(unix)]
+fn sync_folder(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Elsewhere a folder cannot be opened as a file; NTFS logs a rename in its journal.
+#[cfg(not(unix))]
+fn sync_folder(_dir: &Path) -> io::Result<()> {
+    Ok(())
 }
 
 #[cfg(test)]

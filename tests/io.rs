@@ -177,7 +177,45 @@ fn corrupt_and_mismatched_files_are_refused_by_name() {
     model.save(&infinite).unwrap();
     let err = Model::load(&infinite).unwrap_err();
     assert!(err.to_string().contains("tensor 0.weight holds NaN or an infinity (value 1 of [2, 2])"), "{err}");
-    assert!(matches!(model.save(dir.join("no/such/dir/m.safetensors")), Err(Error::Io { .. })));
+    // a failed save names the file asked for (not the temporary) and the step that failed
+    let target = dir.join("no/such/dir/m.safetensors");
+    match model.save(&target) {
+        Err(Error::Io { path, source }) => {
+            assert_eq!(path, target);
+            assert!(source.to_string().starts_with("creating a temporary file beside it: "), "{source}");
+        }
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+}
+
+#[test]
+fn saves_from_many_threads_to_one_path_all_succeed() {
+    let dir = temp_dir("threads");
+    let path = dir.join("lenet.safetensors");
+    let model = lenet().build().unwrap().init(Init::GlorotNormal, 3);
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let savers: Vec<_> = (0..8).map(|_| s.spawn(|| (0..50).filter_map(|_| model.save(&path).err()).collect::<Vec<_>>())).collect();
+        savers.into_iter().flat_map(|saver| saver.join().unwrap()).map(|e| e.to_string()).collect()
+    });
+    assert!(failures.is_empty(), "{} of 400 saves failed, the first: {}", failures.len(), failures[0]);
+    assert_eq!(Model::load(&path).unwrap().parameters().unwrap(), model.parameters().unwrap());
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["lenet.safetensors"], "temporary files were left behind");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_save_keeps_the_permissions_of_the_file_it_replaces() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("permissions");
+    let path = dir.join("m.safetensors");
+    let model = lenet().build().unwrap();
+    model.save(&path).unwrap();
+    for mode in [0o600, 0o644, 0o444] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        model.save(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, mode);
+    }
 }
 
 #[test]
