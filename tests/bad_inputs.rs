@@ -254,3 +254,49 @@ fn a_sample_past_the_end_is_none() {
     assert_eq!(data.sample(2), None);
     assert_eq!(data.sample(usize::MAX), None);
 }
+
+/// The same on a GPU: inputs set, and written in place into the page-locked staging buffer;
+/// cross-entropy on one output; divergence read from the loss totals kept on the device; device
+/// memory the device does not have. `cargo test -- --include-ignored` runs it where there is one.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn on_a_gpu_too() {
+    let device = flatnn::testutil::cuda_device();
+    let mut model = mlp().to(&device).unwrap();
+    let (mut fwd, mut bwd) = ready(&model);
+    let mut x = [0.5f32; 8];
+    x[6] = f32::NAN;
+    assert!(matches!(fwd.set_inputs(&x), Err(Error::NonFinite { what: "inputs", index: 6 })));
+    fwd.inputs_mut(2).unwrap().copy_from_slice(&x);
+    assert!(matches!(model.forward(&mut fwd), Err(Error::NonFinite { what: "inputs", index: 6 })));
+    let mut opt = Optimizer::new(&model, Optim::sgd(0.1, 0.0)).unwrap();
+    assert!(matches!(opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse), Err(Error::NonFinite { .. })));
+    fwd.set_inputs(&[0.5; 8]).unwrap();
+    opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse).unwrap();
+    assert!(!bwd.diverged().unwrap());
+    model.set_parameters(&vec![1e30; model.plan().param_len]).unwrap();
+    fwd.set_inputs(&[1e10; 8]).unwrap();
+    opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::Mse).unwrap();
+    assert!(bwd.diverged().unwrap());
+    assert!(!bwd.mean_loss().unwrap().is_finite());
+    assert!(!bwd.diverged().unwrap());
+
+    let one = Chain::new(Input::vector(4)).dense(1, Identity).build().unwrap().to(&device).unwrap();
+    let (mut fwd, mut bwd) = (one.preallocate(2).unwrap(), one.preallocate_grads(2).unwrap());
+    fwd.set_inputs(&[0.5; 8]).unwrap();
+    fwd.set_labels(&[0, 0]).unwrap();
+    let err = one.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap_err();
+    assert!(err.to_string().contains("the model outputs vector(1)"), "{err}");
+
+    // 2⁴⁰ samples of 64 + 64 + 64 + 10 activation values: 888 TB of device memory
+    let big = Chain::new(Input::vector(64)).dense(64, Relu).dense(10, Identity).build().unwrap().to(&device).unwrap();
+    match big.preallocate(1 << 40) {
+        Err(Error::OutOfMemory { what, bytes }) => assert_eq!((what.as_str(), bytes), ("device memory on cuda:0", 202 << 42)),
+        other => panic!("expected OutOfMemory, got {:?}", other.map(|_| ())),
+    }
+    assert!(matches!(big.preallocate_grads(1 << 40), Err(Error::OutOfMemory { .. })));
+    // the device is still usable
+    let mut fwd = big.preallocate(2).unwrap();
+    fwd.set_inputs(&[0.5; 128]).unwrap();
+    big.forward(&mut fwd).unwrap();
+}

@@ -494,8 +494,11 @@ impl DevGrads {
         let dacts = plan.acts_len(capacity)?;
         let dcols = batch_len(capacity, max_lowered_len(plan), "lowered convolution gradients")?;
         let partials = batch_len(capacity, conv_w, "partial weight gradients")?;
-        let mut ones = zeros(capacity, || format!("a host vector of {capacity} ones"))?;
-        ones.fill(1.0f32);
+        let ones = || -> Result<Vec<f32>> {
+            let mut ones = zeros(capacity, || format!("a host vector of {capacity} ones"))?;
+            ones.fill(1.0);
+            Ok(ones)
+        };
         Ok(DevGrads {
             stream: Arc::clone(stream),
             side_blas: gpu.blas(side, tf32)?,
@@ -506,7 +509,9 @@ impl DevGrads {
             dacts: DevBuf::zeros(gpu, stream, dacts)?,
             dcols: DevBuf::zeros(gpu, stream, dcols)?,
             partials: DevBuf::zeros(gpu, stream, partials)?,
-            ones: DevBuf::from_host(gpu, stream, &ones)?,
+            // made (and written) only once the device has held `dacts`, at least 2 values a
+            // sample: no larger than memory just granted
+            ones: DevBuf::from_host(gpu, stream, &ones()?)?,
             loss: DevBuf::from_host(gpu, stream, &[f64::NAN, 0.0, 0.0])?,
             loss_scratch: DevBuf::zeros(gpu, stream, super::LOSS_SCRATCH)?,
             graphs: Graphs::new(),
