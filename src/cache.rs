@@ -5,10 +5,10 @@
 //! parameters' layout), activation gradients and backward scratch. A batch smaller than the
 //! capacity runs in the front of the same buffers; a larger one is an [`Error::Capacity`].
 
-use crate::chain::Plan;
+use crate::chain::{batch_len, Plan};
 use crate::dev::{DevCache, DevGrads};
 use crate::device::{Device, ToDevice};
-use crate::error::{Error, Result};
+use crate::error::{zeros, Error, Result};
 use crate::layers::{region, GradWorkspace, Workspace};
 use crate::loss::Loss;
 use std::borrow::Cow;
@@ -23,6 +23,9 @@ pub struct Cache {
     pub(crate) threads: usize,
     /// Samples in the current batch (set by `set_inputs`).
     pub(crate) batch: usize,
+    /// The batch's inputs are known to be finite (checked by `set_inputs`, or copied from a
+    /// data set checked when it was made); if not, `forward` and `backprop` check them first.
+    pub(crate) inputs_finite: bool,
     /// Every activation on the CPU; on a GPU only the inputs (region 0), as staged by the host.
     pub(crate) acts: Vec<f32>,
     pub(crate) labels: Vec<u32>,
@@ -46,20 +49,22 @@ pub struct Cache {
 impl Cache {
     pub(crate) fn new(plan: &Arc<Plan>, capacity: usize, threads: usize, dev: Option<DevCache>) -> Result<Cache> {
         check_capacity(capacity)?;
-        let outputs = plan.output().len();
         // on a GPU the host stages inputs in the device half's page-locked buffers
-        let acts_len = if dev.is_some() { 0 } else { plan.acts_len(capacity) };
+        let acts_len = if dev.is_some() { 0 } else { plan.acts_len(capacity)? };
+        let acts = zeros(acts_len, || format!("the activations of a cache for {capacity} samples"))?;
+        let targets = batch_len(capacity, plan.output().len(), "targets")?;
         Ok(Cache {
             plan: Arc::clone(plan),
             capacity,
             threads,
             batch: 0,
-            acts: vec![0.0; acts_len],
-            labels: vec![0; capacity],
-            targets: vec![0.0; capacity * outputs],
+            inputs_finite: true,
+            acts,
+            labels: zeros(capacity, || format!("the labels of a cache for {capacity} samples"))?,
+            targets: zeros(targets, || format!("the targets of a cache for {capacity} samples"))?,
             labels_set: 0,
             targets_set: 0,
-            ws: if dev.is_some() { Workspace::none() } else { Workspace::new(plan, threads) },
+            ws: if dev.is_some() { Workspace::none() } else { Workspace::new(plan, threads)? },
             dev,
             inputs_dirty: false,
             labels_dirty: false,
@@ -86,7 +91,10 @@ impl Cache {
     }
 
     /// Copies a batch of inputs (`batch × input length`, sample-major) into the cache; the
-    /// batch size is the length over the input length. Nothing is written on error.
+    /// batch size is the length over the input length. A NaN or infinite value is an
+    /// [`Error::NonFinite`]; the check reads the inputs once more than the copy does (on a
+    /// 2-vCPU AMD EPYC, 784 values, one MNIST sample, take 54 ns to check and 38 ns to copy;
+    /// 128 samples 6.8–6.9 µs and 7.4–7.8 µs). Nothing is written on error.
     pub fn set_inputs(&mut self, inputs: &[f32]) -> Result<()> {
         let per_sample = self.plan.input.len();
         if inputs.is_empty() || !inputs.len().is_multiple_of(per_sample) {
@@ -98,12 +106,16 @@ impl Cache {
             )));
         }
         let batch = inputs.len() / per_sample;
+        check_finite(inputs, "inputs")?;
         self.inputs_mut(batch)?.copy_from_slice(inputs);
+        self.inputs_finite = true;
         Ok(())
     }
 
     /// The input buffer for a batch of `batch` samples, to be filled in place (how the data
-    /// loader writes without a copy); sets the batch size.
+    /// loader writes without a copy); sets the batch size. What is written here is checked for
+    /// NaN and infinities by the next `forward` or `backprop` (an [`Error::NonFinite`] before
+    /// anything runs), once per batch written.
     pub fn inputs_mut(&mut self, batch: usize) -> Result<&mut [f32]> {
         if batch == 0 {
             return Err(Error::Shape("a batch needs at least one sample".into()));
@@ -117,7 +129,7 @@ impl Cache {
             None => &mut self.acts[r],
         };
         self.batch = batch;
-        (self.inputs_dirty, self.inputs_on_device) = (true, false);
+        (self.inputs_dirty, self.inputs_on_device, self.inputs_finite) = (true, false, false);
         Ok(inputs)
     }
 
@@ -239,13 +251,14 @@ impl Grads {
     pub(crate) fn new(plan: &Arc<Plan>, capacity: usize, threads: usize, dev: Option<DevGrads>) -> Result<Grads> {
         check_capacity(capacity)?;
         let on_cpu = dev.is_none();
+        let (grads, dacts) = if on_cpu { (plan.param_len, plan.acts_len(capacity)?) } else { (0, 0) };
         Ok(Grads {
             plan: Arc::clone(plan),
             capacity,
             threads,
-            grads: if on_cpu { vec![0.0; plan.param_len] } else { Vec::new() },
-            dacts: if on_cpu { vec![0.0; plan.acts_len(capacity)] } else { Vec::new() },
-            gws: if on_cpu { GradWorkspace::new(plan, threads) } else { GradWorkspace::none() },
+            grads: zeros(grads, || "the parameter gradients".into())?,
+            dacts: zeros(dacts, || format!("the activation gradients for {capacity} samples"))?,
+            gws: if on_cpu { GradWorkspace::new(plan, threads)? } else { GradWorkspace::none() },
             last_loss: f64::NAN,
             loss_sum: 0.0,
             losses: 0,
@@ -266,6 +279,12 @@ impl Grads {
 
     /// The loss of the last `backprop` (NaN before the first). On a GPU the loss stays on the
     /// device until asked for: this waits for the queued steps.
+    ///
+    /// A loss that is NaN or infinite means training diverged (a learning rate too large, say):
+    /// that step's gradients are not finite either, and an update from them (`update`, or the
+    /// rest of `train_step`, which does not stop) writes NaN into the parameters and the
+    /// optimiser's state, so later losses stay NaN. [`Grads::diverged`] asks whether that
+    /// happened in any step since [`Grads::mean_loss`] last read the losses.
     pub fn last_loss(&self) -> Result<f32> {
         match &self.dev {
             Some(dev) => dev.last_loss(),
@@ -285,13 +304,27 @@ impl Grads {
         Ok(mean as f32)
     }
 
+    /// Whether the loss of any `backprop` since [`Grads::mean_loss`] last read the losses (or
+    /// since these buffers were made) was NaN or infinite: training diverged, and the
+    /// parameters updated after that step are likely NaN (see [`Grads::last_loss`]). The steps
+    /// keep the sum of their losses anyway (on a GPU, on the device), and a sum is finite
+    /// exactly when every term is (losses are at least 0, so no two infinities cancel), so this
+    /// adds nothing to a step. On a GPU it waits for the queued steps, as `last_loss` does.
+    pub fn diverged(&self) -> Result<bool> {
+        let sum = match &self.dev {
+            Some(dev) => dev.loss_sum()?,
+            None => self.loss_sum,
+        };
+        Ok(!sum.is_finite())
+    }
+
     /// The gradient of the last loss with respect to every parameter, in the parameters'
     /// layout: borrowed on the CPU, copied from a GPU (after its queued steps).
     pub fn gradients(&self) -> Result<Cow<'_, [f32]>> {
         match &self.dev {
             None => Ok(Cow::Borrowed(&self.grads)),
             Some(dev) => {
-                let mut out = vec![0.0; self.plan.param_len];
+                let mut out = zeros(self.plan.param_len, || "a host copy of the gradients".into())?;
                 dev.download(&mut out)?;
                 Ok(Cow::Owned(out))
             }
@@ -318,11 +351,28 @@ pub(crate) fn check_labels(labels: &[u32], classes: usize) -> Result<()> {
     }
 }
 
+/// An [`Error::NonFinite`] naming `what` and the first NaN or infinity in `values`, if any.
 pub(crate) fn check_finite(values: &[f32], what: &'static str) -> Result<()> {
-    match values.iter().position(|v| !v.is_finite()) {
+    match first_non_finite(values) {
         Some(index) => Err(Error::NonFinite { what, index }),
         None => Ok(()),
     }
+}
+
+/// The index of the first NaN or infinity in `values`, if any.
+///
+/// An f32 is NaN or infinite exactly when its 8 exponent bits are all ones. The scan tests
+/// blocks of 8 values with bitwise operations and no branch per value, so it vectorises, and
+/// looks for the index only when a block failed.
+pub(crate) fn first_non_finite(values: &[f32]) -> Option<usize> {
+    const EXPONENT: u32 = 0x7f80_0000;
+    let non_finite = |v: &f32| v.to_bits() & EXPONENT == EXPONENT;
+    let mut blocks = values.chunks_exact(8);
+    let any = blocks.by_ref().fold(false, |any, block| block.iter().fold(any, |any, v| any | non_finite(v)));
+    if !any && !blocks.remainder().iter().any(non_finite) {
+        return None;
+    }
+    values.iter().position(non_finite)
 }
 
 impl ToDevice for Cache {
@@ -340,6 +390,7 @@ impl ToDevice for Cache {
         // a batch gathered on the old device is not on the host: it must be set again
         if self.batch > 0 && !self.inputs_on_device {
             moved.inputs_mut(self.batch)?.copy_from_slice(self.inputs());
+            moved.inputs_finite = self.inputs_finite;
         }
         (moved.labels, moved.targets) = (self.labels, self.targets);
         let labels_set = if self.labels_on_device { 0 } else { self.labels_set };

@@ -3,11 +3,35 @@
 //! The plan is computed once: every layer's input and output shape, its range in the flat
 //! parameter buffer, and where its pre-activation and output live in the activation buffer.
 //! Everything later reads the plan; nothing re-derives a shape.
+//!
+//! Every size the plan derives (shapes, parameter ranges, activation regions, a convolution's
+//! scratch) is computed here with checked arithmetic and is at most [`MAX_VALUES`], so the code
+//! that reads a plan multiplies and adds these sizes without checks. A size for a batch (a
+//! capacity times a per-sample size) is checked where a buffer for it is made ([`batch_len`]).
 
 use crate::activation::Activation;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use std::ops::Range;
+
+/// The most values any size a plan derives, or any buffer for a batch, may reach (about 2⁶⁰):
+/// that many f64 would already be more than `isize::MAX` bytes, the most one allocation can
+/// hold, so no model that could run is refused; and below it, byte counts, sums of two sizes
+/// and twice a size never overflow `usize`.
+pub(crate) const MAX_VALUES: usize = isize::MAX as usize / 8;
+
+/// `capacity × per_sample` values for a buffer of `what`, or an [`Error::Shape`] saying so when
+/// that is more than [`MAX_VALUES`] (or overflows).
+pub(crate) fn batch_len(capacity: usize, per_sample: usize, what: &str) -> Result<usize> {
+    capacity.checked_mul(per_sample).filter(|&n| n <= MAX_VALUES).ok_or_else(|| {
+        Error::Shape(format!("{what} for {capacity} samples of {per_sample} values each are more values than any buffer can hold"))
+    })
+}
+
+/// `n` if it is at most [`MAX_VALUES`].
+fn fits(n: Option<usize>) -> Option<usize> {
+    n.filter(|&n| n <= MAX_VALUES)
+}
 
 /// The shape of one sample. Images are stored channel-major (C, H, W), as PyTorch does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,11 +54,13 @@ impl Shape {
         Shape::Image { channels, height, width }
     }
 
-    /// Number of f32 values per sample.
+    /// Number of f32 values per sample, or `usize::MAX` where that product does not fit in
+    /// `usize` (a shape [`Plan::new`] refuses: every shape of a plan has its exact length).
     pub fn len(self) -> usize {
         match self {
             Shape::Vector(n) => n,
-            Shape::Image { channels, height, width } => channels * height * width,
+            // min(C·H·W, usize::MAX): once saturated, a zero factor still gives 0
+            Shape::Image { channels, height, width } => channels.saturating_mul(height).saturating_mul(width),
         }
     }
 
@@ -168,26 +194,16 @@ pub struct Step {
 }
 
 impl Step {
-    /// Number of weights (the bias follows them in `params`).
+    /// Number of weights (the bias follows them in `params`): the parameter range less the
+    /// bias, so no product is recomputed (`Plan::new` computed it, checked).
     pub fn weight_len(&self) -> usize {
-        match self.layer {
-            Layer::Dense { out_features, .. } => out_features * self.input.len(),
-            Layer::Conv { out_channels, kernel, .. } => out_channels * in_channels(self.input) * kernel.0 * kernel.1,
-            _ => 0,
-        }
+        self.params.len().saturating_sub(bias_len(&self.layer))
     }
 
     /// Parameter ranges of the weight and the bias.
     pub fn weight_and_bias(&self) -> (Range<usize>, Range<usize>) {
         let split = self.params.start + self.weight_len();
         (self.params.start..split, split..self.params.end)
-    }
-}
-
-fn in_channels(shape: Shape) -> usize {
-    match shape {
-        Shape::Image { channels, .. } => channels,
-        Shape::Vector(_) => 0,
     }
 }
 
@@ -202,34 +218,48 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Shape inference and checks; see [`Chain::build`].
+    /// Shape inference and checks; see [`Chain::build`]. A size that does not fit (more
+    /// than [`MAX_VALUES`], or overflowing) is an [`Error::Shape`] naming the layer.
     pub fn new(input: Shape, layers: &[Layer]) -> Result<Plan> {
         if input.is_empty() {
             return Err(Error::Shape(format!("the input {input} has no values")));
+        }
+        if input.len() > MAX_VALUES {
+            return Err(Error::Shape(format!("the input {input} has more values than any buffer can hold")));
         }
         if layers.is_empty() {
             return Err(Error::Shape("the chain has no layers".into()));
         }
         let mut regions = vec![input.len()];
         let mut steps = Vec::with_capacity(layers.len());
-        let (mut shape, mut region, mut param_len) = (input, 0usize, 0usize);
+        // `acts`: the values of one sample's activations so far (the sum of `regions`)
+        let (mut shape, mut region, mut param_len, mut acts) = (input, 0usize, 0usize, input.len());
         let mut activated = None;
         for (index, layer) in layers.iter().enumerate() {
+            let too_large = |what: &str| {
+                Error::Shape(format!("layer {index} ({layer:?}) with input {shape}: {what} more values than any buffer can hold"))
+            };
             let output = output_shape(index, layer, shape)?;
+            if output.len() > MAX_VALUES {
+                return Err(too_large(&format!("its output {output} has")));
+            }
+            let n_params = fits(param_count(layer, shape)).ok_or_else(|| too_large("its parameters are"))?;
+            let params_end = fits(param_len.checked_add(n_params)).ok_or_else(|| too_large("the parameters up to it are"))?;
             let mut step = Step {
                 layer: *layer,
                 input: shape,
                 output,
-                params: 0..0,
+                params: param_len..params_end,
                 input_region: region,
                 z_region: region,
                 output_region: region,
                 activated_input: activated,
             };
-            let n_params = step.weight_len() + bias_len(layer);
-            step.params = param_len..param_len + n_params;
-            param_len += n_params;
+            param_len = params_end;
             if *layer != Layer::Flatten {
+                let new_regions = if layer.activation() == Activation::Identity { 1 } else { 2 };
+                acts = fits(output.len().checked_mul(new_regions).and_then(|n| n.checked_add(acts)))
+                    .ok_or_else(|| too_large("one sample's activations up to it are"))?;
                 if layer.activation() != Activation::Identity {
                     regions.push(output.len());
                     step.z_region = regions.len() - 1;
@@ -253,15 +283,40 @@ impl Plan {
         self.steps.last().map_or(self.input, |s| s.output)
     }
 
-    /// Offset of region `r` in an activation buffer of `capacity` samples.
-    pub fn region_offset(&self, r: usize, capacity: usize) -> usize {
+    /// Offset of region `r` in an activation buffer of `capacity` samples. The buffer exists,
+    /// so `acts_len(capacity)` was Ok: the offset is at most that, and nothing overflows.
+    pub(crate) fn region_offset(&self, r: usize, capacity: usize) -> usize {
+        debug_assert!(self.acts_len(capacity).is_ok(), "no activation buffer holds {capacity} samples");
         self.regions[..r].iter().sum::<usize>() * capacity
     }
 
-    /// Total activation-buffer length for `capacity` samples.
-    pub fn acts_len(&self, capacity: usize) -> usize {
-        self.regions.iter().sum::<usize>() * capacity
+    /// Total activation-buffer length for `capacity` samples; an [`Error::Shape`] if that is
+    /// more values than any buffer can hold.
+    pub fn acts_len(&self, capacity: usize) -> Result<usize> {
+        let per_sample = self.regions.iter().try_fold(0usize, |sum, &r| sum.checked_add(r)).unwrap_or(usize::MAX);
+        batch_len(capacity, per_sample, "activations")
     }
+}
+
+/// Weights and biases of `layer` on `input`, checked (None when the count overflows).
+fn param_count(layer: &Layer, input: Shape) -> Option<usize> {
+    let weights = match (*layer, input) {
+        (Layer::Dense { out_features, .. }, _) => out_features.checked_mul(input.len()),
+        (Layer::Conv { out_channels, kernel, .. }, Shape::Image { channels, .. }) => {
+            out_channels.checked_mul(channels)?.checked_mul(kernel.0)?.checked_mul(kernel.1)
+        }
+        _ => Some(0),
+    };
+    weights?.checked_add(bias_len(layer))
+}
+
+/// Values a convolution lowers one sample into, an upper bound of both devices' scratch:
+/// C·kh·kw × OH·OW (the lowered sample), then C·(H + 2·ph)·(W + 2·pw) (the padded input copy
+/// of `conv::Geometry::col_len`). None when that overflows.
+fn conv_scratch(channels: usize, kernel: (usize, usize), output: (usize, usize), padded: (usize, usize)) -> Option<usize> {
+    let lowered = channels.checked_mul(kernel.0)?.checked_mul(kernel.1)?.checked_mul(output.0)?.checked_mul(output.1)?;
+    let padded = channels.checked_mul(padded.0)?.checked_mul(padded.1)?;
+    lowered.checked_add(padded)
 }
 
 fn bias_len(layer: &Layer) -> usize {
@@ -287,18 +342,25 @@ fn output_shape(index: usize, layer: &Layer, input: Shape) -> Result<Shape> {
             Ok(Shape::Vector(out_features))
         }
         (Layer::Dense { .. }, Shape::Image { .. }) => err("a Dense layer needs a vector input: add .flatten() before it".into()),
-        (Layer::Conv { out_channels, kernel, stride, padding, .. }, Shape::Image { height, width, .. }) => {
+        (Layer::Conv { out_channels, kernel, stride, padding, .. }, Shape::Image { channels, height, width }) => {
             if out_channels == 0 || kernel.0 == 0 || kernel.1 == 0 || stride.0 == 0 || stride.1 == 0 {
                 return err("output channels, kernel and stride must be at least 1".into());
             }
-            let (ph, pw) = (height + 2 * padding.0, width + 2 * padding.1);
+            let padded = |n: usize, p: usize| p.checked_mul(2).and_then(|p| p.checked_add(n));
+            let (Some(ph), Some(pw)) = (padded(height, padding.0), padded(width, padding.1)) else {
+                return err("the padded input's size overflows".into());
+            };
             if kernel.0 > ph || kernel.1 > pw {
                 return err(format!("kernel {}×{} is larger than the padded input {ph}×{pw}", kernel.0, kernel.1));
             }
             if padding.0 >= kernel.0 || padding.1 >= kernel.1 {
                 return err("padding must be smaller than the kernel".into());
             }
-            Ok(Shape::Image { channels: out_channels, height: (ph - kernel.0) / stride.0 + 1, width: (pw - kernel.1) / stride.1 + 1 })
+            let (oh, ow) = ((ph - kernel.0) / stride.0 + 1, (pw - kernel.1) / stride.1 + 1);
+            if fits(conv_scratch(channels, kernel, (oh, ow), (ph, pw))).is_none() {
+                return err("lowering one sample takes more values than any buffer can hold".into());
+            }
+            Ok(Shape::Image { channels: out_channels, height: oh, width: ow })
         }
         (Layer::MaxPool { window, stride }, Shape::Image { channels, height, width }) => {
             if window.0 == 0 || window.1 == 0 || stride.0 == 0 || stride.1 == 0 {
@@ -375,5 +437,45 @@ mod tests {
                 other => panic!("expected a shape error for {layers:?}, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_refused_naming_the_layer() {
+        let dense = |out_features| Layer::Dense { out_features, activation: Relu };
+        let conv = |out_channels, kernel, padding| Layer::Conv { out_channels, kernel, stride: (1, 1), padding, activation: Identity };
+        let huge = 1usize << 62;
+        let cases: Vec<(Shape, Vec<Layer>, &str)> = vec![
+            // (2⁶³ + 1)·1·2 wrapped to 2 values in release builds
+            (Shape::image((1 << 63) + 1, 1, 2), vec![Layer::Flatten], "the input image(9223372036854775809×1×2) has more values"),
+            (Shape::vector(usize::MAX), vec![dense(1)], "the input vector"),
+            (Shape::vector(1 << 32), vec![dense(1 << 32)], "layer 0 (Dense { out_features: 4294967296, activation: Relu }) with input vector(4294967296): its parameters are"),
+            (Shape::vector(3), vec![dense(huge)], "layer 0 (Dense { out_features: 4611686018427387904, activation: Relu }) with input vector(3): its output vector(4611686018427387904) has"),
+            (Shape::vector(1 << 30), vec![dense(1 << 29), dense(1 << 31)], "layer 1 (Dense"),
+            (
+                Shape::image(1, 1 << 29, 1 << 30),
+                vec![Layer::MaxPool { window: (1, 1), stride: (1, 1) }],
+                "layer 0 (MaxPool { window: (1, 1), stride: (1, 1) }) with input image(1×536870912×1073741824): one sample's activations up to it are",
+            ),
+            (Shape::image(1, 2, 2), vec![conv(1, (1, 1), (usize::MAX / 2, 0))], "layer 0 (Conv"),
+            (Shape::image(1, 2, 2), vec![conv(1, (1, 1), (usize::MAX / 2, 0))], "the padded input's size overflows"),
+            (Shape::image(1 << 20, 1 << 10, 1 << 10), vec![conv(1 << 30, (1 << 10, 1 << 10), (0, 0))], "its parameters are"),
+            (Shape::image(1 << 12, 1 << 14, 1 << 14), vec![conv(1, (1 << 10, 1 << 10), (1 << 9, 1 << 9))], "lowering one sample takes"),
+            (Shape::image(1, 1 << 29, 1 << 29), vec![conv(1 << 31, (1, 1), (0, 0))], "its output image(2147483648×536870912×536870912) has"),
+        ];
+        for (input, layers, needle) in cases {
+            match Plan::new(input, &layers) {
+                Err(Error::Shape(msg)) => assert!(msg.contains(needle), "{msg:?} lacks {needle:?}"),
+                other => panic!("expected a shape error for {input} {layers:?}, got {other:?}"),
+            }
+        }
+        // a plan's sizes fit, and so do its batch buffers up to MAX_VALUES values, no further
+        let plan = Plan::new(Shape::vector(4), &[dense(5), Layer::Dense { out_features: 3, activation: Identity }]).unwrap();
+        assert_eq!(plan.acts_len(2).unwrap(), 2 * (4 + 5 + 5 + 3));
+        for capacity in [usize::MAX, MAX_VALUES / 17 + 1] {
+            let err = plan.acts_len(capacity).unwrap_err();
+            assert!(err.to_string().contains(&format!("activations for {capacity} samples of 17 values each")), "{err}");
+        }
+        assert_eq!(Shape::image(usize::MAX, 2, 0).len(), 0);
+        assert_eq!(Shape::image(1 << 40, 1 << 40, 1).len(), usize::MAX);
     }
 }

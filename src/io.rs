@@ -8,13 +8,18 @@
 //! [`Model::load`] rebuilds the chain with no code.
 
 use crate::activation::Activation;
+use crate::cache::first_non_finite;
 use crate::chain::{Layer, Plan, Shape};
 use crate::error::{Error, Result};
+use crate::layers::conv_geometry;
 use crate::model::Model;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
-use std::io::Write;
+use std::fs::File;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 pub(crate) const ARCHITECTURE_KEY: &str = "flatnn.architecture";
 
@@ -136,77 +141,32 @@ fn parse_architecture(text: &str, path: &Path) -> Result<(Shape, Vec<Layer>)> {
     Ok((input, layers))
 }
 
-/// Checks the sizes an architecture read from a file implies before [`Plan::new`], whose
-/// arithmetic is unchecked, and [`Model`], which allocates the parameters, see it: every shape,
-/// padded input, weight count and total fits in `usize`; the parameters fit in the file's
-/// `file_len` bytes (4 each, so the file bounds their buffer); one sample's activations, and each
-/// convolution's lowered input, stay within [`MAX_SAMPLE_VALUES`]. Stops at the first layer that
-/// does not fit its input, which `Plan::new` then names.
-fn check_sizes(input: Shape, layers: &[Layer], file_len: usize, path: &Path) -> Result<()> {
-    let bad = |what: String| Error::Format { path: path.to_owned(), what };
-    let len = |shape: Shape| match shape {
-        Shape::Vector(n) => Some(n),
-        Shape::Image { channels, height, width } => channels.checked_mul(height)?.checked_mul(width),
-    };
-    let per_sample = |n: Option<usize>, what: &dyn Fn() -> String| {
-        n.filter(|&n| n <= MAX_SAMPLE_VALUES).ok_or_else(|| bad(format!("{} more than {MAX_SAMPLE_VALUES} values per sample", what())))
-    };
-    let mut acts = per_sample(len(input), &|| format!("the input {input} has"))?;
-    // The current shape and its length, checked and within MAX_SAMPLE_VALUES.
-    let (mut shape, mut shape_len, mut params) = (input, acts, 0usize);
-    for (index, layer) in layers.iter().enumerate() {
-        let (output, weights, bias) = match (*layer, shape) {
-            (Layer::Dense { out_features, .. }, Shape::Vector(n)) if out_features > 0 => {
-                (Shape::Vector(out_features), out_features.checked_mul(n), out_features)
-            }
-            (Layer::Conv { out_channels, kernel, stride, padding, .. }, Shape::Image { channels, height, width }) => {
-                let padded = |n: usize, p: usize| p.checked_mul(2).and_then(|p| p.checked_add(n));
-                let (Some(ph), Some(pw)) = (padded(height, padding.0), padded(width, padding.1)) else {
-                    return Err(bad(format!("layer {index} ({layer:?}): the padded input's size overflows")));
-                };
-                let (k, s, p) = (kernel, stride, padding);
-                if out_channels == 0 || k.0 == 0 || k.1 == 0 || s.0 == 0 || s.1 == 0 || k.0 > ph || k.1 > pw || p.0 >= k.0 || p.1 >= k.1 {
-                    return Ok(());
-                }
-                let (oh, ow) = ((ph - k.0) / s.0 + 1, (pw - k.1) / s.1 + 1);
-                let lowered = channels.checked_mul(k.0).and_then(|n| n.checked_mul(k.1));
-                per_sample(lowered.and_then(|n| n.checked_mul(oh)?.checked_mul(ow)), &|| {
-                    format!("layer {index} ({layer:?}) lowers its input to")
-                })?;
-                (
-                    Shape::Image { channels: out_channels, height: oh, width: ow },
-                    lowered.and_then(|n| n.checked_mul(out_channels)),
-                    out_channels,
-                )
-            }
-            (Layer::MaxPool { window: w, stride: s }, Shape::Image { channels, height, width }) => {
-                if w.0 == 0 || w.1 == 0 || s.0 == 0 || s.1 == 0 || w.0 > height || w.1 > width {
-                    return Ok(());
-                }
-                (Shape::Image { channels, height: (height - w.0) / s.0 + 1, width: (width - w.1) / s.1 + 1 }, Some(0), 0)
-            }
-            (Layer::Flatten, Shape::Image { .. }) => (Shape::Vector(shape_len), Some(0), 0),
-            _ => return Ok(()),
-        };
-        // Activation regions: flatten adds none, a layer with an activation two (z and y).
-        let regions = match layer {
-            Layer::Flatten => 0,
-            _ if layer.activation() != Activation::Identity => 2,
-            _ => 1,
-        };
-        let output_len = per_sample(len(output), &|| format!("layer {index} ({layer:?}) outputs {output}:"))?;
-        acts = per_sample(output_len.checked_mul(regions).and_then(|n| n.checked_add(acts)), &|| {
-            format!("layers 0..={index} (to {layer:?}) give activations of")
-        })?;
-        params = weights
-            .and_then(|w| w.checked_add(bias)?.checked_add(params))
-            .filter(|p| p.checked_mul(4).is_some_and(|b| b <= file_len))
-            .ok_or_else(|| {
-                bad(format!(
-                    "layers 0..={index} (to {layer:?}) have more parameters than the file's {file_len} bytes can hold (4 bytes each)"
-                ))
-            })?;
-        (shape, shape_len) = (output, output_len);
+/// Checks the sizes a plan read from a file implies, before [`Model`] allocates its parameters
+/// and anyone a cache for it: the parameters fit in the file's `file_len` bytes (4 each, so the
+/// file bounds their buffer); one sample's activations, and each convolution's lowered input,
+/// stay within [`MAX_SAMPLE_VALUES`]. ([`Plan::new`] has checked that no size overflows.)
+fn check_sizes(plan: &Plan, file_len: usize, path: &Path) -> Result<()> {
+    let bad = |what: String| Err(Error::Format { path: path.to_owned(), what });
+    let over = |n: usize| n > MAX_SAMPLE_VALUES;
+    let more = format!("more than {MAX_SAMPLE_VALUES} values per sample");
+    for (index, step) in plan.steps.iter().enumerate() {
+        let layer = step.layer;
+        if matches!(layer, Layer::Conv { .. }) && over(conv_geometry(step).col_len()) {
+            return bad(format!("layer {index} ({layer:?}) lowers its input to {more}"));
+        }
+        if over(step.output.len()) {
+            return bad(format!("layer {index} ({layer:?}) outputs {}: {more}", step.output));
+        }
+        // regions are laid out in step order: those up to this step's output are its activations
+        if over(plan.regions[..=step.output_region].iter().sum()) {
+            return bad(format!("layers 0..={index} (to {layer:?}) give activations of {more}"));
+        }
+        // at most chain::MAX_VALUES parameters: four times that does not overflow
+        if step.params.end * 4 > file_len {
+            return bad(format!(
+                "layers 0..={index} (to {layer:?}) have more parameters than the file's {file_len} bytes can hold (4 bytes each)"
+            ));
+        }
     }
     Ok(())
 }
@@ -249,9 +209,13 @@ impl Model {
             what: format!("no {ARCHITECTURE_KEY} metadata: use load_weights on a chain"),
         })?;
         let (input, layers) = parse_architecture(architecture, path)?;
-        check_sizes(input, &layers, bytes.len(), path)?;
+        if input.len() > MAX_SAMPLE_VALUES {
+            let what = format!("the input {input} has more than {MAX_SAMPLE_VALUES} values per sample");
+            return Err(Error::Format { path: path.to_owned(), what });
+        }
         let plan =
             Plan::new(input, &layers).map_err(|e| Error::Format { path: path.to_owned(), what: format!("bad architecture: {e}") })?;
+        check_sizes(&plan, bytes.len(), path)?;
         let mut model = Model::from_plan(plan)?;
         model.fill_from(bytes, path)?;
         Ok(model)
@@ -259,7 +223,8 @@ impl Model {
 
     /// Fills this model's parameters from a safetensors file written elsewhere (for example
     /// a PyTorch `state_dict` of the matching `nn.Sequential`). Missing, extra, mis-shaped or
-    /// non-f32 tensors are refused, by name, before any parameter changes.
+    /// non-f32 tensors, and tensors holding NaN or infinities, are refused, by name, before any
+    /// parameter changes.
     pub fn load_weights(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
@@ -306,6 +271,9 @@ pub(crate) fn read_f32(file: &SafeTensors, name: &str, shape: &[usize], out: &mu
     for (v, b) in out.iter_mut().zip(view.data().chunks_exact(4)) {
         *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     }
+    if let Some(index) = first_non_finite(out) {
+        return bad(format!("tensor {name} holds NaN or an infinity (value {index} of {shape:?})"));
+    }
     Ok(())
 }
 
@@ -313,25 +281,54 @@ pub(crate) fn format_err(path: &Path, e: safetensors::SafeTensorError) -> Error 
     Error::Format { path: path.to_owned(), what: format!("not a valid safetensors file: {e}") }
 }
 
-/// Writes `bytes` to a temporary file in `path`'s folder, syncs it, and renames it over `path`.
+/// Writes `bytes` to a temporary file beside `path`, syncs it, gives it the permissions of the
+/// file it replaces (if any), renames it over `path`, and syncs the folder, so that the rename
+/// too is on disk. The temporary file's name is new to each call (this process's id, a count
+/// of its saves, and the clock's nanoseconds, in case a crashed process with the same id left
+/// one behind), so saves to one path from several threads or processes never share one: the
+/// last rename wins, whole. Errors name `path` and the step that failed; after a failure the
+/// temporary file is removed.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |p: &Path| {
-        let p = p.to_path_buf();
-        move |source| Error::Io { path: p, source }
+    static SAVES: AtomicU64 = AtomicU64::new(0);
+    let failed = |step: &'static str| {
+        move |e: io::Error| Error::Io { path: path.to_owned(), source: io::Error::new(e.kind(), format!("{step}: {e}")) }
     };
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().ok_or_else(|| Error::Config(format!("{} is not a file name", path.display())))?;
-    let tmp: PathBuf = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
+    let count = SAVES.fetch_add(1, Ordering::Relaxed);
+    let tmp: PathBuf = dir.join(format!(".{}.tmp-{}-{count}-{nanos}", name.to_string_lossy(), std::process::id()));
     let result = (|| {
-        let mut file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        file.write_all(bytes).map_err(io(&tmp))?;
-        file.sync_all().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, path).map_err(io(path))
+        let mut file = File::create_new(&tmp).map_err(failed("creating a temporary file beside it"))?;
+        if let Ok(old) = std::fs::metadata(path) {
+            file.set_permissions(old.permissions()).map_err(failed("giving the temporary file its permissions"))?;
+        }
+        file.write_all(bytes).map_err(failed("writing a temporary file beside it"))?;
+        file.sync_all().map_err(failed("syncing a temporary file beside it"))?;
+        std::fs::rename(&tmp, path).map_err(failed("renaming a temporary file over it"))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    result
+    result?;
+    match sync_folder(dir) {
+        // some file systems cannot sync a folder (EINVAL); there the rename is as durable as
+        // they make it
+        Err(e) if !matches!(e.kind(), io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported) => Err(failed("syncing its folder")(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Flushes a folder's entries (a rename in it) to disk.
+#[cfg(unix)]
+fn sync_folder(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Elsewhere a folder cannot be opened as a file; NTFS logs a rename in its journal.
+#[cfg(not(unix))]
+fn sync_folder(_dir: &Path) -> io::Result<()> {
+    Ok(())
 }
 
 #[cfg(test)]

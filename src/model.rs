@@ -1,11 +1,11 @@
 //! A built model: its plan, its flat parameters, and the threads it runs on.
 
-use crate::cache::{check_labels, Cache, Grads};
+use crate::cache::{check_finite, check_labels, Cache, Grads};
 use crate::chain::{Plan, Shape};
 use crate::cpu::pool::{physical_cores, Pool};
 use crate::dev::{DevModel, GpuOptions};
 use crate::device::{Device, ToDevice};
-use crate::error::{Error, Result};
+use crate::error::{zeros, Error, Result};
 use crate::init::{self, Init};
 use crate::layers::{self, region};
 use crate::loss::{self, Loss};
@@ -34,8 +34,10 @@ pub fn default_threads() -> usize {
 }
 
 impl Model {
+    /// The model of `plan`, its parameters zero: an [`Error::OutOfMemory`] if they cannot be
+    /// had.
     pub(crate) fn from_plan(plan: Plan) -> Result<Model> {
-        let params = vec![0.0; plan.param_len];
+        let params = zeros(plan.param_len, || format!("the {} parameters of the model", plan.param_len))?;
         let pool = Arc::new(new_pool(default_threads())?);
         Ok(Model { plan: Arc::new(plan), params, pool, dev: None, gpu_options: GpuOptions::default() })
     }
@@ -116,7 +118,7 @@ impl Model {
         match &self.dev {
             None => Ok(Cow::Borrowed(&self.params)),
             Some(dev) => {
-                let mut out = vec![0.0; self.plan.param_len];
+                let mut out = zeros(self.plan.param_len, || "a host copy of the parameters".into())?;
                 dev.download(&mut out)?;
                 Ok(Cow::Owned(out))
             }
@@ -124,7 +126,8 @@ impl Model {
     }
 
     /// All parameters, flat and writable, for a model on the CPU (on a GPU: an error; use
-    /// [`Model::set_parameters`]).
+    /// [`Model::set_parameters`]). Unlike `set_parameters`, nothing checks what is written
+    /// here: a NaN or an infinity goes into every later step.
     pub fn parameters_mut(&mut self) -> Result<&mut [f32]> {
         match self.dev {
             None => Ok(&mut self.params),
@@ -132,11 +135,13 @@ impl Model {
         }
     }
 
-    /// Replaces every parameter, on any device.
+    /// Replaces every parameter, on any device. A NaN or infinite value is an
+    /// [`Error::NonFinite`]; nothing is written on error.
     pub fn set_parameters(&mut self, values: &[f32]) -> Result<()> {
         if values.len() != self.plan.param_len {
             return Err(Error::Shape(format!("{} parameter values for a model of {}", values.len(), self.plan.param_len)));
         }
+        check_finite(values, "parameters")?;
         match &mut self.dev {
             None => self.params.copy_from_slice(values),
             Some(dev) => dev.upload(values)?,
@@ -162,6 +167,7 @@ impl Model {
     /// nothing.
     pub fn forward<'c>(&self, cache: &'c mut Cache) -> Result<&'c [f32]> {
         self.check_cache(cache)?;
+        cache.inputs_finite = true;
         if let Some(dev) = &self.dev {
             return dev.forward(&self.plan, cache);
         }
@@ -174,8 +180,13 @@ impl Model {
     /// so a GPU step never waits for it. Targets come from `set_labels` (cross-entropy) or
     /// `set_targets` (MSE) and must cover the batch. Every check runs before any buffer is
     /// written. Allocates nothing. On a GPU the step is queued and the host goes on.
+    ///
+    /// Cross-entropy needs a vector of at least 2 outputs (class scores). A loss that comes out
+    /// NaN or infinite (divergence) is recorded as it is: see [`Grads::last_loss`] and
+    /// [`Grads::diverged`].
     pub fn backprop(&self, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
         self.check_backprop(grads, cache, loss)?;
+        cache.inputs_finite = true;
         if let Some(dev) = &self.dev {
             return dev.backprop(&self.plan, grads, cache, loss);
         }
@@ -252,6 +263,13 @@ impl Model {
         let (batch, outputs) = (cache.batch, self.plan.output().len());
         match loss {
             Loss::LogitCrossEntropy => {
+                // one score gives a loss of 0 and no gradient; an image is not a set of scores
+                if !matches!(self.plan.output(), Shape::Vector(classes) if classes >= 2) {
+                    return Err(Error::Shape(format!(
+                        "cross-entropy needs a vector of at least 2 class scores per sample; the model outputs {}",
+                        self.plan.output()
+                    )));
+                }
                 if cache.labels_set != batch {
                     return Err(Error::Shape(format!("{} labels set for a batch of {batch}: call set_labels", cache.labels_set)));
                 }
@@ -284,6 +302,10 @@ impl Model {
         }
         if cache.batch == 0 {
             return Err(Error::Shape("no inputs set: call set_inputs first".into()));
+        }
+        if !cache.inputs_finite {
+            // written in place (`Cache::inputs_mut`) since the last check
+            check_finite(cache.inputs(), "inputs")?;
         }
         Ok(())
     }

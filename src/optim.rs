@@ -10,7 +10,7 @@ use crate::clip::{clip_coef, grad_norm, Grad, NORM_BLOCK};
 use crate::cpu::{for_chunks, SharedMut};
 use crate::dev::DevOptim;
 use crate::device::{Device, ToDevice};
-use crate::error::{Error, Result};
+use crate::error::{zeros, Error, Result};
 use crate::loss::Loss;
 use crate::model::Model;
 use crate::schedule::Schedule;
@@ -182,13 +182,15 @@ pub struct Optimizer {
 
 impl Optimizer {
     /// State for `model`, zero-initialised, no clipping, a constant rate. Out-of-range
-    /// hyper-parameters are an error.
+    /// hyper-parameters are an error, and so is state that cannot be allocated
+    /// ([`Error::OutOfMemory`]).
     pub fn new(model: &Model, config: Optim) -> Result<Optimizer> {
         config.check()?;
-        let state = vec![0.0; config.state_per_param() * model.plan.param_len];
+        // at most 2 × param_len, which is at most chain::MAX_VALUES: no overflow
+        let state = zeros(config.state_per_param() * model.plan.param_len, || format!("the state of {config:?}"))?;
         let dev = model.dev.as_ref().map(|d| d.new_optim(&state)).transpose()?;
         let state = if dev.is_some() { Vec::new() } else { state };
-        let partials = vec![0.0; model.plan.param_len.div_ceil(NORM_BLOCK)];
+        let partials = zeros(model.plan.param_len.div_ceil(NORM_BLOCK), || "the clipping norm's partial sums".into())?;
         Ok(Optimizer {
             config,
             clip: Clip::None,
@@ -215,7 +217,7 @@ impl Optimizer {
         match &self.dev {
             None => Ok(Cow::Borrowed(&self.state)),
             Some(dev) => {
-                let mut out = vec![0.0; self.config.state_per_param() * self.plan.param_len];
+                let mut out = zeros(self.config.state_per_param() * self.plan.param_len, || "a host copy of the optimiser state".into())?;
                 dev.download(&mut out)?;
                 Ok(Cow::Owned(out))
             }
@@ -347,10 +349,12 @@ impl Optimizer {
     /// norm), so the update costs no launch of its own; the step's number and the learning
     /// rate are set in that graph before each replay, so steps queued back to back each use
     /// their own (`set_lr` between them included). Every check of both calls runs before any
-    /// buffer is written. Allocates nothing.
+    /// buffer is written. Allocates nothing. A step whose loss comes out NaN or infinite still
+    /// updates: see [`Grads::diverged`].
     pub fn train_step(&mut self, model: &mut Model, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
         self.check(model, grads)?;
         model.check_backprop(grads, cache, loss)?;
+        cache.inputs_finite = true;
         let update = self.next_update();
         if let (Some(dev_model), Some(dev)) = (&mut model.dev, &mut self.dev) {
             // counts the step once its update is queued

@@ -1,7 +1,7 @@
 //! [`Server`]: inference calls at the lowest latency a device allows, for a program that makes
 //! many small calls on one model.
 
-use crate::cache::Cache;
+use crate::cache::{check_finite, Cache};
 use crate::dev::DevServer;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -48,6 +48,9 @@ impl Model {
         if capacity == 0 {
             return Err(Error::Config("a server needs a capacity of at least one sample".into()));
         }
+        // every buffer of the server holds at most the activations of `capacity` samples, so
+        // once this fits, no size for the capacity overflows
+        self.plan.acts_len(capacity)?;
         let resident = match &self.dev {
             Some(dev) => dev.server(&self.plan, capacity)?,
             None => None,
@@ -62,7 +65,7 @@ impl Model {
 
 impl Server<'_> {
     /// Sets the next batch: `inputs` holds whole samples (`batch × input length`,
-    /// sample-major), at most the capacity.
+    /// sample-major), at most the capacity, every value finite (else [`Error::NonFinite`]).
     pub fn set_inputs(&mut self, inputs: &[f32]) -> Result<()> {
         let len = self.model.input_shape().len();
         if inputs.is_empty() || !inputs.len().is_multiple_of(len) {
@@ -74,9 +77,11 @@ impl Server<'_> {
         }
         match &mut self.how {
             How::Resident { dev, fresh } => {
+                check_finite(inputs, "inputs")?;
                 dev.inputs_mut(inputs.len()).copy_from_slice(inputs);
                 *fresh = true;
             }
+            // which checks the values too
             How::Forward(cache) => cache.set_inputs(inputs)?,
         }
         self.batch = batch;

@@ -298,7 +298,7 @@ fn labels_and_capacity_are_checked() {
     // a label at or past the classes is refused at upload, naming it
     let mut labels = data.labels().to_vec();
     labels[17] = 10;
-    let samples: Vec<f32> = (0..data.len()).flat_map(|i| data.sample(i).to_vec()).collect();
+    let samples: Vec<f32> = (0..data.len()).flat_map(|i| data.sample(i).unwrap().to_vec()).collect();
     let bad = Dataset::new(samples, labels, data.shape()).unwrap();
     match bad.to_device(&device, 10) {
         Err(Error::Label { index: 17, label: 10, classes: 10 }) => {}

@@ -141,6 +141,22 @@ fn corrupt_and_mismatched_files_are_refused_by_name() {
             }),
             "0.weight is F64",
         ),
+        (
+            "nan",
+            Box::new(move |p: &Path| {
+                let nan_bias = ("2.bias", Dtype::F32, vec![1], f32_bytes(&[f32::NAN]));
+                write_torch_style(p, &[w("0.weight", vec![2, 2]), w("0.bias", vec![2]), w("2.weight", vec![1, 2]), nan_bias])
+            }),
+            "tensor 2.bias holds NaN or an infinity (value 0 of [1])",
+        ),
+        (
+            "infinite",
+            Box::new(move |p: &Path| {
+                let inf_weight = ("0.weight", Dtype::F32, vec![2, 2], f32_bytes(&[0.0, 0.0, f32::NEG_INFINITY, 0.0]));
+                write_torch_style(p, &[inf_weight, w("0.bias", vec![2]), w("2.weight", vec![1, 2]), w("2.bias", vec![1])])
+            }),
+            "tensor 0.weight holds NaN or an infinity (value 2 of [2, 2])",
+        ),
     ];
     for (name, write, needle) in cases {
         let path = dir.join(format!("{name}.safetensors"));
@@ -154,8 +170,52 @@ fn corrupt_and_mismatched_files_are_refused_by_name() {
         assert_eq!(&*model.parameters().unwrap(), &before[..], "{name}: a refused file changed the parameters");
     }
     assert!(matches!(Model::load(dir.join("absent.safetensors")), Err(Error::Io { .. })));
-    let model = chain().build().unwrap();
-    assert!(matches!(model.save(dir.join("no/such/dir/m.safetensors")), Err(Error::Io { .. })));
+    // a model file (our metadata) with an infinite weight: refused by Model::load too
+    let mut model = chain().build().unwrap();
+    model.parameters_mut().unwrap()[1] = f32::INFINITY;
+    let infinite = dir.join("infinite-weight.safetensors");
+    model.save(&infinite).unwrap();
+    let err = Model::load(&infinite).unwrap_err();
+    assert!(err.to_string().contains("tensor 0.weight holds NaN or an infinity (value 1 of [2, 2])"), "{err}");
+    // a failed save names the file asked for (not the temporary) and the step that failed
+    let target = dir.join("no/such/dir/m.safetensors");
+    match model.save(&target) {
+        Err(Error::Io { path, source }) => {
+            assert_eq!(path, target);
+            assert!(source.to_string().starts_with("creating a temporary file beside it: "), "{source}");
+        }
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+}
+
+#[test]
+fn saves_from_many_threads_to_one_path_all_succeed() {
+    let dir = temp_dir("threads");
+    let path = dir.join("lenet.safetensors");
+    let model = lenet().build().unwrap().init(Init::GlorotNormal, 3);
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let savers: Vec<_> = (0..8).map(|_| s.spawn(|| (0..50).filter_map(|_| model.save(&path).err()).collect::<Vec<_>>())).collect();
+        savers.into_iter().flat_map(|saver| saver.join().unwrap()).map(|e| e.to_string()).collect()
+    });
+    assert!(failures.is_empty(), "{} of 400 saves failed, the first: {}", failures.len(), failures[0]);
+    assert_eq!(Model::load(&path).unwrap().parameters().unwrap(), model.parameters().unwrap());
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["lenet.safetensors"], "temporary files were left behind");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_save_keeps_the_permissions_of_the_file_it_replaces() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("permissions");
+    let path = dir.join("m.safetensors");
+    let model = lenet().build().unwrap();
+    model.save(&path).unwrap();
+    for mode in [0o600, 0o644, 0o444] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        model.save(&path).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, mode);
+    }
 }
 
 #[test]

@@ -41,7 +41,7 @@ fn small(plan: &Plan) -> bool {
         }
         _ => 0,
     });
-    plan.param_len <= RUN_LIMIT && plan.acts_len(1) <= RUN_LIMIT && cols.max().unwrap_or(0) <= RUN_LIMIT
+    plan.param_len <= RUN_LIMIT && plan.acts_len(1).is_ok_and(|n| n <= RUN_LIMIT) && cols.max().unwrap_or(0) <= RUN_LIMIT
 }
 
 fn run(model: &Model) {
@@ -51,8 +51,18 @@ fn run(model: &Model) {
     cache.set_inputs(&inputs).expect("inputs of the model's input length");
     let outputs = model.forward(&mut cache).expect("forward").len();
     assert_eq!(outputs, model.output_shape().len());
-    cache.set_labels(&[0]).expect("label 0 is a class of any model");
-    model.backprop(&mut grads, &mut cache, Loss::LogitCrossEntropy).expect("backprop");
+    // cross-entropy where the outputs are class scores, else MSE
+    let loss = match model.output_shape() {
+        Shape::Vector(classes) if classes >= 2 => {
+            cache.set_labels(&[0]).expect("label 0 is a class of any model");
+            Loss::LogitCrossEntropy
+        }
+        _ => {
+            cache.set_targets(&vec![0.0; outputs]).expect("a target for each output");
+            Loss::Mse
+        }
+    };
+    model.backprop(&mut grads, &mut cache, loss).expect("backprop");
 }
 
 fuzz_mutator!(|data: &mut [u8], size: usize, max_size: usize, seed: u32| {

@@ -10,8 +10,8 @@
 use super::context::Gpu;
 use super::driver_error;
 use super::launch::{View, ViewMut};
-use crate::error::Result;
-use cudarc::driver::{result, sys, CudaStream, DeviceRepr};
+use crate::error::{Error, Result};
+use cudarc::driver::{result, sys, CudaStream, DeviceRepr, DriverError};
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::Arc;
@@ -31,14 +31,19 @@ unsafe impl<T: Sync> Sync for DevBuf<T> {}
 
 impl<T: DeviceRepr> DevBuf<T> {
     /// `len` zero values on `gpu`, zeroed in `stream`'s order (at least one byte is allocated,
-    /// so the pointer is real).
+    /// so the pointer is real). Memory the device does not have is an [`Error::OutOfMemory`]
+    /// with the bytes asked for.
     pub fn zeros(gpu: &Arc<Gpu>, stream: &CudaStream, len: usize) -> Result<DevBuf<T>> {
         gpu.bind()?;
-        let bytes = (len * size_of::<T>()).max(1);
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or_else(|| Error::Shape(format!("{len} values are more than device memory can hold")))?
+            .max(1);
         let what = |what: &str| format!("{what} {bytes} bytes on device {}", gpu.ordinal());
         let exclusive = super::device_wide();
         // SAFETY: the context is current; the memory is zeroed before anyone reads it.
-        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| driver_error(&what("allocating"), e))?;
+        let ptr = unsafe { result::malloc_sync(bytes) }
+            .map_err(|e| allocation_error(e, bytes, || format!("device memory on cuda:{}", gpu.ordinal())))?;
         drop(exclusive);
         let buf = DevBuf { ptr, len, gpu: Arc::clone(gpu), _values: PhantomData };
         // SAFETY: `ptr` holds `bytes` bytes (freed by `buf` on error).
@@ -111,6 +116,15 @@ impl<T> DevBuf<T> {
     /// All values, for writing.
     pub fn all_mut(&mut self) -> ViewMut<'_, T> {
         self.view_mut(0..self.len)
+    }
+}
+
+/// A failed allocation of `bytes`: [`Error::OutOfMemory`] naming `what` where the driver says
+/// there is not enough memory, else the driver's error.
+pub(super) fn allocation_error(e: DriverError, bytes: usize, what: impl FnOnce() -> String) -> Error {
+    match e.0 {
+        sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => Error::OutOfMemory { what: what(), bytes },
+        _ => driver_error(&format!("allocating {bytes} bytes of {}", what()), e),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Page-locked host memory and events: what makes a copy between host and device truly
 //! asynchronous, and what tells the host when such a copy has finished with its buffer.
 
+use super::buffer::allocation_error;
 use super::context::Gpu;
 use super::driver_error;
 use crate::error::{Error, Result};
@@ -23,6 +24,8 @@ unsafe impl<T: Send> Send for Pinned<T> {}
 unsafe impl<T: Sync> Sync for Pinned<T> {}
 
 impl<T: Copy + Default> Pinned<T> {
+    /// `len` zeros in page-locked host memory, mapped into `gpu`: an [`Error::OutOfMemory`] with
+    /// the bytes asked for where the driver cannot lock that much.
     pub fn zeros(gpu: &Arc<Gpu>, len: usize) -> Result<Pinned<T>> {
         gpu.bind()?;
         let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| Error::Shape(format!("{len} values overflow a host buffer")))?.max(1);
@@ -30,7 +33,7 @@ impl<T: Copy + Default> Pinned<T> {
             let _exclusive = super::device_wide();
             // SAFETY: the context is current; the memory is initialised below before use.
             unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
-                .map_err(|e| driver_error(&format!("allocating {bytes} bytes of pinned host memory"), e))?
+                .map_err(|e| allocation_error(e, bytes, || "page-locked host memory".into()))?
         } as *mut T;
         if ptr.is_null() || !ptr.is_aligned() {
             return Err(Error::Cuda { what: "cuMemHostAlloc gave a null or misaligned pointer".into() });

@@ -24,9 +24,9 @@ use super::ops::{optim_kernel, LaunchArgs, FINISH_MAX, NORM_SCRATCH};
 use super::pinned::{Event, Pinned};
 pub(crate) use super::serve::DevServer;
 use crate::cache::{Cache, Grads};
-use crate::chain::Plan;
+use crate::chain::{batch_len, Plan};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{zeros, Error, Result};
 use crate::layers::{conv_geometry, conv_steps};
 use crate::loss::Loss;
 use crate::optim::{Clip, Update};
@@ -435,19 +435,23 @@ impl DevModel {
 
 impl DevCache {
     fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<DevCache> {
+        // every size checked before the first allocation
+        let acts = plan.acts_len(capacity)?;
+        let cols = batch_len(capacity, max_lowered_len(plan), "lowered convolution inputs")?;
+        let (inputs, outputs) = (batch_len(capacity, plan.input.len(), "inputs")?, batch_len(capacity, plan.output().len(), "outputs")?);
         Ok(DevCache {
             stream: Arc::clone(stream),
             blas: gpu.blas(stream, tf32)?,
             dnn: Dnn::new(gpu, stream, plan),
-            acts: DevBuf::zeros(gpu, stream, plan.acts_len(capacity))?,
-            cols: DevBuf::zeros(gpu, stream, capacity * max_lowered_len(plan))?,
+            acts: DevBuf::zeros(gpu, stream, acts)?,
+            cols: DevBuf::zeros(gpu, stream, cols)?,
             labels: DevBuf::zeros(gpu, stream, capacity)?,
-            targets: DevBuf::zeros(gpu, stream, capacity * plan.output().len())?,
-            staging: [Pinned::zeros(gpu, capacity * plan.input.len())?, Pinned::zeros(gpu, capacity * plan.input.len())?],
+            targets: DevBuf::zeros(gpu, stream, outputs)?,
+            staging: [Pinned::zeros(gpu, inputs)?, Pinned::zeros(gpu, inputs)?],
             current: 0,
             pending: [false; 2],
             copied: [Event::new(gpu)?, Event::new(gpu)?],
-            outputs: Pinned::zeros(gpu, capacity * plan.output().len())?,
+            outputs: Pinned::zeros(gpu, outputs)?,
             done: Pinned::zeros(gpu, 1)?,
             counter: DevBuf::zeros(gpu, stream, 1)?,
             signals: 0,
@@ -508,6 +512,15 @@ impl DevCache {
 impl DevGrads {
     fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, side: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<DevGrads> {
         let conv_w = conv_steps(plan).map(|s| s.weight_len()).max().unwrap_or(0);
+        // every size checked before the first allocation
+        let dacts = plan.acts_len(capacity)?;
+        let dcols = batch_len(capacity, max_lowered_len(plan), "lowered convolution gradients")?;
+        let partials = batch_len(capacity, conv_w, "partial weight gradients")?;
+        let ones = || -> Result<Vec<f32>> {
+            let mut ones = zeros(capacity, || format!("a host vector of {capacity} ones"))?;
+            ones.fill(1.0);
+            Ok(ones)
+        };
         Ok(DevGrads {
             stream: Arc::clone(stream),
             side_blas: gpu.blas(side, tf32)?,
@@ -515,10 +528,12 @@ impl DevGrads {
             join: Event::new(gpu)?,
             loss_join: Event::new(gpu)?,
             grads: DevBuf::zeros(gpu, stream, plan.param_len)?,
-            dacts: DevBuf::zeros(gpu, stream, plan.acts_len(capacity))?,
-            dcols: DevBuf::zeros(gpu, stream, capacity * max_lowered_len(plan))?,
-            partials: DevBuf::zeros(gpu, stream, capacity * conv_w)?,
-            ones: DevBuf::from_host(gpu, stream, &vec![1.0f32; capacity])?,
+            dacts: DevBuf::zeros(gpu, stream, dacts)?,
+            dcols: DevBuf::zeros(gpu, stream, dcols)?,
+            partials: DevBuf::zeros(gpu, stream, partials)?,
+            // made (and written) only once the device has held `dacts`, at least 2 values a
+            // sample: no larger than memory just granted
+            ones: DevBuf::from_host(gpu, stream, &ones()?)?,
             loss: DevBuf::from_host(gpu, stream, &[f64::NAN, 0.0, 0.0])?,
             loss_scratch: DevBuf::zeros(gpu, stream, super::LOSS_SCRATCH)?,
             graphs: Graphs::new(),
@@ -545,6 +560,11 @@ impl DevGrads {
     /// The loss of the last step (waits for it).
     pub fn last_loss(&self) -> Result<f32> {
         Ok(self.totals()?[0] as f32)
+    }
+
+    /// The sum of the losses since the last `mean_loss` (waits for the queued steps).
+    pub fn loss_sum(&self) -> Result<f64> {
+        Ok(self.totals()?[1])
     }
 
     /// The mean loss since the last call (waits for the queued steps), and a new count.

@@ -78,8 +78,10 @@ impl Loader {
         let picked = &self.order[self.next..self.next + size];
         let inputs = cache.inputs_mut(size)?;
         for (dst, &i) in inputs.chunks_exact_mut(per_sample).zip(picked) {
-            dst.copy_from_slice(data.sample(i as usize));
+            dst.copy_from_slice(data.sample(i as usize).ok_or_else(|| out_of_order(i))?);
         }
+        // from a data set, whose values were checked when it was made
+        cache.inputs_finite = true;
         match &data.targets {
             Targets::Labels(labels) => {
                 for (dst, &i) in cache.labels_mut(size)?.iter_mut().zip(picked) {
@@ -154,12 +156,19 @@ fn check_device(device: Device, cache: &Cache) -> Result<()> {
     Ok(())
 }
 
+/// A loader's order holds a sample the data set lacks: `check` makes that impossible (the order
+/// is a permutation of the data set's indices), but an error is cheaper to reason about than a
+/// panic.
+fn out_of_order(i: u32) -> Error {
+    Error::Mismatch(format!("the loader's order names sample {i}, which the data set lacks"))
+}
+
 /// Records in `cache` that a batch of `batch` inputs and labels (or, with `values`, targets)
 /// was queued into its device buffers: nothing is copied from the host for them, and the
 /// labels were checked (at upload, or on the host before staging) so `backprop` need not look
 /// at them, as the targets were (finite, when the data set was made).
 fn mark_written_on_device(cache: &mut Cache, batch: usize, values: bool) {
-    (cache.batch, cache.inputs_dirty, cache.inputs_on_device) = (batch, false, true);
+    (cache.batch, cache.inputs_dirty, cache.inputs_on_device, cache.inputs_finite) = (batch, false, true, true);
     if values {
         (cache.targets_set, cache.targets_dirty, cache.targets_on_device) = (batch, false, true);
     } else {
@@ -290,7 +299,7 @@ impl StreamingLoader {
         let picked = &self.loader.order[start..start + size];
         let (inputs, labels, targets) = self.staging.host_slot(slot)?;
         for (dst, &i) in inputs.chunks_exact_mut(self.sample_len).zip(picked) {
-            dst.copy_from_slice(data.sample(i as usize));
+            dst.copy_from_slice(data.sample(i as usize).ok_or_else(|| out_of_order(i))?);
         }
         match &data.targets {
             Targets::Labels(all) => labels.iter_mut().zip(picked).for_each(|(dst, &i)| *dst = all[i as usize]),

@@ -53,7 +53,7 @@ fn spec_loss(
     labels: &[u32],
     targets: &[f64],
 ) -> (f64, Vec<f64>, Vec<f64>) {
-    let mut acts = vec![0.0; plan.acts_len(batch)];
+    let mut acts = vec![0.0; plan.acts_len(batch).unwrap()];
     acts[..x.len()].copy_from_slice(x);
     spec::forward(plan, params, &mut acts, batch, batch);
     let last = plan.steps.last().unwrap().output_region;

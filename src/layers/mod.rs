@@ -13,10 +13,11 @@ pub mod pool;
 pub mod spec;
 
 use crate::activation::Activation;
-use crate::chain::{Layer, Plan, Step};
+use crate::chain::{batch_len, Layer, Plan, Step};
 use crate::cpu::gemm::GemmWorkspace;
 use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
+use crate::error::{zeros, Result};
 use std::ops::Range;
 
 /// Values of region `r` for `batch` samples, in a buffer built for `capacity`.
@@ -60,9 +61,12 @@ pub(crate) struct Workspace {
 }
 
 impl Workspace {
-    pub fn new(plan: &Plan, threads: usize) -> Workspace {
+    /// A lowered sample's columns for each of `threads` threads; an error, not an abort, when
+    /// they cannot be had.
+    pub fn new(plan: &Plan, threads: usize) -> Result<Workspace> {
         let col_len = max_col_len(plan);
-        Workspace { gemm: GemmWorkspace::new(threads), cols: vec![0.0; threads * col_len], col_len }
+        let cols = zeros(batch_len(threads, col_len, "convolution columns")?, || format!("the convolution columns of {threads} threads"))?;
+        Ok(Workspace { gemm: GemmWorkspace::new(threads), cols, col_len })
     }
 
     /// No scratch: for a cache whose steps run on a GPU.
@@ -79,9 +83,15 @@ pub(crate) struct GradWorkspace {
 }
 
 impl GradWorkspace {
-    pub fn new(plan: &Plan, threads: usize) -> GradWorkspace {
+    /// As [`Workspace::new`], for the backward pass.
+    pub fn new(plan: &Plan, threads: usize) -> Result<GradWorkspace> {
         let w_len = conv_steps(plan).map(Step::weight_len).max().unwrap_or(0);
-        GradWorkspace { dcols: vec![0.0; threads * max_col_len(plan)], partials: vec![0.0; threads.saturating_sub(1) * w_len] }
+        let dcols = batch_len(threads, max_col_len(plan), "convolution gradient columns")?;
+        let partials = batch_len(threads.saturating_sub(1), w_len, "partial weight gradients")?;
+        Ok(GradWorkspace {
+            dcols: zeros(dcols, || format!("the convolution gradient columns of {threads} threads"))?,
+            partials: zeros(partials, || format!("the partial weight gradients of {threads} threads"))?,
+        })
     }
 
     /// No scratch: for gradients computed on a GPU.
@@ -101,7 +111,8 @@ pub(crate) fn conv_steps(plan: &Plan) -> impl Iterator<Item = &Step> {
     plan.steps.iter().filter(|s| matches!(s.layer, Layer::Conv { .. }))
 }
 
-/// The longest lowered sample (im2col columns) of any convolution in the plan.
+/// The longest lowered sample (im2col columns) of any convolution in the plan (at most
+/// `chain::MAX_VALUES`: `Plan::new` checked a bound of it).
 pub(crate) fn max_col_len(plan: &Plan) -> usize {
     conv_steps(plan).map(|s| conv_geometry(s).col_len()).max().unwrap_or(0)
 }

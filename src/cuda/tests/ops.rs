@@ -936,7 +936,8 @@ fn kernel_times_of_the_mlp_step() {
         let dense = |out_features, activation| Layer::Dense { out_features, activation };
         let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
         if let Some(head) = Head::of(&gpu, &plan, batch, batch) {
-            let (params, acts, dacts) = (random(plan.param_len), random(plan.acts_len(batch)), random(plan.acts_len(batch)));
+            let (params, acts, dacts) =
+                (random(plan.param_len), random(plan.acts_len(batch).unwrap()), random(plan.acts_len(batch).unwrap()));
             let buffers = HeadBuffers {
                 params: View::of(&params).ptr(),
                 acts: View::of(&acts).ptr(),
