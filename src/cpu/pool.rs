@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use crate::error::{Error, Result};
+
 /// How many spins a worker makes waiting for the next run before it sleeps (~tens of µs).
 const SPINS_BEFORE_SLEEP: u32 = 1 << 15;
 
@@ -56,9 +58,22 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A pool of `threads` threads in all (the caller counts as one); `threads` ≥ 1.
-    pub fn new(threads: usize) -> std::io::Result<Pool> {
-        let threads = threads.max(1);
+    /// A pool of `threads` threads in all (the caller counts as one); `threads` ≥ 1. If a
+    /// thread cannot be started, the ones already started are stopped and joined before the
+    /// error returns.
+    /// `threads` must be in 1..=[`max_threads`].
+    pub fn new(threads: usize) -> Result<Pool> {
+        let limit = max_threads();
+        if threads == 0 || threads > limit {
+            return Err(Error::Config(format!(
+                "{threads} threads: the thread count must be from 1 to {limit} ({MAX_THREADS_PER_CPU} per logical CPU of this machine)"
+            )));
+        }
+        Pool::start(threads, |worker| std::thread::Builder::new().name(format!("flatnn-{worker}")))
+    }
+
+    /// [`Pool::new`] with the builder of each worker thread given (tests make one fail).
+    fn start(threads: usize, builder: impl Fn(usize) -> std::thread::Builder) -> Result<Pool> {
         let shared = Arc::new(Shared {
             job: UnsafeCell::new(None),
             tasks: AtomicUsize::new(0),
@@ -72,18 +87,22 @@ impl Pool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let mut workers = Vec::with_capacity(threads - 1);
+        // Workers join the pool as they start, so that an early return drops it, and its
+        // `Drop` stops and joins every worker started so far.
+        let mut pool = Pool { shared: Arc::clone(&shared), workers: Vec::new(), busy: AtomicBool::new(false) };
+        let cannot = |what: String| Error::Config(format!("cannot start {threads} threads: {what}"));
+        pool.workers.try_reserve_exact(threads - 1).map_err(|e| cannot(e.to_string()))?;
         for worker in 1..threads {
             let shared = Arc::clone(&shared);
-            let handle = std::thread::Builder::new().name(format!("flatnn-{worker}")).spawn(move || worker_loop(&shared, worker))?;
-            workers.push(handle);
+            let handle = builder(worker).spawn(move || worker_loop(&shared, worker));
+            pool.workers.push(handle.map_err(|e| cannot(format!("thread {worker}: {e}")))?);
         }
         // A run does not wait for workers that have not started, so wait here: a thread's
         // start-up allocates, and must not land inside a step that promised not to.
         while shared.started.load(Acquire) < threads - 1 {
             std::thread::yield_now();
         }
-        Ok(Pool { shared, workers, busy: AtomicBool::new(false) })
+        Ok(pool)
     }
 
     /// Number of threads, the caller included.
@@ -92,9 +111,12 @@ impl Pool {
     }
 
     /// Runs `f(task, worker)` for every `task in 0..tasks` and returns when all have finished.
-    /// `worker` is in `0..threads()` and no two concurrent calls share one, so it can index
-    /// per-thread scratch. Tasks are handed out dynamically: results must not depend on which
-    /// worker ran a task. Allocates nothing. A panic in a task is re-raised here.
+    /// `worker` is in `0..threads()`, and no two tasks of this run that run at the same time
+    /// share one; a run started while another is in progress (from another thread, or from
+    /// inside a task) runs its tasks one after another on its caller, all as worker 0. So a
+    /// worker index names scratch only for buffers borrowed by this run alone. Tasks are
+    /// handed out dynamically: results must not depend on which worker ran a task. Allocates
+    /// nothing. A panic in a task is re-raised here.
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
         if tasks == 0 {
             return;
@@ -202,6 +224,15 @@ impl Drop for Pool {
     }
 }
 
+/// Threads a pool may run per logical CPU: more only time-slice one another, and a count far
+/// past this is a mistake (a stray digit) that would start thousands of threads.
+const MAX_THREADS_PER_CPU: usize = 4;
+
+/// The most threads a pool may run on this machine.
+pub fn max_threads() -> usize {
+    MAX_THREADS_PER_CPU * std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Physical cores of this machine (logical CPUs when that cannot be read).
 pub fn physical_cores() -> usize {
     let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -266,8 +297,49 @@ mod tests {
         assert_eq!(count.load(Relaxed), 8);
     }
 
+    /// Threads of this process whose name starts with `prefix`.
+    #[cfg(target_os = "linux")]
+    fn threads_named(prefix: &str) -> usize {
+        let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+        let named = |t: &std::fs::DirEntry| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix));
+        tasks.filter_map(|t| t.ok()).filter(named).count()
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_failed_start_stops_and_joins_the_threads_it_started() {
+        // worker 3 asks for a stack no machine has, so its spawn fails after 1 and 2 started
+        let builder = |worker: usize| {
+            let b = std::thread::Builder::new().name(format!("failstart-{worker}"));
+            if worker == 3 {
+                b.stack_size(1 << 60)
+            } else {
+                b
+            }
+        };
+        match Pool::start(6, builder) {
+            Err(Error::Config(msg)) => assert!(msg.contains("cannot start 6 threads: thread 3"), "{msg}"),
+            other => panic!("expected a Config error, got {:?}", other.map(|p| p.threads())),
+        }
+        assert_eq!(threads_named("failstart-"), 0, "threads left running after the failed start");
+    }
+
     #[test]
     fn physical_cores_is_positive() {
         assert!(physical_cores() >= 1);
+    }
+
+    #[test]
+    fn thread_counts_past_the_limit_are_refused_before_any_start() {
+        let limit = max_threads();
+        assert!(limit >= MAX_THREADS_PER_CPU && physical_cores() <= limit);
+        for threads in [0, limit + 1, 30_000, usize::MAX] {
+            match Pool::new(threads) {
+                Err(Error::Config(msg)) => {
+                    assert!(msg.contains(&format!("{threads} threads")) && msg.contains(&limit.to_string()), "{msg}")
+                }
+                other => panic!("{threads} threads: expected a Config error, got {:?}", other.map(|p| p.threads())),
+            }
+        }
     }
 }
