@@ -57,7 +57,7 @@ impl Cache {
             targets: vec![0.0; capacity * outputs],
             labels_set: 0,
             targets_set: 0,
-            ws: if dev.is_some() { Workspace::none() } else { Workspace::new(plan, threads) },
+            ws: if dev.is_some() { Workspace::none() } else { Workspace::new(plan, threads)? },
             dev,
             inputs_dirty: false,
             labels_dirty: false,

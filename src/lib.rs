@@ -28,7 +28,7 @@
 pub mod activation;
 pub mod cache;
 pub mod chain;
-pub mod cpu;
+pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;
@@ -40,6 +40,7 @@ pub(crate) use cuda::state as dev;
 pub mod device;
 pub mod error;
 pub(crate) mod float;
+pub mod gemm;
 pub mod init;
 pub mod io;
 pub(crate) mod layers;

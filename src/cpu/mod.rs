@@ -1,8 +1,8 @@
 //! CPU execution: the engine's thread pool, its GEMM, and helpers to split work over threads.
 
-pub mod gemm;
-pub mod pool;
-pub mod rowdot;
+pub(crate) mod gemm;
+pub(crate) mod pool;
+pub(crate) mod rowdot;
 
 use pool::Pool;
 use std::marker::PhantomData;

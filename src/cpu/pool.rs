@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use super::SharedMut;
 use crate::error::{Error, Result};
 
 /// How many spins a worker makes waiting for the next run before it sleeps (~tens of µs).
@@ -114,9 +115,9 @@ impl Pool {
     /// `worker` is in `0..threads()`, and no two tasks of this run that run at the same time
     /// share one; a run started while another is in progress (from another thread, or from
     /// inside a task) runs its tasks one after another on its caller, all as worker 0. So a
-    /// worker index names scratch only for buffers borrowed by this run alone. Tasks are
-    /// handed out dynamically: results must not depend on which worker ran a task. Allocates
-    /// nothing. A panic in a task is re-raised here.
+    /// worker index names scratch only for buffers borrowed by this run alone: see
+    /// [`Pool::run_with`]. Tasks are handed out dynamically: results must not depend on which
+    /// worker ran a task. Allocates nothing. A panic in a task is re-raised here.
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
         if tasks == 0 {
             return;
@@ -158,6 +159,21 @@ impl Pool {
         if mine.is_err() || s.panicked.swap(false, AcqRel) {
             panic!("a flatnn pool task panicked");
         }
+    }
+
+    /// [`Pool::run`] with one value per worker: `f(task, worker, &mut per_worker[worker])`.
+    /// The values are borrowed for this run alone, so a task has its worker's value to itself.
+    /// Panics, before any task runs, if there are fewer values than threads.
+    pub fn run_with<T: Send>(&self, tasks: usize, per_worker: &mut [T], f: &(dyn Fn(usize, usize, &mut T) + Sync)) {
+        assert!(per_worker.len() >= self.threads(), "{} per-worker values for {} threads", per_worker.len(), self.threads());
+        let values = SharedMut::new(per_worker);
+        self.run(tasks, &|task, worker| {
+            // SAFETY: `per_worker` is borrowed exclusively by this call, and the tasks of one
+            // run that are live at the same time have distinct worker indices (see `run`), so
+            // no two live `&mut` reach the same value.
+            let value = unsafe { &mut values.slice(worker..worker + 1)[0] };
+            f(task, worker, value);
+        });
     }
 }
 
@@ -295,6 +311,31 @@ mod tests {
             count.fetch_add(1, Relaxed);
         });
         assert_eq!(count.load(Relaxed), 8);
+    }
+
+    #[test]
+    fn run_with_gives_each_live_task_its_own_value() {
+        for threads in 1..=3 {
+            let pool = Pool::new(threads).unwrap();
+            // each task writes its number into its worker's value, yields, and reads it back:
+            // a value shared by two live tasks would show the other's number
+            let mut values = vec![usize::MAX; threads];
+            let clashes = AtomicU64::new(0);
+            pool.run_with(64, &mut values, &|task, _, value| {
+                *value = task;
+                std::thread::yield_now();
+                if *value != task {
+                    clashes.fetch_add(1, Relaxed);
+                }
+            });
+            assert_eq!(clashes.load(Relaxed), 0);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "1 per-worker values for 2 threads")]
+    fn run_with_needs_a_value_per_thread() {
+        Pool::new(2).unwrap().run_with(4, &mut [0u8], &|_, _, _| {});
     }
 
     /// Threads of this process whose name starts with `prefix`.

@@ -343,26 +343,16 @@ impl Scratch<'_> {
 
 /// Fast forward without the bias: Z_s ← W · im2col(X_s), samples spread over the pool.
 #[allow(clippy::too_many_arguments)]
-pub fn forward(pool: &Pool, ws: &GemmWorkspace, scratch: &Scratch, g: &Geometry, batch: usize, w: &[f32], x: &[f32], z: &mut [f32]) {
+pub fn forward(pool: &Pool, ws: &mut GemmWorkspace, scratch: &Scratch, g: &Geometry, batch: usize, w: &[f32], x: &[f32], z: &mut [f32]) {
     let (ckk, ohw) = (g.ckk(), g.ohw());
     let z = SharedMut::new(&mut z[..batch * g.out_len()]);
-    pool.run(batch, &|s, worker| {
-        // SAFETY: `worker` is this task's worker index; sample s owns z[s·out_len..][..out_len].
+    pool.run_with(batch, ws.workers(), &|s, worker, gemm| {
+        // SAFETY: `worker` is this task's worker index in a run that alone uses `scratch`;
+        // sample s owns z[s·out_len..][..out_len].
         let (col, zs) = unsafe { (scratch.col(worker, g.col_len()), z.slice(s * g.out_len()..(s + 1) * g.out_len())) };
         im2col(g, &x[s * g.in_len()..][..g.in_len()], col);
         let wm = Mat { data: w, rs: ckk, cs: 1 };
-        sgemm_on(
-            ws,
-            worker,
-            g.out_channels,
-            ohw,
-            ckk,
-            1.0,
-            wm,
-            Mat { data: col, rs: ohw, cs: 1 },
-            0.0,
-            MatMut { data: zs, rs: ohw, cs: 1 },
-        );
+        sgemm_on(gemm, g.out_channels, ohw, ckk, 1.0, wm, Mat { data: col, rs: ohw, cs: 1 }, 0.0, MatMut { data: zs, rs: ohw, cs: 1 });
     });
 }
 
@@ -375,7 +365,7 @@ pub fn forward(pool: &Pool, ws: &GemmWorkspace, scratch: &Scratch, g: &Geometry,
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     pool: &Pool,
-    ws: &GemmWorkspace,
+    ws: &mut GemmWorkspace,
     scratch: &Scratch,
     dcols: &Scratch,
     partials: &mut [f32],
@@ -393,9 +383,9 @@ pub fn backward(
     let dw_shared = SharedMut::new(dw);
     let partials_shared = SharedMut::new(partials);
     let dx = dx.map(|dx| SharedMut::new(&mut dx[..batch * g.in_len()]));
-    pool.run(chunks, &|chunk, worker| {
+    pool.run_with(chunks, ws.workers(), &|chunk, worker, gemm| {
         // SAFETY: chunk t alone writes its dW buffer and the dX of its own samples; `worker`
-        // is this task's worker index.
+        // is this task's worker index in a run that alone uses `scratch` and `dcols`.
         let acc = unsafe {
             if chunk == 0 {
                 dw_shared.slice(0..w_len)
@@ -412,18 +402,8 @@ pub fn backward(
             if let Some(dx) = &dx {
                 // dcol (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW)
                 let w_t = Mat { data: w, rs: 1, cs: ckk };
-                sgemm_on(
-                    ws,
-                    worker,
-                    ckk,
-                    ohw,
-                    g.out_channels,
-                    1.0,
-                    w_t,
-                    Mat { data: dzs, rs: ohw, cs: 1 },
-                    0.0,
-                    MatMut { data: &mut dcol[..], rs: ohw, cs: 1 },
-                );
+                let dcol_m = MatMut { data: &mut dcol[..], rs: ohw, cs: 1 };
+                sgemm_on(gemm, ckk, ohw, g.out_channels, 1.0, w_t, Mat { data: dzs, rs: ohw, cs: 1 }, 0.0, dcol_m);
                 // SAFETY: sample s belongs to this chunk only.
                 let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
                 col2im(g, dcol, dxs);
@@ -458,7 +438,7 @@ mod tests {
         ];
         for threads in [1, 2, 3] {
             let pool = Pool::new(threads).unwrap();
-            let ws = GemmWorkspace::new(threads);
+            let mut ws = GemmWorkspace::new(threads).unwrap();
             for (input, oc, kernel, stride, padding) in cases {
                 let Shape::Image { channels, height, width } = input else { unreachable!() };
                 let (oh, ow) = ((height + 2 * padding.0 - kernel.0) / stride.0 + 1, (width + 2 * padding.1 - kernel.1) / stride.1 + 1);
@@ -476,14 +456,14 @@ mod tests {
                     let mut z_spec = vec![0.0; batch * g.out_len()];
                     forward_spec(&g, batch, &w, &zero_b, &x, &mut z_spec);
                     let mut z = poisoned(batch * g.out_len() + 3);
-                    forward(&pool, &ws, &scratch, &g, batch, &w, &x, &mut z);
+                    forward(&pool, &mut ws, &scratch, &g, batch, &w, &x, &mut z);
                     assert_eq!(&z[..batch * g.out_len()], &z_spec[..], "forward {g:?}");
                     assert!(z[batch * g.out_len()..].iter().all(|v| v.is_nan()), "wrote past the batch");
 
                     let (mut dw_s, mut db_s, mut dx_s) = (vec![0.0; w.len()], vec![0.0; oc], vec![0.0; x.len()]);
                     backward_spec(&g, batch, &w, &x, &dz, &mut dw_s, &mut db_s, Some(&mut dx_s));
                     let (mut dw, mut dx, mut partials) = (poisoned(w.len()), poisoned(x.len()), poisoned(threads * w.len()));
-                    backward(&pool, &ws, &scratch, &dscratch, &mut partials, &g, batch, &w, &x, &dz, &mut dw, Some(&mut dx));
+                    backward(&pool, &mut ws, &scratch, &dscratch, &mut partials, &g, batch, &w, &x, &dz, &mut dw, Some(&mut dx));
                     assert_close(&dw, &dw_s, 0.0, 0.0, "conv dW");
                     assert_close(&dx, &dx_s, 0.0, 0.0, "conv dX");
                 }

@@ -17,6 +17,7 @@ use crate::chain::{Layer, Plan, Step};
 use crate::cpu::gemm::GemmWorkspace;
 use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
+use crate::error::Result;
 use std::ops::Range;
 
 /// Values of region `r` for `batch` samples, in a buffer built for `capacity`.
@@ -60,9 +61,9 @@ pub(crate) struct Workspace {
 }
 
 impl Workspace {
-    pub fn new(plan: &Plan, threads: usize) -> Workspace {
+    pub fn new(plan: &Plan, threads: usize) -> Result<Workspace> {
         let col_len = max_col_len(plan);
-        Workspace { gemm: GemmWorkspace::new(threads), cols: vec![0.0; threads * col_len], col_len }
+        Ok(Workspace { gemm: GemmWorkspace::new(threads)?, cols: vec![0.0; threads * col_len], col_len })
     }
 
     /// No scratch: for a cache whose steps run on a GPU.
@@ -118,11 +119,11 @@ pub(crate) fn forward(plan: &Plan, params: &[f32], acts: &mut [f32], capacity: u
         match step.layer {
             Layer::Dense { out_features, .. } => {
                 let (xs, zs) = split2(acts, x, z.clone());
-                dense::forward(pool, &ws.gemm, batch, step.input.len(), out_features, w, xs, zs);
+                dense::forward(pool, &mut ws.gemm, batch, step.input.len(), out_features, w, xs, zs);
             }
             Layer::Conv { .. } => {
                 let (xs, zs) = split2(acts, x, z.clone());
-                conv::forward(pool, &ws.gemm, &scratch, &conv_geometry(step), batch, w, xs, zs);
+                conv::forward(pool, &mut ws.gemm, &scratch, &conv_geometry(step), batch, w, xs, zs);
             }
             Layer::MaxPool { .. } => {
                 let (xs, ys) = split2(acts, x, y);
@@ -181,10 +182,10 @@ pub(crate) fn backward(
                 let dx = need_dx.then(|| &mut dxs[x.clone()]);
                 let (w, xs) = (&params[w_range], &acts[x.clone()]);
                 if let Layer::Dense { out_features, .. } = step.layer {
-                    dense::backward(pool, &ws.gemm, batch, step.input.len(), out_features, w, xs, dz, dw, dx);
+                    dense::backward(pool, &mut ws.gemm, batch, step.input.len(), out_features, w, xs, dz, dw, dx);
                 } else {
                     let g = conv_geometry(step);
-                    conv::backward(pool, &ws.gemm, &scratch, &dscratch, &mut gws.partials, &g, batch, w, xs, dz, dw, dx);
+                    conv::backward(pool, &mut ws.gemm, &scratch, &dscratch, &mut gws.partials, &g, batch, w, xs, dz, dw, dx);
                 }
             }
             Layer::MaxPool { .. } if need_dx => {

@@ -8,6 +8,10 @@ pub(super) trait Kernel {
     /// rows are contiguous (c.cs = 1).
     /// `a` holds kc columns of M, `b` kc rows of NR.
     unsafe fn tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut);
+
+    /// α·v + β·c (β ≠ 0) for one element, rounded as `tile` rounds its stores, so that an edge
+    /// tile (computed with α = 1, β = 0, then blended here) has a full tile's bits.
+    fn blend(alpha: f32, v: f32, beta: f32, c: f32) -> f32;
 }
 
 pub(super) struct Portable;
@@ -27,9 +31,13 @@ impl Kernel for Portable {
         for (i, row) in acc.iter().enumerate() {
             for (j, &v) in row.iter().enumerate() {
                 let p = unsafe { c.ptr.add(i * c.rs + j * c.cs) };
-                unsafe { *p = if beta == 0.0 { alpha * v } else { alpha * v + beta * *p } };
+                unsafe { *p = if beta == 0.0 { alpha * v } else { Self::blend(alpha, v, beta, *p) } };
             }
         }
+    }
+
+    fn blend(alpha: f32, v: f32, beta: f32, c: f32) -> f32 {
+        alpha * v + beta * c
     }
 }
 
@@ -41,6 +49,14 @@ impl Kernel for Avx2 {
     #[inline(always)]
     unsafe fn tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut) {
         unsafe { avx2_tile::<M>(kc, a, b, alpha, beta, c) }
+    }
+
+    fn blend(alpha: f32, v: f32, beta: f32, c: f32) -> f32 {
+        if alpha == 1.0 && beta == 1.0 {
+            c + v
+        } else {
+            alpha.mul_add(v, beta * c)
+        }
     }
 }
 
