@@ -222,7 +222,7 @@ impl Grads {
             threads,
             grads: if on_cpu { vec![0.0; plan.param_len] } else { Vec::new() },
             dacts: if on_cpu { vec![0.0; plan.acts_len(capacity)] } else { Vec::new() },
-            gws: if on_cpu { GradWorkspace::new(plan, threads) } else { GradWorkspace::none() },
+            gws: if on_cpu { GradWorkspace::new(plan, capacity, threads) } else { GradWorkspace::none() },
             last_loss: f64::NAN,
             loss_sum: 0.0,
             losses: 0,

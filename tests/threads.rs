@@ -1,9 +1,38 @@
-//! CPU thread counts: a count that cannot be right (from `with_threads` or `FLATNN_THREADS`)
-//! is an error that starts nothing.
+//! CPU thread counts: training gives the same bits on any number of threads, and a count that
+//! cannot be right (from `with_threads` or `FLATNN_THREADS`) is an error that starts nothing.
 
-use flatnn::models::mlp;
+use flatnn::models::{lenet5, mlp, simplenns_cnn};
 use flatnn::prelude::*;
-use flatnn::testutil::{in_child, run_alone};
+use flatnn::testutil::{batch, in_child, run_alone, Rng};
+
+/// The parameters after `steps` Adam steps of `chain` on `threads` threads, from one seed and
+/// one batch of `samples`.
+fn trained(chain: fn() -> Chain, threads: usize, samples: usize, steps: usize) -> Vec<f32> {
+    let mut model = chain().build().unwrap().init(Init::HeNormal, 3).with_threads(threads).unwrap();
+    let mut fwd = model.preallocate(samples).unwrap();
+    let mut bwd = model.preallocate_grads(samples).unwrap();
+    let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+    let (x, labels) = batch(&mut Rng::new(4), &model, samples);
+    fwd.set_inputs(&x).unwrap();
+    fwd.set_labels(&labels).unwrap();
+    for _ in 0..steps {
+        opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+    }
+    model.parameters().unwrap().into_owned()
+}
+
+#[test]
+fn training_gives_the_same_bits_on_1_2_and_3_threads() {
+    for (name, chain) in [("lenet5", lenet5 as fn() -> Chain), ("simplenns_cnn", simplenns_cnn), ("mlp", mlp)] {
+        // 37 samples: 1, 2 and 3 threads would each cut the batch in their own places
+        let one = trained(chain, 1, 37, 3);
+        for threads in [2, 3] {
+            let other = trained(chain, threads, 37, 3);
+            let differ = one.iter().zip(&other).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "{name}: {differ} of {} parameters differ between 1 and {threads} threads", one.len());
+        }
+    }
+}
 
 /// Threads of this process, from /proc/self/status (Linux).
 fn process_threads() -> usize {

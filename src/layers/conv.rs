@@ -12,7 +12,7 @@ use crate::chain::Shape;
 use crate::cpu::gemm::{sgemm_on, GemmWorkspace, Mat, MatMut};
 use crate::cpu::pool::Pool;
 use crate::cpu::rowdot::rowdot;
-use crate::cpu::{chunk_count, chunk_range, SharedMut};
+use crate::cpu::{chunk_range, for_chunks, SharedMut};
 #[cfg(test)]
 use crate::float::Float;
 
@@ -356,12 +356,22 @@ pub fn forward(pool: &Pool, ws: &mut GemmWorkspace, scratch: &Scratch, g: &Geome
     });
 }
 
+/// The most blocks a batch's weight gradient is summed in (see [`backward`]).
+const MAX_WGRAD_BLOCKS: usize = 16;
+
+/// Blocks the weight gradient of `batch` samples is summed in: a function of the batch alone,
+/// never of the thread count.
+pub(crate) fn wgrad_blocks(batch: usize) -> usize {
+    batch.clamp(1, MAX_WGRAD_BLOCKS)
+}
+
 /// Fast backward without the bias: dW ← Σ_s dZ_s·col_sᵀ; dX_s ← col2im(Wᵀ·dZ_s) when given.
 ///
-/// The batch is cut into `chunk_count(threads, batch, 1)` fixed chunks; chunk 0 accumulates
-/// into `dw`, chunk t > 0 into `partials[t−1]`, and the partials are added in chunk order, so
-/// the result depends on the thread count but never on timing. `dcols` is a second per-thread
-/// scratch like `scratch.cols`; `partials` holds (threads − 1) weight-sized buffers.
+/// The batch is cut into `wgrad_blocks(batch)` contiguous blocks of samples; block 0 sums its
+/// samples, in order, into `dw`, block b > 0 into `partials[b−1]`, and the partials are then
+/// added to `dw` in block order. The threads only decide who computes which block, so dW has
+/// the same bits on any number of threads. `dcols` is a second per-thread scratch like
+/// `scratch.cols`; `partials` holds `wgrad_blocks(batch) − 1` weight-sized buffers.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     pool: &Pool,
@@ -378,23 +388,23 @@ pub fn backward(
     dx: Option<&mut [f32]>,
 ) {
     let (ckk, ohw, w_len) = (g.ckk(), g.ohw(), dw.len());
-    let chunks = chunk_count(pool.threads(), batch, 1);
-    assert!(partials.len() >= (chunks - 1) * w_len, "conv partials too small");
-    let dw_shared = SharedMut::new(dw);
-    let partials_shared = SharedMut::new(partials);
+    let blocks = wgrad_blocks(batch);
+    assert!(partials.len() >= (blocks - 1) * w_len, "conv partials too small");
+    let dw_shared = SharedMut::new(&mut *dw);
+    let partials_shared = SharedMut::new(&mut *partials);
     let dx = dx.map(|dx| SharedMut::new(&mut dx[..batch * g.in_len()]));
-    pool.run_with(chunks, ws.workers(), &|chunk, worker, gemm| {
-        // SAFETY: chunk t alone writes its dW buffer and the dX of its own samples; `worker`
+    pool.run_with(blocks, ws.workers(), &|block, worker, gemm| {
+        // SAFETY: block b alone writes its dW buffer and the dX of its own samples; `worker`
         // is this task's worker index in a run that alone uses `scratch` and `dcols`.
         let acc = unsafe {
-            if chunk == 0 {
+            if block == 0 {
                 dw_shared.slice(0..w_len)
             } else {
-                partials_shared.slice((chunk - 1) * w_len..chunk * w_len)
+                partials_shared.slice((block - 1) * w_len..block * w_len)
             }
         };
         let (col, dcol) = unsafe { (scratch.col(worker, g.col_len()), dcols.col(worker, g.col_len())) };
-        for (n, s) in chunk_range(batch, chunks, chunk).enumerate() {
+        for (n, s) in chunk_range(batch, blocks, block).enumerate() {
             im2col(g, &x[s * g.in_len()..][..g.in_len()], col);
             let dzs = &dz[s * g.out_len()..][..g.out_len()];
             // dW (OC × CKK) += dZ_s (OC × OHW) · col_sᵀ: rows of both are contiguous
@@ -404,19 +414,23 @@ pub fn backward(
                 let w_t = Mat { data: w, rs: 1, cs: ckk };
                 let dcol_m = MatMut { data: &mut dcol[..], rs: ohw, cs: 1 };
                 sgemm_on(gemm, ckk, ohw, g.out_channels, 1.0, w_t, Mat { data: dzs, rs: ohw, cs: 1 }, 0.0, dcol_m);
-                // SAFETY: sample s belongs to this chunk only.
+                // SAFETY: sample s belongs to this block only.
                 let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
                 col2im(g, dcol, dxs);
             }
         }
     });
-    if chunks > 1 {
-        let dw = unsafe { dw_shared.slice(0..w_len) };
-        for t in 1..chunks {
-            let part = unsafe { partials_shared.slice((t - 1) * w_len..t * w_len) };
-            dw.iter_mut().zip(part.iter()).for_each(|(d, p)| *d += *p);
+    // dW[e] = ((block 0 + block 1) + block 2) + …, each element in that order; the elements
+    // are independent, so they may be spread over the threads.
+    let partials = &partials[..(blocks - 1) * w_len];
+    let dw = SharedMut::new(dw);
+    for_chunks(pool, w_len, 16384, &|_, range| {
+        // SAFETY: chunks are disjoint ranges of dW.
+        let dw = unsafe { dw.slice(range.clone()) };
+        for part in partials.chunks_exact(w_len) {
+            dw.iter_mut().zip(&part[range.clone()]).for_each(|(d, p)| *d += *p);
         }
-    }
+    });
 }
 
 #[cfg(test)]
@@ -462,7 +476,8 @@ mod tests {
 
                     let (mut dw_s, mut db_s, mut dx_s) = (vec![0.0; w.len()], vec![0.0; oc], vec![0.0; x.len()]);
                     backward_spec(&g, batch, &w, &x, &dz, &mut dw_s, &mut db_s, Some(&mut dx_s));
-                    let (mut dw, mut dx, mut partials) = (poisoned(w.len()), poisoned(x.len()), poisoned(threads * w.len()));
+                    let (mut dw, mut dx, mut partials) =
+                        (poisoned(w.len()), poisoned(x.len()), poisoned((wgrad_blocks(batch) - 1) * w.len()));
                     backward(&pool, &mut ws, &scratch, &dscratch, &mut partials, &g, batch, &w, &x, &dz, &mut dw, Some(&mut dx));
                     assert_close(&dw, &dw_s, 0.0, 0.0, "conv dW");
                     assert_close(&dx, &dx_s, 0.0, 0.0, "conv dX");

@@ -72,17 +72,18 @@ impl Workspace {
     }
 }
 
-/// Scratch a backward pass needs beyond the gradients: lowered-gradient columns and per-chunk
-/// partial conv weight gradients.
+/// Scratch a backward pass needs beyond the gradients: lowered-gradient columns and per-block
+/// partial conv weight gradients (see `conv::backward`).
 pub(crate) struct GradWorkspace {
     pub dcols: Vec<f32>,
     pub partials: Vec<f32>,
 }
 
 impl GradWorkspace {
-    pub fn new(plan: &Plan, threads: usize) -> GradWorkspace {
+    pub fn new(plan: &Plan, capacity: usize, threads: usize) -> GradWorkspace {
         let w_len = conv_steps(plan).map(Step::weight_len).max().unwrap_or(0);
-        GradWorkspace { dcols: vec![0.0; threads * max_col_len(plan)], partials: vec![0.0; threads.saturating_sub(1) * w_len] }
+        let partials = (conv::wgrad_blocks(capacity) - 1) * w_len;
+        GradWorkspace { dcols: vec![0.0; threads * max_col_len(plan)], partials: vec![0.0; partials] }
     }
 
     /// No scratch: for gradients computed on a GPU.
