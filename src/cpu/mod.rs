@@ -1,5 +1,7 @@
 //! CPU execution: the engine's thread pool, its GEMM, and helpers to split work over threads.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub(crate) mod gemm;
 pub(crate) mod pool;
 pub(crate) mod rowdot;

@@ -48,6 +48,7 @@ const CLOSED: usize = 1 << (usize::BITS - 1);
 // worker is inside, and read by workers only while inside an open run (see `state`); the
 // closure itself is `Sync`.
 unsafe impl Sync for Shared {}
+// SAFETY: as above; the raw job pointer is the only field that is not `Send` by itself.
 unsafe impl Send for Shared {}
 
 /// A fixed set of threads that runs `f(task, worker)` for `task in 0..tasks`.

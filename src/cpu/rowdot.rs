@@ -60,9 +60,11 @@ mod avx2 {
         // lanes k8..k of the last vector, loaded under a mask (no read past a row)
         let tail = k % 8;
         let lanes: [i32; 8] = std::array::from_fn(|l| if l < tail { -1 } else { 0 });
+        // SAFETY: 8 i32 of a local array.
         let mask = unsafe { _mm256_loadu_si256(lanes.as_ptr().cast()) };
         for i0 in (0..m).step_by(MB) {
             for j0 in (0..n).step_by(NB) {
+                // SAFETY: row i0 < m of A and of C, row j0 < n of B: inside the checked slices.
                 let (a0, b0, c0) = unsafe { (ap.add(i0 * lda), bp.add(j0 * ldb), cp.add(i0 * ldc + j0)) };
                 let (mb, nb) = (MB.min(m - i0), NB.min(n - j0));
                 // SAFETY: the tile's rows lie inside the checked extents.
@@ -87,6 +89,10 @@ mod avx2 {
     }
 
     /// One M×N tile of C: M·N dot products of length k.
+    ///
+    /// # Safety
+    /// M rows of k values at `a` (stride lda) and N at `b` (ldb), M rows of N values at `c`
+    /// (ldc ≥ N) that no one else touches; `mask` has the first k % 8 lanes set.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     #[allow(clippy::too_many_arguments)]
@@ -101,6 +107,8 @@ mod avx2 {
         ldc: usize,
         accumulate: bool,
     ) {
+        // SAFETY: `step` reads values p..p + 8 ≤ k (the last 8 under the mask) of the rows this
+        // function's contract covers; the stores are the M×N elements of C.
         unsafe {
             let mut s = [[_mm256_setzero_ps(); N]; M];
             let full = k - k % 8;
@@ -122,6 +130,10 @@ mod avx2 {
     }
 
     /// s[i][j] += A[i, p..p+8] ⊙ B[j, p..p+8], lanes past k masked off when `MASKED`.
+    ///
+    /// # Safety
+    /// Values p..p + 8 of M rows at `a` and N at `b` are readable (with `MASKED`, those lanes
+    /// of `mask`).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     #[allow(clippy::too_many_arguments)]
@@ -134,6 +146,7 @@ mod avx2 {
         ldb: usize,
         s: &mut [[__m256; N]; M],
     ) {
+        // SAFETY: this function's contract.
         unsafe {
             // no closures here: they would not inherit the target features
             let mut av = [_mm256_setzero_ps(); M];

@@ -8,6 +8,8 @@
 //! Backward: dW = Σ_s dZ_s · col_sᵀ (as row dot products, see `cpu::rowdot`), dcol_s = Wᵀ · dZ_s,
 //! then col2im adds dcol_s into dX_s.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use crate::chain::Shape;
 use crate::cpu::gemm::{sgemm_on, GemmWorkspace, Mat, MatMut};
 use crate::cpu::pool::Pool;
@@ -214,6 +216,8 @@ mod avx2 {
     /// `dst` holds oh·ow values, `src` reaches (oh − 1)·wp + ow; ow ≥ 8; AVX2 present.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn copy_runs(r: Runs, dst: *mut f32, src: *const f32) {
+        // SAFETY: run y < oh reads src[y·wp..][..ow] and writes dst[y·ow..][..ow] in blocks
+        // of 8 (ow ≥ 8, the last block ending at ow): inside the contract's extents.
         unsafe {
             for y in 0..r.oh {
                 let (d, s) = (dst.add(y * r.ow), src.add(y * r.wp));
@@ -232,6 +236,8 @@ mod avx2 {
     /// As [`copy_runs`], with `dst` the plane and `src` the lowered row.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn add_runs(r: Runs, dst: *mut f32, src: *const f32) {
+        // SAFETY: run y < oh touches dst[y·wp..][..ow] and src[y·ow..][..ow], 8 at a time
+        // while 8 fit, then one by one: inside the contract's extents.
         unsafe {
             for y in 0..r.oh {
                 let (d, s) = (dst.add(y * r.wp), src.add(y * r.ow));
@@ -403,6 +409,7 @@ pub fn backward(
                 partials_shared.slice((block - 1) * w_len..block * w_len)
             }
         };
+        // SAFETY: as above (`worker` names this task's lowered columns in each scratch).
         let (col, dcol) = unsafe { (scratch.col(worker, g.col_len()), dcols.col(worker, g.col_len())) };
         for (n, s) in chunk_range(batch, blocks, block).enumerate() {
             im2col(g, &x[s * g.in_len()..][..g.in_len()], col);

@@ -137,11 +137,14 @@ impl ViewMut {
 }
 
 // SAFETY: the views point into slices borrowed for the whole call (A and B shared, C
-// exclusively); tasks only read A and B and write disjoint sets of C's elements (distinct,
-// as `check_operands` ensured).
+// exclusively); tasks only read A and B and write disjoint sets of C's elements (distinct, as
+// `check_operands` ensured). So for the four impls here.
 unsafe impl Send for ViewMut {}
+// SAFETY: as above.
 unsafe impl Sync for ViewMut {}
+// SAFETY: as above.
 unsafe impl Send for View {}
+// SAFETY: as above.
 unsafe impl Sync for View {}
 
 /// Ok when every element (i < rows, j < cols) lies inside `len`; the offset of the last one is
@@ -342,10 +345,15 @@ fn tile_waste(m: usize, n: usize) -> u128 {
 }
 
 /// C ← β·C (β = 0 writes zeros without reading C).
+///
+/// # Safety
+/// `c` covers m×n elements no other thread touches during the call.
 unsafe fn scale(m: usize, n: usize, beta: f32, c: ViewMut) {
     for i in 0..m {
         for j in 0..n {
+            // SAFETY: element (i < m, j < n) of C.
             let p = unsafe { c.ptr.add(i * c.rs + j * c.cs) };
+            // SAFETY: as above.
             unsafe { *p = if beta == 0.0 { 0.0 } else { beta * *p } };
         }
     }
@@ -353,6 +361,10 @@ unsafe fn scale(m: usize, n: usize, beta: f32, c: ViewMut) {
 
 /// The blocked loop nest. Edge tiles, and tiles of a C whose rows are not contiguous, go
 /// through a stack tile and are copied out.
+///
+/// # Safety
+/// As [`Product::run`]: the views cover m×k, k×n and m×n elements, C's distinct and ours
+/// alone; `scratch` holds MC·KC + KC·NC values; `K` runs on this CPU.
 #[allow(clippy::too_many_arguments)]
 unsafe fn blocked<K: Kernel>(scratch: &mut [f32], m: usize, n: usize, k: usize, alpha: f32, a: View, b: View, beta: f32, c: ViewMut) {
     let (apack, bpack) = scratch.split_at_mut(MC * KC);
@@ -362,29 +374,40 @@ unsafe fn blocked<K: Kernel>(scratch: &mut [f32], m: usize, n: usize, k: usize, 
         let nc = NC.min(n - jc);
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
+            // SAFETY: rows pc..pc + kc ≤ k, columns jc..jc + nc ≤ n of B; bpack holds KC·NC.
             unsafe { pack_b(kc, nc, b.at(pc, jc), bpack) };
             let beta_block = if pc == 0 { beta } else { 1.0 };
             for ic in (0..m).step_by(MC) {
                 let mc = MC.min(m - ic);
+                // SAFETY: rows ic..ic + mc ≤ m, columns pc..pc + kc ≤ k of A; apack holds MC·KC.
                 unsafe { pack_a(mc, kc, a.at(ic, pc), apack) };
                 for jr in (0..nc).step_by(NR) {
                     let nr = NR.min(nc - jr);
                     for (ir, mr, height) in row_panels(mc) {
                         let (ap, bp) = (apack[ir * kc..].as_ptr(), bpack[jr * kc..].as_ptr());
+                        // The tile is rows ic + ir.. + mr ≤ m and columns jc + jr.. + nr ≤ n of C;
+                        // the panels hold kc columns of `height` and kc rows of NR values.
+                        // SAFETY: (ic + ir, jc + jr) is an element of C.
                         let ct = unsafe { c.at(ic + ir, jc + jr) };
                         match (mr, height, nr == NR && c.cs == 1) {
+                            // SAFETY: a full tile of C with contiguous rows.
                             (MR, MR, true) => unsafe { K::tile::<MR>(kc, ap, bp, alpha, beta_block, ct) },
+                            // SAFETY: as above.
                             (4, 4, true) => unsafe { K::tile::<4>(kc, ap, bp, alpha, beta_block, ct) },
                             _ => {
                                 if height == 4 {
+                                    // SAFETY: `edge` is a full MR×NR tile (rows of NR), ours.
                                     unsafe { K::tile::<4>(kc, ap, bp, 1.0, 0.0, edge_view) };
                                 } else {
+                                    // SAFETY: as above.
                                     unsafe { K::tile::<MR>(kc, ap, bp, 1.0, 0.0, edge_view) };
                                 }
                                 for i in 0..mr {
                                     for j in 0..nr {
+                                        // SAFETY: (i < mr, j < nr) of the tile is an element of C.
                                         let p = unsafe { ct.ptr.add(i * ct.rs + j * ct.cs) };
                                         let v = edge[i * NR + j];
+                                        // SAFETY: as above.
                                         unsafe { *p = if beta_block == 0.0 { alpha * v } else { K::blend(alpha, v, beta_block, *p) } };
                                     }
                                 }
