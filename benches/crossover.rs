@@ -115,7 +115,7 @@ fn measure(bench: &Bench, place: Place, task: Task, batch: usize, quick: bool) -
 fn main() -> Result<()> {
     // `cargo bench` passes `--bench`; a filter argument is not supported: the run is the table.
     let quick = std::env::var("FLATNN_BENCH_QUICK").is_ok_and(|v| v == "1");
-    let cores = default_threads();
+    let cores = default_threads()?;
     let mut places = vec![Place { label: "cpu-1t", device: Device::Cpu, threads: 1, graphs: true }];
     if cores > 1 {
         places.push(Place { label: "cpu-all", device: Device::Cpu, threads: cores, graphs: true });

@@ -258,7 +258,7 @@ impl Grads {
             threads,
             grads: zeros(grads, || "the parameter gradients".into())?,
             dacts: zeros(dacts, || format!("the activation gradients for {capacity} samples"))?,
-            gws: if on_cpu { GradWorkspace::new(plan, threads)? } else { GradWorkspace::none() },
+            gws: if on_cpu { GradWorkspace::new(plan, capacity, threads)? } else { GradWorkspace::none() },
             last_loss: f64::NAN,
             loss_sum: 0.0,
             losses: 0,

@@ -5,9 +5,9 @@
 //! Everything later reads the plan; nothing re-derives a shape.
 //!
 //! Every size the plan derives (shapes, parameter ranges, activation regions, a convolution's
-//! scratch) is computed here with checked arithmetic and is at most [`MAX_VALUES`], so the code
+//! scratch) is computed here with checked arithmetic and is at most `MAX_VALUES` (isize::MAX / 8), so the code
 //! that reads a plan multiplies and adds these sizes without checks. A size for a batch (a
-//! capacity times a per-sample size) is checked where a buffer for it is made ([`batch_len`]).
+//! capacity times a per-sample size) is checked where a buffer for it is made (`batch_len`).
 
 use crate::activation::Activation;
 use crate::error::{Error, Result};
@@ -219,7 +219,7 @@ pub struct Plan {
 
 impl Plan {
     /// Shape inference and checks; see [`Chain::build`]. A size that does not fit (more
-    /// than [`MAX_VALUES`], or overflowing) is an [`Error::Shape`] naming the layer.
+    /// than isize::MAX / 8 values, or overflowing) is an [`Error::Shape`] naming the layer.
     pub fn new(input: Shape, layers: &[Layer]) -> Result<Plan> {
         if input.is_empty() {
             return Err(Error::Shape(format!("the input {input} has no values")));

@@ -128,7 +128,7 @@ pub mod cache;
 pub mod chain;
 pub(crate) mod checkpoint;
 pub(crate) mod clip;
-pub mod cpu;
+pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;
@@ -140,6 +140,7 @@ pub(crate) use cuda::state as dev;
 pub mod device;
 pub mod error;
 pub(crate) mod float;
+pub mod gemm;
 pub mod init;
 pub mod io;
 pub(crate) mod layers;

@@ -2,7 +2,7 @@
 
 use crate::cache::{check_finite, check_labels, Cache, Grads};
 use crate::chain::{Plan, Shape};
-use crate::cpu::pool::{physical_cores, Pool};
+use crate::cpu::pool::{max_threads, physical_cores, Pool};
 use crate::dev::{DevModel, GpuOptions};
 use crate::device::{Device, ToDevice};
 use crate::error::{zeros, Error, Result};
@@ -10,6 +10,7 @@ use crate::init::{self, Init};
 use crate::layers::{self, region};
 use crate::loss::{self, Loss};
 use std::borrow::Cow;
+use std::ffi::OsStr;
 use std::sync::Arc;
 
 /// A model with fixed shapes. Parameters are one flat buffer in the plan's layout: per layer,
@@ -27,10 +28,22 @@ pub struct Model {
     pub(crate) gpu_options: GpuOptions,
 }
 
-/// Threads a new model uses: `FLATNN_THREADS` if set to a positive number, else the physical
-/// core count.
-pub fn default_threads() -> usize {
-    std::env::var("FLATNN_THREADS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0).unwrap_or_else(physical_cores)
+/// Threads a new model uses: `FLATNN_THREADS` if set, else the physical core count. A value
+/// that is not a whole number from 1 to 4 per logical CPU is an [`Error::Config`] naming it.
+pub fn default_threads() -> Result<usize> {
+    threads_setting(std::env::var_os("FLATNN_THREADS").as_deref())
+}
+
+/// [`default_threads`] for a given value of `FLATNN_THREADS` (`None`: not set).
+fn threads_setting(value: Option<&OsStr>) -> Result<usize> {
+    let Some(value) = value else {
+        return Ok(physical_cores());
+    };
+    let limit = max_threads();
+    match value.to_str().and_then(|v| v.trim().parse::<usize>().ok()) {
+        Some(threads) if (1..=limit).contains(&threads) => Ok(threads),
+        _ => Err(Error::Config(format!("FLATNN_THREADS={value:?}: the thread count must be a whole number from 1 to {limit} here"))),
+    }
 }
 
 impl Model {
@@ -38,7 +51,7 @@ impl Model {
     /// had.
     pub(crate) fn from_plan(plan: Plan) -> Result<Model> {
         let params = zeros(plan.param_len, || format!("the {} parameters of the model", plan.param_len))?;
-        let pool = Arc::new(new_pool(default_threads())?);
+        let pool = Arc::new(Pool::new(default_threads()?)?);
         Ok(Model { plan: Arc::new(plan), params, pool, dev: None, gpu_options: GpuOptions::default() })
     }
 
@@ -83,13 +96,11 @@ impl Model {
         self.gpu_options
     }
 
-    /// The same model on `threads` threads (the caller's included). Caches and gradient
-    /// buffers must be preallocated after this.
+    /// The same model on `threads` threads (the caller's included), from 1 to 4 per logical CPU
+    /// of this machine (more is an [`Error::Config`]). Caches and gradient buffers must be
+    /// preallocated after this.
     pub fn with_threads(mut self, threads: usize) -> Result<Model> {
-        if threads == 0 {
-            return Err(Error::Config("a model needs at least one thread".into()));
-        }
-        self.pool = Arc::new(new_pool(threads)?);
+        self.pool = Arc::new(Pool::new(threads)?);
         Ok(self)
     }
 
@@ -311,10 +322,6 @@ impl Model {
     }
 }
 
-fn new_pool(threads: usize) -> Result<Pool> {
-    Pool::new(threads).map_err(|e| Error::Config(format!("cannot start {threads} threads: {e}")))
-}
-
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model")
@@ -333,5 +340,48 @@ impl ToDevice for Model {
             return Ok(self);
         }
         self.to(device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flatnn_threads_is_a_whole_number_from_one_to_the_limit() {
+        let limit = max_threads();
+        assert_eq!(threads_setting(None).unwrap(), physical_cores());
+        assert_eq!(threads_setting(Some(OsStr::new("1"))).unwrap(), 1);
+        assert_eq!(threads_setting(Some(OsStr::new(&limit.to_string()))).unwrap(), limit);
+        let too_many = (limit + 1).to_string();
+        for bad in ["garbage", "0", "-1", "2.5", "", "100000", "99999999999999999999999", &too_many] {
+            match threads_setting(Some(OsStr::new(bad))) {
+                Err(Error::Config(msg)) => {
+                    assert!(msg.contains(&format!("FLATNN_THREADS={bad:?}")) && msg.contains(&limit.to_string()), "{msg}")
+                }
+                other => panic!("FLATNN_THREADS={bad:?}: expected a Config error, got {other:?}"),
+            }
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            assert!(matches!(threads_setting(Some(OsStr::from_bytes(b"4\xff"))), Err(Error::Config(_))));
+        }
+    }
+
+    #[test]
+    fn with_threads_refuses_counts_past_the_limit_naming_both() {
+        let limit = max_threads();
+        for threads in [0, limit + 1, 30_000] {
+            let model = crate::models::mlp().build().unwrap();
+            match model.with_threads(threads) {
+                Err(Error::Config(msg)) => {
+                    assert!(msg.contains(&format!("{threads} threads")) && msg.contains(&limit.to_string()), "{msg}")
+                }
+                other => panic!("{threads} threads: expected a Config error, got {other:?}"),
+            }
+        }
+        let model = crate::models::mlp().build().unwrap().with_threads(limit.min(3)).unwrap();
+        assert_eq!(model.threads(), limit.min(3));
     }
 }

@@ -1,8 +1,10 @@
 //! CPU execution: the engine's thread pool, its GEMM, and helpers to split work over threads.
 
-pub mod gemm;
-pub mod pool;
-pub mod rowdot;
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub(crate) mod gemm;
+pub(crate) mod pool;
+pub(crate) mod rowdot;
 
 use pool::Pool;
 use std::marker::PhantomData;

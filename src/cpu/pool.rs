@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use super::SharedMut;
+use crate::error::{Error, Result};
+
 /// How many spins a worker makes waiting for the next run before it sleeps (~tens of µs).
 const SPINS_BEFORE_SLEEP: u32 = 1 << 15;
 
@@ -45,6 +48,7 @@ const CLOSED: usize = 1 << (usize::BITS - 1);
 // worker is inside, and read by workers only while inside an open run (see `state`); the
 // closure itself is `Sync`.
 unsafe impl Sync for Shared {}
+// SAFETY: as above; the raw job pointer is the only field that is not `Send` by itself.
 unsafe impl Send for Shared {}
 
 /// A fixed set of threads that runs `f(task, worker)` for `task in 0..tasks`.
@@ -56,9 +60,22 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A pool of `threads` threads in all (the caller counts as one); `threads` ≥ 1.
-    pub fn new(threads: usize) -> std::io::Result<Pool> {
-        let threads = threads.max(1);
+    /// A pool of `threads` threads in all (the caller counts as one); `threads` ≥ 1. If a
+    /// thread cannot be started, the ones already started are stopped and joined before the
+    /// error returns.
+    /// `threads` must be in 1..=[`max_threads`].
+    pub fn new(threads: usize) -> Result<Pool> {
+        let limit = max_threads();
+        if threads == 0 || threads > limit {
+            return Err(Error::Config(format!(
+                "{threads} threads: the thread count must be from 1 to {limit} ({MAX_THREADS_PER_CPU} per logical CPU of this machine)"
+            )));
+        }
+        Pool::start(threads, |worker| std::thread::Builder::new().name(format!("flatnn-{worker}")))
+    }
+
+    /// [`Pool::new`] with the builder of each worker thread given (tests make one fail).
+    fn start(threads: usize, builder: impl Fn(usize) -> std::thread::Builder) -> Result<Pool> {
         let shared = Arc::new(Shared {
             job: UnsafeCell::new(None),
             tasks: AtomicUsize::new(0),
@@ -72,18 +89,22 @@ impl Pool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let mut workers = Vec::with_capacity(threads - 1);
+        // Workers join the pool as they start, so that an early return drops it, and its
+        // `Drop` stops and joins every worker started so far.
+        let mut pool = Pool { shared: Arc::clone(&shared), workers: Vec::new(), busy: AtomicBool::new(false) };
+        let cannot = |what: String| Error::Config(format!("cannot start {threads} threads: {what}"));
+        pool.workers.try_reserve_exact(threads - 1).map_err(|e| cannot(e.to_string()))?;
         for worker in 1..threads {
             let shared = Arc::clone(&shared);
-            let handle = std::thread::Builder::new().name(format!("flatnn-{worker}")).spawn(move || worker_loop(&shared, worker))?;
-            workers.push(handle);
+            let handle = builder(worker).spawn(move || worker_loop(&shared, worker));
+            pool.workers.push(handle.map_err(|e| cannot(format!("thread {worker}: {e}")))?);
         }
         // A run does not wait for workers that have not started, so wait here: a thread's
         // start-up allocates, and must not land inside a step that promised not to.
         while shared.started.load(Acquire) < threads - 1 {
             std::thread::yield_now();
         }
-        Ok(Pool { shared, workers, busy: AtomicBool::new(false) })
+        Ok(pool)
     }
 
     /// Number of threads, the caller included.
@@ -92,8 +113,11 @@ impl Pool {
     }
 
     /// Runs `f(task, worker)` for every `task in 0..tasks` and returns when all have finished.
-    /// `worker` is in `0..threads()` and no two concurrent calls share one, so it can index
-    /// per-thread scratch. Tasks are handed out dynamically: results must not depend on which
+    /// `worker` is in `0..threads()`, and no two tasks of this run that run at the same time
+    /// share one; a run started while another is in progress (from another thread, or from
+    /// inside a task) runs its tasks one after another on its caller, all as worker 0. So a
+    /// worker index names scratch only for buffers borrowed by this run alone: see
+    /// [`Pool::run_with`]. Tasks are handed out dynamically: results must not depend on which
     /// worker ran a task. Allocates nothing. A panic in a task is re-raised here.
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
         if tasks == 0 {
@@ -136,6 +160,21 @@ impl Pool {
         if mine.is_err() || s.panicked.swap(false, AcqRel) {
             panic!("a flatnn pool task panicked");
         }
+    }
+
+    /// [`Pool::run`] with one value per worker: `f(task, worker, &mut per_worker[worker])`.
+    /// The values are borrowed for this run alone, so a task has its worker's value to itself.
+    /// Panics, before any task runs, if there are fewer values than threads.
+    pub fn run_with<T: Send>(&self, tasks: usize, per_worker: &mut [T], f: &(dyn Fn(usize, usize, &mut T) + Sync)) {
+        assert!(per_worker.len() >= self.threads(), "{} per-worker values for {} threads", per_worker.len(), self.threads());
+        let values = SharedMut::new(per_worker);
+        self.run(tasks, &|task, worker| {
+            // SAFETY: `per_worker` is borrowed exclusively by this call, and the tasks of one
+            // run that are live at the same time have distinct worker indices (see `run`), so
+            // no two live `&mut` reach the same value.
+            let value = unsafe { &mut values.slice(worker..worker + 1)[0] };
+            f(task, worker, value);
+        });
     }
 }
 
@@ -200,6 +239,15 @@ impl Drop for Pool {
             let _ = handle.join();
         }
     }
+}
+
+/// Threads a pool may run per logical CPU: more only time-slice one another, and a count far
+/// past this is a mistake (a stray digit) that would start thousands of threads.
+const MAX_THREADS_PER_CPU: usize = 4;
+
+/// The most threads a pool may run on this machine.
+pub fn max_threads() -> usize {
+    MAX_THREADS_PER_CPU * std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Physical cores of this machine (logical CPUs when that cannot be read).
@@ -267,7 +315,73 @@ mod tests {
     }
 
     #[test]
+    fn run_with_gives_each_live_task_its_own_value() {
+        for threads in 1..=3 {
+            let pool = Pool::new(threads).unwrap();
+            // each task writes its number into its worker's value, yields, and reads it back:
+            // a value shared by two live tasks would show the other's number
+            let mut values = vec![usize::MAX; threads];
+            let clashes = AtomicU64::new(0);
+            pool.run_with(64, &mut values, &|task, _, value| {
+                *value = task;
+                std::thread::yield_now();
+                if *value != task {
+                    clashes.fetch_add(1, Relaxed);
+                }
+            });
+            assert_eq!(clashes.load(Relaxed), 0);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "1 per-worker values for 2 threads")]
+    fn run_with_needs_a_value_per_thread() {
+        Pool::new(2).unwrap().run_with(4, &mut [0u8], &|_, _, _| {});
+    }
+
+    /// Threads of this process whose name starts with `prefix`.
+    #[cfg(target_os = "linux")]
+    fn threads_named(prefix: &str) -> usize {
+        let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+        let named = |t: &std::fs::DirEntry| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix));
+        tasks.filter_map(|t| t.ok()).filter(named).count()
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_failed_start_stops_and_joins_the_threads_it_started() {
+        // worker 3 asks for a stack no machine has, so its spawn fails after 1 and 2 started
+        let builder = |worker: usize| {
+            let b = std::thread::Builder::new().name(format!("failstart-{worker}"));
+            if worker == 3 {
+                b.stack_size(1 << 60)
+            } else {
+                b
+            }
+        };
+        match Pool::start(6, builder) {
+            Err(Error::Config(msg)) => assert!(msg.contains("cannot start 6 threads: thread 3"), "{msg}"),
+            other => panic!("expected a Config error, got {:?}", other.map(|p| p.threads())),
+        }
+        assert_eq!(threads_named("failstart-"), 0, "threads left running after the failed start");
+    }
+
+    #[test]
     fn physical_cores_is_positive() {
         assert!(physical_cores() >= 1);
+    }
+
+    #[test]
+    fn thread_counts_past_the_limit_are_refused_before_any_start() {
+        let limit = max_threads();
+        assert!(limit >= MAX_THREADS_PER_CPU && physical_cores() <= limit);
+        for threads in [0, limit + 1, 30_000, usize::MAX] {
+            match Pool::new(threads) {
+                Err(Error::Config(msg)) => {
+                    assert!(msg.contains(&format!("{threads} threads")) && msg.contains(&limit.to_string()), "{msg}")
+                }
+                other => panic!("{threads} threads: expected a Config error, got {:?}", other.map(|p| p.threads())),
+            }
+        }
     }
 }

@@ -14,19 +14,26 @@ const MB: usize = 3;
 const NB: usize = 4;
 
 /// C (m×n, row stride ldc) ← A·Bᵀ, or += when `accumulate`; A is m rows of k at stride lda,
-/// B is n rows of k at stride ldb. Panics if a slice is too short for its shape.
+/// B is n rows of k at stride ldb. Panics, before writing anything, if a row stride is shorter
+/// than its row or a slice is too short for its shape (extents in checked arithmetic).
 #[allow(clippy::too_many_arguments)]
 pub fn rowdot(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize, accumulate: bool) {
     if m == 0 || n == 0 {
         return;
     }
     assert!(lda >= k && ldb >= k && ldc >= n, "rowdot: a row stride is shorter than its row");
-    assert!(a.len() >= (m - 1) * lda + k, "rowdot: A too short");
-    assert!(b.len() >= (n - 1) * ldb + k, "rowdot: B too short");
-    assert!(c.len() >= (m - 1) * ldc + n, "rowdot: C too short");
+    // rows·stride values, the last row counted only up to its end
+    let fits = |len: usize, rows: usize, stride: usize, row: usize| {
+        (rows - 1).checked_mul(stride).and_then(|s| s.checked_add(row)).is_some_and(|need| need <= len)
+    };
+    assert!(fits(a.len(), m, lda, k), "rowdot: A too short for {m} rows of {k} at stride {lda}");
+    assert!(fits(b.len(), n, ldb, k), "rowdot: B too short for {n} rows of {k} at stride {ldb}");
+    assert!(fits(c.len(), m, ldc, n), "rowdot: C too short for {m} rows of {n} at stride {ldc}");
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2_fma() {
-        // SAFETY: the extents were checked above; the CPU has AVX2 and FMA.
+        // SAFETY: every row read or written lies inside its slice (checked above without
+        // overflow, so the offsets the kernel forms do not wrap); C's rows do not overlap
+        // (ldc ≥ n); the CPU has AVX2 and FMA.
         return unsafe { avx2::rowdot(m, n, k, a, lda, b, ldb, c, ldc, accumulate) };
     }
     for i in 0..m {
@@ -53,9 +60,11 @@ mod avx2 {
         // lanes k8..k of the last vector, loaded under a mask (no read past a row)
         let tail = k % 8;
         let lanes: [i32; 8] = std::array::from_fn(|l| if l < tail { -1 } else { 0 });
+        // SAFETY: 8 i32 of a local array.
         let mask = unsafe { _mm256_loadu_si256(lanes.as_ptr().cast()) };
         for i0 in (0..m).step_by(MB) {
             for j0 in (0..n).step_by(NB) {
+                // SAFETY: row i0 < m of A and of C, row j0 < n of B: inside the checked slices.
                 let (a0, b0, c0) = unsafe { (ap.add(i0 * lda), bp.add(j0 * ldb), cp.add(i0 * ldc + j0)) };
                 let (mb, nb) = (MB.min(m - i0), NB.min(n - j0));
                 // SAFETY: the tile's rows lie inside the checked extents.
@@ -80,6 +89,10 @@ mod avx2 {
     }
 
     /// One M×N tile of C: M·N dot products of length k.
+    ///
+    /// # Safety
+    /// M rows of k values at `a` (stride lda) and N at `b` (ldb), M rows of N values at `c`
+    /// (ldc ≥ N) that no one else touches; `mask` has the first k % 8 lanes set.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     #[allow(clippy::too_many_arguments)]
@@ -94,6 +107,8 @@ mod avx2 {
         ldc: usize,
         accumulate: bool,
     ) {
+        // SAFETY: `step` reads values p..p + 8 ≤ k (the last 8 under the mask) of the rows this
+        // function's contract covers; the stores are the M×N elements of C.
         unsafe {
             let mut s = [[_mm256_setzero_ps(); N]; M];
             let full = k - k % 8;
@@ -115,6 +130,10 @@ mod avx2 {
     }
 
     /// s[i][j] += A[i, p..p+8] ⊙ B[j, p..p+8], lanes past k masked off when `MASKED`.
+    ///
+    /// # Safety
+    /// Values p..p + 8 of M rows at `a` and N at `b` are readable (with `MASKED`, those lanes
+    /// of `mask`).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     #[allow(clippy::too_many_arguments)]
@@ -127,6 +146,7 @@ mod avx2 {
         ldb: usize,
         s: &mut [[__m256; N]; M],
     ) {
+        // SAFETY: this function's contract.
         unsafe {
             // no closures here: they would not inherit the target features
             let mut av = [_mm256_setzero_ps(); M];
@@ -184,6 +204,22 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn strides_whose_extent_wraps_panic_before_any_access() {
+        // (rows − 1)·stride + row wraps to 0 in usize: an unchecked test let the kernel read
+        // and write at offset usize::MAX
+        let (a, b) = (vec![1.0; 8], vec![1.0; 8]);
+        for (lda, ldb, ldc, what) in
+            [(usize::MAX, 1, 2, "A too short"), (1, usize::MAX, 2, "B too short"), (1, 1, usize::MAX, "C too short")]
+        {
+            let mut c = vec![f32::NAN; 8];
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rowdot(2, 2, 1, &a, lda, &b, ldb, &mut c, ldc, false)));
+            let msg = r.expect_err("a wrapping extent must panic").downcast::<String>().expect("a message");
+            assert!(msg.contains(what), "{msg}");
+            assert!(c.iter().all(|v| v.is_nan()), "C written before the panic");
         }
     }
 }

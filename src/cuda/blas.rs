@@ -179,11 +179,6 @@ impl Blas {
         status.result().map_err(|e| Error::Cuda { what: format!("cuBLAS sgemm ({m}×{n}×{k}, {count} times): {e:?}") })
     }
 
-    /// The stream this handle runs on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-
     /// Moves the handle to `stream` (after the work queued on its old one) and sets FP32 or
     /// TF32 arithmetic; a no-op when both are as they are.
     pub fn rebind(&mut self, stream: &Arc<CudaStream>, tf32: bool) -> Result<()> {

@@ -241,17 +241,8 @@ impl Gpu {
         self.ctx.new_stream().map_err(|e| driver_error("creating a stream", e))
     }
 
-    /// The driver context (for allocation and copies through cudarc).
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
-
     pub fn ordinal(&self) -> usize {
         self.ordinal
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
     }
 
     /// (major, minor); the kernels were compiled for exactly this.
@@ -292,11 +283,6 @@ impl Gpu {
     /// Whether weight gradients on the tiles may split over two blocks (see the field).
     pub(crate) fn mma_split_enabled(&self) -> bool {
         self.mma_split_enabled
-    }
-
-    /// Waits until all work on this device is done.
-    pub fn synchronize(&self) -> Result<()> {
-        self.ctx.synchronize().map_err(|e| driver_error("synchronising the device", e))
     }
 
     /// The handle of a kernel.

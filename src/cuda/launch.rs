@@ -3,9 +3,12 @@
 //! launch allocates nothing on the host.
 
 use crate::error::{Error, Result};
-use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::sys;
+#[cfg(test)]
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use std::ffi::c_void;
 use std::marker::PhantomData;
+#[cfg(test)]
 use std::ops::Range;
 
 /// `len` values of `T` in device memory, borrowed for reading.
@@ -26,6 +29,7 @@ pub struct ViewMut<'a, T> {
 
 impl<'a, T> View<'a, T> {
     /// All of `slice`.
+    #[cfg(test)]
     pub fn of(slice: &'a CudaSlice<T>) -> View<'a, T> {
         // The guard records a read event only where the context tracks events (flatnn's do not).
         let (ptr, _guard) = slice.device_ptr(slice.stream());
@@ -42,6 +46,7 @@ impl<'a, T> View<'a, T> {
     }
 
     /// Values `range` of this view; panics when out of bounds.
+    #[cfg(test)]
     pub fn slice(self, range: Range<usize>) -> View<'a, T> {
         assert!(range.start <= range.end && range.end <= self.len, "device view {range:?} out of 0..{}", self.len);
         View { ptr: self.ptr + (range.start * size_of::<T>()) as u64, len: range.len(), _borrow: PhantomData }
@@ -49,10 +54,6 @@ impl<'a, T> View<'a, T> {
 
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The device address of the first value.
@@ -63,6 +64,7 @@ impl<'a, T> View<'a, T> {
 
 impl<'a, T> ViewMut<'a, T> {
     /// All of `slice`.
+    #[cfg(test)]
     pub fn of(slice: &'a mut CudaSlice<T>) -> ViewMut<'a, T> {
         let len = slice.len();
         let stream = std::sync::Arc::clone(slice.stream());
@@ -77,29 +79,6 @@ impl<'a, T> ViewMut<'a, T> {
     /// used with, used by no one else while the view lives.
     pub unsafe fn from_raw(ptr: sys::CUdeviceptr, len: usize) -> ViewMut<'a, T> {
         ViewMut { ptr, len, _borrow: PhantomData }
-    }
-
-    /// Values `range`, consuming the view (use [`ViewMut::reborrow`] first to keep it).
-    pub fn slice(self, range: Range<usize>) -> ViewMut<'a, T> {
-        assert!(range.start <= range.end && range.end <= self.len, "device view {range:?} out of 0..{}", self.len);
-        ViewMut { ptr: self.ptr + (range.start * size_of::<T>()) as u64, len: range.len(), _borrow: PhantomData }
-    }
-
-    /// Two disjoint views, `0..mid` and `mid..len`.
-    pub fn split_at(self, mid: usize) -> (ViewMut<'a, T>, ViewMut<'a, T>) {
-        assert!(mid <= self.len, "split at {mid} of a device view of {}", self.len);
-        let tail = ViewMut { ptr: self.ptr + (mid * size_of::<T>()) as u64, len: self.len - mid, _borrow: PhantomData };
-        (ViewMut { ptr: self.ptr, len: mid, _borrow: PhantomData }, tail)
-    }
-
-    /// A shorter-lived view of the same values.
-    pub fn reborrow(&mut self) -> ViewMut<'_, T> {
-        ViewMut { ptr: self.ptr, len: self.len, _borrow: PhantomData }
-    }
-
-    /// The same values, read-only.
-    pub fn as_view(&self) -> View<'_, T> {
-        View { ptr: self.ptr, len: self.len, _borrow: PhantomData }
     }
 
     pub fn len(&self) -> usize {

@@ -1,21 +1,15 @@
-//! The CUDA building blocks: finding a usable GPU, one compiled module of flatnn's kernels per
-//! device, a zero-allocation kernel launch, typed wrappers per kernel, and cuBLAS SGEMM.
-//!
+//! What a program may ask about CUDA here: whether it works ([`is_functional`]), how many
+//! devices there are ([`device_count`]), and which cuDNN, if any, loads ([`cudnn_version`]).
 //! Nothing here needs CUDA at build time: cudarc loads libcuda, libnvrtc and libcublas when
-//! first used. [`is_functional`] and [`device_count`] answer `false` / `0` on a machine without
-//! them and never panic; everything else returns [`Error::Cuda`] naming what is missing.
-//!
-//! ```text
-//! let gpu = cuda::gpu(0)?;                    // context + kernels compiled once (NVRTC)
-//! let stream = gpu.new_stream()?;
-//! let blas = gpu.blas(&stream, false)?;       // cuBLAS handle bound to the stream, FP32
-//! gpu.bias_act(&stream, Relu, b, (channels, pixels), z, Some(y))?;   // no host allocation
-//! ```
-//!
-//! Device memory is passed as [`View`] / [`ViewMut`]: a device pointer and a length, borrowed
-//! from a cudarc `CudaSlice`. Work on one stream is ordered by the stream; the context's
-//! event tracking is turned off (flatnn does its own ordering), so a `CudaSlice` allocated from
-//! a [`Gpu`]'s context carries no events.
+//! first used, and these answer `false`, `0` or `None` on a machine without them and never
+//! panic. Models reach a GPU through [`crate::Device`].
+
+// Inside the crate: one compiled module of flatnn's kernels per device (`gpu(ordinal)`, NVRTC
+// once), a zero-allocation kernel launch, typed wrappers per kernel, and cuBLAS SGEMM. Device
+// memory is passed as `launch::View` / `launch::ViewMut`: a device pointer and a length,
+// borrowed from a cudarc `CudaSlice`. Work on one stream is ordered by the stream; the
+// context's event tracking is turned off (flatnn does its own ordering), so a `CudaSlice`
+// allocated from a `Gpu`'s context carries no events.
 
 mod blas;
 mod buffer;
@@ -36,11 +30,9 @@ mod tests;
 mod timing;
 pub(crate) mod wgrad;
 
-pub use blas::{Blas, DevMat, DevMatMut};
-pub use context::Gpu;
+pub(crate) use context::Gpu;
 pub use cudnn::cudnn_version;
-pub use launch::{launch, View, ViewMut};
-pub use ops::{DenseEpilogue, LOSS_SCRATCH};
+pub(crate) use ops::LOSS_SCRATCH;
 
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaContext, DriverError};
@@ -49,7 +41,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLo
 
 /// What a device is, as the driver reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceInfo {
+pub(crate) struct DeviceInfo {
     pub name: String,
     /// Bytes of device memory.
     pub total_memory: usize,
@@ -79,7 +71,7 @@ pub fn device_count() -> usize {
 }
 
 /// Name, memory and compute capability of device `ordinal`.
-pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
+pub(crate) fn device_info(ordinal: usize) -> Result<DeviceInfo> {
     check_ordinal(ordinal)?;
     guarded(|| {
         let ctx = CudaContext::new(ordinal)?;
@@ -92,7 +84,7 @@ pub fn device_info(ordinal: usize) -> Result<DeviceInfo> {
 
 /// The process's one [`Gpu`] for device `ordinal`, made (context, kernels compiled and looked
 /// up) on first use. A failure is not cached: a later call tries again.
-pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
+pub(crate) fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
     static GPUS: Mutex<Vec<Option<Arc<Gpu>>>> = Mutex::new(Vec::new());
     libraries_present()?;
     let count = check_ordinal(ordinal)?;

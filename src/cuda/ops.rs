@@ -742,7 +742,7 @@ impl Gpu {
     ) -> Result<()> {
         let Update { config, clip } = update;
         assert!(params.len() >= n && grads.len() >= n && state.len() >= config.state_per_param() * n, "optim_step: short view");
-        assert!(!norm.is_empty(), "optim_step: no norm");
+        assert!(norm.len() > 0, "optim_step: no norm");
         if n == 0 {
             return Ok(());
         }

@@ -8,11 +8,13 @@
 //! Backward: dW = Σ_s dZ_s · col_sᵀ (as row dot products, see `cpu::rowdot`), dcol_s = Wᵀ · dZ_s,
 //! then col2im adds dcol_s into dX_s.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use crate::chain::Shape;
 use crate::cpu::gemm::{sgemm_on, GemmWorkspace, Mat, MatMut};
 use crate::cpu::pool::Pool;
 use crate::cpu::rowdot::rowdot;
-use crate::cpu::{chunk_count, chunk_range, SharedMut};
+use crate::cpu::{chunk_range, for_chunks, SharedMut};
 #[cfg(test)]
 use crate::float::Float;
 
@@ -214,6 +216,8 @@ mod avx2 {
     /// `dst` holds oh·ow values, `src` reaches (oh − 1)·wp + ow; ow ≥ 8; AVX2 present.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn copy_runs(r: Runs, dst: *mut f32, src: *const f32) {
+        // SAFETY: run y < oh reads src[y·wp..][..ow] and writes dst[y·ow..][..ow] in blocks
+        // of 8 (ow ≥ 8, the last block ending at ow): inside the contract's extents.
         unsafe {
             for y in 0..r.oh {
                 let (d, s) = (dst.add(y * r.ow), src.add(y * r.wp));
@@ -232,6 +236,8 @@ mod avx2 {
     /// As [`copy_runs`], with `dst` the plane and `src` the lowered row.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn add_runs(r: Runs, dst: *mut f32, src: *const f32) {
+        // SAFETY: run y < oh touches dst[y·wp..][..ow] and src[y·ow..][..ow], 8 at a time
+        // while 8 fit, then one by one: inside the contract's extents.
         unsafe {
             for y in 0..r.oh {
                 let (d, s) = (dst.add(y * r.wp), src.add(y * r.ow));
@@ -343,39 +349,39 @@ impl Scratch<'_> {
 
 /// Fast forward without the bias: Z_s ← W · im2col(X_s), samples spread over the pool.
 #[allow(clippy::too_many_arguments)]
-pub fn forward(pool: &Pool, ws: &GemmWorkspace, scratch: &Scratch, g: &Geometry, batch: usize, w: &[f32], x: &[f32], z: &mut [f32]) {
+pub fn forward(pool: &Pool, ws: &mut GemmWorkspace, scratch: &Scratch, g: &Geometry, batch: usize, w: &[f32], x: &[f32], z: &mut [f32]) {
     let (ckk, ohw) = (g.ckk(), g.ohw());
     let z = SharedMut::new(&mut z[..batch * g.out_len()]);
-    pool.run(batch, &|s, worker| {
-        // SAFETY: `worker` is this task's worker index; sample s owns z[s·out_len..][..out_len].
+    pool.run_with(batch, ws.workers(), &|s, worker, gemm| {
+        // SAFETY: `worker` is this task's worker index in a run that alone uses `scratch`;
+        // sample s owns z[s·out_len..][..out_len].
         let (col, zs) = unsafe { (scratch.col(worker, g.col_len()), z.slice(s * g.out_len()..(s + 1) * g.out_len())) };
         im2col(g, &x[s * g.in_len()..][..g.in_len()], col);
         let wm = Mat { data: w, rs: ckk, cs: 1 };
-        sgemm_on(
-            ws,
-            worker,
-            g.out_channels,
-            ohw,
-            ckk,
-            1.0,
-            wm,
-            Mat { data: col, rs: ohw, cs: 1 },
-            0.0,
-            MatMut { data: zs, rs: ohw, cs: 1 },
-        );
+        sgemm_on(gemm, g.out_channels, ohw, ckk, 1.0, wm, Mat { data: col, rs: ohw, cs: 1 }, 0.0, MatMut { data: zs, rs: ohw, cs: 1 });
     });
+}
+
+/// The most blocks a batch's weight gradient is summed in (see [`backward`]).
+const MAX_WGRAD_BLOCKS: usize = 16;
+
+/// Blocks the weight gradient of `batch` samples is summed in: a function of the batch alone,
+/// never of the thread count.
+pub(crate) fn wgrad_blocks(batch: usize) -> usize {
+    batch.clamp(1, MAX_WGRAD_BLOCKS)
 }
 
 /// Fast backward without the bias: dW ← Σ_s dZ_s·col_sᵀ; dX_s ← col2im(Wᵀ·dZ_s) when given.
 ///
-/// The batch is cut into `chunk_count(threads, batch, 1)` fixed chunks; chunk 0 accumulates
-/// into `dw`, chunk t > 0 into `partials[t−1]`, and the partials are added in chunk order, so
-/// the result depends on the thread count but never on timing. `dcols` is a second per-thread
-/// scratch like `scratch.cols`; `partials` holds (threads − 1) weight-sized buffers.
+/// The batch is cut into `wgrad_blocks(batch)` contiguous blocks of samples; block 0 sums its
+/// samples, in order, into `dw`, block b > 0 into `partials[b−1]`, and the partials are then
+/// added to `dw` in block order. The threads only decide who computes which block, so dW has
+/// the same bits on any number of threads. `dcols` is a second per-thread scratch like
+/// `scratch.cols`; `partials` holds `wgrad_blocks(batch) − 1` weight-sized buffers.
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     pool: &Pool,
-    ws: &GemmWorkspace,
+    ws: &mut GemmWorkspace,
     scratch: &Scratch,
     dcols: &Scratch,
     partials: &mut [f32],
@@ -388,23 +394,24 @@ pub fn backward(
     dx: Option<&mut [f32]>,
 ) {
     let (ckk, ohw, w_len) = (g.ckk(), g.ohw(), dw.len());
-    let chunks = chunk_count(pool.threads(), batch, 1);
-    assert!(partials.len() >= (chunks - 1) * w_len, "conv partials too small");
-    let dw_shared = SharedMut::new(dw);
-    let partials_shared = SharedMut::new(partials);
+    let blocks = wgrad_blocks(batch);
+    assert!(partials.len() >= (blocks - 1) * w_len, "conv partials too small");
+    let dw_shared = SharedMut::new(&mut *dw);
+    let partials_shared = SharedMut::new(&mut *partials);
     let dx = dx.map(|dx| SharedMut::new(&mut dx[..batch * g.in_len()]));
-    pool.run(chunks, &|chunk, worker| {
-        // SAFETY: chunk t alone writes its dW buffer and the dX of its own samples; `worker`
-        // is this task's worker index.
+    pool.run_with(blocks, ws.workers(), &|block, worker, gemm| {
+        // SAFETY: block b alone writes its dW buffer and the dX of its own samples; `worker`
+        // is this task's worker index in a run that alone uses `scratch` and `dcols`.
         let acc = unsafe {
-            if chunk == 0 {
+            if block == 0 {
                 dw_shared.slice(0..w_len)
             } else {
-                partials_shared.slice((chunk - 1) * w_len..chunk * w_len)
+                partials_shared.slice((block - 1) * w_len..block * w_len)
             }
         };
+        // SAFETY: as above (`worker` names this task's lowered columns in each scratch).
         let (col, dcol) = unsafe { (scratch.col(worker, g.col_len()), dcols.col(worker, g.col_len())) };
-        for (n, s) in chunk_range(batch, chunks, chunk).enumerate() {
+        for (n, s) in chunk_range(batch, blocks, block).enumerate() {
             im2col(g, &x[s * g.in_len()..][..g.in_len()], col);
             let dzs = &dz[s * g.out_len()..][..g.out_len()];
             // dW (OC × CKK) += dZ_s (OC × OHW) · col_sᵀ: rows of both are contiguous
@@ -412,31 +419,25 @@ pub fn backward(
             if let Some(dx) = &dx {
                 // dcol (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW)
                 let w_t = Mat { data: w, rs: 1, cs: ckk };
-                sgemm_on(
-                    ws,
-                    worker,
-                    ckk,
-                    ohw,
-                    g.out_channels,
-                    1.0,
-                    w_t,
-                    Mat { data: dzs, rs: ohw, cs: 1 },
-                    0.0,
-                    MatMut { data: &mut dcol[..], rs: ohw, cs: 1 },
-                );
-                // SAFETY: sample s belongs to this chunk only.
+                let dcol_m = MatMut { data: &mut dcol[..], rs: ohw, cs: 1 };
+                sgemm_on(gemm, ckk, ohw, g.out_channels, 1.0, w_t, Mat { data: dzs, rs: ohw, cs: 1 }, 0.0, dcol_m);
+                // SAFETY: sample s belongs to this block only.
                 let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
                 col2im(g, dcol, dxs);
             }
         }
     });
-    if chunks > 1 {
-        let dw = unsafe { dw_shared.slice(0..w_len) };
-        for t in 1..chunks {
-            let part = unsafe { partials_shared.slice((t - 1) * w_len..t * w_len) };
-            dw.iter_mut().zip(part.iter()).for_each(|(d, p)| *d += *p);
+    // dW[e] = ((block 0 + block 1) + block 2) + …, each element in that order; the elements
+    // are independent, so they may be spread over the threads.
+    let partials = &partials[..(blocks - 1) * w_len];
+    let dw = SharedMut::new(dw);
+    for_chunks(pool, w_len, 16384, &|_, range| {
+        // SAFETY: chunks are disjoint ranges of dW.
+        let dw = unsafe { dw.slice(range.clone()) };
+        for part in partials.chunks_exact(w_len) {
+            dw.iter_mut().zip(&part[range.clone()]).for_each(|(d, p)| *d += *p);
         }
-    }
+    });
 }
 
 #[cfg(test)]
@@ -458,7 +459,7 @@ mod tests {
         ];
         for threads in [1, 2, 3] {
             let pool = Pool::new(threads).unwrap();
-            let ws = GemmWorkspace::new(threads);
+            let mut ws = GemmWorkspace::new(threads).unwrap();
             for (input, oc, kernel, stride, padding) in cases {
                 let Shape::Image { channels, height, width } = input else { unreachable!() };
                 let (oh, ow) = ((height + 2 * padding.0 - kernel.0) / stride.0 + 1, (width + 2 * padding.1 - kernel.1) / stride.1 + 1);
@@ -476,14 +477,15 @@ mod tests {
                     let mut z_spec = vec![0.0; batch * g.out_len()];
                     forward_spec(&g, batch, &w, &zero_b, &x, &mut z_spec);
                     let mut z = poisoned(batch * g.out_len() + 3);
-                    forward(&pool, &ws, &scratch, &g, batch, &w, &x, &mut z);
+                    forward(&pool, &mut ws, &scratch, &g, batch, &w, &x, &mut z);
                     assert_eq!(&z[..batch * g.out_len()], &z_spec[..], "forward {g:?}");
                     assert!(z[batch * g.out_len()..].iter().all(|v| v.is_nan()), "wrote past the batch");
 
                     let (mut dw_s, mut db_s, mut dx_s) = (vec![0.0; w.len()], vec![0.0; oc], vec![0.0; x.len()]);
                     backward_spec(&g, batch, &w, &x, &dz, &mut dw_s, &mut db_s, Some(&mut dx_s));
-                    let (mut dw, mut dx, mut partials) = (poisoned(w.len()), poisoned(x.len()), poisoned(threads * w.len()));
-                    backward(&pool, &ws, &scratch, &dscratch, &mut partials, &g, batch, &w, &x, &dz, &mut dw, Some(&mut dx));
+                    let (mut dw, mut dx, mut partials) =
+                        (poisoned(w.len()), poisoned(x.len()), poisoned((wgrad_blocks(batch) - 1) * w.len()));
+                    backward(&pool, &mut ws, &scratch, &dscratch, &mut partials, &g, batch, &w, &x, &dz, &mut dw, Some(&mut dx));
                     assert_close(&dw, &dw_s, 0.0, 0.0, "conv dW");
                     assert_close(&dx, &dx_s, 0.0, 0.0, "conv dX");
                 }

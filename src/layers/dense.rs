@@ -68,7 +68,7 @@ pub fn backward_spec<F: Float>(
 
 /// Fast forward without the bias: Z (batch, out) ← X·Wᵀ.
 #[allow(clippy::too_many_arguments)]
-pub fn forward(pool: &Pool, ws: &GemmWorkspace, batch: usize, in_f: usize, out_f: usize, w: &[f32], x: &[f32], z: &mut [f32]) {
+pub fn forward(pool: &Pool, ws: &mut GemmWorkspace, batch: usize, in_f: usize, out_f: usize, w: &[f32], x: &[f32], z: &mut [f32]) {
     let a = Mat { data: x, rs: in_f, cs: 1 };
     let b = Mat { data: w, rs: 1, cs: in_f };
     sgemm(pool, ws, batch, out_f, in_f, 1.0, a, b, 0.0, MatMut { data: z, rs: out_f, cs: 1 });
@@ -78,7 +78,7 @@ pub fn forward(pool: &Pool, ws: &GemmWorkspace, batch: usize, in_f: usize, out_f
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     pool: &Pool,
-    ws: &GemmWorkspace,
+    ws: &mut GemmWorkspace,
     batch: usize,
     in_f: usize,
     out_f: usize,
@@ -106,7 +106,7 @@ mod tests {
         let mut rng = Rng::new(7);
         for threads in [1, 2] {
             let pool = Pool::new(threads).unwrap();
-            let ws = GemmWorkspace::new(threads);
+            let mut ws = GemmWorkspace::new(threads).unwrap();
             for (batch, in_f, out_f) in [(1, 1, 1), (3, 5, 7), (17, 33, 9), (64, 130, 65), (2, 784, 10)] {
                 let w = rng.ints(out_f * in_f);
                 let b = vec![0.0; out_f];
@@ -115,13 +115,13 @@ mod tests {
                 let mut z_spec = vec![0.0; batch * out_f];
                 forward_spec(batch, in_f, out_f, &w, &b, &x, &mut z_spec);
                 let mut z = poisoned(batch * out_f);
-                forward(&pool, &ws, batch, in_f, out_f, &w, &x, &mut z);
+                forward(&pool, &mut ws, batch, in_f, out_f, &w, &x, &mut z);
                 assert_eq!(z, z_spec, "forward {batch}×{in_f}×{out_f}");
 
                 let (mut dw_s, mut db_s, mut dx_s) = (vec![0.0; out_f * in_f], vec![0.0; out_f], vec![0.0; batch * in_f]);
                 backward_spec(batch, in_f, out_f, &w, &x, &dz, &mut dw_s, &mut db_s, Some(&mut dx_s));
                 let (mut dw, mut dx) = (poisoned(out_f * in_f), poisoned(batch * in_f));
-                backward(&pool, &ws, batch, in_f, out_f, &w, &x, &dz, &mut dw, Some(&mut dx));
+                backward(&pool, &mut ws, batch, in_f, out_f, &w, &x, &dz, &mut dw, Some(&mut dx));
                 assert_close(&dw, &dw_s, 0.0, 0.0, "dW");
                 assert_close(&dx, &dx_s, 0.0, 0.0, "dX");
             }

@@ -66,7 +66,7 @@ impl Workspace {
     pub fn new(plan: &Plan, threads: usize) -> Result<Workspace> {
         let col_len = max_col_len(plan);
         let cols = zeros(batch_len(threads, col_len, "convolution columns")?, || format!("the convolution columns of {threads} threads"))?;
-        Ok(Workspace { gemm: GemmWorkspace::new(threads), cols, col_len })
+        Ok(Workspace { gemm: GemmWorkspace::new(threads)?, cols, col_len })
     }
 
     /// No scratch: for a cache whose steps run on a GPU.
@@ -75,22 +75,24 @@ impl Workspace {
     }
 }
 
-/// Scratch a backward pass needs beyond the gradients: lowered-gradient columns and per-chunk
-/// partial conv weight gradients.
+/// Scratch a backward pass needs beyond the gradients: lowered-gradient columns and per-block
+/// partial conv weight gradients (see `conv::backward`).
 pub(crate) struct GradWorkspace {
     pub dcols: Vec<f32>,
     pub partials: Vec<f32>,
 }
 
 impl GradWorkspace {
-    /// As [`Workspace::new`], for the backward pass.
-    pub fn new(plan: &Plan, threads: usize) -> Result<GradWorkspace> {
+    /// As [`Workspace::new`], for the backward pass: a lowered gradient's columns a thread, and
+    /// the partial conv weight gradients of the sample blocks after the first
+    /// ([`conv::wgrad_blocks`], fixed by the capacity, not the thread count).
+    pub fn new(plan: &Plan, capacity: usize, threads: usize) -> Result<GradWorkspace> {
         let w_len = conv_steps(plan).map(Step::weight_len).max().unwrap_or(0);
         let dcols = batch_len(threads, max_col_len(plan), "convolution gradient columns")?;
-        let partials = batch_len(threads.saturating_sub(1), w_len, "partial weight gradients")?;
+        let partials = batch_len(conv::wgrad_blocks(capacity) - 1, w_len, "partial weight gradients")?;
         Ok(GradWorkspace {
             dcols: zeros(dcols, || format!("the convolution gradient columns of {threads} threads"))?,
-            partials: zeros(partials, || format!("the partial weight gradients of {threads} threads"))?,
+            partials: zeros(partials, || "the partial conv weight gradients".into())?,
         })
     }
 
@@ -129,11 +131,11 @@ pub(crate) fn forward(plan: &Plan, params: &[f32], acts: &mut [f32], capacity: u
         match step.layer {
             Layer::Dense { out_features, .. } => {
                 let (xs, zs) = split2(acts, x, z.clone());
-                dense::forward(pool, &ws.gemm, batch, step.input.len(), out_features, w, xs, zs);
+                dense::forward(pool, &mut ws.gemm, batch, step.input.len(), out_features, w, xs, zs);
             }
             Layer::Conv { .. } => {
                 let (xs, zs) = split2(acts, x, z.clone());
-                conv::forward(pool, &ws.gemm, &scratch, &conv_geometry(step), batch, w, xs, zs);
+                conv::forward(pool, &mut ws.gemm, &scratch, &conv_geometry(step), batch, w, xs, zs);
             }
             Layer::MaxPool { .. } => {
                 let (xs, ys) = split2(acts, x, y);
@@ -192,10 +194,10 @@ pub(crate) fn backward(
                 let dx = need_dx.then(|| &mut dxs[x.clone()]);
                 let (w, xs) = (&params[w_range], &acts[x.clone()]);
                 if let Layer::Dense { out_features, .. } = step.layer {
-                    dense::backward(pool, &ws.gemm, batch, step.input.len(), out_features, w, xs, dz, dw, dx);
+                    dense::backward(pool, &mut ws.gemm, batch, step.input.len(), out_features, w, xs, dz, dw, dx);
                 } else {
                     let g = conv_geometry(step);
-                    conv::backward(pool, &ws.gemm, &scratch, &dscratch, &mut gws.partials, &g, batch, w, xs, dz, dw, dx);
+                    conv::backward(pool, &mut ws.gemm, &scratch, &dscratch, &mut gws.partials, &g, batch, w, xs, dz, dw, dx);
                 }
             }
             Layer::MaxPool { .. } if need_dx => {

@@ -6,8 +6,15 @@ use super::{ViewMut, NR};
 pub(super) trait Kernel {
     /// C tile ← α·Σ_p a_p b_pᵀ + β·C tile (β = 0: C not read), for a full M×NR tile whose
     /// rows are contiguous (c.cs = 1).
-    /// `a` holds kc columns of M, `b` kc rows of NR.
+    ///
+    /// # Safety
+    /// `a` holds kc columns of M values and `b` kc rows of NR; `c` covers M×NR elements that no
+    /// other thread touches during the call; `Avx2` needs AVX2 and FMA.
     unsafe fn tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut);
+
+    /// α·v + β·c (β ≠ 0) for one element, rounded as `tile` rounds its stores, so that an edge
+    /// tile (computed with α = 1, β = 0, then blended here) has a full tile's bits.
+    fn blend(alpha: f32, v: f32, beta: f32, c: f32) -> f32;
 }
 
 pub(super) struct Portable;
@@ -17,6 +24,7 @@ impl Kernel for Portable {
     unsafe fn tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut) {
         let mut acc = [[0.0f32; NR]; M];
         for p in 0..kc {
+            // SAFETY: column p < kc of the packed panels (the contract).
             let (ap, bp) = unsafe { (std::slice::from_raw_parts(a.add(p * M), M), std::slice::from_raw_parts(b.add(p * NR), NR)) };
             for i in 0..M {
                 for j in 0..NR {
@@ -26,10 +34,16 @@ impl Kernel for Portable {
         }
         for (i, row) in acc.iter().enumerate() {
             for (j, &v) in row.iter().enumerate() {
+                // SAFETY: (i, j) is inside the M×NR tile `c` covers, ours alone (the contract).
                 let p = unsafe { c.ptr.add(i * c.rs + j * c.cs) };
-                unsafe { *p = if beta == 0.0 { alpha * v } else { alpha * v + beta * *p } };
+                // SAFETY: as above.
+                unsafe { *p = if beta == 0.0 { alpha * v } else { Self::blend(alpha, v, beta, *p) } };
             }
         }
+    }
+
+    fn blend(alpha: f32, v: f32, beta: f32, c: f32) -> f32 {
+        alpha * v + beta * c
     }
 }
 
@@ -40,7 +54,16 @@ pub(super) struct Avx2;
 impl Kernel for Avx2 {
     #[inline(always)]
     unsafe fn tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut) {
+        // SAFETY: the same contract.
         unsafe { avx2_tile::<M>(kc, a, b, alpha, beta, c) }
+    }
+
+    fn blend(alpha: f32, v: f32, beta: f32, c: f32) -> f32 {
+        if alpha == 1.0 && beta == 1.0 {
+            c + v
+        } else {
+            alpha.mul_add(v, beta * c)
+        }
     }
 }
 
@@ -49,6 +72,8 @@ impl Kernel for Avx2 {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn avx2_tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut) {
     use std::arch::x86_64::*;
+    // SAFETY: `Kernel::tile`'s contract: every load is in the packed panels (p < kc), every
+    // prefetch and store in the M rows of 16 contiguous values of the C tile.
     unsafe {
         // C's rows are far apart, so the hardware prefetcher misses them, and after the first
         // KC panel they come back from L3: start fetching them now, under the kc·2·M FMAs.

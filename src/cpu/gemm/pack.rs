@@ -27,20 +27,31 @@ const ROW_REMAINDERS: [usize; MR] = [0, 1, 2, 3, 4, 5];
 
 /// Packs A (mc×kc) into the panels of `row_panels`, column by column, zero-padding a short
 /// last panel to its packed height.
+///
+/// # Safety
+/// `a` covers mc×kc elements.
 pub(super) unsafe fn pack_a(mc: usize, kc: usize, a: View, out: &mut [f32]) {
+    // Each panel reads rows i0..i0 + rows ≤ mc, columns 0..kc of A: inside the contract; `dst`
+    // is a checked slice of `out`.
     for (i0, rows, height) in row_panels(mc) {
         let dst = &mut out[i0 * kc..][..height * kc];
         if a.cs == 1 && rows == height {
             // A stored by rows (X in X·Wᵀ): a transpose of `height` rows
+            // SAFETY: `height` rows of kc contiguous values from row i0; dst holds kc runs of
+            // `height`.
             unsafe { transpose(height, kc, a.ptr.add(i0 * a.rs), a.rs, dst.as_mut_ptr(), height) };
         } else if a.rs == 1 && rows == height {
             // A stored by columns (dZᵀ in dW = dZᵀ·X): each k is `height` contiguous values
+            // SAFETY: element (i0, 0) of A.
             let src = unsafe { a.ptr.add(i0) };
             match height {
+                // SAFETY: kc runs of `height` contiguous values (rs = 1), a.cs apart.
                 MR => unsafe { copy_runs::<MR>(src, a.cs, dst) },
+                // SAFETY: as above.
                 _ => unsafe { copy_runs::<4>(src, a.cs, dst) },
             }
         } else {
+            // SAFETY: `rows` lanes of kc values from row i0, with A's strides.
             unsafe { pack_lanes(height, rows, kc, a.ptr.add(i0 * a.rs), a.rs, a.cs, dst) };
         }
     }
@@ -53,15 +64,20 @@ pub(super) unsafe fn pack_a(mc: usize, kc: usize, a: View, out: &mut [f32]) {
 /// `src` covers dst.len() / H runs of H values `stride` apart.
 unsafe fn copy_runs<const H: usize>(src: *const f32, stride: usize, dst: &mut [f32]) {
     for (p, out) in dst.chunks_exact_mut(H).enumerate() {
+        // SAFETY: run p < dst.len() / H (the contract).
         out.copy_from_slice(unsafe { std::slice::from_raw_parts(src.add(p * stride), H) });
     }
 }
 
 /// Packs B (kc×nc) into NR-wide panels, row by row, zero-padding the last panel.
+///
+/// # Safety
+/// `b` covers kc×nc elements.
 pub(super) unsafe fn pack_b(kc: usize, nc: usize, b: View, out: &mut [f32]) {
     let mut done = 0;
     if b.cs == 1 {
         done = nc / NR;
+        // SAFETY: the first nc / NR full panels of kc rows, contiguous (cs = 1).
         unsafe { pack_b_by_rows(kc, done, b, out) };
     }
     for (panel, j0) in (0..nc).step_by(NR).enumerate().skip(done) {
@@ -70,9 +86,12 @@ pub(super) unsafe fn pack_b(kc: usize, nc: usize, b: View, out: &mut [f32]) {
         if b.rs == 1 && cols == NR {
             // B stored by columns (Wᵀ in X·Wᵀ): transposes of 8 columns into each half
             for half in [0, NR / 2] {
+                // SAFETY: columns j0 + half + 0..8 < nc, each kc contiguous values (rs = 1);
+                // dst[half..] holds kc runs NR apart.
                 unsafe { transpose(NR / 2, kc, b.ptr.add((j0 + half) * b.cs), b.cs, dst[half..].as_mut_ptr(), NR) };
             }
         } else {
+            // SAFETY: `cols` columns from j0 (j0 + cols ≤ nc) of kc values, with B's strides.
             unsafe { pack_lanes(NR, cols, kc, b.ptr.add(j0 * b.cs), b.cs, b.rs, dst) };
         }
     }
@@ -88,6 +107,7 @@ unsafe fn pack_lanes(width: usize, lanes: usize, kc: usize, src: *const f32, lan
     if k_stride == 1 {
         for l in 0..width {
             if l < lanes {
+                // SAFETY: lane l < lanes, kc contiguous values (k_stride = 1).
                 let run = unsafe { std::slice::from_raw_parts(src.add(l * lane_stride), kc) };
                 for (p, &v) in run.iter().enumerate() {
                     dst[p * width + l] = v;
@@ -99,6 +119,7 @@ unsafe fn pack_lanes(width: usize, lanes: usize, kc: usize, src: *const f32, lan
     } else {
         for p in 0..kc {
             for l in 0..width {
+                // SAFETY: value p < kc of lane l < lanes.
                 dst[p * width + l] = if l < lanes { unsafe { *src.add(l * lane_stride + p * k_stride) } } else { 0.0 };
             }
         }
@@ -112,12 +133,16 @@ const PACK_ROWS: usize = 8;
 /// at a time across all panels: B is read in address order, each line once, where packing a
 /// panel at a time walks down columns, a row stride apart (one L1 set when the stride is 4 KiB)
 /// and reads every line twice when rows are not 64-byte aligned.
+///
+/// # Safety
+/// `b` covers kc rows of panels·NR contiguous values (cs = 1).
 unsafe fn pack_b_by_rows(kc: usize, panels: usize, b: View, out: &mut [f32]) {
     for p0 in (0..kc).step_by(PACK_ROWS) {
         let rows = PACK_ROWS.min(kc - p0);
         for panel in 0..panels {
             let dst = &mut out[panel * NR * kc + p0 * NR..][..rows * NR];
             for (r, d) in dst.chunks_exact_mut(NR).enumerate() {
+                // SAFETY: row p0 + r < kc, columns panel·NR.. + NR ≤ panels·NR (the contract).
                 d.copy_from_slice(unsafe { std::slice::from_raw_parts(b.ptr.add((p0 + r) * b.rs + panel * NR), NR) });
             }
         }
@@ -138,13 +163,18 @@ unsafe fn transpose(h: usize, kc: usize, src: *const f32, stride: usize, dst: *m
         // SAFETY: the remaining columns lie inside the same extents.
         return unsafe { transpose_scalar(h, done..kc, src, stride, dst, dst_stride) };
     }
+    // SAFETY: this function's contract.
     unsafe { transpose_scalar(h, 0..kc, src, stride, dst, dst_stride) }
 }
 
 /// `transpose` for the columns in `cols`, one value at a time.
+///
+/// # Safety
+/// As [`transpose`], for columns `cols` (inside 0..kc).
 unsafe fn transpose_scalar(h: usize, cols: std::ops::Range<usize>, src: *const f32, stride: usize, dst: *mut f32, dst_stride: usize) {
     for p in cols {
         for i in 0..h {
+            // SAFETY: row i < h, column p < kc of src; run p, place i < dst_stride of dst.
             unsafe { *dst.add(p * dst_stride + i) = *src.add(i * stride + p) };
         }
     }

@@ -1,7 +1,7 @@
 //! The packed GEMM against the plain triple loop and against matrixmultiply.
 
 use super::*;
-use crate::testutil::Rng;
+use crate::testutil::{poisoned, Rng};
 
 #[allow(clippy::too_many_arguments)]
 fn reference(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: &mut [f32], rsc: usize, csc: usize) {
@@ -33,7 +33,7 @@ fn layout(kind: usize, r: usize, c: usize) -> (usize, usize, usize) {
 
 fn check(
     pool: &Pool,
-    ws: &GemmWorkspace,
+    ws: &mut GemmWorkspace,
     rng: &mut Rng,
     (m, n, k): (usize, usize, usize),
     kinds: (usize, usize, usize),
@@ -84,11 +84,11 @@ fn matches_the_plain_loop_on_odd_shapes_and_layouts() {
     ];
     for threads in [1, 2, 3] {
         let pool = Pool::new(threads).unwrap();
-        let ws = GemmWorkspace::new(threads);
+        let mut ws = GemmWorkspace::new(threads).unwrap();
         for &shape in &shapes {
             for kinds in [(0, 0, 0), (1, 1, 1), (0, 1, 0), (1, 0, 2), (2, 2, 3), (3, 3, 0), (0, 1, 4), (4, 4, 4)] {
                 for (alpha, beta) in [(1.0, 0.0), (0.5, 1.0), (-1.5, 0.5), (1.0, -1.5)] {
-                    check(&pool, &ws, &mut rng, shape, kinds, alpha, beta);
+                    check(&pool, &mut ws, &mut rng, shape, kinds, alpha, beta);
                 }
             }
         }
@@ -100,11 +100,11 @@ fn large_shapes_cross_every_block_boundary() {
     let mut rng = Rng::new(2);
     for threads in [1, 2] {
         let pool = Pool::new(threads).unwrap();
-        let ws = GemmWorkspace::new(threads);
+        let mut ws = GemmWorkspace::new(threads).unwrap();
         // m > MC, n > NC, k > KC, none a multiple of the tiles; small ints keep sums exact
-        check(&pool, &ws, &mut rng, (MC + 7, NC + 19, KC + 11), (0, 1, 0), 1.0, 0.0);
-        check(&pool, &ws, &mut rng, (266, 265, 257), (1, 0, 2), 1.0, 1.0);
-        check(&pool, &ws, &mut rng, (266, 265, 257), (0, 0, 4), 0.5, 1.0);
+        check(&pool, &mut ws, &mut rng, (MC + 7, NC + 19, KC + 11), (0, 1, 0), 1.0, 0.0);
+        check(&pool, &mut ws, &mut rng, (266, 265, 257), (1, 0, 2), 1.0, 1.0);
+        check(&pool, &mut ws, &mut rng, (266, 265, 257), (0, 0, 4), 0.5, 1.0);
     }
 }
 
@@ -128,7 +128,7 @@ fn portable_kernel_matches_the_plain_loop() {
 fn matches_matrixmultiply_on_real_values() {
     let mut rng = Rng::new(4);
     let pool = Pool::new(2).unwrap();
-    let ws = GemmWorkspace::new(2);
+    let mut ws = GemmWorkspace::new(2).unwrap();
     for (m, n, k) in [(128, 784, 128), (1, 128, 784), (64, 10, 128), (300, 200, 100)] {
         let (a, b) = (rng.uniform(m * k), rng.uniform(k * n));
         let mut want = vec![0.0; m * n];
@@ -139,7 +139,7 @@ fn matches_matrixmultiply_on_real_values() {
         let mut got = vec![f32::NAN; m * n];
         sgemm(
             &pool,
-            &ws,
+            &mut ws,
             m,
             n,
             k,
@@ -156,18 +156,139 @@ fn matches_matrixmultiply_on_real_values() {
 #[test]
 #[should_panic(expected = "gemm: B")]
 fn short_operands_are_caught() {
-    let ws = GemmWorkspace::new(1);
+    let mut ws = GemmWorkspace::new(1).unwrap();
     let (a, b, mut c) = (vec![0.0; 6], vec![0.0; 5], vec![0.0; 4]);
-    sgemm_on(
-        &ws,
-        0,
-        2,
-        2,
-        3,
-        1.0,
-        Mat { data: &a, rs: 3, cs: 1 },
-        Mat { data: &b, rs: 2, cs: 1 },
-        0.0,
-        MatMut { data: &mut c, rs: 2, cs: 1 },
-    );
+    let (am, bm) = (Mat { data: &a, rs: 3, cs: 1 }, Mat { data: &b, rs: 2, cs: 1 });
+    sgemm_on(&mut ws.workers()[0], 2, 2, 3, 1.0, am, bm, 0.0, MatMut { data: &mut c, rs: 2, cs: 1 });
+}
+
+/// (rows, cols, rs, cs) of operands whose last element's offset, (rows − 1)·rs + (cols − 1)·cs,
+/// wraps around usize to a small number: an unchecked extent test passes them.
+const WRAPPING: [(usize, usize, usize, usize); 3] = [(2, 2, usize::MAX, 1), (3, 2, 1 << 63, 1), (2, 2, 1 << 63, 1 << 63)];
+
+#[test]
+fn extents_that_wrap_are_errors_before_any_write() {
+    for threads in [1, 2] {
+        let mut gemm = crate::gemm::Gemm::new(threads).unwrap();
+        let (a, b) = (vec![1.0; 64], vec![1.0; 64]);
+        let row_major = |data, cols| Mat { data, rs: cols, cs: 1 };
+        for (rows, cols, rs, cs) in WRAPPING {
+            // C wraps: the old kernel wrote at offset usize::MAX or 2^63 (SIGSEGV)
+            let mut c = poisoned(64);
+            let (am, bm) = (row_major(&a[..], 4), row_major(&b[..], cols));
+            let r = gemm.sgemm(rows, cols, 4, 1.0, am, bm, 0.0, MatMut { data: &mut c, rs, cs });
+            assert!(matches!(&r, Err(Error::Shape(msg)) if msg.contains("gemm: C")), "C {rows}×{cols} ({rs}, {cs}): {r:?}");
+            assert!(c.iter().all(|v| v.is_nan()), "C written before the error");
+            // A, then B, wraps: the old kernel read there
+            let r =
+                gemm.sgemm(rows, 2, cols, 1.0, Mat { data: &a, rs, cs }, row_major(&b[..], 2), 0.0, MatMut { data: &mut c, rs: 2, cs: 1 });
+            assert!(matches!(&r, Err(Error::Shape(msg)) if msg.contains("gemm: A")), "A {rows}×{cols} ({rs}, {cs}): {r:?}");
+            let r = gemm.sgemm(
+                2,
+                cols,
+                rows,
+                1.0,
+                row_major(&a[..], rows),
+                Mat { data: &b, rs, cs },
+                0.0,
+                MatMut { data: &mut c, rs: cols, cs: 1 },
+            );
+            assert!(matches!(&r, Err(Error::Shape(msg)) if msg.contains("gemm: B")), "B {rows}×{cols} ({rs}, {cs}): {r:?}");
+            assert!(c.iter().all(|v| v.is_nan()), "C written before the error");
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "gemm: C of 2×2 with strides (18446744073709551615, 1) reaches past usize::MAX")]
+fn the_internal_entry_panics_on_a_wrapping_extent_before_any_write() {
+    let (pool, mut ws) = (Pool::new(1).unwrap(), GemmWorkspace::new(1).unwrap());
+    let (a, b, mut c) = (vec![1.0; 4], vec![1.0; 4], vec![0.0; 4]);
+    let (am, bm) = (Mat { data: &a, rs: 2, cs: 1 }, Mat { data: &b, rs: 2, cs: 1 });
+    sgemm(&pool, &mut ws, 2, 2, 2, 1.0, am, bm, 0.0, MatMut { data: &mut c, rs: usize::MAX, cs: 1 });
+}
+
+#[test]
+fn outputs_whose_elements_share_memory_are_errors() {
+    let mut gemm = crate::gemm::Gemm::new(2).unwrap();
+    let mut rng = Rng::new(5);
+    // big enough to be split over both threads, where shared elements would be a data race
+    let (m, n, k) = (64, 64, 64);
+    let (a, b) = (rng.ints(m * k), rng.ints(k * n));
+    let (am, bm) = (Mat { data: &a, rs: k, cs: 1 }, Mat { data: &b, rs: n, cs: 1 });
+    for (rs, cs) in [(0, 1), (1, 0), (0, 0), (1, 1), (n - 1, 1), (1, m - 1), (2, 3)] {
+        let mut c = poisoned(m * n * 3);
+        let r = gemm.sgemm(m, n, k, 1.0, am, bm, 0.0, MatMut { data: &mut c, rs, cs });
+        assert!(matches!(&r, Err(Error::Shape(msg)) if msg.contains("share memory")), "strides ({rs}, {cs}): {r:?}");
+        assert!(c.iter().all(|v| v.is_nan()), "C written before the error");
+    }
+    // stride 0 in A or B broadcasts, and a single row or column of C may have any stride there
+    let mut want = vec![0.0; m * n];
+    let a0 = Mat { data: &a, rs: 0, cs: 1 };
+    reference(m, n, k, 1.0, a0, bm, 0.0, &mut want, n, 1);
+    let mut got = poisoned(m * n);
+    gemm.sgemm(m, n, k, 1.0, a0, bm, 0.0, MatMut { data: &mut got, rs: n, cs: 1 }).unwrap();
+    assert_eq!(got, want);
+    gemm.sgemm(1, n, k, 1.0, am, bm, 0.0, MatMut { data: &mut got, rs: 0, cs: 1 }).unwrap();
+    gemm.sgemm(m, 1, k, 1.0, am, bm, 0.0, MatMut { data: &mut got, rs: 1, cs: 0 }).unwrap();
+}
+
+#[test]
+fn same_bits_on_any_thread_count() {
+    let mut rng = Rng::new(6);
+    // (7, 8, 2000) splits into a 6-row and a 1-row part on 2 threads, which once took the
+    // single-row path (other rounding); the others cut rows or columns unevenly
+    let shapes = [(7, 8, 2000), (13, 17, 600), (100, 33, 300), (6, 1000, 50), (65, 127, 40), (200, 3, 400)];
+    let pools: Vec<Pool> = (1..=4).map(|t| Pool::new(t).unwrap()).collect();
+    let mut ws = GemmWorkspace::new(4).unwrap();
+    for (m, n, k) in shapes {
+        for kinds in [(0, 1, 0), (1, 0, 2), (0, 0, 1), (0, 1, 4)] {
+            let ((ars, acs, alen), (brs, bcs, blen), (crs, ccs, clen)) =
+                (layout(kinds.0, m, k), layout(kinds.1, k, n), layout(kinds.2, m, n));
+            let (a, b, c0) = (rng.uniform(alen), rng.uniform(blen), rng.uniform(clen));
+            let (am, bm) = (Mat { data: &a, rs: ars, cs: acs }, Mat { data: &b, rs: brs, cs: bcs });
+            for (alpha, beta) in [(1.0, 0.0), (1.0, 1.0), (0.7, 1.3), (-0.5, 0.0)] {
+                let mut first: Option<Vec<f32>> = None;
+                for pool in &pools {
+                    let mut c = c0.clone();
+                    sgemm(pool, &mut ws, m, n, k, alpha, am, bm, beta, MatMut { data: &mut c, rs: crs, cs: ccs });
+                    let bits: Vec<u32> = c.iter().map(|v| v.to_bits()).collect();
+                    let want = first.get_or_insert_with(|| c.clone());
+                    let differ = want.iter().zip(&bits).filter(|(w, g)| w.to_bits() != **g).count();
+                    assert_eq!(
+                        differ,
+                        0,
+                        "{m}×{n}×{k} layouts {kinds:?} α={alpha} β={beta}: {differ} values differ on {} threads",
+                        pool.threads()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn products_on_one_pool_from_two_threads_each_with_its_workspace_are_exact() {
+    // Two models copied from one share its pool; each cache has its own workspace. A run that
+    // finds the pool busy runs on its caller, and must not meet the other run's buffers.
+    let pool = Pool::new(2).unwrap();
+    let (m, n, k) = (64, 70, 66);
+    std::thread::scope(|scope| {
+        for seed in [7, 8] {
+            let pool = &pool;
+            scope.spawn(move || {
+                let mut rng = Rng::new(seed);
+                let mut ws = GemmWorkspace::new(2).unwrap();
+                let (a, b) = (rng.ints(m * k), rng.ints(k * n));
+                let (am, bm) = (Mat { data: &a, rs: k, cs: 1 }, Mat { data: &b, rs: n, cs: 1 });
+                let mut want = vec![0.0; m * n];
+                reference(m, n, k, 1.0, am, bm, 0.0, &mut want, n, 1);
+                for _ in 0..300 {
+                    let mut got = poisoned(m * n);
+                    sgemm(pool, &mut ws, m, n, k, 1.0, am, bm, 0.0, MatMut { data: &mut got, rs: n, cs: 1 });
+                    assert_eq!(got, want);
+                }
+            });
+        }
+    });
 }

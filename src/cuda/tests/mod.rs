@@ -274,6 +274,7 @@ fn captured_steps_hold_no_allocation_nodes() {
 #[test]
 fn a_failed_capture_is_an_err_and_the_stream_goes_on() {
     use super::graph::{Graphs, Key};
+    use super::launch::{View, ViewMut};
     use crate::activation::Activation::Identity;
     use crate::error::Error;
     let gpu = test_gpu();

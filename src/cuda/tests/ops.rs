@@ -3,9 +3,10 @@
 use super::{check, download, same_bits, upload};
 use crate::activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
 use crate::chain::{Chain, Input, Shape};
-use crate::cuda::ops::MMA_TILES;
-use crate::cuda::ops::NORM_SCRATCH;
-use crate::cuda::{test_gpu, DenseEpilogue, DevMat, DevMatMut, View, ViewMut, LOSS_SCRATCH};
+use crate::cuda::blas::{DevMat, DevMatMut};
+use crate::cuda::launch::{View, ViewMut};
+use crate::cuda::ops::{DenseEpilogue, LOSS_SCRATCH, MMA_TILES, NORM_SCRATCH};
+use crate::cuda::test_gpu;
 use crate::init::Init;
 use crate::layers::{conv, pool};
 use crate::loss;
