@@ -363,6 +363,12 @@ mod tests {
             Err(Error::Config(msg)) => assert!(msg.contains("cannot start 6 threads: thread 3"), "{msg}"),
             other => panic!("expected a Config error, got {:?}", other.map(|p| p.threads())),
         }
+        // a joined thread may linger in /proc a moment after its join returns (the kernel wakes
+        // the joiner before it reaps the task): give it a second, no more
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while threads_named("failstart-") > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert_eq!(threads_named("failstart-"), 0, "threads left running after the failed start");
     }
 
