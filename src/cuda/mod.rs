@@ -27,8 +27,10 @@ mod exec;
 mod graph;
 pub(crate) mod head;
 mod launch;
+pub(crate) mod nccl;
 mod ops;
 pub(crate) mod pinned;
+pub(crate) mod rendezvous;
 pub(crate) mod serve;
 pub(crate) mod state;
 #[cfg(test)]
@@ -40,6 +42,7 @@ pub use blas::{Blas, DevMat, DevMatMut};
 pub use context::Gpu;
 pub use cudnn::cudnn_version;
 pub use launch::{launch, View, ViewMut};
+pub use nccl::nccl_version;
 pub use ops::{DenseEpilogue, LOSS_SCRATCH};
 
 use crate::error::{Error, Result};
