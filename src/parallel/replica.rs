@@ -82,7 +82,9 @@ impl Replica {
     /// an error naming the rank on failure or past `timeout` (the caller then aborts).
     fn wait(&self, event: &Event, timeout: Duration) -> Result<()> {
         let (start, mut polls) = (Instant::now(), 0u32);
-        while !event.done()? {
+        // a fault of the device (a peer's memory gone, say) comes back from the event
+        let done = || event.done().map_err(|e| Error::Cuda { what: format!("NCCL rank {}: {e}", self.rank()) });
+        while !done()? {
             self.comm.check_async()?;
             if start.elapsed() > timeout {
                 return Err(Error::Cuda {
