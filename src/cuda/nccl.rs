@@ -27,6 +27,7 @@ const SUCCESS: Status = 0;
 const IN_PROGRESS: Status = 7;
 const FLOAT32: c_int = 7;
 const FLOAT64: c_int = 8;
+const SUM: c_int = 0;
 const SCALAR_HOST_IMMEDIATE: c_int = 1;
 /// NCCL_VERSION(2, 11, 0): the first with `ncclRedOpCreatePreMulSum`.
 const MIN_VERSION: c_int = 21100;
@@ -234,6 +235,16 @@ impl Comm {
         // SAFETY: `buf` holds `len` f32 of the communicator's device; in place, as NCCL allows.
         let status = unsafe { (api.broadcast)(ptr, ptr, buf.len(), FLOAT32, 0, self.raw, stream.cu_stream()) };
         check(api, status, Some(self.rank), "ncclBroadcast")
+    }
+
+    /// Queues on `stream` a plain in-place sum of `buf` over the group (what NCCL's own
+    /// `all_reduce_perf` times), for measuring the step's reduction against.
+    pub(crate) fn sum(&self, stream: &CudaStream, buf: &DevBuf<f32>) -> Result<()> {
+        let api = api()?;
+        let ptr = buf.ptr() as *mut c_void;
+        // SAFETY: `buf` holds `len` f32 of the communicator's device, summed in place.
+        let status = unsafe { (api.all_reduce)(ptr, ptr, buf.len(), FLOAT32, SUM, self.raw, stream.cu_stream()) };
+        check(api, status, Some(self.rank), "ncclAllReduce")
     }
 
     /// The reduction for a step in which this rank holds `share` of `global` samples, made on

@@ -601,6 +601,12 @@ impl DevGrads {
     pub(crate) fn queue_reduce(&self, reduce: &Reduce) -> Result<()> {
         reduce.queue(&self.stream, &self.grads, &self.loss)
     }
+
+    /// Queues a plain sum of the gradients over `comm`'s group (for measurements: the
+    /// gradients are left meaningless).
+    pub(crate) fn queue_sum(&self, comm: &super::nccl::Comm) -> Result<()> {
+        comm.sum(&self.stream, &self.grads)
+    }
 }
 
 impl DevOptim {

@@ -322,6 +322,20 @@ impl DataParallel {
         self.replicas.iter_mut().try_for_each(|r| change(&mut r.opt))
     }
 
+    /// Measures the group's reduction alone, `iterations` times back to back on every replica
+    /// of this process (every process of a group must call it alike): the time of the step's
+    /// reduction (the gradients and the loss, as a step of a global batch of the capacity
+    /// runs it) and of a plain NCCL sum of the same gradients (as NCCL's `all_reduce_perf`
+    /// times it), each per call. For benchmarks: it leaves the gradients and the loss totals
+    /// meaningless until the next step.
+    pub fn time_reduction(&mut self, iterations: usize) -> Result<(Duration, Duration)> {
+        self.usable()?;
+        let (capacity, world, timeout) = (self.capacity, self.world, self.timeout);
+        let times = replica::time_reduction(&mut self.replicas, capacity, world, iterations, false, timeout)
+            .and_then(|step| Ok((step, replica::time_reduction(&mut self.replicas, capacity, world, iterations, true, timeout)?)));
+        times.map_err(|e| self.fail(e))
+    }
+
     /// An error if the group failed earlier.
     fn usable(&self) -> Result<()> {
         match &self.failed {

@@ -128,3 +128,41 @@ pub(crate) fn start(replicas: &mut [Replica], global: usize, world: usize, timeo
     })?;
     replicas.iter().try_for_each(|r| r.synchronize(timeout))
 }
+
+/// The time one reduction takes on `replicas` (this process's ranks, driven from this thread
+/// as one NCCL group), over `iterations` back to back: the step's (`plain` false: gradients
+/// and loss, pre-multiplied by the shares of `global`) or a plain sum of the gradients alone
+/// (`plain` true, as NCCL's `all_reduce_perf` times it; the gradients are left meaningless).
+pub(crate) fn time_reduction(
+    replicas: &mut [Replica],
+    global: usize,
+    world: usize,
+    iterations: usize,
+    plain: bool,
+    timeout: Duration,
+) -> Result<Duration> {
+    let queue = |replicas: &mut [Replica]| {
+        grouped(|| {
+            for r in replicas.iter_mut() {
+                let share = crate::parallel::share(global, world, r.rank()).len();
+                dev(&r.model).gpu.bind()?;
+                let grads = r.grads.dev.as_ref().expect("GPU gradients");
+                if plain {
+                    grads.queue_sum(&r.comm)?;
+                } else {
+                    grads.queue_reduce(r.comm.reduce_for(share, global)?)?;
+                }
+            }
+            Ok(())
+        })
+    };
+    // once untimed: NCCL's set-up for this call
+    queue(replicas)?;
+    replicas.iter().try_for_each(|r| r.synchronize(timeout))?;
+    let start = Instant::now();
+    for _ in 0..iterations {
+        queue(replicas)?;
+    }
+    replicas.iter().try_for_each(|r| r.synchronize(timeout))?;
+    Ok(start.elapsed() / iterations.max(1) as u32)
+}
