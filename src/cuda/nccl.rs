@@ -271,6 +271,12 @@ impl Comm {
         }
     }
 
+    /// Lets every rank of this process that waits for this one at a step's meeting (or will)
+    /// fail instead: this one failed before reaching it.
+    pub(crate) fn abandon_meeting(&self) {
+        self.meeting.abandon();
+    }
+
     /// Aborts the communicator: its kernels that wait for peers return, it is freed, and the
     /// graphs that use it must never run again.
     pub(crate) fn abort(&mut self) {

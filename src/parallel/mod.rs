@@ -141,7 +141,8 @@ impl DataParallel {
         }
         check_capacity(capacity, group.world)?;
         nccl::nccl_version()?;
-        let device = Device::cuda(group.local_rank)?;
+        // an error naming what is missing, if the device cannot be used
+        Device::cuda(group.local_rank)?;
         let parts = Replica::build(model, group.local_rank, capacity.div_ceil(group.world), optim)?;
         let gpu = std::sync::Arc::clone(&parts.0.dev.as_ref().expect("a replica lives on a GPU").gpu);
         // the replica is built first (kernels compiled, memory had), so the group's
@@ -155,7 +156,6 @@ impl DataParallel {
             _ => UniqueId(rendezvous::fetch(group)?),
         };
         let comm = Comm::rank(&gpu, id, group.rank, group.world, group.timeout)?;
-        debug_assert_eq!(device, Device::Cuda(gpu.ordinal()));
         DataParallel::start(vec![Replica::join(parts, comm)?], group.world, capacity, group.timeout)
     }
 

@@ -72,6 +72,11 @@ impl Replica {
         self.done[slot].record(&dev(&self.model).stream)
     }
 
+    /// Fails the other replicas' waits for this one at the step's meeting (this one failed).
+    pub(crate) fn abandon(&self) {
+        self.comm.abandon_meeting();
+    }
+
     /// Waits, up to `timeout`, until everything queued on this replica is done.
     pub(crate) fn synchronize(&self, timeout: Duration) -> Result<()> {
         self.idle.record(&dev(&self.model).stream)?;

@@ -95,6 +95,10 @@ impl Workers {
             worker.thread.as_ref().expect("a running worker").thread().unpark();
         }
         let mut outcome = first.step(loss, global, step, timeout);
+        if outcome.is_err() {
+            // the others must not wait for it at the step's meeting until their timeout
+            first.abandon();
+        }
         self.wait_idle();
         for worker in &self.workers {
             // SAFETY: the job finished (`wait_idle`): the worker no longer touches the cell.
@@ -173,6 +177,9 @@ fn work(slot: &Slot) {
         let replica = unsafe { &mut *job.replica };
         let outcome = catch_unwind(AssertUnwindSafe(|| replica.step(job.loss, job.global, job.step, job.timeout)))
             .unwrap_or_else(|_| Err(Error::Cuda { what: format!("NCCL rank {}: the step panicked", replica.rank()) }));
+        if outcome.is_err() {
+            replica.abandon();
+        }
         // SAFETY: the caller reads it only after the Release store below.
         unsafe { *slot.outcome.get() = outcome };
         slot.finished.store(seen, Ordering::Release);
