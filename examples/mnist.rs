@@ -21,6 +21,7 @@ struct Options {
     threads: Option<usize>,
     seed: u64,
     device: String,
+    devices: Option<String>,
     data: PathBuf,
     save: Option<PathBuf>,
     load: Option<PathBuf>,
@@ -48,6 +49,9 @@ options (default in brackets):
   --seed N            initialisation and shuffling [1]
   --device DEVICE     cpu, cuda, cuda:N, or auto: CUDA device 0 where it works, else the CPU;
                       FLATNN_DEVICE=cpu|cuda|cuda:N overrides auto [auto]
+  --devices LIST      train data-parallel on these GPUs, e.g. cuda:0,cuda:1 (NCCL needed:
+                      libnccl.so.2 on the library path): each holds a replica and an equal
+                      shard of the training images and takes batch/GPUs samples a step [none]
   --data DIR          the four MNIST IDX files, raw or gzipped [data/mnist of this crate]
   --save FILE         after training, write the model as safetensors (PyTorch's names) [none]
   --load FILE         instead of training, evaluate a saved model (or checkpoint) [none]
@@ -63,6 +67,7 @@ fn parse() -> Result<Options, String> {
         threads: None,
         seed: 1,
         device: "auto".into(),
+        devices: None,
         data: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/mnist"),
         save: None,
         load: None,
@@ -84,6 +89,7 @@ fn parse() -> Result<Options, String> {
             "--threads" => o.threads = Some(number(&value)?),
             "--seed" => o.seed = number(&value)? as u64,
             "--device" => o.device = value,
+            "--devices" => o.devices = Some(value),
             "--data" => o.data = value.into(),
             "--save" => o.save = Some(value.into()),
             "--load" => o.load = Some(value.into()),
@@ -173,6 +179,13 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
         println!("{} on {device}: test loss {loss:.4}, accuracy {:.2}%", path.display(), 100.0 * acc);
         return Ok(());
     }
+    if let Some(list) = &o.devices {
+        let devices = list.split(',').map(Device::parse).collect::<flatnn::Result<Vec<_>>>()?;
+        #[cfg(feature = "cuda")]
+        return data_parallel(&o, &devices);
+        #[cfg(not(feature = "cuda"))]
+        return Err(format!("--devices {devices:?} needs flatnn's `cuda` feature").into());
+    }
     let mut train = Data::new(Dataset::mnist(&o.data, Split::Train)?, &device)?;
     let mut model = chain(&o.model).build()?.init(Init::HeNormal, o.seed);
     if let Some(threads) = o.threads {
@@ -230,6 +243,74 @@ fn run(o: Options) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(path) = &o.save {
         model.save(path)?;
+        println!("saved {}", path.display());
+    }
+    Ok(())
+}
+
+/// Training on several GPUs: a replica a GPU, each with an equal shard of the training
+/// images in its memory and a loader of its own, batch/GPUs samples a step each; the
+/// gradients averaged over the global batch by NCCL inside each step's graph. The test set is
+/// evaluated on the first GPU's replica.
+#[cfg(feature = "cuda")]
+fn data_parallel(o: &Options, devices: &[Device]) -> Result<(), Box<dyn std::error::Error>> {
+    let world = devices.len();
+    if !o.batch.is_multiple_of(world) {
+        return Err(format!("--batch {} is not a multiple of the {world} GPUs", o.batch).into());
+    }
+    let model = chain(&o.model).build()?.init(Init::HeNormal, o.seed);
+    let mut dp = DataParallel::new(&model, devices, o.batch, optimizer(&o.optimizer, o.lr)?)?;
+    let train = Dataset::mnist(&o.data, Split::Train)?;
+    let shard_len = train.len() / world;
+    let mut shards = Vec::new();
+    for (rank, device) in devices.iter().enumerate() {
+        let picked = rank * shard_len..(rank + 1) * shard_len;
+        let samples: Vec<f32> = picked.clone().flat_map(|i| train.sample(i).expect("a sample of the set").iter().copied()).collect();
+        let shard = Dataset::from_labels(&samples, &train.labels()[picked], train.shape())?;
+        let loader = Loader::new(shard_len, o.batch / world, o.seed + rank as u64, false)?;
+        shards.push((shard.to_device(device, 10)?, loader));
+    }
+    let steps = (o.epochs * shards[0].1.batches()) as u64;
+    dp.configure(|opt| opt.set_schedule(Schedule::cosine(0, steps)))?;
+    let mut test = Data::new(Dataset::mnist(&o.data, Split::Test)?, &devices[0])?;
+    let mut test_loader = Loader::new(test.len(), o.batch, 0, false)?;
+    let mut fwd = dp.model().preallocate(o.batch)?;
+    println!("{}", dp.model());
+    let names = devices.iter().map(|d| Ok(format!("{d} ({})", d.name()?))).collect::<flatnn::Result<Vec<_>>>()?;
+    println!(
+        "{} data-parallel on {}: global batch {}, {:?}, cosine schedule over {steps} steps",
+        o.model,
+        names.join(", "),
+        o.batch,
+        dp.optimizer().config()
+    );
+    for epoch in 1..=o.epochs {
+        let start = Instant::now();
+        shards.iter_mut().for_each(|(_, loader)| loader.shuffle());
+        dp.mean_loss()?;
+        let mut seen = 0usize;
+        'epoch: loop {
+            for (cache, (shard, loader)) in dp.caches_mut().zip(&mut shards) {
+                match loader.next_device_batch(shard, cache)? {
+                    Some(batch) => seen += batch,
+                    // equal shards, equal loaders: every replica's epoch ends at the same step
+                    None => break 'epoch,
+                }
+            }
+            dp.train_step(Loss::LogitCrossEntropy)?;
+        }
+        let epoch_loss = dp.mean_loss()?;
+        let seconds = start.elapsed().as_secs_f64();
+        let (test_loss, acc) = evaluate(dp.model(), &mut fwd, &mut test, &mut test_loader)?;
+        println!(
+            "epoch {epoch:>2}  loss {epoch_loss:.4}  test loss {test_loss:.4}  accuracy {:.2}%  {seconds:.2} s  {:.0} samples/s",
+            100.0 * acc,
+            seen as f64 / seconds
+        );
+    }
+    if let Some(path) = &o.save {
+        dp.synchronize()?;
+        dp.model().save(path)?;
         println!("saved {}", path.display());
     }
     Ok(())

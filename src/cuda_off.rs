@@ -21,6 +21,8 @@ pub(crate) enum DevCache {}
 pub(crate) enum DevGrads {}
 pub(crate) enum DevOptim {}
 pub(crate) enum DevServer {}
+/// A data-parallel reduction (none without the `cuda` feature).
+pub(crate) enum Reduce {}
 
 impl DevServer {
     pub fn poison_for_test(&mut self, _kernel_idle: std::time::Duration) {
@@ -78,6 +80,7 @@ impl DevModel {
         _update: Update,
         _steps: &mut u64,
         _opt: &mut DevOptim,
+        _reduce: Option<&Reduce>,
     ) -> Result<()> {
         match *self {}
     }

@@ -100,7 +100,9 @@
 //! [`device()`], [`gpu_or_cpu()`], [`gpu()`] and [`cpu()`] pick or move; [`ToDevice`] moves a
 //! model, its optimiser and caches (and tuples, `Vec`s and `Option`s of them) together;
 //! [`GpuOptions`] turns CUDA graphs and TF32 on or off. CUDA is loaded at run time: the crate
-//! builds, and runs on the CPU, with no CUDA installed.
+//! builds, and runs on the CPU, with no CUDA installed. Several GPUs train one model through
+//! [`DataParallel`] (a replica a GPU, the gradients averaged by NCCL inside each step's graph;
+//! one process for all GPUs, or one process a GPU on one host or several).
 //!
 //! # Serving
 //!
@@ -148,6 +150,8 @@ pub mod loss;
 pub mod model;
 pub mod models;
 pub mod optim;
+#[cfg(feature = "cuda")]
+pub mod parallel;
 pub(crate) mod schedule;
 pub mod serve;
 pub(crate) mod summary;
@@ -164,6 +168,8 @@ pub use init::Init;
 pub use loss::Loss;
 pub use model::Model;
 pub use optim::{Clip, Optim, Optimizer};
+#[cfg(feature = "cuda")]
+pub use parallel::{DataParallel, Group};
 pub use schedule::Schedule;
 pub use serve::Server;
 
@@ -173,4 +179,6 @@ pub mod prelude {
         Activation, Cache, Chain, Clip, ConvOptions, Device, Error, Gelu, GpuOptions, Grads, Identity, Init, Input, LeakyRelu, Loss, Model,
         Optim, Optimizer, Relu, Schedule, Server, Shape, Sigmoid, Tanh, ToDevice,
     };
+    #[cfg(feature = "cuda")]
+    pub use crate::{DataParallel, Group};
 }

@@ -8,7 +8,7 @@ use crate::cache::{Cache, Grads};
 use crate::chain::Plan;
 use crate::clip::{clip_coef, grad_norm, Grad, NORM_BLOCK};
 use crate::cpu::{for_chunks, SharedMut};
-use crate::dev::DevOptim;
+use crate::dev::{DevOptim, Reduce};
 use crate::device::{Device, ToDevice};
 use crate::error::{zeros, Error, Result};
 use crate::loss::Loss;
@@ -352,16 +352,30 @@ impl Optimizer {
     /// buffer is written. Allocates nothing. A step whose loss comes out NaN or infinite still
     /// updates: see [`Grads::diverged`].
     pub fn train_step(&mut self, model: &mut Model, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
+        self.train_step_with(model, grads, cache, loss, None)
+    }
+
+    /// [`Optimizer::train_step`], with the gradients and the loss reduced over a data-parallel
+    /// group by `reduce` between the backward pass and the update (a GPU model only).
+    pub(crate) fn train_step_with(
+        &mut self,
+        model: &mut Model,
+        grads: &mut Grads,
+        cache: &mut Cache,
+        loss: Loss,
+        reduce: Option<&Reduce>,
+    ) -> Result<()> {
         self.check(model, grads)?;
         model.check_backprop(grads, cache, loss)?;
         cache.inputs_finite = true;
         let update = self.next_update();
         if let (Some(dev_model), Some(dev)) = (&mut model.dev, &mut self.dev) {
             // counts the step once its update is queued
-            let outcome = dev_model.train_step(&model.plan, grads, cache, loss, update, &mut self.steps, dev);
+            let outcome = dev_model.train_step(&model.plan, grads, cache, loss, update, &mut self.steps, dev, reduce);
             self.norm_known = outcome.is_ok() && matches!(update.clip, Clip::Norm(_));
             return outcome;
         }
+        debug_assert!(reduce.is_none(), "a data-parallel step on the CPU");
         model.backprop(grads, cache, loss)?;
         self.update(model, grads)
     }

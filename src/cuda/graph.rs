@@ -25,6 +25,9 @@ pub(crate) struct Key {
     /// the norm the norm's kernel ahead of it writes (0 when it does not clip by norm: no such
     /// kernel); None for graphs without an update.
     pub update: Option<(super::context::Kernel, sys::CUdeviceptr, sys::CUdeviceptr)>,
+    /// The data-parallel reduction a training step's graph runs before its update
+    /// (`nccl::Reduce::id`), 0 for none.
+    pub reduce: u64,
 }
 
 /// Instantiated graphs, at most [`Graphs::SLOTS`]; the oldest is replaced when full.

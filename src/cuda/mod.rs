@@ -21,8 +21,10 @@ mod exec;
 mod graph;
 pub(crate) mod head;
 mod launch;
+pub(crate) mod nccl;
 mod ops;
 pub(crate) mod pinned;
+pub(crate) mod rendezvous;
 pub(crate) mod serve;
 pub(crate) mod state;
 #[cfg(test)]
@@ -32,6 +34,7 @@ pub(crate) mod wgrad;
 
 pub(crate) use context::Gpu;
 pub use cudnn::cudnn_version;
+pub use nccl::nccl_version;
 pub(crate) use ops::LOSS_SCRATCH;
 
 use crate::error::{Error, Result};

@@ -118,6 +118,18 @@ impl Event {
         unsafe { result::event::synchronize(self.event) }.map_err(|e| driver_error("waiting for an event", e))
     }
 
+    /// Whether the work before the last `record` is done (true if never recorded); the host
+    /// does not wait.
+    pub fn done(&self) -> Result<bool> {
+        self.gpu.bind()?;
+        // SAFETY: a live event.
+        match unsafe { sys::cuEventQuery(self.event) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(driver_error("asking whether an event passed", cudarc::driver::DriverError(e))),
+        }
+    }
+
     /// Makes `stream` wait, on the device, for the last recorded point (a no-op before any).
     pub fn wait_in(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: a live event and a live stream of the same context.

@@ -20,6 +20,7 @@ use super::exec::{self, Backward, Forward, LossBuffers, Side};
 use super::graph::{Graphs, Key};
 use super::head::Head;
 use super::launch::ViewMut;
+pub(crate) use super::nccl::Reduce;
 use super::ops::{optim_kernel, LaunchArgs, FINISH_MAX, NORM_SCRATCH};
 use super::pinned::{Event, Pinned};
 pub(crate) use super::serve::DevServer;
@@ -238,6 +239,7 @@ impl DevModel {
             cache: dnn.id(),
             buffers: [self.params.ptr(), acts.ptr(), cols.ptr(), from],
             update: None,
+            reduce: 0,
         };
         let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None };
         let (gpu, stream) = (&self.gpu, &self.stream);
@@ -277,14 +279,15 @@ impl DevModel {
     /// New inputs are copied in by the step's graph, as in [`DevModel::forward`]; the staging
     /// buffer they come from is marked in use until the step has run.
     pub fn backprop(&self, plan: &Plan, grads: &mut Grads, cache: &mut Cache, loss: Loss) -> Result<()> {
-        self.step(plan, grads, cache, loss, None)
+        self.step(plan, grads, cache, loss, None, None)
     }
 
     /// [`DevModel::backprop`] and then [`DevModel::update`] as one call, queued: with graphs,
     /// one graph whose last kernel is the update (after the norm's, when clipping by norm), its
     /// arguments (step number, learning rate, clipping) set before each replay. `steps` (the
     /// steps taken) counts this one once its update is queued, even if something after that
-    /// fails.
+    /// fails. With `reduce` (a replica of a data-parallel group), the gradients and the loss
+    /// are reduced over the group between the backward pass and the update, in the graph.
     #[allow(clippy::too_many_arguments)]
     pub fn train_step(
         &mut self,
@@ -295,13 +298,14 @@ impl DevModel {
         update: Update,
         steps: &mut u64,
         opt: &mut DevOptim,
+        reduce: Option<&Reduce>,
     ) -> Result<()> {
         rebind(&mut opt.stream, &self.stream)?;
-        self.step(plan, grads, cache, loss, Some((update, steps, opt)))
+        self.step(plan, grads, cache, loss, Some((update, steps, opt)), reduce)
     }
 
-    /// Backprop, and then the update `(update, steps, optimiser)` when given (step
-    /// `*steps + 1`, counted once queued).
+    /// Backprop, then `reduce` when given, and then the update `(update, steps, optimiser)`
+    /// when given (step `*steps + 1`, counted once queued).
     fn step(
         &self,
         plan: &Plan,
@@ -309,6 +313,7 @@ impl DevModel {
         cache: &mut Cache,
         loss: Loss,
         update: Option<(Update, &mut u64, &DevOptim)>,
+        reduce: Option<&Reduce>,
     ) -> Result<()> {
         let (update, steps) = match update {
             Some((rule, steps, opt)) => (Some((rule, *steps + 1, opt)), Some(steps)),
@@ -339,6 +344,7 @@ impl DevModel {
             cache: dev.dnn.id(),
             buffers: [self.params.ptr(), dev.acts.ptr(), dg.grads.ptr(), dg.dacts.ptr()],
             update: update.map(|(rule, _, opt)| (optim_kernel(rule.config), opt.state.ptr(), opt.norm_ptr(rule.clip))),
+            reduce: reduce.map_or(0, Reduce::id),
         };
         let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
@@ -384,6 +390,11 @@ impl DevModel {
                 None => exec::loss(gpu, stream, plan, &f, &b, &l, loss)?,
             }
             exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref().map(|h| (h, &l, loss)), cleared)?;
+            if let Some(reduce) = reduce {
+                // the gradients and the loss summed over the group, each replica's weighted
+                // by its share of the batch, before the norm and the update read them
+                reduce.queue(stream, &dg.grads, &dg.loss)?;
+            }
             match update {
                 Some((rule, step, opt)) => {
                     if let Clip::Norm(_) = rule.clip {
@@ -394,6 +405,10 @@ impl DevModel {
                 None => Ok(()),
             }
         };
+        if let Some(reduce) = reduce {
+            // the group's replicas capture (or launch) their steps together
+            reduce.meet()?;
+        }
         let outcome = dg.graphs.run_updating(self.options.graphs, stream, key, function, work, |set| match update {
             Some((rule, step, opt)) => update_args(rule, step, opt, &mut |_, _, args| set(args)),
             None => Ok(()),
@@ -579,6 +594,18 @@ impl DevGrads {
     /// The parameter gradients, after the queued steps.
     pub fn download(&self, out: &mut [f32]) -> Result<()> {
         self.grads.download(&self.stream, out)
+    }
+
+    /// Queues `reduce` on the gradients and the loss totals, outside a step (to set up the
+    /// group's connections before the first step's capture).
+    pub(crate) fn queue_reduce(&self, reduce: &Reduce) -> Result<()> {
+        reduce.queue(&self.stream, &self.grads, &self.loss)
+    }
+
+    /// Queues a plain sum of the gradients over `comm`'s group (for measurements: the
+    /// gradients are left meaningless).
+    pub(crate) fn queue_sum(&self, comm: &super::nccl::Comm) -> Result<()> {
+        comm.sum(&self.stream, &self.grads)
     }
 }
 

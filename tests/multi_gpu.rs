@@ -1,0 +1,339 @@
+//! Data-parallel training on two GPUs (`DataParallel`): the same result as one GPU on the whole
+//! batch, replicas that stay bit-identical, nothing allocated per step, one process a GPU, and
+//! errors instead of hangs. Every test needs two CUDA devices and NCCL (`libnccl.so.2` on the
+//! library path) and is `#[ignore]`d; each name holds `two_gpus`, so that
+//! `cargo test --release --test multi_gpu -- --include-ignored --skip two_gpus` runs none of
+//! them on a one-GPU machine. Tests that start processes of their own (the same binary, one
+//! test each) pass them the environment as it is (NCCL's variables included).
+#![cfg(feature = "cuda")]
+
+use flatnn::models::{lenet5, mlp};
+use flatnn::prelude::*;
+use flatnn::testutil::{in_child, rel_err, run_alone, Rng};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Counts the allocations of every thread (a group's replicas but the first run their steps on
+/// threads of their own): read only in a child process that runs one test alone.
+struct Everywhere;
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call to the system allocator; only counts.
+unsafe impl GlobalAlloc for Everywhere {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static EVERYWHERE: Everywhere = Everywhere;
+
+const NEEDS: &str = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)";
+
+/// The first line of every test here: CUDA devices 0 and 1; without them, the test fails
+/// saying so.
+fn two_gpus() -> [Device; 2] {
+    let count = flatnn::cuda::device_count();
+    assert!(count >= 2, "this test needs two CUDA devices and there are {count}");
+    if let Err(e) = flatnn::cuda::nccl_version() {
+        panic!("this test needs NCCL: {e}");
+    }
+    [Device::cuda(0).unwrap(), Device::cuda(1).unwrap()]
+}
+
+/// `steps` global batches (inputs, labels) for `model`, of `sizes[i % sizes.len()]` samples.
+fn batches(model: &Model, steps: usize, sizes: &[usize], seed: u64) -> Vec<(Vec<f32>, Vec<u32>)> {
+    let mut rng = Rng::new(seed);
+    (0..steps).map(|i| flatnn::testutil::batch(&mut rng, model, sizes[i % sizes.len()])).collect()
+}
+
+/// SGD with momentum and clipping by norm (the norm's kernel runs after the reduction).
+fn sgd() -> (Optim, Clip) {
+    (Optim::sgd(0.05, 0.9), Clip::Norm(5.0))
+}
+
+/// The parameters and the losses of `steps` steps on one GPU, each on a whole batch.
+fn one_gpu(model: &Model, optim: (Optim, Clip), data: &[(Vec<f32>, Vec<u32>)], capacity: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut model = model.to(&Device::cuda(0).unwrap()).unwrap();
+    let (mut fwd, mut bwd) = (model.preallocate(capacity).unwrap(), model.preallocate_grads(capacity).unwrap());
+    let mut opt = Optimizer::new(&model, optim.0).unwrap();
+    opt.set_clip(optim.1).unwrap();
+    let mut losses = Vec::new();
+    for (x, labels) in data {
+        fwd.set_inputs(x).unwrap();
+        fwd.set_labels(labels).unwrap();
+        opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+        losses.push(bwd.last_loss().unwrap());
+    }
+    (model.parameters().unwrap().into_owned(), losses)
+}
+
+/// The same steps through `dp`, each on the global batch.
+fn data_parallel(dp: &mut DataParallel, data: &[(Vec<f32>, Vec<u32>)]) -> (Vec<f32>, Vec<f32>) {
+    let mut losses = Vec::new();
+    for (x, labels) in data {
+        dp.set_inputs(x).unwrap();
+        dp.set_labels(labels).unwrap();
+        dp.train_step(Loss::LogitCrossEntropy).unwrap();
+        losses.push(dp.last_loss().unwrap());
+    }
+    (dp.parameters().unwrap(), losses)
+}
+
+#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[test]
+fn two_gpus_twenty_steps_equal_one_gpu_on_the_whole_batch() {
+    let devices = two_gpus();
+    // 512: equal shares; 511: 256 and 255, weighted by samples
+    for (name, chain) in [("mlp", mlp()), ("lenet", lenet5())] {
+        let model = chain.build().unwrap().init(Init::HeNormal, 3);
+        let data = batches(&model, 20, &[512, 511], 5);
+        let (want, want_losses) = one_gpu(&model, sgd(), &data, 512);
+        let mut dp = DataParallel::new(&model, &devices, 512, sgd().0).unwrap();
+        dp.configure(|opt| opt.set_clip(sgd().1)).unwrap();
+        let (got, losses) = data_parallel(&mut dp, &data);
+        let err = rel_err(&got, &want);
+        println!("{name}: parameters after 20 steps on 2 GPUs against 1: relative error {err:.2e}");
+        assert!(err <= 1e-5, "{name}: parameters differ by {err:.2e} relative");
+        let loss_err = rel_err(&losses, &want_losses);
+        assert!(loss_err <= 1e-5, "{name}: losses {losses:?} against {want_losses:?}");
+        assert_eq!(dp.optimizer().steps(), 20);
+    }
+}
+
+#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[test]
+fn two_gpus_replicas_stay_bit_identical_over_1000_steps() {
+    let devices = two_gpus();
+    for (name, chain) in [("mlp", mlp()), ("lenet", lenet5())] {
+        let model = chain.build().unwrap().init(Init::HeNormal, 7);
+        let mut dp = DataParallel::new(&model, &devices, 256, Optim::adam(1e-3).with_weight_decay(1e-4)).unwrap();
+        dp.configure(|opt| {
+            opt.set_clip(Clip::Norm(1.0))?;
+            opt.set_schedule(Schedule::cosine(50, 1000))
+        })
+        .unwrap();
+        let data = batches(&model, 16, &[256, 255], 11);
+        for step in 0..1000 {
+            let (x, labels) = &data[step % data.len()];
+            dp.set_inputs(x).unwrap();
+            dp.set_labels(labels).unwrap();
+            dp.train_step(Loss::LogitCrossEntropy).unwrap();
+        }
+        let loss = dp.last_loss().unwrap();
+        assert!(loss.is_finite() && !dp.diverged().unwrap(), "{name}: loss {loss}");
+        let replicas: Vec<Vec<u32>> = dp.models().map(|m| m.parameters().unwrap().iter().map(|v| v.to_bits()).collect()).collect();
+        assert_eq!(replicas.len(), 2);
+        let differ = replicas[0].iter().zip(&replicas[1]).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{name}: {differ} of {} parameters differ between the replicas after 1,000 steps", replicas[0].len());
+        println!("{name}: replicas identical after 1,000 steps, loss {loss:.4}");
+    }
+}
+
+#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[test]
+fn two_gpus_a_step_allocates_nothing_and_device_memory_stays_put() {
+    let devices = two_gpus();
+    // alone in a child process: the counter counts every thread's allocations, and no other
+    // test may take device memory while it is read
+    if !in_child() {
+        run_alone("two_gpus_a_step_allocates_nothing_and_device_memory_stays_put", &[]);
+        return;
+    }
+    for (name, chain) in [("mlp", mlp()), ("lenet", lenet5())] {
+        let model = chain.build().unwrap().init(Init::HeNormal, 1);
+        let mut dp = DataParallel::new(&model, &devices, 512, Optim::adam(1e-3)).unwrap();
+        dp.configure(|opt| {
+            opt.set_clip(Clip::Norm(1.0))?;
+            opt.set_schedule(Schedule::cosine(100, 3000))
+        })
+        .unwrap();
+        let data = batches(&model, 2, &[512, 63], 2);
+        let mut step = |i: usize| {
+            let (x, labels) = &data[i % 2];
+            dp.set_inputs(x).unwrap();
+            dp.set_labels(labels).unwrap();
+            dp.train_step(Loss::LogitCrossEntropy).unwrap();
+        };
+        // warm-up: both batch sizes, both staging buffers of each cache, so every graph is captured
+        (0..8).for_each(&mut step);
+        let free = |d: &Device| d.memory().unwrap().0;
+        let before = devices.map(|d| free(&d));
+        let counted = ALLOCATIONS.load(Ordering::SeqCst);
+        (0..1000).for_each(&mut step);
+        dp.synchronize().unwrap();
+        let allocations = ALLOCATIONS.load(Ordering::SeqCst) - counted;
+        let after = devices.map(|d| free(&d));
+        println!("{name}: {allocations} host allocations in 1,000 steps; free device memory {before:?} -> {after:?}");
+        assert_eq!(allocations, 0, "{name}: a data-parallel step allocated on the host");
+        assert_eq!(before, after, "{name}: device memory changed over 1,000 steps");
+        assert!(dp.last_loss().unwrap().is_finite());
+    }
+}
+
+/// Starts this test binary once per rank, each running test `test` alone with the group's
+/// variables (RANK, WORLD_SIZE = `worlds[rank]`, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and
+/// `out` as FLATNN_TEST_OUT; returns their outputs, in rank order, once all have exited.
+fn ranks(test: &str, worlds: &[usize], out: &std::path::Path) -> Vec<Output> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = worlds
+        .iter()
+        .enumerate()
+        .map(|(rank, world)| {
+            let rank = rank.to_string();
+            Command::new(&exe)
+                .args([test, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
+                .envs([("FLATNN_TEST_CHILD", "1"), ("RANK", &rank), ("LOCAL_RANK", &rank), ("WORLD_SIZE", &world.to_string())])
+                .envs([("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port.as_str())])
+                .env("FLATNN_TEST_OUT", out)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    for (rank, o) in outputs.iter().enumerate() {
+        println!("--- rank {rank} ({}):\n{}{}", o.status, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    }
+    outputs
+}
+
+/// A folder of its own for one test's processes.
+fn scratch(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("flatnn-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// This process's rank, where it is one of a test's ranks.
+fn rank() -> Option<usize> {
+    in_child().then(|| std::env::var("RANK").ok()?.parse().ok()).flatten()
+}
+
+#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[test]
+fn two_gpus_two_processes_train_as_one_gpu_on_the_whole_batch() {
+    let devices = two_gpus();
+    let model = mlp().build().unwrap().init(Init::HeNormal, 3);
+    let data = batches(&model, 20, &[512, 511], 5);
+    if let Some(rank) = rank() {
+        let group = Group { timeout: Duration::from_secs(60), ..Group::from_env().unwrap() };
+        let mut dp = DataParallel::join(&model, &group, 512, sgd().0).unwrap();
+        dp.configure(|opt| opt.set_clip(sgd().1)).unwrap();
+        assert_eq!((dp.world(), dp.ranks()), (2, rank..rank + 1));
+        let (params, losses) = data_parallel(&mut dp, &data);
+        let bytes: Vec<u8> = params.iter().chain(&losses).flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(std::path::Path::new(&std::env::var("FLATNN_TEST_OUT").unwrap()).join(format!("rank{rank}")), bytes).unwrap();
+        return;
+    }
+    let _ = devices;
+    let out = scratch("two-processes");
+    let outputs = ranks("two_gpus_two_processes_train_as_one_gpu_on_the_whole_batch", &[2, 2], &out);
+    assert!(outputs.iter().all(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("1 passed")), "a rank failed");
+    let read = |rank: usize| -> Vec<f32> {
+        let bytes = std::fs::read(out.join(format!("rank{rank}"))).unwrap();
+        bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    };
+    let (rank0, rank1) = (read(0), read(1));
+    assert!(rank0.iter().zip(&rank1).all(|(a, b)| a.to_bits() == b.to_bits()), "the two processes' parameters differ");
+    let (want, want_losses) = one_gpu(&model, sgd(), &data, 512);
+    let (params, losses) = rank0.split_at(want.len());
+    let (err, loss_err) = (rel_err(params, &want), rel_err(losses, &want_losses));
+    println!("2 processes against 1 GPU: parameters {err:.2e}, losses {loss_err:.2e} relative");
+    assert!(err <= 1e-5 && loss_err <= 1e-5, "parameters differ by {err:.2e}, losses by {loss_err:.2e}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[test]
+fn two_gpus_a_mismatched_world_size_is_an_error_within_the_deadline() {
+    two_gpus();
+    if let Some(rank) = rank() {
+        let model = mlp().build().unwrap().init(Init::HeNormal, 3);
+        let group = Group { timeout: Duration::from_secs(30), ..Group::from_env().unwrap() };
+        let start = Instant::now();
+        let err = DataParallel::join(&model, &group, 512, sgd().0).err().expect("a group of two and a group of three");
+        println!("rank {rank}: {err} after {:?}", start.elapsed());
+        assert!(err.to_string().contains("WORLD_SIZE=3"), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(30));
+        return;
+    }
+    let outputs = ranks("two_gpus_a_mismatched_world_size_is_an_error_within_the_deadline", &[2, 3], &scratch("mismatch"));
+    assert!(outputs.iter().all(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("1 passed")), "a rank failed");
+}
+
+#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[test]
+fn two_gpus_a_dead_rank_is_an_error_within_the_timeout() {
+    two_gpus();
+    const TIMEOUT: Duration = Duration::from_secs(10);
+    if let Some(rank) = rank() {
+        let model = mlp().build().unwrap().init(Init::HeNormal, 3);
+        let group = Group { timeout: TIMEOUT, ..Group::from_env().unwrap() };
+        let mut dp = DataParallel::join(&model, &group, 512, sgd().0).unwrap();
+        let data = batches(&model, 2, &[512], 5);
+        let step = |dp: &mut DataParallel, i: usize| {
+            dp.set_inputs(&data[i % 2].0)?;
+            dp.set_labels(&data[i % 2].1)?;
+            dp.train_step(Loss::LogitCrossEntropy)
+        };
+        for i in 0..10 {
+            step(&mut dp, i).unwrap();
+        }
+        let _ = dp.last_loss().unwrap();
+        if rank == 1 {
+            println!("rank 1 leaves without a word");
+            std::process::exit(0);
+        }
+        // rank 0 goes on alone: within a few steps (the host's lead) and one timeout, an error
+        let start = Instant::now();
+        let err = (10..1_000_000).find_map(|i| step(&mut dp, i).err()).expect("a step fails once rank 1 is gone");
+        let err = dp.last_loss().err().map_or(err.to_string(), |later| format!("{err}; then {later}"));
+        println!("rank 0, {:?} after rank 1 left: {err}", start.elapsed());
+        assert!(err.contains("rank 0") && err.contains("unusable"), "{err}");
+        assert!(start.elapsed() < TIMEOUT + Duration::from_secs(20), "took {:?}", start.elapsed());
+        return;
+    }
+    let outputs = ranks("two_gpus_a_dead_rank_is_an_error_within_the_timeout", &[2, 2], &scratch("dead"));
+    assert!(outputs[0].status.success() && String::from_utf8_lossy(&outputs[0].stdout).contains("1 passed"), "rank 0 failed");
+    assert!(String::from_utf8_lossy(&outputs[1].stdout).contains("leaves without a word"), "rank 1 did not leave as planned");
+}
+
+#[test]
+fn every_test_here_names_two_gpus_and_says_what_it_needs() {
+    // `--skip two_gpus` must skip every GPU test of this file on a one-GPU machine
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/multi_gpu.rs")).unwrap();
+    let mut lines = text.lines().peekable();
+    let mut tests = 0;
+    while let Some(line) = lines.next() {
+        if line.starts_with("#[ignore = ") {
+            assert!(line.contains(NEEDS), "{line}");
+            assert_eq!(lines.next(), Some("#[test]"));
+            let name = lines.peek().unwrap();
+            assert!(name.starts_with("fn two_gpus_"), "{name}");
+            tests += 1;
+        }
+    }
+    assert_eq!(tests, 6);
+}
