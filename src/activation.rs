@@ -69,6 +69,49 @@ impl Activation {
         }
     }
 
+    /// y[i] = act(z[i]) for every i: the fast CPU path of [`Activation::apply`].
+    ///
+    /// # Panics
+    /// If `z` and `y` differ in length.
+    pub fn apply_slice(self, z: &[f32], y: &mut [f32]) {
+        assert_eq!(z.len(), y.len(), "apply_slice: z and y differ in length");
+        // the match hoisted out of the loop so each arm vectorises
+        fn map(z: &[f32], y: &mut [f32], f: impl Fn(f32) -> f32) {
+            y.iter_mut().zip(z).for_each(|(y, &z)| *y = f(z));
+        }
+        match self {
+            Identity => y.copy_from_slice(z),
+            Relu => map(z, y, |v| Relu.apply(v)),
+            LeakyRelu(_) => map(z, y, |v| self.apply(v)),
+            Tanh => map(z, y, |v| Tanh.apply(v)),
+            Sigmoid => map(z, y, |v| Sigmoid.apply(v)),
+            Gelu => map(z, y, |v| Gelu.apply(v)),
+        }
+    }
+
+    /// dz[i] = dy[i]·act′(z[i]) for every i, given y = act(z): the fast CPU path of
+    /// [`Activation::derivative`].
+    ///
+    /// # Panics
+    /// If the four slices differ in length.
+    pub fn backward_slice(self, z: &[f32], y: &[f32], dy: &[f32], dz: &mut [f32]) {
+        let n = dz.len();
+        assert!(z.len() == n && y.len() == n && dy.len() == n, "backward_slice: the slices differ in length");
+        fn map(z: &[f32], y: &[f32], dy: &[f32], dz: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+            for i in 0..dz.len() {
+                dz[i] = dy[i] * f(z[i], y[i]);
+            }
+        }
+        match self {
+            Identity => dz.copy_from_slice(dy),
+            Relu => map(z, y, dy, dz, |z, y| Relu.derivative(z, y)),
+            LeakyRelu(_) => map(z, y, dy, dz, |z, y| self.derivative(z, y)),
+            Tanh => map(z, y, dy, dz, |z, y| Tanh.derivative(z, y)),
+            Sigmoid => map(z, y, dy, dz, |z, y| Sigmoid.derivative(z, y)),
+            Gelu => map(z, y, dy, dz, |z, y| Gelu.derivative(z, y)),
+        }
+    }
+
     /// The name used in model files (`"relu"`, `"leaky_relu:0.01"`, …).
     pub fn name(self) -> String {
         match self {

@@ -219,47 +219,19 @@ fn bias_act(pool: &Pool, act: Activation, b: &[f32], channels: usize, pixels: us
         if let Some(y) = &y {
             // SAFETY: as above.
             let ys = unsafe { y.slice(range) };
-            map_activation(act, zs, ys);
+            act.apply_slice(zs, ys);
         }
     });
 }
 
-/// y = act(z), the match hoisted out of the loop so each arm vectorises.
-fn map_activation(act: Activation, z: &[f32], y: &mut [f32]) {
-    fn map(z: &[f32], y: &mut [f32], f: impl Fn(f32) -> f32) {
-        y.iter_mut().zip(z).for_each(|(y, &z)| *y = f(z));
-    }
-    match act {
-        Activation::Identity => y.copy_from_slice(z),
-        Activation::Relu => map(z, y, |v| Activation::Relu.apply(v)),
-        Activation::LeakyRelu(_) => map(z, y, |v| act.apply(v)),
-        Activation::Tanh => map(z, y, |v| Activation::Tanh.apply(v)),
-        Activation::Sigmoid => map(z, y, |v| Activation::Sigmoid.apply(v)),
-        Activation::Gelu => map(z, y, |v| Activation::Gelu.apply(v)),
-    }
-}
-
 /// dz = dy ⊙ act'(z), element-wise, spread over the pool.
 fn act_backward(pool: &Pool, act: Activation, z: &[f32], y: &[f32], dy: &[f32], dz: &mut [f32]) {
-    fn map(z: &[f32], y: &[f32], dy: &[f32], dz: &mut [f32], f: impl Fn(f32, f32) -> f32) {
-        for i in 0..dz.len() {
-            dz[i] = dy[i] * f(z[i], y[i]);
-        }
-    }
     let n = dz.len();
     let dz = SharedMut::new(dz);
     for_chunks(pool, n, 16384, &|_, r| {
         // SAFETY: chunks are disjoint element ranges.
         let dz = unsafe { dz.slice(r.clone()) };
-        let (z, y, dy) = (&z[r.clone()], &y[r.clone()], &dy[r]);
-        match act {
-            Activation::Identity => dz.copy_from_slice(dy),
-            Activation::Relu => map(z, y, dy, dz, |z, y| Activation::Relu.derivative(z, y)),
-            Activation::LeakyRelu(_) => map(z, y, dy, dz, |z, y| act.derivative(z, y)),
-            Activation::Tanh => map(z, y, dy, dz, |z, y| Activation::Tanh.derivative(z, y)),
-            Activation::Sigmoid => map(z, y, dy, dz, |z, y| Activation::Sigmoid.derivative(z, y)),
-            Activation::Gelu => map(z, y, dy, dz, |z, y| Activation::Gelu.derivative(z, y)),
-        }
+        act.backward_slice(&z[r.clone()], &y[r.clone()], &dy[r], dz);
     });
 }
 
