@@ -3,6 +3,7 @@
 pub mod gemm;
 pub mod pool;
 pub mod rowdot;
+pub(crate) mod vmath;
 
 use pool::Pool;
 use std::marker::PhantomData;
