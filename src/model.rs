@@ -186,7 +186,7 @@ impl Model {
         let out = region(plan, last, capacity, batch);
         let (y, dy) = (&cache.acts[out.clone()], &mut grads.dacts[out]);
         let value = match loss {
-            Loss::LogitCrossEntropy => loss::logit_cross_entropy(y, &cache.labels[..batch], outputs, dy),
+            Loss::LogitCrossEntropy => loss::logit_cross_entropy_fast(y, &cache.labels[..batch], outputs, dy),
             Loss::Mse => loss::mse(y, &cache.targets[..batch * outputs], dy),
         };
         layers::backward(

@@ -294,7 +294,6 @@ macro_rules! unary {
     };
 }
 
-#[cfg(test)]
 unary!(Exp, exp);
 unary!(Tanh, tanh);
 unary!(Sigmoid, sigmoid);

@@ -28,7 +28,7 @@ mod lanes;
 #[cfg(test)]
 mod tests;
 
-use kernels::{Binary, Gelu, GeluBackward, Sigmoid, Tanh, Unary};
+use kernels::{Binary, Exp, Gelu, GeluBackward, Sigmoid, Tanh, Unary};
 use lanes::Lanes;
 use std::sync::OnceLock;
 
@@ -59,6 +59,11 @@ impl Isa {
             Isa::Avx2 | Isa::Avx512 => false,
         }
     }
+}
+
+/// e^v in place. Within 0.8 ulp.
+pub(crate) fn exp_in_place(v: &mut [f32]) {
+    in_place::<Exp>(Isa::best(), v);
 }
 
 /// y = tanh(z). Within 1.35 ulp.
@@ -94,6 +99,22 @@ fn unary<K: Unary>(isa: Isa, x: &[f32], y: &mut [f32]) {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { avx512::map::<K>(x, y) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => unreachable!("available only on x86_64"),
+    }
+}
+
+/// v = K(v) on `isa`.
+fn in_place<K: Unary>(isa: Isa, v: &mut [f32]) {
+    assert!(isa.available(), "vmath: {isa:?} is not available on this CPU");
+    match isa {
+        Isa::Portable => map_in_place::<f32, K>(v),
+        // SAFETY: the CPU has the instruction set (checked above).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::map_in_place::<K>(v) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::map_in_place::<K>(v) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2 | Isa::Avx512 => unreachable!("available only on x86_64"),
     }
@@ -136,6 +157,22 @@ fn map<V: Lanes, K: Unary>(x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// v = K(v), as [`map`].
+#[inline(always)]
+fn map_in_place<V: Lanes, K: Unary>(v: &mut [f32]) {
+    let mut vs = v.chunks_exact_mut(V::LANES);
+    for v in &mut vs {
+        K::at(V::load(v)).store(v);
+    }
+    let vt = vs.into_remainder();
+    if !vt.is_empty() {
+        let mut buf = [0.0f32; 16];
+        buf[..vt.len()].copy_from_slice(vt);
+        K::at(V::load(&buf)).store(&mut buf);
+        vt.copy_from_slice(&buf[..vt.len()]);
+    }
+}
+
 /// out = K(a, b), as [`map`].
 #[inline(always)]
 fn map2<V: Lanes, K: Binary>(a: &[f32], b: &[f32], out: &mut [f32]) {
@@ -162,6 +199,11 @@ macro_rules! instantiate {
             #[target_feature(enable = $features)]
             pub(super) fn map<K: Unary>(x: &[f32], y: &mut [f32]) {
                 super::map::<$lanes, K>(x, y)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) fn map_in_place<K: Unary>(v: &mut [f32]) {
+                super::map_in_place::<$lanes, K>(v)
             }
 
             #[target_feature(enable = $features)]

@@ -1,7 +1,7 @@
 //! The kernels against f64 references over the whole f32 range, the paths against each other
 //! bit for bit, special values, and the slice loops on odd lengths with poisoned outputs.
 
-use super::kernels::{Erf, Exp};
+use super::kernels::Erf;
 use super::*;
 use std::f64::consts::{PI, SQRT_2};
 
@@ -297,17 +297,22 @@ fn slices_of_every_length_are_mapped_whole_and_alone() {
                     })
                     .collect()
             };
-            type Op = (&'static str, fn(Isa, &[f32], &mut [f32]));
-            let ops: [Op; 5] = [
-                ("exp", unary::<Exp>),
-                ("tanh", unary::<Tanh>),
-                ("sigmoid", unary::<Sigmoid>),
-                ("gelu", unary::<Gelu>),
-                ("erf", unary::<Erf>),
+            type Ops = (&'static str, fn(Isa, &[f32], &mut [f32]), fn(Isa, &mut [f32]));
+            let ops: [Ops; 5] = [
+                ("exp", unary::<Exp>, in_place::<Exp>),
+                ("tanh", unary::<Tanh>, in_place::<Tanh>),
+                ("sigmoid", unary::<Sigmoid>, in_place::<Sigmoid>),
+                ("gelu", unary::<Gelu>, in_place::<Gelu>),
+                ("erf", unary::<Erf>, in_place::<Erf>),
             ];
-            for (name, map) in ops {
+            for (name, map, map_in_place) in ops {
                 let want = each(&|x, y| map(Isa::Portable, x, y));
                 assert_eq!(one(&|y| map(isa, &x, y)), want, "{isa:?} {name}, n = {n}");
+                let in_place_result = one(&|y| {
+                    y.copy_from_slice(&x);
+                    map_in_place(isa, y)
+                });
+                assert_eq!(in_place_result, want, "{isa:?} {name} in place, n = {n}");
             }
             let want: Vec<f32> = (0..n)
                 .map(|i| {
