@@ -197,29 +197,35 @@ pub(crate) fn backward(
 }
 
 /// z[s, c, p] += b[c]; y = act(z) when `y` is given (else the activation is the identity).
+/// Both passes run over a block of samples at a time, so the activation reads z from L1.
 #[allow(clippy::too_many_arguments)]
 fn bias_act(pool: &Pool, act: Activation, b: &[f32], channels: usize, pixels: usize, batch: usize, z: &mut [f32], y: Option<&mut [f32]>) {
+    /// Values of z per block: z and y together take 16 KiB, within every L1.
+    const BLOCK: usize = 2048;
     let per_sample = channels * pixels;
+    let block = (BLOCK / per_sample).max(1) * per_sample;
     let z = SharedMut::new(&mut z[..batch * per_sample]);
     let y = y.map(|y| SharedMut::new(&mut y[..batch * per_sample]));
     for_chunks(pool, batch, (8192 / per_sample).max(1), &|_, samples| {
         let range = samples.start * per_sample..samples.end * per_sample;
         // SAFETY: chunks are disjoint sample ranges.
         let zs = unsafe { z.slice(range.clone()) };
-        for sample in zs.chunks_exact_mut(per_sample) {
-            if pixels == 1 {
-                // a dense layer: one bias per value, added as a vector
-                sample.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-            } else {
-                for (c, row) in sample.chunks_exact_mut(pixels).enumerate() {
-                    row.iter_mut().for_each(|v| *v += b[c]);
+        // SAFETY: as above.
+        let mut ys = y.as_ref().map(|y| unsafe { y.slice(range) });
+        for (i, zs) in zs.chunks_mut(block).enumerate() {
+            for sample in zs.chunks_exact_mut(per_sample) {
+                if pixels == 1 {
+                    // a dense layer: one bias per value, added as a vector
+                    sample.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                } else {
+                    for (c, row) in sample.chunks_exact_mut(pixels).enumerate() {
+                        row.iter_mut().for_each(|v| *v += b[c]);
+                    }
                 }
             }
-        }
-        if let Some(y) = &y {
-            // SAFETY: as above.
-            let ys = unsafe { y.slice(range) };
-            act.apply_slice(zs, ys);
+            if let Some(ys) = ys.as_deref_mut() {
+                act.apply_slice(zs, &mut ys[i * block..][..zs.len()]);
+            }
         }
     });
 }
