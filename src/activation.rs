@@ -70,7 +70,7 @@ impl Activation {
         }
     }
 
-    /// y[i] = act(z[i]) for every i: the fast CPU path of [`Activation::apply`], vectorised.
+    /// `y[i] = act(z[i])` for every i: the fast CPU path of [`Activation::apply`], vectorised.
     ///
     /// Tanh, Sigmoid and Gelu are polynomial approximations (AVX-512, AVX2 or portable, all
     /// giving the same bits) within, of the exact value: tanh 1.35 ulp, sigmoid 0.85 ulp, GELU
@@ -96,7 +96,7 @@ impl Activation {
         }
     }
 
-    /// dz[i] = dy[i]·act′(z[i]) for every i, given y = act(z): the fast CPU path of
+    /// `dz[i] = dy[i]·act′(z[i])` for every i, given y = act(z): the fast CPU path of
     /// [`Activation::derivative`]. Tanh′ = 1 − y² and sigmoid′ = y·(1 − y) are as there;
     /// GELU′ = Φ(z) + z·φ(z) is vectorised and within 3.75 ulp of the larger of its two terms
     /// (dz then has one more rounding).
