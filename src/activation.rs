@@ -1,5 +1,6 @@
 //! Element-wise activations: y = act(z), and the derivative used by backprop.
 
+use crate::cpu::vmath;
 use crate::float::Float;
 
 /// An activation applied after a Dense or Conv layer.
@@ -66,6 +67,57 @@ impl Activation {
             Sigmoid => y * (F::ONE - y),
             // d/dz z·Φ(z) = Φ(z) + z·φ(z)
             Gelu => normal_cdf(z) + z * F::of(FRAC_1_SQRT_2PI) * (-(z * z) * F::of(0.5)).exp(),
+        }
+    }
+
+    /// `y[i] = act(z[i])` for every i: the fast CPU path of [`Activation::apply`], vectorised.
+    ///
+    /// Tanh, Sigmoid and Gelu are polynomial approximations (AVX-512, AVX2 or portable, all
+    /// giving the same bits) within, of the exact value: tanh 1.35 ulp, sigmoid 0.85 ulp, GELU
+    /// 5.25 ulp (3.6e-7 relative), measured over every f32 from 2⁻³⁰ to 2⁷ in magnitude. ±∞ give
+    /// the limits (GELU(−∞) = −0, where `apply` gives NaN) and NaN gives NaN. The others are
+    /// exact.
+    ///
+    /// # Panics
+    /// If `z` and `y` differ in length.
+    pub fn apply_slice(self, z: &[f32], y: &mut [f32]) {
+        assert_eq!(z.len(), y.len(), "apply_slice: z and y differ in length");
+        // the match hoisted out of the loop so each arm vectorises
+        fn map(z: &[f32], y: &mut [f32], f: impl Fn(f32) -> f32) {
+            y.iter_mut().zip(z).for_each(|(y, &z)| *y = f(z));
+        }
+        match self {
+            Identity => y.copy_from_slice(z),
+            Relu => map(z, y, |v| Relu.apply(v)),
+            LeakyRelu(_) => map(z, y, |v| self.apply(v)),
+            Tanh => vmath::tanh(z, y),
+            Sigmoid => vmath::sigmoid(z, y),
+            Gelu => vmath::gelu(z, y),
+        }
+    }
+
+    /// `dz[i] = dy[i]·act′(z[i])` for every i, given y = act(z): the fast CPU path of
+    /// [`Activation::derivative`]. Tanh′ = 1 − y² and sigmoid′ = y·(1 − y) are as there;
+    /// GELU′ = Φ(z) + z·φ(z) is vectorised and within 3.75 ulp of the larger of its two terms
+    /// (dz then has one more rounding).
+    ///
+    /// # Panics
+    /// If the four slices differ in length.
+    pub fn backward_slice(self, z: &[f32], y: &[f32], dy: &[f32], dz: &mut [f32]) {
+        let n = dz.len();
+        assert!(z.len() == n && y.len() == n && dy.len() == n, "backward_slice: the slices differ in length");
+        fn map(z: &[f32], y: &[f32], dy: &[f32], dz: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+            for i in 0..dz.len() {
+                dz[i] = dy[i] * f(z[i], y[i]);
+            }
+        }
+        match self {
+            Identity => dz.copy_from_slice(dy),
+            Relu => map(z, y, dy, dz, |z, y| Relu.derivative(z, y)),
+            LeakyRelu(_) => map(z, y, dy, dz, |z, y| self.derivative(z, y)),
+            Tanh => map(z, y, dy, dz, |z, y| Tanh.derivative(z, y)),
+            Sigmoid => map(z, y, dy, dz, |z, y| Sigmoid.derivative(z, y)),
+            Gelu => vmath::gelu_backward(z, dy, dz),
         }
     }
 
@@ -143,5 +195,47 @@ mod tests {
             assert_eq!(Activation::from_name(&a.name()), Some(a));
         }
         assert_eq!(Activation::from_name("swish"), None);
+    }
+
+    /// The fast passes against the spec, on odd lengths (vectors and tails), outputs poisoned
+    /// with NaN and a guard past them. Tanh, sigmoid and GELU against the spec in f64 within
+    /// the bounds on `apply_slice` and `backward_slice` (an ulp of v is at most 2⁻²³·|v|, and
+    /// the spec's erf is itself within 1.2e-7, so Φ within 6e-8); the rest against the spec in
+    /// f32, exactly.
+    #[test]
+    fn fast_passes_match_the_spec() {
+        let ulp = |v: f64| v.abs() * 2f64.powi(-23) + 2f64.powi(-149);
+        let mut rng = crate::testutil::Rng::new(3);
+        for act in [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu] {
+            for n in (0..=37).chain([1000, 1001]) {
+                let z: Vec<f32> = rng.uniform(n).iter().map(|v| 12.0 * v).collect();
+                let dy = rng.uniform(n);
+                let (mut y, mut dz) = (vec![f32::NAN; n + 1], vec![f32::NAN; n + 1]);
+                act.apply_slice(&z, &mut y[..n]);
+                act.backward_slice(&z, &y[..n], &dy, &mut dz[..n]);
+                assert!(y[n].is_nan() && dz[n].is_nan(), "{act:?}, n = {n}: wrote past the slice");
+                for i in 0..n {
+                    let (z64, dy64) = (z[i] as f64, dy[i] as f64);
+                    let (y_tol, dz_tol) = match act {
+                        Tanh => (1.35 * ulp(z64.tanh()), 0.0),
+                        Sigmoid => (0.85 * ulp(Sigmoid.apply(z64)), 0.0),
+                        Gelu => {
+                            let (cdf, density) = (normal_cdf(z64), z64 * FRAC_1_SQRT_2PI * (-z64 * z64 / 2.0).exp());
+                            let dz_tol = dy64.abs() * (3.75 * ulp(cdf.max(density.abs())) + 6e-8) + ulp(dy64 * (cdf + density));
+                            (5.25 * ulp(Gelu.apply(z64)) + z64.abs() * 6e-8, dz_tol)
+                        }
+                        _ => (0.0, 0.0),
+                    };
+                    let y_want = if y_tol > 0.0 { act.apply(z64) } else { act.apply(z[i]) as f64 };
+                    let dz_want = if act == Gelu { dy64 * Gelu.derivative(z64, 0.0) } else { (dy[i] * act.derivative(z[i], y[i])) as f64 };
+                    assert!((y[i] as f64 - y_want).abs() <= y_tol, "{act:?}({}) = {}, want {y_want}", z[i], y[i]);
+                    if act == Gelu {
+                        assert!((dz[i] as f64 - dz_want).abs() <= dz_tol, "{act:?}: dz at z = {} is {}, want {dz_want}", z[i], dz[i]);
+                    } else {
+                        assert_eq!(dz[i] as f64, dz_want, "{act:?}: dz at z = {}", z[i]);
+                    }
+                }
+            }
+        }
     }
 }

@@ -208,7 +208,7 @@ impl Model {
         let out = region(plan, last, capacity, batch);
         let (y, dy) = (&cache.acts[out.clone()], &mut grads.dacts[out]);
         let value = match loss {
-            Loss::LogitCrossEntropy => loss::logit_cross_entropy(y, &cache.labels[..batch], outputs, dy),
+            Loss::LogitCrossEntropy => loss::logit_cross_entropy_fast(y, &cache.labels[..batch], outputs, dy),
             Loss::Mse => loss::mse(y, &cache.targets[..batch * outputs], dy),
         };
         layers::backward(
@@ -240,7 +240,7 @@ impl Model {
         cache.targets_to_host(loss)?;
         let (batch, outputs) = (cache.batch, self.plan.output().len());
         let value = match loss {
-            Loss::LogitCrossEntropy => loss::logit_cross_entropy_value(cache.outputs(), &cache.labels[..batch], outputs),
+            Loss::LogitCrossEntropy => loss::logit_cross_entropy_fast_value(cache.outputs(), &cache.labels[..batch], outputs),
             Loss::Mse => loss::mse_value(cache.outputs(), &cache.targets[..batch * outputs]),
         };
         Ok(value as f32)

@@ -5,6 +5,7 @@
 pub(crate) mod gemm;
 pub(crate) mod pool;
 pub(crate) mod rowdot;
+pub(crate) mod vmath;
 
 use pool::Pool;
 use std::marker::PhantomData;

@@ -210,69 +210,47 @@ pub(crate) fn backward(
 }
 
 /// z[s, c, p] += b[c]; y = act(z) when `y` is given (else the activation is the identity).
+/// Both passes run over a block of samples at a time, so the activation reads z from L1.
 #[allow(clippy::too_many_arguments)]
 fn bias_act(pool: &Pool, act: Activation, b: &[f32], channels: usize, pixels: usize, batch: usize, z: &mut [f32], y: Option<&mut [f32]>) {
+    /// Values of z per block: z and y together take 16 KiB, within every L1.
+    const BLOCK: usize = 2048;
     let per_sample = channels * pixels;
+    let block = (BLOCK / per_sample).max(1) * per_sample;
     let z = SharedMut::new(&mut z[..batch * per_sample]);
     let y = y.map(|y| SharedMut::new(&mut y[..batch * per_sample]));
     for_chunks(pool, batch, (8192 / per_sample).max(1), &|_, samples| {
         let range = samples.start * per_sample..samples.end * per_sample;
         // SAFETY: chunks are disjoint sample ranges.
         let zs = unsafe { z.slice(range.clone()) };
-        for sample in zs.chunks_exact_mut(per_sample) {
-            if pixels == 1 {
-                // a dense layer: one bias per value, added as a vector
-                sample.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-            } else {
-                for (c, row) in sample.chunks_exact_mut(pixels).enumerate() {
-                    row.iter_mut().for_each(|v| *v += b[c]);
+        // SAFETY: as above.
+        let mut ys = y.as_ref().map(|y| unsafe { y.slice(range) });
+        for (i, zs) in zs.chunks_mut(block).enumerate() {
+            for sample in zs.chunks_exact_mut(per_sample) {
+                if pixels == 1 {
+                    // a dense layer: one bias per value, added as a vector
+                    sample.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                } else {
+                    for (c, row) in sample.chunks_exact_mut(pixels).enumerate() {
+                        row.iter_mut().for_each(|v| *v += b[c]);
+                    }
                 }
             }
-        }
-        if let Some(y) = &y {
-            // SAFETY: as above.
-            let ys = unsafe { y.slice(range) };
-            map_activation(act, zs, ys);
+            if let Some(ys) = ys.as_deref_mut() {
+                act.apply_slice(zs, &mut ys[i * block..][..zs.len()]);
+            }
         }
     });
 }
 
-/// y = act(z), the match hoisted out of the loop so each arm vectorises.
-fn map_activation(act: Activation, z: &[f32], y: &mut [f32]) {
-    fn map(z: &[f32], y: &mut [f32], f: impl Fn(f32) -> f32) {
-        y.iter_mut().zip(z).for_each(|(y, &z)| *y = f(z));
-    }
-    match act {
-        Activation::Identity => y.copy_from_slice(z),
-        Activation::Relu => map(z, y, |v| Activation::Relu.apply(v)),
-        Activation::LeakyRelu(_) => map(z, y, |v| act.apply(v)),
-        Activation::Tanh => map(z, y, |v| Activation::Tanh.apply(v)),
-        Activation::Sigmoid => map(z, y, |v| Activation::Sigmoid.apply(v)),
-        Activation::Gelu => map(z, y, |v| Activation::Gelu.apply(v)),
-    }
-}
-
 /// dz = dy ⊙ act'(z), element-wise, spread over the pool.
 fn act_backward(pool: &Pool, act: Activation, z: &[f32], y: &[f32], dy: &[f32], dz: &mut [f32]) {
-    fn map(z: &[f32], y: &[f32], dy: &[f32], dz: &mut [f32], f: impl Fn(f32, f32) -> f32) {
-        for i in 0..dz.len() {
-            dz[i] = dy[i] * f(z[i], y[i]);
-        }
-    }
     let n = dz.len();
     let dz = SharedMut::new(dz);
     for_chunks(pool, n, 16384, &|_, r| {
         // SAFETY: chunks are disjoint element ranges.
         let dz = unsafe { dz.slice(r.clone()) };
-        let (z, y, dy) = (&z[r.clone()], &y[r.clone()], &dy[r]);
-        match act {
-            Activation::Identity => dz.copy_from_slice(dy),
-            Activation::Relu => map(z, y, dy, dz, |z, y| Activation::Relu.derivative(z, y)),
-            Activation::LeakyRelu(_) => map(z, y, dy, dz, |z, y| act.derivative(z, y)),
-            Activation::Tanh => map(z, y, dy, dz, |z, y| Activation::Tanh.derivative(z, y)),
-            Activation::Sigmoid => map(z, y, dy, dz, |z, y| Activation::Sigmoid.derivative(z, y)),
-            Activation::Gelu => map(z, y, dy, dz, |z, y| Activation::Gelu.derivative(z, y)),
-        }
+        act.backward_slice(&z[r.clone()], &y[r.clone()], &dy[r], dz);
     });
 }
 

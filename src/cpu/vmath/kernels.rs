@@ -1,0 +1,312 @@
+//! The kernels, written once over [`Lanes`]: e^x, tanh, the logistic sigmoid, erf, and the
+//! GELU x·Φ(x) with its derivative Φ(x) + x·φ(x).
+//!
+//! Polynomial coefficients are minimax (Remez) fits in f64 of the relative error on the stated
+//! interval, rounded to f32; the fit error is given beside each. The bound of each kernel, as
+//! measured against f64 over every f32 input, is on the entry points in `vmath`.
+
+use super::lanes::Lanes;
+#[cfg(test)]
+use std::f32::consts::SQRT_2;
+use std::f32::consts::{FRAC_1_SQRT_2, LN_2, LOG2_E};
+
+/// 1.5·2²³: for |v| < 2²², (v + ROUND) − ROUND is v rounded to the nearest integer.
+const ROUND: f32 = 12_582_912.0;
+/// ln 2 = LN2_HI + LN2_LO, with LN2_HI = 355/512 short (9 bits) so that n·LN2_HI is exact for |n| < 2¹⁵.
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// e^r = 1 + r + r²·P(r) on |r| ≤ ln2/2; fit error 3.1e-9.
+const EXP_P: [f32; 5] = [0.499_999_94, 0.166_665_21, 0.041_668_39, 0.008_368_71, 0.001_381_461_3];
+/// tanh(a) = a + a³·P(a²) on 0 ≤ a ≤ 0.625; fit error 4.4e-9.
+const TANH_P: [f32; 5] = [-0.333_332_8, 0.133_314_42, -0.053_739_715, 0.020_639_088, -0.005_704_987_3];
+/// Where tanh changes from its polynomial to 1 − 2/(e^{2a} + 1).
+const TANH_SPLIT: f32 = 0.625;
+/// erf(z) = z + z·P(z²) on |z| ≤ 1 (P small, so its rounding is small against z); fit error 1.2e-9.
+const ERF_P: [f32; 7] = [0.128_379_17, -0.376_126_26, 0.112_835_854, -0.026_853_813, 0.005_188_327_7, -0.000_801_019_37, 7.853_861_5e-5];
+/// erfc(a/√2)·e^{a²/2} = t·Q(t) with t = 1/(1 + ERFC_P·a), on 0.7 ≤ a ≤ 15.6 (0.5 ≤ a/√2 ≤ 11);
+/// fit error 5.0e-10.
+const ERFC_P: f32 = 0.318_198_06;
+const ERFC_Q: [f32; 10] = [
+    0.253_887_5,
+    0.253_815_74,
+    0.229_137_03,
+    0.169_227_96,
+    0.145_001_3,
+    -0.087_170_48,
+    0.247_388_81,
+    -0.403_951,
+    0.247_180_67,
+    -0.054_524_46,
+];
+/// d ln(t·Q(t)) / d ln t ≈ K(t) (within 0.02), for a first-order correction of t.
+const ERFC_K: [f32; 3] = [0.924_293_4, 1.461_464, 0.252_227_9];
+/// 1/√(2π)
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+/// |x| beyond which the GELU's Φ(−|x|)·|x| and φ(x) are 0 in f32 (φ(15) ≈ 5.5e-50).
+const GELU_CLAMP: f32 = 15.0;
+
+/// c[0] + x·(c[1] + x·(c[2] + …)), by Horner's rule in fused multiply-adds.
+#[inline(always)]
+fn poly<V: Lanes>(x: V, c: &[f32]) -> V {
+    let (last, rest) = c.split_last().expect("a polynomial has coefficients");
+    let mut acc = V::splat(*last);
+    for &k in rest.iter().rev() {
+        acc = acc.mul_add(x, V::splat(k));
+    }
+    acc
+}
+
+/// |x|: the sign bit cleared.
+#[inline(always)]
+fn abs<V: Lanes>(x: V) -> V {
+    x.and(V::splat(f32::from_bits(0x7fff_ffff)))
+}
+
+/// `magnitude` (sign bit clear) with the sign of `x`.
+#[inline(always)]
+fn with_sign_of<V: Lanes>(magnitude: V, x: V) -> V {
+    magnitude.or(x.and(V::splat(-0.0)))
+}
+
+/// 2^k for integral k in [−126, 127]: k + 127 lands in the low mantissa bits of k + ROUND + 127,
+/// and the shift moves them into the exponent field.
+#[inline(always)]
+fn pow2<V: Lanes>(k: V) -> V {
+    (k + V::splat(ROUND + 127.0)).shl23()
+}
+
+/// e^x.
+#[inline(always)]
+pub(super) fn exp<V: Lanes>(x: V) -> V {
+    exp_times_pow2(x, 0.0)
+}
+
+/// e^x·2^k for integral k in [0, 24], rounded once.
+#[inline(always)]
+fn exp_times_pow2<V: Lanes>(x: V, k: f32) -> V {
+    let e = ExpParts::at(x, k);
+    e.scale(e.hi + e.lo)
+}
+
+/// e^x·2^k = (hi + lo)·2ᵃ·2ᵇ, unrounded: hi + lo ∈ [0.7, 1.5] with |lo| < 0.1 < |hi|, and a, b
+/// in [−75, 77], so scaling either part is exact unless the result is subnormal.
+struct ExpParts<V> {
+    hi: V,
+    lo: V,
+    pow2_a: V,
+    pow2_b: V,
+}
+
+impl<V: Lanes> ExpParts<V> {
+    /// For integral k in [0, 24]. Inputs are clamped to [−104 − k·ln2, 89] (e^89 overflows,
+    /// e^−104 rounds to 0), so n + k stays in [−150, 153]; NaN passes the clamp (`max` and `min`
+    /// return their second operand for it).
+    #[inline(always)]
+    fn at(x: V, k: f32) -> ExpParts<V> {
+        let x = V::splat(89.0).min(V::splat(-104.0 - k * LN_2).max(x));
+        // x = n·ln2 + r, n = round(x·log₂e), |r| ≤ ln2/2, r = r_hi + c: r_hi = x − n·LN2_HI is
+        // exact (Cody–Waite), c = −n·LN2_LO is within 2⁻³⁰
+        let n = x.mul_add(V::splat(LOG2_E), V::splat(ROUND)) - V::splat(ROUND);
+        let r_hi = n.mul_add(V::splat(-LN2_HI), x);
+        let c = n * V::splat(-LN2_LO);
+        let r = r_hi + c;
+        // e^r = 1 + r + r²·P(r) = hi + (r²·P + c + e), with 1 + r_hi = hi + e exactly
+        let one = V::splat(1.0);
+        let hi = one + r_hi;
+        let e = r_hi - (hi - one);
+        let lo = (r * r).mul_add(poly(r, &EXP_P), c + e);
+        // 2ᵐ, m = n + k, as 2ᵃ·2ᵐ⁻ᵃ with a = ⌊m/2⌋
+        let m = n + V::splat(k);
+        let a = (m.mul_add(V::splat(0.5), V::splat(-0.25)) + V::splat(ROUND)) - V::splat(ROUND);
+        ExpParts { hi, lo, pow2_a: pow2(a), pow2_b: pow2(m - a) }
+    }
+
+    /// v·2ᵃ·2ᵇ: the first product is exact, the second rounds once, so overflow gives ∞ and
+    /// underflow the rounded subnormal or 0.
+    #[inline(always)]
+    fn scale(&self, v: V) -> V {
+        v * self.pow2_a * self.pow2_b
+    }
+}
+
+/// tanh(x): a + a³·P(a²) for a = |x| < 0.625, else 1 − 2/(e^{2a} + 1) (1 for large a, as
+/// e^{2a} → ∞); the sign of x restored.
+#[inline(always)]
+pub(super) fn tanh<V: Lanes>(x: V) -> V {
+    let a = abs(x);
+    let s = a * a;
+    let small = (a * s).mul_add(poly(s, &TANH_P), a);
+    let one = V::splat(1.0);
+    let large = one - V::splat(2.0) / (exp(a + a) + one);
+    with_sign_of(V::select(a.lt(V::splat(TANH_SPLIT)), small, large), x)
+}
+
+/// 1/(1 + e^−x) = num/(1 + e), e = e^−|x|, num = 1 for x ≥ 0 and e for x < 0 (no overflow, and
+/// small results keep their relative accuracy down to the subnormals). e is kept unrounded as
+/// e_hi + e_lo (e_hi the rounded e), 1 + e as d_hi + d_lo (exactly, as e ≤ 1), and the quotient q
+/// of the rounded parts is corrected by its residual: num/(1 + e) = q + (num − q·(1 + e))/d_hi,
+/// to first order.
+#[inline(always)]
+pub(super) fn sigmoid<V: Lanes>(x: V) -> V {
+    let parts = ExpParts::at(-abs(x), 0.0);
+    let hi = parts.hi + parts.lo;
+    let (e_hi, e_lo) = (parts.scale(hi), parts.scale(parts.lo - (hi - parts.hi)));
+    let one = V::splat(1.0);
+    let d_hi = one + e_hi;
+    let d_lo = (e_hi - (d_hi - one)) + e_lo;
+    let negative = x.lt(V::splat(0.0));
+    let (num_hi, num_lo) = (V::select(negative, e_hi, one), V::select(negative, e_lo, V::splat(0.0)));
+    let q = (num_hi + num_lo) / d_hi;
+    let residual = (-q).mul_add(d_hi, num_hi) + (-q).mul_add(d_lo, num_lo);
+    q + residual / d_hi
+}
+
+/// erf(z) for |z| ≤ 1.
+#[inline(always)]
+fn erf_small<V: Lanes>(z: V) -> V {
+    z.mul_add(poly(z * z, &ERF_P), z)
+}
+
+/// erfc(a/√2)·e^{a²/2} for 0.7 ≤ a ≤ 15.6 (finite for every a ≥ 0). t = 1/w, w = 1 + ERFC_P·a,
+/// is rounded twice, and t·Q(t) is twice as sensitive as t itself near a = 1; so both roundings
+/// are recovered exactly (w's by an FMA, the quotient's as the residual 1 − t·w) and applied to
+/// first order: t·Q(t) at the exact t is R·(1 + δ·K(t)), δ = (1 − t·w) − t·w_lo.
+#[inline(always)]
+fn erfc_scaled<V: Lanes>(a: V) -> V {
+    let (one, p) = (V::splat(1.0), V::splat(ERFC_P));
+    let w = p.mul_add(a, one);
+    let w_lo = p.mul_add(a, one - w);
+    let t = one / w;
+    let delta = (-w_lo).mul_add(t, (-t).mul_add(w, one));
+    let r = t * poly(t, &ERFC_Q);
+    r.mul_add(delta * poly(t, &ERFC_K), r)
+}
+
+/// 2²⁴·e^−(hi + lo) for a square split exactly as hi + lo (|lo| ≤ ulp(hi)/2): 2²⁴·e^−hi·(1 − lo),
+/// so that the rounding of the square (relative 2⁻²⁴, amplified by hi in the exponent) is not
+/// lost, and scaled up so that it stays normal for hi up to 103 (the products formed with it
+/// then round once, where they are scaled back down).
+#[inline(always)]
+fn gauss_2p24<V: Lanes>(hi: V, lo: V) -> V {
+    let e = exp_times_pow2(-hi, 24.0);
+    e.mul_add(-lo, e)
+}
+
+/// 2⁻²⁴
+const TWO_M24: f32 = 1.0 / 16_777_216.0;
+
+/// erf(x): z·P(z²) for |x| < 1, else 1 − erfc(|x|) (|x| clamped to 10, where erfc is below
+/// 2⁻¹⁴⁹, which keeps its square finite); the sign of x restored.
+#[cfg(test)]
+#[inline(always)]
+pub(super) fn erf<V: Lanes>(x: V) -> V {
+    let a = abs(x);
+    let c = V::splat(10.0).min(a);
+    let sq = c * c;
+    let gauss = gauss_2p24(sq, c.mul_add(c, -sq)) * V::splat(TWO_M24);
+    let tail = V::splat(1.0) - erfc_scaled(c * V::splat(SQRT_2)) * gauss;
+    with_sign_of(V::select(a.lt(V::splat(1.0)), erf_small(a), tail), x)
+}
+
+/// The parts of the normal CDF Φ at x that the GELU and its derivative combine: with
+/// z = |x|/√2, Φ(−|x|) = erfc(z)/2 = (1 − erf z)/2 and Φ(|x|) = 1 − Φ(−|x|).
+struct Normal<V> {
+    /// |x| clamped to 15 (beyond it Φ(−a)·a and φ(a) are 0 in f32; φ(15) ≈ 5.5e-50).
+    a: V,
+    /// z = a/√2
+    z: V,
+    /// erf(z), for z < 1
+    erf: V,
+    /// erfc(z)·e^{z²}/2, for z ≥ 0.5: Φ(−a) = ratio·gauss
+    ratio: V,
+    /// 2²⁴·e^{−a²/2}, from a² split exactly by an FMA rather than from the rounded z, whose
+    /// rounding would cost up to a²·2⁻²⁴ relative in the tail
+    gauss_2p24: V,
+    /// e^{−a²/2}
+    gauss: V,
+}
+
+impl<V: Lanes> Normal<V> {
+    #[inline(always)]
+    fn at(x: V) -> Normal<V> {
+        let a = V::splat(GELU_CLAMP).min(abs(x));
+        let z = a * V::splat(FRAC_1_SQRT_2);
+        let sq = a * a;
+        let half = V::splat(0.5);
+        let gauss_2p24 = gauss_2p24(sq * half, a.mul_add(a, -sq) * half);
+        let gauss = gauss_2p24 * V::splat(TWO_M24);
+        Normal { a, z, erf: erf_small(z), ratio: half * erfc_scaled(a), gauss_2p24, gauss }
+    }
+
+    /// Φ(a): (1 + erf z)/2 for z < 1, else 1 − ratio·gauss.
+    #[inline(always)]
+    fn upper(&self) -> V {
+        let (half, one) = (V::splat(0.5), V::splat(1.0));
+        V::select(self.z.lt(one), half.mul_add(self.erf, half), (-self.ratio).mul_add(self.gauss, one))
+    }
+}
+
+/// GELU x·Φ(x). For x < 0 it is −a·Φ(−a), with the tail formed as (a·ratio)·gauss, rounded
+/// once into the subnormals if it gets there (and x below −15 gives −0, where −∞·0 would be NaN).
+#[inline(always)]
+pub(super) fn gelu<V: Lanes>(x: V) -> V {
+    let n = Normal::at(x);
+    let half = V::splat(0.5);
+    let tail = (n.a * n.ratio) * n.gauss_2p24 * V::splat(TWO_M24);
+    let negative = V::select(n.z.lt(half), n.a * (-half).mul_add(n.erf, half), tail);
+    V::select(x.lt(V::splat(0.0)), -negative, x * n.upper())
+}
+
+/// GELU′ = Φ(x) + x·φ(x), φ(x) = e^{−x²/2}/√(2π): Φ(a) + a·φ(a) for x ≥ 0; Φ(−a) − a·φ(a)
+/// for x < 0, in the tail as gauss·(ratio − a/√(2π)).
+#[inline(always)]
+pub(super) fn gelu_derivative<V: Lanes>(x: V) -> V {
+    let n = Normal::at(x);
+    let c = V::splat(FRAC_1_SQRT_2PI);
+    let density = n.a * n.gauss;
+    let negative = V::select(
+        n.z.lt(V::splat(0.5)),
+        (-density).mul_add(c, V::splat(0.5).mul_add(-n.erf, V::splat(0.5))),
+        n.gauss_2p24 * (-n.a).mul_add(c, n.ratio) * V::splat(TWO_M24),
+    );
+    V::select(x.lt(V::splat(0.0)), negative, density.mul_add(c, n.upper()))
+}
+
+/// A one-argument kernel, as a type, so that the loops call it directly (and inline it).
+pub(super) trait Unary {
+    fn at<V: Lanes>(x: V) -> V;
+}
+
+/// A two-argument kernel, as [`Unary`].
+pub(super) trait Binary {
+    fn at<V: Lanes>(a: V, b: V) -> V;
+}
+
+macro_rules! unary {
+    ($name:ident, $f:ident) => {
+        pub(super) struct $name;
+        impl Unary for $name {
+            #[inline(always)]
+            fn at<V: Lanes>(x: V) -> V {
+                $f(x)
+            }
+        }
+    };
+}
+
+unary!(Exp, exp);
+unary!(Tanh, tanh);
+unary!(Sigmoid, sigmoid);
+unary!(Gelu, gelu);
+#[cfg(test)]
+unary!(Erf, erf);
+
+/// dy·GELU′(z)
+pub(super) struct GeluBackward;
+
+impl Binary for GeluBackward {
+    #[inline(always)]
+    fn at<V: Lanes>(z: V, dy: V) -> V {
+        dy * gelu_derivative(z)
+    }
+}
