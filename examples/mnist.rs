@@ -290,7 +290,7 @@ fn data_parallel(o: &Options, devices: &[Device]) -> Result<(), Box<dyn std::err
         dp.mean_loss()?;
         let mut seen = 0usize;
         'epoch: loop {
-            for (cache, (shard, loader)) in dp.caches_mut().zip(&mut shards) {
+            for (cache, (shard, loader)) in dp.caches_mut()?.zip(&mut shards) {
                 match loader.next_device_batch(shard, cache)? {
                     Some(batch) => seen += batch,
                     // equal shards, equal loaders: every replica's epoch ends at the same step

@@ -171,10 +171,28 @@ pub(crate) struct Comm {
 // through `&mut` or from the one thread that runs its replica's step.
 unsafe impl Send for Comm {}
 
-/// A raw communicator handed back by the thread that made it.
+/// A raw communicator handed between threads (back by the one that made it, to the one that
+/// aborts it).
 struct Made(RawComm);
 // SAFETY: as for Comm.
 unsafe impl Send for Made {}
+
+impl Made {
+    fn into_raw(self) -> RawComm {
+        self.0
+    }
+}
+
+/// An abort running on a thread of its own: NCCL's abort may wait for peers (its intra-node
+/// clean-up), and a peer that died never comes.
+pub(crate) struct Aborting(std::sync::mpsc::Receiver<()>);
+
+impl Aborting {
+    /// Whether the abort has returned by `deadline` (waits until then at most).
+    pub(crate) fn returned_by(&self, deadline: Instant) -> bool {
+        self.0.recv_timeout(deadline.saturating_duration_since(Instant::now())).is_ok()
+    }
+}
 
 impl Comm {
     /// Communicators for `ordinals` (rank i on device `ordinals[i]`), all in this process.
@@ -258,6 +276,11 @@ impl Comm {
         Ok(self.reduces.last().expect("just pushed"))
     }
 
+    /// Whether a reduction for (`share`, `global`) was made already.
+    pub(crate) fn has_reduce(&self, share: usize, global: usize) -> bool {
+        self.reduces.iter().any(|r| r.share == share && r.global == global)
+    }
+
     /// An error if NCCL found one on this communicator since it was made (a peer gone, a
     /// network failure).
     pub(crate) fn check_async(&self) -> Result<()> {
@@ -277,16 +300,34 @@ impl Comm {
         self.meeting.abandon();
     }
 
-    /// Aborts the communicator: its kernels that wait for peers return, it is freed, and the
-    /// graphs that use it must never run again.
-    pub(crate) fn abort(&mut self) {
+    /// Starts aborting the communicator, on a thread of its own: its kernels that wait for
+    /// peers return, it is freed, and the graphs that use it must never run again. None where
+    /// it was aborted before (or NCCL is not loaded); else the abort to wait for, bounded (the
+    /// abort of a group that lost a peer may never return: the thread is then left to NCCL).
+    /// The aborts of a process's ranks run at once, since NCCL's may wait for each other.
+    pub(crate) fn abort(&mut self) -> Option<Aborting> {
         if std::mem::replace(&mut self.aborted, true) {
-            return;
+            return None;
         }
         self.meeting.abandon();
-        if let Ok(api) = api() {
-            // SAFETY: a live communicator, aborted once.
-            let _ = unsafe { (api.comm_abort)(self.raw) };
+        let api = api().ok()?;
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let comm = Made(self.raw);
+        let abort = move || {
+            // SAFETY: a live communicator, aborted once (`aborted` is set, so nothing here uses
+            // or destroys it again).
+            let _ = unsafe { (api.comm_abort)(comm.into_raw()) };
+            let _ = sender.send(());
+        };
+        let name = format!("flatnn-nccl-abort-{}", self.rank);
+        match std::thread::Builder::new().name(name).spawn(abort) {
+            Ok(_) => Some(Aborting(receiver)),
+            Err(_) => {
+                // no thread to be had: abort here, unbounded
+                // SAFETY: as above; the closure that would have aborted it never ran.
+                let _ = unsafe { (api.comm_abort)(self.raw) };
+                None
+            }
         }
     }
 

@@ -40,10 +40,11 @@
 //! shares must be equal there (each share's gradient then counts 1/world).
 //!
 //! Errors, not hangs: the host queues at most a few steps ahead of each GPU; every wait for a
-//! GPU (before a step, and in `last_loss`, `synchronize` and the like) asks NCCL whether the
-//! group failed and gives up after [`Group::timeout`] (5 minutes unless set). A failure or a
-//! timeout aborts the group's communicators and is an [`Error::Cuda`] naming the rank; the
-//! group is then unusable (every later call is an error). The group forming is bounded the
+//! GPU (before a step, before a batch is written, and in `last_loss`, `synchronize` and the
+//! like) asks NCCL whether the group failed and gives up after [`Group::timeout`] (5 minutes
+//! unless set). A failure or a timeout aborts the group's communicators (waiting at most a
+//! few seconds for NCCL's abort) and is an [`Error::Cuda`] naming the rank; the group is then
+//! unusable (every later call is an error). The group forming is bounded the
 //! same way: a rank that never comes, or one with another `WORLD_SIZE`, is an error on every
 //! rank that came.
 //!
@@ -68,7 +69,7 @@ use crate::model::Model;
 use crate::optim::{Optim, Optimizer};
 use replica::Replica;
 use std::ops::Range;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use workers::Workers;
 
 /// A model trained on several GPUs at once: a replica per GPU, the gradients averaged over
@@ -194,6 +195,7 @@ impl DataParallel {
         let per_sample = self.replicas[0].model.input_shape().len();
         let batch = self.batch_of(inputs.len(), per_sample, "input values")?;
         check_finite(inputs, "inputs")?;
+        self.staging_free()?;
         for r in &mut self.replicas {
             let s = share(batch, self.world, r.rank());
             r.cache.inputs_mut(s.len())?.copy_from_slice(&inputs[s.start * per_sample..s.end * per_sample]);
@@ -229,10 +231,26 @@ impl DataParallel {
 
     /// This process's replicas' caches, by rank, to fill directly (a loader per replica):
     /// the next step trains on whatever batches they hold. See the module documentation on
-    /// the shares.
-    pub fn caches_mut(&mut self) -> impl Iterator<Item = &mut Cache> + '_ {
+    /// the shares. Waits (bounded) for the step before last, as `set_inputs` does.
+    pub fn caches_mut(&mut self) -> Result<impl Iterator<Item = &mut Cache> + '_> {
+        self.usable()?;
+        self.staging_free()?;
         self.global = None;
-        self.replicas.iter_mut().map(|r| &mut r.cache)
+        Ok(self.replicas.iter_mut().map(|r| &mut r.cache))
+    }
+
+    /// Waits, bounded, until every replica's step before last is done. A cache takes a batch
+    /// from the host through two page-locked buffers in turn, and writing one waits (without
+    /// bound, in the driver) for the step that last read it, the step before last at the
+    /// latest: so that a peer gone never hangs the host there, that step is waited for here
+    /// first, as every other wait for a GPU is (usually it ended long ago).
+    fn staging_free(&mut self) -> Result<()> {
+        let Some(step) = self.steps.checked_sub(2) else { return Ok(()) };
+        let timeout = self.timeout;
+        match self.replicas.iter().try_for_each(|r| r.wait_for_step(step, timeout)) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(e)),
+        }
     }
 
     /// One training step of every replica on its share, queued: forward, loss, backward, the
@@ -292,6 +310,14 @@ impl DataParallel {
     pub fn diverged(&mut self) -> Result<bool> {
         self.synchronize()?;
         self.replicas[0].grads.diverged()
+    }
+
+    /// The last step's gradients, averaged over the global batch by the reduction (before
+    /// any clipping, which the update applies): every replica's, copied to the host after the
+    /// queued steps.
+    pub fn gradients(&mut self) -> Result<Vec<f32>> {
+        self.synchronize()?;
+        Ok(self.replicas[0].grads.gradients()?.into_owned())
     }
 
     /// The parameters (every replica's), copied to the host after the queued steps.
@@ -361,15 +387,30 @@ impl DataParallel {
     }
 
     /// Aborts the group after `e` (its communicators, so that no kernel waits for a peer
-    /// forever) and remembers why; gives `e` back.
+    /// forever) and remembers why; gives `e` back. The aborts are waited for up to
+    /// [`ABORT_WAIT`] (or the group's timeout, if shorter); where one has not returned by then,
+    /// `e`, if a CUDA error, says so.
     fn fail(&mut self, e: Error) -> Error {
-        for r in &mut self.replicas {
-            r.comm.abort();
-        }
+        let aborts: Vec<_> = self.replicas.iter_mut().filter_map(|r| r.comm.abort()).collect();
+        let wait = self.timeout.min(ABORT_WAIT);
+        let deadline = Instant::now() + wait;
+        let stuck = aborts.iter().filter(|a| !a.returned_by(deadline)).count();
+        let e = match e {
+            Error::Cuda { what } if stuck > 0 => Error::Cuda {
+                what: format!(
+                    "{what}; NCCL's abort of {stuck} communicator(s) did not return within {wait:?} (it may wait for a peer \
+                     that is gone): it is left to NCCL, and this process should exit"
+                ),
+            },
+            e => e,
+        };
         self.failed.get_or_insert_with(|| e.to_string());
         e
     }
 }
+
+/// How long a failing group waits for NCCL's aborts of its communicators (at most its timeout).
+const ABORT_WAIT: Duration = Duration::from_secs(5);
 
 fn check_capacity(capacity: usize, world: usize) -> Result<()> {
     if world == 0 || capacity < world {

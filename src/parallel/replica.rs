@@ -67,9 +67,20 @@ impl Replica {
             self.wait(&self.done[slot], timeout)?;
         }
         let share = self.cache.batch();
+        if !self.comm.has_reduce(share, global) {
+            // a batch shape not seen yet: the step may measure convolutions for it, which
+            // waits for this replica's stream without bound; wait for it here first, bounded
+            self.synchronize(timeout)?;
+        }
         let reduce = self.comm.reduce_for(share, global)?;
         self.opt.train_step_with(&mut self.model, &mut self.grads, &mut self.cache, loss, Some(reduce))?;
         self.done[slot].record(&dev(&self.model).stream)
+    }
+
+    /// Waits, up to `timeout`, until step `step` is done (for a step older than the last
+    /// [`DEPTH`] queued, until a later one is).
+    pub(crate) fn wait_for_step(&self, step: u64, timeout: Duration) -> Result<()> {
+        self.wait(&self.done[(step % DEPTH as u64) as usize], timeout)
     }
 
     /// Fails the other replicas' waits for this one at the step's meeting (this one failed).
