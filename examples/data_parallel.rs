@@ -10,8 +10,10 @@
 //!
 //! A one-GPU figure runs the model on its own (`Optimizer::train_step`); an n-GPU figure runs
 //! `DataParallel::train_step` on the same global batch. Each point sets its batch once, then
-//! times steps (Adam) for about `--seconds`, waiting for the last at the end. NCCL must load
-//! (`libnccl.so.2` on the library path).
+//! times steps (Adam) for about `--seconds`, waiting for the last at the end. A point that
+//! cannot run (a batch too large for one kernel, or for memory) prints dashes and the reason,
+//! and the bench goes on. The reduction is timed on the group of the largest batch that ran.
+//! NCCL must load (`libnccl.so.2` on the library path).
 
 use flatnn::models;
 use flatnn::prelude::*;
@@ -139,35 +141,56 @@ fn bus_bandwidth(bytes: usize, gpus: usize, t: Duration) -> f64 {
     2.0 * (gpus - 1) as f64 / gpus as f64 * bytes as f64 / t.as_secs_f64() / 1e9
 }
 
+/// Per model and GPU count: the model, its gradients' length, the GPUs, and the reduction
+/// timed on the group of the largest batch that ran (the step's, NCCL's plain sum), or why it
+/// could not be.
+type Reduction = (&'static str, usize, usize, Result<(Duration, Duration), String>);
+
+/// A dash for a figure a point did not give.
+const NONE: &str = "–";
+
 fn run(o: &Options) -> flatnn::Result<()> {
     let (major, minor, patch) = flatnn::cuda::nccl_version()?;
     let names: Vec<String> = (0..flatnn::cuda::device_count()).map(|i| Device::Cuda(i).name()).collect::<flatnn::Result<_>>()?;
     println!("NCCL {major}.{minor}.{patch}; devices: {}", names.join(", "));
     println!("{:<12} {:>6} {:>5} {:>12} {:>10} {:>8} {:>11}", "model", "batch", "gpus", "samples/s", "step ms", "speed-up", "efficiency");
-    let mut reductions = Vec::new();
+    let mut reductions: Vec<Reduction> = Vec::new();
     for (name, chain, loss) in MODELS.iter().filter(|(name, _, _)| o.models.iter().any(|m| m == name)) {
         let model = chain().build()?.init(Init::HeNormal, 1);
         for &batch in &o.batches {
             let mut base = None;
             for &count in &o.gpus {
+                // a point that cannot run (too large for a kernel or for memory) is a row of
+                // dashes with the reason, and the bench goes on
                 let t = if count == 1 {
-                    one_gpu(&model, *loss, batch, o.seconds)?
+                    one_gpu(&model, *loss, batch, o.seconds)
                 } else {
-                    let (t, mut dp) = gpus(&model, *loss, batch, count, o.seconds)?;
-                    if batch == *o.batches.iter().max().expect("a batch") {
-                        let (step, plain) = dp.time_reduction(200)?;
-                        reductions.push((name, model.plan().param_len, count, step, plain));
+                    gpus(&model, *loss, batch, count, o.seconds).map(|(t, mut dp)| {
+                        let timed = dp.time_reduction(200).map_err(|e| e.to_string());
+                        reductions.retain(|r| (r.0, r.2) != (*name, count));
+                        reductions.push((name, model.plan().param_len, count, timed));
+                        t
+                    })
+                };
+                let t = match t {
+                    Ok(t) => t,
+                    Err(e) => {
+                        println!("{name:<12} {batch:>6} {count:>5} {NONE:>12} {NONE:>10} {NONE:>8} {NONE:>11}  ({e})");
+                        continue;
                     }
-                    t
                 };
                 let rate = batch as f64 / t;
-                let base_rate = *base.get_or_insert(if count == 1 { rate } else { f64::NAN });
-                let speed_up = rate / base_rate;
-                println!(
-                    "{name:<12} {batch:>6} {count:>5} {rate:>12.0} {:>10.3} {speed_up:>8.2} {:>10.0}%",
-                    t * 1e3,
-                    100.0 * speed_up / count as f64
-                );
+                if count == 1 {
+                    base = Some(rate);
+                }
+                let (speed_up, efficiency) = match base {
+                    Some(base) => {
+                        let speed_up = rate / base;
+                        (format!("{speed_up:.2}"), format!("{:.0}%", 100.0 * speed_up / count as f64))
+                    }
+                    None => (NONE.to_string(), NONE.to_string()),
+                };
+                println!("{name:<12} {batch:>6} {count:>5} {rate:>12.0} {:>10.3} {speed_up:>8} {efficiency:>11}", t * 1e3);
             }
         }
     }
@@ -176,16 +199,21 @@ fn run(o: &Options) -> flatnn::Result<()> {
         "{:<12} {:>10} {:>5} {:>12} {:>10} {:>12} {:>10} {:>7}",
         "model", "grad MB", "gpus", "step's µs", "GB/s", "ncclSum µs", "GB/s", "ratio"
     );
-    for (name, params, count, step, plain) in reductions {
+    for (name, params, count, timed) in reductions {
         let bytes = 4 * params;
-        let (step_bw, plain_bw) = (bus_bandwidth(bytes, count, step), bus_bandwidth(bytes, count, plain));
-        println!(
-            "{name:<12} {:>10.2} {count:>5} {:>12.1} {step_bw:>10.1} {:>12.1} {plain_bw:>10.1} {:>7.2}",
-            bytes as f64 / 1e6,
-            step.as_secs_f64() * 1e6,
-            plain.as_secs_f64() * 1e6,
-            step_bw / plain_bw
-        );
+        let mb = bytes as f64 / 1e6;
+        match timed {
+            Ok((step, plain)) => {
+                let (step_bw, plain_bw) = (bus_bandwidth(bytes, count, step), bus_bandwidth(bytes, count, plain));
+                println!(
+                    "{name:<12} {mb:>10.2} {count:>5} {:>12.1} {step_bw:>10.1} {:>12.1} {plain_bw:>10.1} {:>7.2}",
+                    step.as_secs_f64() * 1e6,
+                    plain.as_secs_f64() * 1e6,
+                    step_bw / plain_bw
+                );
+            }
+            Err(e) => println!("{name:<12} {mb:>10.2} {count:>5} {NONE:>12} {NONE:>10} {NONE:>12} {NONE:>10} {NONE:>7}  ({e})"),
+        }
     }
     Ok(())
 }
