@@ -11,6 +11,8 @@
 
 use crate::activation::Activation;
 use crate::error::{Error, Result};
+pub use crate::layers::conv::ConvOptions;
+pub use crate::layers::Layer;
 use crate::model::Model;
 use std::ops::Range;
 
@@ -29,7 +31,7 @@ pub(crate) fn batch_len(capacity: usize, per_sample: usize, what: &str) -> Resul
 }
 
 /// `n` if it is at most [`MAX_VALUES`].
-fn fits(n: Option<usize>) -> Option<usize> {
+pub(crate) fn fits(n: Option<usize>) -> Option<usize> {
     n.filter(|&n| n <= MAX_VALUES)
 }
 
@@ -82,42 +84,6 @@ impl std::fmt::Display for Shape {
 /// The model's input; an alias of [`Shape`] for the builder's vocabulary.
 pub type Input = Shape;
 
-/// One layer as the user specified it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Layer {
-    /// y = act(W·x + b), W (out_features, in_features).
-    Dense { out_features: usize, activation: Activation },
-    /// 2-D cross-correlation, W (out_channels, in_channels, kh, kw), then act.
-    Conv { out_channels: usize, kernel: (usize, usize), stride: (usize, usize), padding: (usize, usize), activation: Activation },
-    /// Max over each `window`, moved by `stride`, no padding.
-    MaxPool { window: (usize, usize), stride: (usize, usize) },
-    /// Image (C, H, W) → vector (C·H·W), in that order; no data moves.
-    Flatten,
-}
-
-impl Layer {
-    /// The layer's activation, if it has one.
-    pub fn activation(&self) -> Activation {
-        match *self {
-            Layer::Dense { activation, .. } | Layer::Conv { activation, .. } => activation,
-            _ => Activation::Identity,
-        }
-    }
-}
-
-/// Options of a convolution beyond its output channels, kernel and activation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConvOptions {
-    pub stride: (usize, usize),
-    pub padding: (usize, usize),
-}
-
-impl Default for ConvOptions {
-    fn default() -> Self {
-        ConvOptions { stride: (1, 1), padding: (0, 0) }
-    }
-}
-
 /// A list of layers from an input shape; [`Chain::build`] checks it and makes a [`Model`].
 #[derive(Clone, Debug)]
 pub struct Chain {
@@ -137,42 +103,31 @@ impl Chain {
         self
     }
 
-    /// Dense layer with `out_features` outputs.
-    pub fn dense(self, out_features: usize, activation: Activation) -> Chain {
-        self.layer(Layer::Dense { out_features, activation })
-    }
-
-    /// Convolution with stride 1 and no padding.
-    pub fn conv(self, out_channels: usize, kernel: (usize, usize), activation: Activation) -> Chain {
-        self.conv_with(out_channels, kernel, activation, ConvOptions::default())
-    }
-
-    /// Convolution with explicit stride and zero padding.
-    pub fn conv_with(self, out_channels: usize, kernel: (usize, usize), activation: Activation, options: ConvOptions) -> Chain {
-        let ConvOptions { stride, padding } = options;
-        self.layer(Layer::Conv { out_channels, kernel, stride, padding, activation })
-    }
-
-    /// Max-pool with stride equal to the window.
-    pub fn max_pool(self, window: (usize, usize)) -> Chain {
-        self.max_pool_with(window, window)
-    }
-
-    /// Max-pool with an explicit stride.
-    pub fn max_pool_with(self, window: (usize, usize), stride: (usize, usize)) -> Chain {
-        self.layer(Layer::MaxPool { window, stride })
-    }
-
-    /// Image → vector.
-    pub fn flatten(self) -> Chain {
-        self.layer(Layer::Flatten)
-    }
-
     /// Infers and checks every shape and lays out the buffers. Parameters start at zero: call
     /// [`Model::init`]. A mismatch is an [`Error::Shape`] naming the layer index and the shapes.
     pub fn build(self) -> Result<Model> {
         Model::from_plan(Plan::new(self.input, &self.layers)?)
     }
+}
+
+/// How a tensor's values start: drawn by the model's initialiser ([`crate::Init`]) with the
+/// tensor's fans, or a constant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fill {
+    /// Drawn by [`crate::Init`] with these fan-in and fan-out (a weight).
+    Fans { fan_in: usize, fan_out: usize },
+    /// Every value this constant (a bias: 0).
+    Constant(f32),
+}
+
+/// One named tensor of a step: its name in the layer's PyTorch module, its shape there (the
+/// product is `range.len()`), its range in the flat buffer it lives in, and how it starts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub name: &'static str,
+    pub shape: Vec<usize>,
+    pub range: Range<usize>,
+    pub fill: Fill,
 }
 
 /// A layer with everything the engine needs to run it, computed once by [`Plan::new`].
@@ -181,8 +136,11 @@ pub struct Step {
     pub layer: Layer,
     pub input: Shape,
     pub output: Shape,
-    /// Weight then bias, in the flat parameter buffer (empty for pools and flatten).
+    /// All of the step's parameters in the flat parameter buffer (empty for pools and flatten):
+    /// its tensors, in order.
     pub params: Range<usize>,
+    /// Its parameter tensors (a dense or conv layer's `weight` then `bias`), in layout order.
+    pub tensors: Vec<Tensor>,
     /// Activation-buffer region of the input, the pre-activation z, and the output y.
     /// `z == output` when the layer has no activation (or no parameters).
     pub input_region: usize,
@@ -194,16 +152,19 @@ pub struct Step {
 }
 
 impl Step {
-    /// Number of weights (the bias follows them in `params`): the parameter range less the
-    /// bias, so no product is recomputed (`Plan::new` computed it, checked).
+    /// Number of weights: the length of its `weight` tensor (0 where it has none).
     pub fn weight_len(&self) -> usize {
-        self.params.len().saturating_sub(bias_len(&self.layer))
+        self.tensors.iter().find(|t| t.name == "weight").map_or(0, |t| t.range.len())
     }
 
-    /// Parameter ranges of the weight and the bias.
+    /// The ranges of the weight and the bias of a step whose tensors are exactly those two, in
+    /// that order (dense, conv).
     pub fn weight_and_bias(&self) -> (Range<usize>, Range<usize>) {
-        let split = self.params.start + self.weight_len();
-        (self.params.start..split, split..self.params.end)
+        let [weight, bias] = &self.tensors[..] else {
+            unreachable!("{:?} has no weight and bias", self.layer);
+        };
+        debug_assert_eq!((weight.name, bias.name), ("weight", "bias"));
+        (weight.range.clone(), bias.range.clone())
     }
 }
 
@@ -243,20 +204,33 @@ impl Plan {
             if output.len() > MAX_VALUES {
                 return Err(too_large(&format!("its output {output} has")));
             }
-            let n_params = fits(param_count(layer, shape)).ok_or_else(|| too_large("its parameters are"))?;
+            let specs = layer.params(shape, output);
+            let lens: Option<Vec<usize>> = specs.iter().map(|t| t.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))).collect();
+            let n_params = lens.as_ref().and_then(|lens| fits(lens.iter().try_fold(0usize, |n, &l| n.checked_add(l))));
+            let n_params = n_params.ok_or_else(|| too_large("its parameters are"))?;
             let params_end = fits(param_len.checked_add(n_params)).ok_or_else(|| too_large("the parameters up to it are"))?;
+            let mut start = param_len;
+            let tensors = specs
+                .into_iter()
+                .zip(lens.unwrap_or_default())
+                .map(|(t, len)| {
+                    start += len;
+                    Tensor { name: t.name, shape: t.shape, range: start - len..start, fill: t.fill }
+                })
+                .collect();
             let mut step = Step {
                 layer: *layer,
                 input: shape,
                 output,
                 params: param_len..params_end,
+                tensors,
                 input_region: region,
                 z_region: region,
                 output_region: region,
                 activated_input: activated,
             };
             param_len = params_end;
-            if *layer != Layer::Flatten {
+            if !layer.is_view() {
                 let new_regions = if layer.activation() == Activation::Identity { 1 } else { 2 };
                 acts = fits(output.len().checked_mul(new_regions).and_then(|n| n.checked_add(acts)))
                     .ok_or_else(|| too_large("one sample's activations up to it are"))?;
@@ -298,102 +272,35 @@ impl Plan {
     }
 }
 
-/// Weights and biases of `layer` on `input`, checked (None when the count overflows).
-fn param_count(layer: &Layer, input: Shape) -> Option<usize> {
-    let weights = match (*layer, input) {
-        (Layer::Dense { out_features, .. }, _) => out_features.checked_mul(input.len()),
-        (Layer::Conv { out_channels, kernel, .. }, Shape::Image { channels, .. }) => {
-            out_channels.checked_mul(channels)?.checked_mul(kernel.0)?.checked_mul(kernel.1)
-        }
-        _ => Some(0),
-    };
-    weights?.checked_add(bias_len(layer))
-}
-
-/// Values a convolution lowers one sample into, an upper bound of both devices' scratch:
-/// C·kh·kw × OH·OW (the lowered sample), then C·(H + 2·ph)·(W + 2·pw) (the padded input copy
-/// of `conv::Geometry::col_len`). None when that overflows.
-fn conv_scratch(channels: usize, kernel: (usize, usize), output: (usize, usize), padded: (usize, usize)) -> Option<usize> {
-    let lowered = channels.checked_mul(kernel.0)?.checked_mul(kernel.1)?.checked_mul(output.0)?.checked_mul(output.1)?;
-    let padded = channels.checked_mul(padded.0)?.checked_mul(padded.1)?;
-    lowered.checked_add(padded)
-}
-
-fn bias_len(layer: &Layer) -> usize {
-    match *layer {
-        Layer::Dense { out_features, .. } => out_features,
-        Layer::Conv { out_channels, .. } => out_channels,
-        _ => 0,
-    }
-}
-
+/// The layer's output shape on `input`, or an [`Error::Shape`] naming the layer and the input.
 fn output_shape(index: usize, layer: &Layer, input: Shape) -> Result<Shape> {
-    let err = |what: String| Err(Error::Shape(format!("layer {index} ({layer:?}) with input {input}: {what}")));
-    if let Activation::LeakyRelu(slope) = layer.activation() {
+    let err = |what: String| Error::Shape(format!("layer {index} ({layer:?}) with input {input}: {what}"));
+    if let Some(Activation::LeakyRelu(slope)) = layer.takes_activation() {
         if !slope.is_finite() {
-            return err(format!("the leaky ReLU slope {slope} is not a finite number"));
+            return Err(err(format!("the leaky ReLU slope {slope} is not a finite number")));
         }
     }
-    match (*layer, input) {
-        (Layer::Dense { out_features, .. }, Shape::Vector(_)) => {
-            if out_features == 0 {
-                return err("a Dense layer needs at least one output".into());
-            }
-            Ok(Shape::Vector(out_features))
-        }
-        (Layer::Dense { .. }, Shape::Image { .. }) => err("a Dense layer needs a vector input: add .flatten() before it".into()),
-        (Layer::Conv { out_channels, kernel, stride, padding, .. }, Shape::Image { channels, height, width }) => {
-            if out_channels == 0 || kernel.0 == 0 || kernel.1 == 0 || stride.0 == 0 || stride.1 == 0 {
-                return err("output channels, kernel and stride must be at least 1".into());
-            }
-            let padded = |n: usize, p: usize| p.checked_mul(2).and_then(|p| p.checked_add(n));
-            let (Some(ph), Some(pw)) = (padded(height, padding.0), padded(width, padding.1)) else {
-                return err("the padded input's size overflows".into());
-            };
-            if kernel.0 > ph || kernel.1 > pw {
-                return err(format!("kernel {}×{} is larger than the padded input {ph}×{pw}", kernel.0, kernel.1));
-            }
-            if padding.0 >= kernel.0 || padding.1 >= kernel.1 {
-                return err("padding must be smaller than the kernel".into());
-            }
-            let (oh, ow) = ((ph - kernel.0) / stride.0 + 1, (pw - kernel.1) / stride.1 + 1);
-            if fits(conv_scratch(channels, kernel, (oh, ow), (ph, pw))).is_none() {
-                return err("lowering one sample takes more values than any buffer can hold".into());
-            }
-            Ok(Shape::Image { channels: out_channels, height: oh, width: ow })
-        }
-        (Layer::MaxPool { window, stride }, Shape::Image { channels, height, width }) => {
-            if window.0 == 0 || window.1 == 0 || stride.0 == 0 || stride.1 == 0 {
-                return err("window and stride must be at least 1".into());
-            }
-            if window.0 > height || window.1 > width {
-                return err(format!("window {}×{} is larger than the input {height}×{width}", window.0, window.1));
-            }
-            Ok(Shape::Image { channels, height: (height - window.0) / stride.0 + 1, width: (width - window.1) / stride.1 + 1 })
-        }
-        (Layer::Conv { .. } | Layer::MaxPool { .. }, Shape::Vector(_)) => err("needs an image input".into()),
-        (Layer::Flatten, Shape::Image { .. }) => Ok(Shape::Vector(input.len())),
-        (Layer::Flatten, Shape::Vector(_)) => err("the input is already a vector".into()),
-    }
+    layer.output_shape(input).map_err(err)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::activation::*;
+    use crate::layers::{conv::Conv, dense::Dense, flatten::Flatten, pool::MaxPool};
 
     #[test]
     fn lenet_shapes_and_layout() {
         let plan = Plan::new(
             Shape::image(1, 28, 28),
             &[
-                Layer::Conv { out_channels: 6, kernel: (5, 5), stride: (1, 1), padding: (2, 2), activation: Relu },
-                Layer::MaxPool { window: (2, 2), stride: (2, 2) },
-                Layer::Conv { out_channels: 16, kernel: (5, 5), stride: (1, 1), padding: (0, 0), activation: Relu },
-                Layer::MaxPool { window: (2, 2), stride: (2, 2) },
-                Layer::Flatten,
-                Layer::Dense { out_features: 120, activation: Relu },
-                Layer::Dense { out_features: 10, activation: Identity },
+                Layer::Conv(Conv { out_channels: 6, kernel: (5, 5), stride: (1, 1), padding: (2, 2), activation: Relu }),
+                Layer::MaxPool(MaxPool { window: (2, 2), stride: (2, 2) }),
+                Layer::Conv(Conv { out_channels: 16, kernel: (5, 5), stride: (1, 1), padding: (0, 0), activation: Relu }),
+                Layer::MaxPool(MaxPool { window: (2, 2), stride: (2, 2) }),
+                Layer::Flatten(Flatten),
+                Layer::Dense(Dense { out_features: 120, activation: Relu }),
+                Layer::Dense(Dense { out_features: 10, activation: Identity }),
             ],
         )
         .unwrap();
@@ -417,19 +324,19 @@ mod tests {
     #[test]
     fn mismatches_name_the_layer_and_shapes() {
         let cases: Vec<(Shape, Vec<Layer>, &str)> = vec![
-            (Shape::image(1, 8, 8), vec![Layer::Dense { out_features: 3, activation: Relu }], "layer 0"),
-            (Shape::vector(4), vec![Layer::Flatten], "already a vector"),
-            (Shape::image(1, 4, 4), vec![Layer::MaxPool { window: (5, 5), stride: (5, 5) }], "larger than the input 4×4"),
-            (Shape::image(1, 4, 4), vec![Layer::Flatten, Layer::Dense { out_features: 0, activation: Relu }], "layer 1"),
-            (Shape::vector(0), vec![Layer::Dense { out_features: 1, activation: Relu }], "no values"),
+            (Shape::image(1, 8, 8), vec![Layer::Dense(Dense { out_features: 3, activation: Relu })], "layer 0"),
+            (Shape::vector(4), vec![Layer::Flatten(Flatten)], "already a vector"),
+            (Shape::image(1, 4, 4), vec![Layer::MaxPool(MaxPool { window: (5, 5), stride: (5, 5) })], "larger than the input 4×4"),
+            (Shape::image(1, 4, 4), vec![Layer::Flatten(Flatten), Layer::Dense(Dense { out_features: 0, activation: Relu })], "layer 1"),
+            (Shape::vector(0), vec![Layer::Dense(Dense { out_features: 1, activation: Relu })], "no values"),
             (Shape::vector(3), vec![], "no layers"),
             (
                 Shape::image(1, 3, 3),
-                vec![Layer::Conv { out_channels: 1, kernel: (4, 4), stride: (1, 1), padding: (0, 0), activation: Relu }],
+                vec![Layer::Conv(Conv { out_channels: 1, kernel: (4, 4), stride: (1, 1), padding: (0, 0), activation: Relu })],
                 "kernel 4×4",
             ),
-            (Shape::vector(3), vec![Layer::MaxPool { window: (1, 1), stride: (1, 1) }], "image input"),
-            (Shape::vector(3), vec![Layer::Dense { out_features: 2, activation: LeakyRelu(f32::NAN) }], "slope NaN"),
+            (Shape::vector(3), vec![Layer::MaxPool(MaxPool { window: (1, 1), stride: (1, 1) })], "image input"),
+            (Shape::vector(3), vec![Layer::Dense(Dense { out_features: 2, activation: LeakyRelu(f32::NAN) })], "slope NaN"),
         ];
         for (input, layers, needle) in cases {
             match Plan::new(input, &layers) {
@@ -441,19 +348,20 @@ mod tests {
 
     #[test]
     fn sizes_that_overflow_are_refused_naming_the_layer() {
-        let dense = |out_features| Layer::Dense { out_features, activation: Relu };
-        let conv = |out_channels, kernel, padding| Layer::Conv { out_channels, kernel, stride: (1, 1), padding, activation: Identity };
+        let dense = |out_features| Layer::Dense(Dense { out_features, activation: Relu });
+        let conv =
+            |out_channels, kernel, padding| Layer::Conv(Conv { out_channels, kernel, stride: (1, 1), padding, activation: Identity });
         let huge = 1usize << 62;
         let cases: Vec<(Shape, Vec<Layer>, &str)> = vec![
             // (2⁶³ + 1)·1·2 wrapped to 2 values in release builds
-            (Shape::image((1 << 63) + 1, 1, 2), vec![Layer::Flatten], "the input image(9223372036854775809×1×2) has more values"),
+            (Shape::image((1 << 63) + 1, 1, 2), vec![Layer::Flatten(Flatten)], "the input image(9223372036854775809×1×2) has more values"),
             (Shape::vector(usize::MAX), vec![dense(1)], "the input vector"),
             (Shape::vector(1 << 32), vec![dense(1 << 32)], "layer 0 (Dense { out_features: 4294967296, activation: Relu }) with input vector(4294967296): its parameters are"),
             (Shape::vector(3), vec![dense(huge)], "layer 0 (Dense { out_features: 4611686018427387904, activation: Relu }) with input vector(3): its output vector(4611686018427387904) has"),
             (Shape::vector(1 << 30), vec![dense(1 << 29), dense(1 << 31)], "layer 1 (Dense"),
             (
                 Shape::image(1, 1 << 29, 1 << 30),
-                vec![Layer::MaxPool { window: (1, 1), stride: (1, 1) }],
+                vec![Layer::MaxPool(MaxPool { window: (1, 1), stride: (1, 1) })],
                 "layer 0 (MaxPool { window: (1, 1), stride: (1, 1) }) with input image(1×536870912×1073741824): one sample's activations up to it are",
             ),
             (Shape::image(1, 2, 2), vec![conv(1, (1, 1), (usize::MAX / 2, 0))], "layer 0 (Conv"),
@@ -469,7 +377,7 @@ mod tests {
             }
         }
         // a plan's sizes fit, and so do its batch buffers up to MAX_VALUES values, no further
-        let plan = Plan::new(Shape::vector(4), &[dense(5), Layer::Dense { out_features: 3, activation: Identity }]).unwrap();
+        let plan = Plan::new(Shape::vector(4), &[dense(5), Layer::Dense(Dense { out_features: 3, activation: Identity })]).unwrap();
         assert_eq!(plan.acts_len(2).unwrap(), 2 * (4 + 5 + 5 + 3));
         for capacity in [usize::MAX, MAX_VALUES / 17 + 1] {
             let err = plan.acts_len(capacity).unwrap_err();

@@ -11,7 +11,7 @@ use crate::activation::Activation;
 use crate::cache::first_non_finite;
 use crate::chain::{Layer, Plan, Shape};
 use crate::error::{Error, Result};
-use crate::layers::conv_geometry;
+use crate::layers::conv;
 use crate::model::Model;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
@@ -38,23 +38,19 @@ pub(crate) struct Tensor {
     pub range: std::ops::Range<usize>,
 }
 
-/// Every parameter tensor in PyTorch's `nn.Sequential` naming.
+/// Every parameter tensor in PyTorch's `nn.Sequential` naming, a layer's in the order of their
+/// names (as a file lists them).
 pub(crate) fn tensors(plan: &Plan) -> Vec<Tensor> {
     let mut out = Vec::new();
     let mut module = 0usize;
     for step in &plan.steps {
-        let (w, b) = step.weight_and_bias();
-        let weight_shape = match (step.layer, step.input) {
-            (Layer::Dense { out_features, .. }, input) => Some(vec![out_features, input.len()]),
-            (Layer::Conv { out_channels, kernel, .. }, Shape::Image { channels, .. }) => {
-                Some(vec![out_channels, channels, kernel.0, kernel.1])
-            }
-            _ => None,
-        };
-        if let Some(shape) = weight_shape {
-            out.push(Tensor { name: format!("{module}.bias"), shape: vec![shape[0]], range: b });
-            out.push(Tensor { name: format!("{module}.weight"), shape, range: w });
-        }
+        let mut own: Vec<Tensor> = step
+            .tensors
+            .iter()
+            .map(|t| Tensor { name: format!("{module}.{}", t.name), shape: t.shape.clone(), range: t.range.clone() })
+            .collect();
+        own.sort_by(|a, b| a.name.cmp(&b.name));
+        out.extend(own);
         module += 1 + usize::from(step.layer.activation() != Activation::Identity);
     }
     out
@@ -66,77 +62,81 @@ pub(crate) fn describe(plan: &Plan) -> String {
         Shape::Vector(n) => format!("vector {n}"),
         Shape::Image { channels, height, width } => format!("image {height} {width} {channels}"),
     }];
-    for step in &plan.steps {
-        parts.push(match step.layer {
-            Layer::Dense { out_features, activation } => format!("dense {out_features} {}", activation.name()),
-            Layer::Conv { out_channels, kernel, stride, padding, activation } => format!(
-                "conv {out_channels} {} {} {} {} {} {} {}",
-                kernel.0,
-                kernel.1,
-                stride.0,
-                stride.1,
-                padding.0,
-                padding.1,
-                activation.name()
-            ),
-            Layer::MaxPool { window, stride } => format!("maxpool {} {} {} {}", window.0, window.1, stride.0, stride.1),
-            Layer::Flatten => "flatten".into(),
-        });
-    }
+    parts.extend(plan.steps.iter().map(|step| step.layer.describe()));
     parts.join("; ")
+}
+
+/// The words of one entry of an architecture, for the layer kind it names to read its numbers
+/// from, and to say what is wrong with them.
+pub(crate) struct Words<'a> {
+    part: &'a str,
+    words: Vec<&'a str>,
+    path: &'a Path,
+}
+
+impl Words<'_> {
+    fn bad(&self, what: String) -> Error {
+        Error::Format { path: self.path.to_path_buf(), what }
+    }
+
+    /// The first word (the kind's).
+    pub fn first(&self) -> &str {
+        self.words.first().copied().unwrap_or("")
+    }
+
+    /// How many words, the first included.
+    pub fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    /// The `N` whole numbers after the first word.
+    pub fn numbers<const N: usize>(&self) -> Result<[usize; N]> {
+        let part = self.part;
+        if self.words.len() < N + 1 {
+            return Err(self.bad(format!("architecture entry {part:?} has too few fields")));
+        }
+        let mut out = [0; N];
+        for (n, v) in out.iter_mut().zip(&self.words[1..]) {
+            *n = v.parse::<usize>().map_err(|_| self.bad(format!("{v:?} in {part:?} is not a whole number")))?;
+        }
+        Ok(out)
+    }
+
+    /// The activation named by word `at`, which must be the last.
+    pub fn activation(&self, at: usize) -> Result<Activation> {
+        let part = self.part;
+        match self.words.get(at..) {
+            Some([name]) => Activation::from_name(name).ok_or_else(|| self.bad(format!("unknown activation {name:?} in {part:?}"))),
+            _ => Err(self.bad(format!("architecture entry {part:?} has the wrong number of fields"))),
+        }
+    }
+
+    /// The error for an entry no layer kind reads.
+    pub fn unknown(&self) -> Error {
+        self.bad(format!("unknown architecture entry {:?}", self.part))
+    }
 }
 
 /// Parses what `describe` writes.
 fn parse_architecture(text: &str, path: &Path) -> Result<(Shape, Vec<Layer>)> {
     let bad = |what: String| Error::Format { path: path.to_path_buf(), what };
     let mut parts = text.split(';').map(str::trim);
-    let words = |part: &str| part.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
-    let numbers = |w: &[String], n: usize, part: &str| -> Result<Vec<usize>> {
-        if w.len() < n {
-            return Err(bad(format!("architecture entry {part:?} has too few fields")));
-        }
-        w[..n].iter().map(|v| v.parse::<usize>().map_err(|_| bad(format!("{v:?} in {part:?} is not a whole number")))).collect()
-    };
-    let activation = |w: &[String], part: &str| -> Result<Activation> {
-        match w {
-            [name] => Activation::from_name(name).ok_or_else(|| bad(format!("unknown activation {name:?} in {part:?}"))),
-            _ => Err(bad(format!("architecture entry {part:?} has the wrong number of fields"))),
-        }
-    };
+    let words = |part| Words { part, words: part.split_whitespace().collect(), path };
     let first = parts.next().unwrap_or("");
     let w = words(first);
-    let input = match w.first().map(String::as_str) {
-        Some("vector") if w.len() == 2 => Shape::Vector(numbers(&w[1..], 1, first)?[0]),
-        Some("image") if w.len() == 4 => {
+    let input = match (w.first(), w.len()) {
+        ("vector", 2) => Shape::Vector(w.numbers::<1>()?[0]),
+        ("image", 4) => {
             // the file keeps its order, height width channels
-            let n = numbers(&w[1..], 3, first)?;
-            Shape::image(n[2], n[0], n[1])
+            let [height, width, channels] = w.numbers()?;
+            Shape::image(channels, height, width)
         }
         _ => return Err(bad(format!("the architecture must start with the input shape, not {first:?}"))),
     };
     let mut layers = Vec::new();
     for part in parts {
         let w = words(part);
-        let layer = match w.first().map(String::as_str) {
-            Some("dense") => Layer::Dense { out_features: numbers(&w[1..], 1, part)?[0], activation: activation(&w[2..], part)? },
-            Some("conv") => {
-                let n = numbers(&w[1..], 7, part)?;
-                Layer::Conv {
-                    out_channels: n[0],
-                    kernel: (n[1], n[2]),
-                    stride: (n[3], n[4]),
-                    padding: (n[5], n[6]),
-                    activation: activation(&w[8..], part)?,
-                }
-            }
-            Some("maxpool") if w.len() == 5 => {
-                let n = numbers(&w[1..], 4, part)?;
-                Layer::MaxPool { window: (n[0], n[1]), stride: (n[2], n[3]) }
-            }
-            Some("flatten") if w.len() == 1 => Layer::Flatten,
-            _ => return Err(bad(format!("unknown architecture entry {part:?}"))),
-        };
-        layers.push(layer);
+        layers.push(Layer::parse(&w).unwrap_or_else(|| Err(w.unknown()))?);
     }
     Ok((input, layers))
 }
@@ -151,7 +151,7 @@ fn check_sizes(plan: &Plan, file_len: usize, path: &Path) -> Result<()> {
     let more = format!("more than {MAX_SAMPLE_VALUES} values per sample");
     for (index, step) in plan.steps.iter().enumerate() {
         let layer = step.layer;
-        if matches!(layer, Layer::Conv { .. }) && over(conv_geometry(step).col_len()) {
+        if matches!(layer, Layer::Conv(_)) && over(conv::geometry(step).col_len()) {
             return bad(format!("layer {index} ({layer:?}) lowers its input to {more}"));
         }
         if over(step.output.len()) {

@@ -161,6 +161,7 @@ pub use dev::GpuOptions;
 pub use device::{cpu, device, gpu, gpu_or_cpu, Device, ToDevice};
 pub use error::{Error, Result};
 pub use init::Init;
+pub use layers::{conv::Conv, dense::Dense, flatten::Flatten, pool::MaxPool};
 pub use loss::Loss;
 pub use model::Model;
 pub use optim::{Clip, Optim, Optimizer};

@@ -7,7 +7,7 @@ use crate::dev::{DevModel, GpuOptions};
 use crate::device::{Device, ToDevice};
 use crate::error::{zeros, Error, Result};
 use crate::init::{self, Init};
-use crate::layers::{self, region};
+use crate::layers::{self, region, Mode};
 use crate::loss::{self, Loss};
 use std::borrow::Cow;
 use std::ffi::OsStr;
@@ -182,7 +182,7 @@ impl Model {
         if let Some(dev) = &self.dev {
             return dev.forward(&self.plan, cache);
         }
-        layers::forward(&self.plan, &self.params, &mut cache.acts, cache.capacity, cache.batch, &self.pool, &mut cache.ws);
+        layers::forward(&self.plan, &self.params, &mut cache.acts, cache.capacity, cache.batch, &self.pool, &mut cache.ws, Mode::Infer);
         Ok(cache.outputs())
     }
 
@@ -203,7 +203,7 @@ impl Model {
         }
         let (batch, outputs) = (cache.batch, self.plan.output().len());
         let (plan, capacity) = (&*self.plan, cache.capacity);
-        layers::forward(plan, &self.params, &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws);
+        layers::forward(plan, &self.params, &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws, Mode::Train);
         let last = plan.steps.last().expect("a plan has steps").output_region;
         let out = region(plan, last, capacity, batch);
         let (y, dy) = (&cache.acts[out.clone()], &mut grads.dacts[out]);

@@ -8,20 +8,30 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
 use std::ffi::{c_char, CStr, CString};
 use std::sync::Arc;
 
-/// Every `kernels/*.cu` file, concatenated in this order (common.cu first: it defines helpers).
-pub(crate) const SOURCE_FILES: &[(&str, &str)] = &[
+/// The kernel files ahead of the layers': common.cu first (it defines helpers), then what any
+/// layer's kernels may call (activations) or share a pass with (losses).
+const BEFORE_LAYERS: &[(&str, &str)] = &[
     ("common.cu", include_str!("../../kernels/common.cu")),
     ("activation.cu", include_str!("../../kernels/activation.cu")),
     ("loss.cu", include_str!("../../kernels/loss.cu")),
-    ("pool.cu", include_str!("../../kernels/pool.cu")),
-    ("conv.cu", include_str!("../../kernels/conv.cu")),
-    ("dense.cu", include_str!("../../kernels/dense.cu")),
+];
+
+/// The kernel files after the layers': those built on the dense layer's (weight-gradient splits,
+/// the resident server, the head) and the optimisers and data movers.
+const AFTER_LAYERS: &[(&str, &str)] = &[
     ("wgrad.cu", include_str!("../../kernels/wgrad.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("data.cu", include_str!("../../kernels/data.cu")),
     ("serve.cu", include_str!("../../kernels/serve.cu")),
     ("head.cu", include_str!("../../kernels/head.cu")),
 ];
+
+/// Every `kernels/*.cu` file (name, text), in the order NVRTC compiles them concatenated: those
+/// ahead of the layers', each layer kind's in registry order (`layers/mod.rs`), the rest.
+pub(crate) fn source_files() -> Vec<(&'static str, &'static str)> {
+    let layers = crate::layers::KERNEL_SOURCES.iter().flatten().copied();
+    BEFORE_LAYERS.iter().copied().chain(layers).chain(AFTER_LAYERS.iter().copied()).collect()
+}
 
 /// The preferred shared-memory carveout of the kernels that stage through dynamic shared memory:
 /// all of it (a percentage, as `cudaSharedmemCarveoutMaxShared`).
@@ -315,7 +325,7 @@ fn allow_dynamic_shared(func: sys::CUfunction, optin: i32) -> Result<usize> {
 /// `kernels/*.cu` compiled by NVRTC to machine code for compute capability `cc` (a cubin, so no
 /// PTX is left to the driver's JIT and a newer NVRTC than the driver still works).
 fn compile(cc: (i32, i32)) -> Result<Vec<u8>> {
-    let source: String = SOURCE_FILES.iter().map(|(name, text)| format!("// ---- kernels/{name}\n{text}\n")).collect();
+    let source: String = source_files().iter().map(|(name, text)| format!("// ---- kernels/{name}\n{text}\n")).collect();
     let source = CString::new(source).map_err(|_| Error::Cuda { what: "kernels/*.cu contain a NUL byte".into() })?;
     let arch = format!("--gpu-architecture=sm_{}{}", cc.0, cc.1);
     // --fmad=false: a·b + c rounds twice, as on the CPU, so element-wise kernels match it exactly.

@@ -44,7 +44,7 @@ use super::timing::time_calls;
 use super::{driver_error, guarded_result};
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
-use crate::layers::{conv_geometry, conv_steps, region};
+use crate::layers::{conv, region};
 use cudarc::driver::CudaStream;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -217,7 +217,7 @@ impl Dnn {
             };
             Dnn { cudnn: None, header, id }
         };
-        if conv_steps(plan).next().is_none() {
+        if conv::steps(plan).next().is_none() {
             return Dnn { cudnn: None, header: String::new(), id };
         }
         if *mode == Mode::Own {
@@ -387,9 +387,9 @@ impl Cudnn {
             .steps
             .iter()
             .enumerate()
-            .filter(|(_, s)| matches!(s.layer, Layer::Conv { .. }))
+            .filter(|(_, s)| matches!(s.layer, Layer::Conv(_)))
             .map(|(index, step)| {
-                let g = conv_geometry(step);
+                let g = conv::geometry(step);
                 let label = format!(
                     "step {index} conv {}→{} {}×{} stride {}×{} pad {}×{} on {}×{}",
                     g.in_channels,
@@ -429,7 +429,7 @@ impl Cudnn {
     fn decide(&self, layer: &mut LayerSetup, dir: Dir, s: &StepRun) -> Result<()> {
         let StepRun { gpu, stream, plan, f, b, options, .. } = *s;
         let step = &plan.steps[layer.step];
-        let g = conv_geometry(step);
+        let g = conv::geometry(step);
         let shape =
             [g.in_channels, g.height, g.width, g.out_channels, g.kernel.0, g.kernel.1, g.stride.0, g.stride.1, g.padding.0, g.padding.1];
         let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32: options.tf32, dir };

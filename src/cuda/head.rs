@@ -153,7 +153,7 @@ impl Head {
         let step_index = plan.steps.len().checked_sub(1)?;
         let step = &plan.steps[step_index];
         let (k, n) = (step.input.len(), step.output.len());
-        let dense = |s: &Step| matches!(s.layer, Layer::Dense { .. });
+        let dense = |s: &Step| matches!(s.layer, Layer::Dense(_));
         if !gpu.head_enabled() || !dense(step) || n > MAX_OUTPUTS || k > MAX_INPUTS || batch <= MIN_BATCH || batch > MAX_BATCH {
             return None;
         }

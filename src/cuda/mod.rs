@@ -17,7 +17,7 @@ mod context;
 mod cudnn;
 pub(crate) mod data;
 mod dnn;
-mod exec;
+pub(crate) mod exec;
 mod graph;
 pub(crate) mod head;
 mod launch;

@@ -27,7 +27,7 @@ use crate::cache::{Cache, Grads};
 use crate::chain::{batch_len, Plan};
 use crate::device::Device;
 use crate::error::{zeros, Error, Result};
-use crate::layers::{conv_geometry, conv_steps};
+use crate::layers::{conv, Mode};
 use crate::loss::Loss;
 use crate::optim::{Clip, Update};
 use cudarc::driver::{result, sys, CudaStream};
@@ -129,7 +129,7 @@ pub(crate) struct DevOptim {
 /// The longest lowered sample (CKK × OHW) of any convolution: the GPU lowers a whole batch, one
 /// such block per sample (the CPU's scratch, `conv::Geometry::col_len`, is laid out otherwise).
 fn max_lowered_len(plan: &Plan) -> usize {
-    conv_steps(plan).map(|s| conv_geometry(s).lowered_len()).max().unwrap_or(0)
+    conv::steps(plan).map(|s| conv::geometry(s).lowered_len()).max().unwrap_or(0)
 }
 
 /// Makes `bound` the model's stream, after the work queued on the one it held.
@@ -252,7 +252,7 @@ impl DevModel {
                 // the host does not write the staging buffer before the wait below
                 copy_inputs_in(gpu, stream, f.acts, inputs.len(), inputs_device)?;
             }
-            exec::forward(gpu, blas, stream, plan, &f, inputs.is_some(), plan.steps.len())?;
+            exec::forward(gpu, blas, stream, plan, &f, inputs.is_some(), plan.steps.len(), Mode::Infer)?;
             let outputs = f.acts.view(out.clone());
             if signal {
                 return gpu.finish_outputs(stream, out.len(), outputs, host_out_device, counter.all_mut(), flag);
@@ -376,7 +376,7 @@ impl DevModel {
             // it takes them (src/cuda/head.rs)
             let head = Head::of(gpu, plan, capacity, batch);
             let upto = head.map_or(plan.steps.len(), |h| h.first());
-            let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto)?;
+            let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto, Mode::Train)?;
             // the head clears the gradients that split weight gradients add into
             let cleared = head.as_ref().and_then(|_| exec::split_weight_grads(gpu, plan, &f, &b));
             match &head {
@@ -511,7 +511,7 @@ impl DevCache {
 
 impl DevGrads {
     fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, side: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<DevGrads> {
-        let conv_w = conv_steps(plan).map(|s| s.weight_len()).max().unwrap_or(0);
+        let conv_w = conv::steps(plan).map(|s| s.weight_len()).max().unwrap_or(0);
         // every size checked before the first allocation
         let dacts = plan.acts_len(capacity)?;
         let dcols = batch_len(capacity, max_lowered_len(plan), "lowered convolution gradients")?;

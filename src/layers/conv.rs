@@ -10,13 +10,201 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-use crate::chain::Shape;
+use super::kind::{LayerKind, Mode, TensorSpec};
+use super::{split2, BackPass, Layer, Pass};
+use crate::activation::Activation;
+use crate::chain::{fits, Chain, Fill, Plan, Shape, Step};
 use crate::cpu::gemm::{sgemm_on, GemmWorkspace, Mat, MatMut};
 use crate::cpu::pool::Pool;
 use crate::cpu::rowdot::rowdot;
 use crate::cpu::{chunk_range, for_chunks, SharedMut};
+use crate::error::Result;
 #[cfg(test)]
 use crate::float::Float;
+use crate::io::Words;
+use crate::summary::pair;
+
+/// A 2-D convolution (cross-correlation) with zero padding, then act: W (out_channels,
+/// in_channels, kh, kw), on an image.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Conv {
+    pub out_channels: usize,
+    pub kernel: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub activation: Activation,
+}
+
+/// Options of a convolution beyond its output channels, kernel and activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvOptions {
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+}
+
+impl Default for ConvOptions {
+    fn default() -> Self {
+        ConvOptions { stride: (1, 1), padding: (0, 0) }
+    }
+}
+
+impl Chain {
+    /// Convolution with stride 1 and no padding.
+    pub fn conv(self, out_channels: usize, kernel: (usize, usize), activation: Activation) -> Chain {
+        self.conv_with(out_channels, kernel, activation, ConvOptions::default())
+    }
+
+    /// Convolution with explicit stride and zero padding.
+    pub fn conv_with(self, out_channels: usize, kernel: (usize, usize), activation: Activation, options: ConvOptions) -> Chain {
+        let ConvOptions { stride, padding } = options;
+        self.layer(Conv { out_channels, kernel, stride, padding, activation }.into())
+    }
+}
+
+impl LayerKind for Conv {
+    const WORD: &'static str = "conv";
+
+    fn activation(&self) -> Option<Activation> {
+        Some(self.activation)
+    }
+
+    fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String> {
+        let Conv { out_channels, kernel, stride, padding, .. } = *self;
+        let Shape::Image { channels, height, width } = input else {
+            return Err("needs an image input".into());
+        };
+        if out_channels == 0 || kernel.0 == 0 || kernel.1 == 0 || stride.0 == 0 || stride.1 == 0 {
+            return Err("output channels, kernel and stride must be at least 1".into());
+        }
+        let padded = |n: usize, p: usize| p.checked_mul(2).and_then(|p| p.checked_add(n));
+        let (Some(ph), Some(pw)) = (padded(height, padding.0), padded(width, padding.1)) else {
+            return Err("the padded input's size overflows".into());
+        };
+        if kernel.0 > ph || kernel.1 > pw {
+            return Err(format!("kernel {}×{} is larger than the padded input {ph}×{pw}", kernel.0, kernel.1));
+        }
+        if padding.0 >= kernel.0 || padding.1 >= kernel.1 {
+            return Err("padding must be smaller than the kernel".into());
+        }
+        let (oh, ow) = ((ph - kernel.0) / stride.0 + 1, (pw - kernel.1) / stride.1 + 1);
+        if fits(scratch_len(channels, kernel, (oh, ow), (ph, pw))).is_none() {
+            return Err("lowering one sample takes more values than any buffer can hold".into());
+        }
+        Ok(Shape::Image { channels: out_channels, height: oh, width: ow })
+    }
+
+    /// `weight` (out_channels, in_channels, kh, kw), drawn with fan-in in·kh·kw and fan-out
+    /// out·kh·kw; `bias` (out_channels), zero.
+    fn params(&self, input: Shape, _output: Shape) -> Vec<TensorSpec> {
+        let Shape::Image { channels, .. } = input else { unreachable!("the plan gives convolutions image inputs") };
+        let (oc, (kh, kw)) = (self.out_channels, self.kernel);
+        // the plan checks the product of the shape; these fans are at most it
+        let (fan_in, fan_out) = (channels.saturating_mul(kh * kw), oc.saturating_mul(kh * kw));
+        vec![
+            TensorSpec { name: "weight", shape: vec![oc, channels, kh, kw], fill: Fill::Fans { fan_in, fan_out } },
+            TensorSpec { name: "bias", shape: vec![oc], fill: Fill::Constant(0.0) },
+        ]
+    }
+
+    /// `conv OUT KH KW SH SW PH PW ACTIVATION`
+    fn describe(&self) -> String {
+        let Conv { out_channels, kernel, stride, padding, activation } = *self;
+        format!("conv {out_channels} {} {} {} {} {} {} {}", kernel.0, kernel.1, stride.0, stride.1, padding.0, padding.1, activation.name())
+    }
+
+    fn parse(words: &Words) -> Result<Conv> {
+        let [out_channels, kh, kw, sh, sw, ph, pw] = words.numbers()?;
+        Ok(Conv { out_channels, kernel: (kh, kw), stride: (sh, sw), padding: (ph, pw), activation: words.activation(8)? })
+    }
+
+    fn summary(&self, input: Shape) -> String {
+        let channels = match input {
+            Shape::Image { channels, .. } => channels,
+            Shape::Vector(_) => 0,
+        };
+        let Conv { out_channels, kernel, stride, padding, .. } = *self;
+        format!("Conv({channels} → {out_channels}, {}×{}, stride {}, pad {})", kernel.0, kernel.1, pair(stride), pair(padding))
+    }
+
+    fn forward(&self, step: &Step, pass: &mut Pass, _mode: Mode) {
+        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+        let (w, b) = step.weight_and_bias();
+        let g = self.geometry(step);
+        let ws = &mut *pass.ws;
+        let scratch = Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut ws.cols) };
+        let (xs, zs) = split2(pass.acts, x, z);
+        forward(pass.pool, &mut ws.gemm, &scratch, &g, pass.batch, &pass.params[w], xs, zs);
+        pass.bias_act(step, self.activation, b, (g.out_channels, g.ohw()));
+    }
+
+    fn backward(&self, step: &Step, pass: &mut BackPass) {
+        let geometry = self.geometry(step);
+        let g = pass.weighted(step, self.activation, (geometry.out_channels, geometry.ohw()));
+        let scratch = Scratch { col_len: g.ws.col_len, cols: SharedMut::new(&mut g.ws.cols) };
+        let dscratch = Scratch { col_len: g.ws.col_len, cols: SharedMut::new(&mut g.gws.dcols) };
+        let partials = &mut g.gws.partials;
+        backward(g.pool, &mut g.ws.gemm, &scratch, &dscratch, partials, &geometry, g.batch, g.w, g.x, g.dz, g.dw, g.dx);
+    }
+
+    #[cfg(test)]
+    fn spec_forward<F: Float>(&self, step: &Step, pass: &mut super::spec::Pass<F>, _mode: Mode) {
+        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+        let (w, b) = step.weight_and_bias();
+        let (xs, zs) = split2(pass.acts, x, z);
+        forward_spec(&self.geometry(step), pass.batch, &pass.params[w], &pass.params[b], xs, zs);
+        pass.activate(step, self.activation);
+    }
+
+    #[cfg(test)]
+    fn spec_backward<F: Float>(&self, step: &Step, pass: &mut super::spec::BackPass<F>) {
+        let (g, batch) = (self.geometry(step), pass.batch);
+        pass.weighted(step, self.activation, |w, x, dz, dw, db, dx| backward_spec(&g, batch, w, x, dz, dw, db, dx));
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu_forward(&self, step: &Step, pass: &crate::cuda::exec::GpuForward, _mode: Mode) -> Result<()> {
+        let g = self.geometry(step);
+        crate::cuda::exec::conv_forward(pass, step, self.activation, (g.out_channels, g.ohw()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu_backward(&self, step: &Step, pass: &mut crate::cuda::exec::GpuBackward) -> Result<()> {
+        let g = self.geometry(step);
+        crate::cuda::exec::conv_backward(pass, step, self.activation, (g.out_channels, g.ohw()))
+    }
+}
+
+impl Conv {
+    fn geometry(&self, step: &Step) -> Geometry {
+        Geometry::new(step.input, step.output, self.kernel, self.stride, self.padding)
+    }
+}
+
+/// Values a convolution lowers one sample into, an upper bound of both devices' scratch:
+/// C·kh·kw × OH·OW (the lowered sample), then C·(H + 2·ph)·(W + 2·pw) (the padded input copy
+/// of [`Geometry::col_len`]). None when that overflows.
+fn scratch_len(channels: usize, kernel: (usize, usize), output: (usize, usize), padded: (usize, usize)) -> Option<usize> {
+    let lowered = channels.checked_mul(kernel.0)?.checked_mul(kernel.1)?.checked_mul(output.0)?.checked_mul(output.1)?;
+    let padded = channels.checked_mul(padded.0)?.checked_mul(padded.1)?;
+    lowered.checked_add(padded)
+}
+
+/// The geometry of a step, which must be a convolution's.
+pub(crate) fn geometry(step: &Step) -> Geometry {
+    let Layer::Conv(conv) = step.layer else { unreachable!("not a conv: {:?}", step.layer) };
+    conv.geometry(step)
+}
+
+/// The plan's convolution steps.
+pub(crate) fn steps(plan: &Plan) -> impl Iterator<Item = &Step> {
+    plan.steps.iter().filter(|s| matches!(s.layer, Layer::Conv(_)))
+}
+
+/// The longest lowered sample (im2col columns) of any convolution in the plan (at most
+/// `chain::MAX_VALUES`: the shape rule checked a bound of it).
+pub(crate) fn max_col_len(plan: &Plan) -> usize {
+    steps(plan).map(|s| geometry(s).col_len()).max().unwrap_or(0)
+}
 
 /// Geometry of one convolution, derived from its plan step.
 #[derive(Clone, Copy, Debug)]

@@ -1,7 +1,7 @@
 //! Gradients of every layer, activation and loss against central finite differences in f64 on
 //! the plain-loop twin; then the fast f32 engine against that twin, buffers poisoned first.
 
-use super::spec;
+use super::{spec, Mode};
 use crate::chain::{Chain, ConvOptions, Plan, Shape};
 use crate::init::Rng;
 use crate::loss::{self, Loss};
@@ -55,7 +55,7 @@ fn spec_loss(
 ) -> (f64, Vec<f64>, Vec<f64>) {
     let mut acts = vec![0.0; plan.acts_len(batch).unwrap()];
     acts[..x.len()].copy_from_slice(x);
-    spec::forward(plan, params, &mut acts, batch, batch);
+    spec::forward(plan, params, &mut acts, batch, batch, Mode::Train);
     let last = plan.steps.last().unwrap().output_region;
     let out = super::region(plan, last, batch, batch);
     let mut dacts = vec![0.0; acts.len()];

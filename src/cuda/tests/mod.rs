@@ -4,7 +4,7 @@
 
 mod ops;
 
-use super::context::{KERNELS, SOURCE_FILES};
+use super::context::{source_files, KERNELS};
 use super::*;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 
@@ -58,12 +58,13 @@ fn every_launched_kernel_is_defined_in_the_sources() {
         .filter(|name| name.ends_with(".cu"))
         .collect();
     on_disk.sort();
-    let mut compiled: Vec<String> = SOURCE_FILES.iter().map(|(name, _)| name.to_string()).collect();
+    let sources = source_files();
+    let mut compiled: Vec<String> = sources.iter().map(|(name, _)| name.to_string()).collect();
     compiled.sort();
     assert_eq!(on_disk, compiled, "every kernels/*.cu file is compiled, and only those");
     let mut defined = Vec::new();
     let mut optim_early = Vec::new();
-    for (name, text) in SOURCE_FILES {
+    for (name, text) in &sources {
         let file = *name;
         let on_disk = std::fs::read_to_string(dir.join(name)).unwrap();
         assert_eq!(&on_disk, text, "{name} changed since the build");
@@ -105,7 +106,7 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     }
     // The heads stage the layers' weights (from `params`) before the wait when told the kernel
     // ahead does not write them, and touch no other buffer before it
-    let head = SOURCE_FILES.iter().find(|(name, _)| *name == "head.cu").unwrap().1;
+    let head = sources.iter().find(|(name, _)| *name == "head.cu").unwrap().1;
     let params = &head[head.find("#define HEAD_PARAMS").expect("head.cu defines HEAD_PARAMS")..];
     assert!(params[..params.find("\n#define").unwrap()].ends_with("int weights_early"), "the heads do not take weights_early last");
     let body = &head[head.find("void dense_head_impl(HEAD_PARAMS) {").expect("head.cu defines dense_head_impl")..];
@@ -124,7 +125,7 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     assert!(early.contains("GRID_STRIDE(i, clear_len) clear[i] = 0.0f;"), "dense_head clears `clear` before the wait");
     // the tensor-core tiles are defined by two macros: DENSE_MMA_KERNEL (one kernel, which takes
     // b_early), used by DENSE_MMA for the two layouts of a tile shape
-    let dense = SOURCE_FILES.iter().find(|(name, _)| *name == "dense.cu").unwrap().1;
+    let dense = sources.iter().find(|(name, _)| *name == "dense.cu").unwrap().1;
     let one = &dense[dense.find("#define DENSE_MMA_KERNEL(").expect("dense.cu defines DENSE_MMA_KERNEL")..];
     let one = &one[..one.find("\n#define").unwrap()];
     assert_eq!(one.matches("int b_early)").count(), 1, "DENSE_MMA_KERNEL's kernel takes b_early");

@@ -734,14 +734,15 @@ fn copy_from_host_copies_exactly_n_values() {
 fn the_head_takes_a_narrow_last_dense_layer() {
     use crate::chain::{Layer, Plan};
     use crate::cuda::head::{Head, MAX_INNER_WEIGHTS};
+    use crate::{Conv, Dense, Flatten, MaxPool};
     let gpu = test_gpu();
     if !gpu.head_enabled() {
         println!("skipped: FLATNN_HEAD=0");
         return;
     }
-    let dense = |out_features, activation| Layer::Dense { out_features, activation };
-    let conv = Layer::Conv { out_channels: 4, kernel: (3, 3), stride: (1, 1), padding: (0, 0), activation: Relu };
-    let pool = Layer::MaxPool { window: (2, 2), stride: (2, 2) };
+    let dense = |out_features, activation| Layer::Dense(Dense { out_features, activation });
+    let conv = Layer::Conv(Conv { out_channels: 4, kernel: (3, 3), stride: (1, 1), padding: (0, 0), activation: Relu });
+    let pool = Layer::MaxPool(MaxPool { window: (2, 2), stride: (2, 2) });
     // (input, layers, (the layer before it runs too, the step whose dz it writes from the
     // first layer's input gradient)), for plans it takes
     type Case = (Shape, Vec<Layer>, Option<(Option<usize>, Option<usize>)>);
@@ -761,11 +762,11 @@ fn the_head_takes_a_narrow_last_dense_layer() {
         // would be skipped), and its input gradient goes to its output region
         (Shape::vector(8), deep_chain, Some((None, None))),
         // after a flatten of a convolution: that convolution's dz
-        (Shape::image(2, 6, 6), vec![conv, Layer::Flatten, dense(5, Tanh)], Some((None, Some(0)))),
+        (Shape::image(2, 6, 6), vec![conv, Layer::Flatten(Flatten), dense(5, Tanh)], Some((None, Some(0)))),
         // after a max-pool: the input gradient goes to the pool's output region
-        (Shape::image(2, 6, 6), vec![conv, pool, Layer::Flatten, dense(5, Tanh)], Some((None, None))),
+        (Shape::image(2, 6, 6), vec![conv, pool, Layer::Flatten(Flatten), dense(5, Tanh)], Some((None, None))),
         // no dense layer at the end, too many outputs, too many inputs
-        (Shape::image(2, 6, 6), vec![conv, Layer::Flatten], None),
+        (Shape::image(2, 6, 6), vec![conv, Layer::Flatten(Flatten)], None),
         (Shape::vector(8), vec![dense(33, Relu)], None),
         (Shape::vector(1025), vec![dense(3, Relu)], None),
     ];
@@ -934,7 +935,7 @@ fn kernel_times_of_the_mlp_step() {
     {
         use crate::chain::{Layer, Plan};
         use crate::cuda::head::{Head, HeadBuffers};
-        let dense = |out_features, activation| Layer::Dense { out_features, activation };
+        let dense = |out_features, activation| Layer::Dense(crate::Dense { out_features, activation });
         let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
         if let Some(head) = Head::of(&gpu, &plan, batch, batch) {
             let (params, acts, dacts) =
