@@ -90,6 +90,14 @@ pub fn fill(plan: &Plan, params: &mut [f32], init: Init, seed: u64) {
     }
 }
 
+/// Sets every buffer tensor of `plan` in `buffers` (the plan's buffer layout) to its constant.
+pub(crate) fn fill_buffers(plan: &Plan, buffers: &mut [f32]) {
+    for tensor in plan.steps.iter().flat_map(|s| &s.buffers) {
+        let Fill::Constant(value) = tensor.fill else { unreachable!("a buffer starts at a constant (Plan::new)") };
+        buffers[tensor.range.clone()].fill(value);
+    }
+}
+
 fn normal(std: f64) -> Box<dyn FnMut(&mut Rng) -> f64> {
     Box::new(move |rng| std * rng.normal())
 }

@@ -148,6 +148,7 @@ pub mod loss;
 pub mod model;
 pub mod models;
 pub mod optim;
+pub(crate) mod plan;
 pub(crate) mod schedule;
 pub mod serve;
 pub(crate) mod summary;

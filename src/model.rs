@@ -15,6 +15,8 @@ use std::sync::Arc;
 
 /// A model with fixed shapes. Parameters are one flat buffer in the plan's layout: per layer,
 /// Dense weight (out, in) row-major then bias; Conv weight (out_ch, in_ch, kh, kw) then bias.
+/// Buffers (values that belong to the model but are not trained, such as running statistics)
+/// are a second flat buffer, laid out by the plan in the same way.
 ///
 /// A model lives on one [`Device`]: its parameters are in host memory (`Device::Cpu`, run on the
 /// model's thread pool) or in the memory of one GPU (`Device::Cuda(n)`, run on the model's own
@@ -23,6 +25,8 @@ pub struct Model {
     pub(crate) plan: Arc<Plan>,
     /// The parameters on the CPU; empty while the model is on a GPU (then in `dev`).
     pub(crate) params: Vec<f32>,
+    /// The buffers on the CPU; empty while the model is on a GPU (then in `dev`).
+    pub(crate) buffers: Vec<f32>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) dev: Option<DevModel>,
     pub(crate) gpu_options: GpuOptions,
@@ -47,12 +51,14 @@ fn threads_setting(value: Option<&OsStr>) -> Result<usize> {
 }
 
 impl Model {
-    /// The model of `plan`, its parameters zero: an [`Error::OutOfMemory`] if they cannot be
-    /// had.
+    /// The model of `plan`, its parameters zero and its buffers at their starting constants: an
+    /// [`Error::OutOfMemory`] if they cannot be had.
     pub(crate) fn from_plan(plan: Plan) -> Result<Model> {
         let params = zeros(plan.param_len, || format!("the {} parameters of the model", plan.param_len))?;
+        let mut buffers = zeros(plan.buffer_len, || format!("the {} buffer values of the model", plan.buffer_len))?;
+        init::fill_buffers(&plan, &mut buffers);
         let pool = Arc::new(Pool::new(default_threads()?)?);
-        Ok(Model { plan: Arc::new(plan), params, pool, dev: None, gpu_options: GpuOptions::default() })
+        Ok(Model { plan: Arc::new(plan), params, buffers, pool, dev: None, gpu_options: GpuOptions::default() })
     }
 
     /// Fills the parameters from an initialiser and a seed (biases zero), on the CPU; call it
@@ -69,16 +75,18 @@ impl Model {
         self.dev.as_ref().map_or(Device::Cpu, DevModel::device)
     }
 
-    /// A copy of this model on `device` (parameters copied; caches, gradient buffers and
-    /// optimisers must be made or moved for it). From a GPU, waits for the steps queued there.
+    /// A copy of this model on `device` (parameters and buffers copied; caches, gradient
+    /// buffers and optimisers must be made or moved for it). From a GPU, waits for the steps
+    /// queued there.
     pub fn to(&self, device: &Device) -> Result<Model> {
-        let params = self.parameters()?;
+        let (params, buffers) = (self.parameters()?, self.buffers()?);
         let dev = match *device {
             Device::Cpu => None,
-            Device::Cuda(ordinal) => Some(DevModel::on(ordinal, &params, self.gpu_options)?),
+            Device::Cuda(ordinal) => Some(DevModel::on(ordinal, &params, &buffers, self.gpu_options)?),
         };
-        let params = if dev.is_some() { Vec::new() } else { params.into_owned() };
-        Ok(Model { plan: Arc::clone(&self.plan), params, pool: Arc::clone(&self.pool), dev, gpu_options: self.gpu_options })
+        let (params, buffers) = if dev.is_some() { (Vec::new(), Vec::new()) } else { (params.into_owned(), buffers.into_owned()) };
+        let pool = Arc::clone(&self.pool);
+        Ok(Model { plan: Arc::clone(&self.plan), params, buffers, pool, dev, gpu_options: self.gpu_options })
     }
 
     /// The same model with these GPU options (graphs, TF32), which take effect when it is next
@@ -156,6 +164,33 @@ impl Model {
         match &mut self.dev {
             None => self.params.copy_from_slice(values),
             Some(dev) => dev.upload(values)?,
+        }
+        Ok(())
+    }
+
+    /// All buffers (values of the model that are not trained, such as running statistics), flat
+    /// in the plan's layout: borrowed on the CPU, copied from a GPU (after its queued steps).
+    pub fn buffers(&self) -> Result<Cow<'_, [f32]>> {
+        match &self.dev {
+            None => Ok(Cow::Borrowed(&self.buffers)),
+            Some(dev) => {
+                let mut out = zeros(self.plan.buffer_len, || "a host copy of the buffers".into())?;
+                dev.download_buffers(&mut out)?;
+                Ok(Cow::Owned(out))
+            }
+        }
+    }
+
+    /// Replaces every buffer value, on any device, as [`Model::set_parameters`] does the
+    /// parameters.
+    pub(crate) fn set_buffers(&mut self, values: &[f32]) -> Result<()> {
+        if values.len() != self.plan.buffer_len {
+            return Err(Error::Shape(format!("{} buffer values for a model of {}", values.len(), self.plan.buffer_len)));
+        }
+        check_finite(values, "buffers")?;
+        match &mut self.dev {
+            None => self.buffers.copy_from_slice(values),
+            Some(dev) => dev.upload_buffers(values)?,
         }
         Ok(())
     }

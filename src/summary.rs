@@ -104,6 +104,7 @@ impl Clone for Model {
         Model {
             plan: std::sync::Arc::clone(&self.plan),
             params: self.params.clone(),
+            buffers: self.buffers.clone(),
             pool: std::sync::Arc::clone(&self.pool),
             dev: None,
             gpu_options: self.gpu_options,

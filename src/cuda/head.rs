@@ -191,6 +191,9 @@ impl Head {
                 && batch <= DEEP_MAX_BATCH
                 && dense(s)
                 && s.output_region == step.input_region
+                // the last step is its output's only reader: its input gradient is the whole of
+                // that output's gradient (a skip connection's would be added after)
+                && plan.consumers[step.input_region] == 1
                 // the last step's dz folds this one's activation in, if it has one (a producer
                 // past step 127 does not: its activation would be skipped)
                 && step.activated_input == producer

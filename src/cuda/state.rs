@@ -61,6 +61,8 @@ pub(crate) struct DevModel {
     /// weight gradients (forked after the head, joined back before the update).
     loss_side: Arc<CudaStream>,
     pub params: DevBuf<f32>,
+    /// The model's buffers (running statistics and the like), where its plan has any.
+    buffers: Option<DevBuf<f32>>,
     pub options: GpuOptions,
 }
 
@@ -142,11 +144,13 @@ fn rebind(bound: &mut Arc<CudaStream>, stream: &Arc<CudaStream>) -> Result<()> {
 }
 
 impl DevModel {
-    /// `params` copied to device `gpu`, with new streams.
-    pub fn new(gpu: &Arc<Gpu>, params: &[f32], options: GpuOptions) -> Result<DevModel> {
+    /// `params` and `buffers` copied to device `gpu`, with new streams (no buffer allocated for
+    /// a model without buffers).
+    pub fn new(gpu: &Arc<Gpu>, params: &[f32], buffers: &[f32], options: GpuOptions) -> Result<DevModel> {
         let (stream, side, loss_side) = (gpu.new_stream()?, gpu.new_stream()?, gpu.new_stream()?);
         let params = DevBuf::from_host(gpu, &stream, params)?;
-        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, loss_side, params, options })
+        let buffers = (!buffers.is_empty()).then(|| DevBuf::from_host(gpu, &stream, buffers)).transpose()?;
+        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, loss_side, params, buffers, options })
     }
 
     pub fn device(&self) -> Device {
@@ -163,9 +167,31 @@ impl DevModel {
         self.params.upload(&self.stream, values)
     }
 
-    /// `params` on CUDA device `ordinal`.
-    pub fn on(ordinal: usize, params: &[f32], options: GpuOptions) -> Result<DevModel> {
-        DevModel::new(&super::gpu(ordinal)?, params, options)
+    /// The buffers, copied to the host after every queued step.
+    pub fn download_buffers(&self, out: &mut [f32]) -> Result<()> {
+        match &self.buffers {
+            Some(buffers) => buffers.download(&self.stream, out),
+            None => {
+                debug_assert!(out.is_empty());
+                Ok(())
+            }
+        }
+    }
+
+    /// The buffers replaced by `values`, after every queued step.
+    pub fn upload_buffers(&mut self, values: &[f32]) -> Result<()> {
+        match &mut self.buffers {
+            Some(buffers) => buffers.upload(&self.stream, values),
+            None => {
+                debug_assert!(values.is_empty());
+                Ok(())
+            }
+        }
+    }
+
+    /// `params` and `buffers` on CUDA device `ordinal`.
+    pub fn on(ordinal: usize, params: &[f32], buffers: &[f32], options: GpuOptions) -> Result<DevModel> {
+        DevModel::new(&super::gpu(ordinal)?, params, buffers, options)
     }
 
     /// The resident kernel's buffers for calls of up to `capacity` samples, or None where this

@@ -120,7 +120,7 @@ impl LayerKind for Conv {
     fn summary(&self, input: Shape) -> String {
         let channels = match input {
             Shape::Image { channels, .. } => channels,
-            Shape::Vector(_) => 0,
+            Shape::Vector(_) | Shape::Sequence { .. } => 0,
         };
         let Conv { out_channels, kernel, stride, padding, .. } = *self;
         format!("Conv({channels} → {out_channels}, {}×{}, stride {}, pad {})", kernel.0, kernel.1, pair(stride), pair(padding))
@@ -201,7 +201,7 @@ pub(crate) fn steps(plan: &Plan) -> impl Iterator<Item = &Step> {
 }
 
 /// The longest lowered sample (im2col columns) of any convolution in the plan (at most
-/// `chain::MAX_VALUES`: the shape rule checked a bound of it).
+/// `plan::MAX_VALUES`: the shape rule checked a bound of it).
 pub(crate) fn max_col_len(plan: &Plan) -> usize {
     steps(plan).map(|s| geometry(s).col_len()).max().unwrap_or(0)
 }

@@ -1,5 +1,5 @@
-//! Flatten: an image (C, H, W) seen as a vector of C·H·W values, in that order, as PyTorch's
-//! `nn.Flatten` gives it. No data moves: the step keeps its input's region, so it has nothing to
+//! Flatten: an image (C, H, W) seen as a vector of C·H·W values, or a sequence (steps, features)
+//! as one of steps·features, in that order, as PyTorch's `nn.Flatten` gives them. No data moves: the step keeps its input's region, so it has nothing to
 //! run on either device, and no kernels.
 
 use super::kind::{LayerKind, Mode};
@@ -10,12 +10,12 @@ use crate::error::Result;
 use crate::float::Float;
 use crate::io::Words;
 
-/// Image → vector, in the image's (C, H, W) order.
+/// Image or sequence → vector, in the sample's order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Flatten;
 
 impl Chain {
-    /// Image → vector.
+    /// Image or sequence → vector.
     pub fn flatten(self) -> Chain {
         self.layer(Flatten.into())
     }
@@ -30,7 +30,7 @@ impl LayerKind for Flatten {
 
     fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String> {
         match input {
-            Shape::Image { .. } => Ok(Shape::Vector(input.len())),
+            Shape::Image { .. } | Shape::Sequence { .. } => Ok(Shape::Vector(input.len())),
             Shape::Vector(_) => Err("the input is already a vector".into()),
         }
     }

@@ -28,6 +28,16 @@ pub(crate) struct TensorSpec {
     pub fill: Fill,
 }
 
+/// What a layer keeps from its forward pass for its backward pass beyond its z and y (see the
+/// plan's module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Kept {
+    /// Per-sample lengths of regions of the activation buffer (a GRU's gates at every step).
+    pub regions: Vec<usize>,
+    /// Values per batch, whatever its size (batch norm's mean and 1/σ of each channel).
+    pub saved: usize,
+}
+
 /// What a layer kind is to the engine. Each room (`layers/<kind>.rs`) implements it on its spec
 /// struct; the registry's enum [`Layer`](super::Layer) dispatches to it, one exhaustive `match` per method.
 ///
@@ -53,12 +63,25 @@ pub(crate) trait LayerKind: Copy + fmt::Debug + PartialEq {
     /// The shape of one output sample for one `input` sample, or why the layer does not take
     /// that input (the plan adds which layer and which input). A size the room derives beyond
     /// the output's (a convolution's lowered sample) is checked here, against
-    /// `chain::MAX_VALUES`; the output's own size, and the tensors', the plan checks.
+    /// `plan::MAX_VALUES`; the output's own size, and the tensors', the plan checks.
     fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String>;
 
     /// Its parameter tensors on `input`, in the order of their ranges in the flat parameters.
     fn params(&self, _input: Shape, _output: Shape) -> Vec<TensorSpec> {
         Vec::new()
+    }
+
+    /// Its buffer tensors on `input`: values that are not trained but belong to the model
+    /// (running statistics), each starting at a constant, in the order of their ranges in the
+    /// model's flat buffers.
+    fn buffers(&self, _input: Shape, _output: Shape) -> Vec<TensorSpec> {
+        Vec::new()
+    }
+
+    /// What it keeps from its forward pass for its backward pass beyond its z and y; None where
+    /// a size overflows.
+    fn kept(&self, _input: Shape, _output: Shape) -> Option<Kept> {
+        Some(Kept { regions: Vec::new(), saved: 0 })
     }
 
     /// Its architecture entry in a model file: [`LayerKind::WORD`] and the numbers that make it.
@@ -170,6 +193,14 @@ macro_rules! layers {
 
             pub(crate) fn params(&self, input: crate::chain::Shape, output: crate::chain::Shape) -> Vec<kind::TensorSpec> {
                 match self { $( Layer::$kind(layer) => kind::LayerKind::params(layer, input, output), )* }
+            }
+
+            pub(crate) fn buffers(&self, input: crate::chain::Shape, output: crate::chain::Shape) -> Vec<kind::TensorSpec> {
+                match self { $( Layer::$kind(layer) => kind::LayerKind::buffers(layer, input, output), )* }
+            }
+
+            pub(crate) fn kept(&self, input: crate::chain::Shape, output: crate::chain::Shape) -> Option<kind::Kept> {
+                match self { $( Layer::$kind(layer) => kind::LayerKind::kept(layer, input, output), )* }
             }
 
             pub(crate) fn describe(&self) -> String {

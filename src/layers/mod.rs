@@ -25,7 +25,7 @@ use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
 use crate::error::{zeros, Result};
 use kind::layers;
-pub(crate) use kind::Mode;
+pub(crate) use kind::{Kept, Mode, TensorSpec};
 use std::ops::Range;
 
 layers! {
