@@ -2,6 +2,7 @@
 //! device with NVRTC, and every kernel's handle looked up once.
 
 use super::driver_error;
+use crate::activation::Activation;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
@@ -322,10 +323,36 @@ fn allow_dynamic_shared(func: sys::CUfunction, optin: i32) -> Result<usize> {
     Ok(limit as usize)
 }
 
+/// The source NVRTC reads ahead of `kernels/*.cu`, generated from [`Activation`]: each kind's id,
+/// `#define ACT_<NAME> <id>`, and the bodies of `act_apply` and `act_derivative`
+/// (kernels/activation.cu), a `switch` on the id whose cases call the kind's device functions
+/// `act_apply_<name>` and `act_derivative_<name>`. The identity, id 0, is the `default`. A kind
+/// without its device functions is an NVRTC compile error, not an identity.
+pub(crate) fn activation_prelude() -> String {
+    let mut defines = String::new();
+    let (mut apply, mut derivative) = (String::new(), String::new());
+    for act in Activation::ALL {
+        let (name, id) = (act.kind_name(), act.gpu_id());
+        let upper = name.to_uppercase();
+        defines += &format!("#define ACT_{upper} {id}\n");
+        let case = if *act == Activation::Identity { "default:".to_string() } else { format!("case ACT_{upper}:") };
+        apply += &format!("        {case} return act_apply_{name}(slope, z); \\\n");
+        derivative += &format!("        {case} return act_derivative_{name}(slope, z, y); \\\n");
+    }
+    let switch = |name: &str, args: &str, cases: &str| format!("#define {name}(act, {args}) \\\n    switch (act) {{ \\\n{cases}    }}\n");
+    format!(
+        "// ---- generated from src/activation.rs\n{defines}{}{}",
+        switch("ACT_APPLY_SWITCH", "slope, z", &apply),
+        switch("ACT_DERIVATIVE_SWITCH", "slope, z, y", &derivative)
+    )
+}
+
 /// `kernels/*.cu` compiled by NVRTC to machine code for compute capability `cc` (a cubin, so no
-/// PTX is left to the driver's JIT and a newer NVRTC than the driver still works).
+/// PTX is left to the driver's JIT and a newer NVRTC than the driver still works), after the
+/// [`activation_prelude`].
 fn compile(cc: (i32, i32)) -> Result<Vec<u8>> {
-    let source: String = source_files().iter().map(|(name, text)| format!("// ---- kernels/{name}\n{text}\n")).collect();
+    let files = source_files().iter().map(|(name, text)| format!("// ---- kernels/{name}\n{text}\n")).collect::<String>();
+    let source = activation_prelude() + &files;
     let source = CString::new(source).map_err(|_| Error::Cuda { what: "kernels/*.cu contain a NUL byte".into() })?;
     let arch = format!("--gpu-architecture=sm_{}{}", cc.0, cc.1);
     // --fmad=false: a·b + c rounds twice, as on the CPU, so element-wise kernels match it exactly.

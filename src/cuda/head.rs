@@ -15,7 +15,7 @@
 
 use super::context::{Gpu, Kernel};
 use super::launch::{int, kernel_args, BLOCK};
-use super::ops::{act_code, loss_scales, LOSS_BLOCKS};
+use super::ops::{loss_scales, LOSS_BLOCKS};
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
 use crate::layers::region;
@@ -121,7 +121,7 @@ impl Dense {
         let (w, b) = s.weight_and_bias();
         Some(Dense {
             k: int(s.input.len()).ok()?,
-            act: act_code(s.layer.activation()),
+            act: s.layer.activation().gpu_code(),
             w: int(w.start).ok()?,
             b: int(b.start).ok()?,
             x: at(s.input_region)?,
@@ -166,7 +166,7 @@ impl Head {
                 Some(p) => {
                     let ps = &plan.steps[p];
                     let z = at(ps.z_region)?;
-                    InputGrad { producer: Some(p), dx: z, prev_z: z, prev_act: act_code(ps.layer.activation()) }
+                    InputGrad { producer: Some(p), dx: z, prev_z: z, prev_act: ps.layer.activation().gpu_code() }
                 }
                 None if s.input_region != 0 => InputGrad { producer: None, dx: at(s.input_region)?, prev_z: -1, prev_act: (0, 0.0) },
                 None => InputGrad { producer: None, dx: -1, prev_z: -1, prev_act: (0, 0.0) },

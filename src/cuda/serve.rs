@@ -22,7 +22,6 @@ use super::buffer::DevBuf;
 use super::context::{Gpu, Kernel};
 use super::driver_error;
 use super::launch::{int, kernel_args, launch, BLOCK};
-use super::ops::act_code;
 use super::pinned::Pinned;
 use super::state::{spin_until, DevModel};
 use crate::chain::{Layer, Plan};
@@ -118,7 +117,7 @@ impl DevServer {
         let mut table = Vec::new();
         for step in dense::steps(plan) {
             let (w, b) = step.weight_and_bias();
-            let (act, slope) = act_code(step.layer.activation());
+            let (act, slope) = step.layer.activation().gpu_code();
             table.extend([int(step.input.len())?, int(step.output.len())?, act, slope.to_bits() as i32, int(w.start)?, int(b.start)?]);
         }
         let (input_len, output_len) = (plan.input.len(), plan.output().len());

@@ -14,7 +14,10 @@ use crate::optim::{Clip, Optim, Optimizer, Update};
 use crate::testutil::allocations_in;
 use crate::testutil::{poisoned, Rng};
 
-const ACTS: [Activation; 6] = [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu];
+/// Every activation, a parameter 0.1 where it takes one.
+fn every_activation() -> Vec<Activation> {
+    Activation::ALL.iter().map(|a| a.with_param(0.1)).collect()
+}
 
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
@@ -28,7 +31,7 @@ fn bias_act_matches_the_cpu() {
         let bias = rng.uniform(channels);
         let z_want: Vec<f32> = (0..n).map(|i| z0[i] + bias[(i / pixels) % channels]).collect();
         let b = upload(&stream, &bias);
-        for act in ACTS {
+        for act in every_activation() {
             let (mut z, mut y) = (upload(&stream, &z0), upload(&stream, &poisoned(n + 1)));
             gpu.bias_act(&stream, act, View::of(&b), channels, pixels, batch, ViewMut::of(&mut z), Some(ViewMut::of(&mut y))).unwrap();
             let y_want: Vec<f32> = z_want.iter().map(|&v| act.apply(v)).chain([f32::NAN]).collect();
@@ -49,10 +52,10 @@ fn act_backward_matches_the_cpu() {
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(2);
     for n in [1, 1001, (1 << 24) + 3] {
-        let acts: &[Activation] = if n > 1 << 20 { &[LeakyRelu(0.02)] } else { &ACTS };
+        let acts = if n > 1 << 20 { vec![LeakyRelu(0.02)] } else { every_activation() };
         let z: Vec<f32> = rng.uniform(n).iter().map(|v| 4.0 * v).collect();
         let dy = rng.uniform(n);
-        for &act in acts {
+        for &act in &acts {
             let y: Vec<f32> = z.iter().map(|&v| act.apply(v)).collect();
             let want: Vec<f32> = (0..n).map(|i| dy[i] * act.derivative(z[i], y[i])).chain([f32::NAN]).collect();
             let (zd, yd, dyd, mut dz) = (upload(&stream, &z), upload(&stream, &y), upload(&stream, &dy), upload(&stream, &poisoned(n + 1)));
