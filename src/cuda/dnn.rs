@@ -36,8 +36,9 @@
 use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
+use super::conv::{conv_forward_own, conv_input_grad_own, conv_weight_grad_own};
 use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
-use super::exec::{self, Backward, Forward};
+use super::exec::{Backward, Forward};
 use super::graph::Graphs;
 use super::state::GpuOptions;
 use super::timing::time_calls;
@@ -468,9 +469,9 @@ impl Cudnn {
         let StepRun { gpu, blas, stream, plan, f, b, options } = *s;
         let step = &plan.steps[layer.step];
         let own = || match dir {
-            Dir::Forward => exec::conv_forward_own(gpu, blas, stream, plan, step, f),
-            Dir::Weight => exec::conv_weight_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
-            Dir::Input => exec::conv_input_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
+            Dir::Forward => conv_forward_own(gpu, blas, stream, plan, step, f),
+            Dir::Weight => conv_weight_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
+            Dir::Input => conv_input_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
         };
         let mut m = Measured { algo: None, own_us: f32::NAN, cudnn_us: f32::NAN, note: String::new() };
         match time_calls(gpu, stream, options.graphs, &own) {

@@ -14,6 +14,7 @@
 mod blas;
 mod buffer;
 mod context;
+pub(crate) mod conv;
 mod cudnn;
 pub(crate) mod data;
 mod dnn;

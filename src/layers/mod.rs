@@ -14,6 +14,7 @@ pub mod flatten;
 #[cfg(test)]
 mod gradcheck;
 pub(crate) mod kind;
+mod lowering;
 pub mod pool;
 #[cfg(test)]
 pub mod spec;
@@ -358,7 +359,7 @@ mod tests {
                 assert!(root.join("kernels").join(file).is_file(), "{}: no kernels/{file}", kind.kind);
             }
         }
-        let engine = ["mod.rs", "kind.rs", "spec.rs", "gradcheck.rs"];
+        let engine = ["mod.rs", "kind.rs", "lowering.rs", "spec.rs", "gradcheck.rs"];
         for entry in std::fs::read_dir(root.join("src/layers")).unwrap() {
             let name = entry.unwrap().file_name().into_string().unwrap();
             let registered = REGISTRY.iter().any(|kind| name == format!("{}.rs", kind.room));
