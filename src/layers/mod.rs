@@ -7,6 +7,59 @@
 //!
 //! Buffers: `params`/`grads` in the plan's parameter layout; `acts`/`dacts` hold, per region
 //! r, `capacity × plan.regions[r]` values, sample-major; a batch ≤ capacity uses the front.
+//!
+//! A new kind is a room (`layers/<room>.rs`: its spec struct and builder method, shape rule,
+//! tensors, buffers and kept values, model-file words, summary row, plain loops, fast CPU path
+//! and GPU launches), its kernels (`kernels/<room>.cu`, compiled in registry order) and a line
+//! in the registry below. The plan (`src/plan.rs`) lays it out from what `LayerKind` declares;
+//! nothing else names it.
+//!
+//! # How the kinds to come fit
+//!
+//! **Batch norm** (`BatchNorm1d` after a dense layer, per feature; `BatchNorm2d` after a
+//! convolution, per channel): tensors `weight` (C, `Fill::Constant(1.0)`) and `bias` (C, 0);
+//! buffers `running_mean` (C, 0), `running_var` (C, 1) and `num_batches_tracked`, which
+//! PyTorch's files hold as an integer (`TensorSpec` gains the file's dtype for it, the one
+//! tensor that is not F32); saved values, 2·C a batch: the batch's mean and 1/σ, which the
+//! backward pass reads. In `Mode::Train` it normalises by the batch's statistics; in
+//! `Mode::Infer` by the running ones, which its passes read from the model's buffers (the
+//! passes carry `buffers` beside `params` from then on). The running statistics move where the
+//! model is borrowed mutably, as its parameters do: its backward pass leaves the batch's mean and
+//! unbiased variance in the gradient buffer's twin of its saved values (`dacts` has the
+//! activations' layout, saved values included), and the optimiser's update, which holds
+//! `&mut Model` and the gradients, folds them in with the momentum (0.1) as one more pass over
+//! flat buffers (on a GPU, one more kernel of the step's graph). `backprop` keeps `&self`.
+//!
+//! **Layer norm**: per sample over a vector's features, or over each step's features of a
+//! sequence; tensors `weight` and `bias` (features); kept regions of one mean and one 1/σ per
+//! row (per sample: 2, or 2 × steps), for the backward pass; the same in both modes; eps 1e-5.
+//!
+//! **Dropout(p)**: the output has the input's shape, no tensors. In `Mode::Train` it keeps
+//! element i where a counter-based generator (Philox) of (the model's seed, the training step,
+//! i) says so and scales it by 1/(1−p); its backward draws the same bits again rather than keeping
+//! a mask, so it keeps nothing, and the CPU and the GPU draw the same mask. In `Mode::Infer` it
+//! copies its input (the plan is one for both modes, so the step has an output region of its
+//! own). The training step's number reaches the passes with the mode.
+//!
+//! **Conv1d and MaxPool1d** over a `Signal { channels, length }` (PyTorch's `(N, C, L)`; see
+//! `chain.rs` for why not an `Image` of height 1): rooms `conv1d.rs` and `pool1d.rs`, weight
+//! (out, in, k) and bias, stride, padding and dilation. The lowering (`lowering.rs`) and
+//! `conv::Geometry` gain a dilation and serve both convolutions; kernels of their own files.
+//!
+//! **GRU and LSTM** over a `Sequence { steps, features }`: tensors `weight_ih_l0` (G·H,
+//! features), `weight_hh_l0` (G·H, H), `bias_ih_l0`, `bias_hh_l0` (G·H), G = 3 (GRU, gates r, z,
+//! n) or 4 (LSTM, i, f, g, o) in PyTorch's order; output a sequence (steps, H), or a vector (H)
+//! with the last step only; kept regions per sample: every step's gates (steps × G·H, the GRU's
+//! recurrent product of n apart, as its reset gate multiplies it), every step's hidden state
+//! where the output does not hold it, and the LSTM's cell states (steps × H), which
+//! backpropagation through time reads. The
+//! input products of all steps are one GEMM into the gates region, the recurrent ones a GEMM per
+//! step. The initial state (zeros, or set by the caller) and the state that streaming inference
+//! carries between calls are a kept region the cache exposes (a per-sample value, not a
+//! buffer: each cache has its own).
+//!
+//! **Residual blocks**: a hidden `Fork` step, the body, and an `Add` step, in the plan as it
+//! is (see `src/plan.rs`); `Fork` is a view and `Add` a room with no tensors.
 
 pub mod conv;
 pub mod dense;
