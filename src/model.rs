@@ -32,6 +32,13 @@ pub struct Model {
     pub(crate) gpu_options: GpuOptions,
 }
 
+/// A model's two flat vectors the plan lays out: its parameters and its buffers.
+#[derive(Clone, Copy)]
+enum Flat {
+    Params,
+    Buffers,
+}
+
 /// Threads a new model uses: `FLATNN_THREADS` if set, else the physical core count. A value
 /// that is not a whole number from 1 to 4 per logical CPU is an [`Error::Config`] naming it.
 pub fn default_threads() -> Result<usize> {
@@ -134,14 +141,7 @@ impl Model {
 
     /// All parameters, flat: borrowed on the CPU, copied from a GPU (after its queued steps).
     pub fn parameters(&self) -> Result<Cow<'_, [f32]>> {
-        match &self.dev {
-            None => Ok(Cow::Borrowed(&self.params)),
-            Some(dev) => {
-                let mut out = zeros(self.plan.param_len, || "a host copy of the parameters".into())?;
-                dev.download(&mut out)?;
-                Ok(Cow::Owned(out))
-            }
-        }
+        self.flat(Flat::Params)
     }
 
     /// All parameters, flat and writable, for a model on the CPU (on a GPU: an error; use
@@ -157,40 +157,54 @@ impl Model {
     /// Replaces every parameter, on any device. A NaN or infinite value is an
     /// [`Error::NonFinite`]; nothing is written on error.
     pub fn set_parameters(&mut self, values: &[f32]) -> Result<()> {
-        if values.len() != self.plan.param_len {
-            return Err(Error::Shape(format!("{} parameter values for a model of {}", values.len(), self.plan.param_len)));
-        }
-        check_finite(values, "parameters")?;
-        match &mut self.dev {
-            None => self.params.copy_from_slice(values),
-            Some(dev) => dev.upload(values)?,
-        }
-        Ok(())
+        self.set_flat(Flat::Params, values)
     }
 
     /// All buffers (values of the model that are not trained, such as running statistics), flat
     /// in the plan's layout: borrowed on the CPU, copied from a GPU (after its queued steps).
     pub fn buffers(&self) -> Result<Cow<'_, [f32]>> {
-        match &self.dev {
-            None => Ok(Cow::Borrowed(&self.buffers)),
-            Some(dev) => {
-                let mut out = zeros(self.plan.buffer_len, || "a host copy of the buffers".into())?;
-                dev.download_buffers(&mut out)?;
-                Ok(Cow::Owned(out))
-            }
-        }
+        self.flat(Flat::Buffers)
     }
 
     /// Replaces every buffer value, on any device, as [`Model::set_parameters`] does the
     /// parameters.
     pub(crate) fn set_buffers(&mut self, values: &[f32]) -> Result<()> {
-        if values.len() != self.plan.buffer_len {
-            return Err(Error::Shape(format!("{} buffer values for a model of {}", values.len(), self.plan.buffer_len)));
+        self.set_flat(Flat::Buffers, values)
+    }
+
+    /// The parameters or the buffers: borrowed on the CPU, copied from a GPU.
+    fn flat(&self, which: Flat) -> Result<Cow<'_, [f32]>> {
+        let (host, len, what) = match which {
+            Flat::Params => (&self.params, self.plan.param_len, "parameters"),
+            Flat::Buffers => (&self.buffers, self.plan.buffer_len, "buffers"),
+        };
+        match &self.dev {
+            None => Ok(Cow::Borrowed(host)),
+            Some(dev) => {
+                let mut out = zeros(len, || format!("a host copy of the {what}"))?;
+                match which {
+                    Flat::Params => dev.download(&mut out)?,
+                    Flat::Buffers => dev.download_buffers(&mut out)?,
+                }
+                Ok(Cow::Owned(out))
+            }
         }
-        check_finite(values, "buffers")?;
-        match &mut self.dev {
-            None => self.buffers.copy_from_slice(values),
-            Some(dev) => dev.upload_buffers(values)?,
+    }
+
+    /// The parameters or the buffers replaced by `values`, checked first (length, finite).
+    fn set_flat(&mut self, which: Flat, values: &[f32]) -> Result<()> {
+        let (host, len, (one, what)) = match which {
+            Flat::Params => (&mut self.params, self.plan.param_len, ("parameter", "parameters")),
+            Flat::Buffers => (&mut self.buffers, self.plan.buffer_len, ("buffer", "buffers")),
+        };
+        if values.len() != len {
+            return Err(Error::Shape(format!("{} {one} values for a model of {len}", values.len())));
+        }
+        check_finite(values, what)?;
+        match (&mut self.dev, which) {
+            (None, _) => host.copy_from_slice(values),
+            (Some(dev), Flat::Params) => dev.upload(values)?,
+            (Some(dev), Flat::Buffers) => dev.upload_buffers(values)?,
         }
         Ok(())
     }
