@@ -14,9 +14,25 @@ struct Runs {
     oh: usize,
     ow: usize,
     wp: usize,
+    /// The CPU has AVX2 and FMA and the runs are at least 8 long: copied 8 lanes at a time
+    /// (decided once per lowering, not once per row).
+    #[cfg(target_arch = "x86_64")]
+    lanes8: bool,
 }
 
 impl Runs {
+    fn new(oh: usize, ow: usize, wp: usize) -> Runs {
+        #[cfg(target_arch = "x86_64")]
+        let lanes8 = ow >= 8 && crate::cpu::has_avx2_fma();
+        Runs {
+            oh,
+            ow,
+            wp,
+            #[cfg(target_arch = "x86_64")]
+            lanes8,
+        }
+    }
+
     /// Panics unless every run lies inside both slices.
     fn check(self, col_row: usize, plane: usize, start: usize) {
         assert!(col_row >= self.oh * self.ow, "lowered row too short");
@@ -28,8 +44,8 @@ impl Runs {
 fn copy_runs(r: Runs, col_row: &mut [f32], plane: &[f32], start: usize) {
     r.check(col_row.len(), plane.len(), start);
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
-        // SAFETY: extents checked above; AVX2 present.
+    if r.lanes8 {
+        // SAFETY: extents checked above; AVX2 present (`lanes8`).
         return unsafe { avx2::copy_runs(r, col_row.as_mut_ptr(), plane[start..].as_ptr()) };
     }
     for (y, out) in col_row.chunks_exact_mut(r.ow).take(r.oh).enumerate() {
@@ -41,8 +57,8 @@ fn copy_runs(r: Runs, col_row: &mut [f32], plane: &[f32], start: usize) {
 fn add_runs(r: Runs, plane: &mut [f32], start: usize, col_row: &[f32]) {
     r.check(col_row.len(), plane.len(), start);
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
-        // SAFETY: extents checked above; AVX2 present.
+    if r.lanes8 {
+        // SAFETY: extents checked above; AVX2 present (`lanes8`).
         return unsafe { avx2::add_runs(r, plane[start..].as_mut_ptr(), col_row.as_ptr()) };
     }
     for (y, run) in col_row.chunks_exact(r.ow).take(r.oh).enumerate() {
@@ -123,13 +139,14 @@ pub(crate) fn im2col(g: &Geometry, x: &[f32], scratch: &mut [f32]) {
     let ((hp, wp), (sh, sw)) = (g.padded_size(), g.stride);
     let (col, padded) = scratch.split_at_mut(g.lowered_len());
     let src = padded_input(g, x, padded);
+    let runs = Runs::new(g.out_height, ow, wp * sh);
     for c in 0..g.in_channels {
         let plane = &src[c * hp * wp..][..hp * wp];
         for i in 0..kh {
             for j in 0..kw {
                 let row = &mut col[((c * kh + i) * kw + j) * ohw..][..ohw];
                 if sw == 1 {
-                    copy_runs(Runs { oh: g.out_height, ow, wp: wp * sh }, row, plane, i * wp + j);
+                    copy_runs(runs, row, plane, i * wp + j);
                     continue;
                 }
                 for (y, out) in row.chunks_exact_mut(ow).enumerate() {
@@ -150,13 +167,14 @@ pub(crate) fn col2im(g: &Geometry, scratch: &mut [f32], dx: &mut [f32]) {
     let (dcol, padded) = scratch.split_at_mut(g.lowered_len());
     let acc = if g.padding == (0, 0) { &mut *dx } else { &mut padded[..g.padded_len()] };
     acc.fill(0.0);
+    let runs = Runs::new(g.out_height, ow, wp * sh);
     for c in 0..g.in_channels {
         let plane = &mut acc[c * hp * wp..][..hp * wp];
         for i in 0..kh {
             for j in 0..kw {
                 let row = &dcol[((c * kh + i) * kw + j) * ohw..][..ohw];
                 if sw == 1 {
-                    add_runs(Runs { oh: g.out_height, ow, wp: wp * sh }, plane, i * wp + j, row);
+                    add_runs(runs, plane, i * wp + j, row);
                     continue;
                 }
                 for (y, run) in row.chunks_exact(ow).enumerate() {
