@@ -17,9 +17,9 @@ fn macs(model: &Model) -> (u64, u64) {
     let (mut forward, mut dx) = (0u64, 0u64);
     for (i, step) in model.plan().steps.iter().enumerate() {
         let m = match step.layer {
-            Layer::Dense { .. } => step.weight_len() as u64,
-            Layer::Conv { out_channels, .. } => (step.weight_len() / out_channels * step.output.len()) as u64,
-            _ => 0,
+            Layer::Dense(_) => step.weight_len() as u64,
+            Layer::Conv(conv) => (step.weight_len() / conv.out_channels * step.output.len()) as u64,
+            Layer::MaxPool(_) | Layer::Flatten(_) => 0,
         };
         forward += m;
         if i > 0 && m > 0 {

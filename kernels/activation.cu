@@ -1,7 +1,10 @@
-// Bias and activation (src/activation.rs, src/layers/mod.rs). Activation ids, as
-// act_code() in src/cuda/ops.rs: 0 identity, 1 relu, 2 leaky_relu(slope), 3 tanh, 4 sigmoid,
-// 5 gelu. GELU uses the same erf fit as the CPU (Numerical Recipes, |error| < 1.2e-7), so the
-// two agree to rounding rather than to the fit's error.
+// Bias and activation (src/activation.rs, src/layers/mod.rs). Each activation `<name>` of the
+// Rust enum has two device functions here, act_apply_<name>(p, z) and act_derivative_<name>(p, z,
+// y) (p: its parameter, leaky ReLU's slope; y = act(z)); the prelude generated from the enum
+// (src/cuda/context.rs) defines ACT_<NAME> as its id and ACT_APPLY_SWITCH / ACT_DERIVATIVE_SWITCH,
+// which call them, so an activation with no functions here does not compile. GELU uses the same
+// erf fit as the CPU (Numerical Recipes, |error| < 1.2e-7), so the two agree to rounding rather
+// than to the fit's error.
 
 __device__ __forceinline__ float nr_erf(float x) {
     float z = x < 0.0f ? -x : x;
@@ -26,27 +29,35 @@ __device__ __forceinline__ float normal_cdf(float z) {
     return 0.5f * (1.0f + nr_erf(z * 0.70710678118654752f));
 }
 
+__device__ __forceinline__ float act_apply_identity(float p, float z) { return z; }
+__device__ __forceinline__ float act_derivative_identity(float p, float z, float y) { return 1.0f; }
+
+__device__ __forceinline__ float act_apply_relu(float p, float z) { return fmaxf(z, 0.0f); }
+__device__ __forceinline__ float act_derivative_relu(float p, float z, float y) { return z > 0.0f ? 1.0f : 0.0f; }
+
+__device__ __forceinline__ float act_apply_leaky_relu(float p, float z) { return z > 0.0f ? z : p * z; }
+__device__ __forceinline__ float act_derivative_leaky_relu(float p, float z, float y) { return z > 0.0f ? 1.0f : p; }
+
+__device__ __forceinline__ float act_apply_tanh(float p, float z) { return tanhf(z); }
+__device__ __forceinline__ float act_derivative_tanh(float p, float z, float y) { return 1.0f - y * y; }
+
+__device__ __forceinline__ float act_apply_sigmoid(float p, float z) { return 1.0f / (1.0f + expf(-z)); }
+__device__ __forceinline__ float act_derivative_sigmoid(float p, float z, float y) { return y * (1.0f - y); }
+
+// d/dz z·Φ(z) = Φ(z) + z·φ(z)
+__device__ __forceinline__ float act_apply_gelu(float p, float z) { return z * normal_cdf(z); }
+__device__ __forceinline__ float act_derivative_gelu(float p, float z, float y) {
+    return normal_cdf(z) + z * 0.3989422804014327f * expf(-(z * z) * 0.5f);
+}
+
+// y = act(z), act an ACT_ id and slope its parameter
 __device__ __forceinline__ float act_apply(int act, float slope, float z) {
-    switch (act) {
-        case 1: return fmaxf(z, 0.0f);
-        case 2: return z > 0.0f ? z : slope * z;
-        case 3: return tanhf(z);
-        case 4: return 1.0f / (1.0f + expf(-z));
-        case 5: return z * normal_cdf(z);
-        default: return z;
-    }
+    ACT_APPLY_SWITCH(act, slope, z)
 }
 
 // d act / dz at z, given y = act(z)
 __device__ __forceinline__ float act_derivative(int act, float slope, float z, float y) {
-    switch (act) {
-        case 1: return z > 0.0f ? 1.0f : 0.0f;
-        case 2: return z > 0.0f ? 1.0f : slope;
-        case 3: return 1.0f - y * y;
-        case 4: return y * (1.0f - y);
-        case 5: return normal_cdf(z) + z * 0.3989422804014327f * expf(-(z * z) * 0.5f);
-        default: return 1.0f;
-    }
+    ACT_DERIVATIVE_SWITCH(act, slope, z, y)
 }
 
 // z[s, c, p] += bias[c] over n = batch·channels·pixels values; then y = act(z) unless y is

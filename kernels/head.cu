@@ -235,11 +235,11 @@ __device__ __forceinline__ double head_last(const HeadLane& l, const float* xs, 
     float sum = strided_dot(xs, wj, out ? part : k, parts, k);
     for (int d = parts / 2; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
     float zj = sum + bsm[out ? jl : 0];
-    float yj = act != 0 ? act_apply(act, slope, zj) : zj;
+    float yj = act != ACT_IDENTITY ? act_apply(act, slope, zj) : zj;
     long long o = (long long)s * n + jl;
     if (leader && writes) {
         acts[z + o] = zj;
-        if (act != 0) acts[y + o] = yj;
+        if (act != ACT_IDENTITY) acts[y + o] = yj;
     }
     // the loss gradient dy_j, and the loss's term (lane 0 for cross-entropy: one a sample)
     float dyj;
@@ -262,10 +262,10 @@ __device__ __forceinline__ double head_last(const HeadLane& l, const float* xs, 
         term = (double)d * (double)d;
         dyj = grad_scale * d;
     }
-    float dzj = act != 0 ? dyj * act_derivative(act, slope, zj, yj) : dyj;
+    float dzj = act != ACT_IDENTITY ? dyj * act_derivative(act, slope, zj, yj) : dyj;
     if (leader) {
         if (writes) {
-            if (act != 0) dacts[y + o] = dyj;
+            if (act != ACT_IDENTITY) dacts[y + o] = dyj;
             dacts[z + o] = dzj;
         }
         dz_row[jl] = dzj;
@@ -322,7 +322,7 @@ __device__ __forceinline__ void dense_head_impl(HEAD_PARAMS) {
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
         // src/cuda/head.rs sizes the launch, and gives a deep head the layer before's z (prev_z)
         // when it has an activation: a mismatch is a bug
-        if (4u * (unsigned)(rows - head_smem + UNITS * row) > have || (deep && act0 != 0 && prev_z < 0)) asm volatile("trap;");
+        if (4u * (unsigned)(rows - head_smem + UNITS * row) > have || (deep && act0 != ACT_IDENTITY && prev_z < 0)) asm volatile("trap;");
     }
     head_stage(wsm, bsm, params + w, params + b, n, k);
     if (deep) head_stage_inner(w0sm, b0sm, params + w0, params + b0, k, k0);

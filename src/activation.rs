@@ -3,21 +3,53 @@
 use crate::cpu::vmath;
 use crate::float::Float;
 
-/// An activation applied after a Dense or Conv layer.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Activation {
+/// Defines [`Activation`] from one list, and what follows from the list alone: every kind
+/// (`Activation::ALL`, each with its parameter at 0), each kind's name (model files write it,
+/// with `:` and the parameter where it takes one; the CUDA sources define `act_apply_<name>` and
+/// `act_derivative_<name>` for it) and its id on the GPU, its place in the list.
+macro_rules! activations {
+    (@zero $param:ident) => { 0.0 };
+    (@ty $param:ident) => { f32 };
+    ($( $(#[$doc:meta])* $kind:ident $(($param:ident))? = $name:literal, )*) => {
+        /// An activation applied after a Dense or Conv layer.
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub enum Activation {
+            $( $(#[$doc])* $kind $((activations!(@ty $param)))?, )*
+        }
+
+        impl Activation {
+            /// Every kind, in the order of their GPU ids, each with its parameter at 0.
+            pub(crate) const ALL: &[Activation] = &[ $( Activation::$kind $((activations!(@zero $param)))?, )* ];
+
+            /// The kind's name: `"relu"`, `"leaky_relu"`.
+            pub(crate) fn kind_name(self) -> &'static str {
+                match self { $( Activation::$kind { .. } => $name, )* }
+            }
+
+            /// The kind's id in the CUDA sources (`ACT_<NAME>`, `cuda::context`'s prelude): its
+            /// place in [`Activation::ALL`].
+            #[cfg(feature = "cuda")]
+            pub(crate) fn gpu_id(self) -> i32 {
+                enum Id { $( $kind, )* }
+                match self { $( Activation::$kind { .. } => Id::$kind as i32, )* }
+            }
+        }
+    };
+}
+
+activations! {
     /// y = z
-    Identity,
+    Identity = "identity",
     /// y = max(0, z)
-    Relu,
+    Relu = "relu",
     /// y = z for z > 0, else slope·z (PyTorch's default slope is 0.01)
-    LeakyRelu(f32),
+    LeakyRelu(slope) = "leaky_relu",
     /// y = tanh(z)
-    Tanh,
+    Tanh = "tanh",
     /// y = 1 / (1 + e^−z)
-    Sigmoid,
+    Sigmoid = "sigmoid",
     /// y = z·Φ(z), Φ the standard normal CDF (PyTorch's exact `GELU()`, erf-based)
-    Gelu,
+    Gelu = "gelu",
 }
 
 pub use Activation::{Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
@@ -121,31 +153,48 @@ impl Activation {
         }
     }
 
+    /// Its parameter, where its kind takes one (leaky ReLU's slope).
+    pub(crate) fn param(self) -> Option<f32> {
+        match self {
+            LeakyRelu(slope) => Some(slope),
+            Identity | Relu | Tanh | Sigmoid | Gelu => None,
+        }
+    }
+
+    /// The same kind with parameter `value` (itself where the kind takes none).
+    pub(crate) fn with_param(self, value: f32) -> Activation {
+        match self {
+            LeakyRelu(_) => LeakyRelu(value),
+            Identity | Relu | Tanh | Sigmoid | Gelu => self,
+        }
+    }
+
+    /// Its id and parameter (0 where it takes none), as the CUDA kernels take them.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gpu_code(self) -> (i32, f32) {
+        (self.gpu_id(), self.param().unwrap_or(0.0))
+    }
+
     /// The name used in model files (`"relu"`, `"leaky_relu:0.01"`, …).
     pub fn name(self) -> String {
-        match self {
-            Identity => "identity".into(),
-            Relu => "relu".into(),
-            LeakyRelu(slope) => format!("leaky_relu:{slope}"),
-            Tanh => "tanh".into(),
-            Sigmoid => "sigmoid".into(),
-            Gelu => "gelu".into(),
+        match self.param() {
+            Some(value) => format!("{}:{value}", self.kind_name()),
+            None => self.kind_name().into(),
         }
     }
 
     /// Parses what [`Activation::name`] writes.
     pub fn from_name(name: &str) -> Option<Activation> {
-        Some(match name {
-            "identity" => Identity,
-            "relu" => Relu,
-            "tanh" => Tanh,
-            "sigmoid" => Sigmoid,
-            "gelu" => Gelu,
-            _ => {
-                let slope = name.strip_prefix("leaky_relu:")?.parse::<f32>().ok()?;
-                LeakyRelu(slope)
-            }
-        })
+        let (kind, value) = match name.split_once(':') {
+            Some((kind, value)) => (kind, Some(value.parse::<f32>().ok()?)),
+            None => (name, None),
+        };
+        let act = *Activation::ALL.iter().find(|a| a.kind_name() == kind)?;
+        match (act.param(), value) {
+            (Some(_), Some(value)) => Some(act.with_param(value)),
+            (None, None) => Some(act),
+            _ => None,
+        }
     }
 }
 
@@ -237,5 +286,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn every_kind_is_listed_once_and_parameters_are_named() {
+        let names: Vec<&str> = Activation::ALL.iter().map(|a| a.kind_name()).collect();
+        assert_eq!(names, ["identity", "relu", "leaky_relu", "tanh", "sigmoid", "gelu"]);
+        for a in Activation::ALL {
+            let with = a.with_param(0.25);
+            assert_eq!(Activation::from_name(&with.name()), Some(with), "{a:?}");
+            assert_eq!(with.param().is_some(), with != *a, "{a:?}");
+        }
+        for bad in ["leaky_relu", "leaky_relu:x", "relu:0.5", "", ":1"] {
+            assert_eq!(Activation::from_name(bad), None, "{bad:?}");
+        }
+        assert!(Activation::from_name("leaky_relu:NaN").is_some_and(|a| a.param().is_some_and(f32::is_nan)));
     }
 }

@@ -1,45 +1,40 @@
-//! The builder a user writes (`Chain::new(..).dense(..).build()`) and the plan it compiles to.
+//! The builder a user writes (`Chain::new(..).dense(..).build()`), and the shapes of samples.
+//! `build` compiles the chain to a [`Plan`] (src/plan.rs): every layer's shapes, tensors and
+//! buffer regions, computed once.
 //!
-//! The plan is computed once: every layer's input and output shape, its range in the flat
-//! parameter buffer, and where its pre-activation and output live in the activation buffer.
-//! Everything later reads the plan; nothing re-derives a shape.
+//! # Shapes
 //!
-//! Every size the plan derives (shapes, parameter ranges, activation regions, a convolution's
-//! scratch) is computed here with checked arithmetic and is at most `MAX_VALUES` (isize::MAX / 8), so the code
-//! that reads a plan multiplies and adds these sizes without checks. A size for a batch (a
-//! capacity times a per-sample size) is checked where a buffer for it is made (`batch_len`).
+//! A sample is laid out as PyTorch lays out one sample of a batch-first tensor: a vector of
+//! features; an image (C, H, W), channel-major; a sequence (steps, features), step-major, as
+//! PyTorch's recurrent layers take it with `batch_first=True` (`x[n, t, f]`).
+//!
+//! A 1-D convolution's input, PyTorch's `(N, C, L)`, is channel-major: the transpose of a
+//! sequence. It is to get a shape of its own, `Signal { channels, length }`, rather than be read
+//! as an `Image { channels, height: 1, width: length }`, so that summaries and errors name it as
+//! the user wrote it (`signal(1×256)`, not `image(1×1×256)`), 2-D layers refuse it, and a model
+//! that feeds a convolution over time into a recurrent layer states the transpose between them
+//! (as `x.transpose(1, 2)` does in PyTorch) instead of reading one layout as the other. Its
+//! kernels can still be the 2-D convolution's and max-pool's over a height of 1 (a
+//! `conv::Geometry` with kernel (1, k)): the shape is what the user sees and the plan checks, the
+//! memory is the same.
 
-use crate::activation::Activation;
-use crate::error::{Error, Result};
+use crate::error::Result;
+pub use crate::layers::conv::ConvOptions;
+pub use crate::layers::Layer;
 use crate::model::Model;
-use std::ops::Range;
+pub(crate) use crate::plan::{batch_len, fits};
+pub use crate::plan::{Fill, Plan, Step, Tensor};
 
-/// The most values any size a plan derives, or any buffer for a batch, may reach (about 2⁶⁰):
-/// that many f64 would already be more than `isize::MAX` bytes, the most one allocation can
-/// hold, so no model that could run is refused; and below it, byte counts, sums of two sizes
-/// and twice a size never overflow `usize`.
-pub(crate) const MAX_VALUES: usize = isize::MAX as usize / 8;
-
-/// `capacity × per_sample` values for a buffer of `what`, or an [`Error::Shape`] saying so when
-/// that is more than [`MAX_VALUES`] (or overflows).
-pub(crate) fn batch_len(capacity: usize, per_sample: usize, what: &str) -> Result<usize> {
-    capacity.checked_mul(per_sample).filter(|&n| n <= MAX_VALUES).ok_or_else(|| {
-        Error::Shape(format!("{what} for {capacity} samples of {per_sample} values each are more values than any buffer can hold"))
-    })
-}
-
-/// `n` if it is at most [`MAX_VALUES`].
-fn fits(n: Option<usize>) -> Option<usize> {
-    n.filter(|&n| n <= MAX_VALUES)
-}
-
-/// The shape of one sample. Images are stored channel-major (C, H, W), as PyTorch does.
+/// The shape of one sample, batch-first as PyTorch lays it out: images channel-major (C, H, W),
+/// sequences step-major (steps, features).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shape {
     /// A vector of `n` features.
     Vector(usize),
     /// An image of `channels × height × width`.
     Image { channels: usize, height: usize, width: usize },
+    /// A sequence of `steps` time steps of `features` values each, step-major.
+    Sequence { steps: usize, features: usize },
 }
 
 impl Shape {
@@ -54,6 +49,12 @@ impl Shape {
         Shape::Image { channels, height, width }
     }
 
+    /// A sequence input of `steps` time steps of `features` values each, step-major, as
+    /// PyTorch's recurrent layers take one sample with `batch_first=True`.
+    pub fn sequence(steps: usize, features: usize) -> Shape {
+        Shape::Sequence { steps, features }
+    }
+
     /// Number of f32 values per sample, or `usize::MAX` where that product does not fit in
     /// `usize` (a shape [`Plan::new`] refuses: every shape of a plan has its exact length).
     pub fn len(self) -> usize {
@@ -61,6 +62,7 @@ impl Shape {
             Shape::Vector(n) => n,
             // min(C·H·W, usize::MAX): once saturated, a zero factor still gives 0
             Shape::Image { channels, height, width } => channels.saturating_mul(height).saturating_mul(width),
+            Shape::Sequence { steps, features } => steps.saturating_mul(features),
         }
     }
 
@@ -75,48 +77,13 @@ impl std::fmt::Display for Shape {
         match self {
             Shape::Vector(n) => write!(f, "vector({n})"),
             Shape::Image { channels, height, width } => write!(f, "image({channels}×{height}×{width})"),
+            Shape::Sequence { steps, features } => write!(f, "sequence({steps}×{features})"),
         }
     }
 }
 
 /// The model's input; an alias of [`Shape`] for the builder's vocabulary.
 pub type Input = Shape;
-
-/// One layer as the user specified it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Layer {
-    /// y = act(W·x + b), W (out_features, in_features).
-    Dense { out_features: usize, activation: Activation },
-    /// 2-D cross-correlation, W (out_channels, in_channels, kh, kw), then act.
-    Conv { out_channels: usize, kernel: (usize, usize), stride: (usize, usize), padding: (usize, usize), activation: Activation },
-    /// Max over each `window`, moved by `stride`, no padding.
-    MaxPool { window: (usize, usize), stride: (usize, usize) },
-    /// Image (C, H, W) → vector (C·H·W), in that order; no data moves.
-    Flatten,
-}
-
-impl Layer {
-    /// The layer's activation, if it has one.
-    pub fn activation(&self) -> Activation {
-        match *self {
-            Layer::Dense { activation, .. } | Layer::Conv { activation, .. } => activation,
-            _ => Activation::Identity,
-        }
-    }
-}
-
-/// Options of a convolution beyond its output channels, kernel and activation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConvOptions {
-    pub stride: (usize, usize),
-    pub padding: (usize, usize),
-}
-
-impl Default for ConvOptions {
-    fn default() -> Self {
-        ConvOptions { stride: (1, 1), padding: (0, 0) }
-    }
-}
 
 /// A list of layers from an input shape; [`Chain::build`] checks it and makes a [`Model`].
 #[derive(Clone, Debug)]
@@ -137,345 +104,9 @@ impl Chain {
         self
     }
 
-    /// Dense layer with `out_features` outputs.
-    pub fn dense(self, out_features: usize, activation: Activation) -> Chain {
-        self.layer(Layer::Dense { out_features, activation })
-    }
-
-    /// Convolution with stride 1 and no padding.
-    pub fn conv(self, out_channels: usize, kernel: (usize, usize), activation: Activation) -> Chain {
-        self.conv_with(out_channels, kernel, activation, ConvOptions::default())
-    }
-
-    /// Convolution with explicit stride and zero padding.
-    pub fn conv_with(self, out_channels: usize, kernel: (usize, usize), activation: Activation, options: ConvOptions) -> Chain {
-        let ConvOptions { stride, padding } = options;
-        self.layer(Layer::Conv { out_channels, kernel, stride, padding, activation })
-    }
-
-    /// Max-pool with stride equal to the window.
-    pub fn max_pool(self, window: (usize, usize)) -> Chain {
-        self.max_pool_with(window, window)
-    }
-
-    /// Max-pool with an explicit stride.
-    pub fn max_pool_with(self, window: (usize, usize), stride: (usize, usize)) -> Chain {
-        self.layer(Layer::MaxPool { window, stride })
-    }
-
-    /// Image → vector.
-    pub fn flatten(self) -> Chain {
-        self.layer(Layer::Flatten)
-    }
-
     /// Infers and checks every shape and lays out the buffers. Parameters start at zero: call
-    /// [`Model::init`]. A mismatch is an [`Error::Shape`] naming the layer index and the shapes.
+    /// [`Model::init`]. A mismatch is an [`Error::Shape`](crate::Error::Shape) naming the layer index and the shapes.
     pub fn build(self) -> Result<Model> {
         Model::from_plan(Plan::new(self.input, &self.layers)?)
-    }
-}
-
-/// A layer with everything the engine needs to run it, computed once by [`Plan::new`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Step {
-    pub layer: Layer,
-    pub input: Shape,
-    pub output: Shape,
-    /// Weight then bias, in the flat parameter buffer (empty for pools and flatten).
-    pub params: Range<usize>,
-    /// Activation-buffer region of the input, the pre-activation z, and the output y.
-    /// `z == output` when the layer has no activation (or no parameters).
-    pub input_region: usize,
-    pub z_region: usize,
-    pub output_region: usize,
-    /// The dense or conv step whose activated output (z ≠ y) is this step's input, if any: the
-    /// input gradient of this step times that activation's derivative is that step's dz.
-    pub activated_input: Option<usize>,
-}
-
-impl Step {
-    /// Number of weights (the bias follows them in `params`): the parameter range less the
-    /// bias, so no product is recomputed (`Plan::new` computed it, checked).
-    pub fn weight_len(&self) -> usize {
-        self.params.len().saturating_sub(bias_len(&self.layer))
-    }
-
-    /// Parameter ranges of the weight and the bias.
-    pub fn weight_and_bias(&self) -> (Range<usize>, Range<usize>) {
-        let split = self.params.start + self.weight_len();
-        (self.params.start..split, split..self.params.end)
-    }
-}
-
-/// The compiled chain: steps, parameter count and the per-sample layout of activations.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Plan {
-    pub input: Shape,
-    pub steps: Vec<Step>,
-    pub param_len: usize,
-    /// Per-sample length of each activation region; region r holds `capacity × len` values.
-    pub regions: Vec<usize>,
-}
-
-impl Plan {
-    /// Shape inference and checks; see [`Chain::build`]. A size that does not fit (more
-    /// than isize::MAX / 8 values, or overflowing) is an [`Error::Shape`] naming the layer.
-    pub fn new(input: Shape, layers: &[Layer]) -> Result<Plan> {
-        if input.is_empty() {
-            return Err(Error::Shape(format!("the input {input} has no values")));
-        }
-        if input.len() > MAX_VALUES {
-            return Err(Error::Shape(format!("the input {input} has more values than any buffer can hold")));
-        }
-        if layers.is_empty() {
-            return Err(Error::Shape("the chain has no layers".into()));
-        }
-        let mut regions = vec![input.len()];
-        let mut steps = Vec::with_capacity(layers.len());
-        // `acts`: the values of one sample's activations so far (the sum of `regions`)
-        let (mut shape, mut region, mut param_len, mut acts) = (input, 0usize, 0usize, input.len());
-        let mut activated = None;
-        for (index, layer) in layers.iter().enumerate() {
-            let too_large = |what: &str| {
-                Error::Shape(format!("layer {index} ({layer:?}) with input {shape}: {what} more values than any buffer can hold"))
-            };
-            let output = output_shape(index, layer, shape)?;
-            if output.len() > MAX_VALUES {
-                return Err(too_large(&format!("its output {output} has")));
-            }
-            let n_params = fits(param_count(layer, shape)).ok_or_else(|| too_large("its parameters are"))?;
-            let params_end = fits(param_len.checked_add(n_params)).ok_or_else(|| too_large("the parameters up to it are"))?;
-            let mut step = Step {
-                layer: *layer,
-                input: shape,
-                output,
-                params: param_len..params_end,
-                input_region: region,
-                z_region: region,
-                output_region: region,
-                activated_input: activated,
-            };
-            param_len = params_end;
-            if *layer != Layer::Flatten {
-                let new_regions = if layer.activation() == Activation::Identity { 1 } else { 2 };
-                acts = fits(output.len().checked_mul(new_regions).and_then(|n| n.checked_add(acts)))
-                    .ok_or_else(|| too_large("one sample's activations up to it are"))?;
-                if layer.activation() != Activation::Identity {
-                    regions.push(output.len());
-                    step.z_region = regions.len() - 1;
-                }
-                regions.push(output.len());
-                step.output_region = regions.len() - 1;
-                if layer.activation() == Activation::Identity {
-                    step.z_region = step.output_region;
-                }
-                // (a flatten step keeps its input region, and so the step that activated it)
-                activated = (step.z_region != step.output_region).then_some(index);
-            }
-            (shape, region) = (output, step.output_region);
-            steps.push(step);
-        }
-        Ok(Plan { input, steps, param_len, regions })
-    }
-
-    /// The model's output shape.
-    pub fn output(&self) -> Shape {
-        self.steps.last().map_or(self.input, |s| s.output)
-    }
-
-    /// Offset of region `r` in an activation buffer of `capacity` samples. The buffer exists,
-    /// so `acts_len(capacity)` was Ok: the offset is at most that, and nothing overflows.
-    pub(crate) fn region_offset(&self, r: usize, capacity: usize) -> usize {
-        debug_assert!(self.acts_len(capacity).is_ok(), "no activation buffer holds {capacity} samples");
-        self.regions[..r].iter().sum::<usize>() * capacity
-    }
-
-    /// Total activation-buffer length for `capacity` samples; an [`Error::Shape`] if that is
-    /// more values than any buffer can hold.
-    pub fn acts_len(&self, capacity: usize) -> Result<usize> {
-        let per_sample = self.regions.iter().try_fold(0usize, |sum, &r| sum.checked_add(r)).unwrap_or(usize::MAX);
-        batch_len(capacity, per_sample, "activations")
-    }
-}
-
-/// Weights and biases of `layer` on `input`, checked (None when the count overflows).
-fn param_count(layer: &Layer, input: Shape) -> Option<usize> {
-    let weights = match (*layer, input) {
-        (Layer::Dense { out_features, .. }, _) => out_features.checked_mul(input.len()),
-        (Layer::Conv { out_channels, kernel, .. }, Shape::Image { channels, .. }) => {
-            out_channels.checked_mul(channels)?.checked_mul(kernel.0)?.checked_mul(kernel.1)
-        }
-        _ => Some(0),
-    };
-    weights?.checked_add(bias_len(layer))
-}
-
-/// Values a convolution lowers one sample into, an upper bound of both devices' scratch:
-/// C·kh·kw × OH·OW (the lowered sample), then C·(H + 2·ph)·(W + 2·pw) (the padded input copy
-/// of `conv::Geometry::col_len`). None when that overflows.
-fn conv_scratch(channels: usize, kernel: (usize, usize), output: (usize, usize), padded: (usize, usize)) -> Option<usize> {
-    let lowered = channels.checked_mul(kernel.0)?.checked_mul(kernel.1)?.checked_mul(output.0)?.checked_mul(output.1)?;
-    let padded = channels.checked_mul(padded.0)?.checked_mul(padded.1)?;
-    lowered.checked_add(padded)
-}
-
-fn bias_len(layer: &Layer) -> usize {
-    match *layer {
-        Layer::Dense { out_features, .. } => out_features,
-        Layer::Conv { out_channels, .. } => out_channels,
-        _ => 0,
-    }
-}
-
-fn output_shape(index: usize, layer: &Layer, input: Shape) -> Result<Shape> {
-    let err = |what: String| Err(Error::Shape(format!("layer {index} ({layer:?}) with input {input}: {what}")));
-    if let Activation::LeakyRelu(slope) = layer.activation() {
-        if !slope.is_finite() {
-            return err(format!("the leaky ReLU slope {slope} is not a finite number"));
-        }
-    }
-    match (*layer, input) {
-        (Layer::Dense { out_features, .. }, Shape::Vector(_)) => {
-            if out_features == 0 {
-                return err("a Dense layer needs at least one output".into());
-            }
-            Ok(Shape::Vector(out_features))
-        }
-        (Layer::Dense { .. }, Shape::Image { .. }) => err("a Dense layer needs a vector input: add .flatten() before it".into()),
-        (Layer::Conv { out_channels, kernel, stride, padding, .. }, Shape::Image { channels, height, width }) => {
-            if out_channels == 0 || kernel.0 == 0 || kernel.1 == 0 || stride.0 == 0 || stride.1 == 0 {
-                return err("output channels, kernel and stride must be at least 1".into());
-            }
-            let padded = |n: usize, p: usize| p.checked_mul(2).and_then(|p| p.checked_add(n));
-            let (Some(ph), Some(pw)) = (padded(height, padding.0), padded(width, padding.1)) else {
-                return err("the padded input's size overflows".into());
-            };
-            if kernel.0 > ph || kernel.1 > pw {
-                return err(format!("kernel {}×{} is larger than the padded input {ph}×{pw}", kernel.0, kernel.1));
-            }
-            if padding.0 >= kernel.0 || padding.1 >= kernel.1 {
-                return err("padding must be smaller than the kernel".into());
-            }
-            let (oh, ow) = ((ph - kernel.0) / stride.0 + 1, (pw - kernel.1) / stride.1 + 1);
-            if fits(conv_scratch(channels, kernel, (oh, ow), (ph, pw))).is_none() {
-                return err("lowering one sample takes more values than any buffer can hold".into());
-            }
-            Ok(Shape::Image { channels: out_channels, height: oh, width: ow })
-        }
-        (Layer::MaxPool { window, stride }, Shape::Image { channels, height, width }) => {
-            if window.0 == 0 || window.1 == 0 || stride.0 == 0 || stride.1 == 0 {
-                return err("window and stride must be at least 1".into());
-            }
-            if window.0 > height || window.1 > width {
-                return err(format!("window {}×{} is larger than the input {height}×{width}", window.0, window.1));
-            }
-            Ok(Shape::Image { channels, height: (height - window.0) / stride.0 + 1, width: (width - window.1) / stride.1 + 1 })
-        }
-        (Layer::Conv { .. } | Layer::MaxPool { .. }, Shape::Vector(_)) => err("needs an image input".into()),
-        (Layer::Flatten, Shape::Image { .. }) => Ok(Shape::Vector(input.len())),
-        (Layer::Flatten, Shape::Vector(_)) => err("the input is already a vector".into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::activation::*;
-
-    #[test]
-    fn lenet_shapes_and_layout() {
-        let plan = Plan::new(
-            Shape::image(1, 28, 28),
-            &[
-                Layer::Conv { out_channels: 6, kernel: (5, 5), stride: (1, 1), padding: (2, 2), activation: Relu },
-                Layer::MaxPool { window: (2, 2), stride: (2, 2) },
-                Layer::Conv { out_channels: 16, kernel: (5, 5), stride: (1, 1), padding: (0, 0), activation: Relu },
-                Layer::MaxPool { window: (2, 2), stride: (2, 2) },
-                Layer::Flatten,
-                Layer::Dense { out_features: 120, activation: Relu },
-                Layer::Dense { out_features: 10, activation: Identity },
-            ],
-        )
-        .unwrap();
-        let outs: Vec<Shape> = plan.steps.iter().map(|s| s.output).collect();
-        assert_eq!(outs[0], Shape::image(6, 28, 28));
-        assert_eq!(outs[1], Shape::image(6, 14, 14));
-        assert_eq!(outs[2], Shape::image(16, 10, 10));
-        assert_eq!(outs[3], Shape::image(16, 5, 5));
-        assert_eq!(outs[4], Shape::Vector(400));
-        assert_eq!(plan.param_len, (6 * 25 + 6) + (16 * 6 * 25 + 16) + (120 * 400 + 120) + (10 * 120 + 10));
-        // flatten aliases its input region; identity layers have z == y
-        assert_eq!(plan.steps[4].output_region, plan.steps[3].output_region);
-        assert_eq!(plan.steps[6].z_region, plan.steps[6].output_region);
-        assert_ne!(plan.steps[5].z_region, plan.steps[5].output_region);
-        assert_eq!(plan.steps[0].weight_and_bias(), (0..150, 150..156));
-        // each step's input came from an activated step: conv → pool, dense 120 → dense 10
-        let activated: Vec<Option<usize>> = plan.steps.iter().map(|s| s.activated_input).collect();
-        assert_eq!(activated, [None, Some(0), None, Some(2), None, None, Some(5)]);
-    }
-
-    #[test]
-    fn mismatches_name_the_layer_and_shapes() {
-        let cases: Vec<(Shape, Vec<Layer>, &str)> = vec![
-            (Shape::image(1, 8, 8), vec![Layer::Dense { out_features: 3, activation: Relu }], "layer 0"),
-            (Shape::vector(4), vec![Layer::Flatten], "already a vector"),
-            (Shape::image(1, 4, 4), vec![Layer::MaxPool { window: (5, 5), stride: (5, 5) }], "larger than the input 4×4"),
-            (Shape::image(1, 4, 4), vec![Layer::Flatten, Layer::Dense { out_features: 0, activation: Relu }], "layer 1"),
-            (Shape::vector(0), vec![Layer::Dense { out_features: 1, activation: Relu }], "no values"),
-            (Shape::vector(3), vec![], "no layers"),
-            (
-                Shape::image(1, 3, 3),
-                vec![Layer::Conv { out_channels: 1, kernel: (4, 4), stride: (1, 1), padding: (0, 0), activation: Relu }],
-                "kernel 4×4",
-            ),
-            (Shape::vector(3), vec![Layer::MaxPool { window: (1, 1), stride: (1, 1) }], "image input"),
-            (Shape::vector(3), vec![Layer::Dense { out_features: 2, activation: LeakyRelu(f32::NAN) }], "slope NaN"),
-        ];
-        for (input, layers, needle) in cases {
-            match Plan::new(input, &layers) {
-                Err(Error::Shape(msg)) => assert!(msg.contains(needle), "{msg:?} lacks {needle:?}"),
-                other => panic!("expected a shape error for {layers:?}, got {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn sizes_that_overflow_are_refused_naming_the_layer() {
-        let dense = |out_features| Layer::Dense { out_features, activation: Relu };
-        let conv = |out_channels, kernel, padding| Layer::Conv { out_channels, kernel, stride: (1, 1), padding, activation: Identity };
-        let huge = 1usize << 62;
-        let cases: Vec<(Shape, Vec<Layer>, &str)> = vec![
-            // (2⁶³ + 1)·1·2 wrapped to 2 values in release builds
-            (Shape::image((1 << 63) + 1, 1, 2), vec![Layer::Flatten], "the input image(9223372036854775809×1×2) has more values"),
-            (Shape::vector(usize::MAX), vec![dense(1)], "the input vector"),
-            (Shape::vector(1 << 32), vec![dense(1 << 32)], "layer 0 (Dense { out_features: 4294967296, activation: Relu }) with input vector(4294967296): its parameters are"),
-            (Shape::vector(3), vec![dense(huge)], "layer 0 (Dense { out_features: 4611686018427387904, activation: Relu }) with input vector(3): its output vector(4611686018427387904) has"),
-            (Shape::vector(1 << 30), vec![dense(1 << 29), dense(1 << 31)], "layer 1 (Dense"),
-            (
-                Shape::image(1, 1 << 29, 1 << 30),
-                vec![Layer::MaxPool { window: (1, 1), stride: (1, 1) }],
-                "layer 0 (MaxPool { window: (1, 1), stride: (1, 1) }) with input image(1×536870912×1073741824): one sample's activations up to it are",
-            ),
-            (Shape::image(1, 2, 2), vec![conv(1, (1, 1), (usize::MAX / 2, 0))], "layer 0 (Conv"),
-            (Shape::image(1, 2, 2), vec![conv(1, (1, 1), (usize::MAX / 2, 0))], "the padded input's size overflows"),
-            (Shape::image(1 << 20, 1 << 10, 1 << 10), vec![conv(1 << 30, (1 << 10, 1 << 10), (0, 0))], "its parameters are"),
-            (Shape::image(1 << 12, 1 << 14, 1 << 14), vec![conv(1, (1 << 10, 1 << 10), (1 << 9, 1 << 9))], "lowering one sample takes"),
-            (Shape::image(1, 1 << 29, 1 << 29), vec![conv(1 << 31, (1, 1), (0, 0))], "its output image(2147483648×536870912×536870912) has"),
-        ];
-        for (input, layers, needle) in cases {
-            match Plan::new(input, &layers) {
-                Err(Error::Shape(msg)) => assert!(msg.contains(needle), "{msg:?} lacks {needle:?}"),
-                other => panic!("expected a shape error for {input} {layers:?}, got {other:?}"),
-            }
-        }
-        // a plan's sizes fit, and so do its batch buffers up to MAX_VALUES values, no further
-        let plan = Plan::new(Shape::vector(4), &[dense(5), Layer::Dense { out_features: 3, activation: Identity }]).unwrap();
-        assert_eq!(plan.acts_len(2).unwrap(), 2 * (4 + 5 + 5 + 3));
-        for capacity in [usize::MAX, MAX_VALUES / 17 + 1] {
-            let err = plan.acts_len(capacity).unwrap_err();
-            assert!(err.to_string().contains(&format!("activations for {capacity} samples of 17 values each")), "{err}");
-        }
-        assert_eq!(Shape::image(usize::MAX, 2, 0).len(), 0);
-        assert_eq!(Shape::image(1 << 40, 1 << 40, 1).len(), usize::MAX);
     }
 }

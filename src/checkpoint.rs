@@ -69,10 +69,9 @@ impl Model {
     pub fn save_checkpoint(&self, opt: &Optimizer, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         check_pair(self, opt)?;
-        let (params, state) = (self.parameters()?, opt.state()?);
+        let state = opt.state()?;
         let (n, config, steps) = (self.plan.param_len, opt.config(), opt.steps());
-        let mut entries: Vec<(String, Vec<u8>, Vec<usize>)> =
-            tensors(&self.plan).into_iter().map(|t| (t.name, le_bytes(&params[t.range]), t.shape)).collect();
+        let mut entries = self.file_tensors()?;
         for (i, t) in parameter_order(self).into_iter().enumerate() {
             for (block, name) in state_names(config).iter().enumerate() {
                 entries.push((state_name(i, name), le_bytes(&state[block * n..][t.range.clone()]), t.shape.clone()));
@@ -120,7 +119,7 @@ impl Model {
         let steps = get(STEPS_KEY)?;
         let steps: u64 = steps.parse().map_err(|_| bad(format!("{STEPS_KEY} {steps:?} is not a step count")))?;
         let file = SafeTensors::deserialize(&bytes).map_err(|e| format_err(path, e))?;
-        let params = self.read_parameters(&file, path)?;
+        let (params, buffers) = self.read_tensors(&file, path)?;
         let (n, config) = (self.plan.param_len, opt.config());
         let names = state_names(config);
         let mut state = vec![0.0; names.len() * n];
@@ -146,6 +145,7 @@ impl Model {
             return Err(bad(format!("optimiser state that {config:?} does not keep (a checkpoint of another optimiser?): {extra:?}")));
         }
         self.set_parameters(&params)?;
+        self.set_buffers(&buffers)?;
         opt.set_state(&state, steps)
     }
 }

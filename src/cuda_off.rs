@@ -37,7 +37,7 @@ impl DevServer {
 }
 
 impl DevModel {
-    pub fn on(_ordinal: usize, _params: &[f32], _options: GpuOptions) -> Result<DevModel> {
+    pub fn on(_ordinal: usize, _params: &[f32], _buffers: &[f32], _options: GpuOptions) -> Result<DevModel> {
         Err(no_cuda())
     }
     pub fn device(&self) -> Device {
@@ -47,6 +47,12 @@ impl DevModel {
         match *self {}
     }
     pub fn upload(&mut self, _values: &[f32]) -> Result<()> {
+        match *self {}
+    }
+    pub fn download_buffers(&self, _out: &mut [f32]) -> Result<()> {
+        match *self {}
+    }
+    pub fn upload_buffers(&mut self, _values: &[f32]) -> Result<()> {
         match *self {}
     }
     pub fn new_cache(&self, _plan: &Plan, _capacity: usize) -> Result<DevCache> {

@@ -1,6 +1,6 @@
 //! Parameter initialisers, seeded and deterministic. Biases start at zero.
 
-use crate::chain::{Layer, Plan};
+use crate::chain::{Fill, Plan};
 
 /// How to draw initial weights. fan_in / fan_out are in·(kh·kw) and out·(kh·kw) for a conv.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,21 +65,19 @@ impl Rng {
     }
 }
 
-/// Fills `params` (the plan's layout) from `init` and `seed`; biases zero.
+/// Fills `params` (the plan's layout) from `init` and `seed`: each tensor drawn with its fans,
+/// in plan order, or set to its constant (biases zero).
 pub fn fill(plan: &Plan, params: &mut [f32], init: Init, seed: u64) {
     let mut rng = Rng::new(seed);
-    for step in &plan.steps {
-        let (w, b) = step.weight_and_bias();
-        let (fan_in, fan_out) = match step.layer {
-            Layer::Dense { out_features, .. } => (step.input.len(), out_features),
-            Layer::Conv { out_channels, kernel, .. } => {
-                let area = kernel.0 * kernel.1;
-                (w.len() / out_channels, out_channels * area)
+    for tensor in plan.steps.iter().flat_map(|s| &s.tensors) {
+        let (fan_in, fan_out) = match tensor.fill {
+            Fill::Fans { fan_in, fan_out } => (fan_in as f64, fan_out as f64),
+            Fill::Constant(value) => {
+                params[tensor.range.clone()].fill(value);
+                continue;
             }
-            _ => continue,
         };
-        let (fan_in, fan_out) = (fan_in as f64, fan_out as f64);
-        let draw: Box<dyn FnMut(&mut Rng) -> f64> = match init {
+        let mut draw: Box<dyn FnMut(&mut Rng) -> f64> = match init {
             Init::Zeros => Box::new(|_| 0.0),
             Init::GlorotNormal => normal((2.0 / (fan_in + fan_out)).sqrt()),
             Init::GlorotUniform => uniform((6.0 / (fan_in + fan_out)).sqrt()),
@@ -88,9 +86,15 @@ pub fn fill(plan: &Plan, params: &mut [f32], init: Init, seed: u64) {
             Init::LecunNormal => normal((1.0 / fan_in).sqrt()),
             Init::LecunUniform => uniform((3.0 / fan_in).sqrt()),
         };
-        let mut draw = draw;
-        params[w].iter_mut().for_each(|p| *p = draw(&mut rng) as f32);
-        params[b].fill(0.0);
+        params[tensor.range.clone()].iter_mut().for_each(|p| *p = draw(&mut rng) as f32);
+    }
+}
+
+/// Sets every buffer tensor of `plan` in `buffers` (the plan's buffer layout) to its constant.
+pub(crate) fn fill_buffers(plan: &Plan, buffers: &mut [f32]) {
+    for tensor in plan.steps.iter().flat_map(|s| &s.buffers) {
+        let Fill::Constant(value) = tensor.fill else { unreachable!("a buffer starts at a constant (Plan::new)") };
+        buffers[tensor.range.clone()].fill(value);
     }
 }
 
@@ -106,10 +110,11 @@ fn uniform(limit: f64) -> Box<dyn FnMut(&mut Rng) -> f64> {
 mod tests {
     use super::*;
     use crate::chain::Shape;
+    use crate::layers::dense::Dense;
 
     #[test]
     fn seeded_and_scaled() {
-        let plan = Plan::new(Shape::vector(400), &[Layer::Dense { out_features: 300, activation: crate::Relu }]).unwrap();
+        let plan = Plan::new(Shape::vector(400), &[Dense { out_features: 300, activation: crate::Relu }.into()]).unwrap();
         let mut a = vec![f32::NAN; plan.param_len];
         let mut b = vec![f32::NAN; plan.param_len];
         fill(&plan, &mut a, Init::HeNormal, 3);

@@ -3,15 +3,17 @@
 //! Tensors are named as PyTorch names an `nn.Sequential` of the same layers, counting every
 //! module, activations, pools and flatten included: an MLP 784-128(relu)-10 is
 //! `Sequential(Linear, ReLU, Linear)`, so its tensors are `0.weight`, `0.bias`, `2.weight`,
-//! `2.bias`. Layouts are PyTorch's (Linear (out, in); Conv2d (out, in, kh, kw)), f32,
+//! `2.bias` (each layer's module path is its plan step's, `Step::module`). Buffers (running
+//! statistics and the like) are saved beside the parameters under their PyTorch names too
+//! (`1.running_mean`). Layouts are PyTorch's (Linear (out, in); Conv2d (out, in, kh, kw)), f32,
 //! little-endian. The architecture is stored in the metadata under `flatnn.architecture`, so
 //! [`Model::load`] rebuilds the chain with no code.
 
 use crate::activation::Activation;
 use crate::cache::first_non_finite;
-use crate::chain::{Layer, Plan, Shape};
+use crate::chain::{Layer, Plan, Shape, Step};
 use crate::error::{Error, Result};
-use crate::layers::conv_geometry;
+use crate::layers::conv;
 use crate::model::Model;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
@@ -31,31 +33,37 @@ pub(crate) const OPTIMIZER_PREFIX: &str = "optimizer.";
 /// together) and in any convolution's lowered input: 2³⁰ (4 GiB of f32), as for an IDX file.
 pub const MAX_SAMPLE_VALUES: usize = 1 << 30;
 
-/// One parameter tensor of the model, as PyTorch would name and shape it.
+/// A tensor as a file holds it: name, little-endian bytes, shape.
+pub(crate) type FileTensor = (String, Vec<u8>, Vec<usize>);
+
+/// One parameter or buffer tensor of the model, as PyTorch would name and shape it, and its
+/// range in the model's flat parameters or buffers.
 pub(crate) struct Tensor {
     pub name: String,
     pub shape: Vec<usize>,
     pub range: std::ops::Range<usize>,
 }
 
-/// Every parameter tensor in PyTorch's `nn.Sequential` naming.
+/// Every parameter tensor in PyTorch's naming (`{module}.{name}`), a layer's in the order of
+/// their names (as a file lists them).
 pub(crate) fn tensors(plan: &Plan) -> Vec<Tensor> {
+    named(plan, |step| &step.tensors)
+}
+
+/// Every buffer tensor, as [`tensors`].
+pub(crate) fn buffer_tensors(plan: &Plan) -> Vec<Tensor> {
+    named(plan, |step| &step.buffers)
+}
+
+fn named(plan: &Plan, of: impl Fn(&Step) -> &[crate::chain::Tensor]) -> Vec<Tensor> {
     let mut out = Vec::new();
-    let mut module = 0usize;
     for step in &plan.steps {
-        let (w, b) = step.weight_and_bias();
-        let weight_shape = match (step.layer, step.input) {
-            (Layer::Dense { out_features, .. }, input) => Some(vec![out_features, input.len()]),
-            (Layer::Conv { out_channels, kernel, .. }, Shape::Image { channels, .. }) => {
-                Some(vec![out_channels, channels, kernel.0, kernel.1])
-            }
-            _ => None,
-        };
-        if let Some(shape) = weight_shape {
-            out.push(Tensor { name: format!("{module}.bias"), shape: vec![shape[0]], range: b });
-            out.push(Tensor { name: format!("{module}.weight"), shape, range: w });
-        }
-        module += 1 + usize::from(step.layer.activation() != Activation::Identity);
+        let mut own: Vec<Tensor> = of(step)
+            .iter()
+            .map(|t| Tensor { name: format!("{}.{}", step.module, t.name), shape: t.shape.clone(), range: t.range.clone() })
+            .collect();
+        own.sort_by(|a, b| a.name.cmp(&b.name));
+        out.extend(own);
     }
     out
 }
@@ -65,78 +73,87 @@ pub(crate) fn describe(plan: &Plan) -> String {
     let mut parts = vec![match plan.input {
         Shape::Vector(n) => format!("vector {n}"),
         Shape::Image { channels, height, width } => format!("image {height} {width} {channels}"),
+        Shape::Sequence { steps, features } => format!("sequence {steps} {features}"),
     }];
-    for step in &plan.steps {
-        parts.push(match step.layer {
-            Layer::Dense { out_features, activation } => format!("dense {out_features} {}", activation.name()),
-            Layer::Conv { out_channels, kernel, stride, padding, activation } => format!(
-                "conv {out_channels} {} {} {} {} {} {} {}",
-                kernel.0,
-                kernel.1,
-                stride.0,
-                stride.1,
-                padding.0,
-                padding.1,
-                activation.name()
-            ),
-            Layer::MaxPool { window, stride } => format!("maxpool {} {} {} {}", window.0, window.1, stride.0, stride.1),
-            Layer::Flatten => "flatten".into(),
-        });
-    }
+    parts.extend(plan.steps.iter().map(|step| step.layer.describe()));
     parts.join("; ")
+}
+
+/// The words of one entry of an architecture, for the layer kind it names to read its numbers
+/// from, and to say what is wrong with them.
+pub(crate) struct Words<'a> {
+    part: &'a str,
+    words: Vec<&'a str>,
+    path: &'a Path,
+}
+
+impl Words<'_> {
+    fn bad(&self, what: String) -> Error {
+        Error::Format { path: self.path.to_path_buf(), what }
+    }
+
+    /// The first word (the kind's).
+    pub fn first(&self) -> &str {
+        self.words.first().copied().unwrap_or("")
+    }
+
+    /// How many words, the first included.
+    pub fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    /// The `N` whole numbers after the first word.
+    pub fn numbers<const N: usize>(&self) -> Result<[usize; N]> {
+        let part = self.part;
+        if self.words.len() < N + 1 {
+            return Err(self.bad(format!("architecture entry {part:?} has too few fields")));
+        }
+        let mut out = [0; N];
+        for (n, v) in out.iter_mut().zip(&self.words[1..]) {
+            *n = v.parse::<usize>().map_err(|_| self.bad(format!("{v:?} in {part:?} is not a whole number")))?;
+        }
+        Ok(out)
+    }
+
+    /// The activation named by word `at`, which must be the last.
+    pub fn activation(&self, at: usize) -> Result<Activation> {
+        let part = self.part;
+        match self.words.get(at..) {
+            Some([name]) => Activation::from_name(name).ok_or_else(|| self.bad(format!("unknown activation {name:?} in {part:?}"))),
+            _ => Err(self.bad(format!("architecture entry {part:?} has the wrong number of fields"))),
+        }
+    }
+
+    /// The error for an entry no layer kind reads.
+    pub fn unknown(&self) -> Error {
+        self.bad(format!("unknown architecture entry {:?}", self.part))
+    }
 }
 
 /// Parses what `describe` writes.
 fn parse_architecture(text: &str, path: &Path) -> Result<(Shape, Vec<Layer>)> {
     let bad = |what: String| Error::Format { path: path.to_path_buf(), what };
     let mut parts = text.split(';').map(str::trim);
-    let words = |part: &str| part.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
-    let numbers = |w: &[String], n: usize, part: &str| -> Result<Vec<usize>> {
-        if w.len() < n {
-            return Err(bad(format!("architecture entry {part:?} has too few fields")));
-        }
-        w[..n].iter().map(|v| v.parse::<usize>().map_err(|_| bad(format!("{v:?} in {part:?} is not a whole number")))).collect()
-    };
-    let activation = |w: &[String], part: &str| -> Result<Activation> {
-        match w {
-            [name] => Activation::from_name(name).ok_or_else(|| bad(format!("unknown activation {name:?} in {part:?}"))),
-            _ => Err(bad(format!("architecture entry {part:?} has the wrong number of fields"))),
-        }
-    };
+    let words = |part| Words { part, words: part.split_whitespace().collect(), path };
     let first = parts.next().unwrap_or("");
     let w = words(first);
-    let input = match w.first().map(String::as_str) {
-        Some("vector") if w.len() == 2 => Shape::Vector(numbers(&w[1..], 1, first)?[0]),
-        Some("image") if w.len() == 4 => {
+    let input = match (w.first(), w.len()) {
+        ("vector", 2) => Shape::Vector(w.numbers::<1>()?[0]),
+        ("image", 4) => {
             // the file keeps its order, height width channels
-            let n = numbers(&w[1..], 3, first)?;
-            Shape::image(n[2], n[0], n[1])
+            let [height, width, channels] = w.numbers()?;
+            Shape::image(channels, height, width)
+        }
+        ("sequence", 3) => {
+            let [steps, features] = w.numbers()?;
+            Shape::sequence(steps, features)
         }
         _ => return Err(bad(format!("the architecture must start with the input shape, not {first:?}"))),
     };
     let mut layers = Vec::new();
     for part in parts {
         let w = words(part);
-        let layer = match w.first().map(String::as_str) {
-            Some("dense") => Layer::Dense { out_features: numbers(&w[1..], 1, part)?[0], activation: activation(&w[2..], part)? },
-            Some("conv") => {
-                let n = numbers(&w[1..], 7, part)?;
-                Layer::Conv {
-                    out_channels: n[0],
-                    kernel: (n[1], n[2]),
-                    stride: (n[3], n[4]),
-                    padding: (n[5], n[6]),
-                    activation: activation(&w[8..], part)?,
-                }
-            }
-            Some("maxpool") if w.len() == 5 => {
-                let n = numbers(&w[1..], 4, part)?;
-                Layer::MaxPool { window: (n[0], n[1]), stride: (n[2], n[3]) }
-            }
-            Some("flatten") if w.len() == 1 => Layer::Flatten,
-            _ => return Err(bad(format!("unknown architecture entry {part:?}"))),
-        };
-        layers.push(layer);
+        layers.push(Layer::parse(&w).unwrap_or_else(|| Err(w.unknown()))?);
     }
     Ok((input, layers))
 }
@@ -151,7 +168,7 @@ fn check_sizes(plan: &Plan, file_len: usize, path: &Path) -> Result<()> {
     let more = format!("more than {MAX_SAMPLE_VALUES} values per sample");
     for (index, step) in plan.steps.iter().enumerate() {
         let layer = step.layer;
-        if matches!(layer, Layer::Conv { .. }) && over(conv_geometry(step).col_len()) {
+        if matches!(layer, Layer::Conv(_)) && over(conv::geometry(step).col_len()) {
             return bad(format!("layer {index} ({layer:?}) lowers its input to {more}"));
         }
         if over(step.output.len()) {
@@ -161,12 +178,15 @@ fn check_sizes(plan: &Plan, file_len: usize, path: &Path) -> Result<()> {
         if over(plan.regions[..=step.output_region].iter().sum()) {
             return bad(format!("layers 0..={index} (to {layer:?}) give activations of {more}"));
         }
-        // at most chain::MAX_VALUES parameters: four times that does not overflow
+        // at most plan::MAX_VALUES parameters: four times that does not overflow
         if step.params.end * 4 > file_len {
             return bad(format!(
                 "layers 0..={index} (to {layer:?}) have more parameters than the file's {file_len} bytes can hold (4 bytes each)"
             ));
         }
+    }
+    if (plan.param_len + plan.buffer_len) * 4 > file_len {
+        return bad(format!("the model's parameters and buffers need more than the file's {file_len} bytes (4 bytes each)"));
     }
     Ok(())
 }
@@ -176,11 +196,7 @@ impl Model {
     /// then a rename, so a crash never leaves a half-written model).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        let params = self.parameters()?;
-        let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors(&self.plan)
-            .into_iter()
-            .map(|t| (t.name, params[t.range].iter().flat_map(|v| v.to_le_bytes()).collect(), t.shape))
-            .collect();
+        let bytes = self.file_tensors()?;
         let views = bytes
             .iter()
             .map(|(name, data, shape)| {
@@ -221,10 +237,10 @@ impl Model {
         Ok(model)
     }
 
-    /// Fills this model's parameters from a safetensors file written elsewhere (for example
-    /// a PyTorch `state_dict` of the matching `nn.Sequential`). Missing, extra, mis-shaped or
-    /// non-f32 tensors, and tensors holding NaN or infinities, are refused, by name, before any
-    /// parameter changes.
+    /// Fills this model's parameters and buffers from a safetensors file written elsewhere (for
+    /// example a PyTorch `state_dict` of the matching `nn.Sequential`). Missing, extra,
+    /// mis-shaped or non-f32 tensors, and tensors holding NaN or infinities, are refused, by
+    /// name, before any parameter changes.
     pub fn load_weights(&mut self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
@@ -233,25 +249,38 @@ impl Model {
 
     fn fill_from(&mut self, bytes: &[u8], path: &Path) -> Result<()> {
         let file = SafeTensors::deserialize(bytes).map_err(|e| format_err(path, e))?;
-        let params = self.read_parameters(&file, path)?;
-        self.set_parameters(&params)
+        let (params, buffers) = self.read_tensors(&file, path)?;
+        self.set_parameters(&params)?;
+        self.set_buffers(&buffers)
     }
 
-    /// This model's parameters as `file` holds them (its optimiser tensors passed over), every
-    /// tensor checked; the model is not changed.
-    pub(crate) fn read_parameters(&self, file: &SafeTensors, path: &Path) -> Result<Vec<f32>> {
-        let wanted = tensors(&self.plan);
-        let mut extra: Vec<&String> =
-            file.names().into_iter().filter(|n| !n.starts_with(OPTIMIZER_PREFIX) && !wanted.iter().any(|t| &t.name == *n)).collect();
+    /// Every parameter and buffer tensor of the model as a file holds it.
+    pub(crate) fn file_tensors(&self) -> Result<Vec<FileTensor>> {
+        let (params, buffers) = (self.parameters()?, self.buffers()?);
+        let bytes = |values: &[f32]| values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let params = tensors(&self.plan).into_iter().map(|t| (t.name, bytes(&params[t.range]), t.shape));
+        let buffers = buffer_tensors(&self.plan).into_iter().map(|t| (t.name, bytes(&buffers[t.range]), t.shape));
+        Ok(params.chain(buffers).collect())
+    }
+
+    /// This model's parameters and buffers as `file` holds them (its optimiser tensors passed
+    /// over), every tensor checked; the model is not changed.
+    pub(crate) fn read_tensors(&self, file: &SafeTensors, path: &Path) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (wanted, wanted_buffers) = (tensors(&self.plan), buffer_tensors(&self.plan));
+        let known = |n: &str| n.starts_with(OPTIMIZER_PREFIX) || wanted.iter().chain(&wanted_buffers).any(|t| t.name == n);
+        let mut extra: Vec<&String> = file.names().into_iter().filter(|n| !known(n)).collect();
         extra.sort();
         if !extra.is_empty() {
             return Err(Error::Format { path: path.to_owned(), what: format!("tensors this model does not have: {extra:?}") });
         }
-        let mut params = self.parameters()?.into_owned();
+        let (mut params, mut buffers) = (self.parameters()?.into_owned(), self.buffers()?.into_owned());
         for t in &wanted {
             read_f32(file, &t.name, &t.shape, &mut params[t.range.clone()], path)?;
         }
-        Ok(params)
+        for t in &wanted_buffers {
+            read_f32(file, &t.name, &t.shape, &mut buffers[t.range.clone()], path)?;
+        }
+        Ok((params, buffers))
     }
 }
 
@@ -334,7 +363,7 @@ fn sync_folder(_dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ConvOptions, Relu};
+    use crate::{ConvOptions, Identity, Relu};
 
     #[test]
     fn architecture_round_trips_and_names_follow_sequential() {
@@ -357,6 +386,47 @@ mod tests {
         {
             assert!(matches!(parse_architecture(bad, Path::new("x")), Err(Error::Format { .. })), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_sequence_input_round_trips() {
+        let model = crate::Chain::new(Shape::sequence(8, 3)).flatten().dense(2, Relu).build().unwrap();
+        let text = describe(&model.plan);
+        assert_eq!(text, "sequence 8 3; flatten; dense 2 relu");
+        let (input, layers) = parse_architecture(&text, Path::new("x")).unwrap();
+        assert_eq!(Plan::new(input, &layers).unwrap(), *model.plan);
+        for bad in ["sequence 8", "sequence 8 x", "sequence 8 3 1"] {
+            assert!(matches!(parse_architecture(bad, Path::new("x")), Err(Error::Format { .. })), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn buffers_are_written_and_read_under_their_modules_names() {
+        // No layer kind declares a buffer yet: give the second dense layer one by hand, as batch
+        // norm declares `running_mean`.
+        let layers =
+            [crate::Dense { out_features: 4, activation: Relu }.into(), crate::Dense { out_features: 2, activation: Identity }.into()];
+        let mut plan = Plan::new(Shape::vector(3), &layers).unwrap();
+        let mean = crate::chain::Tensor { name: "running_mean", shape: vec![2], range: 0..2, fill: crate::chain::Fill::Constant(0.5) };
+        plan.steps[1].buffers.push(mean);
+        plan.buffer_len = 2;
+        let mut model = Model::from_plan(plan.clone()).unwrap().init(crate::Init::HeNormal, 1);
+        assert_eq!(*model.buffers().unwrap(), [0.5, 0.5], "buffers start at their constants");
+        model.set_buffers(&[1.5, -2.0]).unwrap();
+        assert!(matches!(model.set_buffers(&[f32::NAN, 0.0]), Err(Error::NonFinite { .. })));
+        // Linear(0) ReLU(1) Linear(2)
+        let names: Vec<String> = model.file_tensors().unwrap().into_iter().map(|(name, ..)| name).collect();
+        assert_eq!(names, ["0.bias", "0.weight", "2.bias", "2.weight", "2.running_mean"]);
+        let path = std::env::temp_dir().join(format!("flatnn-io-buffers-{}.safetensors", std::process::id()));
+        model.save(&path).unwrap();
+        let mut copy = Model::from_plan(plan).unwrap();
+        copy.load_weights(&path).unwrap();
+        assert_eq!(*copy.buffers().unwrap(), [1.5, -2.0]);
+        assert_eq!(copy.parameters().unwrap(), model.parameters().unwrap());
+        // a model of the same architecture without the buffer does not take the file
+        let err = Model::load(&path).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains("tensors this model does not have: [\"2.running_mean\"]"), "{err}");
+        std::fs::remove_file(&path).unwrap();
     }
 
     /// A safetensors file with no tensors, only the architecture in its metadata.

@@ -152,6 +152,7 @@ pub mod models;
 pub mod optim;
 #[cfg(feature = "cuda")]
 pub mod parallel;
+pub(crate) mod plan;
 pub(crate) mod schedule;
 pub mod serve;
 pub(crate) mod summary;
@@ -165,6 +166,7 @@ pub use dev::GpuOptions;
 pub use device::{cpu, device, gpu, gpu_or_cpu, Device, ToDevice};
 pub use error::{Error, Result};
 pub use init::Init;
+pub use layers::{conv::Conv, dense::Dense, flatten::Flatten, pool::MaxPool};
 pub use loss::Loss;
 pub use model::Model;
 pub use optim::{Clip, Optim, Optimizer};

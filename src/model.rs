@@ -7,7 +7,7 @@ use crate::dev::{DevModel, GpuOptions};
 use crate::device::{Device, ToDevice};
 use crate::error::{zeros, Error, Result};
 use crate::init::{self, Init};
-use crate::layers::{self, region};
+use crate::layers::{self, region, Mode};
 use crate::loss::{self, Loss};
 use std::borrow::Cow;
 use std::ffi::OsStr;
@@ -15,6 +15,8 @@ use std::sync::Arc;
 
 /// A model with fixed shapes. Parameters are one flat buffer in the plan's layout: per layer,
 /// Dense weight (out, in) row-major then bias; Conv weight (out_ch, in_ch, kh, kw) then bias.
+/// Buffers (values that belong to the model but are not trained, such as running statistics)
+/// are a second flat buffer, laid out by the plan in the same way.
 ///
 /// A model lives on one [`Device`]: its parameters are in host memory (`Device::Cpu`, run on the
 /// model's thread pool) or in the memory of one GPU (`Device::Cuda(n)`, run on the model's own
@@ -23,9 +25,18 @@ pub struct Model {
     pub(crate) plan: Arc<Plan>,
     /// The parameters on the CPU; empty while the model is on a GPU (then in `dev`).
     pub(crate) params: Vec<f32>,
+    /// The buffers on the CPU; empty while the model is on a GPU (then in `dev`).
+    pub(crate) buffers: Vec<f32>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) dev: Option<DevModel>,
     pub(crate) gpu_options: GpuOptions,
+}
+
+/// A model's two flat vectors the plan lays out: its parameters and its buffers.
+#[derive(Clone, Copy)]
+enum Flat {
+    Params,
+    Buffers,
 }
 
 /// Threads a new model uses: `FLATNN_THREADS` if set, else the physical core count. A value
@@ -47,12 +58,14 @@ fn threads_setting(value: Option<&OsStr>) -> Result<usize> {
 }
 
 impl Model {
-    /// The model of `plan`, its parameters zero: an [`Error::OutOfMemory`] if they cannot be
-    /// had.
+    /// The model of `plan`, its parameters zero and its buffers at their starting constants: an
+    /// [`Error::OutOfMemory`] if they cannot be had.
     pub(crate) fn from_plan(plan: Plan) -> Result<Model> {
         let params = zeros(plan.param_len, || format!("the {} parameters of the model", plan.param_len))?;
+        let mut buffers = zeros(plan.buffer_len, || format!("the {} buffer values of the model", plan.buffer_len))?;
+        init::fill_buffers(&plan, &mut buffers);
         let pool = Arc::new(Pool::new(default_threads()?)?);
-        Ok(Model { plan: Arc::new(plan), params, pool, dev: None, gpu_options: GpuOptions::default() })
+        Ok(Model { plan: Arc::new(plan), params, buffers, pool, dev: None, gpu_options: GpuOptions::default() })
     }
 
     /// Fills the parameters from an initialiser and a seed (biases zero), on the CPU; call it
@@ -69,16 +82,18 @@ impl Model {
         self.dev.as_ref().map_or(Device::Cpu, DevModel::device)
     }
 
-    /// A copy of this model on `device` (parameters copied; caches, gradient buffers and
-    /// optimisers must be made or moved for it). From a GPU, waits for the steps queued there.
+    /// A copy of this model on `device` (parameters and buffers copied; caches, gradient
+    /// buffers and optimisers must be made or moved for it). From a GPU, waits for the steps
+    /// queued there.
     pub fn to(&self, device: &Device) -> Result<Model> {
-        let params = self.parameters()?;
+        let (params, buffers) = (self.parameters()?, self.buffers()?);
         let dev = match *device {
             Device::Cpu => None,
-            Device::Cuda(ordinal) => Some(DevModel::on(ordinal, &params, self.gpu_options)?),
+            Device::Cuda(ordinal) => Some(DevModel::on(ordinal, &params, &buffers, self.gpu_options)?),
         };
-        let params = if dev.is_some() { Vec::new() } else { params.into_owned() };
-        Ok(Model { plan: Arc::clone(&self.plan), params, pool: Arc::clone(&self.pool), dev, gpu_options: self.gpu_options })
+        let (params, buffers) = if dev.is_some() { (Vec::new(), Vec::new()) } else { (params.into_owned(), buffers.into_owned()) };
+        let pool = Arc::clone(&self.pool);
+        Ok(Model { plan: Arc::clone(&self.plan), params, buffers, pool, dev, gpu_options: self.gpu_options })
     }
 
     /// The same model with these GPU options (graphs, TF32), which take effect when it is next
@@ -126,14 +141,7 @@ impl Model {
 
     /// All parameters, flat: borrowed on the CPU, copied from a GPU (after its queued steps).
     pub fn parameters(&self) -> Result<Cow<'_, [f32]>> {
-        match &self.dev {
-            None => Ok(Cow::Borrowed(&self.params)),
-            Some(dev) => {
-                let mut out = zeros(self.plan.param_len, || "a host copy of the parameters".into())?;
-                dev.download(&mut out)?;
-                Ok(Cow::Owned(out))
-            }
-        }
+        self.flat(Flat::Params)
     }
 
     /// All parameters, flat and writable, for a model on the CPU (on a GPU: an error; use
@@ -149,13 +157,54 @@ impl Model {
     /// Replaces every parameter, on any device. A NaN or infinite value is an
     /// [`Error::NonFinite`]; nothing is written on error.
     pub fn set_parameters(&mut self, values: &[f32]) -> Result<()> {
-        if values.len() != self.plan.param_len {
-            return Err(Error::Shape(format!("{} parameter values for a model of {}", values.len(), self.plan.param_len)));
+        self.set_flat(Flat::Params, values)
+    }
+
+    /// All buffers (values of the model that are not trained, such as running statistics), flat
+    /// in the plan's layout: borrowed on the CPU, copied from a GPU (after its queued steps).
+    pub fn buffers(&self) -> Result<Cow<'_, [f32]>> {
+        self.flat(Flat::Buffers)
+    }
+
+    /// Replaces every buffer value, on any device, as [`Model::set_parameters`] does the
+    /// parameters.
+    pub(crate) fn set_buffers(&mut self, values: &[f32]) -> Result<()> {
+        self.set_flat(Flat::Buffers, values)
+    }
+
+    /// The parameters or the buffers: borrowed on the CPU, copied from a GPU.
+    fn flat(&self, which: Flat) -> Result<Cow<'_, [f32]>> {
+        let (host, len, what) = match which {
+            Flat::Params => (&self.params, self.plan.param_len, "parameters"),
+            Flat::Buffers => (&self.buffers, self.plan.buffer_len, "buffers"),
+        };
+        match &self.dev {
+            None => Ok(Cow::Borrowed(host)),
+            Some(dev) => {
+                let mut out = zeros(len, || format!("a host copy of the {what}"))?;
+                match which {
+                    Flat::Params => dev.download(&mut out)?,
+                    Flat::Buffers => dev.download_buffers(&mut out)?,
+                }
+                Ok(Cow::Owned(out))
+            }
         }
-        check_finite(values, "parameters")?;
-        match &mut self.dev {
-            None => self.params.copy_from_slice(values),
-            Some(dev) => dev.upload(values)?,
+    }
+
+    /// The parameters or the buffers replaced by `values`, checked first (length, finite).
+    fn set_flat(&mut self, which: Flat, values: &[f32]) -> Result<()> {
+        let (host, len, (one, what)) = match which {
+            Flat::Params => (&mut self.params, self.plan.param_len, ("parameter", "parameters")),
+            Flat::Buffers => (&mut self.buffers, self.plan.buffer_len, ("buffer", "buffers")),
+        };
+        if values.len() != len {
+            return Err(Error::Shape(format!("{} {one} values for a model of {len}", values.len())));
+        }
+        check_finite(values, what)?;
+        match (&mut self.dev, which) {
+            (None, _) => host.copy_from_slice(values),
+            (Some(dev), Flat::Params) => dev.upload(values)?,
+            (Some(dev), Flat::Buffers) => dev.upload_buffers(values)?,
         }
         Ok(())
     }
@@ -182,7 +231,7 @@ impl Model {
         if let Some(dev) = &self.dev {
             return dev.forward(&self.plan, cache);
         }
-        layers::forward(&self.plan, &self.params, &mut cache.acts, cache.capacity, cache.batch, &self.pool, &mut cache.ws);
+        layers::forward(&self.plan, &self.params, &mut cache.acts, cache.capacity, cache.batch, &self.pool, &mut cache.ws, Mode::Infer);
         Ok(cache.outputs())
     }
 
@@ -203,7 +252,7 @@ impl Model {
         }
         let (batch, outputs) = (cache.batch, self.plan.output().len());
         let (plan, capacity) = (&*self.plan, cache.capacity);
-        layers::forward(plan, &self.params, &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws);
+        layers::forward(plan, &self.params, &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws, Mode::Train);
         let last = plan.steps.last().expect("a plan has steps").output_region;
         let out = region(plan, last, capacity, batch);
         let (y, dy) = (&cache.acts[out.clone()], &mut grads.dacts[out]);

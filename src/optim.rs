@@ -186,7 +186,7 @@ impl Optimizer {
     /// ([`Error::OutOfMemory`]).
     pub fn new(model: &Model, config: Optim) -> Result<Optimizer> {
         config.check()?;
-        // at most 2 × param_len, which is at most chain::MAX_VALUES: no overflow
+        // at most 2 × param_len, which is at most plan::MAX_VALUES: no overflow
         let state = zeros(config.state_per_param() * model.plan.param_len, || format!("the state of {config:?}"))?;
         let dev = model.dev.as_ref().map(|d| d.new_optim(&state)).transpose()?;
         let state = if dev.is_some() { Vec::new() } else { state };

@@ -2,14 +2,13 @@
 //! its parameters, its activation), the totals and where the model lives, as PyTorch's
 //! `print(model)` with torchinfo's shapes and counts.
 
-use crate::activation::Activation;
-use crate::chain::{Layer, Step};
+use crate::chain::Step;
 use crate::device::Device;
 use crate::model::Model;
 use std::fmt;
 
 /// `a` where both sides are equal, else `a×b`.
-fn pair((a, b): (usize, usize)) -> String {
+pub(crate) fn pair((a, b): (usize, usize)) -> String {
     if a == b {
         a.to_string()
     } else {
@@ -30,31 +29,9 @@ fn grouped(n: usize) -> String {
     out
 }
 
-/// What the layer is, with the sizes that make it: `Dense(784 → 128)`.
-fn describe(step: &Step) -> String {
-    match (step.layer, step.input) {
-        (Layer::Dense { out_features, .. }, input) => format!("Dense({} → {out_features})", input.len()),
-        (Layer::Conv { out_channels, kernel, stride, padding, .. }, input) => {
-            let channels = match input {
-                crate::chain::Shape::Image { channels, .. } => channels,
-                crate::chain::Shape::Vector(_) => 0,
-            };
-            format!("Conv({channels} → {out_channels}, {}×{}, stride {}, pad {})", kernel.0, kernel.1, pair(stride), pair(padding))
-        }
-        (Layer::MaxPool { window, stride }, _) => format!("MaxPool({}×{}, stride {})", window.0, window.1, pair(stride)),
-        (Layer::Flatten, _) => "Flatten".into(),
-    }
-}
-
 /// The activation's name where the layer takes one (dense, conv), else empty.
 fn activation(step: &Step) -> String {
-    match step.layer {
-        Layer::Dense { .. } | Layer::Conv { .. } => step.layer.activation().name(),
-        _ => {
-            debug_assert_eq!(step.layer.activation(), Activation::Identity);
-            String::new()
-        }
-    }
+    step.layer.takes_activation().map(|act| act.name()).unwrap_or_default()
 }
 
 impl fmt::Display for Model {
@@ -71,7 +48,13 @@ impl fmt::Display for Model {
         let plan = &self.plan;
         let mut rows = vec![[String::new(), "input".into(), plan.input.to_string(), String::new(), String::new()]];
         for (i, step) in plan.steps.iter().enumerate() {
-            rows.push([i.to_string(), describe(step), step.output.to_string(), grouped(step.params.len()), activation(step)]);
+            rows.push([
+                i.to_string(),
+                step.layer.summary(step.input),
+                step.output.to_string(),
+                grouped(step.params.len()),
+                activation(step),
+            ]);
         }
         let header = ["#", "layer", "output", "parameters", "activation"].map(String::from);
         let mut widths = [0usize; 5];
@@ -121,6 +104,7 @@ impl Clone for Model {
         Model {
             plan: std::sync::Arc::clone(&self.plan),
             params: self.params.clone(),
+            buffers: self.buffers.clone(),
             pool: std::sync::Arc::clone(&self.pool),
             dev: None,
             gpu_options: self.gpu_options,

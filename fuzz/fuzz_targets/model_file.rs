@@ -36,8 +36,8 @@ fuzz_target!(
 fn small(plan: &Plan) -> bool {
     // A conv step's im2col columns: in_channels × kh × kw × output pixels.
     let cols = plan.steps.iter().map(|s| match (s.layer, s.input, s.output) {
-        (Layer::Conv { kernel, .. }, Shape::Image { channels, .. }, Shape::Image { height, width, .. }) => {
-            [kernel.0, kernel.1, height, width].iter().fold(channels, |acc, &n| acc.saturating_mul(n))
+        (Layer::Conv(conv), Shape::Image { channels, .. }, Shape::Image { height, width, .. }) => {
+            [conv.kernel.0, conv.kernel.1, height, width].iter().fold(channels, |acc, &n| acc.saturating_mul(n))
         }
         _ => 0,
     });

@@ -2,26 +2,37 @@
 //! device with NVRTC, and every kernel's handle looked up once.
 
 use super::driver_error;
+use crate::activation::Activation;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
 use std::ffi::{c_char, CStr, CString};
 use std::sync::Arc;
 
-/// Every `kernels/*.cu` file, concatenated in this order (common.cu first: it defines helpers).
-pub(crate) const SOURCE_FILES: &[(&str, &str)] = &[
+/// The kernel files ahead of the layers': common.cu first (it defines helpers), then what any
+/// layer's kernels may call (activations) or share a pass with (losses).
+const BEFORE_LAYERS: &[(&str, &str)] = &[
     ("common.cu", include_str!("../../kernels/common.cu")),
     ("activation.cu", include_str!("../../kernels/activation.cu")),
     ("loss.cu", include_str!("../../kernels/loss.cu")),
-    ("pool.cu", include_str!("../../kernels/pool.cu")),
-    ("conv.cu", include_str!("../../kernels/conv.cu")),
-    ("dense.cu", include_str!("../../kernels/dense.cu")),
+];
+
+/// The kernel files after the layers': those built on the dense layer's (weight-gradient splits,
+/// the resident server, the head) and the optimisers and data movers.
+const AFTER_LAYERS: &[(&str, &str)] = &[
     ("wgrad.cu", include_str!("../../kernels/wgrad.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("data.cu", include_str!("../../kernels/data.cu")),
     ("serve.cu", include_str!("../../kernels/serve.cu")),
     ("head.cu", include_str!("../../kernels/head.cu")),
 ];
+
+/// Every `kernels/*.cu` file (name, text), in the order NVRTC compiles them concatenated: those
+/// ahead of the layers', each layer kind's in registry order (`layers/mod.rs`), the rest.
+pub(crate) fn source_files() -> Vec<(&'static str, &'static str)> {
+    let layers = crate::layers::KERNEL_SOURCES.iter().flatten().copied();
+    BEFORE_LAYERS.iter().copied().chain(layers).chain(AFTER_LAYERS.iter().copied()).collect()
+}
 
 /// The preferred shared-memory carveout of the kernels that stage through dynamic shared memory:
 /// all of it (a percentage, as `cudaSharedmemCarveoutMaxShared`).
@@ -312,10 +323,36 @@ fn allow_dynamic_shared(func: sys::CUfunction, optin: i32) -> Result<usize> {
     Ok(limit as usize)
 }
 
+/// The source NVRTC reads ahead of `kernels/*.cu`, generated from [`Activation`]: each kind's id,
+/// `#define ACT_<NAME> <id>`, and the bodies of `act_apply` and `act_derivative`
+/// (kernels/activation.cu), a `switch` on the id whose cases call the kind's device functions
+/// `act_apply_<name>` and `act_derivative_<name>`. The identity, id 0, is the `default`. A kind
+/// without its device functions is an NVRTC compile error, not an identity.
+pub(crate) fn activation_prelude() -> String {
+    let mut defines = String::new();
+    let (mut apply, mut derivative) = (String::new(), String::new());
+    for act in Activation::ALL {
+        let (name, id) = (act.kind_name(), act.gpu_id());
+        let upper = name.to_uppercase();
+        defines += &format!("#define ACT_{upper} {id}\n");
+        let case = if *act == Activation::Identity { "default:".to_string() } else { format!("case ACT_{upper}:") };
+        apply += &format!("        {case} return act_apply_{name}(slope, z); \\\n");
+        derivative += &format!("        {case} return act_derivative_{name}(slope, z, y); \\\n");
+    }
+    let switch = |name: &str, args: &str, cases: &str| format!("#define {name}(act, {args}) \\\n    switch (act) {{ \\\n{cases}    }}\n");
+    format!(
+        "// ---- generated from src/activation.rs\n{defines}{}{}",
+        switch("ACT_APPLY_SWITCH", "slope, z", &apply),
+        switch("ACT_DERIVATIVE_SWITCH", "slope, z, y", &derivative)
+    )
+}
+
 /// `kernels/*.cu` compiled by NVRTC to machine code for compute capability `cc` (a cubin, so no
-/// PTX is left to the driver's JIT and a newer NVRTC than the driver still works).
+/// PTX is left to the driver's JIT and a newer NVRTC than the driver still works), after the
+/// [`activation_prelude`].
 fn compile(cc: (i32, i32)) -> Result<Vec<u8>> {
-    let source: String = SOURCE_FILES.iter().map(|(name, text)| format!("// ---- kernels/{name}\n{text}\n")).collect();
+    let files = source_files().iter().map(|(name, text)| format!("// ---- kernels/{name}\n{text}\n")).collect::<String>();
+    let source = activation_prelude() + &files;
     let source = CString::new(source).map_err(|_| Error::Cuda { what: "kernels/*.cu contain a NUL byte".into() })?;
     let arch = format!("--gpu-architecture=sm_{}{}", cc.0, cc.1);
     // --fmad=false: a·b + c rounds twice, as on the CPU, so element-wise kernels match it exactly.

@@ -10,7 +10,7 @@ use super::buffer::DevBuf;
 use super::guarded_result;
 use crate::chain::Step;
 use crate::error::{Error, Result};
-use crate::layers::conv_geometry;
+use crate::layers::conv;
 use cudarc::cudnn::result::{self as dnn, CudnnError};
 use cudarc::cudnn::sys;
 use cudarc::driver::{sys as driver_sys, CudaStream};
@@ -250,7 +250,7 @@ impl Descs {
     pub fn new(step: &Step, batch: usize, tf32: bool) -> Result<Descs, String> {
         use sys::cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
         use sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW as NCHW;
-        let g = conv_geometry(step);
+        let g = conv::geometry(step);
         let dims = [
             batch,
             g.in_channels,

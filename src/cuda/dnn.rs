@@ -36,15 +36,16 @@
 use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
+use super::conv::{conv_forward_own, conv_input_grad_own, conv_weight_grad_own};
 use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
-use super::exec::{self, Backward, Forward};
+use super::exec::{Backward, Forward};
 use super::graph::Graphs;
 use super::state::GpuOptions;
 use super::timing::time_calls;
 use super::{driver_error, guarded_result};
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
-use crate::layers::{conv_geometry, conv_steps, region};
+use crate::layers::{conv, region};
 use cudarc::driver::CudaStream;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -217,7 +218,7 @@ impl Dnn {
             };
             Dnn { cudnn: None, header, id }
         };
-        if conv_steps(plan).next().is_none() {
+        if conv::steps(plan).next().is_none() {
             return Dnn { cudnn: None, header: String::new(), id };
         }
         if *mode == Mode::Own {
@@ -387,9 +388,9 @@ impl Cudnn {
             .steps
             .iter()
             .enumerate()
-            .filter(|(_, s)| matches!(s.layer, Layer::Conv { .. }))
+            .filter(|(_, s)| matches!(s.layer, Layer::Conv(_)))
             .map(|(index, step)| {
-                let g = conv_geometry(step);
+                let g = conv::geometry(step);
                 let label = format!(
                     "step {index} conv {}→{} {}×{} stride {}×{} pad {}×{} on {}×{}",
                     g.in_channels,
@@ -429,7 +430,7 @@ impl Cudnn {
     fn decide(&self, layer: &mut LayerSetup, dir: Dir, s: &StepRun) -> Result<()> {
         let StepRun { gpu, stream, plan, f, b, options, .. } = *s;
         let step = &plan.steps[layer.step];
-        let g = conv_geometry(step);
+        let g = conv::geometry(step);
         let shape =
             [g.in_channels, g.height, g.width, g.out_channels, g.kernel.0, g.kernel.1, g.stride.0, g.stride.1, g.padding.0, g.padding.1];
         let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32: options.tf32, dir };
@@ -468,9 +469,9 @@ impl Cudnn {
         let StepRun { gpu, blas, stream, plan, f, b, options } = *s;
         let step = &plan.steps[layer.step];
         let own = || match dir {
-            Dir::Forward => exec::conv_forward_own(gpu, blas, stream, plan, step, f),
-            Dir::Weight => exec::conv_weight_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
-            Dir::Input => exec::conv_input_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
+            Dir::Forward => conv_forward_own(gpu, blas, stream, plan, step, f),
+            Dir::Weight => conv_weight_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
+            Dir::Input => conv_input_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
         };
         let mut m = Measured { algo: None, own_us: f32::NAN, cudnn_us: f32::NAN, note: String::new() };
         match time_calls(gpu, stream, options.graphs, &own) {

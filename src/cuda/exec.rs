@@ -14,9 +14,10 @@ use super::launch::{View, ViewMut};
 use super::ops::{DenseEpilogue, PANEL_MAX_K};
 use super::pinned::Event;
 use super::wgrad::Job;
+use crate::activation::Activation;
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
-use crate::layers::{bias_layout, conv, conv_geometry, pool_geometry, region};
+use crate::layers::{region, Mode};
 use crate::loss::Loss;
 use cudarc::driver::{sys, CudaStream};
 use std::ops::Range;
@@ -27,23 +28,23 @@ use std::ops::Range;
 /// `Plan::new`), and each kernel below reads and writes the regions its CPU twin does, so the
 /// views taken at once never alias a written range.
 #[derive(Clone, Copy)]
-struct Raw {
+pub(super) struct Raw {
     ptr: sys::CUdeviceptr,
     len: usize,
 }
 
 impl Raw {
-    fn of<T>(buf: &DevBuf<T>) -> Raw {
+    pub(super) fn of<T>(buf: &DevBuf<T>) -> Raw {
         Raw { ptr: buf.ptr(), len: buf.len() }
     }
 
-    fn at<'a, T>(self, range: Range<usize>) -> View<'a, T> {
+    pub(super) fn at<'a, T>(self, range: Range<usize>) -> View<'a, T> {
         assert!(range.end <= self.len, "device region {range:?} out of 0..{}", self.len);
         // SAFETY: inside a live buffer of the caller's (see the type's doc for aliasing).
         unsafe { View::from_raw(self.ptr + (range.start * size_of::<T>()) as u64, range.len()) }
     }
 
-    fn at_mut<'a, T>(self, range: Range<usize>) -> ViewMut<'a, T> {
+    pub(super) fn at_mut<'a, T>(self, range: Range<usize>) -> ViewMut<'a, T> {
         assert!(range.end <= self.len, "device region {range:?} out of 0..{}", self.len);
         // SAFETY: as above.
         unsafe { ViewMut::from_raw(self.ptr + (range.start * size_of::<T>()) as u64, range.len()) }
@@ -96,12 +97,45 @@ pub(crate) struct LossBuffers<'a> {
     pub scratch: &'a DevBuf<f64>,
 }
 
+/// What a step's GPU forward (`LayerKind::gpu_forward`) launches with: the pass's device, cuBLAS
+/// handle, stream and buffers, and where the pass is.
+pub(crate) struct GpuForward<'a> {
+    pub gpu: &'a Gpu,
+    pub blas: &'a Blas,
+    pub stream: &'a CudaStream,
+    pub plan: &'a Plan,
+    pub f: &'a Forward<'a>,
+    /// The step's index in the plan.
+    pub index: usize,
+    /// The kernel ahead of the step's first launch writes no weights, so that launch may read
+    /// its weights before waiting for it (see [`forward`]).
+    pub weights_early: bool,
+}
+
+impl GpuForward<'_> {
+    /// Values of region `r` for the batch.
+    pub fn region(&self, r: usize) -> Range<usize> {
+        region(self.plan, r, self.f.capacity, self.f.batch)
+    }
+
+    /// `range` of the activations, read.
+    pub fn acts<'v>(&self, range: Range<usize>) -> View<'v, f32> {
+        Raw::of(self.f.acts).at(range)
+    }
+
+    /// `range` of the activations, written.
+    pub fn acts_mut<'v>(&self, range: Range<usize>) -> ViewMut<'v, f32> {
+        Raw::of(self.f.acts).at_mut(range)
+    }
+}
+
 /// Steps `0..upto`'s outputs for the first `f.batch` samples (as `layers::forward`); returns
 /// whether the kernel after them may read weights before waiting for the one ahead of it.
 ///
 /// `after_copy`: the kernel ahead of the pass in `stream` is the copy of its inputs (which
 /// writes no weights), so even the first layer reads its weights before waiting for it; else
 /// that kernel may be an optimiser's, and the first layer waits first.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     gpu: &Gpu,
     blas: &Blas,
@@ -110,52 +144,53 @@ pub(crate) fn forward(
     f: &Forward,
     after_copy: bool,
     upto: usize,
+    mode: Mode,
 ) -> Result<bool> {
-    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
-    let (capacity, batch) = (f.capacity, f.batch);
+    let mut pass = GpuForward { gpu, blas, stream, plan, f, index: 0, weights_early: after_copy };
     // whether the kernel ahead writes no weights: after the pass's own first launch it never does
     let mut early_next = after_copy;
     for (index, step) in plan.steps[..upto].iter().enumerate() {
-        let weights_early = early_next;
-        early_next |= !matches!(step.layer, Layer::Flatten);
-        let x = region(plan, step.input_region, capacity, batch);
-        let z = region(plan, step.z_region, capacity, batch);
-        let y = region(plan, step.output_region, capacity, batch);
-        let (w, b) = step.weight_and_bias();
-        match step.layer {
-            Layer::Dense { out_features, activation } => {
-                let in_features = step.input.len();
-                // Z (batch × out) = X (batch × in) · Wᵀ (+ b, Y = act(Z) in the same launch
-                // for small batches)
-                let xm = DevMat { data: acts.at(x), rs: in_features, cs: 1 };
-                let wt = DevMat { data: params.at(w), rs: 1, cs: in_features };
-                let tiles = gpu.dense_on_tensor_cores(batch, out_features, in_features, &xm, &wt, false);
-                if tiles || fused(gpu, batch, out_features, in_features) {
-                    let y = (z != y).then(|| acts.at_mut(y));
-                    let epilogue = DenseEpilogue::Forward { bias: params.at(b), z: acts.at_mut(z), y, act: activation };
-                    gpu.dense(stream, batch, out_features, in_features, xm, wt, epilogue, weights_early)?;
-                    continue;
-                }
-                let zm = DevMatMut { data: acts.at_mut(z.clone()), rs: out_features, cs: 1 };
-                blas.sgemm(batch, out_features, in_features, 1.0, xm, wt, 0.0, zm)?;
-            }
-            Layer::Conv { .. } => {
-                if !f.dnn.map_or(Ok(false), |d| d.forward(index, plan, f))? {
-                    conv_forward_own(gpu, blas, stream, plan, step, f)?;
-                }
-            }
-            Layer::MaxPool { .. } => {
-                gpu.maxpool_forward(stream, &pool_geometry(step), batch, acts.at(x), acts.at_mut(y))?;
-                continue;
-            }
-            Layer::Flatten => continue,
-        }
-        let (channels, pixels) = bias_layout(step);
-        let act = step.layer.activation();
-        let out = (z != y).then(|| acts.at_mut(y));
-        gpu.bias_act(stream, act, params.at(b), channels, pixels, batch, acts.at_mut(z), out)?;
+        (pass.index, pass.weights_early) = (index, early_next);
+        early_next |= !step.layer.is_view();
+        step.layer.gpu_forward(step, &pass, mode)?;
     }
     Ok(early_next)
+}
+
+/// A dense step's forward: Z (batch × out) = X (batch × in) · Wᵀ, with + b and Y = act(Z) in the
+/// same launch where the product runs fused, else after it.
+pub(crate) fn dense_forward(pass: &GpuForward, step: &Step, out_features: usize, activation: Activation) -> Result<()> {
+    let GpuForward { gpu, blas, stream, f, weights_early, .. } = *pass;
+    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
+    let batch = f.batch;
+    let (x, z, y) = (pass.region(step.input_region), pass.region(step.z_region), pass.region(step.output_region));
+    let (w, b) = step.weight_and_bias();
+    let in_features = step.input.len();
+    let xm = DevMat { data: acts.at(x), rs: in_features, cs: 1 };
+    let wt = DevMat { data: params.at(w), rs: 1, cs: in_features };
+    let tiles = gpu.dense_on_tensor_cores(batch, out_features, in_features, &xm, &wt, false);
+    if tiles || fused(gpu, batch, out_features, in_features) {
+        let y = (z != y).then(|| acts.at_mut(y));
+        let epilogue = DenseEpilogue::Forward { bias: params.at(b), z: acts.at_mut(z), y, act: activation };
+        return gpu.dense(stream, batch, out_features, in_features, xm, wt, epilogue, weights_early);
+    }
+    let zm = DevMatMut { data: acts.at_mut(z), rs: out_features, cs: 1 };
+    blas.sgemm(batch, out_features, in_features, 1.0, xm, wt, 0.0, zm)?;
+    bias_act(pass, step, activation, b, (out_features, 1))
+}
+
+/// z[s, c, p] += b[c] over the step's z, then y = act(z) where the step has a y of its own.
+pub(super) fn bias_act(
+    pass: &GpuForward,
+    step: &Step,
+    act: Activation,
+    bias: Range<usize>,
+    (channels, pixels): (usize, usize),
+) -> Result<()> {
+    let (z, y) = (pass.region(step.z_region), pass.region(step.output_region));
+    let out = (z != y).then(|| pass.acts_mut(y));
+    let params = Raw::of(pass.f.params);
+    pass.gpu.bias_act(pass.stream, act, params.at(bias), channels, pixels, pass.f.batch, pass.acts_mut(z), out)
 }
 
 /// The loss of the last step's output: its gradient into `dacts`, its value into `l.loss`.
@@ -287,6 +322,60 @@ fn fused_weight_grad(gpu: &Gpu, batch: usize, out: usize, inp: usize) -> bool {
     batch <= FUSED_BATCH || (batch <= PANEL_MAX_K && gpu.dense_blocks(out, inp, batch, true) <= gpu.dense_wave())
 }
 
+/// What a step's GPU backward (`LayerKind::gpu_backward`) launches with: the pass's device,
+/// handles, streams and buffers, the head that ran (if any), where the pass is, and what the
+/// steps after it (run before it) left for it.
+pub(crate) struct GpuBackward<'a> {
+    pub gpu: &'a Gpu,
+    pub blas: &'a Blas,
+    pub stream: &'a CudaStream,
+    pub plan: &'a Plan,
+    pub f: &'a Forward<'a>,
+    pub b: &'a Backward<'a>,
+    side: &'a Side<'a>,
+    head: Option<(&'a Head, &'a LossBuffers<'a>, Loss)>,
+    cleared: Option<Range<usize>>,
+    /// The step's index in the plan.
+    pub index: usize,
+    /// The head ran the step (and wrote its dz and its input gradient).
+    in_head: bool,
+    /// The pass needs the step's input gradient: not the model input's, nor one the head wrote.
+    pub need_dx: bool,
+    /// Bit i: step i's dz was written by the layer after it (steps past 127 are never fused).
+    dz_ready: u128,
+    /// Bit i: step i's weight gradient went with the head's (see `dense_backward`).
+    split_done: u128,
+    /// Work was forked to the side stream, to be joined back at the end.
+    forked: bool,
+}
+
+impl GpuBackward<'_> {
+    /// Values of region `r` for the batch.
+    pub fn region(&self, r: usize) -> Range<usize> {
+        region(self.plan, r, self.f.capacity, self.f.batch)
+    }
+
+    /// `range` of the activations, read.
+    pub fn acts<'v>(&self, range: Range<usize>) -> View<'v, f32> {
+        Raw::of(self.f.acts).at(range)
+    }
+
+    /// `range` of the activation gradients, read.
+    pub fn dacts<'v>(&self, range: Range<usize>) -> View<'v, f32> {
+        Raw::of(self.b.dacts).at(range)
+    }
+
+    /// `range` of the activation gradients, written.
+    pub fn dacts_mut<'v>(&self, range: Range<usize>) -> ViewMut<'v, f32> {
+        Raw::of(self.b.dacts).at_mut(range)
+    }
+}
+
+/// Bit `i` of the backward pass's step masks (0 past step 127).
+fn bit(i: usize) -> u128 {
+    1u128.checked_shl(i as u32).unwrap_or(0)
+}
+
 /// The backward pass (as `layers::backward`): `b.dacts` holds the loss gradient in the last
 /// step's output region; fills `b.grads` (overwriting) and every needed activation gradient.
 ///
@@ -314,16 +403,24 @@ pub(crate) fn backward(
     head: Option<(&Head, &LossBuffers, Loss)>,
     cleared: Option<Range<usize>>,
 ) -> Result<()> {
-    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
-    let (dacts, grads) = (Raw::of(b.dacts), Raw::of(b.grads));
-    let (capacity, batch) = (f.capacity, f.batch);
-    let mut forked = false;
-    // bit i: step i's dz was written by the layer after it (steps past 127 are never fused)
-    let bit = |i: usize| 1u128.checked_shl(i as u32).unwrap_or(0);
-    let mut dz_ready = head.and_then(|(h, ..)| h.producer).map_or(0, bit);
-    // bit i: step i's weight gradient went with the head's (see below)
-    let mut split_done = 0u128;
-    let head_step = head.map(|(h, ..)| h.step);
+    let dz_ready = head.and_then(|(h, ..)| h.producer).map_or(0, bit);
+    let mut pass = GpuBackward {
+        gpu,
+        blas,
+        stream,
+        plan,
+        f,
+        b,
+        side,
+        head,
+        cleared,
+        index: 0,
+        in_head: false,
+        need_dx: false,
+        dz_ready,
+        split_done: 0,
+        forked: false,
+    };
     if let Some((h, l, loss)) = head {
         // the loss's value from the head's terms, on a stream of its own beside the weight
         // gradients: behind those on the side stream it came last (the MLP step at 1024 took
@@ -334,123 +431,120 @@ pub(crate) fn backward(
         side.loss_join.record(side.loss_stream)?;
     }
     for (index, step) in plan.steps.iter().enumerate().rev() {
-        let x = region(plan, step.input_region, capacity, batch);
-        let z = region(plan, step.z_region, capacity, batch);
-        let y = region(plan, step.output_region, capacity, batch);
+        pass.index = index;
         // the head wrote its dz and its input gradient
-        let in_head = head.is_some_and(|(h, ..)| h.runs(index));
-        let need_dx = step.input_region != 0 && !in_head;
-        match step.layer {
-            Layer::Dense { .. } | Layer::Conv { .. } => {
-                if z != y && dz_ready & bit(index) == 0 && !in_head {
-                    // dz = dy ⊙ act'(z)
-                    let act = step.layer.activation();
-                    gpu.act_backward(stream, act, z.len(), acts.at(z.clone()), acts.at(y.clone()), dacts.at(y), dacts.at_mut(z.clone()))?;
-                }
-                let (w, bias) = step.weight_and_bias();
-                if let Some((out, inp)) = dense_shape(step) {
-                    // dW (out × in) = dZᵀ (out × batch) · X (batch × in), db = Σ_batch dZ
-                    let (dzt, xm) = weight_grad_operands(plan, step, f, b, out, inp);
-                    // the first layer's (no input gradient follows it) stays on the step's
-                    // stream: nothing is left to overlap it with there (nor is one that went
-                    // with the head's forked again)
-                    let (w_stream, w_blas) = if step.input_region != 0 && split_done & bit(index) == 0 {
-                        side.fork.record(stream)?;
-                        side.fork.wait_in(side.stream)?;
-                        forked = true;
-                        (side.stream, side.blas)
-                    } else {
-                        (stream, blas)
-                    };
-                    // Split over the batch (src/cuda/wgrad.rs) only on the side stream: on the
-                    // step's own it lost to the other kernels (the 100-200-1's first layer). The
-                    // dz of the head's layer before (or of its producer) is written too: where its
-                    // weight gradient also runs on the side stream, both go in one launch.
-                    let side_split = |layers: &[(usize, usize)]| step.input_region != 0 && gpu.weight_grad_split_takes(layers, batch);
-                    let pair = head
-                        .and_then(|(h, ..)| h.inner().or(h.producer))
-                        .filter(|&p| head_step == Some(index) && plan.steps[p].input_region != 0 && bit(p) != 0);
-                    let pair = pair.filter(|&p| dense_shape(&plan.steps[p]).is_some_and(|ps| side_split(&[(out, inp), ps])));
-                    if split_done & bit(index) != 0 {
-                        // launched with the head's
-                    } else if pair.is_some() || side_split(&[(out, inp)]) {
-                        let job = |s: &Step| {
-                            let (out, inp) = dense_shape(s).expect("a dense layer");
-                            let (w, b) = s.weight_and_bias();
-                            let (x, z) = (region(plan, s.input_region, capacity, batch), region(plan, s.z_region, capacity, batch));
-                            Job { out, inp, dz: dacts.at(z), x: acts.at(x), dw: grads.at_mut(w), db: grads.at_mut(b) }
-                        };
-                        match pair {
-                            Some(p) => {
-                                split_done |= bit(p);
-                                gpu.weight_grad_split(w_stream, batch, &[job(step), job(&plan.steps[p])])?;
-                            }
-                            None => gpu.weight_grad_split(w_stream, batch, &[job(step)])?,
-                        }
-                    } else if gpu.dense_on_tensor_cores(out, inp, batch, &dzt, &xm, true) || fused_weight_grad(gpu, batch, out, inp) {
-                        // split over two blocks, it adds into dW and db, which the head cleared
-                        // where it ran (else the product clears them first)
-                        let cleared = cleared.as_ref().is_some_and(|c| c.start <= step.params.start && step.params.end <= c.end);
-                        let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias), cleared };
-                        // B is X, from the forward pass: the kernel ahead (the backward
-                        // pass's, the loss or the head) does not write it (a deep head writes
-                        // the last step's X, but that step's weight gradient runs on the side
-                        // stream, after an event: its input region is never the plan's)
-                        gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue, true)?;
-                    } else {
-                        gpu.bias_grad(w_stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
-                        let dw = DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 };
-                        w_blas.sgemm(out, inp, batch, 1.0, dzt, xm, 0.0, dw)?;
-                    }
-                    if need_dx && !fused(gpu, batch, inp, out) {
-                        // dX (batch × in) = dZ (batch × out) · W (out × in)
-                        let dzm = DevMat { data: dacts.at(z), rs: out, cs: 1 };
-                        let wm = DevMat { data: params.at(w), rs: inp, cs: 1 };
-                        blas.sgemm(batch, inp, out, 1.0, dzm, wm, 0.0, DevMatMut { data: dacts.at_mut(x), rs: inp, cs: 1 })?;
-                    } else if need_dx {
-                        // dX (batch × in) = dZ (batch × out) · W (out × in), times act' of the
-                        // layer that made X when there is one (then it is that layer's dZ)
-                        let dzm = DevMat { data: dacts.at(z), rs: out, cs: 1 };
-                        let wm = DevMat { data: params.at(w), rs: inp, cs: 1 };
-                        let producer = step.activated_input.filter(|&p| bit(p) != 0);
-                        let epilogue = match producer {
-                            Some(p) => {
-                                dz_ready |= bit(p);
-                                let ps = &plan.steps[p];
-                                let pz = region(plan, ps.z_region, capacity, batch);
-                                DenseEpilogue::InputGrad {
-                                    dx: dacts.at_mut(pz.clone()),
-                                    prev: Some((acts.at(pz), acts.at(x), ps.layer.activation())),
-                                }
-                            }
-                            None => DenseEpilogue::InputGrad { dx: dacts.at_mut(x), prev: None },
-                        };
-                        // after the loss in the same pass: the weights are read at once
-                        gpu.dense(stream, batch, inp, out, dzm, wm, epilogue, true)?;
-                    }
-                } else {
-                    let (channels, pixels) = bias_layout(step);
-                    gpu.bias_grad(stream, channels, pixels, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
-                    if !f.dnn.map_or(Ok(false), |d| d.weight_grad(index, plan, f, b))? {
-                        conv_weight_grad_own(gpu, blas, stream, plan, step, f, b)?;
-                    }
-                    if need_dx && !f.dnn.map_or(Ok(false), |d| d.input_grad(index, plan, f, b))? {
-                        conv_input_grad_own(gpu, blas, stream, plan, step, f, b)?;
-                    }
-                }
-            }
-            Layer::MaxPool { .. } if need_dx => {
-                gpu.maxpool_backward(stream, &pool_geometry(step), batch, acts.at(x.clone()), dacts.at(y), dacts.at_mut(x))?;
-            }
-            Layer::MaxPool { .. } | Layer::Flatten => {}
-        }
+        pass.in_head = head.is_some_and(|(h, ..)| h.runs(index));
+        pass.need_dx = step.input_region != 0 && !pass.in_head;
+        step.layer.gpu_backward(step, &mut pass)?;
     }
-    if forked {
+    if pass.forked {
         side.join.record(side.stream)?;
         side.join.wait_in(stream)?;
     }
     if head.is_some() {
         side.loss_join.wait_in(stream)?;
+    }
+    Ok(())
+}
+
+/// dz = dy ⊙ act'(z) for a step with a y of its own, unless the layer after it (or the head)
+/// wrote its dz already.
+pub(super) fn activation_backward(pass: &GpuBackward, step: &Step, act: Activation) -> Result<()> {
+    let (z, y) = (pass.region(step.z_region), pass.region(step.output_region));
+    if z != y && pass.dz_ready & bit(pass.index) == 0 && !pass.in_head {
+        pass.gpu.act_backward(pass.stream, act, z.len(), pass.acts(z.clone()), pass.acts(y.clone()), pass.dacts(y), pass.dacts_mut(z))?;
+    }
+    Ok(())
+}
+
+/// A dense step's backward: its dz (unless written), dW = dZᵀ · X and db = Σ_batch dZ (on the
+/// side stream but the first layer's), and dX = dZ · W where needed, times act' of the layer
+/// that made X when there is one (then that layer's dz).
+pub(crate) fn dense_backward(pass: &mut GpuBackward, step: &Step, activation: Activation) -> Result<()> {
+    activation_backward(pass, step, activation)?;
+    let GpuBackward { gpu, blas, stream, plan, f, b, side, head, index, need_dx, .. } = *pass;
+    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
+    let (dacts, grads) = (Raw::of(b.dacts), Raw::of(b.grads));
+    let (capacity, batch) = (f.capacity, f.batch);
+    let head_step = head.map(|(h, ..)| h.step);
+    let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+    let (w, bias) = step.weight_and_bias();
+    let (out, inp) = dense_shape(step).expect("a dense layer");
+    // dW (out × in) = dZᵀ (out × batch) · X (batch × in), db = Σ_batch dZ
+    let (dzt, xm) = weight_grad_operands(plan, step, f, b, out, inp);
+    // the first layer's (no input gradient follows it) stays on the step's
+    // stream: nothing is left to overlap it with there (nor is one that went
+    // with the head's forked again)
+    let (w_stream, w_blas) = if step.input_region != 0 && pass.split_done & bit(index) == 0 {
+        side.fork.record(stream)?;
+        side.fork.wait_in(side.stream)?;
+        pass.forked = true;
+        (side.stream, side.blas)
+    } else {
+        (stream, blas)
+    };
+    // Split over the batch (src/cuda/wgrad.rs) only on the side stream: on the
+    // step's own it lost to the other kernels (the 100-200-1's first layer). The
+    // dz of the head's layer before (or of its producer) is written too: where its
+    // weight gradient also runs on the side stream, both go in one launch.
+    let side_split = |layers: &[(usize, usize)]| step.input_region != 0 && gpu.weight_grad_split_takes(layers, batch);
+    let pair = head
+        .and_then(|(h, ..)| h.inner().or(h.producer))
+        .filter(|&p| head_step == Some(index) && plan.steps[p].input_region != 0 && bit(p) != 0);
+    let pair = pair.filter(|&p| dense_shape(&plan.steps[p]).is_some_and(|ps| side_split(&[(out, inp), ps])));
+    if pass.split_done & bit(index) != 0 {
+        // launched with the head's
+    } else if pair.is_some() || side_split(&[(out, inp)]) {
+        let job = |s: &Step| {
+            let (out, inp) = dense_shape(s).expect("a dense layer");
+            let (w, b) = s.weight_and_bias();
+            let (x, z) = (region(plan, s.input_region, capacity, batch), region(plan, s.z_region, capacity, batch));
+            Job { out, inp, dz: dacts.at(z), x: acts.at(x), dw: grads.at_mut(w), db: grads.at_mut(b) }
+        };
+        match pair {
+            Some(p) => {
+                pass.split_done |= bit(p);
+                gpu.weight_grad_split(w_stream, batch, &[job(step), job(&plan.steps[p])])?;
+            }
+            None => gpu.weight_grad_split(w_stream, batch, &[job(step)])?,
+        }
+    } else if gpu.dense_on_tensor_cores(out, inp, batch, &dzt, &xm, true) || fused_weight_grad(gpu, batch, out, inp) {
+        // split over two blocks, it adds into dW and db, which the head cleared
+        // where it ran (else the product clears them first)
+        let cleared = pass.cleared.as_ref().is_some_and(|c| c.start <= step.params.start && step.params.end <= c.end);
+        let epilogue = DenseEpilogue::WeightGrad { dw: grads.at_mut(w.clone()), db: grads.at_mut(bias), cleared };
+        // B is X, from the forward pass: the kernel ahead (the backward
+        // pass's, the loss or the head) does not write it (a deep head writes
+        // the last step's X, but that step's weight gradient runs on the side
+        // stream, after an event: its input region is never the plan's)
+        gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue, true)?;
+    } else {
+        gpu.bias_grad(w_stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
+        let dw = DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 };
+        w_blas.sgemm(out, inp, batch, 1.0, dzt, xm, 0.0, dw)?;
+    }
+    if need_dx && !fused(gpu, batch, inp, out) {
+        // dX (batch × in) = dZ (batch × out) · W (out × in)
+        let dzm = DevMat { data: dacts.at(z), rs: out, cs: 1 };
+        let wm = DevMat { data: params.at(w), rs: inp, cs: 1 };
+        blas.sgemm(batch, inp, out, 1.0, dzm, wm, 0.0, DevMatMut { data: dacts.at_mut(x), rs: inp, cs: 1 })?;
+    } else if need_dx {
+        // dX (batch × in) = dZ (batch × out) · W (out × in), times act' of the
+        // layer that made X when there is one (then it is that layer's dZ)
+        let dzm = DevMat { data: dacts.at(z), rs: out, cs: 1 };
+        let wm = DevMat { data: params.at(w), rs: inp, cs: 1 };
+        let producer = step.activated_input.filter(|&p| bit(p) != 0);
+        let epilogue = match producer {
+            Some(p) => {
+                pass.dz_ready |= bit(p);
+                let ps = &plan.steps[p];
+                let pz = region(plan, ps.z_region, capacity, batch);
+                DenseEpilogue::InputGrad { dx: dacts.at_mut(pz.clone()), prev: Some((acts.at(pz), acts.at(x), ps.layer.activation())) }
+            }
+            None => DenseEpilogue::InputGrad { dx: dacts.at_mut(x), prev: None },
+        };
+        // after the loss in the same pass: the weights are read at once
+        gpu.dense(stream, batch, inp, out, dzm, wm, epilogue, true)?;
     }
     Ok(())
 }
@@ -486,93 +580,6 @@ pub(crate) fn split_weight_grads(gpu: &Gpu, plan: &Plan, f: &Forward, b: &Backwa
 
 /// A dense step's (outputs, inputs), or None for other layers.
 fn dense_shape(step: &Step) -> Option<(usize, usize)> {
-    match step.layer {
-        Layer::Dense { out_features, .. } => Some((out_features, step.input.len())),
-        _ => None,
-    }
-}
-
-/// A convolution step's regions for the batch (input x, pre-activation z), its weight range and
-/// its geometry.
-struct ConvParts {
-    x: Range<usize>,
-    z: Range<usize>,
-    w: Range<usize>,
-    g: conv::Geometry,
-}
-
-impl ConvParts {
-    fn of(plan: &Plan, step: &Step, f: &Forward) -> ConvParts {
-        let (capacity, batch) = (f.capacity, f.batch);
-        let (x, z) = (region(plan, step.input_region, capacity, batch), region(plan, step.z_region, capacity, batch));
-        ConvParts { x, z, w: step.weight_and_bias().0, g: conv_geometry(step) }
-    }
-}
-
-/// Z (batch, OC, OH, OW) = conv(X, W) without the bias, through flatnn's kernels: im2col, then
-/// one strided-batched product.
-pub(super) fn conv_forward_own(gpu: &Gpu, blas: &Blas, stream: &CudaStream, plan: &Plan, step: &Step, f: &Forward) -> Result<()> {
-    let (params, acts, cols) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(f.cols));
-    let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
-    let batch = f.batch;
-    let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
-    gpu.im2col(stream, &g, batch, acts.at(x), cols.at_mut(0..batch * lowered))?;
-    // Z_s (OC × OHW) = W (OC × CKK) · col_s (CKK × OHW), for every sample s
-    let wm = DevMat { data: params.at(w), rs: ckk, cs: 1 };
-    let colm = DevMat { data: cols.at(0..batch * lowered), rs: ohw, cs: 1 };
-    let zm = DevMatMut { data: acts.at_mut(z), rs: ohw, cs: 1 };
-    blas.sgemm_batched(batch, oc, ohw, ckk, 1.0, (wm, 0), (colm, lowered), 0.0, (zm, oc * ohw))
-}
-
-/// dW (OC, C, kh, kw) = Σ_s dZ_s · col_sᵀ, overwritten, through flatnn's kernels: im2col,
-/// per-sample products, then their sum as one product with a row of ones.
-pub(super) fn conv_weight_grad_own(
-    gpu: &Gpu,
-    blas: &Blas,
-    stream: &CudaStream,
-    plan: &Plan,
-    step: &Step,
-    f: &Forward,
-    b: &Backward,
-) -> Result<()> {
-    let (acts, cols) = (Raw::of(f.acts), Raw::of(f.cols));
-    let (dacts, grads, partials, ones) = (Raw::of(b.dacts), Raw::of(b.grads), Raw::of(b.partials), Raw::of(b.ones));
-    let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
-    let batch = f.batch;
-    let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
-    let w_len = oc * ckk;
-    gpu.im2col(stream, &g, batch, acts.at(x), cols.at_mut(0..batch * lowered))?;
-    // dW_s (OC × CKK) = dZ_s (OC × OHW) · col_sᵀ (OHW × CKK), one per sample ...
-    let dzm = DevMat { data: dacts.at(z), rs: ohw, cs: 1 };
-    let colt = DevMat { data: cols.at(0..batch * lowered), rs: 1, cs: ohw };
-    let pm = DevMatMut { data: partials.at_mut(0..batch * w_len), rs: ckk, cs: 1 };
-    blas.sgemm_batched(batch, oc, ckk, ohw, 1.0, (dzm, oc * ohw), (colt, lowered), 0.0, (pm, w_len))?;
-    // ... then dW (1 × OC·CKK) = 1ᵀ (1 × batch) · partials (batch × OC·CKK)
-    let onesm = DevMat { data: ones.at(0..batch), rs: batch, cs: 1 };
-    let pm = DevMat { data: partials.at(0..batch * w_len), rs: w_len, cs: 1 };
-    blas.sgemm(1, w_len, batch, 1.0, onesm, pm, 0.0, DevMatMut { data: grads.at_mut(w), rs: w_len, cs: 1 })
-}
-
-/// dX (batch, C, H, W) = convᵀ(dZ, W), overwritten, through flatnn's kernels: per-sample
-/// products into lowered form, then col2im.
-pub(super) fn conv_input_grad_own(
-    gpu: &Gpu,
-    blas: &Blas,
-    stream: &CudaStream,
-    plan: &Plan,
-    step: &Step,
-    f: &Forward,
-    b: &Backward,
-) -> Result<()> {
-    let params = Raw::of(f.params);
-    let (dacts, dcols) = (Raw::of(b.dacts), Raw::of(b.dcols));
-    let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
-    let batch = f.batch;
-    let (oc, ckk, ohw, lowered) = (g.out_channels, g.ckk(), g.ohw(), g.lowered_len());
-    // dcol_s (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW), then col2im
-    let wt = DevMat { data: params.at(w), rs: 1, cs: ckk };
-    let dzm = DevMat { data: dacts.at(z), rs: ohw, cs: 1 };
-    let dcolm = DevMatMut { data: dcols.at_mut(0..batch * lowered), rs: ohw, cs: 1 };
-    blas.sgemm_batched(batch, ckk, ohw, oc, 1.0, (wt, 0), (dzm, oc * ohw), 0.0, (dcolm, lowered))?;
-    gpu.col2im(stream, &g, batch, dcols.at(0..batch * lowered), dacts.at_mut(x))
+    let Layer::Dense(dense) = step.layer else { return None };
+    Some((dense.out_features, step.input.len()))
 }

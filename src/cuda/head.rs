@@ -15,7 +15,7 @@
 
 use super::context::{Gpu, Kernel};
 use super::launch::{int, kernel_args, BLOCK};
-use super::ops::{act_code, loss_scales, LOSS_BLOCKS};
+use super::ops::{loss_scales, LOSS_BLOCKS};
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
 use crate::layers::region;
@@ -121,7 +121,7 @@ impl Dense {
         let (w, b) = s.weight_and_bias();
         Some(Dense {
             k: int(s.input.len()).ok()?,
-            act: act_code(s.layer.activation()),
+            act: s.layer.activation().gpu_code(),
             w: int(w.start).ok()?,
             b: int(b.start).ok()?,
             x: at(s.input_region)?,
@@ -153,7 +153,7 @@ impl Head {
         let step_index = plan.steps.len().checked_sub(1)?;
         let step = &plan.steps[step_index];
         let (k, n) = (step.input.len(), step.output.len());
-        let dense = |s: &Step| matches!(s.layer, Layer::Dense { .. });
+        let dense = |s: &Step| matches!(s.layer, Layer::Dense(_));
         if !gpu.head_enabled() || !dense(step) || n > MAX_OUTPUTS || k > MAX_INPUTS || batch <= MIN_BATCH || batch > MAX_BATCH {
             return None;
         }
@@ -166,7 +166,7 @@ impl Head {
                 Some(p) => {
                     let ps = &plan.steps[p];
                     let z = at(ps.z_region)?;
-                    InputGrad { producer: Some(p), dx: z, prev_z: z, prev_act: act_code(ps.layer.activation()) }
+                    InputGrad { producer: Some(p), dx: z, prev_z: z, prev_act: ps.layer.activation().gpu_code() }
                 }
                 None if s.input_region != 0 => InputGrad { producer: None, dx: at(s.input_region)?, prev_z: -1, prev_act: (0, 0.0) },
                 None => InputGrad { producer: None, dx: -1, prev_z: -1, prev_act: (0, 0.0) },
@@ -191,6 +191,9 @@ impl Head {
                 && batch <= DEEP_MAX_BATCH
                 && dense(s)
                 && s.output_region == step.input_region
+                // the last step is its output's only reader: its input gradient is the whole of
+                // that output's gradient (a skip connection's would be added after)
+                && plan.consumers[step.input_region] == 1
                 // the last step's dz folds this one's activation in, if it has one (a producer
                 // past step 127 does not: its activation would be skipped)
                 && step.activated_input == producer

@@ -14,10 +14,11 @@
 mod blas;
 mod buffer;
 mod context;
+pub(crate) mod conv;
 mod cudnn;
 pub(crate) mod data;
 mod dnn;
-mod exec;
+pub(crate) mod exec;
 mod graph;
 pub(crate) mod head;
 mod launch;

@@ -265,18 +265,6 @@ pub(crate) fn optim_kernel(config: Optim) -> Kernel {
     }
 }
 
-/// The kernels' activation id and leaky slope (see kernels/activation.cu).
-pub(super) fn act_code(act: Activation) -> (i32, f32) {
-    match act {
-        Activation::Identity => (0, 0.0),
-        Activation::Relu => (1, 0.0),
-        Activation::LeakyRelu(slope) => (2, slope),
-        Activation::Tanh => (3, 0.0),
-        Activation::Sigmoid => (4, 0.0),
-        Activation::Gelu => (5, 0.0),
-    }
-}
-
 impl Gpu {
     /// Launches `kernel` on `grid` blocks of [`BLOCK`] threads.
     fn run<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: u32, args: [*mut c_void; N]) -> Result<()> {
@@ -425,7 +413,7 @@ impl Gpu {
                 (2, n + 1, null, dw.ptr(), db.ptr(), null, null, Activation::Identity)
             }
         };
-        let (code, slope) = act_code(act);
+        let (code, slope) = act.gpu_code();
         let (ap, bp) = (a.data.ptr(), b.data.ptr());
         let [a_rs, a_cs, b_rs, b_cs, mi, ni, ki, ldc] = ints([a.rs, a.cs, b.rs, b.cs, m, cols, k, n])?;
         let _ = int(m * cols)?;
@@ -534,7 +522,7 @@ impl Gpu {
         if len == 0 {
             return Ok(());
         }
-        let (code, slope) = act_code(act);
+        let (code, slope) = act.gpu_code();
         let (z, y, bias) = (z.ptr(), y.map_or(0, |y| y.ptr()), bias.ptr());
         let (channels, pixels, n) = (int(channels)?, int(pixels)?, int(len)?);
         self.run(stream, Kernel::BiasActForward, blocks(len), kernel_args![z, y, bias, code, slope, channels, pixels, n])
@@ -556,7 +544,7 @@ impl Gpu {
         if n == 0 {
             return Ok(());
         }
-        let (code, slope) = act_code(act);
+        let (code, slope) = act.gpu_code();
         let (z, y, dy, dz, len) = (z.ptr(), y.ptr(), dy.ptr(), dz.ptr(), int(n)?);
         self.run(stream, Kernel::ActBackward, blocks(n), kernel_args![z, y, dy, dz, code, slope, len])
     }

@@ -14,6 +14,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+/// How much longer than the group's timeout a rank waits for rank 0's answer.
+const ANSWER_GRACE: Duration = Duration::from_secs(2);
 const MAGIC: &[u8; 8] = b"flatnnRV";
 const GO: u8 = 0;
 /// The group cannot form as configured (world sizes differ, a rank is out of range or twice).
@@ -155,8 +157,10 @@ pub(crate) fn fetch(group: &Group) -> Result<[u8; UNIQUE_ID_BYTES]> {
     hello.extend_from_slice(&u32_of(group.world)?.to_le_bytes());
     hello.extend_from_slice(&u32_of(group.rank)?.to_le_bytes());
     stream.write_all(&hello).map_err(rank_error)?;
-    // rank 0 answers within its timeout of starting to listen, which was before this connect
-    set_deadline(&stream, Instant::now() + group.timeout).map_err(rank_error)?;
+    // rank 0 answers within its timeout of starting to listen, which was before this connect;
+    // the grace lets its answer (which names the ranks that did not come) arrive on a busy
+    // machine before this rank gives up with a less useful error of its own
+    set_deadline(&stream, Instant::now() + group.timeout + ANSWER_GRACE).map_err(rank_error)?;
     let mut answer = [0u8; 1];
     stream.read_exact(&mut answer).map_err(rank_error)?;
     if answer[0] == GO {

@@ -22,12 +22,11 @@ use super::buffer::DevBuf;
 use super::context::{Gpu, Kernel};
 use super::driver_error;
 use super::launch::{int, kernel_args, launch, BLOCK};
-use super::ops::act_code;
 use super::pinned::Pinned;
 use super::state::{spin_until, DevModel};
 use crate::chain::{Layer, Plan};
 use crate::error::{Error, Result};
-use crate::layers::dense_steps;
+use crate::layers::dense;
 use cudarc::driver::{sys, CudaStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,8 +51,8 @@ const MARGIN: Duration = Duration::from_micros(100);
 /// `Model::forward`): 1 to [`MAX_LAYERS`] dense layers (and flatten steps) and nothing else,
 /// whose weights and a block's activations fit in the shared memory the kernel may have.
 pub(crate) fn fits(gpu: &Gpu, plan: &Plan, capacity: usize) -> bool {
-    let dense = dense_steps(plan).count();
-    let others = plan.steps.iter().any(|s| !matches!(s.layer, Layer::Dense { .. } | Layer::Flatten));
+    let dense = dense::steps(plan).count();
+    let others = plan.steps.iter().any(|s| !matches!(s.layer, Layer::Dense(_) | Layer::Flatten(_)));
     !others && (1..=MAX_LAYERS).contains(&dense) && Shape::of(gpu, plan, capacity).shared <= gpu.serve_shared_limit()
 }
 
@@ -71,8 +70,8 @@ struct Shape {
 impl Shape {
     fn of(gpu: &Gpu, plan: &Plan, capacity: usize) -> Shape {
         let rows = capacity.div_ceil(gpu.multiprocessors() as usize).max(1);
-        let weights: usize = dense_steps(plan).map(|s| s.output.len() * ((s.input.len() | 1) + 1)).sum();
-        let width = dense_steps(plan).map(|s| s.output.len()).chain([plan.input.len()]).max().unwrap_or(0);
+        let weights: usize = dense::steps(plan).map(|s| s.output.len() * ((s.input.len() | 1) + 1)).sum();
+        let width = dense::steps(plan).map(|s| s.output.len()).chain([plan.input.len()]).max().unwrap_or(0);
         // the activations start at a multiple of 4 values (kernels/serve.cu loads 4 at a time)
         let shared = 4 * (weights.next_multiple_of(4) + 2 * rows * width);
         Shape { rows, blocks: capacity.div_ceil(rows).max(1), width, shared }
@@ -116,9 +115,9 @@ impl DevServer {
         let shape = Shape::of(&gpu, plan, capacity);
         int(shape.width)?;
         let mut table = Vec::new();
-        for step in dense_steps(plan) {
+        for step in dense::steps(plan) {
             let (w, b) = step.weight_and_bias();
-            let (act, slope) = act_code(step.layer.activation());
+            let (act, slope) = step.layer.activation().gpu_code();
             table.extend([int(step.input.len())?, int(step.output.len())?, act, slope.to_bits() as i32, int(w.start)?, int(b.start)?]);
         }
         let (input_len, output_len) = (plan.input.len(), plan.output().len());

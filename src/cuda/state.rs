@@ -28,7 +28,7 @@ use crate::cache::{Cache, Grads};
 use crate::chain::{batch_len, Plan};
 use crate::device::Device;
 use crate::error::{zeros, Error, Result};
-use crate::layers::{conv_geometry, conv_steps};
+use crate::layers::{conv, Mode};
 use crate::loss::Loss;
 use crate::optim::{Clip, Update};
 use cudarc::driver::{result, sys, CudaStream};
@@ -62,6 +62,8 @@ pub(crate) struct DevModel {
     /// weight gradients (forked after the head, joined back before the update).
     loss_side: Arc<CudaStream>,
     pub params: DevBuf<f32>,
+    /// The model's buffers (running statistics and the like), where its plan has any.
+    buffers: Option<DevBuf<f32>>,
     pub options: GpuOptions,
 }
 
@@ -130,7 +132,7 @@ pub(crate) struct DevOptim {
 /// The longest lowered sample (CKK × OHW) of any convolution: the GPU lowers a whole batch, one
 /// such block per sample (the CPU's scratch, `conv::Geometry::col_len`, is laid out otherwise).
 fn max_lowered_len(plan: &Plan) -> usize {
-    conv_steps(plan).map(|s| conv_geometry(s).lowered_len()).max().unwrap_or(0)
+    conv::steps(plan).map(|s| conv::geometry(s).lowered_len()).max().unwrap_or(0)
 }
 
 /// Makes `bound` the model's stream, after the work queued on the one it held.
@@ -143,11 +145,13 @@ fn rebind(bound: &mut Arc<CudaStream>, stream: &Arc<CudaStream>) -> Result<()> {
 }
 
 impl DevModel {
-    /// `params` copied to device `gpu`, with new streams.
-    pub fn new(gpu: &Arc<Gpu>, params: &[f32], options: GpuOptions) -> Result<DevModel> {
+    /// `params` and `buffers` copied to device `gpu`, with new streams (no buffer allocated for
+    /// a model without buffers).
+    pub fn new(gpu: &Arc<Gpu>, params: &[f32], buffers: &[f32], options: GpuOptions) -> Result<DevModel> {
         let (stream, side, loss_side) = (gpu.new_stream()?, gpu.new_stream()?, gpu.new_stream()?);
         let params = DevBuf::from_host(gpu, &stream, params)?;
-        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, loss_side, params, options })
+        let buffers = (!buffers.is_empty()).then(|| DevBuf::from_host(gpu, &stream, buffers)).transpose()?;
+        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, loss_side, params, buffers, options })
     }
 
     pub fn device(&self) -> Device {
@@ -164,9 +168,31 @@ impl DevModel {
         self.params.upload(&self.stream, values)
     }
 
-    /// `params` on CUDA device `ordinal`.
-    pub fn on(ordinal: usize, params: &[f32], options: GpuOptions) -> Result<DevModel> {
-        DevModel::new(&super::gpu(ordinal)?, params, options)
+    /// The buffers, copied to the host after every queued step.
+    pub fn download_buffers(&self, out: &mut [f32]) -> Result<()> {
+        match &self.buffers {
+            Some(buffers) => buffers.download(&self.stream, out),
+            None => {
+                debug_assert!(out.is_empty());
+                Ok(())
+            }
+        }
+    }
+
+    /// The buffers replaced by `values`, after every queued step.
+    pub fn upload_buffers(&mut self, values: &[f32]) -> Result<()> {
+        match &mut self.buffers {
+            Some(buffers) => buffers.upload(&self.stream, values),
+            None => {
+                debug_assert!(values.is_empty());
+                Ok(())
+            }
+        }
+    }
+
+    /// `params` and `buffers` on CUDA device `ordinal`.
+    pub fn on(ordinal: usize, params: &[f32], buffers: &[f32], options: GpuOptions) -> Result<DevModel> {
+        DevModel::new(&super::gpu(ordinal)?, params, buffers, options)
     }
 
     /// The resident kernel's buffers for calls of up to `capacity` samples, or None where this
@@ -254,7 +280,7 @@ impl DevModel {
                 // the host does not write the staging buffer before the wait below
                 copy_inputs_in(gpu, stream, f.acts, inputs.len(), inputs_device)?;
             }
-            exec::forward(gpu, blas, stream, plan, &f, inputs.is_some(), plan.steps.len())?;
+            exec::forward(gpu, blas, stream, plan, &f, inputs.is_some(), plan.steps.len(), Mode::Infer)?;
             let outputs = f.acts.view(out.clone());
             if signal {
                 return gpu.finish_outputs(stream, out.len(), outputs, host_out_device, counter.all_mut(), flag);
@@ -382,7 +408,7 @@ impl DevModel {
             // it takes them (src/cuda/head.rs)
             let head = Head::of(gpu, plan, capacity, batch);
             let upto = head.map_or(plan.steps.len(), |h| h.first());
-            let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto)?;
+            let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto, Mode::Train)?;
             // the head clears the gradients that split weight gradients add into
             let cleared = head.as_ref().and_then(|_| exec::split_weight_grads(gpu, plan, &f, &b));
             match &head {
@@ -526,7 +552,7 @@ impl DevCache {
 
 impl DevGrads {
     fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, side: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<DevGrads> {
-        let conv_w = conv_steps(plan).map(|s| s.weight_len()).max().unwrap_or(0);
+        let conv_w = conv::steps(plan).map(|s| s.weight_len()).max().unwrap_or(0);
         // every size checked before the first allocation
         let dacts = plan.acts_len(capacity)?;
         let dcols = batch_len(capacity, max_lowered_len(plan), "lowered convolution gradients")?;

@@ -3,20 +3,209 @@
 //!
 //!   z[oc, y, x] = b[oc] + Σ_{c,i,j} w[oc, c, i, j] · in[c, y·sh + i − ph, x·sw + j − pw]
 //!
-//! The fast path lowers each sample to a matrix (im2col, CKK × OHW with CKK = C·kh·kw) in
-//! per-thread scratch from the cache and multiplies: Z_s (OC × OHW) = W (OC × CKK) · col_s.
+//! The fast path lowers each sample to a matrix (im2col, CKK × OHW with CKK = C·kh·kw; see
+//! `layers/lowering.rs`) in per-thread scratch from the cache and multiplies: Z_s (OC × OHW) = W (OC × CKK) · col_s.
 //! Backward: dW = Σ_s dZ_s · col_sᵀ (as row dot products, see `cpu::rowdot`), dcol_s = Wᵀ · dZ_s,
 //! then col2im adds dcol_s into dX_s.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-use crate::chain::Shape;
+use super::kind::{LayerKind, Mode, TensorSpec};
+use super::lowering::{col2im, im2col, Scratch};
+use super::{split2, BackPass, Layer, Pass};
+use crate::activation::Activation;
+use crate::chain::{fits, Chain, Fill, Plan, Shape, Step};
 use crate::cpu::gemm::{sgemm_on, GemmWorkspace, Mat, MatMut};
 use crate::cpu::pool::Pool;
 use crate::cpu::rowdot::rowdot;
 use crate::cpu::{chunk_range, for_chunks, SharedMut};
+use crate::error::Result;
 #[cfg(test)]
 use crate::float::Float;
+use crate::io::Words;
+use crate::summary::pair;
+
+/// A 2-D convolution (cross-correlation) with zero padding, then act: W (out_channels,
+/// in_channels, kh, kw), on an image.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Conv {
+    pub out_channels: usize,
+    pub kernel: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub activation: Activation,
+}
+
+/// Options of a convolution beyond its output channels, kernel and activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvOptions {
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+}
+
+impl Default for ConvOptions {
+    fn default() -> Self {
+        ConvOptions { stride: (1, 1), padding: (0, 0) }
+    }
+}
+
+impl Chain {
+    /// Convolution with stride 1 and no padding.
+    pub fn conv(self, out_channels: usize, kernel: (usize, usize), activation: Activation) -> Chain {
+        self.conv_with(out_channels, kernel, activation, ConvOptions::default())
+    }
+
+    /// Convolution with explicit stride and zero padding.
+    pub fn conv_with(self, out_channels: usize, kernel: (usize, usize), activation: Activation, options: ConvOptions) -> Chain {
+        let ConvOptions { stride, padding } = options;
+        self.layer(Conv { out_channels, kernel, stride, padding, activation }.into())
+    }
+}
+
+impl LayerKind for Conv {
+    const WORD: &'static str = "conv";
+
+    fn activation(&self) -> Option<Activation> {
+        Some(self.activation)
+    }
+
+    fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String> {
+        let Conv { out_channels, kernel, stride, padding, .. } = *self;
+        let Shape::Image { channels, height, width } = input else {
+            return Err("needs an image input".into());
+        };
+        if out_channels == 0 || kernel.0 == 0 || kernel.1 == 0 || stride.0 == 0 || stride.1 == 0 {
+            return Err("output channels, kernel and stride must be at least 1".into());
+        }
+        let padded = |n: usize, p: usize| p.checked_mul(2).and_then(|p| p.checked_add(n));
+        let (Some(ph), Some(pw)) = (padded(height, padding.0), padded(width, padding.1)) else {
+            return Err("the padded input's size overflows".into());
+        };
+        if kernel.0 > ph || kernel.1 > pw {
+            return Err(format!("kernel {}×{} is larger than the padded input {ph}×{pw}", kernel.0, kernel.1));
+        }
+        if padding.0 >= kernel.0 || padding.1 >= kernel.1 {
+            return Err("padding must be smaller than the kernel".into());
+        }
+        let (oh, ow) = ((ph - kernel.0) / stride.0 + 1, (pw - kernel.1) / stride.1 + 1);
+        if fits(scratch_len(channels, kernel, (oh, ow), (ph, pw))).is_none() {
+            return Err("lowering one sample takes more values than any buffer can hold".into());
+        }
+        Ok(Shape::Image { channels: out_channels, height: oh, width: ow })
+    }
+
+    /// `weight` (out_channels, in_channels, kh, kw), drawn with fan-in in·kh·kw and fan-out
+    /// out·kh·kw; `bias` (out_channels), zero.
+    fn params(&self, input: Shape, _output: Shape) -> Vec<TensorSpec> {
+        let Shape::Image { channels, .. } = input else { unreachable!("the plan gives convolutions image inputs") };
+        let (oc, (kh, kw)) = (self.out_channels, self.kernel);
+        // the plan checks the product of the shape; these fans are at most it
+        let (fan_in, fan_out) = (channels.saturating_mul(kh * kw), oc.saturating_mul(kh * kw));
+        vec![
+            TensorSpec { name: "weight", shape: vec![oc, channels, kh, kw], fill: Fill::Fans { fan_in, fan_out } },
+            TensorSpec { name: "bias", shape: vec![oc], fill: Fill::Constant(0.0) },
+        ]
+    }
+
+    /// `conv OUT KH KW SH SW PH PW ACTIVATION`
+    fn describe(&self) -> String {
+        let Conv { out_channels, kernel, stride, padding, activation } = *self;
+        format!("conv {out_channels} {} {} {} {} {} {} {}", kernel.0, kernel.1, stride.0, stride.1, padding.0, padding.1, activation.name())
+    }
+
+    fn parse(words: &Words) -> Result<Conv> {
+        let [out_channels, kh, kw, sh, sw, ph, pw] = words.numbers()?;
+        Ok(Conv { out_channels, kernel: (kh, kw), stride: (sh, sw), padding: (ph, pw), activation: words.activation(8)? })
+    }
+
+    fn summary(&self, input: Shape) -> String {
+        let channels = match input {
+            Shape::Image { channels, .. } => channels,
+            Shape::Vector(_) | Shape::Sequence { .. } => 0,
+        };
+        let Conv { out_channels, kernel, stride, padding, .. } = *self;
+        format!("Conv({channels} → {out_channels}, {}×{}, stride {}, pad {})", kernel.0, kernel.1, pair(stride), pair(padding))
+    }
+
+    fn forward(&self, step: &Step, pass: &mut Pass, _mode: Mode) {
+        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+        let (w, b) = step.weight_and_bias();
+        let g = self.geometry(step);
+        let ws = &mut *pass.ws;
+        let scratch = Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut ws.cols) };
+        let (xs, zs) = split2(pass.acts, x, z);
+        forward(pass.pool, &mut ws.gemm, &scratch, &g, pass.batch, &pass.params[w], xs, zs);
+        pass.bias_act(step, self.activation, b, (g.out_channels, g.ohw()));
+    }
+
+    fn backward(&self, step: &Step, pass: &mut BackPass) {
+        let geometry = self.geometry(step);
+        let g = pass.weighted(step, self.activation, (geometry.out_channels, geometry.ohw()));
+        let scratch = Scratch { col_len: g.ws.col_len, cols: SharedMut::new(&mut g.ws.cols) };
+        let dscratch = Scratch { col_len: g.ws.col_len, cols: SharedMut::new(&mut g.gws.dcols) };
+        let partials = &mut g.gws.partials;
+        backward(g.pool, &mut g.ws.gemm, &scratch, &dscratch, partials, &geometry, g.batch, g.w, g.x, g.dz, g.dw, g.dx);
+    }
+
+    #[cfg(test)]
+    fn spec_forward<F: Float>(&self, step: &Step, pass: &mut super::spec::Pass<F>, _mode: Mode) {
+        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+        let (w, b) = step.weight_and_bias();
+        let (xs, zs) = split2(pass.acts, x, z);
+        forward_spec(&self.geometry(step), pass.batch, &pass.params[w], &pass.params[b], xs, zs);
+        pass.activate(step, self.activation);
+    }
+
+    #[cfg(test)]
+    fn spec_backward<F: Float>(&self, step: &Step, pass: &mut super::spec::BackPass<F>) {
+        let (g, batch) = (self.geometry(step), pass.batch);
+        pass.weighted(step, self.activation, |w, x, dz, dw, db, dx| backward_spec(&g, batch, w, x, dz, dw, db, dx));
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu_forward(&self, step: &Step, pass: &crate::cuda::exec::GpuForward, _mode: Mode) -> Result<()> {
+        let g = self.geometry(step);
+        crate::cuda::conv::conv_forward(pass, step, self.activation, (g.out_channels, g.ohw()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu_backward(&self, step: &Step, pass: &mut crate::cuda::exec::GpuBackward) -> Result<()> {
+        let g = self.geometry(step);
+        crate::cuda::conv::conv_backward(pass, step, self.activation, (g.out_channels, g.ohw()))
+    }
+}
+
+impl Conv {
+    fn geometry(&self, step: &Step) -> Geometry {
+        Geometry::new(step.input, step.output, self.kernel, self.stride, self.padding)
+    }
+}
+
+/// Values a convolution lowers one sample into, an upper bound of both devices' scratch:
+/// C·kh·kw × OH·OW (the lowered sample), then C·(H + 2·ph)·(W + 2·pw) (the padded input copy
+/// of [`Geometry::col_len`]). None when that overflows.
+fn scratch_len(channels: usize, kernel: (usize, usize), output: (usize, usize), padded: (usize, usize)) -> Option<usize> {
+    let lowered = channels.checked_mul(kernel.0)?.checked_mul(kernel.1)?.checked_mul(output.0)?.checked_mul(output.1)?;
+    let padded = channels.checked_mul(padded.0)?.checked_mul(padded.1)?;
+    lowered.checked_add(padded)
+}
+
+/// The geometry of a step, which must be a convolution's.
+pub(crate) fn geometry(step: &Step) -> Geometry {
+    let Layer::Conv(conv) = step.layer else { unreachable!("not a conv: {:?}", step.layer) };
+    conv.geometry(step)
+}
+
+/// The plan's convolution steps.
+pub(crate) fn steps(plan: &Plan) -> impl Iterator<Item = &Step> {
+    plan.steps.iter().filter(|s| matches!(s.layer, Layer::Conv(_)))
+}
+
+/// The longest lowered sample (im2col columns) of any convolution in the plan (at most
+/// `plan::MAX_VALUES`: the shape rule checked a bound of it).
+pub(crate) fn max_col_len(plan: &Plan) -> usize {
+    steps(plan).map(|s| geometry(s).col_len()).max().unwrap_or(0)
+}
 
 /// Geometry of one convolution, derived from its plan step.
 #[derive(Clone, Copy, Debug)]
@@ -65,13 +254,13 @@ impl Geometry {
     }
 
     /// (H + 2·ph, W + 2·pw): the input as the lowering reads it.
-    fn padded_size(&self) -> (usize, usize) {
+    pub(crate) fn padded_size(&self) -> (usize, usize) {
         (self.height + 2 * self.padding.0, self.width + 2 * self.padding.1)
     }
 
     /// Floats of the zero-padded input copy, C × (H + 2·ph) × (W + 2·pw); 0 without padding
     /// (the input is read in place).
-    fn padded_len(&self) -> usize {
+    pub(crate) fn padded_len(&self) -> usize {
         let (hp, wp) = self.padded_size();
         if self.padding == (0, 0) {
             0
@@ -160,190 +349,6 @@ pub fn backward_spec<F: Float>(
                 }
             }
         }
-    }
-}
-
-/// The stride-1 runs of one lowered row: `col_row[y·ow + x]` ↔ `plane[start + y·wp + x]`
-/// for y < oh, x < ow (LeNet: 28 runs of 28, or 10 of 10, per row).
-#[derive(Clone, Copy)]
-struct Runs {
-    oh: usize,
-    ow: usize,
-    wp: usize,
-}
-
-impl Runs {
-    /// Panics unless every run lies inside both slices.
-    fn check(self, col_row: usize, plane: usize, start: usize) {
-        assert!(col_row >= self.oh * self.ow, "lowered row too short");
-        assert!(self.oh == 0 || start + (self.oh - 1) * self.wp + self.ow <= plane, "run past the plane");
-    }
-}
-
-/// col_row ← the runs of `plane` from `start` (im2col).
-fn copy_runs(r: Runs, col_row: &mut [f32], plane: &[f32], start: usize) {
-    r.check(col_row.len(), plane.len(), start);
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
-        // SAFETY: extents checked above; AVX2 present.
-        return unsafe { avx2::copy_runs(r, col_row.as_mut_ptr(), plane[start..].as_ptr()) };
-    }
-    for (y, out) in col_row.chunks_exact_mut(r.ow).take(r.oh).enumerate() {
-        out.copy_from_slice(&plane[start + y * r.wp..][..r.ow]);
-    }
-}
-
-/// The runs of `plane` from `start` += col_row (col2im).
-fn add_runs(r: Runs, plane: &mut [f32], start: usize, col_row: &[f32]) {
-    r.check(col_row.len(), plane.len(), start);
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
-        // SAFETY: extents checked above; AVX2 present.
-        return unsafe { avx2::add_runs(r, plane[start..].as_mut_ptr(), col_row.as_ptr()) };
-    }
-    for (y, run) in col_row.chunks_exact(r.ow).take(r.oh).enumerate() {
-        plane[start + y * r.wp..][..r.ow].iter_mut().zip(run).for_each(|(d, &v)| *d += v);
-    }
-}
-
-/// The runs with 8-lane loads and stores: a run is a few instructions, not a memcpy call.
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::Runs;
-    use std::arch::x86_64::*;
-
-    /// # Safety
-    /// `dst` holds oh·ow values, `src` reaches (oh − 1)·wp + ow; ow ≥ 8; AVX2 present.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn copy_runs(r: Runs, dst: *mut f32, src: *const f32) {
-        // SAFETY: run y < oh reads src[y·wp..][..ow] and writes dst[y·ow..][..ow] in blocks
-        // of 8 (ow ≥ 8, the last block ending at ow): inside the contract's extents.
-        unsafe {
-            for y in 0..r.oh {
-                let (d, s) = (dst.add(y * r.ow), src.add(y * r.wp));
-                let mut x = 0;
-                while x + 8 < r.ow {
-                    _mm256_storeu_ps(d.add(x), _mm256_loadu_ps(s.add(x)));
-                    x += 8;
-                }
-                // the last 8, overlapping the previous block: the same values again
-                _mm256_storeu_ps(d.add(r.ow - 8), _mm256_loadu_ps(s.add(r.ow - 8)));
-            }
-        }
-    }
-
-    /// # Safety
-    /// As [`copy_runs`], with `dst` the plane and `src` the lowered row.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn add_runs(r: Runs, dst: *mut f32, src: *const f32) {
-        // SAFETY: run y < oh touches dst[y·wp..][..ow] and src[y·ow..][..ow], 8 at a time
-        // while 8 fit, then one by one: inside the contract's extents.
-        unsafe {
-            for y in 0..r.oh {
-                let (d, s) = (dst.add(y * r.wp), src.add(y * r.ow));
-                let mut x = 0;
-                while x + 8 <= r.ow {
-                    _mm256_storeu_ps(d.add(x), _mm256_add_ps(_mm256_loadu_ps(d.add(x)), _mm256_loadu_ps(s.add(x))));
-                    x += 8;
-                }
-                for t in x..r.ow {
-                    *d.add(t) += *s.add(t);
-                }
-            }
-        }
-    }
-}
-
-/// The input as the lowering reads it, (C, hp, wp): `x` itself without padding, else `x`
-/// copied inside a zero border in `padded`. Every lowered run is then a plain read.
-fn padded_input<'a>(g: &Geometry, x: &'a [f32], padded: &'a mut [f32]) -> &'a [f32] {
-    if g.padding == (0, 0) {
-        return x;
-    }
-    let ((hp, wp), (ph, pw)) = (g.padded_size(), g.padding);
-    let padded = &mut padded[..g.padded_len()];
-    padded.fill(0.0);
-    for (c, plane) in padded.chunks_exact_mut(hp * wp).enumerate() {
-        for (iy, row) in x[c * g.height * g.width..][..g.height * g.width].chunks_exact(g.width).enumerate() {
-            plane[(iy + ph) * wp + pw..][..g.width].copy_from_slice(row);
-        }
-    }
-    padded
-}
-
-/// `scratch[..CKK·OHW]` (the lowered matrix col, CKK × OHW) ← sample `x` (C, H, W), padding
-/// read as zero; the rest of `scratch` holds the padded input. Row (c, i, j), output row y is
-/// the run of padded row y·sh + i from column j, step sw.
-fn im2col(g: &Geometry, x: &[f32], scratch: &mut [f32]) {
-    let (kh, kw, ohw, ow) = (g.kernel.0, g.kernel.1, g.ohw(), g.out_width);
-    let ((hp, wp), (sh, sw)) = (g.padded_size(), g.stride);
-    let (col, padded) = scratch.split_at_mut(g.lowered_len());
-    let src = padded_input(g, x, padded);
-    for c in 0..g.in_channels {
-        let plane = &src[c * hp * wp..][..hp * wp];
-        for i in 0..kh {
-            for j in 0..kw {
-                let row = &mut col[((c * kh + i) * kw + j) * ohw..][..ohw];
-                if sw == 1 {
-                    copy_runs(Runs { oh: g.out_height, ow, wp: wp * sh }, row, plane, i * wp + j);
-                    continue;
-                }
-                for (y, out) in row.chunks_exact_mut(ow).enumerate() {
-                    let run = &plane[(y * sh + i) * wp + j..];
-                    out.iter_mut().zip(run.iter().step_by(sw)).for_each(|(o, &v)| *o = v);
-                }
-            }
-        }
-    }
-}
-
-/// dx (C, H, W) ← col2im(dcol): each lowered entry of `scratch[..CKK·OHW]` added back to the
-/// pixel it was read from (the transpose of [`im2col`], same runs), summed in the padded
-/// layout in the rest of `scratch` when there is padding, and the inside copied out.
-fn col2im(g: &Geometry, scratch: &mut [f32], dx: &mut [f32]) {
-    let (kh, kw, ohw, ow) = (g.kernel.0, g.kernel.1, g.ohw(), g.out_width);
-    let ((hp, wp), (sh, sw), (ph, pw)) = (g.padded_size(), g.stride, g.padding);
-    let (dcol, padded) = scratch.split_at_mut(g.lowered_len());
-    let acc = if g.padding == (0, 0) { &mut *dx } else { &mut padded[..g.padded_len()] };
-    acc.fill(0.0);
-    for c in 0..g.in_channels {
-        let plane = &mut acc[c * hp * wp..][..hp * wp];
-        for i in 0..kh {
-            for j in 0..kw {
-                let row = &dcol[((c * kh + i) * kw + j) * ohw..][..ohw];
-                if sw == 1 {
-                    add_runs(Runs { oh: g.out_height, ow, wp: wp * sh }, plane, i * wp + j, row);
-                    continue;
-                }
-                for (y, run) in row.chunks_exact(ow).enumerate() {
-                    let dst = &mut plane[(y * sh + i) * wp + j..];
-                    dst.iter_mut().step_by(sw).zip(run).for_each(|(d, &v)| *d += v);
-                }
-            }
-        }
-    }
-    if g.padding != (0, 0) {
-        for (c, plane) in padded.chunks_exact(hp * wp).take(g.in_channels).enumerate() {
-            for (iy, row) in dx[c * g.height * g.width..][..g.height * g.width].chunks_exact_mut(g.width).enumerate() {
-                row.copy_from_slice(&plane[(iy + ph) * wp + pw..][..g.width]);
-            }
-        }
-    }
-}
-
-/// Per-thread scratch the fast path uses: `threads` lowered samples of `col_len` each.
-pub(crate) struct Scratch<'a> {
-    pub cols: SharedMut<'a, f32>,
-    pub col_len: usize,
-}
-
-impl Scratch<'_> {
-    /// # Safety
-    /// `worker` must be the pool's worker index of the calling task (so no other thread uses it).
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn col(&self, worker: usize, len: usize) -> &mut [f32] {
-        // SAFETY: one range per worker index, used by one task at a time.
-        unsafe { self.cols.slice(worker * self.col_len..worker * self.col_len + len) }
     }
 }
 

@@ -1,15 +1,120 @@
 //! Dense: z = W·x + b per sample, W (out_features, in_features) row-major, then b (out_features),
 //! the layout of PyTorch's `nn.Linear`. The activation is applied by the shared pass in
-//! `layers/mod.rs`; the fast path here computes the matrix products.
+//! `layers/mod.rs`; the fast path here computes the matrix products. On the GPU the products,
+//! bias and activation run fused (`kernels/dense.cu`, launched through `cuda::exec`).
 //!
 //! Batched, with X (batch, in) and Z (batch, out) row-major:
 //!   forward  Z  = X·Wᵀ + b
 //!   backward dW = dZᵀ·X (out, in),  db = Σ_batch dZ,  dX = dZ·W (batch, in)
 
+use super::kind::{LayerKind, Mode, TensorSpec};
+use super::{split2, BackPass, Pass};
+use crate::activation::Activation;
+use crate::chain::{Chain, Fill, Shape, Step};
 use crate::cpu::gemm::{sgemm, GemmWorkspace, Mat, MatMut};
 use crate::cpu::pool::Pool;
+use crate::error::Result;
 #[cfg(test)]
 use crate::float::Float;
+use crate::io::Words;
+
+/// A fully connected layer: y = act(W·x + b) with W (out_features, in_features), on a vector.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dense {
+    pub out_features: usize,
+    pub activation: Activation,
+}
+
+impl Chain {
+    /// Dense layer with `out_features` outputs.
+    pub fn dense(self, out_features: usize, activation: Activation) -> Chain {
+        self.layer(Dense { out_features, activation }.into())
+    }
+}
+
+impl LayerKind for Dense {
+    const WORD: &'static str = "dense";
+
+    fn activation(&self) -> Option<Activation> {
+        Some(self.activation)
+    }
+
+    fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String> {
+        match input {
+            Shape::Vector(_) if self.out_features == 0 => Err("a Dense layer needs at least one output".into()),
+            Shape::Vector(_) => Ok(Shape::Vector(self.out_features)),
+            Shape::Image { .. } | Shape::Sequence { .. } => Err("a Dense layer needs a vector input: add .flatten() before it".into()),
+        }
+    }
+
+    /// `weight` (out, in), drawn with fan-in `in` and fan-out `out`; `bias` (out), zero.
+    fn params(&self, input: Shape, _output: Shape) -> Vec<TensorSpec> {
+        let (out, inp) = (self.out_features, input.len());
+        vec![
+            TensorSpec { name: "weight", shape: vec![out, inp], fill: Fill::Fans { fan_in: inp, fan_out: out } },
+            TensorSpec { name: "bias", shape: vec![out], fill: Fill::Constant(0.0) },
+        ]
+    }
+
+    /// `dense OUT ACTIVATION`
+    fn describe(&self) -> String {
+        format!("dense {} {}", self.out_features, self.activation.name())
+    }
+
+    fn parse(words: &Words) -> Result<Dense> {
+        let [out_features] = words.numbers()?;
+        Ok(Dense { out_features, activation: words.activation(2)? })
+    }
+
+    fn summary(&self, input: Shape) -> String {
+        format!("Dense({} → {})", input.len(), self.out_features)
+    }
+
+    fn forward(&self, step: &Step, pass: &mut Pass, _mode: Mode) {
+        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+        let (w, b) = step.weight_and_bias();
+        let (xs, zs) = split2(pass.acts, x, z);
+        forward(pass.pool, &mut pass.ws.gemm, pass.batch, step.input.len(), self.out_features, &pass.params[w], xs, zs);
+        pass.bias_act(step, self.activation, b, (self.out_features, 1));
+    }
+
+    fn backward(&self, step: &Step, pass: &mut BackPass) {
+        let (in_f, out_f) = (step.input.len(), self.out_features);
+        let g = pass.weighted(step, self.activation, (out_f, 1));
+        backward(g.pool, &mut g.ws.gemm, g.batch, in_f, out_f, g.w, g.x, g.dz, g.dw, g.dx);
+    }
+
+    #[cfg(test)]
+    fn spec_forward<F: Float>(&self, step: &Step, pass: &mut super::spec::Pass<F>, _mode: Mode) {
+        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+        let (w, b) = step.weight_and_bias();
+        let (xs, zs) = split2(pass.acts, x, z);
+        forward_spec(pass.batch, step.input.len(), self.out_features, &pass.params[w], &pass.params[b], xs, zs);
+        pass.activate(step, self.activation);
+    }
+
+    #[cfg(test)]
+    fn spec_backward<F: Float>(&self, step: &Step, pass: &mut super::spec::BackPass<F>) {
+        let (batch, in_f, out_f) = (pass.batch, step.input.len(), self.out_features);
+        pass.weighted(step, self.activation, |w, x, dz, dw, db, dx| backward_spec(batch, in_f, out_f, w, x, dz, dw, db, dx));
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu_forward(&self, step: &Step, pass: &crate::cuda::exec::GpuForward, _mode: Mode) -> Result<()> {
+        crate::cuda::exec::dense_forward(pass, step, self.out_features, self.activation)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu_backward(&self, step: &Step, pass: &mut crate::cuda::exec::GpuBackward) -> Result<()> {
+        crate::cuda::exec::dense_backward(pass, step, self.activation)
+    }
+}
+
+/// The plan's dense steps.
+#[cfg(feature = "cuda")]
+pub(crate) fn steps(plan: &crate::chain::Plan) -> impl Iterator<Item = &Step> {
+    plan.steps.iter().filter(|s| matches!(s.layer, super::Layer::Dense(_)))
+}
 
 #[cfg(test)]
 /// Plain-loop forward (the spec): z[s,o] = b[o] + Σ_i w[o,i]·x[s,i].

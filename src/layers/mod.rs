@@ -1,24 +1,97 @@
-//! Runs a plan over flat buffers: the fast CPU path, and (in `spec`) the plain loops it is
-//! tested against. One file per layer kind; the bias and activation pass is shared here.
+//! Layers: the registry of kinds below, one room per kind (`layers/<room>.rs`, with
+//! `kernels/<room>.cu` beside it), and the CPU executor that runs a plan over flat buffers: the
+//! fast path here, the plain loops it is tested against in `spec`. Each room implements
+//! [`LayerKind`](kind::LayerKind) on its spec struct; the registry makes the public [`Layer`] enum and one
+//! exhaustive `match` per operation, so a kind added to the registry that lacks an operation
+//! does not compile.
 //!
 //! Buffers: `params`/`grads` in the plan's parameter layout; `acts`/`dacts` hold, per region
 //! r, `capacity × plan.regions[r]` values, sample-major; a batch ≤ capacity uses the front.
+//!
+//! A new kind is a room (`layers/<room>.rs`: its spec struct and builder method, shape rule,
+//! tensors, buffers and kept values, model-file words, summary row, plain loops, fast CPU path
+//! and GPU launches), its kernels (`kernels/<room>.cu`, compiled in registry order) and a line
+//! in the registry below. The plan (`src/plan.rs`) lays it out from what `LayerKind` declares;
+//! nothing else names it.
+//!
+//! # How the kinds to come fit
+//!
+//! **Batch norm** (`BatchNorm1d` after a dense layer, per feature; `BatchNorm2d` after a
+//! convolution, per channel): tensors `weight` (C, `Fill::Constant(1.0)`) and `bias` (C, 0);
+//! buffers `running_mean` (C, 0), `running_var` (C, 1) and `num_batches_tracked`, which
+//! PyTorch's files hold as an integer (`TensorSpec` gains the file's dtype for it, the one
+//! tensor that is not F32); saved values, 2·C a batch: the batch's mean and 1/σ, which the
+//! backward pass reads. In `Mode::Train` it normalises by the batch's statistics; in
+//! `Mode::Infer` by the running ones, which its passes read from the model's buffers (the
+//! passes carry `buffers` beside `params` from then on). The running statistics move where the
+//! model is borrowed mutably, as its parameters do: its backward pass leaves the batch's mean and
+//! unbiased variance in the gradient buffer's twin of its saved values (`dacts` has the
+//! activations' layout, saved values included), and the optimiser's update, which holds
+//! `&mut Model` and the gradients, folds them in with the momentum (0.1) as one more pass over
+//! flat buffers (on a GPU, one more kernel of the step's graph). `backprop` keeps `&self`.
+//!
+//! **Layer norm**: per sample over a vector's features, or over each step's features of a
+//! sequence; tensors `weight` and `bias` (features); kept regions of one mean and one 1/σ per
+//! row (per sample: 2, or 2 × steps), for the backward pass; the same in both modes; eps 1e-5.
+//!
+//! **Dropout(p)**: the output has the input's shape, no tensors. In `Mode::Train` it keeps
+//! element i where a counter-based generator (Philox) of (the model's seed, the training step,
+//! i) says so and scales it by 1/(1−p); its backward draws the same bits again rather than keeping
+//! a mask, so it keeps nothing, and the CPU and the GPU draw the same mask. In `Mode::Infer` it
+//! copies its input (the plan is one for both modes, so the step has an output region of its
+//! own). The training step's number reaches the passes with the mode.
+//!
+//! **Conv1d and MaxPool1d** over a `Signal { channels, length }` (PyTorch's `(N, C, L)`; see
+//! `chain.rs` for why not an `Image` of height 1): rooms `conv1d.rs` and `pool1d.rs`, weight
+//! (out, in, k) and bias, stride, padding and dilation. The lowering (`lowering.rs`) and
+//! `conv::Geometry` gain a dilation and serve both convolutions; kernels of their own files.
+//!
+//! **GRU and LSTM** over a `Sequence { steps, features }`: tensors `weight_ih_l0` (G·H,
+//! features), `weight_hh_l0` (G·H, H), `bias_ih_l0`, `bias_hh_l0` (G·H), G = 3 (GRU, gates r, z,
+//! n) or 4 (LSTM, i, f, g, o) in PyTorch's order; output a sequence (steps, H), or a vector (H)
+//! with the last step only; kept regions per sample: every step's gates (steps × G·H, the GRU's
+//! recurrent product of n apart, as its reset gate multiplies it), every step's hidden state
+//! where the output does not hold it, and the LSTM's cell states (steps × H), which
+//! backpropagation through time reads. The
+//! input products of all steps are one GEMM into the gates region, the recurrent ones a GEMM per
+//! step. The initial state (zeros, or set by the caller) and the state that streaming inference
+//! carries between calls are a kept region the cache exposes (a per-sample value, not a
+//! buffer: each cache has its own).
+//!
+//! **Residual blocks**: a hidden `Fork` step, the body, and an `Add` step, in the plan as it
+//! is (see `src/plan.rs`); `Fork` is a view and `Add` a room with no tensors.
 
 pub mod conv;
 pub mod dense;
+pub mod flatten;
 #[cfg(test)]
 mod gradcheck;
+pub(crate) mod kind;
+mod lowering;
 pub mod pool;
 #[cfg(test)]
 pub mod spec;
 
 use crate::activation::Activation;
-use crate::chain::{batch_len, Layer, Plan, Step};
+use crate::chain::{batch_len, Plan, Step};
 use crate::cpu::gemm::GemmWorkspace;
 use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
 use crate::error::{zeros, Result};
+use kind::layers;
+pub(crate) use kind::{Kept, Mode, TensorSpec};
 use std::ops::Range;
+
+layers! {
+    /// y = act(W·x + b) (PyTorch's `nn.Linear`, then the activation).
+    Dense(dense::Dense, "dense.cu"),
+    /// 2-D cross-correlation with stride and zero padding, then act (`nn.Conv2d`).
+    Conv(conv::Conv, "conv.cu"),
+    /// The maximum of each window (`nn.MaxPool2d`).
+    MaxPool(pool::MaxPool, "pool.cu"),
+    /// Image (C, H, W) → vector (C·H·W), in that order; no data moves (`nn.Flatten`).
+    Flatten(flatten::Flatten, none),
+}
 
 /// Values of region `r` for `batch` samples, in a buffer built for `capacity`.
 pub(crate) fn region(plan: &Plan, r: usize, capacity: usize, batch: usize) -> Range<usize> {
@@ -33,26 +106,6 @@ pub(crate) fn split2<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T
     (&lo[a], &mut hi[..b.end - b.start])
 }
 
-/// (channels, pixels per channel) of a parametrised layer's output, for the bias pass.
-pub(crate) fn bias_layout(step: &Step) -> (usize, usize) {
-    match step.output {
-        crate::chain::Shape::Vector(n) => (n, 1),
-        crate::chain::Shape::Image { channels, height, width } => (channels, height * width),
-    }
-}
-
-/// Conv geometry of a step (which must be a conv).
-pub(crate) fn conv_geometry(step: &Step) -> conv::Geometry {
-    let Layer::Conv { kernel, stride, padding, .. } = step.layer else { unreachable!("not a conv") };
-    conv::Geometry::new(step.input, step.output, kernel, stride, padding)
-}
-
-/// Max-pool geometry of a step (which must be a pool).
-pub(crate) fn pool_geometry(step: &Step) -> pool::Geometry {
-    let Layer::MaxPool { window, stride } = step.layer else { unreachable!("not a pool") };
-    pool::Geometry::new(step.input, step.output, window, stride)
-}
-
 /// Scratch a forward pass needs beyond the activations, allocated once per cache.
 pub(crate) struct Workspace {
     pub gemm: GemmWorkspace,
@@ -64,7 +117,7 @@ impl Workspace {
     /// A lowered sample's columns for each of `threads` threads; an error, not an abort, when
     /// they cannot be had.
     pub fn new(plan: &Plan, threads: usize) -> Result<Workspace> {
-        let col_len = max_col_len(plan);
+        let col_len = conv::max_col_len(plan);
         let cols = zeros(batch_len(threads, col_len, "convolution columns")?, || format!("the convolution columns of {threads} threads"))?;
         Ok(Workspace { gemm: GemmWorkspace::new(threads)?, cols, col_len })
     }
@@ -87,8 +140,8 @@ impl GradWorkspace {
     /// the partial conv weight gradients of the sample blocks after the first
     /// ([`conv::wgrad_blocks`], fixed by the capacity, not the thread count).
     pub fn new(plan: &Plan, capacity: usize, threads: usize) -> Result<GradWorkspace> {
-        let w_len = conv_steps(plan).map(Step::weight_len).max().unwrap_or(0);
-        let dcols = batch_len(threads, max_col_len(plan), "convolution gradient columns")?;
+        let w_len = conv::steps(plan).map(Step::weight_len).max().unwrap_or(0);
+        let dcols = batch_len(threads, conv::max_col_len(plan), "convolution gradient columns")?;
         let partials = batch_len(conv::wgrad_blocks(capacity) - 1, w_len, "partial weight gradients")?;
         Ok(GradWorkspace {
             dcols: zeros(dcols, || format!("the convolution gradient columns of {threads} threads"))?,
@@ -102,55 +155,124 @@ impl GradWorkspace {
     }
 }
 
-/// The plan's dense steps.
-#[cfg(feature = "cuda")]
-pub(crate) fn dense_steps(plan: &Plan) -> impl Iterator<Item = &Step> {
-    plan.steps.iter().filter(|s| matches!(s.layer, Layer::Dense { .. }))
+/// The buffers of one fast CPU forward pass over the first `batch` samples of a cache built
+/// for `capacity`, as each step's [`LayerKind::forward`](kind::LayerKind::forward) takes them.
+pub(crate) struct Pass<'a> {
+    pub plan: &'a Plan,
+    pub params: &'a [f32],
+    pub acts: &'a mut [f32],
+    pub capacity: usize,
+    pub batch: usize,
+    pub pool: &'a Pool,
+    pub ws: &'a mut Workspace,
 }
 
-/// The plan's convolution steps.
-pub(crate) fn conv_steps(plan: &Plan) -> impl Iterator<Item = &Step> {
-    plan.steps.iter().filter(|s| matches!(s.layer, Layer::Conv { .. }))
-}
+impl Pass<'_> {
+    /// Values of region `r` for the batch.
+    pub fn region(&self, r: usize) -> Range<usize> {
+        region(self.plan, r, self.capacity, self.batch)
+    }
 
-/// The longest lowered sample (im2col columns) of any convolution in the plan (at most
-/// `chain::MAX_VALUES`: `Plan::new` checked a bound of it).
-pub(crate) fn max_col_len(plan: &Plan) -> usize {
-    conv_steps(plan).map(|s| conv_geometry(s).col_len()).max().unwrap_or(0)
+    /// z[s, c, p] += bias[c] over the step's z, `layout` = (channels, pixels per channel) of a
+    /// sample; then y = act(z) where the step has a y of its own (an activation).
+    pub fn bias_act(&mut self, step: &Step, act: Activation, bias: Range<usize>, (channels, pixels): (usize, usize)) {
+        let (z, y) = (self.region(step.z_region), self.region(step.output_region));
+        let b = &self.params[bias];
+        if z == y {
+            bias_act(self.pool, act, b, channels, pixels, self.batch, &mut self.acts[z], None);
+        } else {
+            let (zs, ys) = self.acts[z.start..y.end].split_at_mut(y.start - z.start);
+            bias_act(self.pool, act, b, channels, pixels, self.batch, zs, Some(&mut ys[..]));
+        }
+    }
 }
 
 /// The fast forward: every step's output for the first `batch` samples.
-pub(crate) fn forward(plan: &Plan, params: &[f32], acts: &mut [f32], capacity: usize, batch: usize, pool: &Pool, ws: &mut Workspace) {
-    let scratch = conv::Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut ws.cols) };
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward(
+    plan: &Plan,
+    params: &[f32],
+    acts: &mut [f32],
+    capacity: usize,
+    batch: usize,
+    pool: &Pool,
+    ws: &mut Workspace,
+    mode: Mode,
+) {
+    let mut pass = Pass { plan, params, acts, capacity, batch, pool, ws };
     for step in &plan.steps {
-        let x = region(plan, step.input_region, capacity, batch);
-        let z = region(plan, step.z_region, capacity, batch);
-        let y = region(plan, step.output_region, capacity, batch);
-        let (w_range, b_range) = step.weight_and_bias();
-        let (w, b) = (&params[w_range], &params[b_range]);
-        match step.layer {
-            Layer::Dense { out_features, .. } => {
-                let (xs, zs) = split2(acts, x, z.clone());
-                dense::forward(pool, &mut ws.gemm, batch, step.input.len(), out_features, w, xs, zs);
-            }
-            Layer::Conv { .. } => {
-                let (xs, zs) = split2(acts, x, z.clone());
-                conv::forward(pool, &mut ws.gemm, &scratch, &conv_geometry(step), batch, w, xs, zs);
-            }
-            Layer::MaxPool { .. } => {
-                let (xs, ys) = split2(acts, x, y);
-                pool::forward(pool, &pool_geometry(step), batch, xs, ys);
-                continue;
-            }
-            Layer::Flatten => continue,
+        step.layer.forward(step, &mut pass, mode);
+    }
+}
+
+/// The buffers of one fast CPU backward pass, as each step's [`LayerKind::backward`](kind::LayerKind::backward) takes
+/// them: `dacts` holds the gradient of every region computed so far (the loss's, in the last
+/// step's output region, first).
+pub(crate) struct BackPass<'a> {
+    pub plan: &'a Plan,
+    pub params: &'a [f32],
+    pub acts: &'a [f32],
+    pub dacts: &'a mut [f32],
+    pub grads: &'a mut [f32],
+    pub capacity: usize,
+    pub batch: usize,
+    pub pool: &'a Pool,
+    pub ws: &'a mut Workspace,
+    pub gws: &'a mut GradWorkspace,
+}
+
+/// What the weight and input gradients of a step with a weight, a bias and an activation (dense,
+/// conv) read and write, once [`BackPass::weighted`] has made its dz and db.
+pub(crate) struct Weighted<'p> {
+    pub pool: &'p Pool,
+    pub ws: &'p mut Workspace,
+    pub gws: &'p mut GradWorkspace,
+    pub batch: usize,
+    pub w: &'p [f32],
+    pub x: &'p [f32],
+    pub dz: &'p [f32],
+    pub dw: &'p mut [f32],
+    /// Where the pass needs the input gradient.
+    pub dx: Option<&'p mut [f32]>,
+}
+
+impl BackPass<'_> {
+    /// Values of region `r` for the batch.
+    pub fn region(&self, r: usize) -> Range<usize> {
+        region(self.plan, r, self.capacity, self.batch)
+    }
+
+    /// Whether the pass needs the gradient of the step's input: not of the model's input.
+    pub fn needs_dx(&self, step: &Step) -> bool {
+        step.input_region != 0
+    }
+
+    /// For a step whose tensors are a weight and a bias and whose output is act(z): dz = dy ⊙
+    /// act'(z) where it has a y of its own, db[c] = Σ_{s,p} dz[s, c, p] (`layout` = (channels,
+    /// pixels per channel) of a sample); then the rest of its gradients' operands.
+    pub fn weighted(&mut self, step: &Step, act: Activation, (channels, pixels): (usize, usize)) -> Weighted<'_> {
+        let (x, z, y) = (self.region(step.input_region), self.region(step.z_region), self.region(step.output_region));
+        let need_dx = self.needs_dx(step);
+        let (acts, dacts) = (self.acts, &mut *self.dacts);
+        if z != y {
+            let (dzs, dys) = dacts[z.start..y.end].split_at_mut(y.start - z.start);
+            act_backward(self.pool, act, &acts[z.clone()], &acts[y.clone()], &dys[..y.len()], &mut dzs[..z.len()]);
         }
-        let (channels, pixels) = bias_layout(step);
-        let act = step.layer.activation();
-        if z == y {
-            bias_act(pool, act, b, channels, pixels, batch, &mut acts[z], None);
-        } else {
-            let (zs, ys) = acts[z.start..y.end].split_at_mut(y.start - z.start);
-            bias_act(pool, act, b, channels, pixels, batch, zs, Some(&mut ys[..]));
+        let (w_range, _) = step.weight_and_bias();
+        let (dw, db) = self.grads[step.params.clone()].split_at_mut(w_range.len());
+        let (dxs, dzs) = dacts.split_at_mut(z.start);
+        let dz = &dzs[..z.len()];
+        bias_grad(channels, pixels, self.batch, dz, db);
+        Weighted {
+            pool: self.pool,
+            ws: &mut *self.ws,
+            gws: &mut *self.gws,
+            batch: self.batch,
+            w: &self.params[w_range],
+            x: &acts[x.clone()],
+            dz,
+            dw,
+            dx: need_dx.then(|| &mut dxs[x]),
         }
     }
 }
@@ -171,41 +293,9 @@ pub(crate) fn backward(
     ws: &mut Workspace,
     gws: &mut GradWorkspace,
 ) {
-    let scratch = conv::Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut ws.cols) };
-    let dscratch = conv::Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut gws.dcols) };
+    let mut pass = BackPass { plan, params, acts, dacts, grads, capacity, batch, pool, ws, gws };
     for step in plan.steps.iter().rev() {
-        let x = region(plan, step.input_region, capacity, batch);
-        let z = region(plan, step.z_region, capacity, batch);
-        let y = region(plan, step.output_region, capacity, batch);
-        let need_dx = step.input_region != 0;
-        match step.layer {
-            Layer::Dense { .. } | Layer::Conv { .. } => {
-                let act = step.layer.activation();
-                let (channels, pixels) = bias_layout(step);
-                if z != y {
-                    let (dzs, dys) = dacts[z.start..y.end].split_at_mut(y.start - z.start);
-                    act_backward(pool, act, &acts[z.clone()], &acts[y.clone()], &dys[..y.len()], &mut dzs[..z.len()]);
-                }
-                let (w_range, _) = step.weight_and_bias();
-                let (dw, db) = grads[step.params.clone()].split_at_mut(w_range.len());
-                let (dxs, dzs) = dacts.split_at_mut(z.start);
-                let dz = &dzs[..z.len()];
-                bias_grad(channels, pixels, batch, dz, db);
-                let dx = need_dx.then(|| &mut dxs[x.clone()]);
-                let (w, xs) = (&params[w_range], &acts[x.clone()]);
-                if let Layer::Dense { out_features, .. } = step.layer {
-                    dense::backward(pool, &mut ws.gemm, batch, step.input.len(), out_features, w, xs, dz, dw, dx);
-                } else {
-                    let g = conv_geometry(step);
-                    conv::backward(pool, &mut ws.gemm, &scratch, &dscratch, &mut gws.partials, &g, batch, w, xs, dz, dw, dx);
-                }
-            }
-            Layer::MaxPool { .. } if need_dx => {
-                let (dxs, dys) = dacts.split_at_mut(y.start);
-                pool::backward(pool, &pool_geometry(step), batch, &acts[x.clone()], &dys[..y.len()], &mut dxs[x]);
-            }
-            Layer::MaxPool { .. } | Layer::Flatten => {}
-        }
+        step.layer.backward(step, &mut pass);
     }
 }
 
@@ -279,4 +369,32 @@ fn lane_sum(row: &[f32]) -> f32 {
         lanes.iter_mut().zip(chunk).for_each(|(s, &v)| *s += v);
     }
     lanes.iter().sum::<f32>() + tail.iter().sum::<f32>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::REGISTRY;
+    use std::path::Path;
+
+    /// Every kind in the registry has its room, `src/layers/<room>.rs`, and, unless the registry
+    /// says it needs none, its kernels beside it, `kernels/<room>.cu`; every file in
+    /// `src/layers/` is a registered room or a part of the engine named here.
+    #[test]
+    fn every_registered_kind_has_its_room_and_kernels() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        for kind in REGISTRY {
+            let room = root.join("src/layers").join(format!("{}.rs", kind.room));
+            assert!(room.is_file(), "{}: no room {}", kind.kind, room.display());
+            if let Some(file) = kind.kernels {
+                assert_eq!(file, format!("{}.cu", kind.room), "{}: its kernels are not beside its room", kind.kind);
+                assert!(root.join("kernels").join(file).is_file(), "{}: no kernels/{file}", kind.kind);
+            }
+        }
+        let engine = ["mod.rs", "kind.rs", "lowering.rs", "spec.rs", "gradcheck.rs"];
+        for entry in std::fs::read_dir(root.join("src/layers")).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            let registered = REGISTRY.iter().any(|kind| name == format!("{}.rs", kind.room));
+            assert!(registered || engine.contains(&name.as_str()), "src/layers/{name} is neither a registered room nor the engine's");
+        }
+    }
 }

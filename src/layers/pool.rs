@@ -3,11 +3,125 @@
 //! overlapping windows add. No parameters; the argmax is recomputed from the input, so no
 //! index buffer is stored.
 
-use crate::chain::Shape;
+use super::kind::{LayerKind, Mode};
+use super::{split2, BackPass, Pass};
+use crate::chain::{Chain, Shape, Step};
 use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
+use crate::error::Result;
 #[cfg(test)]
 use crate::float::Float;
+use crate::io::Words;
+use crate::summary::pair;
+
+/// Max-pooling: the maximum of each `window`, moved by `stride`, no padding, on an image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaxPool {
+    pub window: (usize, usize),
+    pub stride: (usize, usize),
+}
+
+impl Chain {
+    /// Max-pool with stride equal to the window.
+    pub fn max_pool(self, window: (usize, usize)) -> Chain {
+        self.max_pool_with(window, window)
+    }
+
+    /// Max-pool with an explicit stride.
+    pub fn max_pool_with(self, window: (usize, usize), stride: (usize, usize)) -> Chain {
+        self.layer(MaxPool { window, stride }.into())
+    }
+}
+
+impl LayerKind for MaxPool {
+    const WORD: &'static str = "maxpool";
+
+    fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String> {
+        let MaxPool { window, stride } = *self;
+        let Shape::Image { channels, height, width } = input else {
+            return Err("needs an image input".into());
+        };
+        if window.0 == 0 || window.1 == 0 || stride.0 == 0 || stride.1 == 0 {
+            return Err("window and stride must be at least 1".into());
+        }
+        if window.0 > height || window.1 > width {
+            return Err(format!("window {}×{} is larger than the input {height}×{width}", window.0, window.1));
+        }
+        Ok(Shape::Image { channels, height: (height - window.0) / stride.0 + 1, width: (width - window.1) / stride.1 + 1 })
+    }
+
+    /// `maxpool KH KW SH SW`
+    fn describe(&self) -> String {
+        let MaxPool { window, stride } = *self;
+        format!("maxpool {} {} {} {}", window.0, window.1, stride.0, stride.1)
+    }
+
+    fn parse(words: &Words) -> Result<MaxPool> {
+        if words.len() != 5 {
+            return Err(words.unknown());
+        }
+        let [wh, ww, sh, sw] = words.numbers()?;
+        Ok(MaxPool { window: (wh, ww), stride: (sh, sw) })
+    }
+
+    fn summary(&self, _input: Shape) -> String {
+        format!("MaxPool({}×{}, stride {})", self.window.0, self.window.1, pair(self.stride))
+    }
+
+    fn forward(&self, step: &Step, pass: &mut Pass, _mode: Mode) {
+        let (x, y) = (pass.region(step.input_region), pass.region(step.output_region));
+        let (xs, ys) = split2(pass.acts, x, y);
+        forward(pass.pool, &self.geometry(step), pass.batch, xs, ys);
+    }
+
+    fn backward(&self, step: &Step, pass: &mut BackPass) {
+        if !pass.needs_dx(step) {
+            return;
+        }
+        let (x, y) = (pass.region(step.input_region), pass.region(step.output_region));
+        let (dxs, dys) = pass.dacts.split_at_mut(y.start);
+        backward(pass.pool, &self.geometry(step), pass.batch, &pass.acts[x.clone()], &dys[..y.len()], &mut dxs[x]);
+    }
+
+    #[cfg(test)]
+    fn spec_forward<F: Float>(&self, step: &Step, pass: &mut super::spec::Pass<F>, _mode: Mode) {
+        let (x, y) = (pass.region(step.input_region), pass.region(step.output_region));
+        let (xs, ys) = split2(pass.acts, x, y);
+        forward_spec(&self.geometry(step), pass.batch, xs, ys);
+    }
+
+    #[cfg(test)]
+    fn spec_backward<F: Float>(&self, step: &Step, pass: &mut super::spec::BackPass<F>) {
+        if !pass.needs_dx(step) {
+            return;
+        }
+        let (x, y) = (pass.region(step.input_region), pass.region(step.output_region));
+        let dys = pass.dacts[y].to_vec();
+        backward_spec(&self.geometry(step), pass.batch, &pass.acts[x.clone()], &dys, &mut pass.dacts[x]);
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu_forward(&self, step: &Step, pass: &crate::cuda::exec::GpuForward, _mode: Mode) -> Result<()> {
+        let (x, y) = (pass.region(step.input_region), pass.region(step.output_region));
+        pass.gpu.maxpool_forward(pass.stream, &self.geometry(step), pass.f.batch, pass.acts(x), pass.acts_mut(y))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu_backward(&self, step: &Step, pass: &mut crate::cuda::exec::GpuBackward) -> Result<()> {
+        if !pass.need_dx {
+            return Ok(());
+        }
+        let (x, y) = (pass.region(step.input_region), pass.region(step.output_region));
+        let g = self.geometry(step);
+        pass.gpu.maxpool_backward(pass.stream, &g, pass.f.batch, pass.acts(x.clone()), pass.dacts(y), pass.dacts_mut(x))
+    }
+}
+
+impl MaxPool {
+    fn geometry(&self, step: &Step) -> Geometry {
+        Geometry::new(step.input, step.output, self.window, self.stride)
+    }
+}
 
 /// Geometry of one max-pool, derived from its plan step.
 #[derive(Clone, Copy, Debug)]

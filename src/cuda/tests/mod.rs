@@ -4,8 +4,9 @@
 
 mod ops;
 
-use super::context::{KERNELS, SOURCE_FILES};
+use super::context::{activation_prelude, source_files, KERNELS};
 use super::*;
+use crate::activation::Activation;
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 
 /// Uploads `data` to a new device buffer.
@@ -58,12 +59,13 @@ fn every_launched_kernel_is_defined_in_the_sources() {
         .filter(|name| name.ends_with(".cu"))
         .collect();
     on_disk.sort();
-    let mut compiled: Vec<String> = SOURCE_FILES.iter().map(|(name, _)| name.to_string()).collect();
+    let sources = source_files();
+    let mut compiled: Vec<String> = sources.iter().map(|(name, _)| name.to_string()).collect();
     compiled.sort();
     assert_eq!(on_disk, compiled, "every kernels/*.cu file is compiled, and only those");
     let mut defined = Vec::new();
     let mut optim_early = Vec::new();
-    for (name, text) in SOURCE_FILES {
+    for (name, text) in &sources {
         let file = *name;
         let on_disk = std::fs::read_to_string(dir.join(name)).unwrap();
         assert_eq!(&on_disk, text, "{name} changed since the build");
@@ -105,7 +107,7 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     }
     // The heads stage the layers' weights (from `params`) before the wait when told the kernel
     // ahead does not write them, and touch no other buffer before it
-    let head = SOURCE_FILES.iter().find(|(name, _)| *name == "head.cu").unwrap().1;
+    let head = sources.iter().find(|(name, _)| *name == "head.cu").unwrap().1;
     let params = &head[head.find("#define HEAD_PARAMS").expect("head.cu defines HEAD_PARAMS")..];
     assert!(params[..params.find("\n#define").unwrap()].ends_with("int weights_early"), "the heads do not take weights_early last");
     let body = &head[head.find("void dense_head_impl(HEAD_PARAMS) {").expect("head.cu defines dense_head_impl")..];
@@ -124,7 +126,7 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     assert!(early.contains("GRID_STRIDE(i, clear_len) clear[i] = 0.0f;"), "dense_head clears `clear` before the wait");
     // the tensor-core tiles are defined by two macros: DENSE_MMA_KERNEL (one kernel, which takes
     // b_early), used by DENSE_MMA for the two layouts of a tile shape
-    let dense = SOURCE_FILES.iter().find(|(name, _)| *name == "dense.cu").unwrap().1;
+    let dense = sources.iter().find(|(name, _)| *name == "dense.cu").unwrap().1;
     let one = &dense[dense.find("#define DENSE_MMA_KERNEL(").expect("dense.cu defines DENSE_MMA_KERNEL")..];
     let one = &one[..one.find("\n#define").unwrap()];
     assert_eq!(one.matches("int b_early)").count(), 1, "DENSE_MMA_KERNEL's kernel takes b_early");
@@ -183,6 +185,42 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     }
     for d in &defined {
         assert!(KERNELS.contains(&d.as_str()), "kernel {d} is defined but never looked up");
+    }
+}
+
+/// Every activation of the Rust enum has its device functions in kernels/activation.cu; the
+/// prelude NVRTC reads first gives each kind its id (its place in the enum) and a case of the
+/// switches that call those functions; and no kernel file compares an activation id with a
+/// number, or switches on one, by itself.
+#[test]
+fn every_activation_has_its_device_functions_and_ids_from_the_enum() {
+    let sources = source_files();
+    let activation = sources.iter().find(|(name, _)| *name == "activation.cu").unwrap().1;
+    let prelude = activation_prelude();
+    println!("{prelude}");
+    for (id, act) in Activation::ALL.iter().enumerate() {
+        let name = act.kind_name();
+        assert_eq!(act.gpu_id() as usize, id, "{name}: the id is its place in Activation::ALL");
+        for function in
+            [format!("float act_apply_{name}(float p, float z) {{"), format!("float act_derivative_{name}(float p, float z, float y) {{")]
+        {
+            assert!(activation.contains(&function), "kernels/activation.cu does not define {function}");
+        }
+        assert!(prelude.contains(&format!("#define ACT_{} {id}\n", name.to_uppercase())), "{name}: no id in the prelude");
+        for call in [format!(" return act_apply_{name}(slope, z); "), format!(" return act_derivative_{name}(slope, z, y); ")] {
+            assert_eq!(prelude.matches(&call).count(), 1, "{name}: the prelude's switch does not call {call:?} once");
+        }
+    }
+    assert!(activation.contains("ACT_APPLY_SWITCH(act, slope, z)") && activation.contains("ACT_DERIVATIVE_SWITCH(act, slope, z, y)"));
+    for (file, text) in &sources {
+        assert!(!text.contains("switch (act"), "{file} switches on an activation id itself");
+        for line in text.lines() {
+            let words: Vec<&str> = line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '=' || c == '!')).collect();
+            for pair in words.windows(3) {
+                let numbered = pair[2].starts_with(|c: char| c.is_ascii_digit());
+                assert!(!(pair[0].starts_with("act") && (pair[1] == "!=" || pair[1] == "==") && numbered), "{file}: {line:?}");
+            }
+        }
     }
 }
 

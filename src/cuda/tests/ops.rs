@@ -14,7 +14,10 @@ use crate::optim::{Clip, Optim, Optimizer, Update};
 use crate::testutil::allocations_in;
 use crate::testutil::{poisoned, Rng};
 
-const ACTS: [Activation; 6] = [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu];
+/// Every activation, a parameter 0.1 where it takes one.
+fn every_activation() -> Vec<Activation> {
+    Activation::ALL.iter().map(|a| a.with_param(0.1)).collect()
+}
 
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
@@ -28,7 +31,7 @@ fn bias_act_matches_the_cpu() {
         let bias = rng.uniform(channels);
         let z_want: Vec<f32> = (0..n).map(|i| z0[i] + bias[(i / pixels) % channels]).collect();
         let b = upload(&stream, &bias);
-        for act in ACTS {
+        for act in every_activation() {
             let (mut z, mut y) = (upload(&stream, &z0), upload(&stream, &poisoned(n + 1)));
             gpu.bias_act(&stream, act, View::of(&b), channels, pixels, batch, ViewMut::of(&mut z), Some(ViewMut::of(&mut y))).unwrap();
             let y_want: Vec<f32> = z_want.iter().map(|&v| act.apply(v)).chain([f32::NAN]).collect();
@@ -49,10 +52,10 @@ fn act_backward_matches_the_cpu() {
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(2);
     for n in [1, 1001, (1 << 24) + 3] {
-        let acts: &[Activation] = if n > 1 << 20 { &[LeakyRelu(0.02)] } else { &ACTS };
+        let acts = if n > 1 << 20 { vec![LeakyRelu(0.02)] } else { every_activation() };
         let z: Vec<f32> = rng.uniform(n).iter().map(|v| 4.0 * v).collect();
         let dy = rng.uniform(n);
-        for &act in acts {
+        for &act in &acts {
             let y: Vec<f32> = z.iter().map(|&v| act.apply(v)).collect();
             let want: Vec<f32> = (0..n).map(|i| dy[i] * act.derivative(z[i], y[i])).chain([f32::NAN]).collect();
             let (zd, yd, dyd, mut dz) = (upload(&stream, &z), upload(&stream, &y), upload(&stream, &dy), upload(&stream, &poisoned(n + 1)));
@@ -734,14 +737,15 @@ fn copy_from_host_copies_exactly_n_values() {
 fn the_head_takes_a_narrow_last_dense_layer() {
     use crate::chain::{Layer, Plan};
     use crate::cuda::head::{Head, MAX_INNER_WEIGHTS};
+    use crate::{Conv, Dense, Flatten, MaxPool};
     let gpu = test_gpu();
     if !gpu.head_enabled() {
         println!("skipped: FLATNN_HEAD=0");
         return;
     }
-    let dense = |out_features, activation| Layer::Dense { out_features, activation };
-    let conv = Layer::Conv { out_channels: 4, kernel: (3, 3), stride: (1, 1), padding: (0, 0), activation: Relu };
-    let pool = Layer::MaxPool { window: (2, 2), stride: (2, 2) };
+    let dense = |out_features, activation| Layer::Dense(Dense { out_features, activation });
+    let conv = Layer::Conv(Conv { out_channels: 4, kernel: (3, 3), stride: (1, 1), padding: (0, 0), activation: Relu });
+    let pool = Layer::MaxPool(MaxPool { window: (2, 2), stride: (2, 2) });
     // (input, layers, (the layer before it runs too, the step whose dz it writes from the
     // first layer's input gradient)), for plans it takes
     type Case = (Shape, Vec<Layer>, Option<(Option<usize>, Option<usize>)>);
@@ -761,11 +765,11 @@ fn the_head_takes_a_narrow_last_dense_layer() {
         // would be skipped), and its input gradient goes to its output region
         (Shape::vector(8), deep_chain, Some((None, None))),
         // after a flatten of a convolution: that convolution's dz
-        (Shape::image(2, 6, 6), vec![conv, Layer::Flatten, dense(5, Tanh)], Some((None, Some(0)))),
+        (Shape::image(2, 6, 6), vec![conv, Layer::Flatten(Flatten), dense(5, Tanh)], Some((None, Some(0)))),
         // after a max-pool: the input gradient goes to the pool's output region
-        (Shape::image(2, 6, 6), vec![conv, pool, Layer::Flatten, dense(5, Tanh)], Some((None, None))),
+        (Shape::image(2, 6, 6), vec![conv, pool, Layer::Flatten(Flatten), dense(5, Tanh)], Some((None, None))),
         // no dense layer at the end, too many outputs, too many inputs
-        (Shape::image(2, 6, 6), vec![conv, Layer::Flatten], None),
+        (Shape::image(2, 6, 6), vec![conv, Layer::Flatten(Flatten)], None),
         (Shape::vector(8), vec![dense(33, Relu)], None),
         (Shape::vector(1025), vec![dense(3, Relu)], None),
     ];
@@ -934,7 +938,7 @@ fn kernel_times_of_the_mlp_step() {
     {
         use crate::chain::{Layer, Plan};
         use crate::cuda::head::{Head, HeadBuffers};
-        let dense = |out_features, activation| Layer::Dense { out_features, activation };
+        let dense = |out_features, activation| Layer::Dense(crate::Dense { out_features, activation });
         let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
         if let Some(head) = Head::of(&gpu, &plan, batch, batch) {
             let (params, acts, dacts) =
