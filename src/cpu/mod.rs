@@ -2,6 +2,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub(crate) mod conv;
 pub(crate) mod gemm;
 pub(crate) mod isa;
 pub(crate) mod pool;
