@@ -7,6 +7,8 @@
 //! inference keeps them. `fma_peak` measures the machine's FMA peak with 8-lane and, where the
 //! CPU has them, 16-lane FMAs (about 118 GFLOP/s on one thread of the EPYC VM either way: Zen 4
 //! splits a 16-lane FMA in two): run it before and after to know whether timings are clean.
+//! `read_bandwidth` measures what one thread reads from L2, L3 and memory: a batch-1 row
+//! (`fwd_*/…/1x…`) reads each weight once, so its floor is the weights' bytes over that rate.
 //! `cargo bench --bench gemm [-- FILTER]`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -165,5 +167,42 @@ fn fma_peak(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, fma_peak, gemm);
+/// Sum of a buffer's values, 8 lanes × 8 independent chains (enough loads in flight to
+/// measure what the caches deliver, not the latency of one add chain).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_avx2(x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for block in x.chunks_exact(64) {
+        for (v, a) in acc.iter_mut().enumerate() {
+            // SAFETY: lanes 8·v..8·v + 8 of a block of 64.
+            *a = _mm256_add_ps(*a, unsafe { _mm256_loadu_ps(block.as_ptr().add(8 * v)) });
+        }
+    }
+    let mut out = [0.0f32; 8];
+    // SAFETY: 8 values.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, &v| _mm256_add_ps(s, v))) };
+    out.iter().sum()
+}
+
+/// Read bandwidth of one thread from buffers that fit L2 (256 KiB, 1 MiB), L3 (4, 16 MiB) or
+/// neither (256 MiB), read again and again (criterion's `elem/s` is bytes/s): the floor of a
+/// batch-1 forward, which reads each weight once, is its weights' bytes over this rate.
+fn read_bandwidth(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        let mut group = c.benchmark_group("read_bandwidth");
+        group.sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+        for kib in [256, 1024, 4096, 16384, 262144] {
+            let x = vec![1.0f32; kib * 256];
+            group.throughput(Throughput::Bytes((kib * 1024) as u64));
+            // SAFETY: AVX2 was detected above.
+            group.bench_function(format!("{kib}KiB"), |b| b.iter(|| unsafe { sum_avx2(std::hint::black_box(&x)) }));
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, fma_peak, read_bandwidth, gemm);
 criterion_main!(benches);

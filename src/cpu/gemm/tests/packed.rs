@@ -108,6 +108,21 @@ fn a_sample_has_the_same_bits_in_a_batch_of_one_and_of_many_and_on_avx2_and_avx5
 }
 
 #[test]
+fn packed_products_have_the_same_bits_on_any_thread_count() {
+    let mut rng = Rng::new(25);
+    // (1, 1000, 300) splits columns, (200, 40, 300) rows, (3, 1100, 260) crosses NC and KC
+    for (m, n, k) in [(1, 1000, 300), (200, 40, 300), (3, 1100, 260), (64, 128, 784)] {
+        let (x, w) = (rng.uniform(m * k), rng.uniform(n * k));
+        for isa in Isa::runnable() {
+            let one = product(isa, 1, (m, n, k), &x, &w, true);
+            for threads in 2..=4 {
+                assert!(product(isa, threads, (m, n, k), &x, &w, true) == one, "{isa:?} {m}×{n}×{k}: bits differ on {threads} threads");
+            }
+        }
+    }
+}
+
+#[test]
 fn avx2_and_avx512_give_the_same_bits_on_every_layout() {
     if !Isa::runnable().contains(&Isa::Avx512) {
         return;
