@@ -6,6 +6,7 @@
 //! GEMM's AVX2 and AVX-512 kernels give the same bits (same k-blocking, each sum a chain of
 //! FMAs in k order), the portable ones (no FMA) may differ in the last bits.
 
+use crate::error::{Error, Result};
 use std::sync::OnceLock;
 
 /// An instruction set the kernels have a version for, from least to most capable.
@@ -43,6 +44,15 @@ impl Isa {
     pub fn runnable() -> Vec<Isa> {
         let top = Isa::detected();
         [Isa::Portable, Isa::Avx2, Isa::Avx512].into_iter().filter(|&isa| isa <= top).collect()
+    }
+
+    /// Ok when this CPU runs the set (kernels for it may be called), else `Error::Config`.
+    pub fn check(self) -> Result<()> {
+        if self <= Isa::detected() {
+            Ok(())
+        } else {
+            Err(Error::Config(format!("{} kernels asked for on a CPU that has only {}", self.name(), Isa::detected().name())))
+        }
     }
 
     /// The set's name, as `FLATNN_ISA` spells it.
@@ -87,5 +97,9 @@ mod tests {
         assert_eq!(Isa::from_name("sse"), None);
         assert!(Isa::best() <= Isa::detected());
         assert_eq!(Isa::runnable().last(), Some(&Isa::detected()));
+        assert!(Isa::runnable().iter().all(|isa| isa.check().is_ok()));
+        if Isa::detected() < Isa::Avx512 {
+            assert!(matches!(Isa::Avx512.check(), Err(Error::Config(_))));
+        }
     }
 }

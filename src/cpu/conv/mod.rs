@@ -119,7 +119,7 @@ pub(crate) struct ConvWeights {
 }
 
 impl ConvWeights {
-    /// Room for `shape`'s weights packed for `isa`'s kernel (which this CPU must run).
+    /// Room for `shape`'s weights packed for `isa`'s kernel (`Err` if this CPU does not run it).
     pub fn new(isa: Isa, shape: &ConvShape) -> Result<ConvWeights> {
         let (oc, c, ckk) = (shape.out_channels, shape.in_channels, shape.ckk());
         let kk = shape.kernel.0 * shape.kernel.1;
@@ -156,6 +156,7 @@ pub(crate) fn wgrad_blocks(batch: usize) -> usize {
 /// thread's scratch (enough for either route), the direct route's window offsets, and the
 /// partial weight gradients of a batch of up to `capacity` samples.
 pub(crate) struct ConvWorkspace {
+    isa: Isa,
     shape: ConvShape,
     scratch: Vec<f32>,
     per_thread: usize,
@@ -168,15 +169,17 @@ pub(crate) struct ConvWorkspace {
 
 impl ConvWorkspace {
     /// For `threads` threads and batches of up to `capacity` samples (`capacity` 0: forward
-    /// only), for the kernels of `isa`. `Err` on a shape with no output or an allocation that
-    /// cannot be had.
+    /// only), for the kernels of `isa`. `Err` on a shape with no output, a kernel this CPU
+    /// does not run, or an allocation that cannot be had.
     pub fn new(isa: Isa, shape: &ConvShape, threads: usize, capacity: usize) -> Result<ConvWorkspace> {
+        isa.check()?;
         shape.out_size()?;
         let per_thread = lowered::scratch_len(shape).max(direct::scratch_len(isa, shape));
         let scratch = zeros(threads.max(1).checked_mul(per_thread).ok_or_else(|| too_large(shape))?, || "convolution scratch".into())?;
         let partials_len = (wgrad_blocks(capacity) - 1).checked_mul(shape.weights_len()).ok_or_else(|| too_large(shape))?;
         let partials = if capacity == 0 { Vec::new() } else { zeros(partials_len, || "partial weight gradients".into())? };
         Ok(ConvWorkspace {
+            isa,
             shape: *shape,
             scratch,
             per_thread,
@@ -215,7 +218,13 @@ fn check(gemm: &GemmWorkspace, ws: &ConvWorkspace, weights: &ConvWeights, pool: 
     assert!(ws.shape == weights.shape, "conv workspace for {:?}, weights for {:?}", ws.shape, weights.shape);
     let enough = gemm.threads() >= pool.threads() && ws.scratch.len() >= pool.threads() * ws.per_thread;
     assert!(enough, "conv workspaces for fewer threads than the pool's");
-    assert_eq!(gemm.isa(), weights.w.isa(), "conv weights packed for another kernel than the workspace's");
+    let isa = weights.w.isa();
+    assert!(
+        gemm.isa() == isa && ws.isa == isa,
+        "conv weights packed for another kernel ({isa:?}) than the workspaces' ({:?}, {:?})",
+        gemm.isa(),
+        ws.isa
+    );
 }
 
 /// z (batch × OC·OH·OW) ← conv(x (batch × C·H·W)), without the bias, samples spread over the

@@ -96,8 +96,10 @@ impl GemmWorkspace {
         GemmWorkspace::with_isa(threads, Isa::best())
     }
 
-    /// As [`GemmWorkspace::new`], for the kernel of `isa` (which this CPU must run).
+    /// As [`GemmWorkspace::new`], for the kernel of `isa`; `Error::Config` if this CPU does
+    /// not run it.
     pub fn with_isa(threads: usize, isa: Isa) -> Result<GemmWorkspace> {
+        isa.check()?;
         let threads = threads.max(1);
         let mut workers = Vec::new();
         let bytes = threads.saturating_mul(size_of::<GemmScratch>());

@@ -34,9 +34,10 @@ fn room(len: Option<usize>, what: &str) -> Result<Vec<f32>> {
 }
 
 impl PackedB {
-    /// Room for a k×n B packed for `isa`'s kernel (which this CPU must run): k·⌈n / NR⌉·NR
-    /// values; an allocation that cannot be had is an `Err` with its size.
+    /// Room for a k×n B packed for `isa`'s kernel: k·⌈n / NR⌉·NR values; `Err` if this CPU
+    /// does not run the kernel or the allocation cannot be had.
     pub fn new(isa: Isa, k: usize, n: usize) -> Result<PackedB> {
+        isa.check()?;
         let nr = tile_shape(isa).1;
         let data = room(n.checked_next_multiple_of(nr).and_then(|cols| cols.checked_mul(k)), "packed weights")?;
         Ok(PackedB { isa, k, n, data })
@@ -81,9 +82,10 @@ impl PackedB {
 }
 
 impl PackedA {
-    /// Room for an m×k A packed for `isa`'s kernel (which this CPU must run): m·k values; an
-    /// allocation that cannot be had is an `Err` with its size.
+    /// Room for an m×k A packed for `isa`'s kernel: m·k values; `Err` if this CPU does not run
+    /// the kernel or the allocation cannot be had.
     pub fn new(isa: Isa, m: usize, k: usize) -> Result<PackedA> {
+        isa.check()?;
         Ok(PackedA { isa, m, k, data: room(m.checked_mul(k), "packed weights")? })
     }
 
