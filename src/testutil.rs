@@ -133,3 +133,24 @@ pub fn cuda_device() -> crate::Device {
         Err(e) => panic!("this test needs a CUDA device, and there is none usable: {e}"),
     }
 }
+
+/// Time per call of each CPU convolution route (`Lowered`: im2col and GEMM; `Direct`: the GEMM
+/// on shifted windows of the padded input) on one layer: (route, forward, backward with the
+/// input gradient when `input_grad`), the fastest of `runs` calls on `threads` threads, for
+/// `benches/conv_routes.rs`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_route_times(
+    (in_channels, height, width): (usize, usize, usize),
+    out_channels: usize,
+    kernel: (usize, usize),
+    options: crate::ConvOptions,
+    batch: usize,
+    threads: usize,
+    runs: usize,
+    input_grad: bool,
+) -> crate::Result<Vec<(String, std::time::Duration, std::time::Duration)>> {
+    let shape =
+        crate::cpu::conv::ConvShape { in_channels, height, width, out_channels, kernel, stride: options.stride, padding: options.padding };
+    let times = crate::cpu::conv::route_times(&shape, batch, threads, runs, input_grad)?;
+    Ok(times.into_iter().map(|(route, f, b)| (format!("{route:?}"), f, b)).collect())
+}
