@@ -64,7 +64,7 @@ impl Cache {
             targets: zeros(targets, || format!("the targets of a cache for {capacity} samples"))?,
             labels_set: 0,
             targets_set: 0,
-            ws: if dev.is_some() { Workspace::none() } else { Workspace::new(plan, threads)? },
+            ws: if dev.is_some() { Workspace::none() } else { Workspace::new(plan, capacity, threads)? },
             dev,
             inputs_dirty: false,
             labels_dirty: false,
@@ -229,6 +229,27 @@ impl Cache {
     /// flatnn's kernels.
     pub fn conv_backends(&self) -> String {
         self.dev.as_ref().map_or_else(String::new, DevCache::conv_report)
+    }
+
+    /// Which kernel runs each layer, for logs and benchmarks. On a GPU: [`Cache::conv_backends`].
+    /// On the CPU: a first line with the instruction set of the kernels (see `FLATNN_ISA` in
+    /// the README), the threads and the capacity, then one line per layer with weights: a
+    /// dense layer multiplies by its weights packed once (again after each change of the
+    /// parameters); a convolution gives, for batches of 1 and of 2 or more, the route of its
+    /// forward and backward passes (`lowered`: im2col and a GEMM; `direct`: a GEMM on shifted
+    /// windows of the padded input) and the time per call of both routes when they were timed
+    /// (the backward's once gradient buffers were made for the layer's shape).
+    ///
+    /// The routes are timed once per process for each layer shape and bucket, and every later
+    /// cache, whatever its thread count, takes the same: in one process the same inputs and
+    /// parameters give the same bits. They round differently from each other, so the outputs
+    /// of a batch of 1 and of the same sample in a larger batch may differ in the last bits,
+    /// and so may another process, which times them again.
+    pub fn routes(&self) -> String {
+        match &self.dev {
+            Some(dev) => dev.conv_report(),
+            None => self.ws.report(&self.plan, self.capacity),
+        }
     }
 }
 

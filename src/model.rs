@@ -11,6 +11,7 @@ use crate::layers::{self, region, Mode};
 use crate::loss::{self, Loss};
 use std::borrow::Cow;
 use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A model with fixed shapes. Parameters are one flat buffer in the plan's layout: per layer,
@@ -30,6 +31,17 @@ pub struct Model {
     pub(crate) pool: Arc<Pool>,
     pub(crate) dev: Option<DevModel>,
     pub(crate) gpu_options: GpuOptions,
+    /// Which values the CPU parameters hold: a number no other set of values of this process
+    /// has had ([`new_version`]), drawn anew wherever they may change (an update,
+    /// `set_parameters`, a load, a `parameters_mut` borrow). A cache keeps the weights it
+    /// packed from them with the version they came from, and repacks when it differs.
+    pub(crate) version: u64,
+}
+
+/// A parameter version no model of this process has had.
+pub(crate) fn new_version() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A model's two flat vectors the plan lays out: its parameters and its buffers.
@@ -65,14 +77,15 @@ impl Model {
         let mut buffers = zeros(plan.buffer_len, || format!("the {} buffer values of the model", plan.buffer_len))?;
         init::fill_buffers(&plan, &mut buffers);
         let pool = Arc::new(Pool::new(default_threads()?)?);
-        Ok(Model { plan: Arc::new(plan), params, buffers, pool, dev: None, gpu_options: GpuOptions::default() })
+        Ok(Model { plan: Arc::new(plan), params, buffers, pool, dev: None, gpu_options: GpuOptions::default(), version: new_version() })
     }
 
     /// Fills the parameters from an initialiser and a seed (biases zero), on the CPU; call it
     /// before moving the model to a GPU.
     pub fn init(mut self, init: Init, seed: u64) -> Model {
         if self.dev.is_none() {
-            init::fill(&self.plan, &mut self.params, init, seed);
+            let plan = Arc::clone(&self.plan);
+            init::fill(&plan, self.params_to_write(), init, seed);
         }
         self
     }
@@ -93,7 +106,7 @@ impl Model {
         };
         let (params, buffers) = if dev.is_some() { (Vec::new(), Vec::new()) } else { (params.into_owned(), buffers.into_owned()) };
         let pool = Arc::clone(&self.pool);
-        Ok(Model { plan: Arc::clone(&self.plan), params, buffers, pool, dev, gpu_options: self.gpu_options })
+        Ok(Model { plan: Arc::clone(&self.plan), params, buffers, pool, dev, gpu_options: self.gpu_options, version: new_version() })
     }
 
     /// The same model with these GPU options (graphs, TF32), which take effect when it is next
@@ -149,7 +162,7 @@ impl Model {
     /// here: a NaN or an infinity goes into every later step.
     pub fn parameters_mut(&mut self) -> Result<&mut [f32]> {
         match self.dev {
-            None => Ok(&mut self.params),
+            None => Ok(self.params_to_write()),
             Some(_) => Err(Error::Mismatch(format!("the parameters live on {}: use set_parameters", self.device()))),
         }
     }
@@ -158,6 +171,12 @@ impl Model {
     /// [`Error::NonFinite`]; nothing is written on error.
     pub fn set_parameters(&mut self, values: &[f32]) -> Result<()> {
         self.set_flat(Flat::Params, values)
+    }
+
+    /// The CPU parameters, to be written: under a new version, so that caches repack.
+    pub(crate) fn params_to_write(&mut self) -> &mut [f32] {
+        self.version = new_version();
+        &mut self.params
     }
 
     /// All buffers (values of the model that are not trained, such as running statistics), flat
@@ -201,6 +220,9 @@ impl Model {
             return Err(Error::Shape(format!("{} {one} values for a model of {len}", values.len())));
         }
         check_finite(values, what)?;
+        if matches!(which, Flat::Params) {
+            self.version = new_version();
+        }
         match (&mut self.dev, which) {
             (None, _) => host.copy_from_slice(values),
             (Some(dev), Flat::Params) => dev.upload(values)?,
@@ -231,7 +253,8 @@ impl Model {
         if let Some(dev) = &self.dev {
             return dev.forward(&self.plan, cache);
         }
-        layers::forward(&self.plan, &self.params, &mut cache.acts, cache.capacity, cache.batch, &self.pool, &mut cache.ws, Mode::Infer);
+        let params = (&self.params[..], self.version);
+        layers::forward(&self.plan, params, &mut cache.acts, cache.capacity, cache.batch, &self.pool, &mut cache.ws, Mode::Infer);
         Ok(cache.outputs())
     }
 
@@ -252,7 +275,7 @@ impl Model {
         }
         let (batch, outputs) = (cache.batch, self.plan.output().len());
         let (plan, capacity) = (&*self.plan, cache.capacity);
-        layers::forward(plan, &self.params, &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws, Mode::Train);
+        layers::forward(plan, (&self.params, self.version), &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws, Mode::Train);
         let last = plan.steps.last().expect("a plan has steps").output_region;
         let out = region(plan, last, capacity, batch);
         let (y, dy) = (&cache.acts[out.clone()], &mut grads.dacts[out]);

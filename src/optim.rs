@@ -328,12 +328,14 @@ impl Optimizer {
         };
         self.norm_known = matches!(update.clip, Clip::Norm(_));
         let grad = Grad { coef, clip: update.clip.value_bound(), decay: update.config.l2() };
-        let n = model.params.len();
-        let params = SharedMut::new(&mut model.params);
+        let pool = Arc::clone(&model.pool);
+        let params = model.params_to_write();
+        let n = params.len();
+        let params = SharedMut::new(params);
         let state = SharedMut::new(&mut self.state);
         let (t, config) = (bias_step(self.steps), update.config);
         let per = config.state_per_param();
-        for_chunks(&model.pool, n, 16384, &|_, r| {
+        for_chunks(&pool, n, 16384, &|_, r| {
             // SAFETY: chunks are disjoint ranges of the parameters and of each state vector.
             let p = unsafe { params.slice(r.clone()) };
             let s1 = (per >= 1).then(|| unsafe { state.slice(r.clone()) });

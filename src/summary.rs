@@ -108,6 +108,8 @@ impl Clone for Model {
             pool: std::sync::Arc::clone(&self.pool),
             dev: None,
             gpu_options: self.gpu_options,
+            // the same values: the caches' packed weights serve the copy
+            version: self.version,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Dense: z = W·x + b per sample, W (out_features, in_features) row-major, then b (out_features),
 //! the layout of PyTorch's `nn.Linear`. The activation is applied by the shared pass in
-//! `layers/mod.rs`; the fast path here computes the matrix products. On the GPU the products,
-//! bias and activation run fused (`kernels/dense.cu`, launched through `cuda::exec`).
+//! `layers/mod.rs`; the fast path here computes the matrix products, the forward's with the
+//! weights packed once per parameter version in the cache ([`DenseCache`], and
+//! `layers::Workspace` for when). On the GPU the products, bias and activation run fused
+//! (`kernels/dense.cu`, launched through `cuda::exec`).
 //!
 //! Batched, with X (batch, in) and Z (batch, out) row-major:
 //!   forward  Z  = X·Wᵀ + b
@@ -11,7 +13,8 @@ use super::kind::{LayerKind, Mode, TensorSpec};
 use super::{split2, BackPass, Pass};
 use crate::activation::Activation;
 use crate::chain::{Chain, Fill, Shape, Step};
-use crate::cpu::gemm::{sgemm, GemmWorkspace, Mat, MatMut};
+use crate::cpu::gemm::{sgemm, sgemm_blocked, sgemm_packed_b, GemmWorkspace, Mat, MatMut, PackedB};
+use crate::cpu::isa::Isa;
 use crate::cpu::pool::Pool;
 use crate::error::Result;
 #[cfg(test)]
@@ -74,7 +77,8 @@ impl LayerKind for Dense {
         let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
         let (w, b) = step.weight_and_bias();
         let (xs, zs) = split2(pass.acts, x, z);
-        forward(pass.pool, &mut pass.ws.gemm, pass.batch, step.input.len(), self.out_features, &pass.params[w], xs, zs);
+        let (gemm, cache, version) = pass.ws.dense(pass.index);
+        cache.forward(pass.pool, gemm, pass.batch, version, &pass.params[w], xs, zs);
         pass.bias_act(step, self.activation, b, (self.out_features, 1));
     }
 
@@ -171,12 +175,64 @@ pub fn backward_spec<F: Float>(
     }
 }
 
-/// Fast forward without the bias: Z (batch, out) ← X·Wᵀ.
-#[allow(clippy::too_many_arguments)]
-pub fn forward(pool: &Pool, ws: &mut GemmWorkspace, batch: usize, in_f: usize, out_f: usize, w: &[f32], x: &[f32], z: &mut [f32]) {
-    let a = Mat { data: x, rs: in_f, cs: 1 };
-    let b = Mat { data: w, rs: 1, cs: in_f };
-    sgemm(pool, ws, batch, out_f, in_f, 1.0, a, b, 0.0, MatMut { data: z, rs: out_f, cs: 1 });
+/// What a dense layer keeps in a cache: Wᵀ (in × out), the B of Z = X·Wᵀ, packed once, with
+/// the parameter version it was packed from (0: none yet); nothing for a layer of one output,
+/// whose products are dot products of W's one row with each sample, read in place.
+pub(crate) struct DenseCache {
+    in_f: usize,
+    out_f: usize,
+    w_t: Option<(PackedB, u64)>,
+}
+
+impl DenseCache {
+    /// Room for Wᵀ packed for `isa`'s kernel, unless the layer has one output.
+    pub fn new(isa: Isa, in_f: usize, out_f: usize) -> Result<DenseCache> {
+        let w_t = if out_f > 1 { Some((PackedB::new(isa, in_f, out_f)?, 0)) } else { None };
+        Ok(DenseCache { in_f, out_f, w_t })
+    }
+
+    /// Whether its packed weights come from another version than `version`.
+    pub fn stale(&self, version: u64) -> bool {
+        self.w_t.as_ref().is_some_and(|(_, v)| *v != version)
+    }
+
+    /// Packs `w` (out × in, of `version`) in.
+    pub fn pack(&mut self, w: &[f32], version: u64) {
+        if let Some((w_t, v)) = &mut self.w_t {
+            // B = Wᵀ (in × out): element (i, o) = w[o·in + i]
+            w_t.pack(Mat { data: w, rs: 1, cs: self.in_f });
+            *v = version;
+        }
+    }
+
+    /// Z (batch × out) ← X·Wᵀ, without the bias: from the weights packed if they hold
+    /// `version`, else from `w` as it is, packed by the product as it goes, with the same bits
+    /// (each output one chain of FMAs over the inputs in order); for a layer of one output, dot
+    /// products of `w` with each sample, the same for every batch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(&self, pool: &Pool, gemm: &mut GemmWorkspace, batch: usize, version: u64, w: &[f32], x: &[f32], z: &mut [f32]) {
+        let (in_f, out_f) = (self.in_f, self.out_f);
+        let (x, w, z) = (Mat { data: x, rs: in_f, cs: 1 }, Mat { data: w, rs: 1, cs: in_f }, MatMut { data: z, rs: out_f, cs: 1 });
+        match &self.w_t {
+            None => sgemm(pool, gemm, batch, out_f, in_f, 1.0, x, w, 0.0, z),
+            Some((w_t, v)) if *v == version => sgemm_packed_b(pool, gemm, batch, 1.0, x, w_t, 0.0, z),
+            Some(_) => sgemm_blocked(pool, gemm, batch, out_f, in_f, 1.0, x, w, 0.0, z),
+        }
+    }
+
+    /// For `Cache::routes`.
+    pub fn report(&self) -> &'static str {
+        match self.w_t {
+            Some(_) => "Z = X·Wᵀ, Wᵀ packed once",
+            None => "one output: a dot product a sample, W read in place",
+        }
+    }
+
+    /// Every packed value set to NaN, the version kept (tests).
+    #[cfg(test)]
+    pub fn poison(&mut self) {
+        self.w_t.iter_mut().for_each(|(p, _)| p.poison());
+    }
 }
 
 /// Fast backward without the bias: dW ← dZᵀ·X; dX ← dZ·W when given.
@@ -206,22 +262,50 @@ mod tests {
     use super::*;
     use crate::testutil::{assert_close, poisoned, Rng};
 
+    /// Z through the cache: the weights unpacked (version 1 not packed yet), then packed.
+    fn both_ways(
+        pool: &Pool,
+        ws: &mut GemmWorkspace,
+        cache: &mut DenseCache,
+        batch: usize,
+        w: &[f32],
+        x: &[f32],
+        extra: usize,
+    ) -> [Vec<f32>; 2] {
+        let out_f = cache.out_f;
+        let mut run = |cache: &DenseCache| {
+            let mut z = poisoned(batch * out_f + extra);
+            cache.forward(pool, ws, batch, 1, w, x, &mut z);
+            assert!(z[batch * out_f..].iter().all(|v| v.is_nan()), "wrote past the batch");
+            z.truncate(batch * out_f);
+            z
+        };
+        assert_eq!(cache.stale(1), out_f > 1);
+        let unpacked = run(cache);
+        cache.pack(w, 1);
+        assert!(!cache.stale(1));
+        [unpacked, run(cache)]
+    }
+
     #[test]
     fn fast_matches_spec_on_odd_shapes() {
         let mut rng = Rng::new(7);
         for threads in [1, 2] {
             let pool = Pool::new(threads).unwrap();
             let mut ws = GemmWorkspace::new(threads).unwrap();
-            for (batch, in_f, out_f) in [(1, 1, 1), (3, 5, 7), (17, 33, 9), (64, 130, 65), (2, 784, 10)] {
+            let shapes =
+                [(1, 1, 1), (3, 5, 7), (4, 300, 33), (17, 33, 9), (64, 130, 65), (2, 784, 10), (1, 784, 128), (64, 200, 1), (32, 300, 10)];
+            for (batch, in_f, out_f) in shapes {
                 let w = rng.ints(out_f * in_f);
                 let b = vec![0.0; out_f];
                 let x = rng.ints(batch * in_f);
                 let dz = rng.ints(batch * out_f);
                 let mut z_spec = vec![0.0; batch * out_f];
                 forward_spec(batch, in_f, out_f, &w, &b, &x, &mut z_spec);
-                let mut z = poisoned(batch * out_f);
-                forward(&pool, &mut ws, batch, in_f, out_f, &w, &x, &mut z);
-                assert_eq!(z, z_spec, "forward {batch}×{in_f}×{out_f}");
+                let mut cache = DenseCache::new(ws.isa(), in_f, out_f).unwrap();
+                for (z, how) in both_ways(&pool, &mut ws, &mut cache, batch, &w, &x, 3).iter().zip(["unpacked", "packed"]) {
+                    assert_eq!(*z, z_spec, "forward {batch}×{in_f}×{out_f}, {how}");
+                }
 
                 let (mut dw_s, mut db_s, mut dx_s) = (vec![0.0; out_f * in_f], vec![0.0; out_f], vec![0.0; batch * in_f]);
                 backward_spec(batch, in_f, out_f, &w, &x, &dz, &mut dw_s, &mut db_s, Some(&mut dx_s));
@@ -229,6 +313,30 @@ mod tests {
                 backward(&pool, &mut ws, batch, in_f, out_f, &w, &x, &dz, &mut dw, Some(&mut dx));
                 assert_close(&dw, &dw_s, 0.0, 0.0, "dW");
                 assert_close(&dx, &dx_s, 0.0, 0.0, "dX");
+            }
+        }
+    }
+
+    /// Real values (rounding in every sum): a sample's outputs have the same bits whether it
+    /// runs alone, in a batch of 2 to 5 or 33 or in one of 64, with the weights packed or not,
+    /// on 1 or 2 threads; so with one output, which is never packed.
+    #[test]
+    fn a_sample_has_the_same_bits_in_any_batch() {
+        let mut rng = Rng::new(8);
+        for out_f in [1, 10, 70] {
+            let (in_f, batch) = (300, 64);
+            let (w, x) = (rng.uniform(out_f * in_f), rng.uniform(batch * in_f));
+            let bits = |z: &[f32]| z.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let mut want = None;
+            for threads in [1, 2] {
+                let (pool, mut ws) = (Pool::new(threads).unwrap(), GemmWorkspace::new(threads).unwrap());
+                for rows in [batch, 1, 2, 3, 4, 5, 33] {
+                    let mut cache = DenseCache::new(ws.isa(), in_f, out_f).unwrap();
+                    for z in both_ways(&pool, &mut ws, &mut cache, rows, &w, &x[..rows * in_f], 0) {
+                        let want = want.get_or_insert_with(|| bits(&z));
+                        assert_eq!(bits(&z), want[..rows * out_f], "{out_f} outputs, a batch of {rows}, {threads} threads");
+                    }
+                }
             }
         }
     }

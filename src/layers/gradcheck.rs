@@ -105,7 +105,7 @@ fn fast_engine_matches_spec_in_smaller_batches_with_poisoned_buffers() {
             let model = chain.clone().build().unwrap().with_threads(threads).unwrap();
             let mut model: Model = model;
             let plan = model.plan.clone();
-            model.params.iter_mut().for_each(|p| *p = (rng.uniform() - 0.5) as f32);
+            model.parameters_mut().unwrap().iter_mut().for_each(|p| *p = (rng.uniform() - 0.5) as f32);
             let (capacity, batch) = (5, 3);
             let mut cache = model.preallocate(capacity).unwrap();
             let mut grads = model.preallocate_grads(capacity).unwrap();
@@ -115,6 +115,12 @@ fn fast_engine_matches_spec_in_smaller_batches_with_poisoned_buffers() {
             cache.ws.cols.fill(f32::NAN);
             grads.gws.dcols.fill(f32::NAN);
             grads.gws.partials.fill(f32::NAN);
+            for step in &mut cache.ws.steps {
+                if let super::StepCache::Conv(conv) = step {
+                    conv.ws.poison();
+                }
+            }
+            grads.gws.steps.iter_mut().flatten().for_each(|conv| conv.ws.poison());
             let x: Vec<f32> = (0..batch * plan.input.len()).map(|_| (2.0 * rng.uniform() - 1.0) as f32).collect();
             let classes = plan.output().len();
             let labels: Vec<u32> = (0..batch).map(|_| rng.below(classes) as u32).collect();

@@ -77,7 +77,7 @@ use crate::chain::{batch_len, Plan, Step};
 use crate::cpu::gemm::GemmWorkspace;
 use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
-use crate::error::{zeros, Result};
+use crate::error::{zeros, Error, Result};
 use kind::layers;
 pub(crate) use kind::{Kept, Mode, TensorSpec};
 use std::ops::Range;
@@ -106,52 +106,198 @@ pub(crate) fn split2<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T
     (&lo[a], &mut hi[..b.end - b.start])
 }
 
-/// Scratch a forward pass needs beyond the activations, allocated once per cache.
+/// Scratch a forward pass needs beyond the activations, allocated once per cache, and what each
+/// step's fast path keeps between calls: its weights packed from the parameters of one
+/// version (see `Model::version`).
+///
+/// A convolution's products read its weights packed (`cpu::conv`): they are repacked by the
+/// first pass after the parameters change. A dense layer's product packs them as it goes on the
+/// first pass of a version (a training step runs one: packing once more would not be repaid)
+/// and from the second pass on reads them packed once, with the same bits (inference runs on
+/// packed weights from its second call).
 pub(crate) struct Workspace {
     pub gemm: GemmWorkspace,
+    /// Lowered columns for `conv::forward`, which no kind runs now that 2-D convolutions run on
+    /// `cpu::conv`; kept, with `lowering.rs`, for the 1-D convolution that reuses the lowering.
+    #[allow(dead_code)]
     pub cols: Vec<f32>,
+    #[allow(dead_code)]
     pub col_len: usize,
+    /// Per step of the plan, in its order.
+    pub steps: Vec<StepCache>,
+    /// The parameter version the convolutions' packed weights come from; that of the pass
+    /// before this one; that of this pass (0: none).
+    conv_version: u64,
+    last_version: u64,
+    version: u64,
+}
+
+/// What a step's fast CPU path keeps in a cache.
+// one a step, made once: the variants' sizes do not matter
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum StepCache {
+    None,
+    Dense(dense::DenseCache),
+    Conv(conv::ConvCache),
 }
 
 impl Workspace {
-    /// A lowered sample's columns for each of `threads` threads; an error, not an abort, when
-    /// they cannot be had.
-    pub fn new(plan: &Plan, threads: usize) -> Result<Workspace> {
+    /// For batches of up to `capacity` samples on `threads` threads: packed weights' room, the
+    /// convolutions' scratch and their forward routes (timed here where this process has not
+    /// timed them yet: see `cpu::conv::choice`); an error, not an abort, when they cannot be had.
+    pub fn new(plan: &Plan, capacity: usize, threads: usize) -> Result<Workspace> {
         let col_len = conv::max_col_len(plan);
         let cols = zeros(batch_len(threads, col_len, "convolution columns")?, || format!("the convolution columns of {threads} threads"))?;
-        Ok(Workspace { gemm: GemmWorkspace::new(threads)?, cols, col_len })
+        let gemm = GemmWorkspace::new(threads)?;
+        let isa = gemm.isa();
+        let mut steps = per_step(plan)?;
+        for step in &plan.steps {
+            steps.push(match step.layer {
+                Layer::Dense(d) => StepCache::Dense(dense::DenseCache::new(isa, step.input.len(), d.out_features)?),
+                Layer::Conv(_) => StepCache::Conv(conv::ConvCache::new(step, isa, threads, capacity)?),
+                _ => StepCache::None,
+            });
+        }
+        Ok(Workspace { gemm, cols, col_len, steps, conv_version: 0, last_version: 0, version: 0 })
     }
 
     /// No scratch: for a cache whose steps run on a GPU.
     pub fn none() -> Workspace {
-        Workspace { gemm: GemmWorkspace::none(), cols: Vec::new(), col_len: 0 }
+        let (cols, steps) = (Vec::new(), Vec::new());
+        Workspace { gemm: GemmWorkspace::none(), cols, col_len: 0, steps, conv_version: 0, last_version: 0, version: 0 }
+    }
+
+    /// Readies a pass on the parameters `params` of `version`: the convolutions' weights
+    /// packed unless they come from `version`, and on a second pass of a version the dense
+    /// layers' weights. The steps
+    /// share the pool's threads. Allocates nothing; nothing is handed to the pool when nothing
+    /// needs packing.
+    fn prepare(&mut self, plan: &Plan, params: &[f32], version: u64, pool: &Pool) {
+        let convs = self.conv_version != version;
+        let dense = self.last_version == version;
+        let stale = |cache: &StepCache| match cache {
+            StepCache::None => false,
+            StepCache::Dense(d) => dense && d.stale(version),
+            StepCache::Conv(_) => convs,
+        };
+        if self.steps.iter().any(stale) {
+            let steps = SharedMut::new(&mut self.steps);
+            pool.run(plan.steps.len(), &|index, _| {
+                // SAFETY: each task is one step's entry.
+                let cache = unsafe { &mut steps.slice(index..index + 1)[0] };
+                if !stale(cache) {
+                    return;
+                }
+                let w = &params[plan.steps[index].weight_and_bias().0];
+                match cache {
+                    StepCache::None => {}
+                    StepCache::Dense(d) => d.pack(w, version),
+                    StepCache::Conv(c) => c.pack(w),
+                }
+            });
+        }
+        (self.conv_version, self.last_version, self.version) = (version, version, version);
+    }
+
+    /// Every packed weight set to NaN, the version kept: a test that passes read what was
+    /// packed last.
+    #[cfg(test)]
+    pub fn poison_packed(&mut self) {
+        for cache in &mut self.steps {
+            match cache {
+                StepCache::None => {}
+                StepCache::Dense(cache) => cache.poison(),
+                StepCache::Conv(conv) => conv.weights.poison(),
+            }
+        }
+    }
+
+    /// Step `index`'s dense cache, the GEMM's buffers, and the version of the pass.
+    pub fn dense(&mut self, index: usize) -> (&mut GemmWorkspace, &dense::DenseCache, u64) {
+        match &self.steps[index] {
+            StepCache::Dense(cache) => (&mut self.gemm, cache, self.version),
+            _ => unreachable!("step {index} is no dense layer"),
+        }
+    }
+
+    /// Step `index`'s convolution cache, and the GEMM's buffers.
+    pub fn conv(&mut self, index: usize) -> (&mut GemmWorkspace, &mut conv::ConvCache) {
+        match &mut self.steps[index] {
+            StepCache::Conv(conv) => (&mut self.gemm, conv),
+            _ => unreachable!("step {index} is no convolution"),
+        }
+    }
+
+    /// Which kernel runs each step with weights, one line each (see `Cache::routes`).
+    pub fn report(&self, plan: &Plan, capacity: usize) -> String {
+        let threads = self.gemm.threads();
+        let mut out = format!(
+            "CPU, {} kernels, {threads} thread{}, batches up to {capacity}; convolution routes timed on one thread at batch 1 and {}",
+            self.gemm.isa().name(),
+            if threads == 1 { "" } else { "s" },
+            crate::cpu::conv::choice::MANY_BATCH
+        );
+        for (index, (step, cache)) in plan.steps.iter().zip(&self.steps).enumerate() {
+            match cache {
+                StepCache::None => continue,
+                StepCache::Dense(d) => out.push_str(&format!("\nstep {index} {}: {}", step.layer.summary(step.input), d.report())),
+                StepCache::Conv(conv) => {
+                    out.push_str(&format!("\nstep {index} {}: {}", step.layer.summary(step.input), conv.report(step, capacity)))
+                }
+            }
+        }
+        out
     }
 }
 
-/// Scratch a backward pass needs beyond the gradients: lowered-gradient columns and per-block
-/// partial conv weight gradients (see `conv::backward`).
+/// Room for one value per step of `plan`.
+fn per_step<T>(plan: &Plan) -> Result<Vec<T>> {
+    let mut steps = Vec::new();
+    let bytes = plan.steps.len().saturating_mul(size_of::<T>());
+    steps.try_reserve_exact(plan.steps.len()).map_err(|_| Error::OutOfMemory { what: "the steps' caches".into(), bytes })?;
+    Ok(steps)
+}
+
+/// Scratch a backward pass needs beyond the gradients, and what each step's fast path keeps
+/// in gradient buffers (a convolution's backward scratch, partial weight gradients and routes).
 pub(crate) struct GradWorkspace {
+    /// The lowered gradient's columns and partial weight gradients of `conv::backward`: kept
+    /// for the 1-D convolution, as [`Workspace::cols`].
+    #[allow(dead_code)]
     pub dcols: Vec<f32>,
+    #[allow(dead_code)]
     pub partials: Vec<f32>,
+    /// Per step of the plan, in its order: a convolution's, else None.
+    pub steps: Vec<Option<conv::ConvGrads>>,
 }
 
 impl GradWorkspace {
-    /// As [`Workspace::new`], for the backward pass: a lowered gradient's columns a thread, and
-    /// the partial conv weight gradients of the sample blocks after the first
-    /// ([`conv::wgrad_blocks`], fixed by the capacity, not the thread count).
+    /// As [`Workspace::new`], for the backward pass: a lowered gradient's columns a thread, the
+    /// partial conv weight gradients of the sample blocks after the first
+    /// ([`conv::wgrad_blocks`], fixed by the capacity, not the thread count), and each
+    /// convolution's backward scratch and routes.
     pub fn new(plan: &Plan, capacity: usize, threads: usize) -> Result<GradWorkspace> {
         let w_len = conv::steps(plan).map(Step::weight_len).max().unwrap_or(0);
         let dcols = batch_len(threads, conv::max_col_len(plan), "convolution gradient columns")?;
         let partials = batch_len(conv::wgrad_blocks(capacity) - 1, w_len, "partial weight gradients")?;
+        let isa = crate::cpu::isa::Isa::best();
+        let mut steps = per_step(plan)?;
+        for step in &plan.steps {
+            steps.push(match step.layer {
+                Layer::Conv(_) => Some(conv::ConvGrads::new(step, isa, threads, capacity)?),
+                _ => None,
+            });
+        }
         Ok(GradWorkspace {
             dcols: zeros(dcols, || format!("the convolution gradient columns of {threads} threads"))?,
             partials: zeros(partials, || "the partial conv weight gradients".into())?,
+            steps,
         })
     }
 
     /// No scratch: for gradients computed on a GPU.
     pub fn none() -> GradWorkspace {
-        GradWorkspace { dcols: Vec::new(), partials: Vec::new() }
+        GradWorkspace { dcols: Vec::new(), partials: Vec::new(), steps: Vec::new() }
     }
 }
 
@@ -159,6 +305,8 @@ impl GradWorkspace {
 /// for `capacity`, as each step's [`LayerKind::forward`](kind::LayerKind::forward) takes them.
 pub(crate) struct Pass<'a> {
     pub plan: &'a Plan,
+    /// The step running: its index in the plan.
+    pub index: usize,
     pub params: &'a [f32],
     pub acts: &'a mut [f32],
     pub capacity: usize,
@@ -187,11 +335,13 @@ impl Pass<'_> {
     }
 }
 
-/// The fast forward: every step's output for the first `batch` samples.
+/// The fast forward: every step's output for the first `batch` samples. `version` names the
+/// values of `params` (`Model::version`), which the workspace's packed weights are checked
+/// against ([`Workspace`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     plan: &Plan,
-    params: &[f32],
+    (params, version): (&[f32], u64),
     acts: &mut [f32],
     capacity: usize,
     batch: usize,
@@ -199,8 +349,10 @@ pub(crate) fn forward(
     ws: &mut Workspace,
     mode: Mode,
 ) {
-    let mut pass = Pass { plan, params, acts, capacity, batch, pool, ws };
-    for step in &plan.steps {
+    ws.prepare(plan, params, version, pool);
+    let mut pass = Pass { plan, index: 0, params, acts, capacity, batch, pool, ws };
+    for (index, step) in plan.steps.iter().enumerate() {
+        pass.index = index;
         step.layer.forward(step, &mut pass, mode);
     }
 }
@@ -210,6 +362,8 @@ pub(crate) fn forward(
 /// step's output region, first).
 pub(crate) struct BackPass<'a> {
     pub plan: &'a Plan,
+    /// The step running: its index in the plan.
+    pub index: usize,
     pub params: &'a [f32],
     pub acts: &'a [f32],
     pub dacts: &'a mut [f32],
@@ -279,7 +433,8 @@ impl BackPass<'_> {
 
 /// The fast backward. `dacts` holds the loss gradient in the last step's output region;
 /// fills `grads` (overwriting) and every needed activation gradient. The model input's
-/// gradient is not computed.
+/// gradient is not computed. `ws` has served the forward pass of these parameters (its packed
+/// weights are theirs).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     plan: &Plan,
@@ -293,8 +448,9 @@ pub(crate) fn backward(
     ws: &mut Workspace,
     gws: &mut GradWorkspace,
 ) {
-    let mut pass = BackPass { plan, params, acts, dacts, grads, capacity, batch, pool, ws, gws };
-    for step in plan.steps.iter().rev() {
+    let mut pass = BackPass { plan, index: 0, params, acts, dacts, grads, capacity, batch, pool, ws, gws };
+    for (index, step) in plan.steps.iter().enumerate().rev() {
+        pass.index = index;
         step.layer.backward(step, &mut pass);
     }
 }
@@ -374,7 +530,96 @@ fn lane_sum(row: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::REGISTRY;
+    use crate::prelude::*;
+    use crate::testutil::Rng;
     use std::path::Path;
+
+    /// A cache's packed weights follow the parameters' version: served as they are while
+    /// nothing changed (poisoned, they show in the outputs), repacked after any change (a
+    /// `parameters_mut` borrow, `set_parameters`, an update), a dense layer's from the second
+    /// pass on, with the first pass's bits; the outputs are a new cache's, bit for bit. A copy of
+    /// the model with the same values is served the same packed weights, and the original,
+    /// changed, gets its own again.
+    #[test]
+    fn packed_weights_follow_the_parameter_version() {
+        let conv = Chain::new(Input::image(2, 8, 8)).conv(3, (3, 3), Tanh).flatten().dense(4, Identity);
+        let dense = Chain::new(Input::vector(128)).dense(40, Relu).dense(4, Identity);
+        for chain in [conv, dense] {
+            let mut model = chain.build().unwrap().init(Init::HeNormal, 5).with_threads(1).unwrap();
+            let x = Rng::new(6).uniform(2 * 128);
+            let bits =
+                |model: &Model, cache: &mut Cache| -> Vec<u32> { model.forward(cache).unwrap().iter().map(|v| v.to_bits()).collect() };
+            let fresh = |model: &Model| {
+                let mut cache = model.preallocate(2).unwrap();
+                cache.set_inputs(&x).unwrap();
+                bits(model, &mut cache)
+            };
+            let mut cache = model.preallocate(2).unwrap();
+            cache.set_inputs(&x).unwrap();
+            let first = bits(&model, &mut cache);
+            assert_eq!(first, fresh(&model));
+            assert_eq!(bits(&model, &mut cache), first, "packed on the second pass");
+            let poisoned = |model: &Model, cache: &mut Cache| {
+                cache.ws.poison_packed();
+                model.forward(cache).unwrap().iter().all(|v| v.is_nan())
+            };
+            assert!(poisoned(&model, &mut cache), "repacked with nothing changed");
+            model.parameters_mut().unwrap();
+            assert_eq!(bits(&model, &mut cache), first, "not repacked after a parameters_mut borrow");
+            assert_eq!(bits(&model, &mut cache), first, "not repacked on the second pass after it");
+
+            model.parameters_mut().unwrap().iter_mut().for_each(|p| *p *= 1.5);
+            let changed = bits(&model, &mut cache);
+            assert_ne!(changed, first);
+            assert_eq!(changed, fresh(&model), "after a write through parameters_mut");
+            let values: Vec<f32> = model.parameters().unwrap().iter().map(|v| v * 0.5).collect();
+            model.set_parameters(&values).unwrap();
+            assert_eq!(bits(&model, &mut cache), fresh(&model), "after set_parameters");
+            let mut grads = model.preallocate_grads(2).unwrap();
+            let mut opt = Optimizer::new(&model, Optim::sgd(0.1, 0.0)).unwrap();
+            cache.set_labels(&[1, 3]).unwrap();
+            opt.train_step(&mut model, &mut grads, &mut cache, Loss::LogitCrossEntropy).unwrap();
+            let trained = bits(&model, &mut cache);
+            assert_eq!(trained, fresh(&model), "after an update");
+            assert_eq!(bits(&model, &mut cache), trained, "packed after an update");
+
+            let copy = model.clone();
+            assert!(poisoned(&copy, &mut cache), "the copy's values were repacked");
+            model.parameters_mut().unwrap()[1] += 0.5;
+            assert_eq!(bits(&model, &mut cache), fresh(&model), "the changed original on the copy's cache");
+            assert_eq!(bits(&model, &mut cache), fresh(&model), "the changed original, packed");
+            assert_eq!(bits(&copy, &mut cache), trained, "the copy after the original");
+            assert_eq!(bits(&copy, &mut cache), trained, "the copy after the original, packed");
+        }
+    }
+
+    /// `Cache::routes` names every layer with weights and each convolution's route per
+    /// direction and batch bucket, the backward's once gradient buffers were made; a model on
+    /// another thread count takes the same routes (chosen once per process).
+    #[test]
+    fn the_routes_report_names_each_layers_kernel() {
+        let model = crate::models::lenet5().build().unwrap().with_threads(1).unwrap();
+        let cache = model.preallocate(4).unwrap();
+        let lines = |report: &str| report.lines().skip(1).map(str::to_string).collect::<Vec<_>>();
+        let report = cache.routes();
+        assert!(report.starts_with("CPU, ") && report.contains("1 thread, batches up to 4"), "{report}");
+        let steps = lines(&report);
+        let (convs, denses) = (steps.iter().filter(|l| l.contains("Conv(")).count(), steps.iter().filter(|l| l.contains("Dense(")).count());
+        assert_eq!((convs, denses, steps.len()), (2, 3, 5), "{report}");
+        for line in steps.iter().filter(|l| l.contains("Conv(")) {
+            for bucket in ["batch 1: forward ", "batch 2+: forward "] {
+                let after = &line[line.find(bucket).unwrap_or_else(|| panic!("{line}")) + bucket.len()..];
+                assert!(after.starts_with("direct ") || after.starts_with("lowered "), "{line}");
+            }
+        }
+        let dense = ": Z = X·Wᵀ, Wᵀ packed once";
+        assert!(steps.iter().all(|l| !l.contains("Dense(") || l.ends_with(dense)), "{report}");
+        let _grads = model.preallocate_grads(4).unwrap();
+        let timed = cache.routes();
+        assert!(!timed.contains("not timed") && timed.matches("backward ").count() == 4, "{timed}");
+        let other = model.with_threads(2).unwrap();
+        assert_eq!(lines(&other.preallocate(4).unwrap().routes()), lines(&timed));
+    }
 
     /// Every kind in the registry has its room, `src/layers/<room>.rs`, and, unless the registry
     /// says it needs none, its kernels beside it, `kernels/<room>.cu`; every file in

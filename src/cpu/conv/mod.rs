@@ -4,8 +4,8 @@
 //!   z[oc, y, x] = Σ_{c,i,j} w[oc, c, i, j] · in[c, y·sh + i − ph, x·sw + j − pw]
 //!
 //! Two routes compute the same products, with one signature ([`forward`], [`backward`], each
-//! taking a [`ConvRoute`]), so that a route table can time both ([`time_forward`],
-//! [`time_backward`]) and keep the faster per layer:
+//! taking a [`ConvRoute`]), so that both can be timed on a layer's shape and the faster kept
+//! ([`choice`]):
 //!
 //! - [`ConvRoute::Lowered`]: each sample lowered to a CKK × OHW matrix (im2col, CKK = C·kh·kw)
 //!   and multiplied by the packed weights; k² copies of the input per sample.
@@ -25,6 +25,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub(crate) mod choice;
 mod direct;
 mod lowered;
 #[cfg(test)]
@@ -35,7 +36,7 @@ use super::isa::Isa;
 use super::pool::Pool;
 use super::{chunk_range, for_chunks, SharedMut};
 use crate::error::{zeros, Error, Result};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The geometry of one convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +106,14 @@ pub(crate) enum ConvRoute {
 
 impl ConvRoute {
     pub const ALL: [ConvRoute; 2] = [ConvRoute::Lowered, ConvRoute::Direct];
+
+    /// For reports: `lowered` or `direct`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConvRoute::Lowered => "lowered",
+            ConvRoute::Direct => "direct",
+        }
+    }
 }
 
 /// The weights (OC, C, kh, kw) packed once in the three forms the routes read.
@@ -129,6 +138,19 @@ impl ConvWeights {
             w_t: PackedA::new(isa, ckk, oc)?,
             w_swapped: PackedA::new(isa, c, oc * kk)?,
         })
+    }
+
+    /// The instruction set of the kernel it was packed for.
+    pub fn isa(&self) -> Isa {
+        self.w.isa()
+    }
+
+    /// Every packed value set to NaN: a test that the kernels read what was packed last.
+    #[cfg(test)]
+    pub fn poison(&mut self) {
+        for packed in [&mut self.w, &mut self.w_t, &mut self.w_swapped] {
+            packed.poison();
+        }
     }
 
     /// Packs `w` ((OC, C, kh, kw), row-major) in; after every change of the weights. Panics
@@ -187,6 +209,16 @@ impl ConvWorkspace {
             grad_offsets: direct::grad_offsets(shape)?,
             partials,
         })
+    }
+}
+
+impl ConvWorkspace {
+    /// Every value of its scratch and partial weight gradients set to NaN: a test that the
+    /// kernels write what they read.
+    #[cfg(test)]
+    pub fn poison(&mut self) {
+        self.scratch.fill(f32::NAN);
+        self.partials.fill(f32::NAN);
     }
 }
 
@@ -324,56 +356,9 @@ pub(crate) fn backward(
     });
 }
 
-/// The fastest of `runs` calls of `f` after one warm-up call: what a route costs, for
-/// choosing one (noise only ever adds time).
-pub(crate) fn fastest_of(runs: usize, mut f: impl FnMut()) -> Duration {
-    f();
-    (0..runs.max(1))
-        .map(|_| {
-            let start = Instant::now();
-            f();
-            start.elapsed()
-        })
-        .min()
-        .unwrap_or_default()
-}
-
-/// [`forward`] on `route`, timed: the fastest of `runs` calls.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn time_forward(
-    route: ConvRoute,
-    runs: usize,
-    pool: &Pool,
-    gemm: &mut GemmWorkspace,
-    ws: &mut ConvWorkspace,
-    weights: &ConvWeights,
-    batch: usize,
-    x: &[f32],
-    z: &mut [f32],
-) -> Duration {
-    fastest_of(runs, || forward(route, pool, gemm, ws, weights, batch, x, z))
-}
-
-/// [`backward`] on `route`, timed: the fastest of `runs` calls.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn time_backward(
-    route: ConvRoute,
-    runs: usize,
-    pool: &Pool,
-    gemm: &mut GemmWorkspace,
-    ws: &mut ConvWorkspace,
-    weights: &ConvWeights,
-    batch: usize,
-    (x, dz): (&[f32], &[f32]),
-    dw: &mut [f32],
-    mut dx: Option<&mut [f32]>,
-) -> Duration {
-    fastest_of(runs, || backward(route, pool, gemm, ws, weights, batch, x, dz, dw, dx.as_deref_mut()))
-}
-
 /// Each route's forward and backward (with the input gradient when `input_grad`) on `shape`,
 /// timed on `threads` threads with buffers of its own (uniform values): the fastest of `runs`
-/// calls each, the routes interleaved. For benches; a layer times its routes on its own buffers.
+/// calls each, the routes taking turns. For benches; layers choose through [`choice`].
 pub(crate) fn route_times(
     shape: &ConvShape,
     batch: usize,
@@ -381,23 +366,8 @@ pub(crate) fn route_times(
     runs: usize,
     input_grad: bool,
 ) -> Result<Vec<(ConvRoute, Duration, Duration)>> {
-    let (isa, pool) = (Isa::best(), Pool::new(threads)?);
-    let (mut gemm, mut ws) = (GemmWorkspace::with_isa(threads, isa)?, ConvWorkspace::new(isa, shape, threads, batch)?);
-    let mut weights = ConvWeights::new(isa, shape)?;
-    let values = |len: usize| -> Result<Vec<f32>> {
-        let mut v = zeros(len, || "convolution timing buffers".into())?;
-        v.iter_mut().enumerate().for_each(|(i, x)| *x = (i % 17) as f32 / 8.0 - 1.0);
-        Ok(v)
-    };
-    weights.pack(&values(shape.weights_len())?);
-    let (x, dz) = (values(batch * shape.in_len())?, values(batch * shape.out_len())?);
-    let (mut z, mut dw, mut dx) = (values(batch * shape.out_len())?, values(shape.weights_len())?, values(batch * shape.in_len())?);
-    let mut times = Vec::new();
-    for route in ConvRoute::ALL {
-        let f = time_forward(route, runs, &pool, &mut gemm, &mut ws, &weights, batch, &x, &mut z);
-        let dx = if input_grad { Some(&mut dx[..]) } else { None };
-        let b = time_backward(route, runs, &pool, &mut gemm, &mut ws, &weights, batch, (&x, &dz), &mut dw, dx);
-        times.push((route, f, b));
-    }
-    Ok(times)
+    let mut trial = choice::Trial::new(Isa::best(), shape, batch, threads)?;
+    let forward = trial.times(choice::Direction::Forward, runs);
+    let backward = trial.times(choice::Direction::Backward { input_grad }, runs);
+    Ok((0..ConvRoute::ALL.len()).map(|r| (ConvRoute::ALL[r], forward[r], backward[r])).collect())
 }

@@ -303,7 +303,8 @@ impl Product {
         Product { m, n, k, alpha, a: AOp::View(a), b: BOp::View(b), beta, c, route, isa }
     }
 
-    /// A product with a packed operand (never transposed): the blocked nest, or C ← β·C.
+    /// A product through the blocked nest (never transposed), or C ← β·C where k = 0; the
+    /// operands packed once, or packed as it goes.
     #[allow(clippy::too_many_arguments)]
     fn packed(isa: Isa, m: usize, n: usize, k: usize, alpha: f32, a: AOp, b: BOp, beta: f32, c: MatMut) -> Product {
         let c = ViewMut { ptr: c.data.as_mut_ptr(), rs: c.rs, cs: c.cs };
@@ -440,6 +441,31 @@ pub(crate) fn sgemm_packed_b(pool: &Pool, ws: &mut GemmWorkspace, m: usize, alph
     let a = AOp::View(View { ptr: a.data.as_ptr(), rs: a.rs, cs: a.cs });
     let p = Product::packed(b.isa(), m, n, k, alpha, a, BOp::Packed(b.view()), beta, c);
     // SAFETY: checked above (B by its construction); C is borrowed exclusively for this call.
+    unsafe { p.run_on(pool, ws) }
+}
+
+/// C (m×n) ← α·A·B (k×n) + β·C through the blocked nest, both operands packed here as the
+/// call goes (never transposed, never row by row), split over the pool's threads: the bits
+/// [`sgemm_packed_b`] and [`sgemm_packed_a`] give with either operand packed once, for a first
+/// product that cannot yet tell whether packing once would be repaid. Panics as [`sgemm`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_blocked(
+    pool: &Pool,
+    ws: &mut GemmWorkspace,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: Mat,
+    b: Mat,
+    beta: f32,
+    c: MatMut,
+) {
+    check_operands(m, n, k, &a, &b, &c).unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (View { ptr: a.data.as_ptr(), rs: a.rs, cs: a.cs }, View { ptr: b.data.as_ptr(), rs: b.rs, cs: b.cs });
+    let p = Product::packed(ws.isa(), m, n, k, alpha, AOp::View(a), BOp::View(b), beta, c);
+    // SAFETY: checked above; C is borrowed exclusively for this call; the workspace's kernel
+    // was one this CPU runs when it was made.
     unsafe { p.run_on(pool, ws) }
 }
 

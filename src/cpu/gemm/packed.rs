@@ -67,6 +67,12 @@ impl PackedB {
         self.isa
     }
 
+    /// Every packed value set to NaN: a test that a product reads what was packed last.
+    #[cfg(test)]
+    pub fn poison(&mut self) {
+        self.data.fill(f32::NAN);
+    }
+
     pub fn k(&self) -> usize {
         self.k
     }
@@ -130,6 +136,12 @@ impl PackedA {
 
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// Every packed value set to NaN, as [`PackedB::poison`].
+    #[cfg(test)]
+    pub fn poison(&mut self) {
+        self.data.fill(f32::NAN);
     }
 
     pub fn m(&self) -> usize {
