@@ -6,13 +6,15 @@
 //! capacity runs in the front of the same buffers; a larger one is an [`Error::Capacity`].
 
 use crate::chain::{batch_len, Plan};
+use crate::cpu::pool::Pool;
 use crate::dev::{DevCache, DevGrads};
 use crate::device::{Device, ToDevice};
 use crate::error::{zeros, Error, Result};
-use crate::layers::{region, GradWorkspace, Workspace};
+use crate::layers::{self, region, GradWorkspace, Mode, Workspace};
 use crate::loss::Loss;
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Inputs, targets, activations and forward scratch for up to `capacity` samples, on the
 /// device of the model that made it. On a GPU the host keeps the batch's inputs, labels and
@@ -34,6 +36,8 @@ pub struct Cache {
     pub(crate) labels_set: usize,
     pub(crate) targets_set: usize,
     pub(crate) ws: Workspace,
+    /// Where a forward pass of one sample runs.
+    pub(crate) one: BatchOne,
     pub(crate) dev: Option<DevCache>,
     /// What the host changed since the device last saw it (GPU caches only).
     pub(crate) inputs_dirty: bool,
@@ -65,6 +69,7 @@ impl Cache {
             labels_set: 0,
             targets_set: 0,
             ws: if dev.is_some() { Workspace::none() } else { Workspace::new(plan, capacity, threads)? },
+            one: BatchOne { alone: Pool::new(1)?, times: None },
             dev,
             inputs_dirty: false,
             labels_dirty: false,
@@ -231,6 +236,30 @@ impl Cache {
         self.dev.as_ref().map_or_else(String::new, DevCache::conv_report)
     }
 
+    /// Times a forward pass of one sample (zeros: the inputs of a new cache) on the parameters
+    /// `params` of `version`, on `pool` and on the calling thread alone, the two taking turns,
+    /// the fastest of several calls each; keeps the faster for every later pass of one sample
+    /// ([`BatchOne`]). Leaves the weights packed for `version`. For a cache on the CPU, before its
+    /// first batch.
+    pub(crate) fn time_batch_one(&mut self, (params, version): (&[f32], u64), pool: &Pool) {
+        /// Calls of each way timed, after two warm-up calls each (the second packs the weights).
+        const RUNS: usize = 7;
+        if pool.threads() == 1 || self.dev.is_some() {
+            return;
+        }
+        let mut best = [Duration::MAX; 2];
+        for round in 0..RUNS + 2 {
+            for (way, best) in [&self.one.alone, pool].into_iter().zip(&mut best) {
+                let start = Instant::now();
+                layers::forward(&self.plan, (params, version), &mut self.acts, self.capacity, 1, way, &mut self.ws, Mode::Infer);
+                if round >= 2 {
+                    *best = (*best).min(start.elapsed());
+                }
+            }
+        }
+        self.one.times = Some((best[0], best[1]));
+    }
+
     /// Which kernel runs each layer, for logs and benchmarks. On a GPU: [`Cache::conv_backends`].
     /// On the CPU: a first line with the instruction set of the kernels (see `FLATNN_ISA` in
     /// the README), the threads and the capacity, then one line per layer with weights: a
@@ -248,7 +277,41 @@ impl Cache {
     pub fn routes(&self) -> String {
         match &self.dev {
             Some(dev) => dev.conv_report(),
-            None => self.ws.report(&self.plan, self.capacity),
+            None => self.ws.report(&self.plan, self.capacity) + &self.one.report(self.threads),
+        }
+    }
+}
+
+/// Where a forward pass of one sample runs: on the model's pool, or on the calling thread alone,
+/// whichever was faster when `Model::preallocate` timed both (the same bits either way). A
+/// layer large enough to be split hands parts to the pool's threads and waits for them; for a
+/// small network one thread may finish first, and then the whole pass runs without a hand-off.
+pub(crate) struct BatchOne {
+    /// A pool of the calling thread alone (no threads of its own).
+    alone: Pool,
+    /// The times per call (alone, on the pool) when they were measured.
+    times: Option<(Duration, Duration)>,
+}
+
+impl BatchOne {
+    /// The pool a forward pass of `batch` samples runs on, `pool` being the model's.
+    pub fn pool<'a>(&'a self, batch: usize, pool: &'a Pool) -> &'a Pool {
+        match self.times {
+            Some((alone, pooled)) if batch == 1 && alone < pooled => &self.alone,
+            _ => pool,
+        }
+    }
+
+    /// The line of `Cache::routes`, if there was a choice.
+    fn report(&self, threads: usize) -> String {
+        let us = |t: Duration| t.as_secs_f64() * 1e6;
+        match self.times {
+            Some((alone, pooled)) if alone < pooled => {
+                format!("\nbatch 1: the whole forward pass on the calling thread, {:.1} µs ({threads} threads {:.1} µs)", us(alone), us(pooled))
+            }
+            Some((alone, pooled)) => format!("\nbatch 1: forward on {threads} threads, {:.1} µs (alone {:.1} µs)", us(pooled), us(alone)),
+            None if threads > 1 => "\nbatch 1: forward on the pool (not timed)".into(),
+            None => String::new(),
         }
     }
 }
@@ -434,5 +497,30 @@ impl ToDevice for Grads {
             Device::Cuda(ordinal) => Some(DevGrads::on(ordinal, &self.plan, self.capacity)?),
         };
         Grads::new(&self.plan, self.capacity, self.threads, dev)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::prelude::*;
+    use std::time::Duration;
+
+    /// A pass of one sample runs where `Model::preallocate` timed it faster, and gives the same
+    /// bits alone as on the pool; larger batches always run on the pool.
+    #[test]
+    fn one_sample_runs_where_it_was_faster_with_the_same_bits() {
+        let model = crate::models::mlp().build().unwrap().init(Init::HeNormal, 4).with_threads(2).unwrap();
+        let mut cache = model.preallocate(3).unwrap();
+        assert!(cache.routes().lines().last().unwrap().starts_with("batch 1: "), "{}", cache.routes());
+        cache.set_inputs(&crate::testutil::Rng::new(5).uniform(784)).unwrap();
+        let mut outputs = Vec::new();
+        for (alone, pooled) in [(1, 2), (2, 1)] {
+            cache.one.times = Some((Duration::from_nanos(alone), Duration::from_nanos(pooled)));
+            let pool = cache.one.pool(1, &model.pool);
+            assert_eq!(std::ptr::eq(pool, &cache.one.alone), alone < pooled);
+            assert!(std::ptr::eq(cache.one.pool(2, &model.pool), &*model.pool));
+            outputs.push(model.forward(&mut cache).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        }
+        assert_eq!(outputs[0], outputs[1]);
     }
 }

@@ -235,7 +235,9 @@ impl Model {
     /// this model's device.
     pub fn preallocate(&self, capacity: usize) -> Result<Cache> {
         let dev = self.dev.as_ref().map(|d| d.new_cache(&self.plan, capacity)).transpose()?;
-        Cache::new(&self.plan, capacity, self.threads(), dev)
+        let mut cache = Cache::new(&self.plan, capacity, self.threads(), dev)?;
+        cache.time_batch_one((&self.params, self.version), &self.pool);
+        Ok(cache)
     }
 
     /// Gradient buffers for batches of up to `capacity`, on this model's device.
@@ -253,8 +255,8 @@ impl Model {
         if let Some(dev) = &self.dev {
             return dev.forward(&self.plan, cache);
         }
-        let params = (&self.params[..], self.version);
-        layers::forward(&self.plan, params, &mut cache.acts, cache.capacity, cache.batch, &self.pool, &mut cache.ws, Mode::Infer);
+        let (params, pool) = ((&self.params[..], self.version), cache.one.pool(cache.batch, &self.pool));
+        layers::forward(&self.plan, params, &mut cache.acts, cache.capacity, cache.batch, pool, &mut cache.ws, Mode::Infer);
         Ok(cache.outputs())
     }
 
