@@ -153,6 +153,7 @@ pub mod optim;
 #[cfg(feature = "cuda")]
 pub mod parallel;
 pub(crate) mod plan;
+pub(crate) mod predict;
 pub(crate) mod schedule;
 pub mod serve;
 pub(crate) mod summary;

@@ -47,9 +47,10 @@ pub fn data(model: &Model, loss: Loss, batch: usize, seed: u64) -> (Vec<f32>, Ve
     let mut rng = Rng::new(seed);
     let inputs = rng.uniform(batch * model.input_shape().len());
     let outputs = model.output_shape().len();
-    match loss {
-        Loss::LogitCrossEntropy => (inputs, (0..batch).map(|_| rng.below(outputs) as u32).collect(), Vec::new()),
-        Loss::Mse => (inputs, Vec::new(), rng.uniform(batch * outputs)),
+    if loss.takes_labels() {
+        (inputs, (0..batch).map(|_| rng.below(outputs) as u32).collect(), Vec::new())
+    } else {
+        (inputs, Vec::new(), rng.uniform(batch * outputs))
     }
 }
 
@@ -58,9 +59,10 @@ fn filled_cache(model: &Model, loss: Loss, batch: usize) -> Result<(Cache, Vec<f
     let mut cache = model.preallocate(batch)?;
     let (inputs, labels, targets) = data(model, loss, batch, SEED);
     cache.set_inputs(&inputs)?;
-    match loss {
-        Loss::LogitCrossEntropy => cache.set_labels(&labels)?,
-        Loss::Mse => cache.set_targets(&targets)?,
+    if loss.takes_labels() {
+        cache.set_labels(&labels)?
+    } else {
+        cache.set_targets(&targets)?
     }
     Ok((cache, inputs))
 }

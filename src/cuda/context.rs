@@ -71,6 +71,7 @@ kernels! {
     BiasGrad = "bias_grad",
     SoftmaxXent = "softmax_xent",
     Mse = "mse",
+    ElementwiseLoss = "elementwise_loss",
     LossSum = "loss_sum",
     MaxpoolForward = "maxpool_forward",
     MaxpoolBackward = "maxpool_backward",

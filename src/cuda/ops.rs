@@ -39,12 +39,34 @@ fn loss_blocks(n: usize) -> u32 {
 /// (1/batch for cross-entropy, 1/(batch·outputs) for MSE) in f64, and the gradient's (that, or
 /// twice that for MSE) rounded to f32.
 pub(super) fn loss_scales(loss: Loss, batch: usize, outputs: usize) -> (f64, f32) {
+    let mean = 1.0 / (batch * outputs) as f64;
     match loss {
         Loss::LogitCrossEntropy => (1.0 / batch as f64, (1.0 / batch as f64) as f32),
-        Loss::Mse => {
-            let mean = 1.0 / (batch * outputs) as f64;
-            (mean, (2.0 * mean) as f32)
-        }
+        Loss::Mse => (mean, (2.0 * mean) as f32),
+        Loss::BceWithLogits | Loss::L1 | Loss::SmoothL1 { .. } => (mean, mean as f32),
+    }
+}
+
+/// A loss as a graph's key tells it apart: an id below 8, and its parameter's bits (smooth L1's
+/// β, which the graph's loss kernel holds; 0 for the others).
+pub(super) fn loss_key(loss: Loss) -> (u8, u32) {
+    match loss {
+        Loss::LogitCrossEntropy => (1, 0),
+        Loss::Mse => (2, 0),
+        Loss::BceWithLogits => (3, 0),
+        Loss::L1 => (4, 0),
+        Loss::SmoothL1 { beta } => (5, beta.to_bits()),
+    }
+}
+
+/// The `kind` and `beta` of kernels/loss.cu's `elementwise_loss` for `loss`; None for the losses
+/// it does not compute.
+fn elementwise_loss_kind(loss: Loss) -> Option<(i32, f32)> {
+    match loss {
+        Loss::BceWithLogits => Some((0, 0.0)),
+        Loss::L1 => Some((1, 0.0)),
+        Loss::SmoothL1 { beta } => Some((2, beta)),
+        Loss::Mse | Loss::LogitCrossEntropy => None,
     }
 }
 
@@ -626,6 +648,32 @@ impl Gpu {
         let (mean_scale, grad_scale) = loss_scales(Loss::Mse, 1, n);
         let (y, t, dy, loss, scratch, len) = (y.ptr(), t.ptr(), dy.ptr(), loss.ptr(), scratch.ptr(), int(n)?);
         self.run(stream, Kernel::Mse, loss_blocks(n), kernel_args![y, t, dy, loss, scratch, len, grad_scale, mean_scale])
+    }
+
+    /// A loss of one term per value (binary cross-entropy on logits, L1, smooth L1) over the
+    /// first `n` values, as [`Loss::compute`] computes it: dy = ℓ′(y, t)/n, and `loss[0]` (f64) =
+    /// Σ ℓ(y, t)/n summed on the device in a fixed order (one launch; `scratch` as for
+    /// [`Gpu::softmax_xent`]); `loss[1] += loss[0]`, `loss[2] += 1`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn elementwise_loss(
+        &self,
+        stream: &CudaStream,
+        loss_kind: Loss,
+        n: usize,
+        y: View<f32>,
+        t: View<f32>,
+        dy: ViewMut<f32>,
+        loss: ViewMut<f64>,
+        scratch: ViewMut<f64>,
+    ) -> Result<()> {
+        let (kind, beta) = elementwise_loss_kind(loss_kind).unwrap_or_else(|| panic!("{loss_kind:?} is not an element-wise loss"));
+        assert!(y.len() >= n && t.len() >= n && dy.len() >= n, "elementwise_loss: a view is shorter than {n}");
+        assert!(loss.len() >= 3 && scratch.len() >= LOSS_SCRATCH, "elementwise_loss: short loss or scratch");
+        assert!(n > 0, "elementwise_loss: no values");
+        let (mean_scale, grad_scale) = loss_scales(loss_kind, 1, n);
+        let (y, t, dy, loss, scratch, len) = (y.ptr(), t.ptr(), dy.ptr(), loss.ptr(), scratch.ptr(), int(n)?);
+        let args = kernel_args![y, t, dy, loss, scratch, len, kind, beta, grad_scale, mean_scale];
+        self.run(stream, Kernel::ElementwiseLoss, loss_blocks(n), args)
     }
 
     /// Max-pool forward of `batch` samples, as `pool::forward_spec`.

@@ -9,7 +9,7 @@ use crate::cuda::ops::{DenseEpilogue, LOSS_SCRATCH, MMA_TILES, NORM_SCRATCH};
 use crate::cuda::test_gpu;
 use crate::init::Init;
 use crate::layers::{conv, pool};
-use crate::loss;
+use crate::loss::{self, Loss};
 use crate::optim::{Clip, Optim, Optimizer, Update};
 use crate::testutil::allocations_in;
 use crate::testutil::{poisoned, Rng};
@@ -775,7 +775,7 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     ];
     for (input, layers, want) in cases {
         let plan = Plan::new(input, &layers).unwrap();
-        let head = Head::of(&gpu, &plan, 1024, 1024);
+        let head = Head::of(&gpu, &plan, 1024, 1024, Loss::LogitCrossEntropy);
         // FLATNN_HEAD=1 keeps the head to the last layer (then a deep head's producer is the
         // layer before)
         let want = want.map(|(inner, producer)| match inner {
@@ -788,7 +788,7 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     }
     // from 257 to 2048 samples only; a warp a sample (a deep head: over twice the blocks, and up
     // to 512 samples two warps a sample), at most 128 blocks (the loss's partials)
-    let blocks = |plan: &Plan, batch| Head::of(&gpu, plan, 4096, batch).map(|h| h.blocks());
+    let blocks = |plan: &Plan, batch| Head::of(&gpu, plan, 4096, batch, Loss::LogitCrossEntropy).map(|h| h.blocks());
     let plan = Plan::new(Shape::vector(100), &[dense(200, Relu), dense(1, Identity)]).unwrap();
     assert_eq!([1, 256, 257, 1024, 2048, 2049].map(|b| blocks(&plan, b)), [None, None, Some(33), Some(128), Some(128), None]);
     let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
@@ -799,16 +799,20 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     };
     assert_eq!([1, 256, 257, 1024, 2048, 2049].map(|b| blocks(&plan, b)), deep);
     // deep up to 1024 samples only (one a warp)
-    let inner = |b| Head::of(&gpu, &plan, 4096, b).map(|h| h.inner().is_some());
+    let inner = |b| Head::of(&gpu, &plan, 4096, b, Loss::LogitCrossEntropy).map(|h| h.inner().is_some());
     assert_eq!([257, 1024, 1025, 2048].map(inner), [Some(gpu.head_deep()), Some(gpu.head_deep()), Some(false), Some(false)]);
     // two warps a sample up to 512 (a deep head), so partial sums a unit of warps
-    let partials = |b| Head::of(&gpu, &plan, 4096, b).map(|h| h.partials());
+    let partials = |b| Head::of(&gpu, &plan, 4096, b, Loss::LogitCrossEntropy).map(|h| h.partials());
     let want = if gpu.head_deep() {
         [Some(65 * 4), Some(128 * 4), Some(128 * 8), Some(128 * 8)]
     } else {
         [257usize, 512, 513, 1024].map(|b| Some(b.div_ceil(8) * 8))
     };
     assert_eq!([257, 512, 513, 1024].map(partials), want);
+    // the kernel computes cross-entropy and MSE alone: it refuses the other losses
+    for loss in [Loss::Mse, Loss::BceWithLogits, Loss::L1, Loss::SmoothL1 { beta: 1.0 }] {
+        assert_eq!(Head::of(&gpu, &plan, 1024, 1024, loss).is_some(), loss == Loss::Mse, "{loss:?}");
+    }
 }
 
 /// Not a check but a measurement: microseconds per launch of each kernel of the MLP's training
@@ -940,7 +944,7 @@ fn kernel_times_of_the_mlp_step() {
         use crate::cuda::head::{Head, HeadBuffers};
         let dense = |out_features, activation| Layer::Dense(crate::Dense { out_features, activation });
         let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
-        if let Some(head) = Head::of(&gpu, &plan, batch, batch) {
+        if let Some(head) = Head::of(&gpu, &plan, batch, batch, Loss::LogitCrossEntropy) {
             let (params, acts, dacts) =
                 (random(plan.param_len), random(plan.acts_len(batch).unwrap()), random(plan.acts_len(batch).unwrap()));
             let buffers = HeadBuffers {
