@@ -50,9 +50,19 @@ activations! {
     Sigmoid = "sigmoid",
     /// y = z·Φ(z), Φ the standard normal CDF (PyTorch's exact `GELU()`, erf-based)
     Gelu = "gelu",
+    /// y = z·σ(z) = z / (1 + e^−z) (PyTorch's `SiLU()`, also called swish)
+    Silu = "silu",
+    /// y = z for z > 0, else alpha·(e^z − 1) (PyTorch's `ELU(alpha)`; its default alpha is 1)
+    Elu(alpha) = "elu",
+    /// y = ln(1 + e^z), and z itself above 20 (PyTorch's `Softplus()`: beta 1, threshold 20)
+    Softplus = "softplus",
 }
 
-pub use Activation::{Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
+pub use Activation::{Elu, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Silu, Softplus, Tanh};
+
+/// Where Softplus is z itself (PyTorch's default threshold, with beta 1): beyond it ln(1 + e^z)
+/// differs from z by less than e^−20 ≈ 2e-9.
+const SOFTPLUS_THRESHOLD: f64 = 20.0;
 
 const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
@@ -73,6 +83,21 @@ impl Activation {
             Tanh => z.tanh(),
             Sigmoid => F::ONE / (F::ONE + (-z).exp()),
             Gelu => z * normal_cdf(z),
+            Silu => z / (F::ONE + (-z).exp()),
+            Elu(alpha) => {
+                if z > F::ZERO {
+                    z
+                } else {
+                    F::of(alpha as f64) * z.exp_m1()
+                }
+            }
+            Softplus => {
+                if z > F::of(SOFTPLUS_THRESHOLD) {
+                    z
+                } else {
+                    z.exp().ln_1p()
+                }
+            }
         }
     }
 
@@ -99,6 +124,27 @@ impl Activation {
             Sigmoid => y * (F::ONE - y),
             // d/dz z·Φ(z) = Φ(z) + z·φ(z)
             Gelu => normal_cdf(z) + z * F::of(FRAC_1_SQRT_2PI) * (-(z * z) * F::of(0.5)).exp(),
+            // d/dz z·σ(z) = σ(z)·(1 + z·(1 − σ(z)))
+            Silu => {
+                let s = F::ONE / (F::ONE + (-z).exp());
+                s * (F::ONE + z * (F::ONE - s))
+            }
+            // alpha·e^z rather than y + alpha, which cancels to 0 where e^z is below an ulp
+            Elu(alpha) => {
+                if z > F::ZERO {
+                    F::ONE
+                } else {
+                    F::of(alpha as f64) * z.exp()
+                }
+            }
+            // σ(z)
+            Softplus => {
+                if z > F::of(SOFTPLUS_THRESHOLD) {
+                    F::ONE
+                } else {
+                    F::ONE / (F::ONE + (-z).exp())
+                }
+            }
         }
     }
 
@@ -125,6 +171,9 @@ impl Activation {
             Tanh => vmath::tanh(z, y),
             Sigmoid => vmath::sigmoid(z, y),
             Gelu => vmath::gelu(z, y),
+            Silu => map(z, y, |v| Silu.apply(v)),
+            Elu(_) => map(z, y, |v| self.apply(v)),
+            Softplus => map(z, y, |v| Softplus.apply(v)),
         }
     }
 
@@ -150,6 +199,9 @@ impl Activation {
             Tanh => map(z, y, dy, dz, |z, y| Tanh.derivative(z, y)),
             Sigmoid => map(z, y, dy, dz, |z, y| Sigmoid.derivative(z, y)),
             Gelu => vmath::gelu_backward(z, dy, dz),
+            Silu => map(z, y, dy, dz, |z, y| Silu.derivative(z, y)),
+            Elu(_) => map(z, y, dy, dz, |z, y| self.derivative(z, y)),
+            Softplus => map(z, y, dy, dz, |z, y| Softplus.derivative(z, y)),
         }
     }
 
@@ -157,7 +209,17 @@ impl Activation {
     pub(crate) fn param(self) -> Option<f32> {
         match self {
             LeakyRelu(slope) => Some(slope),
-            Identity | Relu | Tanh | Sigmoid | Gelu => None,
+            Elu(alpha) => Some(alpha),
+            Identity | Relu | Tanh | Sigmoid | Gelu | Silu | Softplus => None,
+        }
+    }
+
+    /// What its parameter is, for errors (`"leaky ReLU slope"`), where its kind takes one.
+    pub(crate) fn param_name(self) -> Option<&'static str> {
+        match self {
+            LeakyRelu(_) => Some("leaky ReLU slope"),
+            Elu(_) => Some("ELU alpha"),
+            Identity | Relu | Tanh | Sigmoid | Gelu | Silu | Softplus => None,
         }
     }
 
@@ -165,7 +227,8 @@ impl Activation {
     pub(crate) fn with_param(self, value: f32) -> Activation {
         match self {
             LeakyRelu(_) => LeakyRelu(value),
-            Identity | Relu | Tanh | Sigmoid | Gelu => self,
+            Elu(_) => Elu(value),
+            Identity | Relu | Tanh | Sigmoid | Gelu | Silu | Softplus => self,
         }
     }
 
@@ -240,7 +303,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for a in [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu] {
+        for a in [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu, Silu, Elu(1.0), Elu(0.5), Softplus] {
             assert_eq!(Activation::from_name(&a.name()), Some(a));
         }
         assert_eq!(Activation::from_name("swish"), None);
@@ -255,7 +318,7 @@ mod tests {
     fn fast_passes_match_the_spec() {
         let ulp = |v: f64| v.abs() * 2f64.powi(-23) + 2f64.powi(-149);
         let mut rng = crate::testutil::Rng::new(3);
-        for act in [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu] {
+        for act in [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu, Silu, Elu(0.7), Softplus] {
             for n in (0..=37).chain([1000, 1001]) {
                 let z: Vec<f32> = rng.uniform(n).iter().map(|v| 12.0 * v).collect();
                 let dy = rng.uniform(n);
@@ -291,7 +354,7 @@ mod tests {
     #[test]
     fn every_kind_is_listed_once_and_parameters_are_named() {
         let names: Vec<&str> = Activation::ALL.iter().map(|a| a.kind_name()).collect();
-        assert_eq!(names, ["identity", "relu", "leaky_relu", "tanh", "sigmoid", "gelu"]);
+        assert_eq!(names, ["identity", "relu", "leaky_relu", "tanh", "sigmoid", "gelu", "silu", "elu", "softplus"]);
         for a in Activation::ALL {
             let with = a.with_param(0.25);
             assert_eq!(Activation::from_name(&with.name()), Some(with), "{a:?}");

@@ -160,7 +160,7 @@ pub(crate) mod summary;
 #[doc(hidden)]
 pub mod testutil;
 
-pub use activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
+pub use activation::Activation::{self, Elu, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Silu, Softplus, Tanh};
 pub use cache::{Cache, Grads};
 pub use chain::{Chain, ConvOptions, Input, Layer, Plan, Shape};
 pub use dev::GpuOptions;
@@ -179,8 +179,8 @@ pub use serve::Server;
 /// Everything a training program needs, in one import.
 pub mod prelude {
     pub use crate::{
-        Activation, Cache, Chain, Clip, ConvOptions, Device, Error, Gelu, GpuOptions, Grads, Identity, Init, Input, LeakyRelu, Loss, Model,
-        Optim, Optimizer, Relu, Schedule, Server, Shape, Sigmoid, Tanh, ToDevice,
+        Activation, Cache, Chain, Clip, ConvOptions, Device, Elu, Error, Gelu, GpuOptions, Grads, Identity, Init, Input, LeakyRelu, Loss,
+        Model, Optim, Optimizer, Relu, Schedule, Server, Shape, Sigmoid, Silu, Softplus, Tanh, ToDevice,
     };
     #[cfg(feature = "cuda")]
     pub use crate::{DataParallel, Group};
