@@ -228,7 +228,7 @@ impl Plan {
             };
             (param_len, buffer_len, saved_len) = (params_end, buffers_end, saved_end);
             // PyTorch's nn.Sequential counts the activation as a module of its own
-            module += 1 + usize::from(layer.activation() != Activation::Identity);
+            module += layer.modules() + usize::from(layer.activation() != Activation::Identity);
             if !layer.is_view() {
                 let z = (layer.activation() != Activation::Identity).then_some(output.len());
                 let new: Vec<usize> = z.into_iter().chain([output.len()]).chain(kept).collect();

@@ -288,8 +288,10 @@ pub(crate) fn optim_kernel(config: Optim) -> Kernel {
 }
 
 impl Gpu {
-    /// Launches `kernel` on `grid` blocks of [`BLOCK`] threads.
-    fn run<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: u32, args: [*mut c_void; N]) -> Result<()> {
+    /// Launches `kernel` on `grid` blocks of [`BLOCK`] threads. Callers (the wrappers below, and
+    /// the layers' rooms for their own kernels) pass the kernel's parameters in order with their
+    /// C types, and have checked that each device range holds what the kernel touches.
+    pub(crate) fn run<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: u32, args: [*mut c_void; N]) -> Result<()> {
         self.run_grid(stream, kernel, (grid, 1), args)
     }
 
@@ -322,8 +324,9 @@ impl Gpu {
     ) -> Result<()> {
         assert_eq!(stream.context().cu_ctx(), self.ctx.cu_ctx(), "a stream of another device");
         self.bind()?;
-        // SAFETY: every wrapper below passes its kernel's parameters in order with their C
-        // types, after checking on the host that each view holds what the kernel touches.
+        // SAFETY: every caller (the wrappers here, the layers' rooms) passes its kernel's
+        // parameters in order with their C types, after checking on the host that each view
+        // holds what the kernel touches.
         unsafe {
             launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), shared, stream.cu_stream(), self.dependent_launch, args)
         }
@@ -720,8 +723,9 @@ impl Gpu {
         }
         let _ = int(batch * in_len)?;
         let (x, col) = (x.ptr(), col.ptr());
-        let [c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b] = conv_dims(g, batch)?;
-        self.run(stream, Kernel::Im2col, blocks(batch * g.lowered_len()), kernel_args![x, col, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b])
+        let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b] = conv_dims(g, batch)?;
+        let args = kernel_args![x, col, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b];
+        self.run(stream, Kernel::Im2col, blocks(batch * g.lowered_len()), args)
     }
 
     /// dx (batch, C, H, W) ← col2im(dcol), overwritten: each pixel the sum of the lowered
@@ -734,8 +738,9 @@ impl Gpu {
         }
         let _ = int(batch * g.lowered_len())?;
         let (dcol, dx) = (dcol.ptr(), dx.ptr());
-        let [c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b] = conv_dims(g, batch)?;
-        self.run(stream, Kernel::Col2im, blocks(batch * in_len), kernel_args![dcol, dx, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b])
+        let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b] = conv_dims(g, batch)?;
+        let args = kernel_args![dcol, dx, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b];
+        self.run(stream, Kernel::Col2im, blocks(batch * in_len), args)
     }
 
     /// One optimiser update over the first `n` parameters, as `Optimizer::update` on the CPU:
@@ -901,8 +906,8 @@ fn pool_dims(g: &pool::Geometry, batch: usize) -> Result<[i32; 10]> {
 }
 
 /// A convolution's sizes as the kernels' ints: channels, height, width, kernel, stride,
-/// padding, out h/w, batch.
-fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 12]> {
+/// padding, dilation, out h/w, batch.
+fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 14]> {
     ints([
         g.in_channels,
         g.height,
@@ -913,6 +918,8 @@ fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 12]> {
         g.stride.1,
         g.padding.0,
         g.padding.1,
+        g.dilation.0,
+        g.dilation.1,
         g.out_height,
         g.out_width,
         batch,

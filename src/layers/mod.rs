@@ -61,14 +61,19 @@
 //! **Residual blocks**: a hidden `Fork` step, the body, and an `Add` step, in the plan as it
 //! is (see `src/plan.rs`); `Fork` is a view and `Add` a room with no tensors.
 
+pub mod avgpool;
 pub mod conv;
+pub mod conv1d;
 pub mod dense;
 pub mod flatten;
+pub mod globalpool;
 #[cfg(test)]
 mod gradcheck;
 pub(crate) mod kind;
 mod lowering;
 pub mod pool;
+pub mod pool1d;
+pub mod softmax;
 #[cfg(test)]
 pub mod spec;
 
@@ -91,6 +96,18 @@ layers! {
     MaxPool(pool::MaxPool, "pool.cu"),
     /// Image (C, H, W) → vector (C·H·W), in that order; no data moves (`nn.Flatten`).
     Flatten(flatten::Flatten, none),
+    /// The mean of each window (`nn.AvgPool2d`).
+    AvgPool(avgpool::AvgPool, "avgpool.cu"),
+    /// 1-D cross-correlation over a signal with stride, zero padding and dilation, then act
+    /// (`nn.Conv1d`); it runs the 2-D convolution's kernels (`conv.cu`) over a height of 1.
+    Conv1d(conv1d::Conv1d, none),
+    /// The maximum of each window of a signal (`nn.MaxPool1d`).
+    MaxPool1d(pool1d::MaxPool1d, "pool1d.cu"),
+    /// Probabilities over a vector's features (`nn.Softmax(dim=1)`).
+    Softmax(softmax::Softmax, "softmax.cu"),
+    /// The mean of each channel: image (C, H, W) or signal (C, L) → vector (C)
+    /// (`nn.AdaptiveAvgPool2d(1)` or `1d`, then `nn.Flatten`).
+    GlobalAvgPool(globalpool::GlobalAvgPool, "globalpool.cu"),
 }
 
 /// Values of region `r` for `batch` samples, in a buffer built for `capacity`.
@@ -361,7 +378,7 @@ fn bias_grad(channels: usize, pixels: usize, batch: usize, dz: &[f32], db: &mut 
 /// Σ row with 8 partial sums (lane l takes the values at l mod 8), then the lanes and the
 /// tail in a fixed order: vectorises (a plain `sum` is one serial chain of adds) and stays
 /// deterministic.
-fn lane_sum(row: &[f32]) -> f32 {
+pub(crate) fn lane_sum(row: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let chunks = row.chunks_exact(8);
     let tail = chunks.remainder();

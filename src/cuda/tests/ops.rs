@@ -204,8 +204,10 @@ fn im2col_reference(g: &conv::Geometry, x: &[f32]) -> Vec<f32> {
             for j in 0..kw {
                 for oy in 0..g.out_height {
                     for ox in 0..g.out_width {
-                        let (iy, ix) =
-                            ((oy * g.stride.0 + i) as isize - g.padding.0 as isize, (ox * g.stride.1 + j) as isize - g.padding.1 as isize);
+                        let (iy, ix) = (
+                            (oy * g.stride.0 + i * g.dilation.0) as isize - g.padding.0 as isize,
+                            (ox * g.stride.1 + j * g.dilation.1) as isize - g.padding.1 as isize,
+                        );
                         if iy >= 0 && ix >= 0 && (iy as usize) < g.height && (ix as usize) < g.width {
                             col[((c * kh + i) * kw + j) * ohw + oy * g.out_width + ox] =
                                 x[(c * g.height + iy as usize) * g.width + ix as usize];
@@ -219,7 +221,8 @@ fn im2col_reference(g: &conv::Geometry, x: &[f32]) -> Vec<f32> {
 }
 
 /// im2col, then W·col (strided-batched SGEMM), equals the conv spec; Wᵀ·dZ then col2im equals
-/// its dX, and Σ dZ_s·col_sᵀ its dW. Small integers: everything is exact.
+/// its dX, and Σ dZ_s·col_sᵀ its dW. Small integers: everything is exact. Dilated 1-D
+/// convolutions (height 1) too, as `Conv1d` runs them.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn conv_lowering_with_sgemm_matches_the_spec() {
@@ -228,16 +231,20 @@ fn conv_lowering_with_sgemm_matches_the_spec() {
     let blas = gpu.blas(&stream, false).unwrap();
     let mut rng = Rng::new(7);
     let cases = [
-        (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0)),
-        (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1)),
-        (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2)),
-        (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0)),
-        (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2)),
+        (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0), (1, 1)),
+        (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1), (1, 1)),
+        (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2), (1, 1)),
+        (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0), (1, 1)),
+        (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2), (1, 1)),
+        (Shape::image(2, 1, 19), 3, (1, 3), (1, 2), (0, 2), (1, 3)),
+        (Shape::image(3, 1, 40), 4, (1, 5), (1, 1), (0, 4), (1, 2)),
     ];
-    for (input, oc, kernel, stride, padding) in cases {
+    for (input, oc, kernel, stride, padding, dilation) in cases {
         let Shape::Image { channels: _, height, width } = input else { unreachable!() };
-        let (oh, ow) = ((height + 2 * padding.0 - kernel.0) / stride.0 + 1, (width + 2 * padding.1 - kernel.1) / stride.1 + 1);
-        let g = conv::Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding);
+        let span = |k: usize, d: usize| d * (k - 1) + 1;
+        let oh = (height + 2 * padding.0 - span(kernel.0, dilation.0)) / stride.0 + 1;
+        let ow = (width + 2 * padding.1 - span(kernel.1, dilation.1)) / stride.1 + 1;
+        let g = conv::Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding, dilation);
         let (ckk, ohw, out_len) = (g.ckk(), g.ohw(), oc * g.ohw());
         for batch in [1, 2, 5] {
             let (w, x, dz) = (rng.ints(oc * ckk), rng.ints(batch * input.len()), rng.ints(batch * out_len));
@@ -664,7 +671,7 @@ fn launches_allocate_nothing() {
     let labels = upload(&stream, &vec![1u32; batch]);
     let mut labels_out = upload(&stream, &vec![0u32; batch]);
     let pool_g = pool::Geometry::new(Shape::image(channels, 6, 6), Shape::image(channels, 3, 3), (2, 2), (2, 2));
-    let conv_g = conv::Geometry::new(Shape::image(2, 6, 6), Shape::image(3, 4, 4), (3, 3), (1, 1), (0, 0));
+    let conv_g = conv::Geometry::new(Shape::image(2, 6, 6), Shape::image(3, 4, 4), (3, 3), (1, 1), (0, 0), (1, 1));
     let mut every_kernel = || {
         let (av, bv) = (View::of(&a), View::of(&b));
         gpu.bias_act(&stream, Gelu, av, channels, pixels, batch, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
