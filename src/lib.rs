@@ -167,7 +167,17 @@ pub use dev::GpuOptions;
 pub use device::{cpu, device, gpu, gpu_or_cpu, Device, ToDevice};
 pub use error::{Error, Result};
 pub use init::Init;
-pub use layers::{conv::Conv, dense::Dense, flatten::Flatten, pool::MaxPool};
+pub use layers::{
+    avgpool::AvgPool,
+    conv::Conv,
+    conv1d::{Conv1d, Conv1dOptions},
+    dense::Dense,
+    flatten::Flatten,
+    globalpool::GlobalAvgPool,
+    pool::MaxPool,
+    pool1d::{MaxPool1d, Pool1dOptions},
+    softmax::Softmax,
+};
 pub use loss::Loss;
 pub use model::Model;
 pub use optim::{Clip, Optim, Optimizer};
@@ -179,8 +189,8 @@ pub use serve::Server;
 /// Everything a training program needs, in one import.
 pub mod prelude {
     pub use crate::{
-        Activation, Cache, Chain, Clip, ConvOptions, Device, Elu, Error, Gelu, GpuOptions, Grads, Identity, Init, Input, LeakyRelu, Loss,
-        Model, Optim, Optimizer, Relu, Schedule, Server, Shape, Sigmoid, Silu, Softplus, Tanh, ToDevice,
+        Activation, Cache, Chain, Clip, Conv1dOptions, ConvOptions, Device, Elu, Error, Gelu, GpuOptions, Grads, Identity, Init, Input,
+        LeakyRelu, Loss, Model, Optim, Optimizer, Pool1dOptions, Relu, Schedule, Server, Shape, Sigmoid, Silu, Softplus, Tanh, ToDevice,
     };
     #[cfg(feature = "cuda")]
     pub use crate::{DataParallel, Group};
