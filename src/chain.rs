@@ -13,10 +13,9 @@
 //! as an `Image { channels, height: 1, width: length }`, so that summaries and errors name it as
 //! the user wrote it (`signal(1×256)`, not `image(1×1×256)`), 2-D layers refuse it, and a model
 //! that feeds a convolution over time into a recurrent layer states the transpose between them
-//! (as `x.transpose(1, 2)` does in PyTorch) instead of reading one layout as the other. Its
-//! kernels can still be the 2-D convolution's and max-pool's over a height of 1 (a
-//! `conv::Geometry` with kernel (1, k)): the shape is what the user sees and the plan checks, the
-//! memory is the same.
+//! (as `x.transpose(1, 2)` does in PyTorch) instead of reading one layout as the other. The 1-D
+//! convolution runs as the 2-D one over a height of 1 (a `conv::Geometry` with kernel (1, k)):
+//! the shape is what the user sees and the plan checks, the memory is the same.
 
 use crate::error::Result;
 pub use crate::layers::conv::ConvOptions;

@@ -30,17 +30,24 @@
 //! A [`Chain`] starts from an [`Input`] shape and adds layers; [`Chain::build`] infers and
 //! checks every shape once (a mismatch is an [`Error::Shape`] naming the layer and the shapes)
 //! and gives a [`Model`]. Samples are laid out as PyTorch lays them out, batch first:
-//! [`Input::vector`]`(n)`, or [`Input::image`]`(channels, height, width)`, whose arguments come
-//! in the order of the data's (C, H, W) layout.
+//! [`Input::vector`]`(n)`, [`Input::image`]`(channels, height, width)`, whose arguments come
+//! in the order of the data's (C, H, W) layout, or [`Input::signal`]`(channels, length)`.
 //!
 //! - **Layers**: [`Chain::dense`] (y = act(W·x + b)), [`Chain::conv`] / [`Chain::conv_with`]
 //!   (2-D cross-correlation, stride and zero padding in [`ConvOptions`]), [`Chain::max_pool`] /
-//!   [`Chain::max_pool_with`], [`Chain::flatten`] (image to vector).
+//!   [`Chain::max_pool_with`], [`Chain::avg_pool`] / [`Chain::avg_pool_with`],
+//!   [`Chain::global_avg_pool`] (each channel's mean, as a vector), [`Chain::conv1d`] /
+//!   [`Chain::conv1d_with`] (over a signal, [`Input::signal`]; stride, zero padding and dilation in
+//!   [`Conv1dOptions`]), [`Chain::max_pool1d`] / [`Chain::max_pool1d_with`] ([`Pool1dOptions`]),
+//!   [`Chain::flatten`] (image, sequence or signal to vector), [`Chain::softmax`] (probabilities
+//!   out, as a last layer).
 //! - **Activations** ([`Activation`]), per dense or conv layer: [`Identity`], [`Relu`],
-//!   [`LeakyRelu`], [`Tanh`], [`Sigmoid`], [`Gelu`] (erf).
+//!   [`LeakyRelu`], [`Tanh`], [`Sigmoid`], [`Gelu`] (erf), [`Silu`], [`Elu`], [`Softplus`].
 //! - **Losses** ([`Loss`]): [`Loss::LogitCrossEntropy`] (softmax cross-entropy on logits with
-//!   integer class labels, [`Cache::set_labels`]) and [`Loss::Mse`] (real-valued targets,
-//!   [`Cache::set_targets`]), both means over the batch.
+//!   integer class labels, [`Cache::set_labels`]), a mean over the batch; [`Loss::Mse`],
+//!   [`Loss::BceWithLogits`], [`Loss::L1`] and [`Loss::SmoothL1`] (real-valued targets,
+//!   [`Cache::set_targets`]), means over the batch and the outputs. [`Model::predict`] gives
+//!   each sample's class, [`Model::accuracy`] a batch's score.
 //! - **Optimisers** ([`Optim`], bound to a model by [`Optimizer`]): SGD (momentum, Nesterov),
 //!   Adam, AdamW, RMSProp, with PyTorch's update rules and `weight_decay`
 //!   ([`Optim::with_weight_decay`]); gradient clipping by global norm or by value ([`Clip`],

@@ -2,8 +2,9 @@
 //! `nn.AvgPool2d(window, stride)` with its defaults (no padding, so every window counts its
 //! kh·kw values). The window is summed in row-major order, then divided. Backward: each window
 //! adds dy/(kh·kw) to every input it read, windows in output order (overlapping ones add).
-//! No parameters, nothing kept. The GPU kernels (`kernels/avgpool.cu`) take the same operations
-//! in the same order, so both devices give the same bits.
+//! No parameters, nothing kept. The fast CPU path is the plain loop itself, its samples spread
+//! over the pool's threads; the GPU kernels (`kernels/avgpool.cu`) take the same operations in
+//! the same order, so both devices give the same bits.
 
 use super::kind::{LayerKind, Mode};
 use super::pool::{pooled, Geometry};

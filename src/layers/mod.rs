@@ -41,10 +41,16 @@
 //! copies its input (the plan is one for both modes, so the step has an output region of its
 //! own). The training step's number reaches the passes with the mode.
 //!
-//! **Conv1d and MaxPool1d** over a `Signal { channels, length }` (PyTorch's `(N, C, L)`; see
-//! `chain.rs` for why not an `Image` of height 1): rooms `conv1d.rs` and `pool1d.rs`, weight
-//! (out, in, k) and bias, stride, padding and dilation. The lowering (`lowering.rs`) and
-//! `conv::Geometry` gain a dilation and serve both convolutions; kernels of their own files.
+//! **Conv1d and MaxPool1d** (done) over a `Signal { channels, length }` (PyTorch's `(N, C, L)`;
+//! see `chain.rs` for why not an `Image` of height 1): rooms `conv1d.rs` and `pool1d.rs`, weight
+//! (out, in, k) and bias, stride, padding and dilation. `conv::Geometry` and the lowering
+//! (`lowering.rs`) have a dilation and serve both convolutions; Conv1d runs the 2-D
+//! convolution's code over a height of 1 on both devices (so it has no kernel file, and gets
+//! cuDNN's measured routes), MaxPool1d (padding, dilation) kernels of its own.
+//!
+//! A kind may stand for more than one module of PyTorch's `nn.Sequential`
+//! ([`LayerKind::modules`](kind::LayerKind::modules)): global average pooling is
+//! `AdaptiveAvgPool2d(1)` then `Flatten`, two.
 //!
 //! **GRU and LSTM** over a `Sequence { steps, features }`: tensors `weight_ih_l0` (G·H,
 //! features), `weight_hh_l0` (G·H, H), `bias_ih_l0`, `bias_hh_l0` (G·H), G = 3 (GRU, gates r, z,

@@ -4,8 +4,9 @@
 //! tap inside is the maximum so far, and a later one replaces it where it is greater or NaN.
 //! Backward sends each output gradient to its window's maximum, windows in output order
 //! (overlapping ones add). No parameters; the maximum is found again from the input, so nothing
-//! is kept. The GPU kernels (`kernels/pool1d.cu`) follow the same rule and add in the same order,
-//! so both devices give the same bits.
+//! is kept. The fast CPU path is the plain loop itself, its samples spread over the pool's
+//! threads; the GPU kernels (`kernels/pool1d.cu`) follow the same rule and add in the same
+//! order, so both devices give the same bits.
 
 use super::kind::{LayerKind, Mode};
 use super::{split2, BackPass, Pass};
@@ -168,8 +169,8 @@ impl LayerKind for MaxPool1d {
             return Ok(());
         }
         let (g, batch) = (self.geometry(step), pass.f.batch);
-        let (x, dx) = (pass.region(step.input_region), pass.dacts_mut(pass.region(step.input_region)).ptr());
-        let (x, dy) = (pass.acts(x).ptr(), pass.dacts(pass.region(step.output_region)).ptr());
+        let (x, y) = (pass.region(step.input_region), pass.region(step.output_region));
+        let (dx, dy, x) = (pass.dacts_mut(x.clone()).ptr(), pass.dacts(y).ptr(), pass.acts(x).ptr());
         let [c, l, ol, k, s, p, d, b] = g.dims(batch)?;
         let args = kernel_args![x, dy, dx, c, l, ol, k, s, p, d, b];
         pass.gpu.run(pass.stream, Kernel::Maxpool1dBackward, blocks(batch * g.in_len()), args)
