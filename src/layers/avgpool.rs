@@ -231,6 +231,20 @@ mod tests {
         assert_eq!(dx, [1.0, 3.0, 2.0, 4.0, 10.0, 6.0, 3.0, 7.0, 4.0]);
     }
 
+    /// Through average pools (one strided, one overlapping) and a global average pool, between
+    /// convolutions whose parameters take the gradients.
+    #[test]
+    fn gradients_match_finite_differences() {
+        let chain = Chain::new(Shape::image(2, 9, 8))
+            .conv(3, (2, 2), crate::Tanh)
+            .avg_pool_with((3, 2), (2, 3))
+            .conv(2, (2, 1), crate::Silu)
+            .avg_pool_with((2, 2), (1, 1))
+            .global_avg_pool()
+            .dense(3, crate::Identity);
+        crate::layers::gradcheck::gradients_match_finite_differences("avgpool", chain, &[crate::Loss::Mse], 22);
+    }
+
     #[test]
     fn fast_matches_spec_on_odd_shapes() {
         let cases = [
