@@ -154,6 +154,45 @@ fn mse_matches_the_cpu_and_is_deterministic() {
     }
 }
 
+/// Binary cross-entropy on logits, L1 and smooth L1 (β 0.3 and 0) against `Loss::compute`: dy
+/// within rounding (the GPU's e^ and ln1p against the CPU's), the value within 1e-5 (each term
+/// in f32 on both, summed in f64 in other orders), the running totals, and the same bits on a
+/// second run; one block and many.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn elementwise_losses_match_the_cpu_and_are_deterministic() {
+    let gpu = test_gpu();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(6);
+    for kind in [Loss::BceWithLogits, Loss::L1, Loss::SmoothL1 { beta: 0.3 }, Loss::SmoothL1 { beta: 0.0 }] {
+        for n in [1, 7, 1000, 300_001] {
+            // logits over [−8, 8), targets in [0, 1); L1's kink at 0 hit on every 7th value
+            let y: Vec<f32> = rng.uniform(n).iter().map(|v| 8.0 * v).collect();
+            let t: Vec<f32> = rng.uniform(n).iter().enumerate().map(|(i, v)| if i % 7 == 3 { y[i] } else { v.abs() }).collect();
+            let mut dy_want = vec![0.0f32; n];
+            let loss_want = kind.compute(&y, &[], &t, 1, &mut dy_want);
+            let (yd, td) = (upload(&stream, &y), upload(&stream, &t));
+            let mut scratch_buf = upload(&stream, &[0.0f64; LOSS_SCRATCH]);
+            let mut run = || {
+                let (mut dy, mut loss) = (upload(&stream, &poisoned(n)), upload(&stream, &[f64::NAN, 0.5, 2.0]));
+                let (dyv, lossv, scratch) = (ViewMut::of(&mut dy), ViewMut::of(&mut loss), ViewMut::of(&mut scratch_buf));
+                gpu.elementwise_loss(&stream, kind, n, View::of(&yd), View::of(&td), dyv, lossv, scratch).unwrap();
+                loss_totals_follow(&download(&stream, &loss));
+                (download(&stream, &dy), download(&stream, &loss)[0])
+            };
+            let (dy, loss) = run();
+            // σ(y) − t cancels: an absolute bound of a few ulps of 1, over n
+            check(&format!("{kind:?} dy n={n}"), &dy, &dy_want, 5e-7 / n as f32, 1e-6);
+            let rel = ((loss - loss_want) / loss_want).abs();
+            println!("{kind:?} loss n={n}: {loss} vs {loss_want}, rel err {rel:e}");
+            assert!(rel <= 1e-5, "{kind:?}: loss {loss} vs {loss_want}");
+            let (dy2, loss2) = run();
+            same_bits(&format!("{kind:?} dy"), &dy, &dy2);
+            assert_eq!(loss.to_bits(), loss2.to_bits(), "{kind:?}: loss differs between runs");
+        }
+    }
+}
+
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn maxpool_matches_the_spec_bit_for_bit() {
