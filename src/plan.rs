@@ -228,7 +228,7 @@ impl Plan {
             };
             (param_len, buffer_len, saved_len) = (params_end, buffers_end, saved_end);
             // PyTorch's nn.Sequential counts the activation as a module of its own
-            module += 1 + usize::from(layer.activation() != Activation::Identity);
+            module += layer.modules() + usize::from(layer.activation() != Activation::Identity);
             if !layer.is_view() {
                 let z = (layer.activation() != Activation::Identity).then_some(output.len());
                 let new: Vec<usize> = z.into_iter().chain([output.len()]).chain(kept).collect();
@@ -290,9 +290,11 @@ impl Plan {
 /// The layer's output shape on `input`, or an [`Error::Shape`] naming the layer and the input.
 fn output_shape(index: usize, layer: &Layer, input: Shape) -> Result<Shape> {
     let err = |what: String| Error::Shape(format!("layer {index} ({layer:?}) with input {input}: {what}"));
-    if let Some(Activation::LeakyRelu(slope)) = layer.takes_activation() {
-        if !slope.is_finite() {
-            return Err(err(format!("the leaky ReLU slope {slope} is not a finite number")));
+    if let Some(act) = layer.takes_activation() {
+        if let (Some(value), Some(name)) = (act.param(), act.param_name()) {
+            if !value.is_finite() {
+                return Err(err(format!("the {name} {value} is not a finite number")));
+            }
         }
     }
     layer.output_shape(input).map_err(err)
@@ -415,6 +417,7 @@ mod tests {
             ),
             (Shape::vector(3), vec![Layer::MaxPool(MaxPool { window: (1, 1), stride: (1, 1) })], "image input"),
             (Shape::vector(3), vec![Layer::Dense(Dense { out_features: 2, activation: LeakyRelu(f32::NAN) })], "slope NaN"),
+            (Shape::vector(3), vec![Layer::Dense(Dense { out_features: 2, activation: Elu(f32::INFINITY) })], "ELU alpha inf"),
         ];
         for (input, layers, needle) in cases {
             match Plan::new(input, &layers) {

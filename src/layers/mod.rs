@@ -41,10 +41,16 @@
 //! copies its input (the plan is one for both modes, so the step has an output region of its
 //! own). The training step's number reaches the passes with the mode.
 //!
-//! **Conv1d and MaxPool1d** over a `Signal { channels, length }` (PyTorch's `(N, C, L)`; see
-//! `chain.rs` for why not an `Image` of height 1): rooms `conv1d.rs` and `pool1d.rs`, weight
-//! (out, in, k) and bias, stride, padding and dilation. The lowering (`lowering.rs`) and
-//! `conv::Geometry` gain a dilation and serve both convolutions; kernels of their own files.
+//! **Conv1d and MaxPool1d** (done) over a `Signal { channels, length }` (PyTorch's `(N, C, L)`;
+//! see `chain.rs` for why not an `Image` of height 1): rooms `conv1d.rs` and `pool1d.rs`, weight
+//! (out, in, k) and bias, stride, padding and dilation. `conv::Geometry` and the lowering
+//! (`lowering.rs`) have a dilation and serve both convolutions; Conv1d runs the 2-D
+//! convolution's code over a height of 1 on both devices (so it has no kernel file, and gets
+//! cuDNN's measured routes), MaxPool1d (padding, dilation) kernels of its own.
+//!
+//! A kind may stand for more than one module of PyTorch's `nn.Sequential`
+//! ([`LayerKind::modules`](kind::LayerKind::modules)): global average pooling is
+//! `AdaptiveAvgPool2d(1)` then `Flatten`, two.
 //!
 //! **GRU and LSTM** over a `Sequence { steps, features }`: tensors `weight_ih_l0` (G·H,
 //! features), `weight_hh_l0` (G·H, H), `bias_ih_l0`, `bias_hh_l0` (G·H), G = 3 (GRU, gates r, z,
@@ -61,14 +67,19 @@
 //! **Residual blocks**: a hidden `Fork` step, the body, and an `Add` step, in the plan as it
 //! is (see `src/plan.rs`); `Fork` is a view and `Add` a room with no tensors.
 
+pub mod avgpool;
 pub mod conv;
+pub mod conv1d;
 pub mod dense;
 pub mod flatten;
+pub mod globalpool;
 #[cfg(test)]
 mod gradcheck;
 pub(crate) mod kind;
 mod lowering;
 pub mod pool;
+pub mod pool1d;
+pub mod softmax;
 #[cfg(test)]
 pub mod spec;
 
@@ -91,6 +102,18 @@ layers! {
     MaxPool(pool::MaxPool, "pool.cu"),
     /// Image (C, H, W) → vector (C·H·W), in that order; no data moves (`nn.Flatten`).
     Flatten(flatten::Flatten, none),
+    /// The mean of each window (`nn.AvgPool2d`).
+    AvgPool(avgpool::AvgPool, "avgpool.cu"),
+    /// 1-D cross-correlation over a signal with stride, zero padding and dilation, then act
+    /// (`nn.Conv1d`); it runs the 2-D convolution's kernels (`conv.cu`) over a height of 1.
+    Conv1d(conv1d::Conv1d, none),
+    /// The maximum of each window of a signal (`nn.MaxPool1d`).
+    MaxPool1d(pool1d::MaxPool1d, "pool1d.cu"),
+    /// Probabilities over a vector's features (`nn.Softmax(dim=1)`).
+    Softmax(softmax::Softmax, "softmax.cu"),
+    /// The mean of each channel: image (C, H, W) or signal (C, L) → vector (C)
+    /// (`nn.AdaptiveAvgPool2d(1)` or `1d`, then `nn.Flatten`).
+    GlobalAvgPool(globalpool::GlobalAvgPool, "globalpool.cu"),
 }
 
 /// Values of region `r` for `batch` samples, in a buffer built for `capacity`.
@@ -117,11 +140,9 @@ pub(crate) fn split2<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T
 /// packed weights from its second call).
 pub(crate) struct Workspace {
     pub gemm: GemmWorkspace,
-    /// Lowered columns for `conv::forward`, which no kind runs now that 2-D convolutions run on
-    /// `cpu::conv`; kept, with `lowering.rs`, for the 1-D convolution that reuses the lowering.
-    #[allow(dead_code)]
+    /// Lowered columns for `conv::forward`, a sample of `col_len` a thread: for the dilated
+    /// convolutions, which `cpu::conv` does not run (none: empty).
     pub cols: Vec<f32>,
-    #[allow(dead_code)]
     pub col_len: usize,
     /// Per step of the plan, in its order.
     pub steps: Vec<StepCache>,
@@ -154,7 +175,9 @@ impl Workspace {
         for step in &plan.steps {
             steps.push(match step.layer {
                 Layer::Dense(d) => StepCache::Dense(dense::DenseCache::new(isa, step.input.len(), d.out_features)?),
-                Layer::Conv(_) => StepCache::Conv(conv::ConvCache::new(step, isa, threads, capacity)?),
+                _ if conv::is_conv(&step.layer) && conv::packed(&conv::geometry(step)) => {
+                    StepCache::Conv(conv::ConvCache::new(step, isa, threads, capacity)?)
+                }
                 _ => StepCache::None,
             });
         }
@@ -239,6 +262,9 @@ impl Workspace {
         );
         for (index, (step, cache)) in plan.steps.iter().zip(&self.steps).enumerate() {
             match cache {
+                StepCache::None if conv::is_conv(&step.layer) => {
+                    out.push_str(&format!("\nstep {index} {}: lowered, dilated (not on cpu::conv)", step.layer.summary(step.input)))
+                }
                 StepCache::None => continue,
                 StepCache::Dense(d) => out.push_str(&format!("\nstep {index} {}: {}", step.layer.summary(step.input), d.report())),
                 StepCache::Conv(conv) => {
@@ -261,11 +287,9 @@ fn per_step<T>(plan: &Plan) -> Result<Vec<T>> {
 /// Scratch a backward pass needs beyond the gradients, and what each step's fast path keeps
 /// in gradient buffers (a convolution's backward scratch, partial weight gradients and routes).
 pub(crate) struct GradWorkspace {
-    /// The lowered gradient's columns and partial weight gradients of `conv::backward`: kept
-    /// for the 1-D convolution, as [`Workspace::cols`].
-    #[allow(dead_code)]
+    /// The lowered gradient's columns and partial weight gradients of `conv::backward`: for the
+    /// dilated convolutions, as [`Workspace::cols`].
     pub dcols: Vec<f32>,
-    #[allow(dead_code)]
     pub partials: Vec<f32>,
     /// Per step of the plan, in its order: a convolution's, else None.
     pub steps: Vec<Option<conv::ConvGrads>>,
@@ -277,14 +301,16 @@ impl GradWorkspace {
     /// ([`conv::wgrad_blocks`], fixed by the capacity, not the thread count), and each
     /// convolution's backward scratch and routes.
     pub fn new(plan: &Plan, capacity: usize, threads: usize) -> Result<GradWorkspace> {
-        let w_len = conv::steps(plan).map(Step::weight_len).max().unwrap_or(0);
+        let w_len = conv::lowered_steps(plan).map(Step::weight_len).max().unwrap_or(0);
         let dcols = batch_len(threads, conv::max_col_len(plan), "convolution gradient columns")?;
         let partials = batch_len(conv::wgrad_blocks(capacity) - 1, w_len, "partial weight gradients")?;
         let isa = crate::cpu::isa::Isa::best();
         let mut steps = per_step(plan)?;
         for step in &plan.steps {
             steps.push(match step.layer {
-                Layer::Conv(_) => Some(conv::ConvGrads::new(step, isa, threads, capacity)?),
+                _ if conv::is_conv(&step.layer) && conv::packed(&conv::geometry(step)) => {
+                    Some(conv::ConvGrads::new(step, isa, threads, capacity)?)
+                }
                 _ => None,
             });
         }
@@ -517,7 +543,7 @@ fn bias_grad(channels: usize, pixels: usize, batch: usize, dz: &[f32], db: &mut 
 /// Σ row with 8 partial sums (lane l takes the values at l mod 8), then the lanes and the
 /// tail in a fixed order: vectorises (a plain `sum` is one serial chain of adds) and stays
 /// deterministic.
-fn lane_sum(row: &[f32]) -> f32 {
+pub(crate) fn lane_sum(row: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let chunks = row.chunks_exact(8);
     let tail = chunks.remainder();
