@@ -1,7 +1,7 @@
 //! Gradients of every layer, activation and loss against central finite differences in f64 on
 //! the plain-loop twin; then the fast f32 engine against that twin, buffers poisoned first.
 
-use super::{spec, Mode};
+use super::{spec, Draw, Mode};
 use crate::chain::{Chain, ConvOptions, Plan, Shape};
 use crate::init::Rng;
 use crate::loss::{self, Loss};
@@ -31,6 +31,38 @@ fn models() -> Vec<(&'static str, Chain)> {
                 .dense(3, Sigmoid),
         ),
         (
+            // batch norm over channels and over features, with and without an activation,
+            // dropout, a residual block with an activation after it, convolutions, batch norm
+            // and dropout in its body
+            "batch norm, dropout, residual",
+            Chain::new(Shape::image(2, 5, 4))
+                .conv_with(3, (3, 3), Identity, ConvOptions { stride: (1, 1), padding: (1, 1) })
+                .batch_norm_with(Tanh)
+                .residual_with(Tanh, |c| {
+                    c.conv_with(3, (3, 3), Gelu, ConvOptions { stride: (1, 1), padding: (1, 1) }).batch_norm().dropout(0.3)
+                })
+                .flatten()
+                .dense(6, Sigmoid)
+                .batch_norm_with(Gelu)
+                .dense(5, Tanh)
+                .batch_norm()
+                .dropout(0.25)
+                .dense(3, Identity),
+        ),
+        (
+            // layer norm over a sequence's steps and over a vector, nested blocks, a block with
+            // an empty body (y = 2x) and one whose body starts from an activated layer
+            "layer norm, nested residuals",
+            Chain::new(Shape::sequence(3, 4))
+                .layer_norm()
+                .residual(|c| c.dropout(0.5).residual(|c| c.layer_norm()))
+                .flatten()
+                .dense(5, Tanh)
+                .residual_with(Tanh, |c| c.dense(5, Gelu).layer_norm().dense(5, Identity))
+                .residual(|c| c)
+                .dense(3, Identity),
+        ),
+        (
             "lenet-like",
             Chain::new(Shape::image(1, 8, 8))
                 .conv_with(2, (3, 3), LeakyRelu(0.2), ConvOptions { stride: (1, 1), padding: (1, 1) })
@@ -43,7 +75,17 @@ fn models() -> Vec<(&'static str, Chain)> {
     ]
 }
 
-/// Loss of the spec forward in f64.
+/// The draw of every training pass the checks run (a fixed mask for each dropout step).
+const DRAW: Draw = Draw { seed: 0x5eed_0000_0001, pass: 7 };
+
+/// The plan's buffers at their starting values, in F.
+fn start_buffers<F: crate::float::Float>(plan: &Plan) -> Vec<F> {
+    let mut buffers = vec![0.0f32; plan.buffer_len];
+    crate::init::fill_buffers(plan, &mut buffers);
+    buffers.iter().map(|&v| F::of(f64::from(v))).collect()
+}
+
+/// Loss of the spec forward in f64 (training mode, the buffers at their starting values).
 fn spec_loss(
     plan: &Plan,
     params: &[f64],
@@ -55,7 +97,7 @@ fn spec_loss(
 ) -> (f64, Vec<f64>, Vec<f64>) {
     let mut acts = vec![0.0; plan.acts_len(batch).unwrap()];
     acts[..x.len()].copy_from_slice(x);
-    spec::forward(plan, params, &mut acts, batch, batch, Mode::Train);
+    spec::forward(plan, params, &mut acts, batch, batch, &mut start_buffers(plan), DRAW, Mode::Train);
     let last = plan.steps.last().unwrap().output_region;
     let out = super::region(plan, last, batch, batch);
     let mut dacts = vec![0.0; acts.len()];
@@ -81,7 +123,7 @@ fn backward_matches_finite_differences() {
         for loss in [Loss::LogitCrossEntropy, Loss::Mse] {
             let (_, acts, mut dacts) = spec_loss(plan, &params, &x, batch, loss, &labels, &targets);
             let mut grads = vec![f64::NAN; plan.param_len];
-            spec::backward(plan, &params, &acts, &mut dacts, &mut grads, batch, batch);
+            spec::backward(plan, &params, &acts, &mut dacts, &mut grads, batch, batch, DRAW);
             for i in 0..plan.param_len {
                 let h = 1e-6;
                 let (mut plus, mut minus) = (params.clone(), params.clone());
@@ -104,6 +146,8 @@ fn fast_engine_matches_spec_in_smaller_batches_with_poisoned_buffers() {
         for threads in [1, 2, 3] {
             let model = chain.clone().build().unwrap().with_threads(threads).unwrap();
             let mut model: Model = model;
+            // the spec's masks: seed and pass as DRAW
+            (model.seed, model.passes) = (DRAW.seed, std::sync::atomic::AtomicU64::new(DRAW.pass));
             let plan = model.plan.clone();
             model.params.iter_mut().for_each(|p| *p = (rng.uniform() - 0.5) as f32);
             let (capacity, batch) = (5, 3);
@@ -127,7 +171,7 @@ fn fast_engine_matches_spec_in_smaller_batches_with_poisoned_buffers() {
             let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
             let (want, acts, mut dacts) = spec_loss(&plan, &params64, &x64, batch, Loss::LogitCrossEntropy, &labels, &[]);
             let mut want_grads = vec![0.0; plan.param_len];
-            spec::backward(&plan, &params64, &acts, &mut dacts, &mut want_grads, batch, batch);
+            spec::backward(&plan, &params64, &acts, &mut dacts, &mut want_grads, batch, batch, DRAW);
             assert!((value as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "{name}: loss {value} vs {want}");
             let want_out: Vec<f32> = {
                 let last = plan.steps.last().unwrap().output_region;
@@ -140,6 +184,27 @@ fn fast_engine_matches_spec_in_smaller_batches_with_poisoned_buffers() {
             let last = plan.steps.last().unwrap().output_region;
             let tail = super::region(&plan, last, capacity, capacity);
             assert!(cache.acts[tail.start + batch * classes..tail.end].iter().all(|v| v.is_nan()), "{name}: wrote past the batch");
+
+            // the running statistics the training pass moved, then inference by them
+            let mut want_buffers = start_buffers::<f64>(&plan);
+            let mut train_acts = vec![0.0; plan.acts_len(batch).unwrap()];
+            train_acts[..x64.len()].copy_from_slice(&x64);
+            spec::forward(&plan, &params64, &mut train_acts, batch, batch, &mut want_buffers, DRAW, Mode::Train);
+            let want: Vec<f32> = want_buffers.iter().map(|&v| v as f32).collect();
+            assert_close(&model.buffers().unwrap(), &want, 1e-6, 1e-5, &format!("{name}, {threads} threads: running statistics"));
+            assert_eq!(model.train_passes(), DRAW.pass + 1, "{name}: a training pass counted");
+            let mut infer_acts = vec![0.0; plan.acts_len(batch).unwrap()];
+            infer_acts[..x64.len()].copy_from_slice(&x64);
+            let mut buffers64: Vec<f64> = model.buffers().unwrap().iter().map(|&v| f64::from(v)).collect();
+            spec::forward(&plan, &params64, &mut infer_acts, batch, batch, &mut buffers64, DRAW, Mode::Infer);
+            let want_out: Vec<f32> = infer_acts[super::region(&plan, last, batch, batch)].iter().map(|&v| v as f32).collect();
+            cache.acts.fill(f32::NAN);
+            cache.set_inputs(&x).unwrap();
+            assert_close(model.forward(&mut cache).unwrap(), &want_out, 1e-5, 1e-4, &format!("{name}, {threads} threads: inference"));
+            assert!(
+                cache.acts[tail.start + batch * classes..tail.end].iter().all(|v| v.is_nan()),
+                "{name}: inference wrote past the batch"
+            );
         }
     }
 }

@@ -326,7 +326,17 @@ fn a_failed_capture_is_an_err_and_the_stream_goes_on() {
         gpu.bias_act(&stream, Identity, View::of(bias), 4, 1, 1, unsafe { ViewMut::from_raw(zp, 4) }, None)
     };
     let mut graphs = Graphs::new();
-    let key = Key { kind: 0, capacity: 1, batch: 1, tf32: false, cache: u64::MAX, buffers: [zp, 0, 0, 0], update: None, reduce: 0 };
+    let key = Key {
+        kind: 0,
+        capacity: 1,
+        batch: 1,
+        tf32: false,
+        cache: u64::MAX,
+        buffers: [zp, 0, 0, 0],
+        model: [0, 0],
+        update: None,
+        reduce: 0,
+    };
     let planted = graphs.run(true, &stream, key, || {
         add(&five)?;
         Err(Error::Cuda { what: "planted".into() })
