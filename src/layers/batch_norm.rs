@@ -465,3 +465,30 @@ pub(crate) fn check_batch(plan: &Plan, batch: usize) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::gradcheck::fast_matches_spec;
+    use crate::activation::{Identity, Relu, Tanh};
+    use crate::chain::{Chain, Shape};
+
+    /// Over channels and over features, two values a channel up to many, batches below the
+    /// capacity: the same bits as the plain loop (with tanh, whose fast path is vectorised,
+    /// within rounding).
+    #[test]
+    fn fast_matches_spec_on_odd_shapes() {
+        let cases = [
+            (Shape::vector(7), 6, 5),
+            (Shape::vector(1), 3, 2),
+            (Shape::image(3, 5, 7), 4, 3),
+            (Shape::image(1, 1, 1), 2, 2),
+            (Shape::image(9, 3, 3), 17, 17),
+        ];
+        for (input, capacity, batch) in cases {
+            for act in [Identity, Relu] {
+                fast_matches_spec(Chain::new(input).dropout(0.0).batch_norm_with(act), capacity, batch, (0.0, 0.0));
+            }
+            fast_matches_spec(Chain::new(input).dropout(0.0).batch_norm_with(Tanh), capacity, batch, (1e-6, 1e-6));
+        }
+    }
+}

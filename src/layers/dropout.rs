@@ -283,6 +283,13 @@ mod tests {
         assert!((0..4096).all(|i| none.factor(i) == 1.0), "p = 0 keeps every value");
     }
 
+    /// In a model: the training pass, its backward and inference against the plain loop.
+    #[test]
+    fn fast_matches_spec_in_a_model() {
+        use crate::chain::Shape;
+        super::super::gradcheck::fast_matches_spec(Chain::new(Shape::sequence(3, 5)).dropout(0.0).dropout(0.35), 4, 3, (0.0, 0.0));
+    }
+
     #[test]
     fn fast_matches_spec_and_backward_reuses_the_mask() {
         let mut rng = Rng::new(3);

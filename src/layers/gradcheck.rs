@@ -208,3 +208,68 @@ fn fast_engine_matches_spec_in_smaller_batches_with_poisoned_buffers() {
         }
     }
 }
+
+/// |a − b| ≤ atol + rtol·|b| everywhere, or both NaN (a value neither pass wrote).
+fn same_or_both_unwritten(a: &[f32], b: &[f32], (atol, rtol): (f32, f32), what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+    let bad: Vec<String> = (0..a.len())
+        .filter(|&i| {
+            !(a[i].is_nan() && b[i].is_nan()) && (a[i] - b[i]).abs().partial_cmp(&(atol + rtol * b[i].abs())).is_none_or(|o| o.is_gt())
+        })
+        .take(5)
+        .map(|i| format!("[{i}] {} vs {}", a[i], b[i]))
+        .collect();
+    assert!(bad.is_empty(), "{what}: {}", bad.join(", "));
+}
+
+/// The fast CPU path against the plain loop, both in f32, on `chain`, whose first step must
+/// copy its input (`dropout(0.0)`, which keeps every value), so that every step after it
+/// computes its input gradient: a training pass over `batch` samples in buffers for
+/// `capacity`, then a backward pass from a random output gradient, then an inference pass by
+/// the running statistics the training pass left; every buffer poisoned with NaN first, and
+/// every value (activations, kept and saved values, gradients, running statistics) compared
+/// within `tol` = (atol, rtol), (0, 0) being the same bits, values neither pass wrote (past
+/// the batch) left NaN by both; on 1, 2 and 3 threads.
+pub(super) fn fast_matches_spec(chain: Chain, capacity: usize, batch: usize, tol: (f32, f32)) {
+    use super::{Buffers, GradWorkspace, Workspace};
+    use crate::cpu::pool::Pool;
+    let plan = chain.build().unwrap().plan.clone();
+    assert!(matches!(plan.steps[0].layer, super::Layer::Dropout(super::dropout::Dropout { p: 0.0 })), "starts with dropout(0.0)");
+    let mut rng = crate::testutil::Rng::new(17);
+    let params = rng.uniform(plan.param_len);
+    let x = rng.uniform(batch * plan.input.len());
+    let last = plan.steps.last().unwrap().output_region;
+    let dy = rng.uniform(batch * plan.regions[last]);
+    let what = |threads: usize, part: &str| format!("{:?} ({threads} threads, {batch} of {capacity}): {part}", plan.steps[1].layer);
+    // the plain loop, once
+    let len = plan.acts_len(capacity).unwrap();
+    let (mut acts, mut dacts, mut grads) = (vec![f32::NAN; len], vec![f32::NAN; len], vec![f32::NAN; plan.param_len]);
+    acts[..x.len()].copy_from_slice(&x);
+    let mut buffers = start_buffers::<f32>(&plan);
+    spec::forward(&plan, &params, &mut acts, capacity, batch, &mut buffers, DRAW, Mode::Train);
+    let out = super::region(&plan, last, capacity, batch);
+    dacts[out.clone()].copy_from_slice(&dy);
+    spec::backward(&plan, &params, &acts, &mut dacts, &mut grads, capacity, batch, DRAW);
+    let mut infer = vec![f32::NAN; len];
+    infer[..x.len()].copy_from_slice(&x);
+    spec::forward(&plan, &params, &mut infer, capacity, batch, &mut buffers.clone(), DRAW, Mode::Infer);
+    assert!(grads.iter().all(|g| !g.is_nan()), "every parameter gradient written");
+    for threads in [1, 2, 3] {
+        let pool = Pool::new(threads).unwrap();
+        let (mut ws, mut gws) = (Workspace::new(&plan, threads).unwrap(), GradWorkspace::new(&plan, capacity, threads).unwrap());
+        let (mut fast, mut dfast, mut gfast) = (vec![f32::NAN; len], vec![f32::NAN; len], vec![f32::NAN; plan.param_len]);
+        fast[..x.len()].copy_from_slice(&x);
+        let mut fast_buffers = start_buffers::<f32>(&plan);
+        super::forward(&plan, &params, &mut fast, capacity, batch, &pool, &mut ws, Buffers::Write(&mut fast_buffers), DRAW, Mode::Train);
+        same_or_both_unwritten(&fast, &acts, tol, &what(threads, "training pass"));
+        same_or_both_unwritten(&fast_buffers, &buffers, tol, &what(threads, "running statistics"));
+        dfast[out.clone()].copy_from_slice(&dy);
+        super::backward(&plan, &params, &fast, &mut dfast, &mut gfast, capacity, batch, &pool, &mut ws, &mut gws, DRAW);
+        same_or_both_unwritten(&dfast, &dacts, tol, &what(threads, "activation gradients"));
+        same_or_both_unwritten(&gfast, &grads, tol, &what(threads, "parameter gradients"));
+        let mut fast_infer = vec![f32::NAN; len];
+        fast_infer[..x.len()].copy_from_slice(&x);
+        super::forward(&plan, &params, &mut fast_infer, capacity, batch, &pool, &mut ws, Buffers::Read(&fast_buffers), DRAW, Mode::Infer);
+        same_or_both_unwritten(&fast_infer[..out.end], &infer[..out.end], tol, &what(threads, "inference"));
+    }
+}

@@ -286,3 +286,26 @@ fn input_grad(pool: &Pool, g: &Geometry, xs: &[f32], dys: &[f32], mean: &[f32], 
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::gradcheck::fast_matches_spec;
+    use crate::chain::{Chain, Shape};
+
+    /// One feature up to hundreds, a vector or a sequence's steps, batches below the capacity:
+    /// the same bits as the plain loop.
+    #[test]
+    fn fast_matches_spec_on_odd_shapes() {
+        let cases = [
+            (Shape::vector(1), 3, 2),
+            (Shape::vector(13), 5, 4),
+            (Shape::sequence(5, 7), 3, 3),
+            (Shape::sequence(1, 300), 4, 3),
+            (Shape::sequence(40, 3), 9, 8),
+            (Shape::vector(130), 37, 33),
+        ];
+        for (input, capacity, batch) in cases {
+            fast_matches_spec(Chain::new(input).dropout(0.0).layer_norm(), capacity, batch, (0.0, 0.0));
+        }
+    }
+}

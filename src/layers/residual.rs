@@ -266,3 +266,27 @@ fn copy(pool: &Pool, src: &[f32], dst: &mut [f32]) {
         unsafe { dst.slice(r.clone()) }.copy_from_slice(&src[r]);
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::gradcheck::fast_matches_spec;
+    use crate::activation::{Identity, Relu};
+    use crate::chain::{Chain, Shape};
+
+    /// Bodies of normalisations and dropout (the same bits as the plain loop), an empty body,
+    /// nested blocks, and dense layers (their products summed in another order: within
+    /// rounding).
+    #[test]
+    fn fast_matches_spec_on_odd_shapes() {
+        let exact = [
+            Chain::new(Shape::vector(6)).dropout(0.0).residual(|c| c.batch_norm_with(Relu).layer_norm()),
+            Chain::new(Shape::sequence(3, 5)).dropout(0.0).residual_with(Relu, |c| c),
+            Chain::new(Shape::image(2, 3, 5)).dropout(0.0).residual_with(Relu, |c| c.residual(|c| c.batch_norm()).dropout(0.5)),
+        ];
+        for chain in exact {
+            fast_matches_spec(chain, 5, 3, (0.0, 0.0));
+        }
+        let dense = Chain::new(Shape::vector(9)).dropout(0.0).residual(|c| c.dense(9, Relu).dense(9, Identity)).dense(4, Identity);
+        fast_matches_spec(dense, 19, 17, (1e-6, 1e-5));
+    }
+}
