@@ -35,7 +35,10 @@
 //!
 //! - **Layers**: [`Chain::dense`] (y = act(W·x + b)), [`Chain::conv`] / [`Chain::conv_with`]
 //!   (2-D cross-correlation, stride and zero padding in [`ConvOptions`]), [`Chain::max_pool`] /
-//!   [`Chain::max_pool_with`], [`Chain::flatten`] (image to vector).
+//!   [`Chain::max_pool_with`], [`Chain::flatten`] (image to vector), [`Chain::batch_norm`] /
+//!   [`Chain::batch_norm_with`], [`Chain::layer_norm`], [`Chain::dropout`], and residual blocks
+//!   of any of them, [`Chain::residual`] / [`Chain::residual_with`] (training passes run batch
+//!   norm and dropout as PyTorch's `train()`, inference as `eval()`: see [`Model`]).
 //! - **Activations** ([`Activation`]), per dense or conv layer: [`Identity`], [`Relu`],
 //!   [`LeakyRelu`], [`Tanh`], [`Sigmoid`], [`Gelu`] (erf).
 //! - **Losses** ([`Loss`]): [`Loss::LogitCrossEntropy`] (softmax cross-entropy on logits with
@@ -166,6 +169,7 @@ pub use dev::GpuOptions;
 pub use device::{cpu, device, gpu, gpu_or_cpu, Device, ToDevice};
 pub use error::{Error, Result};
 pub use init::Init;
+pub use layers::{batch_norm::BatchNorm, dropout::Dropout, layer_norm::LayerNorm, residual::Add, residual::Fork};
 pub use layers::{conv::Conv, dense::Dense, flatten::Flatten, pool::MaxPool};
 pub use loss::Loss;
 pub use model::Model;
