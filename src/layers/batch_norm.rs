@@ -468,7 +468,7 @@ pub(crate) fn check_batch(plan: &Plan, batch: usize) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::gradcheck::fast_matches_spec;
+    use super::super::gradcheck::fast_matches_spec_f32;
     use crate::activation::{Identity, Relu, Tanh};
     use crate::chain::{Chain, Shape};
 
@@ -486,9 +486,9 @@ mod tests {
         ];
         for (input, capacity, batch) in cases {
             for act in [Identity, Relu] {
-                fast_matches_spec(Chain::new(input).dropout(0.0).batch_norm_with(act), capacity, batch, (0.0, 0.0));
+                fast_matches_spec_f32(Chain::new(input).dropout(0.0).batch_norm_with(act), capacity, batch, (0.0, 0.0));
             }
-            fast_matches_spec(Chain::new(input).dropout(0.0).batch_norm_with(Tanh), capacity, batch, (1e-6, 1e-6));
+            fast_matches_spec_f32(Chain::new(input).dropout(0.0).batch_norm_with(Tanh), capacity, batch, (1e-6, 1e-6));
         }
     }
 }

@@ -289,7 +289,7 @@ fn input_grad(pool: &Pool, g: &Geometry, xs: &[f32], dys: &[f32], mean: &[f32], 
 
 #[cfg(test)]
 mod tests {
-    use super::super::gradcheck::fast_matches_spec;
+    use super::super::gradcheck::fast_matches_spec_f32;
     use crate::chain::{Chain, Shape};
 
     /// One feature up to hundreds, a vector or a sequence's steps, batches below the capacity:
@@ -305,7 +305,7 @@ mod tests {
             (Shape::vector(130), 37, 33),
         ];
         for (input, capacity, batch) in cases {
-            fast_matches_spec(Chain::new(input).dropout(0.0).layer_norm(), capacity, batch, (0.0, 0.0));
+            fast_matches_spec_f32(Chain::new(input).dropout(0.0).layer_norm(), capacity, batch, (0.0, 0.0));
         }
     }
 }

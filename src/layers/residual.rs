@@ -269,7 +269,7 @@ fn copy(pool: &Pool, src: &[f32], dst: &mut [f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::gradcheck::fast_matches_spec;
+    use super::super::gradcheck::fast_matches_spec_f32;
     use crate::activation::{Identity, Relu};
     use crate::chain::{Chain, Shape};
 
@@ -284,9 +284,9 @@ mod tests {
             Chain::new(Shape::image(2, 3, 5)).dropout(0.0).residual_with(Relu, |c| c.residual(|c| c.batch_norm()).dropout(0.5)),
         ];
         for chain in exact {
-            fast_matches_spec(chain, 5, 3, (0.0, 0.0));
+            fast_matches_spec_f32(chain, 5, 3, (0.0, 0.0));
         }
         let dense = Chain::new(Shape::vector(9)).dropout(0.0).residual(|c| c.dense(9, Relu).dense(9, Identity)).dense(4, Identity);
-        fast_matches_spec(dense, 19, 17, (1e-6, 1e-5));
+        fast_matches_spec_f32(dense, 19, 17, (1e-6, 1e-5));
     }
 }
