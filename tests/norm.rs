@@ -264,3 +264,22 @@ fn the_summary_indents_a_blocks_body() {
 162 parameters (0.6 KiB), on cpu (1 thread)";
     assert_eq!(model.to_string(), want);
 }
+
+/// Batch norm takes vectors and images, layer norm vectors and sequences; the other shapes are
+/// refused when the chain is built, naming the layer.
+#[test]
+fn each_norm_refuses_the_shapes_it_does_not_normalise() {
+    let cases = [
+        (
+            Chain::new(Input::sequence(3, 4)).batch_norm(),
+            "layer 0 (BatchNorm { activation: Identity }) with input sequence(3×4): batch norm needs",
+        ),
+        (Chain::new(Input::image(1, 2, 2)).layer_norm(), "layer 0 (LayerNorm) with input image(1×2×2): layer norm needs"),
+    ];
+    for (chain, needle) in cases {
+        match chain.build() {
+            Err(Error::Shape(msg)) => assert!(msg.contains(needle), "{msg:?} lacks {needle:?}"),
+            other => panic!("expected a shape error with {needle:?}, got {other:?}"),
+        }
+    }
+}

@@ -71,7 +71,7 @@ fn layout(shape: Shape) -> (usize, usize) {
     match shape {
         Shape::Vector(n) => (n, 1),
         Shape::Image { channels, height, width } => (channels, height * width),
-        Shape::Sequence { .. } => unreachable!("batch norm takes vectors and images"),
+        _ => unreachable!("batch norm takes vectors and images"),
     }
 }
 
@@ -85,7 +85,7 @@ impl LayerKind for BatchNorm {
     fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String> {
         match input {
             Shape::Vector(_) | Shape::Image { .. } => Ok(input),
-            Shape::Sequence { .. } => Err("batch norm needs a vector or an image (over a sequence's features: layer_norm)".into()),
+            _ => Err("batch norm needs a vector or an image (over each step of a sequence: layer_norm)".into()),
         }
     }
 

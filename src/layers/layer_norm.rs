@@ -41,7 +41,7 @@ fn layout(shape: Shape) -> (usize, usize) {
     match shape {
         Shape::Vector(n) => (1, n),
         Shape::Sequence { steps, features } => (steps, features),
-        Shape::Image { .. } => unreachable!("layer norm takes vectors and sequences"),
+        _ => unreachable!("layer norm takes vectors and sequences"),
     }
 }
 
@@ -51,7 +51,7 @@ impl LayerKind for LayerNorm {
     fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String> {
         match input {
             Shape::Vector(_) | Shape::Sequence { .. } => Ok(input),
-            Shape::Image { .. } => Err("layer norm needs a vector or a sequence (it normalises the last dimension)".into()),
+            _ => Err("layer norm needs a vector or a sequence (it normalises the last dimension)".into()),
         }
     }
 
