@@ -19,7 +19,8 @@ fn macs(model: &Model) -> (u64, u64) {
         let m = match step.layer {
             Layer::Dense(_) => step.weight_len() as u64,
             Layer::Conv(conv) => (step.weight_len() / conv.out_channels * step.output.len()) as u64,
-            // the other kinds do no products
+            Layer::Conv1d(conv) => (step.weight_len() / conv.out_channels * step.output.len()) as u64,
+            // pools, flatten, softmax: no products
             _ => 0,
         };
         forward += m;

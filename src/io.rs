@@ -83,6 +83,7 @@ pub(crate) fn describe(plan: &Plan) -> String {
         Shape::Vector(n) => format!("vector {n}"),
         Shape::Image { channels, height, width } => format!("image {height} {width} {channels}"),
         Shape::Sequence { steps, features } => format!("sequence {steps} {features}"),
+        Shape::Signal { channels, length } => format!("signal {channels} {length}"),
     }];
     parts.extend(plan.steps.iter().map(|step| step.layer.describe()));
     parts.join("; ")
@@ -164,6 +165,10 @@ fn parse_architecture(text: &str, path: &Path) -> Result<(Shape, Vec<Layer>)> {
             let [steps, features] = w.numbers()?;
             Shape::sequence(steps, features)
         }
+        ("signal", 3) => {
+            let [channels, length] = w.numbers()?;
+            Shape::signal(channels, length)
+        }
         _ => return Err(bad(format!("the architecture must start with the input shape, not {first:?}"))),
     };
     let mut layers = Vec::new();
@@ -184,7 +189,7 @@ fn check_sizes(plan: &Plan, file_len: usize, path: &Path) -> Result<()> {
     let more = format!("more than {MAX_SAMPLE_VALUES} values per sample");
     for (index, step) in plan.steps.iter().enumerate() {
         let layer = step.layer;
-        if matches!(layer, Layer::Conv(_)) && over(conv::geometry(step).col_len()) {
+        if conv::is_conv(&layer) && over(conv::geometry(step).col_len()) {
             return bad(format!("layer {index} ({layer:?}) lowers its input to {more}"));
         }
         if over(step.output.len()) {

@@ -8,7 +8,7 @@ use crate::device::{Device, ToDevice};
 use crate::error::{zeros, Error, Result};
 use crate::init::{self, Init};
 use crate::layers::{self, region, Buffers, Draw, Mode};
-use crate::loss::{self, Loss};
+use crate::loss::Loss;
 use std::borrow::Cow;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -288,7 +288,7 @@ impl Model {
     /// Forward, loss and backward on the cache's current batch: fills `grads` with the
     /// gradient of the loss, which stays in `grads` ([`Grads::last_loss`], [`Grads::mean_loss`]),
     /// so a GPU step never waits for it. Targets come from `set_labels` (cross-entropy) or
-    /// `set_targets` (MSE) and must cover the batch. Every check runs before any buffer is
+    /// `set_targets` (the other losses) and must cover the batch. Every check runs before any buffer is
     /// written. Allocates nothing. On a GPU the step is queued and the host goes on.
     ///
     /// Cross-entropy needs a vector of at least 2 outputs (class scores). A loss that comes out
@@ -312,10 +312,7 @@ impl Model {
         let last = plan.steps.last().expect("a plan has steps").output_region;
         let out = region(plan, last, capacity, batch);
         let (y, dy) = (&cache.acts[out.clone()], &mut grads.dacts[out]);
-        let value = match loss {
-            Loss::LogitCrossEntropy => loss::logit_cross_entropy_fast(y, &cache.labels[..batch], outputs, dy),
-            Loss::Mse => loss::mse(y, &cache.targets[..batch * outputs], dy),
-        };
+        let value = loss.fast(y, &cache.labels[..batch], &cache.targets[..batch * outputs], outputs, dy);
         layers::backward(
             plan,
             &self.params,
@@ -345,10 +342,7 @@ impl Model {
         self.forward(cache)?;
         cache.targets_to_host(loss)?;
         let (batch, outputs) = (cache.batch, self.plan.output().len());
-        let value = match loss {
-            Loss::LogitCrossEntropy => loss::logit_cross_entropy_fast_value(cache.outputs(), &cache.labels[..batch], outputs),
-            Loss::Mse => loss::mse_value(cache.outputs(), &cache.targets[..batch * outputs]),
-        };
+        let value = loss.fast_value(cache.outputs(), &cache.labels[..batch], &cache.targets[..batch * outputs], outputs);
         Ok(value as f32)
     }
 
@@ -377,8 +371,13 @@ impl Model {
     }
 
     /// The cache holds `loss`'s targets (labels, or real values) for its whole batch.
-    fn check_targets(&self, cache: &Cache, loss: Loss) -> Result<()> {
+    pub(crate) fn check_targets(&self, cache: &Cache, loss: Loss) -> Result<()> {
         let (batch, outputs) = (cache.batch, self.plan.output().len());
+        if let Loss::SmoothL1 { beta } = loss {
+            if !(beta.is_finite() && beta >= 0.0) {
+                return Err(Error::Config(format!("SmoothL1's beta must be a finite number of at least 0, not {beta}")));
+            }
+        }
         match loss {
             Loss::LogitCrossEntropy => {
                 // one score gives a loss of 0 and no gradient; an image is not a set of scores
@@ -395,7 +394,7 @@ impl Model {
                     check_labels(&cache.labels[..batch], outputs)?;
                 }
             }
-            Loss::Mse => {
+            Loss::Mse | Loss::BceWithLogits | Loss::L1 | Loss::SmoothL1 { .. } => {
                 if cache.targets_set != batch {
                     return Err(Error::Shape(format!("{} targets set for a batch of {batch}: call set_targets", cache.targets_set)));
                 }

@@ -67,17 +67,27 @@ pub fn vgg_small() -> Chain {
         .dense(10, Identity)
 }
 
+/// A 1-D CNN over signals of 1×256 values (C×L, a time series), 4 classes: conv1d 16 k7 (ReLU),
+/// max-pool 2, conv1d 32 k5 (ReLU), global average pool, dense 4; for cross-entropy.
+pub fn ts_conv1d() -> Chain {
+    Chain::new(Input::signal(1, 256)).conv1d(16, 7, Relu).max_pool1d(2).conv1d(32, 5, Relu).global_avg_pool().dense(4, Identity)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::chain::Shape;
 
-    /// Parameters of a dense layer and of a k×k convolution, weights and biases.
+    /// Parameters of a dense layer, of a k×k convolution and of a 1-D one of k, weights and
+    /// biases.
     fn dense(inputs: usize, outputs: usize) -> usize {
         inputs * outputs + outputs
     }
     fn conv(in_channels: usize, out_channels: usize, k: usize) -> usize {
         in_channels * out_channels * k * k + out_channels
+    }
+    fn conv1d(in_channels: usize, out_channels: usize, k: usize) -> usize {
+        in_channels * out_channels * k + out_channels
     }
 
     /// Each network has the parameter count and output shape its description implies (the
@@ -88,11 +98,16 @@ mod tests {
             (autoencoder(), dense(784, 256) + dense(256, 64) + dense(64, 256) + dense(256, 784), 784),
             (gelu_mlp(), dense(512, 1024) + dense(1024, 1024) + dense(1024, 16), 16),
             (vgg_small(), conv(3, 16, 3) + conv(16, 16, 3) + conv(16, 32, 3) + conv(32, 32, 3) + dense(32 * 8 * 8, 64) + dense(64, 10), 10),
+            (ts_conv1d(), conv1d(1, 16, 7) + conv1d(16, 32, 5) + dense(32, 4), 4),
         ];
         for (chain, params, outputs) in cases {
             let model = chain.build().unwrap();
             assert_eq!(model.parameters().unwrap().len(), params, "{model:?}");
             assert_eq!(model.output_shape(), Shape::Vector(outputs), "{model:?}");
         }
+        // Conv1d(0) ReLU(1) MaxPool1d(2) Conv1d(3) ReLU(4) AdaptiveAvgPool1d(5) Flatten(6) Linear(7),
+        // as benches/peers/zoo_models.py's twin names them
+        let plan = ts_conv1d().build().unwrap().plan().clone();
+        assert_eq!(plan.steps.iter().map(|s| s.module.as_str()).collect::<Vec<_>>(), ["0", "2", "3", "5", "7"]);
     }
 }

@@ -262,7 +262,7 @@ impl Plan {
                 module = 0;
             } else {
                 // PyTorch's nn.Sequential counts the activation as a module of its own
-                module += 1 + usize::from(layer.activation() != Activation::Identity);
+                module += layer.modules() + usize::from(layer.activation() != Activation::Identity);
             }
             if !layer.is_view() {
                 let z = (layer.activation() != Activation::Identity).then_some(output.len());
@@ -359,9 +359,11 @@ fn close_block(blocks: &mut Vec<Block>, index: usize, layer: &Layer, shape: Shap
 /// The layer's output shape on `input`, or an [`Error::Shape`] naming the layer and the input.
 fn output_shape(index: usize, layer: &Layer, input: Shape) -> Result<Shape> {
     let err = |what: String| Error::Shape(format!("layer {index} ({layer:?}) with input {input}: {what}"));
-    if let Some(Activation::LeakyRelu(slope)) = layer.takes_activation() {
-        if !slope.is_finite() {
-            return Err(err(format!("the leaky ReLU slope {slope} is not a finite number")));
+    if let Some(act) = layer.takes_activation() {
+        if let (Some(value), Some(name)) = (act.param(), act.param_name()) {
+            if !value.is_finite() {
+                return Err(err(format!("the {name} {value} is not a finite number")));
+            }
         }
     }
     layer.output_shape(input).map_err(err)
@@ -536,6 +538,7 @@ mod tests {
             ),
             (Shape::vector(3), vec![Layer::MaxPool(MaxPool { window: (1, 1), stride: (1, 1) })], "image input"),
             (Shape::vector(3), vec![Layer::Dense(Dense { out_features: 2, activation: LeakyRelu(f32::NAN) })], "slope NaN"),
+            (Shape::vector(3), vec![Layer::Dense(Dense { out_features: 2, activation: Elu(f32::INFINITY) })], "ELU alpha inf"),
         ];
         for (input, layers, needle) in cases {
             match Plan::new(input, &layers) {

@@ -1,17 +1,18 @@
 //! A counting global allocator proves that a step allocates nothing: after one warm-up step,
-//! 100 steps of set_inputs + set_labels + backprop + update (and forward) make 0 allocations
-//! and 0 deallocations, for an MLP, a CNN and a network of batch norm, layer norm, dropout and
-//! residual blocks, on 1 thread and on 2, with each optimiser, each kind of clipping, weight
-//! decay and a learning-rate schedule; and so does a whole epoch
-//! of the MNIST loader (shuffle, batches written into the cache, a final partial batch) and
-//! training steps, after a warm-up epoch.
+//! 100 steps of set_inputs + set_labels (or set_targets) + backprop + update (and forward, and
+//! predict) make 0 allocations and 0 deallocations, for an MLP, a CNN and a network of batch
+//! norm, layer norm, dropout and residual blocks, on 1 thread and on 2, with each optimiser,
+//! each kind of clipping, weight decay and a learning-rate schedule; for a net of every
+//! pooling, 1-D and softmax layer with each loss; and so does a whole epoch of the
+//! MNIST loader (shuffle, batches written into the cache, a final partial batch) and training
+//! steps, after a warm-up epoch.
 //!
 //! One #[test] only: the counter is global, so tests running beside it would be counted.
 
 use flatnn::data::{Dataset, Loader, Split};
 use flatnn::models::{mlp, simplenns_cnn};
 use flatnn::prelude::*;
-use flatnn::testutil::Rng;
+use flatnn::testutil::{pooling_net, signal_net, Rng};
 use flatnn::ConvOptions;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -57,8 +58,8 @@ fn norm() -> Chain {
         .dense(10, Identity)
 }
 
-/// Allocations and deallocations over 100 steps after one warm-up step.
-fn count(chain: Chain, threads: usize, batch: usize, optim: Optim, clip: Clip) -> (usize, usize) {
+/// Allocations and deallocations over 100 steps with `loss` after one warm-up step.
+fn count(chain: Chain, threads: usize, batch: usize, optim: Optim, clip: Clip, loss: Loss) -> (usize, usize) {
     let mut model = chain.build().unwrap().init(Init::GlorotNormal, 1).with_threads(threads).unwrap();
     let mut fwd = model.preallocate(batch).unwrap();
     let mut bwd = model.preallocate_grads(batch).unwrap();
@@ -69,15 +70,21 @@ fn count(chain: Chain, threads: usize, batch: usize, optim: Optim, clip: Clip) -
     let inputs = model.input_shape().len();
     let x = rng.uniform(batch * inputs);
     let labels: Vec<u32> = (0..batch).map(|_| rng.below(10) as u32).collect();
+    let targets = rng.uniform(batch * 10);
+    let mut classes = [0u32; 64];
     let mut step = |fwd: &mut Cache| {
         // a smaller batch every other step: same buffers
         let b = if fwd.batch() == batch { batch - 1 } else { batch };
         fwd.set_inputs(&x[..b * inputs]).unwrap();
-        fwd.set_labels(&labels[..b]).unwrap();
-        model.backprop(&mut bwd, fwd, Loss::LogitCrossEntropy).unwrap();
+        if loss.takes_labels() {
+            fwd.set_labels(&labels[..b]).unwrap();
+        } else {
+            fwd.set_targets(&targets[..b * 10]).unwrap();
+        }
+        model.backprop(&mut bwd, fwd, loss).unwrap();
         assert!(bwd.last_loss().unwrap().is_finite());
         opt.update(&mut model, &bwd).unwrap();
-        model.forward(fwd).unwrap();
+        model.predict(fwd, &mut classes).unwrap();
     };
     step(&mut fwd);
     let (a0, d0) = (ALLOCS.load(Relaxed), DEALLOCS.load(Relaxed));
@@ -129,18 +136,26 @@ fn a_step_allocates_nothing() {
         (Optim::rmsprop(1e-3).with_weight_decay(1e-4), Clip::Norm(0.5)),
     ];
     let mut report = Vec::new();
+    let xent = Loss::LogitCrossEntropy;
     for threads in [1, 2] {
         for (name, chain, batch) in [("mlp", mlp(), 32), ("cnn", simplenns_cnn(), 8), ("norm", norm(), 8)] {
             for (optim, clip) in optims {
-                let counts = count(chain.clone(), threads, batch, optim, clip);
-                report.push((name, threads, optim, clip, counts));
+                let counts = count(chain.clone(), threads, batch, optim, clip, xent);
+                report.push((name, threads, optim, clip, xent, counts));
+            }
+        }
+        // every pooling, 1-D and softmax layer, new activation and new loss
+        let losses = [xent, Loss::BceWithLogits, Loss::L1, Loss::SmoothL1 { beta: 0.5 }];
+        for (name, chain) in [("pooling", pooling_net()), ("signal", signal_net())] {
+            for (loss, (optim, clip)) in losses.into_iter().zip(optims) {
+                report.push((name, threads, optim, clip, loss, count(chain.clone(), threads, 8, optim, clip, loss)));
             }
         }
     }
-    for (name, threads, optim, clip, (allocs, deallocs)) in &report {
-        println!("{name} threads={threads} {optim:?} {clip:?}: {allocs} allocations, {deallocs} deallocations in 100 steps");
+    for (name, threads, optim, clip, loss, (allocs, deallocs)) in &report {
+        println!("{name} threads={threads} {optim:?} {clip:?} {loss:?}: {allocs} allocations, {deallocs} deallocations in 100 steps");
     }
-    assert!(report.iter().all(|r| r.4 == (0, 0)), "a step allocated");
+    assert!(report.iter().all(|r| r.5 == (0, 0)), "a step allocated");
     for threads in [1, 2] {
         let (allocs, deallocs) = count_epoch(threads);
         println!("mnist epoch, loader + step, threads={threads}: {allocs} allocations, {deallocs} deallocations");

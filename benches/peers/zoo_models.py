@@ -1,16 +1,22 @@
 """The zoo's networks, as layer lists: the twins of `flatnn::models`, by the same names.
 
-A model is an input shape (features, or channels, height, width), a list of layers and a loss.
-Layers are tuples:
+A model is an input shape (features; channels, height, width; or channels, length for a signal),
+a list of layers and a loss. Layers are tuples:
     ("dense", out_features, activation)
-    ("conv", out_channels, kernel, padding, activation)   square kernel, stride 1
-    ("maxpool", window)                                    stride = window
+    ("conv", out_channels, kernel, padding, activation)     square kernel, stride 1
+    ("conv1d", out_channels, kernel, padding, activation)   stride 1, dilation 1
+    ("maxpool", window)                                      stride = window
+    ("maxpool1d", window)                                    stride = window
+    ("globalavgpool",)                                       the mean of each channel, a vector
     ("flatten",)
 Activations: "identity", "relu", "sigmoid", "tanh", "gelu" (the erf form, PyTorch's nn.GELU()).
 Losses: "xent" (softmax cross-entropy on logits, mean over the batch), "mse" (mean over batch and
-outputs). PyTorch's nn.Sequential twin counts every module (activations, pools, flatten), so its
-state_dict names are the names flatnn's model files use.
+outputs). PyTorch's nn.Sequential twin counts every module (activations, pools, flatten; global
+average pooling is two, nn.AdaptiveAvgPool2d(1) or 1d then nn.Flatten()), so its state_dict names
+are the names flatnn's model files use.
 """
+
+import math
 
 MODELS = {
     "mlp": ((784,), [("dense", 128, "relu"), ("dense", 64, "relu"), ("dense", 10, "identity")], "xent"),
@@ -38,6 +44,14 @@ MODELS = {
         ],
         "xent",
     ),
+    "ts_conv1d": (
+        (1, 256),
+        [
+            ("conv1d", 16, 7, 0, "relu"), ("maxpool1d", 2), ("conv1d", 32, 5, 0, "relu"), ("globalavgpool",),
+            ("dense", 4, "identity"),
+        ],
+        "xent",
+    ),
 }
 
 
@@ -53,27 +67,38 @@ def walk(name):
         elif kind == "conv":
             _, channels, k, pad, _ = layer
             out = (channels, shape[1] + 2 * pad - k + 1, shape[2] + 2 * pad - k + 1)
+        elif kind == "conv1d":
+            _, channels, k, pad, _ = layer
+            out = (channels, shape[1] + 2 * pad - k + 1)
         elif kind == "maxpool":
             w = layer[1]
             out = (shape[0], (shape[1] - w) // w + 1, (shape[2] - w) // w + 1)
+        elif kind == "maxpool1d":
+            w = layer[1]
+            out = (shape[0], (shape[1] - w) // w + 1)
+        elif kind == "globalavgpool":
+            out = (shape[0],)
         elif kind == "flatten":
-            out = (shape[0] * shape[1] * shape[2],)
+            out = (math.prod(shape),)
         else:
             raise ValueError(f"unknown layer {layer!r} in {name}")
         yield module, layer, shape, out
-        module += 2 if kind in ("dense", "conv") and layer[-1] != "identity" else 1
+        activated = kind in ("dense", "conv", "conv1d") and layer[-1] != "identity"
+        module += 2 if activated or kind == "globalavgpool" else 1
         shape = out
 
 
 def tensors(name):
     """(state_dict name, shape) of every parameter tensor of model `name`, in PyTorch's layouts:
-    Linear weight (out, in), Conv2d weight (out, in, k, k)."""
+    Linear weight (out, in), Conv2d weight (out, in, k, k), Conv1d weight (out, in, k)."""
     out = []
     for module, layer, shape, _ in walk(name):
         if layer[0] == "dense":
             out += [(f"{module}.weight", (layer[1], shape[0])), (f"{module}.bias", (layer[1],))]
         elif layer[0] == "conv":
             out += [(f"{module}.weight", (layer[1], shape[0], layer[2], layer[2])), (f"{module}.bias", (layer[1],))]
+        elif layer[0] == "conv1d":
+            out += [(f"{module}.weight", (layer[1], shape[0], layer[2])), (f"{module}.bias", (layer[1],))]
     return out
 
 
@@ -111,10 +136,16 @@ def torch_twin(name):
             modules.append(nn.Linear(shape[0], layer[1]))
         elif kind == "conv":
             modules.append(nn.Conv2d(shape[0], layer[1], layer[2], padding=layer[3]))
+        elif kind == "conv1d":
+            modules.append(nn.Conv1d(shape[0], layer[1], layer[2], padding=layer[3]))
         elif kind == "maxpool":
             modules.append(nn.MaxPool2d(layer[1]))
+        elif kind == "maxpool1d":
+            modules.append(nn.MaxPool1d(layer[1]))
+        elif kind == "globalavgpool":
+            modules += [nn.AdaptiveAvgPool1d(1) if len(shape) == 2 else nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         else:
             modules.append(nn.Flatten())
-        if kind in ("dense", "conv") and layer[-1] != "identity":
+        if kind in ("dense", "conv", "conv1d") and layer[-1] != "identity":
             modules.append(acts[layer[-1]]())
     return nn.Sequential(*modules)

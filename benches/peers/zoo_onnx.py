@@ -82,7 +82,7 @@ def build(name, weights):
     x = "x"
     for module, layer, _, _ in zoo_models.walk(name):
         kind = layer[0]
-        if kind in ("dense", "conv"):
+        if kind in ("dense", "conv", "conv1d"):
             w, b = f"{module}.weight", f"{module}.bias"
             inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[w], dtype=np.float32), w))
             inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[b], dtype=np.float32), b))
@@ -90,12 +90,19 @@ def build(name, weights):
             if kind == "dense":
                 nodes.append(helper.make_node("Gemm", [x, w, b], [z], transB=1))
             else:
-                k, pad = layer[2], layer[3]
-                nodes.append(helper.make_node("Conv", [x, w, b], [z], kernel_shape=[k, k], pads=[pad] * 4, strides=[1, 1]))
+                k, pad, dims = layer[2], layer[3], 2 if kind == "conv" else 1
+                nodes.append(
+                    helper.make_node("Conv", [x, w, b], [z], kernel_shape=[k] * dims, pads=[pad] * 2 * dims, strides=[1] * dims)
+                )
             x = activation(layer[-1], z)
-        elif kind == "maxpool":
-            y = fresh("p")
-            nodes.append(helper.make_node("MaxPool", [x], [y], kernel_shape=[layer[1]] * 2, strides=[layer[1]] * 2))
+        elif kind in ("maxpool", "maxpool1d"):
+            y, dims = fresh("p"), 2 if kind == "maxpool" else 1
+            nodes.append(helper.make_node("MaxPool", [x], [y], kernel_shape=[layer[1]] * dims, strides=[layer[1]] * dims))
+            x = y
+        elif kind == "globalavgpool":
+            p, y = fresh("g"), fresh("f")
+            nodes.append(helper.make_node("GlobalAveragePool", [x], [p]))
+            nodes.append(helper.make_node("Flatten", [p], [y], axis=1))
             x = y
         else:
             y = fresh("f")

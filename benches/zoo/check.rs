@@ -26,9 +26,10 @@ fn save(zoo: &ZooModel, dir: &Path) -> Result<serde_json::Value> {
     let mut grads = model.preallocate_grads(BATCH)?;
     cache.set_inputs(&inputs)?;
     let outputs = model.forward(&mut cache)?.to_vec();
-    match zoo.loss {
-        Loss::LogitCrossEntropy => cache.set_labels(&labels)?,
-        Loss::Mse => cache.set_targets(&targets)?,
+    if zoo.loss.takes_labels() {
+        cache.set_labels(&labels)?
+    } else {
+        cache.set_targets(&targets)?
     }
     model.backprop(&mut grads, &mut cache, zoo.loss)?;
     let name = zoo.name;
@@ -40,12 +41,11 @@ fn save(zoo: &ZooModel, dir: &Path) -> Result<serde_json::Value> {
         "inputs": format!("{name}.inputs.f32"), "outputs": format!("{name}.outputs.f32"),
         "loss": grads.last_loss()?,
     });
-    match zoo.loss {
-        Loss::LogitCrossEntropy => entry["labels"] = serde_json::json!(labels),
-        Loss::Mse => {
-            write_f32(&dir.join(format!("{name}.targets.f32")), &targets)?;
-            entry["targets"] = serde_json::json!(format!("{name}.targets.f32"));
-        }
+    if zoo.loss.takes_labels() {
+        entry["labels"] = serde_json::json!(labels);
+    } else {
+        write_f32(&dir.join(format!("{name}.targets.f32")), &targets)?;
+        entry["targets"] = serde_json::json!(format!("{name}.targets.f32"));
     }
     Ok(entry)
 }

@@ -15,13 +15,14 @@ pub struct ZooModel {
 }
 
 /// The zoo. A new model: a function in `flatnn::models`, a line here, a line in `zoo_models.py`.
-pub const ZOO: [ZooModel; 6] = [
+pub const ZOO: [ZooModel; 7] = [
     ZooModel { name: "mlp", chain: models::mlp, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "lenet5", chain: models::lenet5, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "simplenn", chain: models::simplenns_mlp, loss: Loss::Mse },
     ZooModel { name: "autoencoder", chain: models::autoencoder, loss: Loss::Mse },
     ZooModel { name: "gelu_mlp", chain: models::gelu_mlp, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "vgg_small", chain: models::vgg_small, loss: Loss::LogitCrossEntropy },
+    ZooModel { name: "ts_conv1d", chain: models::ts_conv1d, loss: Loss::LogitCrossEntropy },
 ];
 
 /// Seed of the weights (He normal) and of the data.
@@ -47,9 +48,10 @@ pub fn data(model: &Model, loss: Loss, batch: usize, seed: u64) -> (Vec<f32>, Ve
     let mut rng = Rng::new(seed);
     let inputs = rng.uniform(batch * model.input_shape().len());
     let outputs = model.output_shape().len();
-    match loss {
-        Loss::LogitCrossEntropy => (inputs, (0..batch).map(|_| rng.below(outputs) as u32).collect(), Vec::new()),
-        Loss::Mse => (inputs, Vec::new(), rng.uniform(batch * outputs)),
+    if loss.takes_labels() {
+        (inputs, (0..batch).map(|_| rng.below(outputs) as u32).collect(), Vec::new())
+    } else {
+        (inputs, Vec::new(), rng.uniform(batch * outputs))
     }
 }
 
@@ -58,9 +60,10 @@ fn filled_cache(model: &Model, loss: Loss, batch: usize) -> Result<(Cache, Vec<f
     let mut cache = model.preallocate(batch)?;
     let (inputs, labels, targets) = data(model, loss, batch, SEED);
     cache.set_inputs(&inputs)?;
-    match loss {
-        Loss::LogitCrossEntropy => cache.set_labels(&labels)?,
-        Loss::Mse => cache.set_targets(&targets)?,
+    if loss.takes_labels() {
+        cache.set_labels(&labels)?
+    } else {
+        cache.set_targets(&targets)?
     }
     Ok((cache, inputs))
 }

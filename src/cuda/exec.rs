@@ -214,6 +214,10 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
             let n = out.len();
             gpu.mse(stream, n, acts.at(out.clone()), Raw::of(l.targets).at(0..n), dacts.at_mut(out), value, scratch)
         }
+        Loss::BceWithLogits | Loss::L1 | Loss::SmoothL1 { .. } => {
+            let n = out.len();
+            gpu.elementwise_loss(stream, loss, n, acts.at(out.clone()), Raw::of(l.targets).at(0..n), dacts.at_mut(out), value, scratch)
+        }
     }
 }
 

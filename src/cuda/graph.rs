@@ -13,6 +13,9 @@ use cudarc::driver::{result, sys, CudaStream};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Key {
     pub kind: u8,
+    /// The bits of the step's loss's parameter (smooth L1's β, an argument of its loss kernel), 0
+    /// for others.
+    pub loss_param: u32,
     pub capacity: usize,
     pub batch: usize,
     pub tf32: bool,

@@ -22,7 +22,7 @@ use super::head::Head;
 use super::launch::ViewMut;
 use super::layers;
 pub(crate) use super::nccl::Reduce;
-use super::ops::{optim_kernel, LaunchArgs, FINISH_MAX, NORM_SCRATCH};
+use super::ops::{loss_key, optim_kernel, LaunchArgs, FINISH_MAX, NORM_SCRATCH};
 use super::pinned::{Event, Pinned};
 pub(crate) use super::serve::DevServer;
 use crate::cache::{Cache, Grads};
@@ -275,6 +275,7 @@ impl DevModel {
         let from = inputs.map_or(0, |s| s.as_ptr() as u64);
         let key = Key {
             kind: if copy_in { 3 } else { 0 },
+            loss_param: 0,
             capacity,
             batch,
             tf32: self.options.tf32,
@@ -374,14 +375,14 @@ impl DevModel {
         rebind(&mut dg.stream, &self.stream)?;
         // the side stream's last work was joined into the old main stream, waited for above
         dg.side_blas.rebind(&self.side, self.options.tf32)?;
-        // which loss, and whether (and from which staging buffer) the inputs are copied in
-        let kind = match loss {
-            Loss::LogitCrossEntropy => 1,
-            Loss::Mse => 2,
-        } + if copy_in { 4 * (1 + dev.current as u8) } else { 0 };
+        // which loss (an id below 8), and whether (and from which staging buffer) the inputs are
+        // copied in; from 8 up, apart from the forward pass's kinds (0 and 3)
+        let (loss_id, loss_param) = loss_key(loss);
+        let kind = 8 * (1 + if copy_in { 1 + dev.current as u8 } else { 0 }) + loss_id;
         let (current, inputs_device) = (dev.current, dev.staging[dev.current].device_ptr());
         let key = Key {
             kind,
+            loss_param,
             capacity,
             batch,
             tf32: self.options.tf32,
@@ -426,7 +427,7 @@ impl DevModel {
             }
             // the last dense layer, the loss and that layer's input gradient in one kernel where
             // it takes them (src/cuda/head.rs)
-            let head = Head::of(gpu, plan, capacity, batch);
+            let head = Head::of(gpu, plan, capacity, batch, loss);
             let upto = head.map_or(plan.steps.len(), |h| h.first());
             let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto, Mode::Train)?;
             // the head clears the gradients that split weight gradients add into

@@ -85,6 +85,13 @@ pub(crate) trait LayerKind: Copy + fmt::Debug + PartialEq {
         false
     }
 
+    /// How many modules of PyTorch's `nn.Sequential` it stands for, its activation apart (global
+    /// average pooling: `AdaptiveAvgPool2d(1)` then `Flatten`); its tensors are named after the
+    /// first ([`Step::module`](crate::chain::Step::module)).
+    fn modules(&self) -> usize {
+        1
+    }
+
     /// The shape of one output sample for one `input` sample, or why the layer does not take
     /// that input (the plan adds which layer and which input). A size the room derives beyond
     /// the output's (a convolution's lowered sample) is checked here, against
@@ -210,6 +217,10 @@ macro_rules! layers {
 
             pub(crate) fn is_view(&self) -> bool {
                 match self { $( Layer::$kind(layer) => kind::LayerKind::is_view(layer), )* }
+            }
+
+            pub(crate) fn modules(&self) -> usize {
+                match self { $( Layer::$kind(layer) => kind::LayerKind::modules(layer), )* }
             }
 
             pub(crate) fn output_shape(&self, input: crate::chain::Shape) -> std::result::Result<crate::chain::Shape, String> {

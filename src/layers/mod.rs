@@ -25,10 +25,16 @@
 //! A count buffer (`num_batches_tracked`) is a `Fill::Count`: f32 in the flat buffers, an
 //! integer in a model file.
 //!
-//! **Conv1d and MaxPool1d** over a `Signal { channels, length }` (PyTorch's `(N, C, L)`; see
-//! `chain.rs` for why not an `Image` of height 1): rooms `conv1d.rs` and `pool1d.rs`, weight
-//! (out, in, k) and bias, stride, padding and dilation. The lowering (`lowering.rs`) and
-//! `conv::Geometry` gain a dilation and serve both convolutions; kernels of their own files.
+//! **Conv1d and MaxPool1d** (done) over a `Signal { channels, length }` (PyTorch's `(N, C, L)`;
+//! see `chain.rs` for why not an `Image` of height 1): rooms `conv1d.rs` and `pool1d.rs`, weight
+//! (out, in, k) and bias, stride, padding and dilation. `conv::Geometry` and the lowering
+//! (`lowering.rs`) have a dilation and serve both convolutions; Conv1d runs the 2-D
+//! convolution's code over a height of 1 on both devices (so it has no kernel file, and gets
+//! cuDNN's measured routes), MaxPool1d (padding, dilation) kernels of its own.
+//!
+//! A kind may stand for more than one module of PyTorch's `nn.Sequential`
+//! ([`LayerKind::modules`](kind::LayerKind::modules)): global average pooling is
+//! `AdaptiveAvgPool2d(1)` then `Flatten`, two.
 //!
 //! **GRU and LSTM** over a `Sequence { steps, features }`: tensors `weight_ih_l0` (G·H,
 //! features), `weight_hh_l0` (G·H, H), `bias_ih_l0`, `bias_hh_l0` (G·H), G = 3 (GRU, gates r, z,
@@ -45,18 +51,23 @@
 //! **Residual blocks**: a hidden `Fork` step, the body, and an `Add` step, in the plan as it
 //! is (see `src/plan.rs`); `Fork` is a view and `Add` a room with no tensors.
 
+pub mod avgpool;
 pub mod batch_norm;
 pub mod conv;
+pub mod conv1d;
 pub mod dense;
 pub mod dropout;
 pub mod flatten;
+pub mod globalpool;
 #[cfg(test)]
 mod gradcheck;
 pub(crate) mod kind;
 pub mod layer_norm;
 mod lowering;
 pub mod pool;
+pub mod pool1d;
 pub mod residual;
+pub mod softmax;
 #[cfg(test)]
 pub mod spec;
 
@@ -93,6 +104,18 @@ layers! {
     Fork(residual::Fork, none),
     /// Closes a residual block: the body's output plus the block's input, then act.
     Add(residual::Add, "residual.cu"),
+    /// The mean of each window (`nn.AvgPool2d`).
+    AvgPool(avgpool::AvgPool, "avgpool.cu"),
+    /// 1-D cross-correlation over a signal with stride, zero padding and dilation, then act
+    /// (`nn.Conv1d`); it runs the 2-D convolution's kernels (`conv.cu`) over a height of 1.
+    Conv1d(conv1d::Conv1d, none),
+    /// The maximum of each window of a signal (`nn.MaxPool1d`).
+    MaxPool1d(pool1d::MaxPool1d, "pool1d.cu"),
+    /// Probabilities over a vector's features (`nn.Softmax(dim=1)`).
+    Softmax(softmax::Softmax, "softmax.cu"),
+    /// The mean of each channel: image (C, H, W) or signal (C, L) → vector (C)
+    /// (`nn.AdaptiveAvgPool2d(1)` or `1d`, then `nn.Flatten`).
+    GlobalAvgPool(globalpool::GlobalAvgPool, "globalpool.cu"),
 }
 
 /// Values of region `r` for `batch` samples, in a buffer built for `capacity`.
@@ -373,7 +396,7 @@ fn bias_grad(channels: usize, pixels: usize, batch: usize, dz: &[f32], db: &mut 
 /// Σ row with 8 partial sums (lane l takes the values at l mod 8), then the lanes and the
 /// tail in a fixed order: vectorises (a plain `sum` is one serial chain of adds) and stays
 /// deterministic.
-fn lane_sum(row: &[f32]) -> f32 {
+pub(crate) fn lane_sum(row: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let chunks = row.chunks_exact(8);
     let tail = chunks.remainder();

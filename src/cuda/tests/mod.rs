@@ -329,6 +329,7 @@ fn a_failed_capture_is_an_err_and_the_stream_goes_on() {
     let mut graphs = Graphs::new();
     let key = Key {
         kind: 0,
+        loss_param: 0,
         capacity: 1,
         batch: 1,
         tf32: false,
