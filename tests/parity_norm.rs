@@ -38,6 +38,7 @@ fn chain(case: &str, p: impl Fn(f32) -> f32) -> Chain {
             .batch_norm()
             .dropout(p(0.3))
             .dense(3, Identity),
+        "sig" => Chain::new(Input::signal(2, 9)).conv1d(3, 3, Identity).batch_norm_with(Relu).flatten().dense(4, Identity),
         "seq" => Chain::new(Input::sequence(5, 6))
             .layer_norm()
             .residual(|c| c.layer_norm())
@@ -105,7 +106,7 @@ fn named(model: &Model, flat: &[f32], buffers: bool) -> Vec<(String, Vec<f32>)> 
 
 #[test]
 fn new_layers_agree_with_pytorch() {
-    for case in ["cnn", "mlp", "seq"] {
+    for case in ["cnn", "mlp", "sig", "seq"] {
         let (state, _) = fixture(&format!("norm_{case}.safetensors"));
         let expect = tensors(&fixture(&format!("norm_{case}_expect.safetensors")).1);
         let x = &expect["x"];

@@ -1,6 +1,6 @@
-//! Batch norm, as PyTorch's `nn.BatchNorm1d` over a vector's features (a batch (N, C)) and
-//! `nn.BatchNorm2d` over an image's channels ((N, C, H, W)). Per channel c, over its n = batch ×
-//! pixels values x:
+//! Batch norm, as PyTorch's `nn.BatchNorm1d` over a vector's features (a batch (N, C)) or a
+//! signal's channels ((N, C, L)), and `nn.BatchNorm2d` over an image's channels ((N, C, H, W)).
+//! Per channel c, over its n = batch × pixels values x (a signal's pixels are its length):
 //!
 //!   training   μ = Σx/n,  σ² = Σ(x − μ)²/n,  y = ((x − μ)·r)·γ + β  with r = 1/√(σ² + ε);
 //!              running_mean ← (1 − m)·running_mean + m·μ,
@@ -43,15 +43,15 @@ pub(crate) const EPS: f32 = 1e-5;
 /// m, the running statistics' momentum.
 pub(crate) const MOMENTUM: f32 = 0.1;
 
-/// Batch normalisation per channel of an image, or per feature of a vector, then act.
+/// Batch normalisation per channel of an image or a signal, or per feature of a vector, then act.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchNorm {
     pub activation: Activation,
 }
 
 impl Chain {
-    /// Batch normalisation (PyTorch's `nn.BatchNorm1d` after a dense layer, `nn.BatchNorm2d`
-    /// after a convolution), ε = 1e-5: by the batch's statistics in training, which also move
+    /// Batch normalisation (PyTorch's `nn.BatchNorm1d` after a dense layer or a 1-D
+    /// convolution, `nn.BatchNorm2d` after a 2-D one), ε = 1e-5: by the batch's statistics in training, which also move
     /// the running statistics (momentum 0.1, the unbiased variance) in every `backprop` and
     /// `train_step`, whether or not an optimiser steps, as in PyTorch; by the running
     /// statistics in inference (`forward`, `loss`, a `Server`). A training batch needs two
@@ -71,7 +71,8 @@ fn layout(shape: Shape) -> (usize, usize) {
     match shape {
         Shape::Vector(n) => (n, 1),
         Shape::Image { channels, height, width } => (channels, height * width),
-        _ => unreachable!("batch norm takes vectors and images"),
+        Shape::Signal { channels, length } => (channels, length),
+        _ => unreachable!("batch norm takes vectors, images and signals"),
     }
 }
 
@@ -84,8 +85,8 @@ impl LayerKind for BatchNorm {
 
     fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String> {
         match input {
-            Shape::Vector(_) | Shape::Image { .. } => Ok(input),
-            _ => Err("batch norm needs a vector or an image (over each step of a sequence: layer_norm)".into()),
+            Shape::Vector(_) | Shape::Image { .. } | Shape::Signal { .. } => Ok(input),
+            _ => Err("batch norm needs a vector, an image or a signal (over each step of a sequence: layer_norm)".into()),
         }
     }
 
@@ -124,6 +125,7 @@ impl LayerKind for BatchNorm {
     fn summary(&self, input: Shape) -> String {
         match input {
             Shape::Image { channels, .. } => format!("BatchNorm2d({channels})"),
+            Shape::Signal { channels, .. } => format!("BatchNorm1d({channels})"),
             _ => format!("BatchNorm1d({})", input.len()),
         }
     }
@@ -483,6 +485,7 @@ mod tests {
             (Shape::image(3, 5, 7), 4, 3),
             (Shape::image(1, 1, 1), 2, 2),
             (Shape::image(9, 3, 3), 17, 17),
+            (Shape::signal(3, 11), 4, 3),
         ];
         for (input, capacity, batch) in cases {
             for act in [Identity, Relu] {
