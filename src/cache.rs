@@ -10,7 +10,7 @@ use crate::cpu::pool::Pool;
 use crate::dev::{DevCache, DevGrads};
 use crate::device::{Device, ToDevice};
 use crate::error::{zeros, Error, Result};
-use crate::layers::{self, region, GradWorkspace, Mode, Workspace};
+use crate::layers::{self, region, Buffers, Draw, GradWorkspace, Mode, Workspace};
 use crate::loss::Loss;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -237,11 +237,11 @@ impl Cache {
     }
 
     /// Times a forward pass of one sample (zeros: the inputs of a new cache) on the parameters
-    /// `params` of `version`, on `pool` and on the calling thread alone, the two taking turns,
+    /// `params` of `version` and the model's `buffers` (`draw`: its dropout's, unused in inference), on `pool` and on the calling thread alone, the two taking turns,
     /// the fastest of several calls each; keeps the faster for every later pass of one sample
     /// ([`BatchOne`]). Leaves the weights packed for `version`. For a cache on the CPU, before its
     /// first batch.
-    pub(crate) fn time_batch_one(&mut self, (params, version): (&[f32], u64), pool: &Pool) {
+    pub(crate) fn time_batch_one(&mut self, (params, version): (&[f32], u64), buffers: &[f32], draw: Draw, pool: &Pool) {
         /// Calls of each way timed, after two warm-up calls each (the second packs the weights).
         const RUNS: usize = 7;
         if pool.threads() == 1 || self.dev.is_some() {
@@ -251,7 +251,8 @@ impl Cache {
         for round in 0..RUNS + 2 {
             for (way, best) in [&self.one.alone, pool].into_iter().zip(&mut best) {
                 let start = Instant::now();
-                layers::forward(&self.plan, (params, version), &mut self.acts, self.capacity, 1, way, &mut self.ws, Mode::Infer);
+                let (acts, ws) = (&mut self.acts, &mut self.ws);
+                layers::forward(&self.plan, (params, version), acts, self.capacity, 1, way, ws, Buffers::Read(buffers), draw, Mode::Infer);
                 if round >= 2 {
                     *best = (*best).min(start.elapsed());
                 }

@@ -40,7 +40,10 @@
 //!   [`Chain::conv1d_with`] (over a signal, [`Input::signal`]; stride, zero padding and dilation in
 //!   [`Conv1dOptions`]), [`Chain::max_pool1d`] / [`Chain::max_pool1d_with`] ([`Pool1dOptions`]),
 //!   [`Chain::flatten`] (image, sequence or signal to vector), [`Chain::softmax`] (probabilities
-//!   out, as a last layer).
+//!   out, as a last layer), [`Chain::batch_norm`] /
+//!   [`Chain::batch_norm_with`], [`Chain::layer_norm`], [`Chain::dropout`], and residual blocks
+//!   of any of them, [`Chain::residual`] / [`Chain::residual_with`] (training passes run batch
+//!   norm and dropout as PyTorch's `train()`, inference as `eval()`: see [`Model`]).
 //! - **Activations** ([`Activation`]), per dense or conv layer: [`Identity`], [`Relu`],
 //!   [`LeakyRelu`], [`Tanh`], [`Sigmoid`], [`Gelu`] (erf), [`Silu`], [`Elu`], [`Softplus`].
 //! - **Losses** ([`Loss`]): [`Loss::LogitCrossEntropy`] (softmax cross-entropy on logits with
@@ -185,6 +188,7 @@ pub use layers::{
     pool1d::{MaxPool1d, Pool1dOptions},
     softmax::Softmax,
 };
+pub use layers::{batch_norm::BatchNorm, dropout::Dropout, layer_norm::LayerNorm, residual::Add, residual::Fork};
 pub use loss::Loss;
 pub use model::Model;
 pub use optim::{Clip, Optim, Optimizer};

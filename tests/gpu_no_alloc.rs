@@ -12,6 +12,23 @@ use flatnn::testutil::{allocations_in, cuda_device, in_child, pooling_net, run_a
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
+/// Batch norm (with and without an activation, over channels and features), layer norm,
+/// dropout (whose pass count moves on inside the step) and residual blocks.
+fn norm() -> Chain {
+    let same = ConvOptions { stride: (1, 1), padding: (1, 1) };
+    Chain::new(Input::image(1, 12, 12))
+        .conv_with(4, (3, 3), Identity, same)
+        .batch_norm_with(Relu)
+        .residual_with(Relu, |c| c.conv_with(4, (3, 3), Identity, same).batch_norm().dropout(0.1))
+        .max_pool((2, 2))
+        .flatten()
+        .dense(32, Relu)
+        .layer_norm()
+        .dropout(0.2)
+        .batch_norm_with(Relu)
+        .dense(10, Identity)
+}
+
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
@@ -32,6 +49,7 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
         "0" => vec![
             ("mlp", mlp(), xent),
             ("lenet", lenet5(), xent),
+            ("norm", norm(), xent),
             ("pooling", pooling_net(), Loss::BceWithLogits),
             ("signal", signal_net(), Loss::SmoothL1 { beta: 0.5 }),
         ],

@@ -19,7 +19,8 @@ OPSET = 17
 
 
 def read_safetensors(path):
-    """{name: float32 array} and the metadata of a safetensors file (little-endian F32 only)."""
+    """{name: array} and the metadata of a safetensors file: little-endian F32 as float32, and
+    I64 (batch norm's num_batches_tracked) as int64."""
     with open(path, "rb") as f:
         data = f.read()
     (header_len,) = struct.unpack("<Q", data[:8])
@@ -27,11 +28,13 @@ def read_safetensors(path):
     meta = header.pop("__metadata__", {})
     body = data[8 + header_len :]
     out = {}
+    types = {"F32": ("<f4", np.float32), "I64": ("<i8", np.int64)}
     for name, info in header.items():
-        if info["dtype"] != "F32":
-            raise ValueError(f"{path}: tensor {name} is {info['dtype']}, expected F32")
+        if info["dtype"] not in types:
+            raise ValueError(f"{path}: tensor {name} is {info['dtype']}, expected F32 or I64")
+        stored, kept = types[info["dtype"]]
         begin, end = info["data_offsets"]
-        out[name] = np.frombuffer(body[begin:end], dtype="<f4").reshape(info["shape"]).astype(np.float32)
+        out[name] = np.frombuffer(body[begin:end], dtype=stored).reshape(info["shape"]).astype(kept)
     return out, meta
 
 
@@ -41,8 +44,13 @@ def random_weights(name, seed):
     rng = np.random.default_rng(seed)
     out = {}
     for tensor, shape in zoo_models.tensors(name):
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
-        out[tensor] = rng.uniform(-1, 1, size=shape).astype(np.float32) / math.sqrt(fan_in)
+        if tensor.endswith("num_batches_tracked"):
+            out[tensor] = np.zeros(shape, dtype=np.int64)
+        elif tensor.endswith("running_var"):
+            out[tensor] = np.ones(shape, dtype=np.float32)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+            out[tensor] = rng.uniform(-1, 1, size=shape).astype(np.float32) / math.sqrt(fan_in)
     return out
 
 
@@ -79,13 +87,34 @@ def build(name, weights):
             return y
         raise ValueError(f"unknown activation {act}")
 
-    x = "x"
-    for module, layer, _, _ in zoo_models.walk(name):
+    def init(tensor):
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[tensor], dtype=np.float32), tensor))
+        return tensor
+
+    shape, layers, _ = zoo_models.MODELS[name]
+    x = emit(layers, shape, "", "x", nodes, fresh, init, activation, helper)
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *zoo_models.input_shape(name)])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", zoo_models.output_len(name)])]
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="flatnn-zoo")
+    # a newer onnx package writes an IR version an older ONNX Runtime refuses; opset 17 needs
+    # only IR 8
+    model.ir_version = IR_VERSION
+    import onnx
+
+    onnx.checker.check_model(model)
+    return model
+
+
+def emit(layers, shape, prefix, x, nodes, fresh, init, activation, helper):
+    """Appends the nodes of `layers` (from `shape`, module paths after `prefix`) reading `x` to
+    `nodes`; returns the name of their output. Batch norm is inference's (the running
+    statistics); a residual block adds its body's output to its input."""
+    for module, layer, shape, _ in zoo_models.walk_layers(layers, shape, prefix):
         kind = layer[0]
         if kind in ("dense", "conv", "conv1d"):
-            w, b = f"{module}.weight", f"{module}.bias"
-            inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[w], dtype=np.float32), w))
-            inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[b], dtype=np.float32), b))
+            w, b = init(f"{module}.weight"), init(f"{module}.bias")
             z = fresh("z")
             if kind == "dense":
                 nodes.append(helper.make_node("Gemm", [x, w, b], [z], transB=1))
@@ -104,22 +133,21 @@ def build(name, weights):
             nodes.append(helper.make_node("GlobalAveragePool", [x], [p]))
             nodes.append(helper.make_node("Flatten", [p], [y], axis=1))
             x = y
+        elif kind == "batchnorm":
+            z = fresh("n")
+            names = [init(f"{module}.{t}") for t in ("weight", "bias", "running_mean", "running_var")]
+            nodes.append(helper.make_node("BatchNormalization", [x, *names], [z], epsilon=1e-5))
+            x = activation(layer[-1], z)
+        elif kind == "residual":
+            body = emit(layer[1], shape, f"{module}.body.", x, nodes, fresh, init, activation, helper)
+            z = fresh("r")
+            nodes.append(helper.make_node("Add", [x, body], [z]))
+            x = activation(layer[-1], z)
         else:
             y = fresh("f")
             nodes.append(helper.make_node("Flatten", [x], [y], axis=1))
             x = y
-    nodes.append(helper.make_node("Identity", [x], ["y"]))
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *zoo_models.input_shape(name)])]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", zoo_models.output_len(name)])]
-    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="flatnn-zoo")
-    # a newer onnx package writes an IR version an older ONNX Runtime refuses; opset 17 needs
-    # only IR 8
-    model.ir_version = IR_VERSION
-    import onnx
-
-    onnx.checker.check_model(model)
-    return model
+    return x
 
 
 def export_torch(model, name, path):

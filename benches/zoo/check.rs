@@ -23,7 +23,6 @@ fn save(zoo: &ZooModel, dir: &Path) -> Result<serde_json::Value> {
     let model = build(zoo, Place::Cpu1, None)?;
     let (inputs, labels, targets) = data(&model, zoo.loss, BATCH, 5);
     let mut cache = model.preallocate(BATCH)?;
-    let mut grads = model.preallocate_grads(BATCH)?;
     cache.set_inputs(&inputs)?;
     let outputs = model.forward(&mut cache)?.to_vec();
     if zoo.loss.takes_labels() {
@@ -31,7 +30,9 @@ fn save(zoo: &ZooModel, dir: &Path) -> Result<serde_json::Value> {
     } else {
         cache.set_targets(&targets)?
     }
-    model.backprop(&mut grads, &mut cache, zoo.loss)?;
+    // in inference mode, as the peers compute theirs: a training pass would normalise by the
+    // batch's statistics and move the running ones the file holds
+    let loss = model.loss(&mut cache, zoo.loss)?;
     let name = zoo.name;
     model.save(dir.join(format!("{name}.safetensors")))?;
     write_f32(&dir.join(format!("{name}.inputs.f32")), &inputs)?;
@@ -39,7 +40,7 @@ fn save(zoo: &ZooModel, dir: &Path) -> Result<serde_json::Value> {
     let mut entry = serde_json::json!({
         "name": name, "batch": BATCH, "weights": format!("{name}.safetensors"),
         "inputs": format!("{name}.inputs.f32"), "outputs": format!("{name}.outputs.f32"),
-        "loss": grads.last_loss()?,
+        "loss": loss,
     });
     if zoo.loss.takes_labels() {
         entry["labels"] = serde_json::json!(labels);

@@ -113,6 +113,17 @@ kernels! {
     DenseHeadDeep = "dense_head_deep",
     DenseHeadDeep2 = "dense_head_deep2",
     WeightGradSplit = "weight_grad_split",
+    BatchNormStats = "batch_norm_stats",
+    BatchNormApply = "batch_norm_apply",
+    BatchNormParamGrads = "batch_norm_param_grads",
+    BatchNormInputGrad = "batch_norm_input_grad",
+    LayerNormForward = "layer_norm_forward",
+    LayerNormParamGrads = "layer_norm_param_grads",
+    LayerNormInputGrad = "layer_norm_input_grad",
+    Dropout = "dropout",
+    DropoutNextPass = "dropout_next_pass",
+    ResidualAdd = "residual_add",
+    ResidualGrad = "residual_grad",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.

@@ -24,6 +24,9 @@ pub(crate) struct Key {
     /// cache's addresses, so addresses alone could replay a graph against freed memory.
     pub cache: u64,
     pub buffers: [sys::CUdeviceptr; 4],
+    /// The model's buffers (0: none) and its dropout draw (`DevModel`), which the graph reads
+    /// and writes: a model made where a freed one was may have its parameters' address only.
+    pub model: [sys::CUdeviceptr; 2],
     /// The optimiser's kernel at the end of a training step's graph, the state it updates and
     /// the norm the norm's kernel ahead of it writes (0 when it does not clip by norm: no such
     /// kernel); None for graphs without an update.

@@ -22,6 +22,7 @@ pub(crate) mod exec;
 mod graph;
 pub(crate) mod head;
 mod launch;
+pub(crate) mod layers;
 pub(crate) mod nccl;
 mod ops;
 pub(crate) mod pinned;

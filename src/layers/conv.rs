@@ -689,7 +689,7 @@ mod tests {
 #[cfg(test)]
 mod route_tests {
     use super::*;
-    use crate::layers::{backward as run_backward, forward as run_forward, region, GradWorkspace, StepCache, Workspace};
+    use crate::layers::{backward as run_backward, forward as run_forward, region, Buffers, Draw, GradWorkspace, StepCache, Workspace};
     use crate::testutil::{poisoned, Rng};
 
     /// A dilated 1-D convolution runs through the lowering (no packed weights nor routes:
@@ -754,7 +754,20 @@ mod route_tests {
                     let x = rng.ints(batch * plan.input.len());
                     acts[region(&plan, 0, capacity, batch)].copy_from_slice(&x);
                     let pool = &model.pool;
-                    run_forward(&plan, (&model.params, model.version), &mut acts, capacity, batch, pool, &mut ws, Mode::Train);
+                    // (convolutions keep no buffers and draw nothing)
+                    let (buffers, draw) = (Buffers::Write(&mut Vec::new()), Draw { seed: 0, pass: 0, replica: 0 });
+                    run_forward(
+                        &plan,
+                        (&model.params, model.version),
+                        &mut acts,
+                        capacity,
+                        batch,
+                        pool,
+                        &mut ws,
+                        buffers,
+                        draw,
+                        Mode::Train,
+                    );
                     let (mut z1, mut z2) = (vec![0.0; batch * g1.out_len()], vec![0.0; batch * g2.out_len()]);
                     forward_spec(&g1, batch, &params[w1.clone()], &params[b1.clone()], &x, &mut z1);
                     forward_spec(&g2, batch, &params[w2.clone()], &params[b2.clone()], &z1, &mut z2);
@@ -768,7 +781,7 @@ mod route_tests {
                     let dz2 = rng.ints(batch * g2.out_len());
                     dacts[region(&plan, r2, capacity, batch)].copy_from_slice(&dz2);
                     let mut grads = poisoned(plan.param_len);
-                    run_backward(&plan, &model.params, &acts, &mut dacts, &mut grads, capacity, batch, pool, &mut ws, &mut gws);
+                    run_backward(&plan, &model.params, &acts, &mut dacts, &mut grads, capacity, batch, pool, &mut ws, &mut gws, draw);
                     let mut want = vec![0.0; plan.param_len];
                     let mut dz1 = vec![0.0; z1.len()];
                     let (first, second) = want.split_at_mut(w2.start);

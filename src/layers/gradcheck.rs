@@ -1,7 +1,7 @@
 //! Gradients of every layer, activation and loss against central finite differences in f64 on
 //! the plain-loop twin; then the fast f32 engine against that twin, buffers poisoned first.
 
-use super::{spec, Mode};
+use super::{spec, Draw, Mode};
 use crate::chain::{Chain, ConvOptions, Plan, Shape};
 use crate::init::Rng;
 use crate::loss::Loss;
@@ -31,6 +31,38 @@ fn models() -> Vec<(&'static str, Chain)> {
                 .dense(3, Sigmoid),
         ),
         (
+            // batch norm over channels and over features, with and without an activation,
+            // dropout, a residual block with an activation after it, convolutions, batch norm
+            // and dropout in its body
+            "batch norm, dropout, residual",
+            Chain::new(Shape::image(2, 5, 4))
+                .conv_with(3, (3, 3), Identity, ConvOptions { stride: (1, 1), padding: (1, 1) })
+                .batch_norm_with(Tanh)
+                .residual_with(Tanh, |c| {
+                    c.conv_with(3, (3, 3), Gelu, ConvOptions { stride: (1, 1), padding: (1, 1) }).batch_norm().dropout(0.3)
+                })
+                .flatten()
+                .dense(6, Sigmoid)
+                .batch_norm_with(Gelu)
+                .dense(5, Tanh)
+                .batch_norm()
+                .dropout(0.25)
+                .dense(3, Identity),
+        ),
+        (
+            // layer norm over a sequence's steps and over a vector, nested blocks, a block with
+            // an empty body (y = 2x) and one whose body starts from an activated layer
+            "layer norm, nested residuals",
+            Chain::new(Shape::sequence(3, 4))
+                .layer_norm()
+                .residual(|c| c.dropout(0.5).residual(|c| c.layer_norm()))
+                .flatten()
+                .dense(5, Tanh)
+                .residual_with(Tanh, |c| c.dense(5, Gelu).layer_norm().dense(5, Identity))
+                .residual(|c| c)
+                .dense(3, Identity),
+        ),
+        (
             "lenet-like",
             Chain::new(Shape::image(1, 8, 8))
                 .conv_with(2, (3, 3), LeakyRelu(0.2), ConvOptions { stride: (1, 1), padding: (1, 1) })
@@ -56,7 +88,7 @@ fn spec_loss(
 ) -> (f64, Vec<f64>, Vec<f64>) {
     let mut acts = vec![0.0; plan.acts_len(batch).unwrap()];
     acts[..x.len()].copy_from_slice(x);
-    spec::forward(plan, params, &mut acts, batch, batch, Mode::Train);
+    spec::forward(plan, params, &mut acts, batch, batch, &mut start_buffers(plan), DRAW, Mode::Train);
     let last = plan.steps.last().unwrap().output_region;
     let out = super::region(plan, last, batch, batch);
     let mut dacts = vec![0.0; acts.len()];
@@ -86,7 +118,7 @@ pub(super) fn gradients_match_finite_differences(name: &str, chain: Chain, losse
         let targets = targets_for(&mut rng, loss, batch, outputs);
         let (_, acts, mut dacts) = spec_loss(plan, &params, &x, batch, loss, &labels, &targets);
         let mut grads = vec![f64::NAN; plan.param_len];
-        spec::backward(plan, &params, &acts, &mut dacts, &mut grads, batch, batch);
+        spec::backward(plan, &params, &acts, &mut dacts, &mut grads, batch, batch, DRAW);
         for i in 0..plan.param_len {
             let h = 1e-6;
             let (mut plus, mut minus) = (params.clone(), params.clone());
@@ -117,6 +149,8 @@ fn backward_matches_finite_differences() {
 pub(super) fn fast_matches_spec(model: &Model, seed: u64, name: &str) {
     let mut rng = Rng::new(seed);
     let mut model = model.clone();
+    // the spec's masks: seed and pass as DRAW
+    (model.seed, model.passes) = (DRAW.seed, std::sync::atomic::AtomicU64::new(DRAW.pass));
     let plan = model.plan.clone();
     model.parameters_mut().unwrap().iter_mut().for_each(|p| *p = (rng.uniform() - 0.5) as f32);
     let (capacity, batch) = (5, 3);
@@ -155,7 +189,7 @@ pub(super) fn fast_matches_spec(model: &Model, seed: u64, name: &str) {
     dacts.fill(f64::NAN);
     dacts[out].copy_from_slice(&loss_grad);
     let mut want_grads = vec![f64::NAN; plan.param_len];
-    spec::backward(&plan, &params64, &acts, &mut dacts, &mut want_grads, batch, batch);
+    spec::backward(&plan, &params64, &acts, &mut dacts, &mut want_grads, batch, batch, DRAW);
     let threads = model.threads();
     assert!((value as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "{name}: loss {value} vs {want}");
     let f32s = |v: &[f64]| v.iter().map(|&g| g as f32).collect::<Vec<f32>>();
@@ -182,5 +216,103 @@ fn fast_engine_matches_spec_in_smaller_batches_with_poisoned_buffers() {
             let model = chain.clone().build().unwrap().with_threads(threads).unwrap();
             fast_matches_spec(&model, 9 + i as u64, name);
         }
+    }
+}
+
+/// The draw of every training pass the checks run (a fixed mask for each dropout step).
+const DRAW: Draw = Draw { seed: 0x5eed_0000_0001, pass: 7, replica: 0 };
+
+/// The plan's buffers at their starting values, in F (the spec's training passes write them).
+fn start_buffers<F: crate::float::Float>(plan: &Plan) -> Vec<F> {
+    let mut buffers = vec![0.0f32; plan.buffer_len];
+    crate::init::fill_buffers(plan, &mut buffers);
+    buffers.iter().map(|&v| F::of(f64::from(v))).collect()
+}
+
+/// |a − b| ≤ atol + rtol·|b| everywhere, or both NaN (a value neither pass wrote).
+fn same_or_both_unwritten(a: &[f32], b: &[f32], (atol, rtol): (f32, f32), what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths differ");
+    let bad: Vec<String> = (0..a.len())
+        .filter(|&i| {
+            !(a[i].is_nan() && b[i].is_nan()) && (a[i] - b[i]).abs().partial_cmp(&(atol + rtol * b[i].abs())).is_none_or(|o| o.is_gt())
+        })
+        .take(5)
+        .map(|i| format!("[{i}] {} vs {}", a[i], b[i]))
+        .collect();
+    assert!(bad.is_empty(), "{what}: {}", bad.join(", "));
+}
+
+/// The fast CPU path against the plain loop, both in f32, on `chain`, whose first step must
+/// copy its input (`dropout(0.0)`, which keeps every value), so that every step after it
+/// computes its input gradient: a training pass over `batch` samples in buffers for
+/// `capacity`, then a backward pass from a random output gradient, then an inference pass by
+/// the running statistics the training pass left; every buffer poisoned with NaN first, and
+/// every value (activations, kept and saved values, gradients, running statistics) compared
+/// within `tol` = (atol, rtol), (0, 0) being the same bits, values neither pass wrote (past
+/// the batch) left NaN by both; on 1, 2 and 3 threads.
+pub(super) fn fast_matches_spec_f32(chain: Chain, capacity: usize, batch: usize, tol: (f32, f32)) {
+    use super::{Buffers, GradWorkspace, Workspace};
+    use crate::cpu::pool::Pool;
+    let plan = chain.build().unwrap().plan.clone();
+    assert!(matches!(plan.steps[0].layer, super::Layer::Dropout(super::dropout::Dropout { p: 0.0 })), "starts with dropout(0.0)");
+    let mut rng = crate::testutil::Rng::new(17);
+    let params = rng.uniform(plan.param_len);
+    let x = rng.uniform(batch * plan.input.len());
+    let last = plan.steps.last().unwrap().output_region;
+    let dy = rng.uniform(batch * plan.regions[last]);
+    let what = |threads: usize, part: &str| format!("{:?} ({threads} threads, {batch} of {capacity}): {part}", plan.steps[1].layer);
+    // the plain loop, once
+    let len = plan.acts_len(capacity).unwrap();
+    let (mut acts, mut dacts, mut grads) = (vec![f32::NAN; len], vec![f32::NAN; len], vec![f32::NAN; plan.param_len]);
+    acts[..x.len()].copy_from_slice(&x);
+    let mut buffers = start_buffers::<f32>(&plan);
+    spec::forward(&plan, &params, &mut acts, capacity, batch, &mut buffers, DRAW, Mode::Train);
+    let out = super::region(&plan, last, capacity, batch);
+    dacts[out.clone()].copy_from_slice(&dy);
+    spec::backward(&plan, &params, &acts, &mut dacts, &mut grads, capacity, batch, DRAW);
+    let mut infer = vec![f32::NAN; len];
+    infer[..x.len()].copy_from_slice(&x);
+    spec::forward(&plan, &params, &mut infer, capacity, batch, &mut buffers.clone(), DRAW, Mode::Infer);
+    assert!(grads.iter().all(|g| !g.is_nan()), "every parameter gradient written");
+    for threads in [1, 2, 3] {
+        let pool = Pool::new(threads).unwrap();
+        let (mut ws, mut gws) = (Workspace::new(&plan, capacity, threads).unwrap(), GradWorkspace::new(&plan, capacity, threads).unwrap());
+        let version = crate::model::new_version();
+        let (mut fast, mut dfast, mut gfast) = (vec![f32::NAN; len], vec![f32::NAN; len], vec![f32::NAN; plan.param_len]);
+        fast[..x.len()].copy_from_slice(&x);
+        let mut fast_buffers = start_buffers::<f32>(&plan);
+        super::forward(
+            &plan,
+            (&params, version),
+            &mut fast,
+            capacity,
+            batch,
+            &pool,
+            &mut ws,
+            Buffers::Write(&mut fast_buffers),
+            DRAW,
+            Mode::Train,
+        );
+        same_or_both_unwritten(&fast, &acts, tol, &what(threads, "training pass"));
+        same_or_both_unwritten(&fast_buffers, &buffers, tol, &what(threads, "running statistics"));
+        dfast[out.clone()].copy_from_slice(&dy);
+        super::backward(&plan, &params, &fast, &mut dfast, &mut gfast, capacity, batch, &pool, &mut ws, &mut gws, DRAW);
+        same_or_both_unwritten(&dfast, &dacts, tol, &what(threads, "activation gradients"));
+        same_or_both_unwritten(&gfast, &grads, tol, &what(threads, "parameter gradients"));
+        let mut fast_infer = vec![f32::NAN; len];
+        fast_infer[..x.len()].copy_from_slice(&x);
+        super::forward(
+            &plan,
+            (&params, version),
+            &mut fast_infer,
+            capacity,
+            batch,
+            &pool,
+            &mut ws,
+            Buffers::Read(&fast_buffers),
+            DRAW,
+            Mode::Infer,
+        );
+        same_or_both_unwritten(&fast_infer[..out.end], &infer[..out.end], tol, &what(threads, "inference"));
     }
 }

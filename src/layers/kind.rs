@@ -18,6 +18,31 @@ pub(crate) enum Mode {
     Infer,
 }
 
+/// The model's buffers as a pass has them: read in inference; in training written too (batch
+/// norm's running statistics move in every training pass, as in PyTorch).
+pub(crate) enum Buffers<'a> {
+    Read(&'a [f32]),
+    Write(&'a mut [f32]),
+}
+
+impl Buffers<'_> {
+    /// The values, for reading.
+    pub fn get(&self) -> &[f32] {
+        match self {
+            Buffers::Read(values) => values,
+            Buffers::Write(values) => values,
+        }
+    }
+
+    /// The values, for writing: only a training pass has them.
+    pub fn get_mut(&mut self) -> &mut [f32] {
+        match self {
+            Buffers::Read(_) => unreachable!("an inference pass writes no buffer"),
+            Buffers::Write(values) => values,
+        }
+    }
+}
+
 /// One tensor a layer declares (a parameter or a buffer): its name in the layer's PyTorch module
 /// (`weight`, `bias`, `running_mean`, `weight_ih_l0`), its shape there (the product is its
 /// length, checked by the plan) and how it starts.

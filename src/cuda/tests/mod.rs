@@ -2,6 +2,7 @@
 //! (the runner counts it as ignored; `--include-ignored` runs it) and starts with `test_gpu()`,
 //! which fails the test, saying why, where CUDA is missing.
 
+mod layers;
 mod ops;
 
 use super::context::{activation_prelude, source_files, KERNELS};
@@ -334,6 +335,7 @@ fn a_failed_capture_is_an_err_and_the_stream_goes_on() {
         tf32: false,
         cache: u64::MAX,
         buffers: [zp, 0, 0, 0],
+        model: [0, 0],
         update: None,
         reduce: 0,
     };
