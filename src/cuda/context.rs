@@ -69,6 +69,8 @@ kernels! {
     BiasActForward = "bias_act_forward",
     ActBackward = "act_backward",
     BiasGrad = "bias_grad",
+    BiasGradSplit = "bias_grad_split",
+    BiasGradJoin = "bias_grad_join",
     SoftmaxXent = "softmax_xent",
     Mse = "mse",
     ElementwiseLoss = "elementwise_loss",
