@@ -155,6 +155,7 @@ pub mod parallel;
 pub(crate) mod plan;
 pub(crate) mod schedule;
 pub mod serve;
+pub mod stream;
 pub(crate) mod summary;
 #[doc(hidden)]
 pub mod testutil;
@@ -166,7 +167,7 @@ pub use dev::GpuOptions;
 pub use device::{cpu, device, gpu, gpu_or_cpu, Device, ToDevice};
 pub use error::{Error, Result};
 pub use init::Init;
-pub use layers::{conv::Conv, dense::Dense, flatten::Flatten, pool::MaxPool};
+pub use layers::{conv::Conv, dense::Dense, flatten::Flatten, gru::Gru, lstm::Lstm, pool::MaxPool, recurrent::RnnOutput};
 pub use loss::Loss;
 pub use model::Model;
 pub use optim::{Clip, Optim, Optimizer};
@@ -174,12 +175,13 @@ pub use optim::{Clip, Optim, Optimizer};
 pub use parallel::{DataParallel, Group};
 pub use schedule::Schedule;
 pub use serve::Server;
+pub use stream::Stream;
 
 /// Everything a training program needs, in one import.
 pub mod prelude {
     pub use crate::{
         Activation, Cache, Chain, Clip, ConvOptions, Device, Error, Gelu, GpuOptions, Grads, Identity, Init, Input, LeakyRelu, Loss, Model,
-        Optim, Optimizer, Relu, Schedule, Server, Shape, Sigmoid, Tanh, ToDevice,
+        Optim, Optimizer, Relu, RnnOutput, Schedule, Server, Shape, Sigmoid, Stream, Tanh, ToDevice,
     };
     #[cfg(feature = "cuda")]
     pub use crate::{DataParallel, Group};

@@ -4,6 +4,7 @@
 
 pub(crate) mod gemm;
 pub(crate) mod pool;
+pub(crate) mod recurrent;
 pub(crate) mod rowdot;
 pub(crate) mod vmath;
 

@@ -104,6 +104,12 @@ kernels! {
     DenseHeadDeep = "dense_head_deep",
     DenseHeadDeep2 = "dense_head_deep2",
     WeightGradSplit = "weight_grad_split",
+    RnnBegin = "rnn_begin",
+    GruStep = "gru_step",
+    GruStepBackward = "gru_step_backward",
+    RnnBiasGrad = "rnn_bias_grad",
+    LstmStep = "lstm_step",
+    LstmStepBackward = "lstm_step_backward",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.

@@ -25,6 +25,7 @@ mod launch;
 pub(crate) mod nccl;
 mod ops;
 pub(crate) mod pinned;
+pub(crate) mod recurrent;
 pub(crate) mod rendezvous;
 pub(crate) mod serve;
 pub(crate) mod state;

@@ -6,7 +6,7 @@ use crate::chain::{Chain, ConvOptions, Plan, Shape};
 use crate::init::Rng;
 use crate::loss::{self, Loss};
 use crate::testutil::assert_close;
-use crate::{Activation, Gelu, Identity, LeakyRelu, Model, Sigmoid, Tanh};
+use crate::{Activation, Gelu, Identity, LeakyRelu, Model, RnnOutput, Sigmoid, Tanh};
 
 fn models() -> Vec<(&'static str, Chain)> {
     let strided = ConvOptions { stride: (2, 1), padding: (1, 1) };
@@ -39,6 +39,16 @@ fn models() -> Vec<(&'static str, Chain)> {
                 .flatten()
                 .dense(4, Tanh)
                 .dense(3, Identity),
+        ),
+        (
+            // a GRU's input gradient (an LSTM's output), every step's output and the last's;
+            // 17 units: a padded block, and two vectors of units on an AVX2 machine
+            "gru sequence, lstm last step",
+            Chain::new(Shape::sequence(4, 3)).gru(5, RnnOutput::Sequence).lstm(17, RnnOutput::LastStep).dense(3, Identity),
+        ),
+        (
+            "lstm sequence, gru sequence, flatten",
+            Chain::new(Shape::sequence(3, 2)).lstm(4, RnnOutput::Sequence).gru(18, RnnOutput::Sequence).flatten().dense(3, Sigmoid),
         ),
     ]
 }
@@ -113,6 +123,9 @@ fn fast_engine_matches_spec_in_smaller_batches_with_poisoned_buffers() {
             grads.dacts.fill(f32::NAN);
             grads.grads.fill(f32::NAN);
             cache.ws.cols.fill(f32::NAN);
+            cache.ws.rnn.fill(f32::NAN);
+            // the recurrent layers' initial states are inputs, zero as in the spec's buffers
+            cache.reset_states().unwrap();
             grads.gws.dcols.fill(f32::NAN);
             grads.gws.partials.fill(f32::NAN);
             let x: Vec<f32> = (0..batch * plan.input.len()).map(|_| (2.0 * rng.uniform() - 1.0) as f32).collect();
