@@ -91,7 +91,8 @@ impl LayerKind for Gru {
     }
 
     fn backward(&self, step: &Step, pass: &mut BackPass) {
-        recurrent::backward(&self.dims(step.input), step, pass);
+        let need_dx = pass.needs_dx(step);
+        recurrent::backward(&self.dims(step.input), step, pass, need_dx);
     }
 
     #[cfg(test)]

@@ -407,10 +407,10 @@ pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
 
 /// The fast backward (through time): each sample's steps from the last to the first on a thread
 /// of the pool, which leaves every step's gate gradients in the gates' twin; then the weight
-/// gradients, the bias gradients and the input gradient over all B·T steps at once, as products.
-pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass) {
+/// gradients, the bias gradients and (with `need_dx`) the input gradient over all B·T steps at
+/// once, as products.
+pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass, need_dx: bool) {
     let r = Regions::of(d, step, |i| pass.region(i));
-    let need_dx = pass.needs_dx(step);
     let params = &pass.params[step.params.clone()];
     let rows = &mut pass.ws.rnn[..d.rows_len()];
     pack_rows(d, params, rows);
@@ -525,5 +525,82 @@ impl<F: crate::float::Float> SpecWeights<'_, F> {
         } else {
             self.p[d.gates() * d.hidden * (d.features + d.hidden + which) + g * d.hidden + u]
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chain::Chain;
+    use crate::loss::Loss;
+    use crate::testutil::rel_err;
+    use safetensors::SafeTensors;
+
+    fn values(file: &SafeTensors, name: &str) -> Vec<f32> {
+        let view = file.tensor(name).unwrap_or_else(|e| panic!("the fixture has no tensor {name}: {e}"));
+        view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+
+    /// The input's gradient of PyTorch's model in tests/fixtures/recurrent_{kind}.safetensors (see
+    /// tests/parity_recurrent.rs, which checks the rest through the public API): the model's
+    /// backward pass, then its first layer's again with the input's gradient asked for.
+    fn input_gradient_matches_pytorch(kind: &str, chain: Chain) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/recurrent_{kind}.safetensors"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!("{}: {e}: make it with `python3 tests/fixtures/make_recurrent.py` (torch and safetensors)", path.display())
+        });
+        let file = SafeTensors::deserialize(&bytes).unwrap();
+        let mut model = chain.build().unwrap().with_threads(1).unwrap();
+        let plan = model.plan.clone();
+        for step in &plan.steps {
+            for t in &step.tensors {
+                model.params[t.range.clone()].copy_from_slice(&values(&file, &format!("{}.{}", step.module, t.name)));
+            }
+        }
+        let (mut fwd, mut bwd) = (model.preallocate(2).unwrap(), model.preallocate_grads(2).unwrap());
+        for layer in 0..2 {
+            let (h, c) = (
+                values(&file, &format!("h0.{layer}")),
+                file.tensor(&format!("c0.{layer}")).ok().map(|_| values(&file, &format!("c0.{layer}"))),
+            );
+            let n = h.len() / 2;
+            let state: Vec<f32> = (0..2)
+                .flat_map(|s| h[s * n..][..n].iter().chain(c.as_deref().map_or(&[][..], |c| &c[s * n..][..n])).copied().collect::<Vec<_>>())
+                .collect();
+            fwd.set_state(layer, &state).unwrap();
+        }
+        fwd.set_inputs(&values(&file, "x")).unwrap();
+        fwd.set_targets(&values(&file, "target")).unwrap();
+        model.backprop(&mut bwd, &mut fwd, Loss::Mse).unwrap();
+        let step = &plan.steps[0];
+        let mut pass = BackPass {
+            plan: &plan,
+            params: &model.params,
+            acts: &fwd.acts,
+            dacts: &mut bwd.dacts,
+            grads: &mut bwd.grads,
+            capacity: 2,
+            batch: 2,
+            pool: &model.pool,
+            ws: &mut fwd.ws,
+            gws: &mut bwd.gws,
+        };
+        backward(&dims(step).unwrap(), step, &mut pass, true);
+        let dx = &bwd.dacts[crate::layers::region(&plan, 0, 2, 2)];
+        let err = rel_err(dx, &values(&file, "grad.x"));
+        println!("{kind}: d loss / d x rel err {err:.1e}");
+        assert!(err <= 1e-5, "{kind}: d loss / d x differs from PyTorch's by {err:e}");
+    }
+
+    #[test]
+    fn gru_input_gradient_matches_pytorch() {
+        let chain = Chain::new(Shape::sequence(4, 3)).gru(5, RnnOutput::Sequence).gru(4, RnnOutput::LastStep).dense(3, crate::Identity);
+        input_gradient_matches_pytorch("gru", chain);
+    }
+
+    #[test]
+    fn lstm_input_gradient_matches_pytorch() {
+        let chain = Chain::new(Shape::sequence(4, 3)).lstm(5, RnnOutput::Sequence).lstm(4, RnnOutput::LastStep).dense(3, crate::Identity);
+        input_gradient_matches_pytorch("lstm", chain);
     }
 }
