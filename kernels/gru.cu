@@ -8,8 +8,8 @@
 // biases): a GRU's blocks 0 and 1 W_i·x + W_h·h for r and z, block 2 W_in·x, block 3 W_hn·h. The
 // step kernels add the biases and take the gates from there, one thread a (sample, unit).
 //
-// Biases: gate g's unit u at b[g·bias_stride + u] (bias_stride H in PyTorch's layout, padded in a
-// stream's). Row strides and offsets in floats; every index below is under the host's 2^30.
+// Weights and biases in PyTorch's layout (gate g's unit u at b[g·hidden + u]). Row strides and
+// offsets in floats; every index below is under the host's 2^30.
 
 __device__ __forceinline__ float rnn_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
@@ -33,7 +33,7 @@ extern "C" __global__ void rnn_begin(const float* state, float* hprev, float* cp
 //   r = σ(g0 + b_ir + b_hr), z = σ(g1 + b_iz + b_hz), a_n = g3 + b_hn, n = tanh(g2 + b_in + r·a_n),
 //   h_t = n + z·(h_{t−1} − n)
 extern "C" __global__ void gru_step(float* gates, const float* hprev, const float* b_ih, const float* b_hh, float* h_out, int h_stride,
-                                    float* y, int y_stride, int batch, int steps, int t, int hidden, int padded, int bias_stride) {
+                                    float* y, int y_stride, int batch, int steps, int t, int hidden, int padded) {
     after_prior();
     int n = batch * hidden;
     GRID_STRIDE(i, n) {
@@ -41,9 +41,9 @@ extern "C" __global__ void gru_step(float* gates, const float* hprev, const floa
         long long at = (long long)s * steps + t;
         float* g = gates + at * 4 * padded;
         float r = rnn_sigmoid(g[u] + b_ih[u] + b_hh[u]);
-        float z = rnn_sigmoid(g[padded + u] + b_ih[bias_stride + u] + b_hh[bias_stride + u]);
-        float a_n = g[3 * padded + u] + b_hh[2 * bias_stride + u];
-        float nn = tanhf(g[2 * padded + u] + b_ih[2 * bias_stride + u] + r * a_n);
+        float z = rnn_sigmoid(g[padded + u] + b_ih[hidden + u] + b_hh[hidden + u]);
+        float a_n = g[3 * padded + u] + b_hh[2 * hidden + u];
+        float nn = tanhf(g[2 * padded + u] + b_ih[2 * hidden + u] + r * a_n);
         float hp = hprev[at * padded + u];
         float h = nn + z * (hp - nn);
         g[u] = r;

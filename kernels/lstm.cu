@@ -10,7 +10,7 @@
 //   c_t = f·c_{t−1} + i·g, h_t = o·tanh(c_t)
 extern "C" __global__ void lstm_step(float* gates, const float* cprev, const float* b_ih, const float* b_hh, float* h_out, int h_stride,
                                      float* c_out, int c_stride, float* y, int y_stride, int batch, int steps, int t, int hidden,
-                                     int padded, int bias_stride) {
+                                     int padded) {
     after_prior();
     int n = batch * hidden;
     GRID_STRIDE(i, n) {
@@ -18,9 +18,9 @@ extern "C" __global__ void lstm_step(float* gates, const float* cprev, const flo
         long long at = (long long)s * steps + t;
         float* g = gates + at * 4 * padded;
         float ig = rnn_sigmoid(g[u] + b_ih[u] + b_hh[u]);
-        float fg = rnn_sigmoid(g[padded + u] + b_ih[bias_stride + u] + b_hh[bias_stride + u]);
-        float gg = tanhf(g[2 * padded + u] + b_ih[2 * bias_stride + u] + b_hh[2 * bias_stride + u]);
-        float og = rnn_sigmoid(g[3 * padded + u] + b_ih[3 * bias_stride + u] + b_hh[3 * bias_stride + u]);
+        float fg = rnn_sigmoid(g[padded + u] + b_ih[hidden + u] + b_hh[hidden + u]);
+        float gg = tanhf(g[2 * padded + u] + b_ih[2 * hidden + u] + b_hh[2 * hidden + u]);
+        float og = rnn_sigmoid(g[3 * padded + u] + b_ih[3 * hidden + u] + b_hh[3 * hidden + u]);
         float c = fg * cprev[at * padded + u] + ig * gg;
         float h = og * tanhf(c);
         g[u] = ig;

@@ -3,8 +3,9 @@
 //! recurrent layers of a cache ([`Cache::set_state`], [`Cache::final_state`]).
 //!
 //! A stream runs a model of its own: the same layers over sequences of one step, each recurrent
-//! layer with its weights in the streaming layout (`layers::recurrent`) and carrying its final
-//! state over its initial one, parameters copied from the model when the stream is made. Each
+//! layer carrying its final state over its initial one (and on the CPU reading its weights in the
+//! packed layout of the fast path, `layers::recurrent`), parameters copied from the model when the
+//! stream is made. Each
 //! call is that model's `forward` on a cache of the stream's: the same kernels as a forward pass
 //! over whole sequences, so n calls give the bits a forward pass over the n steps gives (on the
 //! CPU; the tests check it).
@@ -13,7 +14,7 @@ use crate::cache::Cache;
 use crate::chain::{Layer, Plan, Shape};
 use crate::device::Device;
 use crate::error::{zeros, Error, Result};
-use crate::layers::recurrent::{self, Dims, STATE};
+use crate::layers::recurrent::{self, Dims, Streaming, STATE};
 use crate::layers::{gru::Gru, lstm::Lstm, region};
 use crate::model::Model;
 use std::ops::Range;
@@ -48,14 +49,15 @@ impl Model {
     /// sequence) is an [`Error::Config`] naming it. Allocates every buffer the stream will use,
     /// and copies the parameters (from a GPU, after the steps queued there).
     pub fn stream(&self, capacity: usize) -> Result<Stream<'_>> {
-        let plan = step_plan(&self.plan)?;
+        let packed = self.device() == Device::Cpu;
+        let plan = step_plan(&self.plan, if packed { Streaming::Packed } else { Streaming::Carry })?;
         let (params, buffers) = (self.parameters()?, self.buffers()?);
         let mut step_params = zeros(plan.param_len, || "a stream's parameters".into())?;
         for (whole, one) in self.plan.steps.iter().zip(&plan.steps) {
             let (src, dst) = (&params[whole.params.clone()], &mut step_params[one.params.clone()]);
             match recurrent::dims(one) {
-                Some(d) => recurrent::pack(&d, src, dst),
-                None => dst.copy_from_slice(src),
+                Some(d) if d.packed => recurrent::pack(&d, src, dst),
+                _ => dst.copy_from_slice(src),
             }
         }
         let step = Model {
@@ -112,16 +114,16 @@ impl Stream<'_> {
 }
 
 /// The plan of one step of `plan`: its layers over a sequence of one step, the recurrent ones
-/// streaming. Every other layer must have the same tensors, and an output of one step of its
+/// `streaming`. Every other layer must have the same tensors, and an output of one step of its
 /// output (else it mixes steps).
-fn step_plan(plan: &Plan) -> Result<Plan> {
+fn step_plan(plan: &Plan, streaming: Streaming) -> Result<Plan> {
     let Shape::Sequence { features, .. } = plan.input else {
         return Err(Error::Config(format!(
             "a stream runs a model over sequences one step at a time; this model's input is {}",
             plan.input
         )));
     };
-    let layers: Vec<Layer> = plan.steps.iter().map(|s| streaming(s.layer)).collect();
+    let layers: Vec<Layer> = plan.steps.iter().map(|s| stream_layer(s.layer, streaming)).collect();
     let one = Plan::new(Shape::sequence(1, features), &layers)
         .map_err(|e| Error::Config(format!("the model cannot run one step at a time: {e}")))?;
     let of_one_step = |shape: Shape| match shape {
@@ -142,11 +144,11 @@ fn step_plan(plan: &Plan) -> Result<Plan> {
     Ok(one)
 }
 
-/// `layer`, with a recurrent layer's weights in the streaming layout and its state carried.
-fn streaming(layer: Layer) -> Layer {
+/// `layer`, a recurrent layer `streaming`.
+fn stream_layer(layer: Layer, streaming: Streaming) -> Layer {
     match layer {
-        Layer::Gru(gru) => Gru { streaming: true, ..gru }.into(),
-        Layer::Lstm(lstm) => Lstm { streaming: true, ..lstm }.into(),
+        Layer::Gru(gru) => Gru { streaming, ..gru }.into(),
+        Layer::Lstm(lstm) => Lstm { streaming, ..lstm }.into(),
         other => other,
     }
 }

@@ -76,15 +76,10 @@ pub(crate) fn forward(pass: &GpuForward, step: &Step, d: &Dims) -> Result<()> {
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let r = Parts::of(step, d, |i| pass.region(i));
     let (batch, steps, features, h, p, row) = (f.batch, d.steps, d.features, d.hidden, d.padded, d.row());
-    // gate g's weights as B of a product X·B, B[j, u] = W[g·H + u, j]: PyTorch's rows of `inner`
-    // (F or H), or a stream's transposed rows of K; and the values from one gate's to the next's
-    let weights = |range: &Range<usize>, inner: usize| {
-        if d.streaming {
-            (DevMat { data: params.at(range.clone()), rs: d.k(), cs: 1 }, p)
-        } else {
-            (DevMat { data: params.at(range.clone()), rs: 1, cs: inner }, h * inner)
-        }
-    };
+    assert!(!d.packed, "the packed layout is the CPU's");
+    // gate g's weights as B of a product X·B, B[j, u] = W[g·H + u, j] (PyTorch's rows of `inner`,
+    // F or H), and the values from one gate's to the next's
+    let weights = |range: &Range<usize>, inner: usize| (DevMat { data: params.at(range.clone()), rs: 1, cs: inner }, h * inner);
     // gates[row, g·p + u] = Σ_j x[row, j]·W_ih[g·H + u, j] for every step of every sample
     let xm = DevMat { data: acts.at(r.x.clone()), rs: features, cs: 1 };
     let gm = DevMatMut { data: acts.at_mut(r.gates.clone()), rs: row, cs: 1 };
@@ -98,7 +93,6 @@ pub(crate) fn forward(pass: &GpuForward, step: &Step, d: &Dims) -> Result<()> {
     let (w_hh, gap) = weights(&r.hh, h);
     let (h_final, c_final) = d.final_slots();
     let (b_ih, b_hh) = (params.at::<f32>(r.b_ih.clone()).ptr(), params.at::<f32>(r.b_hh.clone()).ptr());
-    let bias_stride = int(if d.streaming { p } else { h })?;
     for t in 0..steps {
         // the recurrent products, added to the input products (a GRU's n: into block 3)
         let hm = DevMat { data: acts.at(r.hprev.start + t * p..r.hprev.end), rs: steps * p, cs: 1 };
@@ -127,32 +121,15 @@ pub(crate) fn forward(pass: &GpuForward, step: &Step, d: &Dims) -> Result<()> {
         match d.cell {
             Cell::Gru => {
                 let hprev = acts.at::<f32>(r.hprev.clone()).ptr();
-                let mut args =
-                    kernel_args![gates, hprev, b_ih, b_hh, h_out, h_stride, y, y_stride, b, t_len, tt, hidden, padded, bias_stride];
+                let mut args = kernel_args![gates, hprev, b_ih, b_hh, h_out, h_stride, y, y_stride, b, t_len, tt, hidden, padded];
                 gpu.launch_args(stream, Kernel::GruStep, (blocks(batch * h), 1), 0, &mut args)?;
             }
             Cell::Lstm => {
                 let cprev = acts.at::<f32>(r.cprev.clone()).ptr();
                 let c_out = acts.at_mut::<f32>(strided(c_at, batch, c_step, h)).ptr();
                 let c_stride = int(c_step)?;
-                let mut args = kernel_args![
-                    gates,
-                    cprev,
-                    b_ih,
-                    b_hh,
-                    h_out,
-                    h_stride,
-                    c_out,
-                    c_stride,
-                    y,
-                    y_stride,
-                    b,
-                    t_len,
-                    tt,
-                    hidden,
-                    padded,
-                    bias_stride
-                ];
+                let mut args =
+                    kernel_args![gates, cprev, b_ih, b_hh, h_out, h_stride, c_out, c_stride, y, y_stride, b, t_len, tt, hidden, padded];
                 gpu.launch_args(stream, Kernel::LstmStep, (blocks(batch * h), 1), 0, &mut args)?;
             }
         }
@@ -177,7 +154,7 @@ fn hidden_runs(d: &Dims) -> Vec<(usize, usize, usize)> {
 
 /// A recurrent step's backward through time on the GPU (see the module docs).
 pub(crate) fn backward(pass: &mut GpuBackward, step: &Step, d: &Dims) -> Result<()> {
-    assert!(!d.streaming, "a streaming model is not trained");
+    assert!(!d.carry, "a stream's model is not trained");
     let GpuBackward { gpu, blas, stream, f, b, need_dx, .. } = *pass;
     let (params, acts, dacts, grads) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(b.dacts), Raw::of(b.grads));
     let r = Parts::of(step, d, |i| pass.region(i));

@@ -18,7 +18,7 @@
 //! in `cuda/recurrent.rs`, its kernels in `kernels/gru.cu`.
 
 use super::kind::{Kept, LayerKind, Mode, TensorSpec};
-use super::recurrent::{self, Cell, Dims, RnnOutput};
+use super::recurrent::{self, Cell, Dims, RnnOutput, Streaming};
 use super::{BackPass, Pass};
 use crate::chain::{Chain, Shape, Step};
 use crate::error::Result;
@@ -32,15 +32,14 @@ use crate::io::Words;
 pub struct Gru {
     pub hidden: usize,
     pub output: RnnOutput,
-    /// Parameters in the streaming layout, the final state carried to the next call (the model
-    /// of a [`crate::Stream`]; see `layers::recurrent`).
-    pub(crate) streaming: bool,
+    /// What it does differently in the model of a [`crate::Stream`] (see `layers::recurrent`).
+    pub(crate) streaming: Streaming,
 }
 
 impl Gru {
     /// A GRU of `hidden` units.
     pub fn new(hidden: usize, output: RnnOutput) -> Gru {
-        Gru { hidden, output, streaming: false }
+        Gru { hidden, output, streaming: Streaming::No }
     }
 
     pub(crate) fn dims(&self, input: Shape) -> Dims {
@@ -168,7 +167,7 @@ fn forward_spec<F: Float>(d: &Dims, step: &Step, pass: &mut super::spec::Pass<F>
 #[cfg(test)]
 #[allow(clippy::needless_range_loop)] // the formulas' indices
 fn backward_spec<F: Float>(d: &Dims, step: &Step, pass: &mut super::spec::BackPass<F>) {
-    assert!(!d.streaming, "a streaming model is not trained");
+    assert!(!d.carry, "a stream's model is not trained");
     let (t_len, f_len, h_len, p, g_len) = (d.steps, d.features, d.hidden, d.padded, d.gates());
     let region = |i: usize| pass.region(step.kept.start + i);
     let (gates, hprev) = (region(recurrent::GATES), region(recurrent::HPREV));

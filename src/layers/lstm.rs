@@ -16,7 +16,7 @@
 //! in `cuda/recurrent.rs`, its kernels in `kernels/lstm.cu`.
 
 use super::kind::{Kept, LayerKind, Mode, TensorSpec};
-use super::recurrent::{self, Cell, Dims, RnnOutput};
+use super::recurrent::{self, Cell, Dims, RnnOutput, Streaming};
 use super::{BackPass, Pass};
 use crate::chain::{Chain, Shape, Step};
 use crate::error::Result;
@@ -30,15 +30,14 @@ use crate::io::Words;
 pub struct Lstm {
     pub hidden: usize,
     pub output: RnnOutput,
-    /// Parameters in the streaming layout, the final state carried to the next call (the model
-    /// of a [`crate::Stream`]; see `layers::recurrent`).
-    pub(crate) streaming: bool,
+    /// What it does differently in the model of a [`crate::Stream`] (see `layers::recurrent`).
+    pub(crate) streaming: Streaming,
 }
 
 impl Lstm {
     /// An LSTM of `hidden` units.
     pub fn new(hidden: usize, output: RnnOutput) -> Lstm {
-        Lstm { hidden, output, streaming: false }
+        Lstm { hidden, output, streaming: Streaming::No }
     }
 
     pub(crate) fn dims(&self, input: Shape) -> Dims {
@@ -172,7 +171,7 @@ fn forward_spec<F: Float>(d: &Dims, step: &Step, pass: &mut super::spec::Pass<F>
 #[cfg(test)]
 #[allow(clippy::needless_range_loop)] // the formulas' indices
 fn backward_spec<F: Float>(d: &Dims, step: &Step, pass: &mut super::spec::BackPass<F>) {
-    assert!(!d.streaming, "a streaming model is not trained");
+    assert!(!d.carry, "a stream's model is not trained");
     let (t_len, f_len, h_len, p, g_len) = (d.steps, d.features, d.hidden, d.padded, d.gates());
     let region = |i: usize| pass.region(step.kept.start + i);
     let (gates, state, cprev) = (region(recurrent::GATES), region(recurrent::STATE), region(recurrent::CPREV));

@@ -10,11 +10,13 @@
 //! (r, z, n) and 4 for an LSTM (i, f, g, o), gate g's rows at g·H.
 //!
 //! The fast path pads each gate's block of H units to `padded` = H rounded up to [`LANES`] (the
-//! widest vector), so that every gate of every step is whole vectors. Its weights are transposed
-//! (the *streaming layout*): W_ihᵀ (F × K) and W_hhᵀ (H × K), K = G·padded, gate g's unit u in
-//! column g·padded + u, then the biases (K each), padding zero. A forward pass writes them into its
-//! workspace from the parameters; a [`crate::Stream`]'s model holds its parameters in that layout
-//! (`streaming`), so each of its calls reads them as they are.
+//! widest vector), so that every gate of every step is whole vectors. It reads its weights in the
+//! *packed layout*: W_ihᵀ and W_hhᵀ in panels of [`LANES`] units, panel q holding, for each of the
+//! matrix's rows j (F or H), the G gates' units 16q … 16q + 15 (G·16 values, gate by gate), so that
+//! a step of those units reads one contiguous run; then the biases, gate g's unit u at
+//! g·padded + u; padding zero. A forward pass writes them into its workspace from the parameters;
+//! the model of a [`crate::Stream`] on the CPU holds its parameters in that layout
+//! ([`Streaming::Packed`]), so each of its calls reads them as they are.
 //!
 //! Kept regions per sample, each row `padded` values (a padding lane holds whatever the lanes'
 //! arithmetic left there, and nothing reads it into a unit's value):
@@ -102,6 +104,17 @@ pub(crate) const HPREV: usize = 1;
 pub(crate) const STATE: usize = 2;
 pub(crate) const CPREV: usize = 3;
 
+/// What a recurrent layer of a stream's model does differently (see `stream.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Streaming {
+    /// Nothing: an ordinary layer.
+    No,
+    /// It writes its final state over its initial one (carries it to the next call).
+    Carry,
+    /// As `Carry`, with its parameters in the packed layout (a stream on the CPU).
+    Packed,
+}
+
 /// The sizes of one recurrent step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Dims {
@@ -112,15 +125,18 @@ pub(crate) struct Dims {
     /// `hidden` rounded up to [`LANES`].
     pub padded: usize,
     pub output: RnnOutput,
-    /// Parameters in the streaming layout, and the final state written over the initial one.
-    pub streaming: bool,
+    /// The final state written over the initial one.
+    pub carry: bool,
+    /// Parameters in the packed layout.
+    pub packed: bool,
 }
 
 impl Dims {
     /// The sizes on `input`, a sequence (the shape rule checked it, and that they fit).
-    pub fn new(cell: Cell, hidden: usize, output: RnnOutput, streaming: bool, input: Shape) -> Dims {
+    pub fn new(cell: Cell, hidden: usize, output: RnnOutput, streaming: Streaming, input: Shape) -> Dims {
         let Shape::Sequence { steps, features } = input else { unreachable!("the plan gives recurrent layers sequence inputs") };
-        Dims { cell, steps, features, hidden, padded: hidden.next_multiple_of(LANES), output, streaming }
+        let (carry, packed) = (streaming != Streaming::No, streaming == Streaming::Packed);
+        Dims { cell, steps, features, hidden, padded: hidden.next_multiple_of(LANES), output, carry, packed }
     }
 
     pub fn gates(&self) -> usize {
@@ -148,7 +164,7 @@ impl Dims {
     /// Where the final h (and c) go in the state: over the initial ones when streaming.
     pub fn final_slots(&self) -> (usize, usize) {
         let (h0, c0) = (0, self.padded);
-        match (self.streaming, self.cell) {
+        match (self.carry, self.cell) {
             (true, _) => (h0, c0),
             (false, Cell::Gru) => (self.padded, 0),
             (false, Cell::Lstm) => (2 * self.padded, 3 * self.padded),
@@ -163,7 +179,7 @@ impl Dims {
         }
     }
 
-    /// The four tensors in the streaming layout: (F + H + 2)·K.
+    /// The four tensors in the packed layout: (F + H + 2)·K.
     pub fn packed_len(&self) -> usize {
         (self.features + self.hidden + 2) * self.k()
     }
@@ -176,7 +192,7 @@ impl Dims {
     /// Workspace values the fast passes need: the packed weights, then W_hh's padded rows for the
     /// backward pass (a stream's model reads its parameters as they are, and is not trained).
     pub fn workspace_len(&self) -> usize {
-        if self.streaming {
+        if self.packed {
             0
         } else {
             self.packed_len().max(self.rows_len())
@@ -213,10 +229,10 @@ pub(crate) fn output_shape(cell: Cell, hidden: usize, output: RnnOutput, input: 
     })
 }
 
-/// Its tensors: PyTorch's, or the streaming layout's (same names).
+/// Its tensors: PyTorch's, or the packed layout's (same names).
 pub(crate) fn params(d: &Dims) -> Vec<TensorSpec> {
     let (g, f, h, k) = (d.gates(), d.features, d.hidden, d.k());
-    let (ih, hh, b) = if d.streaming { (vec![f, k], vec![h, k], vec![k]) } else { (vec![g * h, f], vec![g * h, h], vec![g * h]) };
+    let (ih, hh, b) = if d.packed { (vec![f, k], vec![h, k], vec![k]) } else { (vec![g * h, f], vec![g * h, h], vec![g * h]) };
     vec![
         TensorSpec { name: "weight_ih_l0", shape: ih, fill: Fill::Fans { fan_in: f, fan_out: h } },
         TensorSpec { name: "weight_hh_l0", shape: hh, fill: Fill::Fans { fan_in: h, fan_out: h } },
@@ -267,11 +283,11 @@ pub(crate) fn summary(cell: Cell, hidden: usize, output: RnnOutput, input: Shape
     format!("{}({features} → {hidden}, {which})", cell.name())
 }
 
-/// The four tensors in the streaming layout, as slices of `packed` (`Dims::packed_len` values).
+/// The four tensors in the packed layout, as slices of `packed` (`Dims::packed_len` values).
 pub(crate) struct Weights<'a> {
-    /// W_ihᵀ (F × K)
+    /// W_ihᵀ in panels: panel q is F rows of G·16 values (`Dims::k` × F in all)
     pub ih: &'a [f32],
-    /// W_hhᵀ (H × K)
+    /// W_hhᵀ in panels: panel q is H rows of G·16 values
     pub hh: &'a [f32],
     pub b_ih: &'a [f32],
     pub b_hh: &'a [f32],
@@ -287,9 +303,9 @@ impl<'a> Weights<'a> {
     }
 }
 
-/// Writes `params` (the step's tensors in PyTorch's layout) in the streaming layout into
-/// `packed` (`Dims::packed_len` values): Wᵀ with gate g's unit u in column g·padded + u, and the
-/// biases so, padding zero.
+/// Writes `params` (the step's tensors in PyTorch's layout) in the packed layout into `packed`
+/// (`Dims::packed_len` values): W_ihᵀ and W_hhᵀ in panels (see the module docs; [`panel_at`]),
+/// the biases with gate g's unit u at g·padded + u, padding zero.
 pub(crate) fn pack(d: &Dims, params: &[f32], packed: &mut [f32]) {
     let (g, f, h, p, k) = (d.gates(), d.features, d.hidden, d.padded, d.k());
     let (w_ih, rest) = params.split_at(g * h * f);
@@ -304,15 +320,21 @@ pub(crate) fn pack(d: &Dims, params: &[f32], packed: &mut [f32]) {
         for u in 0..h {
             let (row, col) = (gate * h + u, gate * p + u);
             for j in 0..f {
-                ih[j * k + col] = w_ih[row * f + j];
+                ih[panel_at(g, f, gate, u, j)] = w_ih[row * f + j];
             }
             for j in 0..h {
-                hh[j * k + col] = w_hh[row * h + j];
+                hh[panel_at(g, h, gate, u, j)] = w_hh[row * h + j];
             }
             pb_ih[col] = b_ih[row];
             pb_hh[col] = b_hh[row];
         }
     }
+}
+
+/// Where the packed layout keeps W[gate·H + u, j] of a matrix of `rows` rows (F or H): in panel
+/// u / 16, row j, gate's 16 values, lane u mod 16.
+pub(crate) fn panel_at(gates: usize, rows: usize, gate: usize, u: usize, j: usize) -> usize {
+    ((u / LANES * rows + j) * gates + gate) * LANES + u % LANES
 }
 
 /// W_hh (G·H × H, in `params`' PyTorch layout) with each row padded to `padded` values, into
@@ -377,7 +399,7 @@ fn part(range: &Range<usize>, s: usize, len: usize) -> Range<usize> {
 pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
     let r = Regions::of(d, step, |i| pass.region(i));
     let params = &pass.params[step.params.clone()];
-    let weights = if d.streaming {
+    let weights = if d.packed {
         Weights::of(d, params)
     } else {
         let packed = &mut pass.ws.rnn[..d.packed_len()];
@@ -500,8 +522,8 @@ impl<F: crate::float::Float> SpecWeights<'_, F> {
     /// W_ih[g·H + u, j]
     pub fn ih(&self, g: usize, u: usize, j: usize) -> F {
         let d = &self.d;
-        if d.streaming {
-            self.p[j * d.k() + g * d.padded + u]
+        if d.packed {
+            self.p[panel_at(d.gates(), d.features, g, u, j)]
         } else {
             self.p[(g * d.hidden + u) * d.features + j]
         }
@@ -510,8 +532,8 @@ impl<F: crate::float::Float> SpecWeights<'_, F> {
     /// W_hh[g·H + u, j]
     pub fn hh(&self, g: usize, u: usize, j: usize) -> F {
         let d = &self.d;
-        if d.streaming {
-            self.p[(d.features + j) * d.k() + g * d.padded + u]
+        if d.packed {
+            self.p[d.features * d.k() + panel_at(d.gates(), d.hidden, g, u, j)]
         } else {
             self.p[d.gates() * d.hidden * d.features + (g * d.hidden + u) * d.hidden + j]
         }
@@ -520,7 +542,7 @@ impl<F: crate::float::Float> SpecWeights<'_, F> {
     /// b_ih[g·H + u] (`which` 0) or b_hh[g·H + u] (1)
     pub fn bias(&self, which: usize, g: usize, u: usize) -> F {
         let d = &self.d;
-        if d.streaming {
+        if d.packed {
             self.p[(d.features + d.hidden + which) * d.k() + g * d.padded + u]
         } else {
             self.p[d.gates() * d.hidden * (d.features + d.hidden + which) + g * d.hidden + u]
