@@ -97,6 +97,8 @@ def build(name, weights):
             y = fresh("p")
             nodes.append(helper.make_node("MaxPool", [x], [y], kernel_shape=[layer[1]] * 2, strides=[layer[1]] * 2))
             x = y
+        elif kind in zoo_models.GATES:
+            x = recurrent(nodes, inits, fresh, module, layer, weights, x)
         else:
             y = fresh("f")
             nodes.append(helper.make_node("Flatten", [x], [y], axis=1))
@@ -113,6 +115,44 @@ def build(name, weights):
 
     onnx.checker.check_model(model)
     return model
+
+
+def recurrent(nodes, inits, fresh, module, layer, weights, x):
+    """An ONNX GRU or LSTM node over x (batch, steps, features), PyTorch's weights (gate blocks
+    r, z, n reordered to ONNX's z, r, h with linear_before_reset = 1, PyTorch's formula; i, f, g, o
+    to i, o, f, c): the time-major transposes around it, and the output sequence (batch, steps,
+    hidden) or the last step's state (batch, hidden). Returns the output's name."""
+    from onnx import helper, numpy_helper
+
+    kind, hidden, last = layer
+    order = [1, 0, 2] if kind == "gru" else [0, 3, 1, 2]
+
+    def blocks(a):
+        return np.concatenate([a[g * hidden:(g + 1) * hidden] for g in order], axis=0)
+
+    names = [fresh("w"), fresh("r"), fresh("b")]
+    w, r = blocks(weights[f"{module}.weight_ih_l0"])[None], blocks(weights[f"{module}.weight_hh_l0"])[None]
+    b = np.concatenate([blocks(weights[f"{module}.bias_ih_l0"]), blocks(weights[f"{module}.bias_hh_l0"])])[None]
+    for n, v in zip(names, (w, r, b)):
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(v, dtype=np.float32), n))
+    axis = fresh("axis")
+    inits.append(numpy_helper.from_array(np.array([0 if last == "last" else 1], dtype=np.int64), axis))
+    time_major, y, y_h = fresh("t"), fresh("y"), fresh("yh")
+    nodes.append(helper.make_node("Transpose", [x], [time_major], perm=[1, 0, 2]))
+    if kind == "gru":
+        nodes.append(helper.make_node("GRU", [time_major, *names], [y, y_h], hidden_size=hidden, linear_before_reset=1))
+    else:
+        nodes.append(helper.make_node("LSTM", [time_major, *names], [y, y_h], hidden_size=hidden))
+    out = fresh("o")
+    if last == "last":
+        # Y_h (1, batch, hidden) -> (batch, hidden)
+        nodes.append(helper.make_node("Squeeze", [y_h, axis], [out]))
+        return out
+    # Y (steps, 1, batch, hidden) -> (steps, batch, hidden) -> (batch, steps, hidden)
+    squeezed = fresh("s")
+    nodes.append(helper.make_node("Squeeze", [y, axis], [squeezed]))
+    nodes.append(helper.make_node("Transpose", [squeezed], [out], perm=[1, 0, 2]))
+    return out
 
 
 def export_torch(model, name, path):

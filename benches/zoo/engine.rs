@@ -15,13 +15,15 @@ pub struct ZooModel {
 }
 
 /// The zoo. A new model: a function in `flatnn::models`, a line here, a line in `zoo_models.py`.
-pub const ZOO: [ZooModel; 6] = [
+pub const ZOO: [ZooModel; 8] = [
     ZooModel { name: "mlp", chain: models::mlp, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "lenet5", chain: models::lenet5, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "simplenn", chain: models::simplenns_mlp, loss: Loss::Mse },
     ZooModel { name: "autoencoder", chain: models::autoencoder, loss: Loss::Mse },
     ZooModel { name: "gelu_mlp", chain: models::gelu_mlp, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "vgg_small", chain: models::vgg_small, loss: Loss::LogitCrossEntropy },
+    ZooModel { name: "gru_seq", chain: models::gru_seq, loss: Loss::Mse },
+    ZooModel { name: "lstm_seq", chain: models::lstm_seq, loss: Loss::LogitCrossEntropy },
 ];
 
 /// Seed of the weights (He normal) and of the data.
