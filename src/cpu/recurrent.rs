@@ -39,6 +39,13 @@ pub(crate) struct Sample<'a> {
     pub cprev: &'a mut [f32],
 }
 
+impl Sample<'_> {
+    /// A sample of no values, which fills a group's unused places.
+    pub fn none() -> Self {
+        Sample { x: &[], out: &mut [], gates: &mut [], hprev: &mut [], state: &mut [], cprev: &mut [] }
+    }
+}
+
 /// One sample's values for the backward pass: what the forward pass kept, the gradient of the
 /// output, and the kept regions' twins in the gradient buffer, written.
 pub(crate) struct BackSample<'a> {
@@ -53,17 +60,24 @@ pub(crate) struct BackSample<'a> {
     pub dcprev: &'a mut [f32],
 }
 
-/// The forward pass over one sample's steps, with the weights in the packed layout: the output
-/// (and, with `keep`, every step's gates) and the final state.
-pub(crate) fn forward_sample(d: &Dims, w: &Weights, s: Sample, keep: bool) {
+/// Most samples [`forward_group`] takes.
+pub(crate) const GROUP: usize = 12;
+
+/// The forward pass over a group of up to [`GROUP`] samples (independent sequences), with the
+/// weights in the packed layout: the outputs (and, with `keep`, every step's gates) and the final
+/// states. A step takes several samples at once where the registers allow (with AVX-512, four of
+/// a GRU's, three of an LSTM's), each weight vector loaded once for all of them; each sample's
+/// values are summed in the same order whatever the group.
+pub(crate) fn forward_group(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+    debug_assert!(group.len() <= GROUP);
     match Isa::best() {
-        Isa::Portable => forward::<f32, 16>(d, w, s, keep),
+        Isa::Portable => forward::<f32, 16>(d, w, group, keep),
         // SAFETY: this CPU has the instruction set (`Isa::best` checked).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::forward(d, w, s, keep) },
+        Isa::Avx2 => unsafe { avx2::forward(d, w, group, keep) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::forward(d, w, s, keep) },
+        Isa::Avx512 => unsafe { avx512::forward(d, w, group, keep) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2 | Isa::Avx512 => unreachable!("available only on x86_64"),
     }
@@ -129,51 +143,99 @@ fn accumulate_block<V: Lanes, const N: usize>(xs: &[&[f32]], bs: &[&[f32]], n: u
     }
 }
 
-/// The forward pass of one sample (see [`forward_sample`]); `VPP` vectors of `V` make a panel.
+/// The forward pass of a group (see [`forward_group`]); `VPP` vectors of `V` make a panel.
 #[inline(always)]
-fn forward<V: Lanes, const VPP: usize>(d: &Dims, w: &Weights, s: Sample, keep: bool) {
+fn forward<V: Lanes, const VPP: usize>(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
     debug_assert_eq!(VPP * V::LANES, PANEL);
-    let (steps, f, h, p, row) = (d.steps, d.features, d.hidden, d.padded, d.row());
-    let Sample { x, out, gates, hprev, state, cprev } = s;
+    let (steps, f, p, row) = (d.steps, d.features, d.padded, d.row());
     let lstm = d.cell == Cell::Lstm;
-    // the input products of every step: W_ih·x_t + b_ih, G blocks of `padded`
-    for t in 0..steps {
-        let (x, g) = (&x[t * f..][..f], &mut gates[t * row..][..row]);
+    for s in group.iter_mut() {
+        // the input products of every step: W_ih·x_t + b_ih, G blocks of `padded`
+        for t in 0..steps {
+            let (x, g) = (&s.x[t * f..][..f], &mut s.gates[t * row..][..row]);
+            if lstm {
+                input_product::<V, VPP, 4>(d, w, x, g);
+            } else {
+                input_product::<V, VPP, 3>(d, w, x, g);
+            }
+        }
+        copy::<V>(&s.state[..p], &mut s.hprev[..p]);
         if lstm {
-            input_product::<V, VPP, 4>(d, w, x, g);
-        } else {
-            input_product::<V, VPP, 3>(d, w, x, g);
+            copy::<V>(&s.state[p..2 * p], &mut s.cprev[..p]);
         }
     }
-    copy::<V>(&state[..p], &mut hprev[..p]);
-    if lstm {
-        copy::<V>(&state[p..2 * p], &mut cprev[..p]);
+    // samples a step takes at once: their accumulators (G gates, two chains each: 24) and the
+    // weights within AVX-512's 32 registers (four LSTM samples spill: measured 35% slower at batch
+    // 64); one elsewhere
+    let rows = match (VPP, d.cell) {
+        (1, Cell::Gru) => 4,
+        (1, Cell::Lstm) => 3,
+        _ => 1,
+    };
+    for samples in group.chunks_mut(rows) {
+        match samples.len() {
+            4 => steps_of::<V, VPP, 4>(d, w, samples, keep),
+            3 => steps_of::<V, VPP, 3>(d, w, samples, keep),
+            2 => steps_of::<V, VPP, 2>(d, w, samples, keep),
+            _ => steps_of::<V, VPP, 1>(d, w, samples, keep),
+        }
     }
-    let (h_final, c_final) = d.final_slots();
+}
+
+/// Every step of `R` samples, one step after another, all of them through each.
+#[inline(always)]
+fn steps_of<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, samples: &mut [Sample], keep: bool) {
+    let (steps, h, p) = (d.steps, d.hidden, d.padded);
+    let (h_final, _) = d.final_slots();
     for t in 0..steps {
-        let last = t + 1 == steps;
-        // h_{t−1}, and where h_t goes: the next step's row, or the state's final slot
-        let (h_done, h_next) = hprev.split_at_mut((t + 1) * p);
-        let (c_done, c_next) = cprev.split_at_mut(if lstm { (t + 1) * p } else { 0 });
-        // (the final c's slot lies after the final h's)
-        let (state_h, state_c) = state.split_at_mut(if lstm { c_final } else { state.len() });
-        let h_out = if last { &mut state_h[h_final..][..p] } else { &mut h_next[..p] };
-        let g = &mut gates[t * row..][..row];
-        let step = Step { h: &h_done[t * p..][..p], g, keep, h_out };
-        if lstm {
-            let c_out = if last { &mut state_c[..p] } else { &mut c_next[..p] };
-            lstm_step::<V, VPP>(d, w, step, &c_done[t * p..][..p], c_out);
+        let mut them = samples.iter_mut();
+        let mut rows: [Row; R] = std::array::from_fn(|_| row(d, them.next().expect("R samples"), t));
+        if d.cell == Cell::Lstm {
+            lstm_step::<V, VPP, R>(d, w, &mut rows, keep);
         } else {
-            gru_step::<V, VPP>(d, w, step);
+            gru_step::<V, VPP, R>(d, w, &mut rows, keep);
         }
         if d.output == RnnOutput::Sequence {
-            let h_t = if last { &state[h_final..][..h] } else { &hprev[(t + 1) * p..][..h] };
-            copy::<V>(h_t, &mut out[t * h..][..h]);
+            for s in samples.iter_mut() {
+                let h_t = if t + 1 == steps { &s.state[h_final..][..h] } else { &s.hprev[(t + 1) * p..][..h] };
+                copy::<V>(h_t, &mut s.out[t * h..][..h]);
+            }
         }
     }
     if d.output == RnnOutput::LastStep {
-        copy::<V>(&state[h_final..][..h], &mut out[..h]);
+        for s in samples.iter_mut() {
+            copy::<V>(&s.state[h_final..][..h], &mut s.out[..h]);
+        }
     }
+}
+
+/// One sample's part of step t: h_{t−1} and where h_t goes (the next step's row, or the state's
+/// final slot), the step's kept gates (input products in, gates out where kept), and an LSTM's
+/// c_{t−1} and where c_t goes (empty for a GRU); `padded` values each but the gates' 4·padded.
+struct Row<'a> {
+    h: &'a [f32],
+    g: &'a mut [f32],
+    h_out: &'a mut [f32],
+    c: &'a [f32],
+    c_out: &'a mut [f32],
+}
+
+#[inline(always)]
+fn row<'a>(d: &Dims, s: &'a mut Sample, t: usize) -> Row<'a> {
+    let (p, last, lstm) = (d.padded, t + 1 == d.steps, d.cell == Cell::Lstm);
+    let (h_final, c_final) = d.final_slots();
+    let Sample { gates, hprev, state, cprev, .. } = s;
+    let (h_done, h_next) = hprev.split_at_mut((t + 1) * p);
+    let (c_done, c_next) = cprev.split_at_mut(if lstm { (t + 1) * p } else { 0 });
+    // (the final c's slot lies after the final h's)
+    let (state_h, state_c) = state.split_at_mut(if lstm { c_final } else { state.len() });
+    let h_out = if last { &mut state_h[h_final..][..p] } else { &mut h_next[..p] };
+    let (c, c_out) = match (lstm, last) {
+        (false, _) => (&c_done[..0], &mut c_next[..0]),
+        (true, false) => (&c_done[t * p..][..p], &mut c_next[..p]),
+        (true, true) => (&c_done[t * p..][..p], &mut state_c[..p]),
+    };
+    Row { h: &h_done[t * p..][..p], g: &mut gates[t * d.row()..][..d.row()], h_out, c, c_out }
 }
 
 /// Units a panel of the packed weights holds.
@@ -209,84 +271,86 @@ fn input_product<V: Lanes, const VPP: usize, const G: usize>(d: &Dims, w: &Weigh
     }
 }
 
-/// What a time step of one sample reads and writes: h_{t−1} and h_t (`padded` values each), the
-/// step's kept gates (input products in, gates out where `keep`).
-struct Step<'a> {
-    h: &'a [f32],
-    g: &'a mut [f32],
-    keep: bool,
-    h_out: &'a mut [f32],
-}
-
 /// The recurrent products of one vector of units (`v` of each panel) in `P` panels from panel
-/// `q0`: a[gate][n] = b_hh + Σ_j h[j]·W_hh[gate·H + u, j], summed as two chains of fused
-/// multiply-adds, one over the even j from b_hh, one over the odd j from 0, then added (halving the
-/// chain a small layer waits on).
+/// `q0`, for `R` samples: a[gate][n][r] = b_hh + Σ_j h_r[j]·W_hh[gate·H + u, j], summed as two
+/// chains of fused multiply-adds, one over the even j from b_hh, one over the odd j from 0, then
+/// added (halving the chain a small layer waits on). Each weight vector is loaded once for the R
+/// samples.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // gate and panel indices of the accumulators
-fn recurrent_product<V: Lanes, const P: usize, const G: usize>(d: &Dims, w: &Weights, h: &[f32], q0: usize, v: usize) -> [[V; P]; G] {
-    let (p, width) = (d.padded, G * PANEL);
-    let (len, at) = (d.hidden * width, v * V::LANES);
-    let (mut even, mut odd) = ([[V::splat(0.0); P]; G], [[V::splat(0.0); P]; G]);
+#[allow(clippy::needless_range_loop)] // gate, panel and sample indices of the accumulators
+fn recurrent_product<V: Lanes, const P: usize, const R: usize, const G: usize>(
+    d: &Dims,
+    w: &Weights,
+    rows: &[Row; R],
+    q0: usize,
+    v: usize,
+) -> [[[V; R]; P]; G] {
+    let (p, width, hidden) = (d.padded, G * PANEL, d.hidden);
+    let (len, at) = (hidden * width, v * V::LANES);
+    let (mut even, mut odd) = ([[[V::splat(0.0); R]; P]; G], [[[V::splat(0.0); R]; P]; G]);
     let mut panels = [&w.hh[..0]; P];
     for n in 0..P {
         panels[n] = &w.hh[(q0 + n) * len..][..len];
         for gate in 0..G {
-            even[gate][n] = V::load(&w.b_hh[gate * p + (q0 + n) * PANEL + at..]);
+            let bias = V::load(&w.b_hh[gate * p + (q0 + n) * PANEL + at..]);
+            even[gate][n] = [bias; R];
         }
     }
-    let pairs = d.hidden / 2;
-    for (j, hj) in h[..2 * pairs].chunks_exact(2).enumerate() {
-        let (h0, h1) = (V::splat(hj[0]), V::splat(hj[1]));
+    let mut hs: [_; R] = std::array::from_fn(|r| rows[r].h[..hidden].chunks_exact(2));
+    for pair in 0..hidden / 2 {
+        let (mut h0, mut h1) = ([V::splat(0.0); R], [V::splat(0.0); R]);
+        for r in 0..R {
+            // (hidden / 2 pairs in each)
+            let h = hs[r].next().unwrap_or(&[0.0, 0.0]);
+            (h0[r], h1[r]) = (V::splat(h[0]), V::splat(h[1]));
+        }
         for n in 0..P {
-            let rows = &panels[n][2 * j * width..][..2 * width];
+            let both = &panels[n][2 * pair * width..][..2 * width];
             for gate in 0..G {
-                even[gate][n] = h0.mul_add(V::load(&rows[gate * PANEL + at..]), even[gate][n]);
-                odd[gate][n] = h1.mul_add(V::load(&rows[width + gate * PANEL + at..]), odd[gate][n]);
+                let (w0, w1) = (V::load(&both[gate * PANEL + at..]), V::load(&both[width + gate * PANEL + at..]));
+                for r in 0..R {
+                    even[gate][n][r] = h0[r].mul_add(w0, even[gate][n][r]);
+                    odd[gate][n][r] = h1[r].mul_add(w1, odd[gate][n][r]);
+                }
             }
         }
     }
-    if d.hidden % 2 == 1 {
-        let hj = V::splat(h[d.hidden - 1]);
+    if hidden % 2 == 1 {
         for n in 0..P {
-            let row = &panels[n][(d.hidden - 1) * width..][..width];
+            let last = &panels[n][(hidden - 1) * width..][..width];
             for gate in 0..G {
-                even[gate][n] = hj.mul_add(V::load(&row[gate * PANEL + at..]), even[gate][n]);
+                let wj = V::load(&last[gate * PANEL + at..]);
+                for r in 0..R {
+                    even[gate][n][r] = V::splat(rows[r].h[hidden - 1]).mul_add(wj, even[gate][n][r]);
+                }
             }
         }
     }
     for gate in 0..G {
         for n in 0..P {
-            even[gate][n] = even[gate][n] + odd[gate][n];
+            for r in 0..R {
+                even[gate][n][r] = even[gate][n][r] + odd[gate][n][r];
+            }
         }
     }
     even
 }
 
-/// Panels a step takes at a time: two where each panel is one vector (AVX-512: G·2·2 accumulators
-/// of its 32 registers), else one, a vector of it at a time.
-const fn panels_at_once(vpp: usize) -> usize {
-    if vpp == 1 {
-        2
-    } else {
-        1
-    }
-}
-
-/// One GRU step: h_t from h_{t−1} and the step's input products (the first three blocks of `g`,
-/// overwritten with r, z, n and a_n where `keep`).
+/// One GRU step of `R` samples: h_t from h_{t−1} and the step's input products (the first three
+/// blocks of `g`, overwritten with r, z, n and a_n where `keep`). A single sample takes two panels
+/// at a time with AVX-512.
 #[inline(always)]
-fn gru_step<V: Lanes, const VPP: usize>(d: &Dims, w: &Weights, mut s: Step) {
+fn gru_step<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], keep: bool) {
     let (panels, mut q) = (d.padded / PANEL, 0);
-    if panels_at_once(VPP) == 2 {
+    if VPP == 1 && R == 1 {
         while q + 2 <= panels {
-            gru_vector::<V, 2>(d, w, &mut s, q, 0);
+            gru_vector::<V, 2, R>(d, w, rows, keep, q, 0);
             q += 2;
         }
     }
     for q in q..panels {
         for v in 0..VPP {
-            gru_vector::<V, 1>(d, w, &mut s, q, v);
+            gru_vector::<V, 1, R>(d, w, rows, keep, q, v);
         }
     }
 }
@@ -294,39 +358,41 @@ fn gru_step<V: Lanes, const VPP: usize>(d: &Dims, w: &Weights, mut s: Step) {
 /// [`gru_step`] for vector `v` of the `P` panels from panel `q0`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // panel indices of the accumulators
-fn gru_vector<V: Lanes, const P: usize>(d: &Dims, w: &Weights, s: &mut Step, q0: usize, v: usize) {
+fn gru_vector<V: Lanes, const P: usize, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], keep: bool, q0: usize, v: usize) {
     let p = d.padded;
-    let a = recurrent_product::<V, P, 3>(d, w, s.h, q0, v);
-    let g = &mut *s.g;
-    for n in 0..P {
-        let c = (q0 + n) * PANEL + v * V::LANES;
-        let r = sigmoid(V::load(&g[c..]) + a[0][n]);
-        let z = sigmoid(V::load(&g[p + c..]) + a[1][n]);
-        let nn = tanh(r.mul_add(a[2][n], V::load(&g[2 * p + c..])));
-        z.mul_add(V::load(&s.h[c..]) - nn, nn).store(&mut s.h_out[c..]);
-        if s.keep {
-            r.store(&mut g[c..]);
-            z.store(&mut g[p + c..]);
-            nn.store(&mut g[2 * p + c..]);
-            a[2][n].store(&mut g[3 * p + c..]);
+    let a = recurrent_product::<V, P, R, 3>(d, w, rows, q0, v);
+    for (r, s) in rows.iter_mut().enumerate() {
+        for n in 0..P {
+            let c = (q0 + n) * PANEL + v * V::LANES;
+            let g = &mut *s.g;
+            let rg = sigmoid(V::load(&g[c..]) + a[0][n][r]);
+            let z = sigmoid(V::load(&g[p + c..]) + a[1][n][r]);
+            let nn = tanh(rg.mul_add(a[2][n][r], V::load(&g[2 * p + c..])));
+            z.mul_add(V::load(&s.h[c..]) - nn, nn).store(&mut s.h_out[c..]);
+            if keep {
+                rg.store(&mut g[c..]);
+                z.store(&mut g[p + c..]);
+                nn.store(&mut g[2 * p + c..]);
+                a[2][n][r].store(&mut g[3 * p + c..]);
+            }
         }
     }
 }
 
-/// One LSTM step: h_t and c_t (into `c_out`) from h_{t−1}, c_{t−1} (`c`) and the step's input
-/// products (the four blocks of `g`, overwritten with i, f, g, o where `keep`).
+/// One LSTM step of `R` samples: h_t and c_t from h_{t−1}, c_{t−1} and the step's input products
+/// (the four blocks of `g`, overwritten with i, f, g, o where `keep`).
 #[inline(always)]
-fn lstm_step<V: Lanes, const VPP: usize>(d: &Dims, w: &Weights, mut s: Step, c: &[f32], c_out: &mut [f32]) {
+fn lstm_step<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], keep: bool) {
     let (panels, mut q) = (d.padded / PANEL, 0);
-    if panels_at_once(VPP) == 2 {
+    if VPP == 1 && R == 1 {
         while q + 2 <= panels {
-            lstm_vector::<V, 2>(d, w, &mut s, (c, &mut *c_out), q, 0);
+            lstm_vector::<V, 2, R>(d, w, rows, keep, q, 0);
             q += 2;
         }
     }
     for q in q..panels {
         for v in 0..VPP {
-            lstm_vector::<V, 1>(d, w, &mut s, (c, &mut *c_out), q, v);
+            lstm_vector::<V, 1, R>(d, w, rows, keep, q, v);
         }
     }
 }
@@ -334,24 +400,123 @@ fn lstm_step<V: Lanes, const VPP: usize>(d: &Dims, w: &Weights, mut s: Step, c: 
 /// [`lstm_step`] for vector `v` of the `P` panels from panel `q0`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // panel indices of the accumulators
-fn lstm_vector<V: Lanes, const P: usize>(d: &Dims, w: &Weights, s: &mut Step, (c, c_out): (&[f32], &mut [f32]), q0: usize, v: usize) {
+fn lstm_vector<V: Lanes, const P: usize, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], keep: bool, q0: usize, v: usize) {
     let p = d.padded;
-    let a = recurrent_product::<V, P, 4>(d, w, s.h, q0, v);
-    let g = &mut *s.g;
-    for n in 0..P {
-        let u = (q0 + n) * PANEL + v * V::LANES;
-        let ig = sigmoid(V::load(&g[u..]) + a[0][n]);
-        let fg = sigmoid(V::load(&g[p + u..]) + a[1][n]);
-        let gg = tanh(V::load(&g[2 * p + u..]) + a[2][n]);
-        let og = sigmoid(V::load(&g[3 * p + u..]) + a[3][n]);
-        let ct = fg.mul_add(V::load(&c[u..]), ig * gg);
-        ct.store(&mut c_out[u..]);
-        (og * tanh(ct)).store(&mut s.h_out[u..]);
-        if s.keep {
-            ig.store(&mut g[u..]);
-            fg.store(&mut g[p + u..]);
-            gg.store(&mut g[2 * p + u..]);
-            og.store(&mut g[3 * p + u..]);
+    let a = recurrent_product::<V, P, R, 4>(d, w, rows, q0, v);
+    for (r, s) in rows.iter_mut().enumerate() {
+        for n in 0..P {
+            let u = (q0 + n) * PANEL + v * V::LANES;
+            let g = &mut *s.g;
+            let ig = sigmoid(V::load(&g[u..]) + a[0][n][r]);
+            let fg = sigmoid(V::load(&g[p + u..]) + a[1][n][r]);
+            let gg = tanh(V::load(&g[2 * p + u..]) + a[2][n][r]);
+            let og = sigmoid(V::load(&g[3 * p + u..]) + a[3][n][r]);
+            let ct = fg.mul_add(V::load(&s.c[u..]), ig * gg);
+            ct.store(&mut s.c_out[u..]);
+            (og * tanh(ct)).store(&mut s.h_out[u..]);
+            if keep {
+                ig.store(&mut g[u..]);
+                fg.store(&mut g[p + u..]);
+                gg.store(&mut g[2 * p + u..]);
+                og.store(&mut g[3 * p + u..]);
+            }
+        }
+    }
+}
+
+/// `w` (gates·hidden × rows, PyTorch's layout) into `panels` in the packed layout
+/// (`layers::recurrent::panel_at`: for each panel of 16 units, each row j and each gate, the 16
+/// units' values, 0 past `hidden`). Blocks of 8 units by 8 rows are transposed in registers (AVX)
+/// where the CPU has it; the rest one value at a time.
+pub(crate) fn pack_panels(gates: usize, hidden: usize, rows: usize, w: &[f32], panels: &mut [f32]) {
+    assert!(
+        w.len() >= gates * hidden * rows && panels.len() >= hidden.div_ceil(PANEL) * rows * gates * PANEL,
+        "pack_panels: short buffers"
+    );
+    #[cfg(target_arch = "x86_64")]
+    let avx = super::has_avx2_fma();
+    for q in 0..hidden.div_ceil(PANEL) {
+        for gate in 0..gates {
+            // W[gate·H + 16q + lane, j] goes to panels[((q·rows + j)·gates + gate)·16 + lane]
+            let src = (gate * hidden + q * PANEL) * rows;
+            let dst = (q * rows * gates + gate) * PANEL;
+            for lane0 in (0..PANEL).step_by(8) {
+                for j0 in (0..rows).step_by(8) {
+                    let whole = q * PANEL + lane0 + 8 <= hidden && j0 + 8 <= rows;
+                    #[cfg(target_arch = "x86_64")]
+                    if whole && avx {
+                        // SAFETY: the CPU has AVX (checked above); the 8×8 block lies inside `w`
+                        // (rows gate·H + 16q + lane0 … + 7 < gates·H, columns j0 … j0 + 7 < rows)
+                        // and inside `panels` (asserted sizes above).
+                        unsafe {
+                            transpose8(
+                                w.as_ptr().add(src + lane0 * rows + j0),
+                                rows,
+                                panels.as_mut_ptr().add(dst + j0 * gates * PANEL + lane0),
+                                gates * PANEL,
+                            )
+                        };
+                        continue;
+                    }
+                    for lane in lane0..lane0 + 8 {
+                        let unit = q * PANEL + lane;
+                        for j in j0..(j0 + 8).min(rows) {
+                            panels[dst + j * gates * PANEL + lane] = if unit < hidden { w[src + lane * rows + j] } else { 0.0 };
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// dst[c·ld_dst + r] = src[r·ld_src + c] for r, c < 8: an 8×8 block transposed in registers.
+///
+/// # Safety
+/// The CPU has AVX; `src` points to 8 rows of 8 readable values `ld_src` apart, `dst` to 8 rows of
+/// 8 writable values `ld_dst` apart, not overlapping them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose8(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract: every load reads a row of 8 values of `src`, every store
+    // writes a row of 8 of `dst`.
+    unsafe {
+        let row = |i: usize| src.add(i * ld_src);
+        let r = [
+            _mm256_loadu_ps(row(0)),
+            _mm256_loadu_ps(row(1)),
+            _mm256_loadu_ps(row(2)),
+            _mm256_loadu_ps(row(3)),
+            _mm256_loadu_ps(row(4)),
+            _mm256_loadu_ps(row(5)),
+            _mm256_loadu_ps(row(6)),
+            _mm256_loadu_ps(row(7)),
+        ];
+        // pairs of rows interleaved, then pairs of pairs, then the 128-bit halves exchanged
+        let t = [
+            _mm256_unpacklo_ps(r[0], r[1]),
+            _mm256_unpackhi_ps(r[0], r[1]),
+            _mm256_unpacklo_ps(r[2], r[3]),
+            _mm256_unpackhi_ps(r[2], r[3]),
+            _mm256_unpacklo_ps(r[4], r[5]),
+            _mm256_unpackhi_ps(r[4], r[5]),
+            _mm256_unpacklo_ps(r[6], r[7]),
+            _mm256_unpackhi_ps(r[6], r[7]),
+        ];
+        let u = [
+            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+            _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+            _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+            _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+            _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+        ];
+        for i in 0..4 {
+            _mm256_storeu_ps(dst.add(i * ld_dst), _mm256_permute2f128_ps::<0x20>(u[i], u[i + 4]));
+            _mm256_storeu_ps(dst.add((i + 4) * ld_dst), _mm256_permute2f128_ps::<0x31>(u[i], u[i + 4]));
         }
     }
 }
@@ -443,8 +608,8 @@ macro_rules! instantiate {
             use super::*;
 
             #[target_feature(enable = $features)]
-            pub(super) fn forward(d: &Dims, w: &Weights, s: Sample, keep: bool) {
-                super::forward::<$lanes, $vpp>(d, w, s, keep)
+            pub(super) fn forward(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+                super::forward::<$lanes, $vpp>(d, w, group, keep)
             }
 
             #[target_feature(enable = $features)]
@@ -467,56 +632,79 @@ mod tests {
     use crate::layers::recurrent::{pack, Streaming};
     use crate::testutil::Rng;
 
-    /// The outputs of one sample's forward and backward passes on one instruction set.
-    fn run(isa: Isa, d: &Dims, packed: &[f32], rows: &[f32], x: &[f32], state: &[f32], dy: &[f32]) -> Vec<Vec<f32>> {
+    /// One sample's inputs: x, the initial state, the output's gradient.
+    type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+    /// The outputs of a group's forward pass and each sample's backward pass, on one instruction
+    /// set.
+    fn run(isa: Isa, d: &Dims, packed: &[f32], rows: &[f32], inputs: &[Inputs]) -> Vec<Vec<f32>> {
         let (t, p, row) = (d.steps, d.padded, d.row());
-        let (mut out, mut gates, mut hprev, mut st, mut cprev) =
-            (vec![f32::NAN; d.out_len()], vec![f32::NAN; t * row], vec![f32::NAN; t * p], state.to_vec(), vec![f32::NAN; t * p]);
-        if d.cell == Cell::Gru {
-            cprev.clear();
-        }
-        let (mut dgates, mut dhprev, mut dstate, mut dcprev) =
-            (vec![f32::NAN; t * row], vec![f32::NAN; t * p], vec![f32::NAN; d.state_len()], vec![f32::NAN; cprev.len()]);
+        let lstm = d.cell == Cell::Lstm;
+        let mut kept: Vec<[Vec<f32>; 4]> = inputs
+            .iter()
+            .map(|(_, state, _)| [vec![f32::NAN; d.out_len()], vec![f32::NAN; t * row], vec![f32::NAN; t * p], state.clone()])
+            .collect();
+        let mut cprevs: Vec<Vec<f32>> = inputs.iter().map(|_| vec![f32::NAN; if lstm { t * p } else { 0 }]).collect();
         let w = Weights::of(d, packed);
-        let s = Sample { x, out: &mut out, gates: &mut gates, hprev: &mut hprev, state: &mut st, cprev: &mut cprev };
+        let mut group: Vec<Sample> = kept
+            .iter_mut()
+            .zip(&mut cprevs)
+            .zip(inputs)
+            .map(|(([out, gates, hprev, state], cprev), (x, _, _))| Sample { x, out, gates, hprev, state, cprev })
+            .collect();
         match isa {
-            Isa::Portable => forward::<f32, 16>(d, &w, s, true),
+            Isa::Portable => forward::<f32, 16>(d, &w, &mut group, true),
             // SAFETY: asked for only where this CPU has it (`Isa::available`).
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { avx2::forward(d, &w, s, true) },
+            Isa::Avx2 => unsafe { avx2::forward(d, &w, &mut group, true) },
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { avx512::forward(d, &w, s, true) },
+            Isa::Avx512 => unsafe { avx512::forward(d, &w, &mut group, true) },
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 | Isa::Avx512 => unreachable!(),
         }
-        let b = BackSample {
-            gates: &gates,
-            hprev: &hprev,
-            state: &st,
-            cprev: &cprev,
-            dy,
-            dgates: &mut dgates,
-            dhprev: &mut dhprev,
-            dstate: &mut dstate,
-            dcprev: &mut dcprev,
-        };
-        match isa {
-            Isa::Portable => backward::<f32, 16>(d, rows, b),
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { avx2::backward(d, rows, b) },
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { avx512::backward(d, rows, b) },
-            #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx512 => unreachable!(),
-        }
+        drop(group);
         // the units of each kept row (padding lanes hold what the lanes' arithmetic left there)
         let units = |v: &[f32], width: usize| -> Vec<f32> {
             v.chunks(width).flat_map(|r| r.chunks(p).flat_map(|b| b[..d.hidden].to_vec())).collect()
         };
-        vec![out, units(&gates, row), units(&hprev, p), units(&st, p), units(&dgates, row), units(&dhprev, p), units(&dcprev, p)]
+        let mut parts = Vec::new();
+        for (([out, gates, hprev, state], cprev), (_, _, dy)) in kept.iter().zip(&cprevs).zip(inputs) {
+            let (mut dgates, mut dhprev, mut dstate, mut dcprev) =
+                (vec![f32::NAN; t * row], vec![f32::NAN; t * p], vec![f32::NAN; d.state_len()], vec![f32::NAN; cprev.len()]);
+            let b = BackSample {
+                gates,
+                hprev,
+                state,
+                cprev,
+                dy,
+                dgates: &mut dgates,
+                dhprev: &mut dhprev,
+                dstate: &mut dstate,
+                dcprev: &mut dcprev,
+            };
+            match isa {
+                Isa::Portable => backward::<f32, 16>(d, rows, b),
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { avx2::backward(d, rows, b) },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { avx512::backward(d, rows, b) },
+                #[cfg(not(target_arch = "x86_64"))]
+                Isa::Avx2 | Isa::Avx512 => unreachable!(),
+            }
+            parts.extend([
+                out.clone(),
+                units(gates, row),
+                units(hprev, p),
+                units(state, p),
+                units(&dgates, row),
+                units(&dhprev, p),
+                units(&dcprev, p),
+            ]);
+        }
+        parts
     }
 
     #[test]
@@ -535,10 +723,12 @@ mod tests {
                     for (dst, src) in rows.chunks_exact_mut(d.padded).zip(params[g * hidden * features..].chunks_exact(hidden)) {
                         dst[..hidden].copy_from_slice(src);
                     }
-                    let (x, state, dy) = (rng.uniform(steps * features), rng.uniform(d.state_len()), rng.uniform(d.out_len()));
-                    let want = run(isas[0], &d, &packed, &rows, &x, &state, &dy);
+                    // a group of five: AVX-512 takes a GRU's four and one, an LSTM's three and two
+                    let inputs: Vec<Inputs> =
+                        (0..5).map(|_| (rng.uniform(steps * features), rng.uniform(d.state_len()), rng.uniform(d.out_len()))).collect();
+                    let want = run(isas[0], &d, &packed, &rows, &inputs);
                     for &isa in &isas[1..] {
-                        let got = run(isa, &d, &packed, &rows, &x, &state, &dy);
+                        let got = run(isa, &d, &packed, &rows, &inputs);
                         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                             let same = a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
                             assert!(

@@ -37,7 +37,7 @@ use super::kind::{Kept, Mode, TensorSpec};
 use super::{BackPass, Pass};
 use crate::chain::{fits, Fill, Plan, Shape, Step};
 use crate::cpu::gemm::{sgemm, Mat, MatMut};
-use crate::cpu::recurrent::{backward_sample, forward_sample, BackSample, Sample};
+use crate::cpu::recurrent::{backward_sample, forward_group, pack_panels, BackSample, Sample, GROUP};
 use crate::cpu::{for_chunks, SharedMut};
 use crate::error::Result;
 use crate::io::Words;
@@ -304,35 +304,30 @@ impl<'a> Weights<'a> {
 }
 
 /// Writes `params` (the step's tensors in PyTorch's layout) in the packed layout into `packed`
-/// (`Dims::packed_len` values): W_ihᵀ and W_hhᵀ in panels (see the module docs; [`panel_at`]),
-/// the biases with gate g's unit u at g·padded + u, padding zero.
+/// (`Dims::packed_len` values): W_ihᵀ and W_hhᵀ in panels (see the module docs), the biases with
+/// gate g's unit u at g·padded + u, padding zero.
 pub(crate) fn pack(d: &Dims, params: &[f32], packed: &mut [f32]) {
     let (g, f, h, p, k) = (d.gates(), d.features, d.hidden, d.padded, d.k());
     let (w_ih, rest) = params.split_at(g * h * f);
     let (w_hh, rest) = rest.split_at(g * h * h);
     let (b_ih, b_hh) = rest.split_at(g * h);
     let packed = &mut packed[..d.packed_len()];
-    packed.fill(0.0);
     let (ih, rest) = packed.split_at_mut(f * k);
     let (hh, rest) = rest.split_at_mut(h * k);
+    pack_panels(g, h, f, w_ih, ih);
+    pack_panels(g, h, h, w_hh, hh);
     let (pb_ih, pb_hh) = rest.split_at_mut(k);
-    for gate in 0..g {
-        for u in 0..h {
-            let (row, col) = (gate * h + u, gate * p + u);
-            for j in 0..f {
-                ih[panel_at(g, f, gate, u, j)] = w_ih[row * f + j];
-            }
-            for j in 0..h {
-                hh[panel_at(g, h, gate, u, j)] = w_hh[row * h + j];
-            }
-            pb_ih[col] = b_ih[row];
-            pb_hh[col] = b_hh[row];
+    for (src, dst) in [(b_ih, pb_ih), (b_hh, pb_hh)] {
+        for (block, dst) in src.chunks_exact(h).zip(dst.chunks_exact_mut(p)) {
+            dst[..h].copy_from_slice(block);
+            dst[h..].fill(0.0);
         }
     }
 }
 
 /// Where the packed layout keeps W[gate·H + u, j] of a matrix of `rows` rows (F or H): in panel
-/// u / 16, row j, gate's 16 values, lane u mod 16.
+/// u / 16, row j, gate's 16 values, lane u mod 16 (the definition `pack` is tested against).
+#[cfg(test)]
 pub(crate) fn panel_at(gates: usize, rows: usize, gate: usize, u: usize, j: usize) -> usize {
     ((u / LANES * rows + j) * gates + gate) * LANES + u % LANES
 }
@@ -394,8 +389,9 @@ fn part(range: &Range<usize>, s: usize, len: usize) -> Range<usize> {
     start..start + len
 }
 
-/// The fast forward: each sample's steps on a thread of the pool (samples are independent), the
-/// input products of all its steps first, then one step after another (`cpu::recurrent`).
+/// The fast forward: the samples' sequences on the threads of the pool (they are independent),
+/// a group of them at a time: the input products of all their steps first, then one step after
+/// another (`cpu::recurrent`).
 pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
     let r = Regions::of(d, step, |i| pass.region(i));
     let params = &pass.params[step.params.clone()];
@@ -409,20 +405,30 @@ pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
     let (t, f, p) = (d.steps, d.features, d.padded);
     let keep = mode == Mode::Train;
     let acts = SharedMut::new(&mut *pass.acts);
+    let sample = |s: usize| {
+        // SAFETY: the step's regions are distinct, and sample s's part of each is its own (each
+        // sample is taken once, by the one task whose chunk holds it).
+        unsafe {
+            Sample {
+                x: acts.slice(part(&r.x, s, t * f)),
+                out: acts.slice(part(&r.out, s, d.out_len())),
+                gates: acts.slice(part(&r.gates, s, t * d.row())),
+                hprev: acts.slice(part(&r.hprev, s, t * p)),
+                state: acts.slice(part(&r.state, s, d.state_len())),
+                cprev: acts.slice(part(&r.cprev, s, if r.cprev.is_empty() { 0 } else { t * p })),
+            }
+        }
+    };
     for_chunks(pass.pool, pass.batch, 1, &|_, samples| {
-        for s in samples {
-            // SAFETY: the step's regions are distinct, and sample s's part of each is its own.
-            let sample = unsafe {
-                Sample {
-                    x: acts.slice(part(&r.x, s, t * f)),
-                    out: acts.slice(part(&r.out, s, d.out_len())),
-                    gates: acts.slice(part(&r.gates, s, t * d.row())),
-                    hprev: acts.slice(part(&r.hprev, s, t * p)),
-                    state: acts.slice(part(&r.state, s, d.state_len())),
-                    cprev: acts.slice(part(&r.cprev, s, if r.cprev.is_empty() { 0 } else { t * p })),
-                }
-            };
-            forward_sample(d, &weights, sample, keep);
+        for first in samples.clone().step_by(GROUP) {
+            let n = GROUP.min(samples.end - first);
+            if n == 1 {
+                // (a stream's usual call: no group to fill)
+                forward_group(d, &weights, &mut [sample(first)], keep);
+                continue;
+            }
+            let mut group: [Sample; GROUP] = std::array::from_fn(|i| if i < n { sample(first + i) } else { Sample::none() });
+            forward_group(d, &weights, &mut group[..n], keep);
         }
     });
 }
@@ -612,6 +618,35 @@ mod tests {
         let err = rel_err(dx, &values(&file, "grad.x"));
         println!("{kind}: d loss / d x rel err {err:.1e}");
         assert!(err <= 1e-5, "{kind}: d loss / d x differs from PyTorch's by {err:e}");
+    }
+
+    /// The packed layout as [`panel_at`] and the module docs define it, on sizes that leave
+    /// ragged blocks (the transposes take whole 8 × 8 blocks, the rest goes one value at a time);
+    /// padding is zero.
+    #[test]
+    fn packing_puts_each_weight_where_the_layout_says() {
+        for (cell, hidden, features) in [(Cell::Gru, 1, 1), (Cell::Lstm, 17, 3), (Cell::Gru, 40, 9), (Cell::Lstm, 64, 16)] {
+            let d = Dims::new(cell, hidden, RnnOutput::Sequence, Streaming::No, Shape::sequence(2, features));
+            let (g, f, h, p, k) = (d.gates(), features, hidden, d.padded, d.k());
+            let params: Vec<f32> = (0..g * h * (f + h + 2)).map(|i| i as f32 + 1.0).collect();
+            let mut packed = vec![f32::NAN; d.packed_len()];
+            pack(&d, &params, &mut packed);
+            let mut want = vec![0.0; d.packed_len()];
+            for gate in 0..g {
+                for u in 0..h {
+                    let row = gate * h + u;
+                    for j in 0..f {
+                        want[panel_at(g, f, gate, u, j)] = params[row * f + j];
+                    }
+                    for j in 0..h {
+                        want[f * k + panel_at(g, h, gate, u, j)] = params[g * h * f + row * h + j];
+                    }
+                    want[(f + h) * k + gate * p + u] = params[g * h * (f + h) + row];
+                    want[(f + h + 1) * k + gate * p + u] = params[g * h * (f + h + 1) + row];
+                }
+            }
+            assert_eq!(packed, want, "{cell:?} {hidden}×{features}");
+        }
     }
 
     #[test]
