@@ -53,10 +53,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--train-steps" => train_steps = number()?,
             "--steps" => steps = number()?,
             "--device" => device = Device::parse(&value)?,
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "unknown option {flag} (usage: sequence [--cell gru|lstm] [--hidden N] [--train-steps N] [--steps N] [--device cpu|cuda])"
             )
-            .into()),
+                .into())
+            }
         }
     }
     if steps == 0 {
