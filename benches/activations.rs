@@ -11,8 +11,16 @@ use flatnn::prelude::*;
 use flatnn::testutil::Rng;
 use std::time::Duration;
 
-const ACTIVATIONS: [(&str, Activation); 5] =
-    [("relu", Relu), ("leaky_relu", LeakyRelu(0.01)), ("tanh", Tanh), ("sigmoid", Sigmoid), ("gelu", Gelu)];
+const ACTIVATIONS: [(&str, Activation); 8] = [
+    ("relu", Relu),
+    ("leaky_relu", LeakyRelu(0.01)),
+    ("tanh", Tanh),
+    ("sigmoid", Sigmoid),
+    ("gelu", Gelu),
+    ("silu", Silu),
+    ("elu", Elu(1.0)),
+    ("softplus", Softplus),
+];
 
 fn passes(c: &mut Criterion) {
     let n = 4096;

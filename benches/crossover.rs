@@ -88,9 +88,10 @@ fn measure(bench: &Bench, place: Place, task: Task, batch: usize, quick: bool) -
     let outputs = model.output_shape().len();
     let mut fwd = model.preallocate(batch)?;
     fwd.set_inputs(&inputs)?;
-    match bench.loss {
-        Loss::Mse => fwd.set_targets(&rng.uniform(batch * outputs))?,
-        Loss::LogitCrossEntropy => fwd.set_labels(&(0..batch).map(|i| (i % outputs) as u32).collect::<Vec<_>>())?,
+    if bench.loss.takes_labels() {
+        fwd.set_labels(&(0..batch).map(|i| (i % outputs) as u32).collect::<Vec<_>>())?
+    } else {
+        fwd.set_targets(&rng.uniform(batch * outputs))?
     }
     let time = match task {
         Task::Forward => median_time(quick, |_| {

@@ -19,12 +19,14 @@ fn macs(model: &Model) -> (u64, u64) {
         let m = match step.layer {
             Layer::Dense(_) => step.weight_len() as u64,
             Layer::Conv(conv) => (step.weight_len() / conv.out_channels * step.output.len()) as u64,
-            Layer::MaxPool(_) | Layer::Flatten(_) => 0,
+            Layer::Conv1d(conv) => (step.weight_len() / conv.out_channels * step.output.len()) as u64,
             // every step's products W_ih·x_t and W_hh·h_{t−1}
             Layer::Gru(_) | Layer::Lstm(_) => match step.input {
                 Shape::Sequence { steps, .. } => (steps * (step.tensors[0].range.len() + step.tensors[1].range.len())) as u64,
-                Shape::Vector(_) | Shape::Image { .. } => unreachable!("a recurrent layer takes a sequence"),
+                _ => unreachable!("a recurrent layer takes a sequence"),
             },
+            // pools, flatten, softmax: no products
+            _ => 0,
         };
         forward += m;
         if i > 0 && m > 0 {

@@ -71,10 +71,11 @@ fn parse() -> Result<Options, String> {
 fn data(model: &Model, loss: Loss, batch: usize) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
     let mut rng = Rng::new(1);
     let (inputs, outputs) = (rng.uniform(batch * model.input_shape().len()), model.output_shape().len());
-    match loss {
-        Loss::LogitCrossEntropy => (inputs, (0..batch).map(|_| rng.below(outputs) as u32).collect(), Vec::new()),
+    if loss.takes_labels() {
+        (inputs, (0..batch).map(|_| rng.below(outputs) as u32).collect(), Vec::new())
+    } else {
         // the autoencoder's sigmoid outputs: targets in [0, 1)
-        Loss::Mse => (inputs, Vec::new(), rng.uniform(batch * outputs).iter().map(|v| 0.5 + 0.5 * v).collect()),
+        (inputs, Vec::new(), rng.uniform(batch * outputs).iter().map(|v| 0.5 + 0.5 * v).collect())
     }
 }
 
@@ -102,9 +103,10 @@ fn one_gpu(model: &Model, loss: Loss, batch: usize, seconds: f64) -> flatnn::Res
     let mut opt = Optimizer::new(&model, Optim::adam(1e-4))?;
     let (x, labels, targets) = data(&model, loss, batch);
     fwd.set_inputs(&x)?;
-    match loss {
-        Loss::LogitCrossEntropy => fwd.set_labels(&labels)?,
-        Loss::Mse => fwd.set_targets(&targets)?,
+    if loss.takes_labels() {
+        fwd.set_labels(&labels)?
+    } else {
+        fwd.set_targets(&targets)?
     }
     time(seconds, |wait| {
         opt.train_step(&mut model, &mut bwd, &mut fwd, loss)?;
@@ -122,9 +124,10 @@ fn gpus(model: &Model, loss: Loss, batch: usize, count: usize, seconds: f64) -> 
     let mut dp = DataParallel::new(model, &devices, batch, Optim::adam(1e-4))?;
     let (x, labels, targets) = data(model, loss, batch);
     dp.set_inputs(&x)?;
-    match loss {
-        Loss::LogitCrossEntropy => dp.set_labels(&labels)?,
-        Loss::Mse => dp.set_targets(&targets)?,
+    if loss.takes_labels() {
+        dp.set_labels(&labels)?
+    } else {
+        dp.set_targets(&targets)?
     }
     let t = time(seconds, |wait| {
         dp.train_step(loss)?;

@@ -96,9 +96,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut opt = Optimizer::new(&model, Optim::adam(1e-4))?;
     fwd.set_inputs(&inputs)?;
     let (targets, labels) = (rng.uniform(batch * outputs), (0..batch).map(|i| (i % outputs) as u32).collect::<Vec<_>>());
-    match loss {
-        Loss::Mse => fwd.set_targets(&targets)?,
-        Loss::LogitCrossEntropy => fwd.set_labels(&labels)?,
+    if loss.takes_labels() {
+        fwd.set_labels(&labels)?
+    } else {
+        fwd.set_targets(&targets)?
     }
     let mut call = |wait: bool| -> flatnn::Result<()> {
         if task == "forward" || task == "forward-resident" {
@@ -114,9 +115,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
             if task == "train-host" {
                 // and the labels or targets too, as a training loop over host data
-                match loss {
-                    Loss::Mse => fwd.set_targets(&targets)?,
-                    Loss::LogitCrossEntropy => fwd.set_labels(&labels)?,
+                if loss.takes_labels() {
+                    fwd.set_labels(&labels)?
+                } else {
+                    fwd.set_targets(&targets)?
                 }
             }
             if task == "backprop" || task == "train-split" {

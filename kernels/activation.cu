@@ -1,6 +1,6 @@
 // Bias and activation (src/activation.rs, src/layers/mod.rs). Each activation `<name>` of the
 // Rust enum has two device functions here, act_apply_<name>(p, z) and act_derivative_<name>(p, z,
-// y) (p: its parameter, leaky ReLU's slope; y = act(z)); the prelude generated from the enum
+// y) (p: its parameter, leaky ReLU's slope or ELU's alpha; y = act(z)); the prelude generated from the enum
 // (src/cuda/context.rs) defines ACT_<NAME> as its id and ACT_APPLY_SWITCH / ACT_DERIVATIVE_SWITCH,
 // which call them, so an activation with no functions here does not compile. GELU uses the same
 // erf fit as the CPU (Numerical Recipes, |error| < 1.2e-7), so the two agree to rounding rather
@@ -48,6 +48,24 @@ __device__ __forceinline__ float act_derivative_sigmoid(float p, float z, float 
 __device__ __forceinline__ float act_apply_gelu(float p, float z) { return z * normal_cdf(z); }
 __device__ __forceinline__ float act_derivative_gelu(float p, float z, float y) {
     return normal_cdf(z) + z * 0.3989422804014327f * expf(-(z * z) * 0.5f);
+}
+
+// z·σ(z) = z / (1 + e^−z); d/dz = σ(z)·(1 + z·(1 − σ(z)))
+__device__ __forceinline__ float act_apply_silu(float p, float z) { return z / (1.0f + expf(-z)); }
+__device__ __forceinline__ float act_derivative_silu(float p, float z, float y) {
+    float s = 1.0f / (1.0f + expf(-z));
+    return s * (1.0f + z * (1.0f - s));
+}
+
+// p = alpha: z for z > 0, else alpha·(e^z − 1); d/dz = alpha·e^z there (not y + alpha, which
+// cancels to 0 where e^z is below an ulp), as the CPU
+__device__ __forceinline__ float act_apply_elu(float p, float z) { return z > 0.0f ? z : p * expm1f(z); }
+__device__ __forceinline__ float act_derivative_elu(float p, float z, float y) { return z > 0.0f ? 1.0f : p * expf(z); }
+
+// ln(1 + e^z), z itself above 20 (PyTorch's threshold, beta 1); d/dz = σ(z), 1 above 20
+__device__ __forceinline__ float act_apply_softplus(float p, float z) { return z > 20.0f ? z : log1pf(expf(z)); }
+__device__ __forceinline__ float act_derivative_softplus(float p, float z, float y) {
+    return z > 20.0f ? 1.0f : 1.0f / (1.0f + expf(-z));
 }
 
 // y = act(z), act an ACT_ id and slope its parameter

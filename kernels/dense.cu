@@ -307,7 +307,7 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
 // and db with atomic adds, which the host has cleared (src/cuda/head.rs, DenseEpilogue): two
 // addends to a zero give the same bits in either order, so the result does not depend on which
 // block lands first. (Exchanging the halves through a cluster's shared memory instead, a pull
-// after cluster barriers, cost ~3.3 µs a block at the end; see BENCHMARKS.md.)
+// after cluster barriers, cost ~3.3 µs a block at the end.)
 #define MMA_THREADS 256  // the host's BLOCK
 #define MMA_KC 64
 #define MMA_STAGES 4

@@ -118,3 +118,38 @@ extern "C" __global__ void mse(const float* y, const float* t, float* dy, double
     }
     finish_loss(block_sum_f64(acc, buf), scratch, mean_scale, loss, totals, buf);
 }
+
+// The losses of one term per value (src/loss.rs, `Loss::term`) over n values, `kind` saying
+// which (`ops::elementwise_loss_kind`): 0 binary cross-entropy on logits, ℓ = max(y, 0) − y·t +
+// ln(1 + e^−|y|), ℓ′ = σ(y) − t; 1 L1, ℓ = |d|, ℓ′ = sign(d) (0 at 0); 2 smooth L1 with
+// `beta`, ℓ = ½d²/β where |d| < β, else |d| − ½β, ℓ′ = d/β or sign(d); d = y − t. dy =
+// ℓ′·grad_scale with grad_scale = 1/n in f32, value = Σ ℓ (each in f32, summed in f64) ·
+// mean_scale with mean_scale = 1/n: the CPU's operations in its order.
+__device__ __forceinline__ float loss_sign(float v) { return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : 0.0f); }
+
+extern "C" __global__ void elementwise_loss(const float* y, const float* t, float* dy, double* loss, double* scratch, int n, int kind,
+                                            float beta, float grad_scale, double mean_scale) {
+    after_prior();
+    __shared__ double buf[REDUCE_THREADS];
+    LossTotals totals = loss_totals(loss);
+    double acc = 0.0;
+    GRID_STRIDE(i, n) {
+        float v = y[i], target = t[i], value, grad;
+        if (kind == 0) {
+            value = fmaxf(v, 0.0f) - v * target + log1pf(expf(-fabsf(v)));
+            grad = 1.0f / (1.0f + expf(-v)) - target;
+        } else {
+            float d = v - target, a = fabsf(d);
+            if (kind == 2 && a < beta) {
+                value = 0.5f * d * d / beta;
+                grad = d / beta;
+            } else {
+                value = kind == 2 ? a - 0.5f * beta : a;
+                grad = loss_sign(d);
+            }
+        }
+        acc += (double)value;
+        dy[i] = grad * grad_scale;
+    }
+    finish_loss(block_sum_f64(acc, buf), scratch, mean_scale, loss, totals, buf);
+}

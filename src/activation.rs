@@ -50,9 +50,19 @@ activations! {
     Sigmoid = "sigmoid",
     /// y = z·Φ(z), Φ the standard normal CDF (PyTorch's exact `GELU()`, erf-based)
     Gelu = "gelu",
+    /// y = z·σ(z) = z / (1 + e^−z) (PyTorch's `SiLU()`, also called swish)
+    Silu = "silu",
+    /// y = z for z > 0, else alpha·(e^z − 1) (PyTorch's `ELU(alpha)`; its default alpha is 1)
+    Elu(alpha) = "elu",
+    /// y = ln(1 + e^z), and z itself above 20 (PyTorch's `Softplus()`: beta 1, threshold 20)
+    Softplus = "softplus",
 }
 
-pub use Activation::{Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
+pub use Activation::{Elu, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Silu, Softplus, Tanh};
+
+/// Where Softplus is z itself (PyTorch's default threshold, with beta 1): beyond it ln(1 + e^z)
+/// differs from z by less than e^−20 ≈ 2e-9.
+const SOFTPLUS_THRESHOLD: f64 = 20.0;
 
 const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
@@ -73,6 +83,21 @@ impl Activation {
             Tanh => z.tanh(),
             Sigmoid => F::ONE / (F::ONE + (-z).exp()),
             Gelu => z * normal_cdf(z),
+            Silu => z / (F::ONE + (-z).exp()),
+            Elu(alpha) => {
+                if z > F::ZERO {
+                    z
+                } else {
+                    F::of(alpha as f64) * z.exp_m1()
+                }
+            }
+            Softplus => {
+                if z > F::of(SOFTPLUS_THRESHOLD) {
+                    z
+                } else {
+                    z.exp().ln_1p()
+                }
+            }
         }
     }
 
@@ -99,16 +124,38 @@ impl Activation {
             Sigmoid => y * (F::ONE - y),
             // d/dz z·Φ(z) = Φ(z) + z·φ(z)
             Gelu => normal_cdf(z) + z * F::of(FRAC_1_SQRT_2PI) * (-(z * z) * F::of(0.5)).exp(),
+            // d/dz z·σ(z) = σ(z)·(1 + z·(1 − σ(z)))
+            Silu => {
+                let s = F::ONE / (F::ONE + (-z).exp());
+                s * (F::ONE + z * (F::ONE - s))
+            }
+            // alpha·e^z rather than y + alpha, which cancels to 0 where e^z is below an ulp
+            Elu(alpha) => {
+                if z > F::ZERO {
+                    F::ONE
+                } else {
+                    F::of(alpha as f64) * z.exp()
+                }
+            }
+            // σ(z)
+            Softplus => {
+                if z > F::of(SOFTPLUS_THRESHOLD) {
+                    F::ONE
+                } else {
+                    F::ONE / (F::ONE + (-z).exp())
+                }
+            }
         }
     }
 
     /// `y[i] = act(z[i])` for every i: the fast CPU path of [`Activation::apply`], vectorised.
     ///
-    /// Tanh, Sigmoid and Gelu are polynomial approximations (AVX-512, AVX2 or portable, all
-    /// giving the same bits) within, of the exact value: tanh 1.35 ulp, sigmoid 0.85 ulp, GELU
-    /// 5.25 ulp (3.6e-7 relative), measured over every f32 from 2⁻³⁰ to 2⁷ in magnitude. ±∞ give
-    /// the limits (GELU(−∞) = −0, where `apply` gives NaN) and NaN gives NaN. The others are
-    /// exact.
+    /// Tanh, Sigmoid, Gelu, Silu, Elu and Softplus are polynomial approximations (AVX-512, AVX2
+    /// or portable, all giving the same bits) within, of the exact value: tanh 1.35 ulp, sigmoid
+    /// 0.85 ulp, GELU 5.25 ulp (3.6e-7 relative), SiLU 1.5 ulp, ELU's e^z − 1 1.15 ulp (then
+    /// times alpha, rounded once more), softplus 2.0 ulp, measured over every f32 from 2⁻³⁰ to 2⁷
+    /// in magnitude (`cpu::vmath`). ±∞ give the limits (GELU(−∞) and SiLU(−∞) are −0, where
+    /// `apply` gives NaN) and NaN gives NaN. The others are exact.
     ///
     /// # Panics
     /// If `z` and `y` differ in length.
@@ -125,13 +172,21 @@ impl Activation {
             Tanh => vmath::tanh(z, y),
             Sigmoid => vmath::sigmoid(z, y),
             Gelu => vmath::gelu(z, y),
+            Silu => vmath::silu(z, y),
+            Elu(alpha) => {
+                // α·(e^z − 1) at every z, then z itself where it is positive
+                vmath::expm1(z, y);
+                y.iter_mut().zip(z).for_each(|(y, &z)| *y = if z > 0.0 { z } else { alpha * *y });
+            }
+            Softplus => vmath::softplus(z, y),
         }
     }
 
     /// `dz[i] = dy[i]·act′(z[i])` for every i, given y = act(z): the fast CPU path of
     /// [`Activation::derivative`]. Tanh′ = 1 − y² and sigmoid′ = y·(1 − y) are as there;
-    /// GELU′ = Φ(z) + z·φ(z) is vectorised and within 3.75 ulp of the larger of its two terms
-    /// (dz then has one more rounding).
+    /// GELU′ = Φ(z) + z·φ(z) and SiLU′ = σ(z)·(1 + z·σ(−z)) are vectorised and within 3.75 and
+    /// 2.6 ulp of the larger of their two terms; ELU′ = alpha·e^z takes e^z within 0.8 ulp and
+    /// softplus′ = σ(z) within 0.85 ulp (dz then has one or two more roundings).
     ///
     /// # Panics
     /// If the four slices differ in length.
@@ -150,6 +205,16 @@ impl Activation {
             Tanh => map(z, y, dy, dz, |z, y| Tanh.derivative(z, y)),
             Sigmoid => map(z, y, dy, dz, |z, y| Sigmoid.derivative(z, y)),
             Gelu => vmath::gelu_backward(z, dy, dz),
+            Silu => vmath::silu_backward(z, dy, dz),
+            Elu(alpha) => {
+                // e^z into dz, then dy·α·e^z, or dy where z is positive
+                dz.copy_from_slice(z);
+                vmath::exp_in_place(dz);
+                for i in 0..n {
+                    dz[i] = if z[i] > 0.0 { dy[i] } else { dy[i] * (alpha * dz[i]) };
+                }
+            }
+            Softplus => vmath::sigmoid_times(z, dy, dz),
         }
     }
 
@@ -157,7 +222,17 @@ impl Activation {
     pub(crate) fn param(self) -> Option<f32> {
         match self {
             LeakyRelu(slope) => Some(slope),
-            Identity | Relu | Tanh | Sigmoid | Gelu => None,
+            Elu(alpha) => Some(alpha),
+            Identity | Relu | Tanh | Sigmoid | Gelu | Silu | Softplus => None,
+        }
+    }
+
+    /// What its parameter is, for errors (`"leaky ReLU slope"`), where its kind takes one.
+    pub(crate) fn param_name(self) -> Option<&'static str> {
+        match self {
+            LeakyRelu(_) => Some("leaky ReLU slope"),
+            Elu(_) => Some("ELU alpha"),
+            Identity | Relu | Tanh | Sigmoid | Gelu | Silu | Softplus => None,
         }
     }
 
@@ -165,7 +240,8 @@ impl Activation {
     pub(crate) fn with_param(self, value: f32) -> Activation {
         match self {
             LeakyRelu(_) => LeakyRelu(value),
-            Identity | Relu | Tanh | Sigmoid | Gelu => self,
+            Elu(_) => Elu(value),
+            Identity | Relu | Tanh | Sigmoid | Gelu | Silu | Softplus => self,
         }
     }
 
@@ -240,22 +316,22 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for a in [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu] {
+        for a in [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu, Silu, Elu(1.0), Elu(0.5), Softplus] {
             assert_eq!(Activation::from_name(&a.name()), Some(a));
         }
         assert_eq!(Activation::from_name("swish"), None);
     }
 
     /// The fast passes against the spec, on odd lengths (vectors and tails), outputs poisoned
-    /// with NaN and a guard past them. Tanh, sigmoid and GELU against the spec in f64 within
-    /// the bounds on `apply_slice` and `backward_slice` (an ulp of v is at most 2⁻²³·|v|, and
-    /// the spec's erf is itself within 1.2e-7, so Φ within 6e-8); the rest against the spec in
-    /// f32, exactly.
+    /// with NaN and a guard past them. The vectorised ones against the spec in f64 within the
+    /// bounds on `apply_slice` and `backward_slice` (an ulp of v is at most 2⁻²³·|v|, and the
+    /// spec's erf is itself within 1.2e-7, so Φ within 6e-8); the rest against the spec in f32,
+    /// exactly.
     #[test]
     fn fast_passes_match_the_spec() {
         let ulp = |v: f64| v.abs() * 2f64.powi(-23) + 2f64.powi(-149);
         let mut rng = crate::testutil::Rng::new(3);
-        for act in [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu] {
+        for act in [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu, Silu, Elu(0.7), Softplus] {
             for n in (0..=37).chain([1000, 1001]) {
                 let z: Vec<f32> = rng.uniform(n).iter().map(|v| 12.0 * v).collect();
                 let dy = rng.uniform(n);
@@ -265,23 +341,40 @@ mod tests {
                 assert!(y[n].is_nan() && dz[n].is_nan(), "{act:?}, n = {n}: wrote past the slice");
                 for i in 0..n {
                     let (z64, dy64) = (z[i] as f64, dy[i] as f64);
-                    let (y_tol, dz_tol) = match act {
-                        Tanh => (1.35 * ulp(z64.tanh()), 0.0),
-                        Sigmoid => (0.85 * ulp(Sigmoid.apply(z64)), 0.0),
+                    let sigmoid = |v: f64| Sigmoid.apply(v);
+                    // the f64 reference of dz and the bound on it, where dz is not exact
+                    let (y_tol, dz_want) = match act {
+                        Tanh => (1.35 * ulp(z64.tanh()), None),
+                        Sigmoid => (0.85 * ulp(Sigmoid.apply(z64)), None),
                         Gelu => {
                             let (cdf, density) = (normal_cdf(z64), z64 * FRAC_1_SQRT_2PI * (-z64 * z64 / 2.0).exp());
                             let dz_tol = dy64.abs() * (3.75 * ulp(cdf.max(density.abs())) + 6e-8) + ulp(dy64 * (cdf + density));
-                            (5.25 * ulp(Gelu.apply(z64)) + z64.abs() * 6e-8, dz_tol)
+                            (5.25 * ulp(Gelu.apply(z64)) + z64.abs() * 6e-8, Some((dy64 * Gelu.derivative(z64, 0.0), dz_tol)))
                         }
-                        _ => (0.0, 0.0),
+                        Silu => {
+                            let (s, t) = (sigmoid(z64), z64 * sigmoid(z64) * sigmoid(-z64));
+                            let want = dy64 * (s + t);
+                            (1.5 * ulp(Silu.apply(z64)), Some((want, dy64.abs() * 2.6 * ulp(s.max(t.abs())) + ulp(want))))
+                        }
+                        Elu(alpha) if z64 <= 0.0 => {
+                            let (alpha, e) = (alpha as f64, z64.exp());
+                            let want = dy64 * alpha * e;
+                            let y_tol = alpha * 1.15 * ulp(z64.exp_m1()) + ulp(alpha * z64.exp_m1());
+                            (y_tol, Some((want, dy64.abs() * (alpha * 0.8 * ulp(e) + ulp(alpha * e)) + ulp(want))))
+                        }
+                        Softplus => {
+                            let want = dy64 * sigmoid(z64);
+                            (2.0 * ulp(Softplus.apply(z64)), Some((want, dy64.abs() * 0.85 * ulp(sigmoid(z64)) + ulp(want))))
+                        }
+                        _ => (0.0, None),
                     };
                     let y_want = if y_tol > 0.0 { act.apply(z64) } else { act.apply(z[i]) as f64 };
-                    let dz_want = if act == Gelu { dy64 * Gelu.derivative(z64, 0.0) } else { (dy[i] * act.derivative(z[i], y[i])) as f64 };
                     assert!((y[i] as f64 - y_want).abs() <= y_tol, "{act:?}({}) = {}, want {y_want}", z[i], y[i]);
-                    if act == Gelu {
-                        assert!((dz[i] as f64 - dz_want).abs() <= dz_tol, "{act:?}: dz at z = {} is {}, want {dz_want}", z[i], dz[i]);
-                    } else {
-                        assert_eq!(dz[i] as f64, dz_want, "{act:?}: dz at z = {}", z[i]);
+                    match dz_want {
+                        Some((want, tol)) => {
+                            assert!((dz[i] as f64 - want).abs() <= tol, "{act:?}: dz at z = {} is {}, want {want}", z[i], dz[i])
+                        }
+                        None => assert_eq!(dz[i], dy[i] * act.derivative(z[i], y[i]), "{act:?}: dz at z = {}", z[i]),
                     }
                 }
             }
@@ -291,7 +384,7 @@ mod tests {
     #[test]
     fn every_kind_is_listed_once_and_parameters_are_named() {
         let names: Vec<&str> = Activation::ALL.iter().map(|a| a.kind_name()).collect();
-        assert_eq!(names, ["identity", "relu", "leaky_relu", "tanh", "sigmoid", "gelu"]);
+        assert_eq!(names, ["identity", "relu", "leaky_relu", "tanh", "sigmoid", "gelu", "silu", "elu", "softplus"]);
         for a in Activation::ALL {
             let with = a.with_param(0.25);
             assert_eq!(Activation::from_name(&with.name()), Some(with), "{a:?}");

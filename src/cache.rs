@@ -166,8 +166,8 @@ impl Cache {
         Ok(&mut self.labels[..batch])
     }
 
-    /// Sets real-valued targets for [`crate::Loss::Mse`] (`batch × outputs`); every value must
-    /// be finite. Nothing is written on error.
+    /// Sets real-valued targets for [`crate::Loss::Mse`] and the other losses that take them
+    /// (`batch × outputs`); every value must be finite. Nothing is written on error.
     pub fn set_targets(&mut self, targets: &[f32]) -> Result<()> {
         let outputs = self.plan.output().len();
         if !targets.len().is_multiple_of(outputs) {
@@ -193,13 +193,13 @@ impl Cache {
         Ok(&mut self.targets[..batch * self.plan.output().len()])
     }
 
-    /// Copies the batch's labels (for cross-entropy) or targets (MSE) back into the host's
+    /// Copies the batch's labels (for cross-entropy) or targets (the other losses) back into the host's
     /// buffers where a loader wrote them on the device, for a loss computed on the host.
     pub(crate) fn targets_to_host(&mut self, loss: Loss) -> Result<()> {
         let len = self.batch * self.plan.output().len();
-        match (&self.dev, loss) {
-            (Some(dev), Loss::LogitCrossEntropy) if self.labels_on_device => dev.download_labels(&mut self.labels[..self.batch]),
-            (Some(dev), Loss::Mse) if self.targets_on_device => dev.download_targets(&mut self.targets[..len]),
+        match &self.dev {
+            Some(dev) if loss.takes_labels() && self.labels_on_device => dev.download_labels(&mut self.labels[..self.batch]),
+            Some(dev) if !loss.takes_labels() && self.targets_on_device => dev.download_targets(&mut self.targets[..len]),
             _ => Ok(()),
         }
     }

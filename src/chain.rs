@@ -9,14 +9,13 @@
 //! PyTorch's recurrent layers take it with `batch_first=True` (`x[n, t, f]`).
 //!
 //! A 1-D convolution's input, PyTorch's `(N, C, L)`, is channel-major: the transpose of a
-//! sequence. It is to get a shape of its own, `Signal { channels, length }`, rather than be read
+//! sequence. It has a shape of its own, `Signal { channels, length }`, rather than be read
 //! as an `Image { channels, height: 1, width: length }`, so that summaries and errors name it as
 //! the user wrote it (`signal(1×256)`, not `image(1×1×256)`), 2-D layers refuse it, and a model
 //! that feeds a convolution over time into a recurrent layer states the transpose between them
-//! (as `x.transpose(1, 2)` does in PyTorch) instead of reading one layout as the other. Its
-//! kernels can still be the 2-D convolution's and max-pool's over a height of 1 (a
-//! `conv::Geometry` with kernel (1, k)): the shape is what the user sees and the plan checks, the
-//! memory is the same.
+//! (as `x.transpose(1, 2)` does in PyTorch) instead of reading one layout as the other. The 1-D
+//! convolution runs as the 2-D one over a height of 1 (a `conv::Geometry` with kernel (1, k)):
+//! the shape is what the user sees and the plan checks, the memory is the same.
 
 use crate::error::Result;
 pub use crate::layers::conv::ConvOptions;
@@ -26,7 +25,7 @@ pub(crate) use crate::plan::{batch_len, fits};
 pub use crate::plan::{Fill, Plan, Step, Tensor};
 
 /// The shape of one sample, batch-first as PyTorch lays it out: images channel-major (C, H, W),
-/// sequences step-major (steps, features).
+/// sequences step-major (steps, features), signals channel-major (C, L).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shape {
     /// A vector of `n` features.
@@ -35,6 +34,9 @@ pub enum Shape {
     Image { channels: usize, height: usize, width: usize },
     /// A sequence of `steps` time steps of `features` values each, step-major.
     Sequence { steps: usize, features: usize },
+    /// A signal of `channels` rows of `length` values each, channel-major: what a 1-D
+    /// convolution takes (PyTorch's `(N, C, L)`).
+    Signal { channels: usize, length: usize },
 }
 
 impl Shape {
@@ -55,6 +57,12 @@ impl Shape {
         Shape::Sequence { steps, features }
     }
 
+    /// A signal input of `channels` rows of `length` values each, channel-major, as PyTorch's
+    /// `Conv1d` takes one sample `(C, L)`.
+    pub fn signal(channels: usize, length: usize) -> Shape {
+        Shape::Signal { channels, length }
+    }
+
     /// Number of f32 values per sample, or `usize::MAX` where that product does not fit in
     /// `usize` (a shape [`Plan::new`] refuses: every shape of a plan has its exact length).
     pub fn len(self) -> usize {
@@ -63,6 +71,7 @@ impl Shape {
             // min(C·H·W, usize::MAX): once saturated, a zero factor still gives 0
             Shape::Image { channels, height, width } => channels.saturating_mul(height).saturating_mul(width),
             Shape::Sequence { steps, features } => steps.saturating_mul(features),
+            Shape::Signal { channels, length } => channels.saturating_mul(length),
         }
     }
 
@@ -78,6 +87,7 @@ impl std::fmt::Display for Shape {
             Shape::Vector(n) => write!(f, "vector({n})"),
             Shape::Image { channels, height, width } => write!(f, "image({channels}×{height}×{width})"),
             Shape::Sequence { steps, features } => write!(f, "sequence({steps}×{features})"),
+            Shape::Signal { channels, length } => write!(f, "signal({channels}×{length})"),
         }
     }
 }

@@ -10,18 +10,22 @@
 //! for Adam, AdamW and RMSProp, `optimizer.state.{i}.step`, a scalar. The exact step count is
 //! the metadata's `flatnn.steps`; `flatnn.optimizer` describes the settings for people
 //! (loading takes the settings from the code that built the optimiser, as it does the model's).
+//! `flatnn.seed` and `flatnn.train_passes` are the model's dropout seed and its count of
+//! training passes ([`Model::train_passes`]), from which dropout draws the next pass's masks.
 
 use crate::error::{Error, Result};
-use crate::io::{describe, format_err, read_f32, tensors, write_atomically, Tensor, ARCHITECTURE_KEY, OPTIMIZER_PREFIX};
+use crate::io::{describe, format_err, read_f32, tensors, views, write_atomically, Tensor, ARCHITECTURE_KEY, OPTIMIZER_PREFIX};
 use crate::model::Model;
 use crate::optim::{Optim, Optimizer};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, SafeTensors};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
 const STEPS_KEY: &str = "flatnn.steps";
 const SETTINGS_KEY: &str = "flatnn.optimizer";
+const SEED_KEY: &str = "flatnn.seed";
+const PASSES_KEY: &str = "flatnn.train_passes";
 
 /// PyTorch's names of an optimiser's per-parameter state, in the order of its flat state's
 /// blocks ([`Optimizer::state`]).
@@ -74,23 +78,20 @@ impl Model {
         let mut entries = self.file_tensors()?;
         for (i, t) in parameter_order(self).into_iter().enumerate() {
             for (block, name) in state_names(config).iter().enumerate() {
-                entries.push((state_name(i, name), le_bytes(&state[block * n..][t.range.clone()]), t.shape.clone()));
+                entries.push((state_name(i, name), Dtype::F32, le_bytes(&state[block * n..][t.range.clone()]), t.shape.clone()));
             }
             if keeps_step(config) {
-                entries.push((state_name(i, "step"), le_bytes(&[steps as f32]), Vec::new()));
+                entries.push((state_name(i, "step"), Dtype::F32, le_bytes(&[steps as f32]), Vec::new()));
             }
         }
-        let views = entries
-            .iter()
-            .map(|(name, data, shape)| {
-                Ok((name.as_str(), TensorView::new(Dtype::F32, shape.clone(), data).map_err(|e| format_err(path, e))?))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let views = views(&entries, path)?;
         let settings = format!("{config:?}; {:?}; {:?}", opt.clip(), opt.schedule());
         let metadata = HashMap::from([
             (ARCHITECTURE_KEY.to_owned(), describe(&self.plan)),
             (STEPS_KEY.to_owned(), steps.to_string()),
             (SETTINGS_KEY.to_owned(), settings),
+            (SEED_KEY.to_owned(), self.seed.to_string()),
+            (PASSES_KEY.to_owned(), self.train_passes().to_string()),
         ]);
         let file = safetensors::serialize(views, &Some(metadata)).map_err(|e| format_err(path, e))?;
         write_atomically(path, &file)
@@ -116,8 +117,12 @@ impl Model {
         if *get(ARCHITECTURE_KEY)? != architecture {
             return Err(bad(format!("a checkpoint of another model ({:?}); this one is {architecture:?}", get(ARCHITECTURE_KEY)?)));
         }
-        let steps = get(STEPS_KEY)?;
-        let steps: u64 = steps.parse().map_err(|_| bad(format!("{STEPS_KEY} {steps:?} is not a step count")))?;
+        let count =
+            |key: &str, value: &String| -> Result<u64> { value.parse().map_err(|_| bad(format!("{key} {value:?} is not a whole number"))) };
+        let steps = count(STEPS_KEY, get(STEPS_KEY)?)?;
+        // (a checkpoint written before dropout came has neither: the model keeps its own)
+        let draw = |key: &str, own: u64| metadata.and_then(|m| m.get(key)).map_or(Ok(own), |v| count(key, v));
+        let (seed, passes) = (draw(SEED_KEY, self.seed)?, draw(PASSES_KEY, self.train_passes())?);
         let file = SafeTensors::deserialize(&bytes).map_err(|e| format_err(path, e))?;
         let (params, buffers) = self.read_tensors(&file, path)?;
         let (n, config) = (self.plan.param_len, opt.config());
@@ -146,6 +151,7 @@ impl Model {
         }
         self.set_parameters(&params)?;
         self.set_buffers(&buffers)?;
+        self.set_train_passes(seed, passes)?;
         opt.set_state(&state, steps)
     }
 }

@@ -37,8 +37,11 @@ impl DevServer {
 }
 
 impl DevModel {
-    pub fn on(_ordinal: usize, _params: &[f32], _buffers: &[f32], _options: GpuOptions) -> Result<DevModel> {
+    pub fn on(_ordinal: usize, _params: &[f32], _buffers: &[f32], _draw: crate::layers::Draw, _options: GpuOptions) -> Result<DevModel> {
         Err(no_cuda())
+    }
+    pub fn set_draw(&mut self, _seed: u64, _passes: u64) -> Result<()> {
+        match *self {}
     }
     pub fn device(&self) -> Device {
         match *self {}

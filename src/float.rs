@@ -22,7 +22,11 @@ pub trait Float:
     fn of(x: f64) -> Self;
     fn f64(self) -> f64;
     fn exp(self) -> Self;
+    /// e^x − 1, accurate near 0.
+    fn exp_m1(self) -> Self;
     fn ln(self) -> Self;
+    /// ln(1 + x), accurate near 0.
+    fn ln_1p(self) -> Self;
     fn tanh(self) -> Self;
     fn sqrt(self) -> Self;
     fn max(self, other: Self) -> Self;
@@ -46,8 +50,16 @@ macro_rules! float_impl {
                 <$t>::exp(self)
             }
             #[inline(always)]
+            fn exp_m1(self) -> Self {
+                <$t>::exp_m1(self)
+            }
+            #[inline(always)]
             fn ln(self) -> Self {
                 <$t>::ln(self)
+            }
+            #[inline(always)]
+            fn ln_1p(self) -> Self {
+                <$t>::ln_1p(self)
             }
             #[inline(always)]
             fn tanh(self) -> Self {

@@ -64,6 +64,23 @@ impl Gemm {
         self.pool.threads()
     }
 
+    /// The instruction set of the kernel: `avx512`, `avx2` or `portable`, the best this CPU
+    /// has (capped by the environment variable `FLATNN_ISA`, read once per process). AVX2 and
+    /// AVX-512 give the same bits; the portable kernel may differ from them in the last bits.
+    pub fn isa(&self) -> &'static str {
+        self.ws.isa().name()
+    }
+
+    /// B (k×n, any strides) packed once for this product's kernel, for products that reuse
+    /// it ([`Gemm::sgemm_packed`]); [`crate::Error::Shape`] if `b`'s slice is too short for
+    /// k×n with its strides, [`crate::Error::OutOfMemory`] if the k·n values cannot be had.
+    pub fn pack(&self, k: usize, n: usize, b: Mat) -> Result<PackedB> {
+        gemm::check_extent("B", b.data.len(), k, n, b.rs, b.cs)?;
+        let mut packed = gemm::PackedB::new(self.ws.isa(), k, n)?;
+        packed.pack(b);
+        Ok(PackedB(packed))
+    }
+
     /// C (m×n) ← α·A (m×k)·B (k×n) + β·C; if β is zero, C need not be initialised.
     ///
     /// Preconditions, checked before anything is written ([`crate::Error::Shape`] otherwise):
@@ -78,4 +95,20 @@ impl Gemm {
         gemm::sgemm(&self.pool, &mut self.ws, m, n, k, alpha, a, b, beta, c);
         Ok(())
     }
+
+    /// C (m×n) ← α·A (m×k)·B + β·C with B packed by [`Gemm::pack`] (its k and n); the same
+    /// bits as [`Gemm::sgemm`] gives with B unpacked, except where that multiplies single
+    /// rows without packing (one row of A or one column of B, or k ≤ 4). Preconditions as
+    /// for [`Gemm::sgemm`], checked before anything is written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgemm_packed(&mut self, m: usize, alpha: f32, a: Mat, b: &PackedB, beta: f32, c: MatMut) -> Result<()> {
+        let (k, n) = (b.0.k(), b.0.n());
+        gemm::check_extent("A", a.data.len(), m, k, a.rs, a.cs)?;
+        gemm::check_c(m, n, &c)?;
+        gemm::sgemm_packed_b(&self.pool, &mut self.ws, m, alpha, a, &b.0, beta, c);
+        Ok(())
+    }
 }
+
+/// A k×n B operand packed once by [`Gemm::pack`], in the layout its kernel reads.
+pub struct PackedB(gemm::PackedB);

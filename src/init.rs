@@ -76,6 +76,10 @@ pub fn fill(plan: &Plan, params: &mut [f32], init: Init, seed: u64) {
                 params[tensor.range.clone()].fill(value);
                 continue;
             }
+            Fill::Count => {
+                params[tensor.range.clone()].fill(0.0);
+                continue;
+            }
         };
         let mut draw: Box<dyn FnMut(&mut Rng) -> f64> = match init {
             Init::Zeros => Box::new(|_| 0.0),
@@ -90,10 +94,15 @@ pub fn fill(plan: &Plan, params: &mut [f32], init: Init, seed: u64) {
     }
 }
 
-/// Sets every buffer tensor of `plan` in `buffers` (the plan's buffer layout) to its constant.
+/// Sets every buffer tensor of `plan` in `buffers` (the plan's buffer layout) to its constant
+/// (a count to 0).
 pub(crate) fn fill_buffers(plan: &Plan, buffers: &mut [f32]) {
     for tensor in plan.steps.iter().flat_map(|s| &s.buffers) {
-        let Fill::Constant(value) = tensor.fill else { unreachable!("a buffer starts at a constant (Plan::new)") };
+        let value = match tensor.fill {
+            Fill::Constant(value) => value,
+            Fill::Count => 0.0,
+            Fill::Fans { .. } => unreachable!("a buffer starts at a constant (Plan::new)"),
+        };
         buffers[tensor.range.clone()].fill(value);
     }
 }

@@ -3,15 +3,17 @@
 //! Tensors are named as PyTorch names an `nn.Sequential` of the same layers, counting every
 //! module, activations, pools and flatten included: an MLP 784-128(relu)-10 is
 //! `Sequential(Linear, ReLU, Linear)`, so its tensors are `0.weight`, `0.bias`, `2.weight`,
-//! `2.bias` (each layer's module path is its plan step's, `Step::module`). Buffers (running
-//! statistics and the like) are saved beside the parameters under their PyTorch names too
-//! (`1.running_mean`). Layouts are PyTorch's (Linear (out, in); Conv2d (out, in, kh, kw)), f32,
-//! little-endian. The architecture is stored in the metadata under `flatnn.architecture`, so
+//! `2.bias` (each layer's module path is its plan step's, `Step::module`; a residual block's
+//! body is `{i}.body.{j}`, see `layers/residual.rs`). Buffers (running statistics and the like)
+//! are saved beside the parameters under their PyTorch names too (`1.running_mean`). Layouts
+//! are PyTorch's (Linear (out, in); Conv2d (out, in, kh, kw)), f32, little-endian, but for
+//! counts (batch norm's `num_batches_tracked`), which PyTorch keeps as 64-bit integers: I64.
+//! The architecture is stored in the metadata under `flatnn.architecture`, so
 //! [`Model::load`] rebuilds the chain with no code.
 
 use crate::activation::Activation;
 use crate::cache::first_non_finite;
-use crate::chain::{Layer, Plan, Shape, Step};
+use crate::chain::{Fill, Layer, Plan, Shape, Step};
 use crate::error::{Error, Result};
 use crate::layers::conv;
 use crate::model::Model;
@@ -33,8 +35,8 @@ pub(crate) const OPTIMIZER_PREFIX: &str = "optimizer.";
 /// together) and in any convolution's lowered input: 2³⁰ (4 GiB of f32), as for an IDX file.
 pub const MAX_SAMPLE_VALUES: usize = 1 << 30;
 
-/// A tensor as a file holds it: name, little-endian bytes, shape.
-pub(crate) type FileTensor = (String, Vec<u8>, Vec<usize>);
+/// A tensor as a file holds it: name, type, little-endian bytes, shape.
+pub(crate) type FileTensor = (String, Dtype, Vec<u8>, Vec<usize>);
 
 /// One parameter or buffer tensor of the model, as PyTorch would name and shape it, and its
 /// range in the model's flat parameters or buffers.
@@ -42,6 +44,8 @@ pub(crate) struct Tensor {
     pub name: String,
     pub shape: Vec<usize>,
     pub range: std::ops::Range<usize>,
+    /// A count, which files hold as a 64-bit integer ([`Fill::Count`]).
+    pub count: bool,
 }
 
 /// Every parameter tensor in PyTorch's naming (`{module}.{name}`), a layer's in the order of
@@ -60,7 +64,12 @@ fn named(plan: &Plan, of: impl Fn(&Step) -> &[crate::chain::Tensor]) -> Vec<Tens
     for step in &plan.steps {
         let mut own: Vec<Tensor> = of(step)
             .iter()
-            .map(|t| Tensor { name: format!("{}.{}", step.module, t.name), shape: t.shape.clone(), range: t.range.clone() })
+            .map(|t| Tensor {
+                name: format!("{}.{}", step.module, t.name),
+                shape: t.shape.clone(),
+                range: t.range.clone(),
+                count: t.fill == Fill::Count,
+            })
             .collect();
         own.sort_by(|a, b| a.name.cmp(&b.name));
         out.extend(own);
@@ -74,6 +83,7 @@ pub(crate) fn describe(plan: &Plan) -> String {
         Shape::Vector(n) => format!("vector {n}"),
         Shape::Image { channels, height, width } => format!("image {height} {width} {channels}"),
         Shape::Sequence { steps, features } => format!("sequence {steps} {features}"),
+        Shape::Signal { channels, length } => format!("signal {channels} {length}"),
     }];
     parts.extend(plan.steps.iter().map(|step| step.layer.describe()));
     parts.join("; ")
@@ -113,6 +123,13 @@ impl Words<'_> {
             *n = v.parse::<usize>().map_err(|_| self.bad(format!("{v:?} in {part:?} is not a whole number")))?;
         }
         Ok(out)
+    }
+
+    /// Word `at` as a real number (a dropout's probability).
+    pub fn real(&self, at: usize) -> Result<f32> {
+        let part = self.part;
+        let word = self.words.get(at).ok_or_else(|| self.bad(format!("architecture entry {part:?} has too few fields")))?;
+        word.parse::<f32>().map_err(|_| self.bad(format!("{word:?} in {part:?} is not a number")))
     }
 
     /// The activation named by word `at`, which must be the last.
@@ -156,6 +173,10 @@ fn parse_architecture(text: &str, path: &Path) -> Result<(Shape, Vec<Layer>)> {
             let [steps, features] = w.numbers()?;
             Shape::sequence(steps, features)
         }
+        ("signal", 3) => {
+            let [channels, length] = w.numbers()?;
+            Shape::signal(channels, length)
+        }
         _ => return Err(bad(format!("the architecture must start with the input shape, not {first:?}"))),
     };
     let mut layers = Vec::new();
@@ -176,7 +197,7 @@ fn check_sizes(plan: &Plan, file_len: usize, path: &Path) -> Result<()> {
     let more = format!("more than {MAX_SAMPLE_VALUES} values per sample");
     for (index, step) in plan.steps.iter().enumerate() {
         let layer = step.layer;
-        if matches!(layer, Layer::Conv(_)) && over(conv::geometry(step).col_len()) {
+        if conv::is_conv(&layer) && over(conv::geometry(step).col_len()) {
             return bad(format!("layer {index} ({layer:?}) lowers its input to {more}"));
         }
         if over(step.output.len()) {
@@ -205,12 +226,7 @@ impl Model {
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = self.file_tensors()?;
-        let views = bytes
-            .iter()
-            .map(|(name, data, shape)| {
-                Ok((name.as_str(), TensorView::new(Dtype::F32, shape.clone(), data).map_err(|e| format_err(path, e))?))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let views = views(&bytes, path)?;
         let metadata = Some(HashMap::from([(ARCHITECTURE_KEY.to_owned(), describe(&self.plan))]));
         let file = safetensors::serialize(views, &metadata).map_err(|e| format_err(path, e))?;
         write_atomically(path, &file)
@@ -266,8 +282,13 @@ impl Model {
     pub(crate) fn file_tensors(&self) -> Result<Vec<FileTensor>> {
         let (params, buffers) = (self.parameters()?, self.buffers()?);
         let bytes = |values: &[f32]| values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let params = tensors(&self.plan).into_iter().map(|t| (t.name, bytes(&params[t.range]), t.shape));
-        let buffers = buffer_tensors(&self.plan).into_iter().map(|t| (t.name, bytes(&buffers[t.range]), t.shape));
+        // a count is a whole number in f32 (it goes up by one a pass)
+        let counts = |values: &[f32]| values.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect();
+        let params = tensors(&self.plan).into_iter().map(|t| (t.name, Dtype::F32, bytes(&params[t.range]), t.shape));
+        let buffers = buffer_tensors(&self.plan).into_iter().map(|t| match t.count {
+            true => (t.name, Dtype::I64, counts(&buffers[t.range]), t.shape),
+            false => (t.name, Dtype::F32, bytes(&buffers[t.range]), t.shape),
+        });
         Ok(params.chain(buffers).collect())
     }
 
@@ -286,10 +307,46 @@ impl Model {
             read_f32(file, &t.name, &t.shape, &mut params[t.range.clone()], path)?;
         }
         for t in &wanted_buffers {
-            read_f32(file, &t.name, &t.shape, &mut buffers[t.range.clone()], path)?;
+            match t.count {
+                true => read_count(file, &t.name, &t.shape, &mut buffers[t.range.clone()], path)?,
+                false => read_f32(file, &t.name, &t.shape, &mut buffers[t.range.clone()], path)?,
+            }
         }
         Ok((params, buffers))
     }
+}
+
+/// The views safetensors writes of `entries`.
+pub(crate) fn views<'a>(entries: &'a [FileTensor], path: &Path) -> Result<Vec<(&'a str, TensorView<'a>)>> {
+    entries
+        .iter()
+        .map(|(name, dtype, data, shape)| {
+            Ok((name.as_str(), TensorView::new(*dtype, shape.clone(), data).map_err(|e| format_err(path, e))?))
+        })
+        .collect()
+}
+
+/// Copies the count `name` of `file`, which must be I64 of `shape` (as PyTorch writes
+/// `num_batches_tracked`), into `out` as f32 (exact up to 2²⁴; a negative count is refused).
+fn read_count(file: &SafeTensors, name: &str, shape: &[usize], out: &mut [f32], path: &Path) -> Result<()> {
+    let bad = |what: String| Err(Error::Format { path: path.to_owned(), what });
+    let Ok(view) = file.tensor(name) else {
+        return bad(format!("tensor {name} {shape:?} is missing"));
+    };
+    if view.dtype() != Dtype::I64 {
+        return bad(format!("tensor {name} is {:?}, expected I64 (a count)", view.dtype()));
+    }
+    if view.shape() != shape {
+        return bad(format!("tensor {name} has shape {:?}, expected {shape:?}", view.shape()));
+    }
+    for (v, b) in out.iter_mut().zip(view.data().chunks_exact(8)) {
+        let count = i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+        if count < 0 {
+            return bad(format!("tensor {name} holds a negative count, {count}"));
+        }
+        *v = count as f32;
+    }
+    Ok(())
 }
 
 /// Copies the tensor `name` of `file`, which must be F32 of `shape`, into `out` (as many values).

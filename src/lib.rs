@@ -30,17 +30,27 @@
 //! A [`Chain`] starts from an [`Input`] shape and adds layers; [`Chain::build`] infers and
 //! checks every shape once (a mismatch is an [`Error::Shape`] naming the layer and the shapes)
 //! and gives a [`Model`]. Samples are laid out as PyTorch lays them out, batch first:
-//! [`Input::vector`]`(n)`, or [`Input::image`]`(channels, height, width)`, whose arguments come
-//! in the order of the data's (C, H, W) layout.
+//! [`Input::vector`]`(n)`, [`Input::image`]`(channels, height, width)`, whose arguments come
+//! in the order of the data's (C, H, W) layout, or [`Input::signal`]`(channels, length)`.
 //!
 //! - **Layers**: [`Chain::dense`] (y = act(W·x + b)), [`Chain::conv`] / [`Chain::conv_with`]
 //!   (2-D cross-correlation, stride and zero padding in [`ConvOptions`]), [`Chain::max_pool`] /
-//!   [`Chain::max_pool_with`], [`Chain::flatten`] (image to vector).
+//!   [`Chain::max_pool_with`], [`Chain::avg_pool`] / [`Chain::avg_pool_with`],
+//!   [`Chain::global_avg_pool`] (each channel's mean, as a vector), [`Chain::conv1d`] /
+//!   [`Chain::conv1d_with`] (over a signal, [`Input::signal`]; stride, zero padding and dilation in
+//!   [`Conv1dOptions`]), [`Chain::max_pool1d`] / [`Chain::max_pool1d_with`] ([`Pool1dOptions`]),
+//!   [`Chain::flatten`] (image, sequence or signal to vector), [`Chain::softmax`] (probabilities
+//!   out, as a last layer), [`Chain::batch_norm`] /
+//!   [`Chain::batch_norm_with`], [`Chain::layer_norm`], [`Chain::dropout`], and residual blocks
+//!   of any of them, [`Chain::residual`] / [`Chain::residual_with`] (training passes run batch
+//!   norm and dropout as PyTorch's `train()`, inference as `eval()`: see [`Model`]).
 //! - **Activations** ([`Activation`]), per dense or conv layer: [`Identity`], [`Relu`],
-//!   [`LeakyRelu`], [`Tanh`], [`Sigmoid`], [`Gelu`] (erf).
+//!   [`LeakyRelu`], [`Tanh`], [`Sigmoid`], [`Gelu`] (erf), [`Silu`], [`Elu`], [`Softplus`].
 //! - **Losses** ([`Loss`]): [`Loss::LogitCrossEntropy`] (softmax cross-entropy on logits with
-//!   integer class labels, [`Cache::set_labels`]) and [`Loss::Mse`] (real-valued targets,
-//!   [`Cache::set_targets`]), both means over the batch.
+//!   integer class labels, [`Cache::set_labels`]), a mean over the batch; [`Loss::Mse`],
+//!   [`Loss::BceWithLogits`], [`Loss::L1`] and [`Loss::SmoothL1`] (real-valued targets,
+//!   [`Cache::set_targets`]), means over the batch and the outputs. [`Model::predict`] gives
+//!   each sample's class, [`Model::accuracy`] a batch's score.
 //! - **Optimisers** ([`Optim`], bound to a model by [`Optimizer`]): SGD (momentum, Nesterov),
 //!   Adam, AdamW, RMSProp, with PyTorch's update rules and `weight_decay`
 //!   ([`Optim::with_weight_decay`]); gradient clipping by global norm or by value ([`Clip`],
@@ -153,6 +163,7 @@ pub mod optim;
 #[cfg(feature = "cuda")]
 pub mod parallel;
 pub(crate) mod plan;
+pub(crate) mod predict;
 pub(crate) mod schedule;
 pub mod serve;
 pub mod stream;
@@ -160,14 +171,28 @@ pub(crate) mod summary;
 #[doc(hidden)]
 pub mod testutil;
 
-pub use activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
+pub use activation::Activation::{self, Elu, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Silu, Softplus, Tanh};
 pub use cache::{Cache, Grads};
 pub use chain::{Chain, ConvOptions, Input, Layer, Plan, Shape};
 pub use dev::GpuOptions;
 pub use device::{cpu, device, gpu, gpu_or_cpu, Device, ToDevice};
 pub use error::{Error, Result};
 pub use init::Init;
-pub use layers::{conv::Conv, dense::Dense, flatten::Flatten, gru::Gru, lstm::Lstm, pool::MaxPool, recurrent::RnnOutput};
+pub use layers::{
+    avgpool::AvgPool,
+    conv::Conv,
+    conv1d::{Conv1d, Conv1dOptions},
+    dense::Dense,
+    flatten::Flatten,
+    globalpool::GlobalAvgPool,
+    gru::Gru,
+    lstm::Lstm,
+    pool::MaxPool,
+    pool1d::{MaxPool1d, Pool1dOptions},
+    recurrent::RnnOutput,
+    softmax::Softmax,
+};
+pub use layers::{batch_norm::BatchNorm, dropout::Dropout, layer_norm::LayerNorm, residual::Add, residual::Fork};
 pub use loss::Loss;
 pub use model::Model;
 pub use optim::{Clip, Optim, Optimizer};
@@ -180,8 +205,9 @@ pub use stream::Stream;
 /// Everything a training program needs, in one import.
 pub mod prelude {
     pub use crate::{
-        Activation, Cache, Chain, Clip, ConvOptions, Device, Error, Gelu, GpuOptions, Grads, Identity, Init, Input, LeakyRelu, Loss, Model,
-        Optim, Optimizer, Relu, RnnOutput, Schedule, Server, Shape, Sigmoid, Stream, Tanh, ToDevice,
+        Activation, Cache, Chain, Clip, Conv1dOptions, ConvOptions, Device, Elu, Error, Gelu, GpuOptions, Grads, Identity, Init, Input,
+        LeakyRelu, Loss, Model, Optim, Optimizer, Pool1dOptions, Relu, RnnOutput, Schedule, Server, Shape, Sigmoid, Silu, Softplus, Stream,
+        Tanh, ToDevice,
     };
     #[cfg(feature = "cuda")]
     pub use crate::{DataParallel, Group};

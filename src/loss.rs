@@ -3,8 +3,9 @@
 use crate::cpu::vmath;
 use crate::float::Float;
 
-/// A loss over a batch of model outputs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A loss over a batch of model outputs. Each is PyTorch's loss of the same name with its
+/// default `reduction='mean'`.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Loss {
     /// Mean squared error, averaged over the batch and the outputs:
     /// L = Σ (y − t)² / (batch · outputs), with real-valued targets (`Cache::set_targets`).
@@ -12,6 +13,113 @@ pub enum Loss {
     /// Softmax cross-entropy on raw scores (logits) with integer class labels, averaged over
     /// the batch: L = Σ_s (log Σ_j e^{y_sj} − y_s,label) / batch (`Cache::set_labels`).
     LogitCrossEntropy,
+    /// Binary cross-entropy on logits (`nn.BCEWithLogitsLoss`), each output its own yes/no
+    /// question with a target probability t (`Cache::set_targets`, usually 0 or 1), averaged
+    /// over the batch and the outputs: L = Σ (max(y, 0) − y·t + ln(1 + e^−|y|)) / (batch ·
+    /// outputs), which is −t·ln σ(y) − (1 − t)·ln(1 − σ(y)) without its overflow;
+    /// dL/dy = (σ(y) − t) / (batch · outputs).
+    BceWithLogits,
+    /// Mean absolute error (`nn.L1Loss`): L = Σ |y − t| / (batch · outputs), real-valued
+    /// targets; dL/dy = sign(y − t) / (batch · outputs), 0 where y = t.
+    L1,
+    /// Smooth L1 (`nn.SmoothL1Loss(beta)`), the Huber loss scaled by 1/β: per value, with
+    /// d = y − t, ½d²/β where |d| < β, else |d| − ½β; averaged over the batch and the outputs,
+    /// real-valued targets. β = 0 is L1. (PyTorch's `HuberLoss(delta)` is δ times this loss
+    /// with β = δ.) β must be finite and at least 0.
+    #[doc(alias = "Huber")]
+    SmoothL1 { beta: f32 },
+}
+
+impl Loss {
+    /// Whether its targets are class labels (`Cache::set_labels`: cross-entropy), rather than
+    /// real values, one per output (`Cache::set_targets`: the others).
+    pub fn takes_labels(self) -> bool {
+        self == Loss::LogitCrossEntropy
+    }
+
+    /// L and dL/dy (overwriting `dy`) of `y` (batch × `outputs`) against `labels` (one per
+    /// sample, for cross-entropy) or `targets` (as `y`, for the others): the plain loops.
+    pub fn compute<F: Float>(self, y: &[F], labels: &[u32], targets: &[F], outputs: usize, dy: &mut [F]) -> f64 {
+        match self {
+            Loss::LogitCrossEntropy => logit_cross_entropy(y, labels, outputs, dy),
+            Loss::Mse => mse(y, targets, dy),
+            _ => self.elementwise(y, targets, Some(dy)),
+        }
+    }
+
+    /// L alone, as [`Loss::compute`] reports it (the same operations, the same bits).
+    pub fn value<F: Float>(self, y: &[F], labels: &[u32], targets: &[F], outputs: usize) -> f64 {
+        match self {
+            Loss::LogitCrossEntropy => logit_cross_entropy_value(y, labels, outputs),
+            Loss::Mse => mse_value(y, targets),
+            _ => self.elementwise(y, targets, None),
+        }
+    }
+
+    /// [`Loss::compute`] on the CPU's fast path: cross-entropy vectorised
+    /// ([`logit_cross_entropy_fast`]), the others as the plain loops.
+    pub(crate) fn fast(self, y: &[f32], labels: &[u32], targets: &[f32], outputs: usize, dy: &mut [f32]) -> f64 {
+        match self {
+            Loss::LogitCrossEntropy => logit_cross_entropy_fast(y, labels, outputs, dy),
+            _ => self.compute(y, labels, targets, outputs, dy),
+        }
+    }
+
+    /// L alone, as [`Loss::fast`] reports it (the same bits).
+    pub(crate) fn fast_value(self, y: &[f32], labels: &[u32], targets: &[f32], outputs: usize) -> f64 {
+        match self {
+            Loss::LogitCrossEntropy => logit_cross_entropy_fast_value(y, labels, outputs),
+            _ => self.value(y, labels, targets, outputs),
+        }
+    }
+
+    /// The losses that are a mean of one term per value: L = Σ_i ℓ(y_i, t_i) / n and, where `dy`
+    /// is given, dL/dy_i = ℓ′(y_i, t_i) · (1/n) (the scale rounded to F), the sum in f64, in
+    /// order.
+    fn elementwise<F: Float>(self, y: &[F], t: &[F], mut dy: Option<&mut [F]>) -> f64 {
+        let scale = 1.0 / y.len() as f64;
+        let mut sum = 0.0f64;
+        for i in 0..y.len() {
+            let (value, grad) = self.term(y[i], t[i]);
+            sum += value.f64();
+            if let Some(dy) = dy.as_deref_mut() {
+                dy[i] = grad * F::of(scale);
+            }
+        }
+        sum * scale
+    }
+
+    /// ℓ(y, t) and ∂ℓ/∂y of an element-wise loss.
+    #[inline(always)]
+    fn term<F: Float>(self, y: F, t: F) -> (F, F) {
+        let abs = |v: F| if v < F::ZERO { -v } else { v };
+        let sign = |v: F| {
+            if v > F::ZERO {
+                F::ONE
+            } else if v < F::ZERO {
+                -F::ONE
+            } else {
+                F::ZERO
+            }
+        };
+        match self {
+            Loss::BceWithLogits => {
+                // ln σ(y) = min(y, 0) − ln(1 + e^−|y|), so −t·ln σ(y) − (1 − t)·ln σ(−y) is this
+                let value = y.max(F::ZERO) - y * t + (-abs(y)).exp().ln_1p();
+                (value, F::ONE / (F::ONE + (-y).exp()) - t)
+            }
+            Loss::L1 => (abs(y - t), sign(y - t)),
+            Loss::SmoothL1 { beta } => {
+                let (d, beta) = (y - t, F::of(beta as f64));
+                if abs(d) < beta {
+                    (F::of(0.5) * d * d / beta, d / beta)
+                } else {
+                    (abs(d) - F::of(0.5) * beta, sign(d))
+                }
+            }
+            Loss::Mse | Loss::LogitCrossEntropy => unreachable!("{self:?} is not computed element by element"),
+        }
+    }
 }
 
 /// L and dL/dy for MSE; `y`, `t` and `dy` have the same length (batch · outputs).
@@ -145,6 +253,13 @@ mod tests {
         let t = [1.0, 0.0, 2.0, -1.0, 0.5, 0.5];
         check_gradient(|y, dy| mse(y, &t, dy), &y);
         check_gradient(|y, dy| logit_cross_entropy(y, &[2, 0], 3, dy), &y);
+        // d = y − t is −0.7, −1.2, 0.5, 1, 0.2, −0.9: away from L1's kink at 0 and from β
+        let probabilities = [1.0, 0.0, 0.3, 1.0, 0.5, 0.0];
+        for (loss, t) in
+            [(Loss::BceWithLogits, &probabilities), (Loss::L1, &t), (Loss::SmoothL1 { beta: 0.6 }, &t), (Loss::SmoothL1 { beta: 0.0 }, &t)]
+        {
+            check_gradient(|y, dy| loss.compute(y, &[], t, 3, dy), &y);
+        }
     }
 
     #[test]
@@ -155,6 +270,12 @@ mod tests {
         assert_eq!(mse_value(&y, &t).to_bits(), mse(&y, &t, &mut dy).to_bits());
         let labels = [2, 0, 6];
         assert_eq!(logit_cross_entropy_value(&y, &labels, 7).to_bits(), logit_cross_entropy(&y, &labels, 7, &mut dy).to_bits());
+        for loss in [Loss::Mse, Loss::LogitCrossEntropy, Loss::BceWithLogits, Loss::L1, Loss::SmoothL1 { beta: 0.5 }] {
+            let value = loss.compute(&y, &labels, &t, 7, &mut dy);
+            assert_eq!(loss.value(&y, &labels, &t, 7).to_bits(), value.to_bits(), "{loss:?}");
+            let fast = loss.fast(&y, &labels, &t, 7, &mut dy);
+            assert_eq!(loss.fast_value(&y, &labels, &t, 7).to_bits(), fast.to_bits(), "{loss:?}");
+        }
         // the fast path's value alone, over rows longer than its stack block too
         let wide: Vec<f32> = (0..2 * 150).map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.3).collect();
         for (y, classes, labels) in [(&y[..], 7, &labels[..]), (&wide[..], 150, &[149, 3][..])] {
@@ -170,6 +291,17 @@ mod tests {
         assert!((mse(&[1.0, 2.0, 3.0, 4.0], &[1.0, 0.0, 3.0, 0.0], &mut dy) - 5.0).abs() < 1e-12);
         // uniform logits over 4 classes: ln 4, large logits do not overflow
         assert!((logit_cross_entropy(&[1000.0f64; 4], &[3], 4, &mut dy) - 4f64.ln()).abs() < 1e-12);
+        // a logit of 0 is ln 2 whatever the target; ±100 wrong by 100 (no overflow), and its
+        // gradient (σ(y) − t)/n
+        let bce = Loss::BceWithLogits.compute(&[0.0f64, 100.0, -100.0, 0.0], &[], &[1.0, 0.0, 1.0, 0.3], 1, &mut dy);
+        assert!((bce - (2.0 * 2f64.ln() + 200.0) / 4.0).abs() < 1e-12, "{bce}");
+        assert_eq!(dy, [-0.125, 0.25, -0.25, 0.05]);
+        assert_eq!(Loss::L1.compute(&[1.0f64, 2.0, 3.0, 3.0], &[], &[0.0, 0.0, 4.0, 3.0], 1, &mut dy), 1.0);
+        assert_eq!(dy, [0.25, 0.25, -0.25, 0.0]);
+        // β = 1: ½·0.5² and 2 − ½, and the gradients d/β and sign(d), over 4 values
+        let smooth = Loss::SmoothL1 { beta: 1.0 }.compute(&[0.5f64, 2.0, 0.0, 0.0], &[], &[0.0, 0.0, 0.0, 0.0], 1, &mut dy);
+        assert_eq!(smooth, (0.125 + 1.5) / 4.0);
+        assert_eq!(dy, [0.125, 0.25, 0.0, 0.0]);
     }
 
     /// The vectorised f32 loss against the f64 spec: odd class counts and batches, logits from

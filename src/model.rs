@@ -7,11 +7,12 @@ use crate::dev::{DevModel, GpuOptions};
 use crate::device::{Device, ToDevice};
 use crate::error::{zeros, Error, Result};
 use crate::init::{self, Init};
-use crate::layers::{self, region, Mode};
-use crate::loss::{self, Loss};
+use crate::layers::{self, region, Buffers, Draw, Mode};
+use crate::loss::Loss;
 use std::borrow::Cow;
 use std::ffi::OsStr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
 /// A model with fixed shapes. Parameters are one flat buffer in the plan's layout: per layer,
 /// Dense weight (out, in) row-major then bias; Conv weight (out_ch, in_ch, kh, kw) then bias.
@@ -21,12 +22,23 @@ use std::sync::Arc;
 /// A model lives on one [`Device`]: its parameters are in host memory (`Device::Cpu`, run on the
 /// model's thread pool) or in the memory of one GPU (`Device::Cuda(n)`, run on the model's own
 /// stream). [`Model::to`] copies it to another device.
+///
+/// Training passes ([`Model::backprop`], [`crate::Optimizer::train_step`]) run in training mode,
+/// as PyTorch's `train()`: batch norm normalises by the batch's statistics and moves its running
+/// statistics (a model's buffers change in every training pass, through `&self`), and dropout
+/// draws its masks from the model's seed and the count of training passes. [`Model::forward`],
+/// [`Model::loss`] and a [`crate::Server`] run in inference mode, as `eval()`.
 pub struct Model {
     pub(crate) plan: Arc<Plan>,
     /// The parameters on the CPU; empty while the model is on a GPU (then in `dev`).
     pub(crate) params: Vec<f32>,
-    /// The buffers on the CPU; empty while the model is on a GPU (then in `dev`).
-    pub(crate) buffers: Vec<f32>,
+    /// The buffers on the CPU; empty while the model is on a GPU (then in `dev`). A training
+    /// pass writes them (running statistics) while it holds the lock; inference reads them.
+    pub(crate) buffers: RwLock<Vec<f32>>,
+    /// Dropout's seed (from [`Model::init`]).
+    pub(crate) seed: u64,
+    /// Training passes taken: the number dropout draws the next pass's masks with.
+    pub(crate) passes: AtomicU64,
     pub(crate) pool: Arc<Pool>,
     pub(crate) dev: Option<DevModel>,
     pub(crate) gpu_options: GpuOptions,
@@ -65,16 +77,40 @@ impl Model {
         let mut buffers = zeros(plan.buffer_len, || format!("the {} buffer values of the model", plan.buffer_len))?;
         init::fill_buffers(&plan, &mut buffers);
         let pool = Arc::new(Pool::new(default_threads()?)?);
-        Ok(Model { plan: Arc::new(plan), params, buffers, pool, dev: None, gpu_options: GpuOptions::default() })
+        let (buffers, passes) = (RwLock::new(buffers), AtomicU64::new(0));
+        Ok(Model { plan: Arc::new(plan), params, buffers, seed: 0, passes, pool, dev: None, gpu_options: GpuOptions::default() })
     }
 
-    /// Fills the parameters from an initialiser and a seed (biases zero), on the CPU; call it
-    /// before moving the model to a GPU.
+    /// Fills the parameters from an initialiser and a seed (biases zero), on the CPU, and makes
+    /// `seed` dropout's seed too; call it before moving the model to a GPU.
     pub fn init(mut self, init: Init, seed: u64) -> Model {
         if self.dev.is_none() {
             init::fill(&self.plan, &mut self.params, init, seed);
+            self.seed = seed;
         }
         self
+    }
+
+    /// Training passes taken so far (each [`Model::backprop`] and each
+    /// [`crate::Optimizer::train_step`] is one, from 0 for a model built or loaded): dropout
+    /// draws pass k's masks from the model's seed and k, on either device, and a checkpoint
+    /// keeps the count, so a resumed run draws the masks the uninterrupted one would have.
+    pub fn train_passes(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
+    }
+
+    /// Sets dropout's seed and the count of training passes taken (what a checkpoint restores).
+    pub(crate) fn set_train_passes(&mut self, seed: u64, passes: u64) -> Result<()> {
+        if let Some(dev) = &mut self.dev {
+            dev.set_draw(seed, passes)?;
+        }
+        (self.seed, self.passes) = (seed, AtomicU64::new(passes));
+        Ok(())
+    }
+
+    /// Where a training pass draws dropout's masks: the seed, and the count of passes before it.
+    fn draw(&self, pass: u64) -> Draw {
+        Draw { seed: self.seed, pass }
     }
 
     /// The device this model's parameters live on.
@@ -89,11 +125,11 @@ impl Model {
         let (params, buffers) = (self.parameters()?, self.buffers()?);
         let dev = match *device {
             Device::Cpu => None,
-            Device::Cuda(ordinal) => Some(DevModel::on(ordinal, &params, &buffers, self.gpu_options)?),
+            Device::Cuda(ordinal) => Some(DevModel::on(ordinal, &params, &buffers, self.draw(self.train_passes()), self.gpu_options)?),
         };
         let (params, buffers) = if dev.is_some() { (Vec::new(), Vec::new()) } else { (params.into_owned(), buffers.into_owned()) };
-        let pool = Arc::clone(&self.pool);
-        Ok(Model { plan: Arc::clone(&self.plan), params, buffers, pool, dev, gpu_options: self.gpu_options })
+        let (pool, buffers, passes) = (Arc::clone(&self.pool), RwLock::new(buffers), AtomicU64::new(self.train_passes()));
+        Ok(Model { plan: Arc::clone(&self.plan), params, buffers, seed: self.seed, passes, pool, dev, gpu_options: self.gpu_options })
     }
 
     /// The same model with these GPU options (graphs, TF32), which take effect when it is next
@@ -172,30 +208,30 @@ impl Model {
         self.set_flat(Flat::Buffers, values)
     }
 
-    /// The parameters or the buffers: borrowed on the CPU, copied from a GPU.
+    /// The parameters or the buffers: on the CPU the parameters borrowed and the buffers copied
+    /// (a training pass may write them), copied from a GPU.
     fn flat(&self, which: Flat) -> Result<Cow<'_, [f32]>> {
-        let (host, len, what) = match which {
-            Flat::Params => (&self.params, self.plan.param_len, "parameters"),
-            Flat::Buffers => (&self.buffers, self.plan.buffer_len, "buffers"),
+        let (len, what) = match which {
+            Flat::Params => (self.plan.param_len, "parameters"),
+            Flat::Buffers => (self.plan.buffer_len, "buffers"),
         };
-        match &self.dev {
-            None => Ok(Cow::Borrowed(host)),
-            Some(dev) => {
-                let mut out = zeros(len, || format!("a host copy of the {what}"))?;
-                match which {
-                    Flat::Params => dev.download(&mut out)?,
-                    Flat::Buffers => dev.download_buffers(&mut out)?,
-                }
-                Ok(Cow::Owned(out))
-            }
+        if let (None, Flat::Params) = (&self.dev, which) {
+            return Ok(Cow::Borrowed(&self.params));
         }
+        let mut out = zeros(len, || format!("a host copy of the {what}"))?;
+        match (&self.dev, which) {
+            (None, _) => out.copy_from_slice(&self.buffers.read().unwrap_or_else(PoisonError::into_inner)),
+            (Some(dev), Flat::Params) => dev.download(&mut out)?,
+            (Some(dev), Flat::Buffers) => dev.download_buffers(&mut out)?,
+        }
+        Ok(Cow::Owned(out))
     }
 
     /// The parameters or the buffers replaced by `values`, checked first (length, finite).
     fn set_flat(&mut self, which: Flat, values: &[f32]) -> Result<()> {
         let (host, len, (one, what)) = match which {
             Flat::Params => (&mut self.params, self.plan.param_len, ("parameter", "parameters")),
-            Flat::Buffers => (&mut self.buffers, self.plan.buffer_len, ("buffer", "buffers")),
+            Flat::Buffers => (self.buffers.get_mut().unwrap_or_else(PoisonError::into_inner), self.plan.buffer_len, ("buffer", "buffers")),
         };
         if values.len() != len {
             return Err(Error::Shape(format!("{} {one} values for a model of {len}", values.len())));
@@ -231,14 +267,28 @@ impl Model {
         if let Some(dev) = &self.dev {
             return dev.forward(&self.plan, cache);
         }
-        layers::forward(&self.plan, &self.params, &mut cache.acts, cache.capacity, cache.batch, &self.pool, &mut cache.ws, Mode::Infer);
+        let buffers = self.buffers.read().unwrap_or_else(PoisonError::into_inner);
+        let (plan, draw) = (&*self.plan, self.draw(self.train_passes()));
+        let buffers = Buffers::Read(&buffers);
+        layers::forward(
+            plan,
+            &self.params,
+            &mut cache.acts,
+            cache.capacity,
+            cache.batch,
+            &self.pool,
+            &mut cache.ws,
+            buffers,
+            draw,
+            Mode::Infer,
+        );
         Ok(cache.outputs())
     }
 
     /// Forward, loss and backward on the cache's current batch: fills `grads` with the
     /// gradient of the loss, which stays in `grads` ([`Grads::last_loss`], [`Grads::mean_loss`]),
     /// so a GPU step never waits for it. Targets come from `set_labels` (cross-entropy) or
-    /// `set_targets` (MSE) and must cover the batch. Every check runs before any buffer is
+    /// `set_targets` (the other losses) and must cover the batch. Every check runs before any buffer is
     /// written. Allocates nothing. On a GPU the step is queued and the host goes on.
     ///
     /// Cross-entropy needs a vector of at least 2 outputs (class scores). A loss that comes out
@@ -248,18 +298,21 @@ impl Model {
         self.check_backprop(grads, cache, loss)?;
         cache.inputs_finite = true;
         if let Some(dev) = &self.dev {
-            return dev.backprop(&self.plan, grads, cache, loss);
+            dev.backprop(&self.plan, grads, cache, loss)?;
+            self.passes.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
         }
         let (batch, outputs) = (cache.batch, self.plan.output().len());
         let (plan, capacity) = (&*self.plan, cache.capacity);
-        layers::forward(plan, &self.params, &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws, Mode::Train);
+        // the lock is taken first: passes on two threads take their numbers in the order they run
+        let mut buffers = self.buffers.write().unwrap_or_else(PoisonError::into_inner);
+        let draw = self.draw(self.passes.fetch_add(1, Ordering::Relaxed));
+        let buffers = Buffers::Write(&mut buffers);
+        layers::forward(plan, &self.params, &mut cache.acts, capacity, batch, &self.pool, &mut cache.ws, buffers, draw, Mode::Train);
         let last = plan.steps.last().expect("a plan has steps").output_region;
         let out = region(plan, last, capacity, batch);
         let (y, dy) = (&cache.acts[out.clone()], &mut grads.dacts[out]);
-        let value = match loss {
-            Loss::LogitCrossEntropy => loss::logit_cross_entropy_fast(y, &cache.labels[..batch], outputs, dy),
-            Loss::Mse => loss::mse(y, &cache.targets[..batch * outputs], dy),
-        };
+        let value = loss.fast(y, &cache.labels[..batch], &cache.targets[..batch * outputs], outputs, dy);
         layers::backward(
             plan,
             &self.params,
@@ -271,6 +324,7 @@ impl Model {
             &self.pool,
             &mut cache.ws,
             &mut grads.gws,
+            draw,
         );
         grads.record_loss(value);
         Ok(())
@@ -288,10 +342,7 @@ impl Model {
         self.forward(cache)?;
         cache.targets_to_host(loss)?;
         let (batch, outputs) = (cache.batch, self.plan.output().len());
-        let value = match loss {
-            Loss::LogitCrossEntropy => loss::logit_cross_entropy_fast_value(cache.outputs(), &cache.labels[..batch], outputs),
-            Loss::Mse => loss::mse_value(cache.outputs(), &cache.targets[..batch * outputs]),
-        };
+        let value = loss.fast_value(cache.outputs(), &cache.labels[..batch], &cache.targets[..batch * outputs], outputs);
         Ok(value as f32)
     }
 
@@ -315,12 +366,18 @@ impl Model {
         if batch > grads.capacity {
             return Err(Error::Capacity { batch, capacity: grads.capacity });
         }
+        layers::batch_norm::check_batch(&self.plan, batch)?;
         self.check_targets(cache, loss)
     }
 
     /// The cache holds `loss`'s targets (labels, or real values) for its whole batch.
-    fn check_targets(&self, cache: &Cache, loss: Loss) -> Result<()> {
+    pub(crate) fn check_targets(&self, cache: &Cache, loss: Loss) -> Result<()> {
         let (batch, outputs) = (cache.batch, self.plan.output().len());
+        if let Loss::SmoothL1 { beta } = loss {
+            if !(beta.is_finite() && beta >= 0.0) {
+                return Err(Error::Config(format!("SmoothL1's beta must be a finite number of at least 0, not {beta}")));
+            }
+        }
         match loss {
             Loss::LogitCrossEntropy => {
                 // one score gives a loss of 0 and no gradient; an image is not a set of scores
@@ -337,7 +394,7 @@ impl Model {
                     check_labels(&cache.labels[..batch], outputs)?;
                 }
             }
-            Loss::Mse => {
+            Loss::Mse | Loss::BceWithLogits | Loss::L1 | Loss::SmoothL1 { .. } => {
                 if cache.targets_set != batch {
                     return Err(Error::Shape(format!("{} targets set for a batch of {batch}: call set_targets", cache.targets_set)));
                 }

@@ -68,6 +68,28 @@ pub fn vgg_small() -> Chain {
         .dense(10, Identity)
 }
 
+/// A small ResNet on 3×32×32 images (C×H×W, CIFAR-sized): conv 3×3×16 pad 1, batch norm, ReLU,
+/// then three residual blocks (conv 3×3×16 pad 1, batch norm, ReLU, conv 3×3×16 pad 1, batch
+/// norm; ReLU after the sum), global average pool, dense 10; for cross-entropy.
+pub fn resnet_small() -> Chain {
+    let same = ConvOptions { stride: (1, 1), padding: (1, 1) };
+    let block = |c: Chain| c.conv_with(16, (3, 3), Identity, same).batch_norm_with(Relu).conv_with(16, (3, 3), Identity, same).batch_norm();
+    Chain::new(Input::image(3, 32, 32))
+        .conv_with(16, (3, 3), Identity, same)
+        .batch_norm_with(Relu)
+        .residual_with(Relu, block)
+        .residual_with(Relu, block)
+        .residual_with(Relu, block)
+        .global_avg_pool()
+        .dense(10, Identity)
+}
+
+/// A 1-D CNN over signals of 1×256 values (C×L, a time series), 4 classes: conv1d 16 k7 (ReLU),
+/// max-pool 2, conv1d 32 k5 (ReLU), global average pool, dense 4; for cross-entropy.
+pub fn ts_conv1d() -> Chain {
+    Chain::new(Input::signal(1, 256)).conv1d(16, 7, Relu).max_pool1d(2).conv1d(32, 5, Relu).global_avg_pool().dense(4, Identity)
+}
+
 /// A GRU of 64 units over sequences of 128 steps of one feature, its last hidden state into one
 /// output (for MSE): a one-step-ahead regressor of a signal.
 pub fn gru_seq() -> Chain {
@@ -85,12 +107,20 @@ mod tests {
     use super::*;
     use crate::chain::Shape;
 
-    /// Parameters of a dense layer and of a k×k convolution, weights and biases.
+    /// Parameters of a dense layer, of a k×k convolution and of a 1-D one of k, weights and
+    /// biases.
     fn dense(inputs: usize, outputs: usize) -> usize {
         inputs * outputs + outputs
     }
     fn conv(in_channels: usize, out_channels: usize, k: usize) -> usize {
         in_channels * out_channels * k * k + out_channels
+    }
+    fn conv1d(in_channels: usize, out_channels: usize, k: usize) -> usize {
+        in_channels * out_channels * k + out_channels
+    }
+    /// A batch norm's weight and bias.
+    fn batch_norm(channels: usize) -> usize {
+        2 * channels
     }
     /// A recurrent layer of `gates` gates: W_ih, W_hh and both biases.
     fn recurrent(gates: usize, inputs: usize, hidden: usize) -> usize {
@@ -105,6 +135,8 @@ mod tests {
             (autoencoder(), dense(784, 256) + dense(256, 64) + dense(64, 256) + dense(256, 784), 784),
             (gelu_mlp(), dense(512, 1024) + dense(1024, 1024) + dense(1024, 16), 16),
             (vgg_small(), conv(3, 16, 3) + conv(16, 16, 3) + conv(16, 32, 3) + conv(32, 32, 3) + dense(32 * 8 * 8, 64) + dense(64, 10), 10),
+            (ts_conv1d(), conv1d(1, 16, 7) + conv1d(16, 32, 5) + dense(32, 4), 4),
+            (resnet_small(), conv(3, 16, 3) + batch_norm(16) + 3 * 2 * (conv(16, 16, 3) + batch_norm(16)) + dense(16, 10), 10),
             (gru_seq(), recurrent(3, 1, 64) + dense(64, 1), 1),
             (lstm_seq(), recurrent(4, 8, 128) + dense(128, 4), 4),
         ];
@@ -113,5 +145,23 @@ mod tests {
             assert_eq!(model.parameters().unwrap().len(), params, "{model:?}");
             assert_eq!(model.output_shape(), Shape::Vector(outputs), "{model:?}");
         }
+        // Conv1d(0) ReLU(1) MaxPool1d(2) Conv1d(3) ReLU(4) AdaptiveAvgPool1d(5) Flatten(6) Linear(7),
+        // as benches/peers/zoo_models.py's twin names them
+        let plan = ts_conv1d().build().unwrap().plan().clone();
+        assert_eq!(plan.steps.iter().map(|s| s.module.as_str()).collect::<Vec<_>>(), ["0", "2", "3", "5", "7"]);
+        // Conv2d(0) BatchNorm2d(1) ReLU(2), then each Residual(Conv2d BatchNorm2d ReLU Conv2d
+        // BatchNorm2d) and its ReLU (3 and 4, 5 and 6, 7 and 8), AdaptiveAvgPool2d(9) Flatten(10)
+        // Linear(11), as the twin names them
+        let plan = resnet_small().build().unwrap().plan().clone();
+        let modules: Vec<&str> = plan.steps.iter().map(|s| s.module.as_str()).collect();
+        let block = |i: usize| {
+            [format!("{i}"), format!("{i}.body.0"), format!("{i}.body.1"), format!("{i}.body.3"), format!("{i}.body.4"), format!("{i}")]
+        };
+        let want: Vec<String> = ["0".to_string(), "1".to_string()]
+            .into_iter()
+            .chain([3, 5, 7].into_iter().flat_map(block))
+            .chain(["9".into(), "11".into()])
+            .collect();
+        assert_eq!(modules, want);
     }
 }

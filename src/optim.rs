@@ -373,6 +373,10 @@ impl Optimizer {
             // counts the step once its update is queued
             let outcome = dev_model.train_step(&model.plan, grads, cache, loss, update, &mut self.steps, dev, reduce);
             self.norm_known = outcome.is_ok() && matches!(update.clip, Clip::Norm(_));
+            if outcome.is_ok() {
+                // the step's training pass, as `Model::backprop` counts its own
+                *model.passes.get_mut() += 1;
+            }
             return outcome;
         }
         debug_assert!(reduce.is_none(), "a data-parallel step on the CPU");

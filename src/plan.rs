@@ -12,7 +12,8 @@
 //!   weight then a bias ([`Step::weight_and_bias`]).
 //! - Its buffer tensors ([`Step::buffers`]): the same, in the model's flat buffers, which are not
 //!   trained but move to a device and into a model file with the parameters (batch norm's
-//!   `running_mean`, saved as `1.running_mean`). They start at constants.
+//!   `running_mean`, saved as `1.running_mean`). They start at constants (or at a count of 0,
+//!   [`Fill::Count`], which a file holds as an integer).
 //! - Where its values live in a cache's activation buffer:
 //!   - regions, per-sample blocks: region 0 holds the model's inputs; a step that runs writes
 //!     its output region, and first its pre-activation z where it has an activation; a view
@@ -30,10 +31,11 @@
 //! # Training and inference
 //!
 //! The executors run a pass in `Mode::Train` (`backprop`, `train_step`) or `Mode::Infer`
-//! (`forward`, `loss`, a `Server`) and hand it to every layer: batch norm normalises by the
-//! batch's statistics and updates its running ones in training, and uses the running ones in
-//! inference; dropout draws its mask in training and is the identity in inference. A plan and a
-//! cache serve both.
+//! (`forward`, `loss`, a `Server`) and hand it to every layer, with the model's buffers
+//! (written in training, read in inference) and, in training, where dropout draws its masks:
+//! batch norm normalises by the batch's statistics and moves its running ones in training, and
+//! uses the running ones in inference; dropout draws its mask in training and is the identity
+//! in inference. A plan and a cache serve both.
 //!
 //! # Consumers, and residual blocks
 //!
@@ -42,22 +44,27 @@
 //! step's dz assumes the step is that input's only reader: the GPU dense layer's input gradient
 //! times the producer's act' ([`Step::activated_input`], which the plan gives only where the
 //! count is one) and the training head's layer before the last (`cuda::head`, which checks the
-//! count). Today every region has at most one reader.
+//! count). Only a residual block's input has two readers.
 //!
-//! A residual block, `Chain::residual(|c| c.dense(64, Relu).dense(64, Identity))`, is to be
-//! flattened into the plan as three parts, with no new kind of step list:
+//! A residual block, `Chain::residual(|c| c.dense(64, Relu).dense(64, Identity))` (see
+//! `layers/residual.rs`), is flattened into the plan as three parts, with no new kind of step
+//! list:
 //!
-//! - a hidden `Fork` step before the body: a view (no region, nothing to run forward) whose
-//!   output is the block's input region, counted as one more consumer of it (the skip);
+//! - a `Fork` step before the body: a view (no region, nothing to run forward), so the body's
+//!   first step reads the block's input region; its [`Step::skip`] is the Add's z region;
 //! - the body's steps, as any others; their module paths are `"{i}.body.{j}"`, i the block's
-//!   index in the model's `nn.Sequential` and j the step's in the block's own;
-//! - an `Add { skip }` step (no tensors): its shape rule checks that the body's output shape is
-//!   the block input's, and it writes y = body output + block input into a new region. Its
-//!   backward passes d(y) on as the gradient of the body's output, and `Fork`'s backward, which
-//!   runs after the whole body's (steps run backward in reverse), adds d(y) into the gradient
-//!   of the block input, which the body's first step has overwritten by then.
+//!   index in the `nn.Sequential` around it and j the step's in the block's own (a nested
+//!   block's, `"{i}.body.{j}.body.{k}"`);
+//! - an `Add` step (no tensors, module path `"{i}"`), whose [`Step::skip`] is the block's input
+//!   region: the plan checks that the body's output shape is the block input's (open blocks
+//!   are a stack; one left open, or an Add with none open, is an error), and the Add writes
+//!   z = body output + block input, then y = act(z), into regions of its own. It is the block
+//!   input's second reader. Its backward passes dz on as the gradient of the body's output,
+//!   and the Fork's backward, which runs after the whole body's (steps run backward in
+//!   reverse), adds dz into the gradient of the block input, which the body's first step has
+//!   overwritten by then.
 //!
-//! The block input then has two consumers, so no fusion folds a gradient into its producer.
+//! With two readers, no fusion folds the block input's gradient into its producer.
 //!
 //! # Sizes
 //!
@@ -100,6 +107,10 @@ pub enum Fill {
     Fans { fan_in: usize, fan_out: usize },
     /// Every value this constant (a bias: 0).
     Constant(f32),
+    /// A count that starts at 0 (batch norm's `num_batches_tracked`): a buffer, held as f32
+    /// like every other (exact up to 2²⁴), and written to a model file as PyTorch keeps it, a
+    /// 64-bit integer.
+    Count,
 }
 
 /// One named tensor of a step: its name in the layer's PyTorch module, its shape there (the
@@ -142,6 +153,10 @@ pub struct Step {
     /// step's ([`Plan::consumers`]), if any: the input gradient of this step times that
     /// activation's derivative is that step's dz.
     pub activated_input: Option<usize>,
+    /// A residual block's other region: for its `Add` step, the block's input region, which it
+    /// adds to the body's output; for its `Fork` step, the `Add` step's z region, whose gradient
+    /// the fork adds into the block input's. None for every other step.
+    pub skip: Option<usize>,
 }
 
 impl Step {
@@ -194,19 +209,31 @@ impl Plan {
         let mut steps: Vec<Step> = Vec::with_capacity(layers.len());
         // `acts`: the values of one sample's activations so far (the sum of `regions`)
         let (mut shape, mut region, mut acts) = (input, 0usize, input.len());
-        let (mut param_len, mut buffer_len, mut saved_len, mut module) = (0usize, 0usize, 0usize, 0usize);
+        let (mut param_len, mut buffer_len, mut saved_len) = (0usize, 0usize, 0usize);
+        // the module path: the open residual blocks' bodies (`"3.body."`) and the index in the
+        // innermost `nn.Sequential`
+        let (mut prefix, mut module) = (String::new(), 0usize);
+        let mut blocks: Vec<Block> = Vec::new();
         let mut activated = None;
         for (index, layer) in layers.iter().enumerate() {
             let too_large = |what: &str| {
                 Error::Shape(format!("layer {index} ({layer:?}) with input {shape}: {what} more values than any buffer can hold"))
             };
+            // an Add closes the innermost block, and is that block's module in the sequence around it
+            let closed = match layer {
+                Layer::Add(_) => Some(close_block(&mut blocks, index, layer, shape)?),
+                _ => None,
+            };
+            if let Some(block) = &closed {
+                (prefix, module) = (block.prefix.clone(), block.module);
+            }
             let output = output_shape(index, layer, shape)?;
             if output.len() > MAX_VALUES {
                 return Err(too_large(&format!("its output {output} has")));
             }
             let (tensors, params_end) = lay_out(layer.params(shape, output), param_len, "parameters").map_err(|e| too_large(&e))?;
             let buffer_specs = layer.buffers(shape, output);
-            debug_assert!(buffer_specs.iter().all(|t| matches!(t.fill, Fill::Constant(_))), "a buffer starts at a constant");
+            debug_assert!(buffer_specs.iter().all(|t| matches!(t.fill, Fill::Constant(_) | Fill::Count)), "a buffer starts at a constant");
             let (buffers, buffers_end) = lay_out(buffer_specs, buffer_len, "buffers").map_err(|e| too_large(&e))?;
             let Kept { regions: kept, saved } =
                 layer.kept(shape, output).ok_or_else(|| too_large("what it keeps for its backward pass is"))?;
@@ -215,7 +242,7 @@ impl Plan {
                 layer: *layer,
                 input: shape,
                 output,
-                module: module.to_string(),
+                module: format!("{prefix}{module}"),
                 params: param_len..params_end,
                 tensors,
                 buffers,
@@ -225,10 +252,18 @@ impl Plan {
                 kept: regions.len()..regions.len(),
                 saved: saved_len..saved_end,
                 activated_input: activated,
+                skip: closed.as_ref().map(|block| block.region),
             };
             (param_len, buffer_len, saved_len) = (params_end, buffers_end, saved_end);
-            // PyTorch's nn.Sequential counts the activation as a module of its own
-            module += 1 + usize::from(layer.activation() != Activation::Identity);
+            if let Layer::Fork(_) = layer {
+                // the body's modules are `{module}.body.{j}`: a block holds its body's nn.Sequential
+                let body = format!("{prefix}{module}.body.");
+                blocks.push(Block { fork: index, region, shape, prefix: std::mem::replace(&mut prefix, body), module });
+                module = 0;
+            } else {
+                // PyTorch's nn.Sequential counts the activation as a module of its own
+                module += layer.modules() + usize::from(layer.activation() != Activation::Identity);
+            }
             if !layer.is_view() {
                 let z = (layer.activation() != Activation::Identity).then_some(output.len());
                 let new: Vec<usize> = z.into_iter().chain([output.len()]).chain(kept).collect();
@@ -241,12 +276,22 @@ impl Plan {
                 // (a flatten step keeps its input region, and so the step that activated it)
                 activated = (step.z_region != step.output_region).then_some(index);
             }
+            if let Some(block) = closed {
+                steps[block.fork].skip = Some(step.z_region);
+            }
             (shape, region) = (output, step.output_region);
             steps.push(step);
         }
+        if let Some(block) = blocks.last() {
+            return Err(Error::Shape(format!("the residual block opened at layer {} is never closed (by an Add)", block.fork)));
+        }
+        // a step reads its input region, and an Add its block's input too (a view reads nothing)
         let mut consumers = vec![0; regions.len()];
         for step in steps.iter().filter(|s| !s.layer.is_view()) {
             consumers[step.input_region] += 1;
+            if let Some(skip) = step.skip {
+                consumers[skip] += 1;
+            }
         }
         for step in &mut steps {
             if consumers[step.input_region] > 1 {
@@ -287,12 +332,38 @@ impl Plan {
     }
 }
 
+/// A residual block opened by a `Fork` step and not yet closed by its `Add`.
+struct Block {
+    /// The fork's step index.
+    fork: usize,
+    /// The block's input: its region and shape.
+    region: usize,
+    shape: Shape,
+    /// The module path of the sequence around the block, and the block's index in it.
+    prefix: String,
+    module: usize,
+}
+
+/// The innermost open block, closed by `layer` (an Add, step `index`) on the body's output
+/// `shape`; an [`Error::Shape`] where no block is open or the body changed the shape.
+fn close_block(blocks: &mut Vec<Block>, index: usize, layer: &Layer, shape: Shape) -> Result<Block> {
+    let err = |what: String| Error::Shape(format!("layer {index} ({layer:?}) with input {shape}: {what}"));
+    let block = blocks.pop().ok_or_else(|| err("no residual block is open (a Fork comes first)".into()))?;
+    if block.shape != shape {
+        let what = format!("the residual block opened at layer {} takes {} but its body gives {shape}", block.fork, block.shape);
+        return Err(err(format!("{what}: a block must give back its input's shape")));
+    }
+    Ok(block)
+}
+
 /// The layer's output shape on `input`, or an [`Error::Shape`] naming the layer and the input.
 fn output_shape(index: usize, layer: &Layer, input: Shape) -> Result<Shape> {
     let err = |what: String| Error::Shape(format!("layer {index} ({layer:?}) with input {input}: {what}"));
-    if let Some(Activation::LeakyRelu(slope)) = layer.takes_activation() {
-        if !slope.is_finite() {
-            return Err(err(format!("the leaky ReLU slope {slope} is not a finite number")));
+    if let Some(act) = layer.takes_activation() {
+        if let (Some(value), Some(name)) = (act.param(), act.param_name()) {
+            if !value.is_finite() {
+                return Err(err(format!("the {name} {value} is not a finite number")));
+            }
         }
     }
     layer.output_shape(input).map_err(err)
@@ -322,7 +393,9 @@ fn lay_out(specs: Vec<TensorSpec>, start: usize, what: &str) -> std::result::Res
 mod tests {
     use super::*;
     use crate::activation::*;
+    use crate::chain::Chain;
     use crate::chain::Shape;
+    use crate::layers::residual::{Add, Fork};
     use crate::layers::{conv::Conv, dense::Dense, flatten::Flatten, pool::MaxPool};
 
     #[test]
@@ -381,6 +454,56 @@ mod tests {
         assert_eq!(plan.steps[5].tensors[1].fill, Fill::Constant(0.0));
     }
 
+    /// A block's body is named `{i}.body.{j}` (nested blocks too), the Add is the block's module
+    /// and its activation one more; the block input has two readers (the body's first step and
+    /// the Add), so no step folds its gradient into the producer; Fork and Add point at each
+    /// other's regions; a body that changes the shape, a block left open and an Add with no
+    /// block are errors.
+    #[test]
+    fn residual_blocks_nest_name_their_bodies_and_count_the_skip_as_a_reader() {
+        let plan = Chain::new(Shape::vector(4))
+            .dense(4, Relu)
+            .residual_with(Relu, |c| c.dense(4, Tanh).residual(|c| c.dense(4, Identity)).batch_norm())
+            .dense(2, Identity)
+            .build()
+            .unwrap()
+            .plan()
+            .clone();
+        let modules: Vec<&str> = plan.steps.iter().map(|s| s.module.as_str()).collect();
+        // Linear(0) ReLU(1) Residual(2: Linear Tanh Residual(Linear) BatchNorm1d) ReLU(3) Linear(4)
+        assert_eq!(modules, ["0", "2", "2.body.0", "2.body.2", "2.body.2.body.0", "2.body.2", "2.body.3", "2", "4"]);
+        let (outer_fork, inner_fork, inner_add, outer_add) = (&plan.steps[1], &plan.steps[3], &plan.steps[5], &plan.steps[7]);
+        // the dense layer's y is the outer block's input: read by the body's first step and the Add
+        let block_input = plan.steps[0].output_region;
+        assert_eq!((outer_fork.input_region, outer_fork.output_region), (block_input, block_input));
+        assert_eq!(outer_add.skip, Some(block_input));
+        assert_eq!(outer_fork.skip, Some(outer_add.z_region));
+        assert_ne!(outer_add.z_region, outer_add.output_region, "the block's ReLU has a y of its own");
+        assert_eq!(plan.consumers[block_input], 2);
+        assert_eq!(plan.steps[2].activated_input, None, "the body's first step is not the block input's only reader");
+        assert_eq!(inner_add.skip, Some(plan.steps[2].output_region));
+        assert_eq!(inner_fork.skip, Some(inner_add.z_region));
+        assert_eq!(plan.steps[8].activated_input, Some(7), "the Add's activation folds into the layer after it");
+        let names: Vec<String> = crate::io::tensors(&plan).into_iter().map(|t| t.name).collect();
+        for name in ["0.weight", "2.body.0.bias", "2.body.2.body.0.weight", "2.body.3.weight", "2.body.3.bias", "4.weight"] {
+            assert!(names.iter().any(|n| n == name), "{name} not in {names:?}");
+        }
+        let buffers: Vec<String> = crate::io::buffer_tensors(&plan).into_iter().map(|t| t.name).collect();
+        assert_eq!(buffers, ["2.body.3.num_batches_tracked", "2.body.3.running_mean", "2.body.3.running_var"]);
+
+        let errors = [
+            (Chain::new(Shape::vector(4)).residual(|c| c.dense(3, Relu)), "takes vector(4) but its body gives vector(3)"),
+            (Chain::new(Shape::vector(4)).layer(Fork.into()).dense(4, Relu), "opened at layer 0 is never closed"),
+            (Chain::new(Shape::vector(4)).dense(4, Relu).layer(Add { activation: Relu }.into()), "no residual block is open"),
+        ];
+        for (chain, needle) in errors {
+            match chain.build() {
+                Err(Error::Shape(msg)) => assert!(msg.contains(needle), "{msg:?} lacks {needle:?}"),
+                other => panic!("expected a shape error with {needle:?}, got {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn a_sequence_is_step_major_and_flattens_to_a_vector() {
         let seq = Shape::sequence(8, 3);
@@ -415,6 +538,7 @@ mod tests {
             ),
             (Shape::vector(3), vec![Layer::MaxPool(MaxPool { window: (1, 1), stride: (1, 1) })], "image input"),
             (Shape::vector(3), vec![Layer::Dense(Dense { out_features: 2, activation: LeakyRelu(f32::NAN) })], "slope NaN"),
+            (Shape::vector(3), vec![Layer::Dense(Dense { out_features: 2, activation: Elu(f32::INFINITY) })], "ELU alpha inf"),
         ];
         for (input, layers, needle) in cases {
             match Plan::new(input, &layers) {

@@ -18,7 +18,8 @@ use crate::layers::recurrent::{self, Dims, Streaming, STATE};
 use crate::layers::{gru::Gru, lstm::Lstm, region};
 use crate::model::Model;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
 
 /// A model over sequences run one time step at a time, for a batch of up to `capacity`
 /// sequences (often one): [`Stream::step`] takes each sequence's next step and gives the model's
@@ -63,7 +64,9 @@ impl Model {
         let step = Model {
             plan: Arc::new(plan),
             params: step_params,
-            buffers: buffers.into_owned(),
+            buffers: RwLock::new(buffers.into_owned()),
+            seed: self.seed,
+            passes: AtomicU64::new(self.train_passes()),
             pool: Arc::clone(&self.pool),
             dev: None,
             gpu_options: self.gpu_options,

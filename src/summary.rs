@@ -48,9 +48,11 @@ impl fmt::Display for Model {
         let plan = &self.plan;
         let mut rows = vec![[String::new(), "input".into(), plan.input.to_string(), String::new(), String::new()]];
         for (i, step) in plan.steps.iter().enumerate() {
+            // a residual block's body indented under it
+            let depth = step.module.matches(".body.").count();
             rows.push([
                 i.to_string(),
-                step.layer.summary(step.input),
+                format!("{}{}", "  ".repeat(depth), step.layer.summary(step.input)),
                 step.output.to_string(),
                 grouped(step.params.len()),
                 activation(step),
@@ -104,7 +106,9 @@ impl Clone for Model {
         Model {
             plan: std::sync::Arc::clone(&self.plan),
             params: self.params.clone(),
-            buffers: self.buffers.clone(),
+            buffers: std::sync::RwLock::new(self.buffers().expect("a model on the CPU").into_owned()),
+            seed: self.seed,
+            passes: std::sync::atomic::AtomicU64::new(self.train_passes()),
             pool: std::sync::Arc::clone(&self.pool),
             dev: None,
             gpu_options: self.gpu_options,

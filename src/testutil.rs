@@ -133,3 +133,54 @@ pub fn cuda_device() -> crate::Device {
         Err(e) => panic!("this test needs a CUDA device, and there is none usable: {e}"),
     }
 }
+
+/// Time per call of each CPU convolution route (`Lowered`: im2col and GEMM; `Direct`: the GEMM
+/// on shifted windows of the padded input) on one layer: (route, forward, backward with the
+/// input gradient when `input_grad`), the fastest of `runs` calls on `threads` threads, for
+/// `benches/conv_routes.rs`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_route_times(
+    (in_channels, height, width): (usize, usize, usize),
+    out_channels: usize,
+    kernel: (usize, usize),
+    options: crate::ConvOptions,
+    batch: usize,
+    threads: usize,
+    runs: usize,
+    input_grad: bool,
+) -> crate::Result<Vec<(String, std::time::Duration, std::time::Duration)>> {
+    let shape =
+        crate::cpu::conv::ConvShape { in_channels, height, width, out_channels, kernel, stride: options.stride, padding: options.padding };
+    let times = crate::cpu::conv::route_times(&shape, batch, threads, runs, input_grad)?;
+    Ok(times.into_iter().map(|(route, f, b)| (format!("{route:?}"), f, b)).collect())
+}
+
+/// A net on 1×28×28 images (784 values, as MNIST) through average pooling (window and strided),
+/// global average pooling, the activations SiLU, ELU and Softplus, and softmax as its last layer:
+/// 10 probabilities.
+pub fn pooling_net() -> crate::Chain {
+    use crate::{ConvOptions, Elu, Identity, Input, Silu, Softplus};
+    crate::Chain::new(Input::image(1, 28, 28))
+        .conv_with(4, (3, 3), Silu, ConvOptions { stride: (1, 1), padding: (1, 1) })
+        .avg_pool((2, 2))
+        .conv(6, (3, 3), Elu(0.5))
+        .avg_pool_with((3, 3), (2, 2))
+        .global_avg_pool()
+        .dense(16, Softplus)
+        .dense(10, Identity)
+        .softmax()
+}
+
+/// A net on signals of 1×784 values through 1-D convolutions (one strided, padded and dilated),
+/// 1-D max-pools (one padded and dilated) and the flatten of a signal: 10 scores.
+pub fn signal_net() -> crate::Chain {
+    use crate::{Conv1dOptions, Elu, Identity, Input, Pool1dOptions, Silu, Softplus};
+    crate::Chain::new(Input::signal(1, 784))
+        .conv1d_with(4, 5, Silu, Conv1dOptions { stride: 2, padding: 2, dilation: 2 })
+        .max_pool1d_with(3, Pool1dOptions { stride: 2, padding: 1, dilation: 2 })
+        .conv1d(8, 3, Elu(1.0))
+        .max_pool1d(4)
+        .conv1d(6, 3, Softplus)
+        .flatten()
+        .dense(10, Identity)
+}

@@ -32,9 +32,10 @@ fn train(model: Model, optim: Optim, loss: Loss, steps: usize, seed: u64) -> (Ve
         let n = if step % 2 == 0 { 32 } else { 17 };
         let (x, labels) = batch(&mut rng, &model, n);
         fwd.set_inputs(&x).unwrap();
-        match loss {
-            Loss::LogitCrossEntropy => fwd.set_labels(&labels).unwrap(),
-            Loss::Mse => fwd.set_targets(&rng.uniform(n * model.output_shape().len())).unwrap(),
+        if loss.takes_labels() {
+            fwd.set_labels(&labels).unwrap()
+        } else {
+            fwd.set_targets(&rng.uniform(n * model.output_shape().len())).unwrap()
         }
         model.backprop(&mut bwd, &mut fwd, loss).unwrap();
         losses.push(bwd.last_loss().unwrap());
@@ -223,9 +224,10 @@ fn backprop_both(
     targets: &[f32],
 ) {
     for (model, fwd, bwd) in [(models.0, fwd.0, bwd.0), (models.1, fwd.1, bwd.1)] {
-        match loss {
-            Loss::Mse => fwd.set_targets(targets).unwrap(),
-            Loss::LogitCrossEntropy => fwd.set_labels(labels).unwrap(),
+        if loss.takes_labels() {
+            fwd.set_labels(labels).unwrap()
+        } else {
+            fwd.set_targets(targets).unwrap()
         }
         model.backprop(bwd, fwd, loss).unwrap();
     }

@@ -7,10 +7,27 @@
 
 use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
-use flatnn::testutil::{allocations_in, cuda_device, in_child, run_alone, Counting, Rng};
+use flatnn::testutil::{allocations_in, cuda_device, in_child, pooling_net, run_alone, signal_net, Counting, Rng};
 
 #[global_allocator]
 static COUNTING: Counting = Counting;
+
+/// Batch norm (with and without an activation, over channels and features), layer norm,
+/// dropout (whose pass count moves on inside the step) and residual blocks.
+fn norm() -> Chain {
+    let same = ConvOptions { stride: (1, 1), padding: (1, 1) };
+    Chain::new(Input::image(1, 12, 12))
+        .conv_with(4, (3, 3), Identity, same)
+        .batch_norm_with(Relu)
+        .residual_with(Relu, |c| c.conv_with(4, (3, 3), Identity, same).batch_norm().dropout(0.1))
+        .max_pool((2, 2))
+        .flatten()
+        .dense(32, Relu)
+        .layer_norm()
+        .dropout(0.2)
+        .batch_norm_with(Relu)
+        .dense(10, Identity)
+}
 
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
@@ -25,11 +42,20 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
         return;
     }
     let cudnn = std::env::var("FLATNN_CUDNN").unwrap_or_default();
+    // the pooling, 1-D and softmax layers, with the element-wise losses' kernel, on flatnn's
+    // kernels and (the 1-D convolutions as 2-D ones of height 1) through cuDNN
+    let xent = Loss::LogitCrossEntropy;
     let cases = match cudnn.as_str() {
-        "0" => vec![("mlp", mlp()), ("lenet", lenet5())],
-        _ => vec![("lenet cudnn", lenet5())],
+        "0" => vec![
+            ("mlp", mlp(), xent),
+            ("lenet", lenet5(), xent),
+            ("norm", norm(), xent),
+            ("pooling", pooling_net(), Loss::BceWithLogits),
+            ("signal", signal_net(), Loss::SmoothL1 { beta: 0.5 }),
+        ],
+        _ => vec![("lenet cudnn", lenet5(), xent), ("signal cudnn", signal_net(), Loss::L1)],
     };
-    for (name, chain) in cases {
+    for (name, chain, loss) in cases {
         for graphs in [true, false] {
             let model = chain.clone().build().unwrap().init(Init::HeNormal, 1);
             let mut model = model.with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();
@@ -45,6 +71,7 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
             let mut rng = Rng::new(1);
             let x = rng.uniform(512 * model.input_shape().len());
             let labels: Vec<u32> = (0..512).map(|i| i % 10).collect();
+            let targets = rng.uniform(512 * 10);
             // a training step (train_step, one graph, on two calls in four; backprop + update on
             // the others, so both batch sizes go both ways), or inference (set_inputs + forward)
             let mut calls = 0usize;
@@ -52,11 +79,15 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
                 fwd.set_inputs(&x[..n * model.input_shape().len()]).unwrap();
                 calls += 1;
                 if train {
-                    fwd.set_labels(&labels[..n]).unwrap();
-                    if calls % 4 < 2 {
-                        opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+                    if loss.takes_labels() {
+                        fwd.set_labels(&labels[..n]).unwrap();
                     } else {
-                        model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+                        fwd.set_targets(&targets[..n * 10]).unwrap();
+                    }
+                    if calls % 4 < 2 {
+                        opt.train_step(&mut model, &mut bwd, &mut fwd, loss).unwrap();
+                    } else {
+                        model.backprop(&mut bwd, &mut fwd, loss).unwrap();
                         opt.update(&mut model, &bwd).unwrap();
                     }
                 } else {

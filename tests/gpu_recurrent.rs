@@ -63,7 +63,7 @@ fn recurrent_forward_and_gradients_on_the_gpu_match_the_cpu() {
                 fwd.set_inputs(&x).unwrap();
                 match loss {
                     Loss::LogitCrossEntropy => fwd.set_labels(&labels).unwrap(),
-                    Loss::Mse => fwd.set_targets(&targets).unwrap(),
+                    _ => fwd.set_targets(&targets).unwrap(),
                 }
                 let out = model.forward(&mut fwd).unwrap().to_vec();
                 let finals: Vec<Vec<f32>> = init.iter().map(|(layer, _)| fwd.final_state(*layer).unwrap()).collect();
@@ -104,7 +104,7 @@ fn recurrent_training_steps_in_a_graph_match_the_cpu() {
                 let outputs = model.output_shape().len();
                 match loss {
                     Loss::LogitCrossEntropy => fwd.set_labels(&(0..n).map(|i| (i % outputs) as u32).collect::<Vec<_>>()).unwrap(),
-                    Loss::Mse => fwd.set_targets(&rng.uniform(n * outputs)).unwrap(),
+                    _ => fwd.set_targets(&rng.uniform(n * outputs)).unwrap(),
                 }
                 opt.train_step(&mut model, &mut bwd, &mut fwd, loss).unwrap();
                 losses.push(bwd.last_loss().unwrap());

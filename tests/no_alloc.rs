@@ -1,17 +1,20 @@
 //! A counting global allocator proves that a step allocates nothing: after one warm-up step,
-//! 100 steps of set_inputs + set_labels + backprop + update (and forward) make 0 allocations
-//! and 0 deallocations, for an MLP and a CNN, on 1 thread and on 2, with each optimiser, each
-//! kind of clipping, weight decay and a learning-rate schedule; and so does a whole epoch
-//! of the MNIST loader (shuffle, batches written into the cache, a final partial batch) and
-//! training steps, after a warm-up epoch; and so do 100 training steps of a GRU and an LSTM, and
-//! 100,000 steps of a stream of them.
+//! 100 steps of set_inputs + set_labels (or set_targets) + backprop + update (and forward, and
+//! predict) make 0 allocations and 0 deallocations, for an MLP, a CNN and a network of batch
+//! norm, layer norm, dropout and residual blocks, on 1 thread and on 2, with each optimiser,
+//! each kind of clipping, weight decay and a learning-rate schedule; for a net of every
+//! pooling, 1-D and softmax layer with each loss; and so does a whole epoch of the
+//! MNIST loader (shuffle, batches written into the cache, a final partial batch) and training
+//! steps, after a warm-up epoch; and so do 100 training steps of a GRU and an LSTM, and 100,000
+//! steps of a stream of them.
 //!
 //! One #[test] only: the counter is global, so tests running beside it would be counted.
 
 use flatnn::data::{Dataset, Loader, Split};
 use flatnn::models::{mlp, simplenns_cnn};
 use flatnn::prelude::*;
-use flatnn::testutil::Rng;
+use flatnn::testutil::{pooling_net, signal_net, Rng};
+use flatnn::ConvOptions;
 use flatnn::RnnOutput;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -41,8 +44,24 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// Allocations and deallocations over 100 steps after one warm-up step.
-fn count(chain: Chain, threads: usize, batch: usize, optim: Optim, clip: Clip) -> (usize, usize) {
+/// Batch norm (over channels and features, with and without an activation), layer norm,
+/// dropout and residual blocks, nested.
+fn norm() -> Chain {
+    let same = ConvOptions { stride: (1, 1), padding: (1, 1) };
+    Chain::new(Input::image(3, 8, 8))
+        .conv_with(4, (3, 3), Identity, same)
+        .batch_norm_with(Relu)
+        .residual_with(Relu, |c| c.conv_with(4, (3, 3), Identity, same).batch_norm_with(Relu).residual(|c| c.dropout(0.2)).batch_norm())
+        .flatten()
+        .dense(32, Relu)
+        .layer_norm()
+        .dropout(0.3)
+        .batch_norm()
+        .dense(10, Identity)
+}
+
+/// Allocations and deallocations over 100 steps with `loss` after one warm-up step.
+fn count(chain: Chain, threads: usize, batch: usize, optim: Optim, clip: Clip, loss: Loss) -> (usize, usize) {
     let mut model = chain.build().unwrap().init(Init::GlorotNormal, 1).with_threads(threads).unwrap();
     let mut fwd = model.preallocate(batch).unwrap();
     let mut bwd = model.preallocate_grads(batch).unwrap();
@@ -50,17 +69,24 @@ fn count(chain: Chain, threads: usize, batch: usize, optim: Optim, clip: Clip) -
     opt.set_clip(clip).unwrap();
     opt.set_schedule(Schedule::cosine(10, 50)).unwrap();
     let mut rng = Rng::new(2);
-    let x = rng.uniform(batch * model.input_shape().len());
+    let inputs = model.input_shape().len();
+    let x = rng.uniform(batch * inputs);
     let labels: Vec<u32> = (0..batch).map(|_| rng.below(10) as u32).collect();
+    let targets = rng.uniform(batch * 10);
+    let mut classes = [0u32; 64];
     let mut step = |fwd: &mut Cache| {
         // a smaller batch every other step: same buffers
         let b = if fwd.batch() == batch { batch - 1 } else { batch };
-        fwd.set_inputs(&x[..b * 784]).unwrap();
-        fwd.set_labels(&labels[..b]).unwrap();
-        model.backprop(&mut bwd, fwd, Loss::LogitCrossEntropy).unwrap();
+        fwd.set_inputs(&x[..b * inputs]).unwrap();
+        if loss.takes_labels() {
+            fwd.set_labels(&labels[..b]).unwrap();
+        } else {
+            fwd.set_targets(&targets[..b * 10]).unwrap();
+        }
+        model.backprop(&mut bwd, fwd, loss).unwrap();
         assert!(bwd.last_loss().unwrap().is_finite());
         opt.update(&mut model, &bwd).unwrap();
-        model.forward(fwd).unwrap();
+        model.predict(fwd, &mut classes).unwrap();
     };
     step(&mut fwd);
     let (a0, d0) = (ALLOCS.load(Relaxed), DEALLOCS.load(Relaxed));
@@ -154,18 +180,26 @@ fn a_step_allocates_nothing() {
         (Optim::rmsprop(1e-3).with_weight_decay(1e-4), Clip::Norm(0.5)),
     ];
     let mut report = Vec::new();
+    let xent = Loss::LogitCrossEntropy;
     for threads in [1, 2] {
-        for (name, chain, batch) in [("mlp", mlp(), 32), ("cnn", simplenns_cnn(), 8)] {
+        for (name, chain, batch) in [("mlp", mlp(), 32), ("cnn", simplenns_cnn(), 8), ("norm", norm(), 8)] {
             for (optim, clip) in optims {
-                let counts = count(chain.clone(), threads, batch, optim, clip);
-                report.push((name, threads, optim, clip, counts));
+                let counts = count(chain.clone(), threads, batch, optim, clip, xent);
+                report.push((name, threads, optim, clip, xent, counts));
+            }
+        }
+        // every pooling, 1-D and softmax layer, new activation and new loss
+        let losses = [xent, Loss::BceWithLogits, Loss::L1, Loss::SmoothL1 { beta: 0.5 }];
+        for (name, chain) in [("pooling", pooling_net()), ("signal", signal_net())] {
+            for (loss, (optim, clip)) in losses.into_iter().zip(optims) {
+                report.push((name, threads, optim, clip, loss, count(chain.clone(), threads, 8, optim, clip, loss)));
             }
         }
     }
-    for (name, threads, optim, clip, (allocs, deallocs)) in &report {
-        println!("{name} threads={threads} {optim:?} {clip:?}: {allocs} allocations, {deallocs} deallocations in 100 steps");
+    for (name, threads, optim, clip, loss, (allocs, deallocs)) in &report {
+        println!("{name} threads={threads} {optim:?} {clip:?} {loss:?}: {allocs} allocations, {deallocs} deallocations in 100 steps");
     }
-    assert!(report.iter().all(|r| r.4 == (0, 0)), "a step allocated");
+    assert!(report.iter().all(|r| r.5 == (0, 0)), "a step allocated");
     for threads in [1, 2] {
         let (training, streaming) = count_recurrent(threads);
         println!(

@@ -298,7 +298,7 @@ def check(directory):
             loss_ok = abs(loss - m["loss"]) <= 1e-5 + 1e-4 * abs(m["loss"])
             verdict = "ok" if not bad.any() and loss_ok else "FAIL"
             ok &= verdict == "ok"
-            print(f"check {name} (batch {batch}, {sum(v.size for v in weights.values())} parameters) {way}: {verdict}: "
+            print(f"check {name} (batch {batch}, {zoo_models.param_count(name)} parameters) {way}: {verdict}: "
                   f"outputs max |diff| {err.max():.2e} (max |y| {np.abs(want).max():.2e}), "
                   f"loss {loss:.7g} against flatnn's {m['loss']:.7g}")
             if bad.any():

@@ -19,7 +19,8 @@ OPSET = 17
 
 
 def read_safetensors(path):
-    """{name: float32 array} and the metadata of a safetensors file (little-endian F32 only)."""
+    """{name: array} and the metadata of a safetensors file: little-endian F32 as float32, and
+    I64 (batch norm's num_batches_tracked) as int64."""
     with open(path, "rb") as f:
         data = f.read()
     (header_len,) = struct.unpack("<Q", data[:8])
@@ -27,11 +28,13 @@ def read_safetensors(path):
     meta = header.pop("__metadata__", {})
     body = data[8 + header_len :]
     out = {}
+    types = {"F32": ("<f4", np.float32), "I64": ("<i8", np.int64)}
     for name, info in header.items():
-        if info["dtype"] != "F32":
-            raise ValueError(f"{path}: tensor {name} is {info['dtype']}, expected F32")
+        if info["dtype"] not in types:
+            raise ValueError(f"{path}: tensor {name} is {info['dtype']}, expected F32 or I64")
+        stored, kept = types[info["dtype"]]
         begin, end = info["data_offsets"]
-        out[name] = np.frombuffer(body[begin:end], dtype="<f4").reshape(info["shape"]).astype(np.float32)
+        out[name] = np.frombuffer(body[begin:end], dtype=stored).reshape(info["shape"]).astype(kept)
     return out, meta
 
 
@@ -41,8 +44,13 @@ def random_weights(name, seed):
     rng = np.random.default_rng(seed)
     out = {}
     for tensor, shape in zoo_models.tensors(name):
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
-        out[tensor] = rng.uniform(-1, 1, size=shape).astype(np.float32) / math.sqrt(fan_in)
+        if tensor.endswith("num_batches_tracked"):
+            out[tensor] = np.zeros(shape, dtype=np.int64)
+        elif tensor.endswith("running_var"):
+            out[tensor] = np.ones(shape, dtype=np.float32)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+            out[tensor] = rng.uniform(-1, 1, size=shape).astype(np.float32) / math.sqrt(fan_in)
     return out
 
 
@@ -79,30 +87,15 @@ def build(name, weights):
             return y
         raise ValueError(f"unknown activation {act}")
 
-    x = "x"
-    for module, layer, _, _ in zoo_models.walk(name):
-        kind = layer[0]
-        if kind in ("dense", "conv"):
-            w, b = f"{module}.weight", f"{module}.bias"
-            inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[w], dtype=np.float32), w))
-            inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[b], dtype=np.float32), b))
-            z = fresh("z")
-            if kind == "dense":
-                nodes.append(helper.make_node("Gemm", [x, w, b], [z], transB=1))
-            else:
-                k, pad = layer[2], layer[3]
-                nodes.append(helper.make_node("Conv", [x, w, b], [z], kernel_shape=[k, k], pads=[pad] * 4, strides=[1, 1]))
-            x = activation(layer[-1], z)
-        elif kind == "maxpool":
-            y = fresh("p")
-            nodes.append(helper.make_node("MaxPool", [x], [y], kernel_shape=[layer[1]] * 2, strides=[layer[1]] * 2))
-            x = y
-        elif kind in zoo_models.GATES:
-            x = recurrent(nodes, inits, fresh, module, layer, weights, x)
-        else:
-            y = fresh("f")
-            nodes.append(helper.make_node("Flatten", [x], [y], axis=1))
-            x = y
+    def init(tensor, value=None):
+        """An initializer named `tensor`: the weight of that name (float32), or `value(weights)`
+        as it is typed."""
+        array = np.ascontiguousarray(weights[tensor], dtype=np.float32) if value is None else np.ascontiguousarray(value(weights))
+        inits.append(numpy_helper.from_array(array, tensor))
+        return tensor
+
+    shape, layers, _ = zoo_models.MODELS[name]
+    x = emit(layers, shape, "", "x", nodes, fresh, init, activation, helper)
     nodes.append(helper.make_node("Identity", [x], ["y"]))
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *zoo_models.input_shape(name)])]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", zoo_models.output_len(name)])]
@@ -117,32 +110,73 @@ def build(name, weights):
     return model
 
 
-def recurrent(nodes, inits, fresh, module, layer, weights, x):
+def emit(layers, shape, prefix, x, nodes, fresh, init, activation, helper):
+    """Appends the nodes of `layers` (from `shape`, module paths after `prefix`) reading `x` to
+    `nodes`; returns the name of their output. Batch norm is inference's (the running
+    statistics); a residual block adds its body's output to its input."""
+    for module, layer, shape, _ in zoo_models.walk_layers(layers, shape, prefix):
+        kind = layer[0]
+        if kind in ("dense", "conv", "conv1d"):
+            w, b = init(f"{module}.weight"), init(f"{module}.bias")
+            z = fresh("z")
+            if kind == "dense":
+                nodes.append(helper.make_node("Gemm", [x, w, b], [z], transB=1))
+            else:
+                k, pad, dims = layer[2], layer[3], 2 if kind == "conv" else 1
+                nodes.append(
+                    helper.make_node("Conv", [x, w, b], [z], kernel_shape=[k] * dims, pads=[pad] * 2 * dims, strides=[1] * dims)
+                )
+            x = activation(layer[-1], z)
+        elif kind in ("maxpool", "maxpool1d"):
+            y, dims = fresh("p"), 2 if kind == "maxpool" else 1
+            nodes.append(helper.make_node("MaxPool", [x], [y], kernel_shape=[layer[1]] * dims, strides=[layer[1]] * dims))
+            x = y
+        elif kind == "globalavgpool":
+            p, y = fresh("g"), fresh("f")
+            nodes.append(helper.make_node("GlobalAveragePool", [x], [p]))
+            nodes.append(helper.make_node("Flatten", [p], [y], axis=1))
+            x = y
+        elif kind == "batchnorm":
+            z = fresh("n")
+            names = [init(f"{module}.{t}") for t in ("weight", "bias", "running_mean", "running_var")]
+            nodes.append(helper.make_node("BatchNormalization", [x, *names], [z], epsilon=1e-5))
+            x = activation(layer[-1], z)
+        elif kind in zoo_models.GATES:
+            x = recurrent(module, layer, x, nodes, fresh, init, helper)
+        elif kind == "residual":
+            body = emit(layer[1], shape, f"{module}.body.", x, nodes, fresh, init, activation, helper)
+            z = fresh("r")
+            nodes.append(helper.make_node("Add", [x, body], [z]))
+            x = activation(layer[-1], z)
+        else:
+            y = fresh("f")
+            nodes.append(helper.make_node("Flatten", [x], [y], axis=1))
+            x = y
+    return x
+
+
+def recurrent(module, layer, x, nodes, fresh, init, helper):
     """An ONNX GRU or LSTM node over x (batch, steps, features), PyTorch's weights (gate blocks
     r, z, n reordered to ONNX's z, r, h with linear_before_reset = 1, PyTorch's formula; i, f, g, o
     to i, o, f, c): the time-major transposes around it, and the output sequence (batch, steps,
     hidden) or the last step's state (batch, hidden). Returns the output's name."""
-    from onnx import helper, numpy_helper
-
     kind, hidden, last = layer
     order = [1, 0, 2] if kind == "gru" else [0, 3, 1, 2]
 
     def blocks(a):
-        return np.concatenate([a[g * hidden:(g + 1) * hidden] for g in order], axis=0)
+        return np.concatenate([a[g * hidden:(g + 1) * hidden] for g in order], axis=0).astype(np.float32)
 
-    names = [fresh("w"), fresh("r"), fresh("b")]
-    w, r = blocks(weights[f"{module}.weight_ih_l0"])[None], blocks(weights[f"{module}.weight_hh_l0"])[None]
-    b = np.concatenate([blocks(weights[f"{module}.bias_ih_l0"]), blocks(weights[f"{module}.bias_hh_l0"])])[None]
-    for n, v in zip(names, (w, r, b)):
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(v, dtype=np.float32), n))
-    axis = fresh("axis")
-    inits.append(numpy_helper.from_array(np.array([0 if last == "last" else 1], dtype=np.int64), axis))
+    w = init(f"{module}.weight_ih_l0", lambda ws: blocks(ws[f"{module}.weight_ih_l0"])[None])
+    r = init(f"{module}.weight_hh_l0", lambda ws: blocks(ws[f"{module}.weight_hh_l0"])[None])
+    # ONNX's B: the input biases, then the recurrent ones
+    b = init(f"{module}.bias", lambda ws: np.concatenate([blocks(ws[f"{module}.bias_ih_l0"]), blocks(ws[f"{module}.bias_hh_l0"])])[None])
+    axis = init(fresh("axis"), lambda _: np.array([0 if last == "last" else 1], dtype=np.int64))
     time_major, y, y_h = fresh("t"), fresh("y"), fresh("yh")
     nodes.append(helper.make_node("Transpose", [x], [time_major], perm=[1, 0, 2]))
     if kind == "gru":
-        nodes.append(helper.make_node("GRU", [time_major, *names], [y, y_h], hidden_size=hidden, linear_before_reset=1))
+        nodes.append(helper.make_node("GRU", [time_major, w, r, b], [y, y_h], hidden_size=hidden, linear_before_reset=1))
     else:
-        nodes.append(helper.make_node("LSTM", [time_major, *names], [y, y_h], hidden_size=hidden))
+        nodes.append(helper.make_node("LSTM", [time_major, w, r, b], [y, y_h], hidden_size=hidden))
     out = fresh("o")
     if last == "last":
         # Y_h (1, batch, hidden) -> (batch, hidden)

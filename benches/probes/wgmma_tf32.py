@@ -5,8 +5,8 @@
 # x 16 bytes, no swizzle); three wgmma a k8 step; one slice of k prefetched into registers.
 # Run on the GPU machine (CuPy): python3 benches/probes/wgmma_tf32.py. It prints, for each tile
 # width and each reading of the descriptor's two byte offsets, the error against float64 and,
-# where it is right, the time a launch (graphs of 20 launches). BENCHMARKS.md, twenty-fourth
-# session, has what it printed on the H100.
+# where it is right, the time a launch (graphs of 20 launches). On the H100 it was right to
+# 2.5e-7 (relative) and took 30.8-38.7 us a launch with this naive pipeline.
 import os, sys
 import cupy as cp, numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -23,14 +23,16 @@ fn save(zoo: &ZooModel, dir: &Path) -> Result<serde_json::Value> {
     let model = build(zoo, Place::Cpu1, None)?;
     let (inputs, labels, targets) = data(&model, zoo.loss, BATCH, 5);
     let mut cache = model.preallocate(BATCH)?;
-    let mut grads = model.preallocate_grads(BATCH)?;
     cache.set_inputs(&inputs)?;
     let outputs = model.forward(&mut cache)?.to_vec();
-    match zoo.loss {
-        Loss::LogitCrossEntropy => cache.set_labels(&labels)?,
-        Loss::Mse => cache.set_targets(&targets)?,
+    if zoo.loss.takes_labels() {
+        cache.set_labels(&labels)?
+    } else {
+        cache.set_targets(&targets)?
     }
-    model.backprop(&mut grads, &mut cache, zoo.loss)?;
+    // in inference mode, as the peers compute theirs: a training pass would normalise by the
+    // batch's statistics and move the running ones the file holds
+    let loss = model.loss(&mut cache, zoo.loss)?;
     let name = zoo.name;
     model.save(dir.join(format!("{name}.safetensors")))?;
     write_f32(&dir.join(format!("{name}.inputs.f32")), &inputs)?;
@@ -38,14 +40,13 @@ fn save(zoo: &ZooModel, dir: &Path) -> Result<serde_json::Value> {
     let mut entry = serde_json::json!({
         "name": name, "batch": BATCH, "weights": format!("{name}.safetensors"),
         "inputs": format!("{name}.inputs.f32"), "outputs": format!("{name}.outputs.f32"),
-        "loss": grads.last_loss()?,
+        "loss": loss,
     });
-    match zoo.loss {
-        Loss::LogitCrossEntropy => entry["labels"] = serde_json::json!(labels),
-        Loss::Mse => {
-            write_f32(&dir.join(format!("{name}.targets.f32")), &targets)?;
-            entry["targets"] = serde_json::json!(format!("{name}.targets.f32"));
-        }
+    if zoo.loss.takes_labels() {
+        entry["labels"] = serde_json::json!(labels);
+    } else {
+        write_f32(&dir.join(format!("{name}.targets.f32")), &targets)?;
+        entry["targets"] = serde_json::json!(format!("{name}.targets.f32"));
     }
     Ok(entry)
 }

@@ -15,13 +15,15 @@ pub struct ZooModel {
 }
 
 /// The zoo. A new model: a function in `flatnn::models`, a line here, a line in `zoo_models.py`.
-pub const ZOO: [ZooModel; 8] = [
+pub const ZOO: [ZooModel; 10] = [
     ZooModel { name: "mlp", chain: models::mlp, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "lenet5", chain: models::lenet5, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "simplenn", chain: models::simplenns_mlp, loss: Loss::Mse },
     ZooModel { name: "autoencoder", chain: models::autoencoder, loss: Loss::Mse },
     ZooModel { name: "gelu_mlp", chain: models::gelu_mlp, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "vgg_small", chain: models::vgg_small, loss: Loss::LogitCrossEntropy },
+    ZooModel { name: "ts_conv1d", chain: models::ts_conv1d, loss: Loss::LogitCrossEntropy },
+    ZooModel { name: "resnet_small", chain: models::resnet_small, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "gru_seq", chain: models::gru_seq, loss: Loss::Mse },
     ZooModel { name: "lstm_seq", chain: models::lstm_seq, loss: Loss::LogitCrossEntropy },
 ];
@@ -49,9 +51,10 @@ pub fn data(model: &Model, loss: Loss, batch: usize, seed: u64) -> (Vec<f32>, Ve
     let mut rng = Rng::new(seed);
     let inputs = rng.uniform(batch * model.input_shape().len());
     let outputs = model.output_shape().len();
-    match loss {
-        Loss::LogitCrossEntropy => (inputs, (0..batch).map(|_| rng.below(outputs) as u32).collect(), Vec::new()),
-        Loss::Mse => (inputs, Vec::new(), rng.uniform(batch * outputs)),
+    if loss.takes_labels() {
+        (inputs, (0..batch).map(|_| rng.below(outputs) as u32).collect(), Vec::new())
+    } else {
+        (inputs, Vec::new(), rng.uniform(batch * outputs))
     }
 }
 
@@ -60,9 +63,10 @@ fn filled_cache(model: &Model, loss: Loss, batch: usize) -> Result<(Cache, Vec<f
     let mut cache = model.preallocate(batch)?;
     let (inputs, labels, targets) = data(model, loss, batch, SEED);
     cache.set_inputs(&inputs)?;
-    match loss {
-        Loss::LogitCrossEntropy => cache.set_labels(&labels)?,
-        Loss::Mse => cache.set_targets(&targets)?,
+    if loss.takes_labels() {
+        cache.set_labels(&labels)?
+    } else {
+        cache.set_targets(&targets)?
     }
     Ok((cache, inputs))
 }

@@ -34,10 +34,14 @@ fuzz_target!(
 );
 
 fn small(plan: &Plan) -> bool {
-    // A conv step's im2col columns: in_channels × kh × kw × output pixels.
+    // A conv step's im2col columns: in_channels × kh × kw × output pixels (a 1-D one's: × k ×
+    // output length).
     let cols = plan.steps.iter().map(|s| match (s.layer, s.input, s.output) {
         (Layer::Conv(conv), Shape::Image { channels, .. }, Shape::Image { height, width, .. }) => {
             [conv.kernel.0, conv.kernel.1, height, width].iter().fold(channels, |acc, &n| acc.saturating_mul(n))
+        }
+        (Layer::Conv1d(conv), Shape::Signal { channels, .. }, Shape::Signal { length, .. }) => {
+            channels.saturating_mul(conv.kernel).saturating_mul(length)
         }
         _ => 0,
     });

@@ -2,7 +2,9 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub(crate) mod conv;
 pub(crate) mod gemm;
+pub(crate) mod isa;
 pub(crate) mod pool;
 pub(crate) mod recurrent;
 pub(crate) mod rowdot;
@@ -12,12 +14,10 @@ use pool::Pool;
 use std::marker::PhantomData;
 use std::ops::Range;
 
-/// True when this CPU has AVX2 and FMA (checked once; cheap after).
+/// True when this process uses AVX2 and FMA ([`isa::Isa::best`]: checked once; cheap after).
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx2_fma() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    isa::Isa::best() >= isa::Isa::Avx2
 }
 
 /// A mutable slice that pool tasks write in disjoint parts.

@@ -6,12 +6,34 @@
 //! packed GEMM would transpose-pack both operands for every sample; here both are read in
 //! place, 3 rows of A against 4 rows of B at a time (12 accumulators, 7 loads per 12 FMAs).
 //!
+//! The rows of B may also lie anywhere in one buffer ([`rowdot_at`]): a direct convolution's
+//! shifted input windows, dW[oc, (c, i, j)] += Σ_q dZ[oc, q]·plane_c[q + i·wp + j].
+//!
 //! Each element is summed in a fixed order (8 lanes over k, then the lanes in a fixed tree),
 //! whatever the caller's threading, so results are deterministic.
 
 /// Rows of A and of B per register tile.
 const MB: usize = 3;
 const NB: usize = 4;
+
+/// Where the rows of B start in its slice.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// Row j at j·ldb.
+    Strided(usize),
+    /// Row j at offsets[j].
+    At(&'a [usize]),
+}
+
+impl Rows<'_> {
+    #[inline(always)]
+    fn start(self, j: usize) -> usize {
+        match self {
+            Rows::Strided(ldb) => j * ldb,
+            Rows::At(offsets) => offsets[j],
+        }
+    }
+}
 
 /// C (m×n, row stride ldc) ← A·Bᵀ, or += when `accumulate`; A is m rows of k at stride lda,
 /// B is n rows of k at stride ldb. Panics, before writing anything, if a row stride is shorter
@@ -21,24 +43,48 @@ pub fn rowdot(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], ld
     if m == 0 || n == 0 {
         return;
     }
-    assert!(lda >= k && ldb >= k && ldc >= n, "rowdot: a row stride is shorter than its row");
-    // rows·stride values, the last row counted only up to its end
-    let fits = |len: usize, rows: usize, stride: usize, row: usize| {
-        (rows - 1).checked_mul(stride).and_then(|s| s.checked_add(row)).is_some_and(|need| need <= len)
-    };
-    assert!(fits(a.len(), m, lda, k), "rowdot: A too short for {m} rows of {k} at stride {lda}");
+    assert!(ldb >= k, "rowdot: a row stride is shorter than its row");
     assert!(fits(b.len(), n, ldb, k), "rowdot: B too short for {n} rows of {k} at stride {ldb}");
+    rowdot_rows(m, n, k, a, lda, b, Rows::Strided(ldb), c, ldc, accumulate);
+}
+
+/// As [`rowdot`], with row j of B at `b[offsets[j]..][..k]` (n = offsets.len(); rows may
+/// overlap). Panics, before writing anything, if a row reaches past `b`.
+#[allow(clippy::too_many_arguments)]
+pub fn rowdot_at(m: usize, k: usize, a: &[f32], lda: usize, b: &[f32], offsets: &[usize], c: &mut [f32], ldc: usize, accumulate: bool) {
+    let n = offsets.len();
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        offsets.iter().all(|&o| o.checked_add(k).is_some_and(|end| end <= b.len())),
+        "rowdot: a row of B reaches past its {} values",
+        b.len()
+    );
+    rowdot_rows(m, n, k, a, lda, b, Rows::At(offsets), c, ldc, accumulate);
+}
+
+/// rows·stride values, the last row counted only up to its end (in checked arithmetic).
+fn fits(len: usize, rows: usize, stride: usize, row: usize) -> bool {
+    (rows - 1).checked_mul(stride).and_then(|s| s.checked_add(row)).is_some_and(|need| need <= len)
+}
+
+/// The product, B's rows already checked; m, n ≥ 1.
+#[allow(clippy::too_many_arguments)]
+fn rowdot_rows(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], rows: Rows, c: &mut [f32], ldc: usize, accumulate: bool) {
+    assert!(lda >= k && ldc >= n, "rowdot: a row stride is shorter than its row");
+    assert!(fits(a.len(), m, lda, k), "rowdot: A too short for {m} rows of {k} at stride {lda}");
     assert!(fits(c.len(), m, ldc, n), "rowdot: C too short for {m} rows of {n} at stride {ldc}");
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2_fma() {
-        // SAFETY: every row read or written lies inside its slice (checked above without
-        // overflow, so the offsets the kernel forms do not wrap); C's rows do not overlap
-        // (ldc ≥ n); the CPU has AVX2 and FMA.
-        return unsafe { avx2::rowdot(m, n, k, a, lda, b, ldb, c, ldc, accumulate) };
+        // SAFETY: every row read or written lies inside its slice (checked above and by the
+        // callers without overflow, so the offsets the kernel forms do not wrap); C's rows do
+        // not overlap (ldc ≥ n); the CPU has AVX2 and FMA.
+        return unsafe { avx2::rowdot(m, n, k, a, lda, b, rows, c, ldc, accumulate) };
     }
     for i in 0..m {
         for j in 0..n {
-            let (ar, br) = (&a[i * lda..][..k], &b[j * ldb..][..k]);
+            let (ar, br) = (&a[i * lda..][..k], &b[rows.start(j)..][..k]);
             let v = ar.iter().zip(br).fold(0.0f32, |s, (x, y)| s + x * y);
             let out = &mut c[i * ldc + j];
             *out = if accumulate { *out + v } else { v };
@@ -48,14 +94,14 @@ pub fn rowdot(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], ld
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{MB, NB};
+    use super::{Rows, MB, NB};
     use std::arch::x86_64::*;
 
     /// # Safety
-    /// Extents as checked by [`super::rowdot`]; AVX2 and FMA present.
+    /// Extents as checked by [`super::rowdot_rows`] and its callers; AVX2 and FMA present.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn rowdot(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize, acc: bool) {
+    pub unsafe fn rowdot(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], rows: Rows, c: &mut [f32], ldc: usize, acc: bool) {
         let (ap, bp, cp) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
         // lanes k8..k of the last vector, loaded under a mask (no read past a row)
         let tail = k % 8;
@@ -64,24 +110,30 @@ mod avx2 {
         let mask = unsafe { _mm256_loadu_si256(lanes.as_ptr().cast()) };
         for i0 in (0..m).step_by(MB) {
             for j0 in (0..n).step_by(NB) {
-                // SAFETY: row i0 < m of A and of C, row j0 < n of B: inside the checked slices.
-                let (a0, b0, c0) = unsafe { (ap.add(i0 * lda), bp.add(j0 * ldb), cp.add(i0 * ldc + j0)) };
                 let (mb, nb) = (MB.min(m - i0), NB.min(n - j0));
+                // SAFETY: row i0 < m of A and of C, rows j0.. < n of B (the last repeated where
+                // the tile is narrower, and not read): inside the checked slices.
+                let (a0, c0) = unsafe { (ap.add(i0 * lda), cp.add(i0 * ldc + j0)) };
+                let mut b0 = [bp; NB];
+                for (jj, row) in b0.iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    *row = unsafe { bp.add(rows.start(j0 + jj.min(nb - 1))) };
+                }
                 // SAFETY: the tile's rows lie inside the checked extents.
                 unsafe {
                     match (mb, nb) {
-                        (3, 4) => tile::<3, 4>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        (3, 3) => tile::<3, 3>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        (3, 2) => tile::<3, 2>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        (3, 1) => tile::<3, 1>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        (2, 4) => tile::<2, 4>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        (2, 3) => tile::<2, 3>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        (2, 2) => tile::<2, 2>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        (2, 1) => tile::<2, 1>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        (1, 4) => tile::<1, 4>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        (1, 3) => tile::<1, 3>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        (1, 2) => tile::<1, 2>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
-                        _ => tile::<1, 1>(k, mask, a0, lda, b0, ldb, c0, ldc, acc),
+                        (3, 4) => tile::<3, 4>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        (3, 3) => tile::<3, 3>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        (3, 2) => tile::<3, 2>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        (3, 1) => tile::<3, 1>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        (2, 4) => tile::<2, 4>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        (2, 3) => tile::<2, 3>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        (2, 2) => tile::<2, 2>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        (2, 1) => tile::<2, 1>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        (1, 4) => tile::<1, 4>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        (1, 3) => tile::<1, 3>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        (1, 2) => tile::<1, 2>(k, mask, a0, lda, &b0, c0, ldc, acc),
+                        _ => tile::<1, 1>(k, mask, a0, lda, &b0, c0, ldc, acc),
                     }
                 }
             }
@@ -91,8 +143,8 @@ mod avx2 {
     /// One M×N tile of C: M·N dot products of length k.
     ///
     /// # Safety
-    /// M rows of k values at `a` (stride lda) and N at `b` (ldb), M rows of N values at `c`
-    /// (ldc ≥ N) that no one else touches; `mask` has the first k % 8 lanes set.
+    /// M rows of k values at `a` (stride lda) and N at the first N pointers of `b`, M rows of N
+    /// values at `c` (ldc ≥ N) that no one else touches; `mask` has the first k % 8 lanes set.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     #[allow(clippy::too_many_arguments)]
@@ -101,8 +153,7 @@ mod avx2 {
         mask: __m256i,
         a: *const f32,
         lda: usize,
-        b: *const f32,
-        ldb: usize,
+        b: &[*const f32; NB],
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
@@ -114,11 +165,11 @@ mod avx2 {
             let full = k - k % 8;
             let mut p = 0;
             while p < full {
-                step::<M, N, false>(p, mask, a, lda, b, ldb, &mut s);
+                step::<M, N, false>(p, mask, a, lda, b, &mut s);
                 p += 8;
             }
             if p < k {
-                step::<M, N, true>(p, mask, a, lda, b, ldb, &mut s);
+                step::<M, N, true>(p, mask, a, lda, b, &mut s);
             }
             for (i, row) in s.iter().enumerate() {
                 for (j, &v) in row.iter().enumerate() {
@@ -132,8 +183,8 @@ mod avx2 {
     /// s[i][j] += A[i, p..p+8] ⊙ B[j, p..p+8], lanes past k masked off when `MASKED`.
     ///
     /// # Safety
-    /// Values p..p + 8 of M rows at `a` and N at `b` are readable (with `MASKED`, those lanes
-    /// of `mask`).
+    /// Values p..p + 8 of M rows at `a` and of the first N rows of `b` are readable (with
+    /// `MASKED`, those lanes of `mask`).
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     #[allow(clippy::too_many_arguments)]
@@ -142,8 +193,7 @@ mod avx2 {
         mask: __m256i,
         a: *const f32,
         lda: usize,
-        b: *const f32,
-        ldb: usize,
+        b: &[*const f32; NB],
         s: &mut [[__m256; N]; M],
     ) {
         // SAFETY: this function's contract.
@@ -154,8 +204,8 @@ mod avx2 {
                 let q = a.add(i * lda + p);
                 *v = if MASKED { _mm256_maskload_ps(q, mask) } else { _mm256_loadu_ps(q) };
             }
-            for j in 0..N {
-                let q = b.add(j * ldb + p);
+            for (j, &b_row) in b.iter().enumerate().take(N) {
+                let q = b_row.add(p);
                 let bv = if MASKED { _mm256_maskload_ps(q, mask) } else { _mm256_loadu_ps(q) };
                 for (row, &ai) in s.iter_mut().zip(&av) {
                     row[j] = _mm256_fmadd_ps(ai, bv, row[j]);
@@ -205,6 +255,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn rows_at_offsets_match_the_plain_loop() {
+        let mut rng = Rng::new(10);
+        for (m, n, k) in [(1, 1, 1), (6, 25, 100), (16, 9, 37), (5, 7, 8), (3, 4, 0)] {
+            let (a, b) = (rng.ints(m * k), rng.ints(3 * n * k + 1));
+            // rows anywhere, overlapping, in no order
+            let offsets: Vec<usize> = (0..n).map(|_| rng.below(2 * n * k + 1)).collect();
+            for accumulate in [false, true] {
+                let c0 = if accumulate { rng.ints(m * n) } else { vec![f32::NAN; m * n] };
+                let mut got = c0.clone();
+                rowdot_at(m, k, &a, k, &b, &offsets, &mut got, n, accumulate);
+                for i in 0..m {
+                    for (j, &o) in offsets.iter().enumerate() {
+                        let dot: f32 = (0..k).map(|p| a[i * k + p] * b[o + p]).sum();
+                        let want = if accumulate { c0[i * n + j] + dot } else { dot };
+                        assert_eq!(got[i * n + j], want, "{m}×{n}×{k} acc={accumulate} at ({i}, {j})");
+                    }
+                }
+            }
+        }
+        let r = std::panic::catch_unwind(|| rowdot_at(1, 4, &[1.0; 4], 4, &[1.0; 6], &[3], &mut [0.0], 1, false));
+        assert!(r.is_err(), "a row past B must panic");
     }
 
     #[test]

@@ -265,8 +265,10 @@ impl Descs {
             g.stride.1,
             g.padding.0,
             g.padding.1,
+            g.dilation.0,
+            g.dilation.1,
         ];
-        let mut int = [0i32; 13];
+        let mut int = [0i32; 15];
         for (to, &from) in int.iter_mut().zip(&dims) {
             *to = i32::try_from(from).map_err(|_| {
                 format!(
@@ -275,7 +277,7 @@ impl Descs {
                 )
             })?;
         }
-        let [n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw] = int;
+        let [n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw] = int;
         let refused = |e: CudnnError| format!("cuDNN refused the descriptors: {e:?}");
         let find_math = if tf32 { sys::cudnnMathType_t::CUDNN_DEFAULT_MATH } else { sys::cudnnMathType_t::CUDNN_FMA_MATH };
         // Owned from here, so that an error below destroys what was made.
@@ -292,7 +294,7 @@ impl Descs {
             dnn::set_filter4d_descriptor(d.w, F32, NCHW, [oc, c, kh, kw]).map_err(refused)?;
             d.conv = dnn::create_convolution_descriptor().map_err(refused)?;
             let mode = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
-            dnn::set_convolution2d_descriptor(d.conv, ph, pw, sh, sw, 1, 1, mode, F32).map_err(refused)?;
+            dnn::set_convolution2d_descriptor(d.conv, ph, pw, sh, sw, dh, dw, mode, F32).map_err(refused)?;
             dnn::set_convolution_math_type(d.conv, find_math).map_err(refused)?;
             let [dn, dc, dh, dw] = &mut out;
             sys::cudnnGetConvolution2dForwardOutputDim(d.conv, d.x, d.w, dn, dc, dh, dw).result().map_err(refused)?;

@@ -43,7 +43,7 @@ use super::graph::Graphs;
 use super::state::GpuOptions;
 use super::timing::time_calls;
 use super::{driver_error, guarded_result};
-use crate::chain::{Layer, Plan, Step};
+use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::layers::{conv, region};
 use cudarc::driver::CudaStream;
@@ -388,11 +388,12 @@ impl Cudnn {
             .steps
             .iter()
             .enumerate()
-            .filter(|(_, s)| matches!(s.layer, Layer::Conv(_)))
+            .filter(|(_, s)| conv::is_conv(&s.layer))
             .map(|(index, step)| {
                 let g = conv::geometry(step);
+                let dilated = if g.dilation == (1, 1) { String::new() } else { format!(" dilation {}×{}", g.dilation.0, g.dilation.1) };
                 let label = format!(
-                    "step {index} conv {}→{} {}×{} stride {}×{} pad {}×{} on {}×{}",
+                    "step {index} conv {}→{} {}×{} stride {}×{} pad {}×{}{dilated} on {}×{}",
                     g.in_channels,
                     g.out_channels,
                     g.kernel.0,
@@ -431,8 +432,21 @@ impl Cudnn {
         let StepRun { gpu, stream, plan, f, b, options, .. } = *s;
         let step = &plan.steps[layer.step];
         let g = conv::geometry(step);
-        let shape =
-            [g.in_channels, g.height, g.width, g.out_channels, g.kernel.0, g.kernel.1, g.stride.0, g.stride.1, g.padding.0, g.padding.1];
+        let (kernel, stride, pad, dilation) = (g.kernel, g.stride, g.padding, g.dilation);
+        let shape = [
+            g.in_channels,
+            g.height,
+            g.width,
+            g.out_channels,
+            kernel.0,
+            kernel.1,
+            stride.0,
+            stride.1,
+            pad.0,
+            pad.1,
+            dilation.0,
+            dilation.1,
+        ];
         let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32: options.tf32, dir };
         let m = match measured(&key) {
             Some(m) => m,
@@ -505,11 +519,11 @@ impl Cudnn {
 }
 
 /// What a measurement is of: the device, the layer's shape (C, H, W, OC, kh, kw, sh, sw, ph,
-/// pw), the batch, the arithmetic and the direction.
+/// pw, dh, dw), the batch, the arithmetic and the direction.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct MeasureKey {
     ordinal: usize,
-    shape: [usize; 10],
+    shape: [usize; 12],
     batch: usize,
     tf32: bool,
     dir: Dir,

@@ -61,6 +61,11 @@ pub(crate) struct Forward<'a> {
     pub batch: usize,
     /// cuDNN, for the convolutions it was chosen for (`None`: flatnn's kernels for all).
     pub dnn: Option<&'a Dnn>,
+    /// The model's buffers (running statistics), where its plan has any.
+    pub buffers: Option<&'a DevBuf<f32>>,
+    /// Where dropout draws its masks: the model's seed and its count of training passes, two
+    /// words each, low first (see kernels/dropout.cu).
+    pub draw: &'a DevBuf<u32>,
 }
 
 /// The extra device buffers of a backward pass.
@@ -208,6 +213,10 @@ pub(crate) fn loss(gpu: &Gpu, stream: &CudaStream, plan: &Plan, f: &Forward, b: 
         Loss::Mse => {
             let n = out.len();
             gpu.mse(stream, n, acts.at(out.clone()), Raw::of(l.targets).at(0..n), dacts.at_mut(out), value, scratch)
+        }
+        Loss::BceWithLogits | Loss::L1 | Loss::SmoothL1 { .. } => {
+            let n = out.len();
+            gpu.elementwise_loss(stream, loss, n, acts.at(out.clone()), Raw::of(l.targets).at(0..n), dacts.at_mut(out), value, scratch)
         }
     }
 }

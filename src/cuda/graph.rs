@@ -13,6 +13,9 @@ use cudarc::driver::{result, sys, CudaStream};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Key {
     pub kind: u8,
+    /// The bits of the step's loss's parameter (smooth L1's β, an argument of its loss kernel), 0
+    /// for others.
+    pub loss_param: u32,
     pub capacity: usize,
     pub batch: usize,
     pub tf32: bool,
@@ -21,6 +24,9 @@ pub(crate) struct Key {
     /// cache's addresses, so addresses alone could replay a graph against freed memory.
     pub cache: u64,
     pub buffers: [sys::CUdeviceptr; 4],
+    /// The model's buffers (0: none) and its dropout draw (`DevModel`), which the graph reads
+    /// and writes: a model made where a freed one was may have its parameters' address only.
+    pub model: [sys::CUdeviceptr; 2],
     /// The optimiser's kernel at the end of a training step's graph, the state it updates and
     /// the norm the norm's kernel ahead of it writes (0 when it does not clip by norm: no such
     /// kernel); None for graphs without an update.

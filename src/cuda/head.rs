@@ -147,9 +147,14 @@ pub(crate) struct HeadBuffers {
 }
 
 impl Head {
-    /// The head of `plan`'s training step on `gpu` at `batch` samples (buffers of `capacity`),
-    /// or None where the kernel does not take it (see the module doc).
-    pub(crate) fn of(gpu: &Gpu, plan: &Plan, capacity: usize, batch: usize) -> Option<Head> {
+    /// The head of `plan`'s training step with `loss` on `gpu` at `batch` samples (buffers of
+    /// `capacity`), or None where the kernel does not take it (see the module doc; of the losses
+    /// it computes cross-entropy and MSE, and refuses the others).
+    pub(crate) fn of(gpu: &Gpu, plan: &Plan, capacity: usize, batch: usize, loss: Loss) -> Option<Head> {
+        // the kernel computes these losses alone (its `xent` flag: cross-entropy, else MSE)
+        if !matches!(loss, Loss::LogitCrossEntropy | Loss::Mse) {
+            return None;
+        }
         let step_index = plan.steps.len().checked_sub(1)?;
         let step = &plan.steps[step_index];
         let (k, n) = (step.input.len(), step.output.len());
@@ -281,6 +286,7 @@ impl Gpu {
         weights_early: bool,
     ) -> Result<()> {
         let HeadBuffers { params, acts, dacts, labels, targets, partials, clear: (clear, clear_len) } = *buffers;
+        assert!(matches!(loss, Loss::LogitCrossEntropy | Loss::Mse), "the head kernel does not compute {loss:?}");
         let xent = i32::from(loss == Loss::LogitCrossEntropy);
         let (_, grad_scale) = loss_scales(loss, batch, head.outputs());
         let Head { last, n, z, y, inner, .. } = *head;

@@ -22,6 +22,7 @@ pub(crate) mod exec;
 mod graph;
 pub(crate) mod head;
 mod launch;
+pub(crate) mod layers;
 pub(crate) mod nccl;
 mod ops;
 pub(crate) mod pinned;
@@ -35,7 +36,10 @@ mod timing;
 pub(crate) mod wgrad;
 
 pub(crate) use context::Gpu;
+// what a layer's room launches its own kernels with (`Gpu::run`)
+pub(crate) use context::Kernel;
 pub use cudnn::cudnn_version;
+pub(crate) use launch::{blocks, int, kernel_args};
 pub use nccl::nccl_version;
 pub(crate) use ops::LOSS_SCRATCH;
 

@@ -39,12 +39,34 @@ fn loss_blocks(n: usize) -> u32 {
 /// (1/batch for cross-entropy, 1/(batch·outputs) for MSE) in f64, and the gradient's (that, or
 /// twice that for MSE) rounded to f32.
 pub(super) fn loss_scales(loss: Loss, batch: usize, outputs: usize) -> (f64, f32) {
+    let mean = 1.0 / (batch * outputs) as f64;
     match loss {
         Loss::LogitCrossEntropy => (1.0 / batch as f64, (1.0 / batch as f64) as f32),
-        Loss::Mse => {
-            let mean = 1.0 / (batch * outputs) as f64;
-            (mean, (2.0 * mean) as f32)
-        }
+        Loss::Mse => (mean, (2.0 * mean) as f32),
+        Loss::BceWithLogits | Loss::L1 | Loss::SmoothL1 { .. } => (mean, mean as f32),
+    }
+}
+
+/// A loss as a graph's key tells it apart: an id below 8, and its parameter's bits (smooth L1's
+/// β, which the graph's loss kernel holds; 0 for the others).
+pub(super) fn loss_key(loss: Loss) -> (u8, u32) {
+    match loss {
+        Loss::LogitCrossEntropy => (1, 0),
+        Loss::Mse => (2, 0),
+        Loss::BceWithLogits => (3, 0),
+        Loss::L1 => (4, 0),
+        Loss::SmoothL1 { beta } => (5, beta.to_bits()),
+    }
+}
+
+/// The `kind` and `beta` of kernels/loss.cu's `elementwise_loss` for `loss`; None for the losses
+/// it does not compute.
+fn elementwise_loss_kind(loss: Loss) -> Option<(i32, f32)> {
+    match loss {
+        Loss::BceWithLogits => Some((0, 0.0)),
+        Loss::L1 => Some((1, 0.0)),
+        Loss::SmoothL1 { beta } => Some((2, beta)),
+        Loss::Mse | Loss::LogitCrossEntropy => None,
     }
 }
 
@@ -266,8 +288,10 @@ pub(crate) fn optim_kernel(config: Optim) -> Kernel {
 }
 
 impl Gpu {
-    /// Launches `kernel` on `grid` blocks of [`BLOCK`] threads.
-    fn run<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: u32, args: [*mut c_void; N]) -> Result<()> {
+    /// Launches `kernel` on `grid` blocks of [`BLOCK`] threads. Callers (the wrappers below, and
+    /// the layers' rooms for their own kernels) pass the kernel's parameters in order with their
+    /// C types, and have checked that each device range holds what the kernel touches.
+    pub(crate) fn run<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: u32, args: [*mut c_void; N]) -> Result<()> {
         self.run_grid(stream, kernel, (grid, 1), args)
     }
 
@@ -300,8 +324,9 @@ impl Gpu {
     ) -> Result<()> {
         assert_eq!(stream.context().cu_ctx(), self.ctx.cu_ctx(), "a stream of another device");
         self.bind()?;
-        // SAFETY: every wrapper below passes its kernel's parameters in order with their C
-        // types, after checking on the host that each view holds what the kernel touches.
+        // SAFETY: every caller (the wrappers here, the layers' rooms) passes its kernel's
+        // parameters in order with their C types, after checking on the host that each view
+        // holds what the kernel touches.
         unsafe {
             launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), shared, stream.cu_stream(), self.dependent_launch, args)
         }
@@ -628,6 +653,32 @@ impl Gpu {
         self.run(stream, Kernel::Mse, loss_blocks(n), kernel_args![y, t, dy, loss, scratch, len, grad_scale, mean_scale])
     }
 
+    /// A loss of one term per value (binary cross-entropy on logits, L1, smooth L1) over the
+    /// first `n` values, as [`Loss::compute`] computes it: dy = ℓ′(y, t)/n, and `loss[0]` (f64) =
+    /// Σ ℓ(y, t)/n summed on the device in a fixed order (one launch; `scratch` as for
+    /// [`Gpu::softmax_xent`]); `loss[1] += loss[0]`, `loss[2] += 1`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn elementwise_loss(
+        &self,
+        stream: &CudaStream,
+        loss_kind: Loss,
+        n: usize,
+        y: View<f32>,
+        t: View<f32>,
+        dy: ViewMut<f32>,
+        loss: ViewMut<f64>,
+        scratch: ViewMut<f64>,
+    ) -> Result<()> {
+        let (kind, beta) = elementwise_loss_kind(loss_kind).unwrap_or_else(|| panic!("{loss_kind:?} is not an element-wise loss"));
+        assert!(y.len() >= n && t.len() >= n && dy.len() >= n, "elementwise_loss: a view is shorter than {n}");
+        assert!(loss.len() >= 3 && scratch.len() >= LOSS_SCRATCH, "elementwise_loss: short loss or scratch");
+        assert!(n > 0, "elementwise_loss: no values");
+        let (mean_scale, grad_scale) = loss_scales(loss_kind, 1, n);
+        let (y, t, dy, loss, scratch, len) = (y.ptr(), t.ptr(), dy.ptr(), loss.ptr(), scratch.ptr(), int(n)?);
+        let args = kernel_args![y, t, dy, loss, scratch, len, kind, beta, grad_scale, mean_scale];
+        self.run(stream, Kernel::ElementwiseLoss, loss_blocks(n), args)
+    }
+
     /// Max-pool forward of `batch` samples, as `pool::forward_spec`.
     pub fn maxpool_forward(&self, stream: &CudaStream, g: &pool::Geometry, batch: usize, x: View<f32>, y: ViewMut<f32>) -> Result<()> {
         let (in_len, out_len) = (g.channels * g.height * g.width, g.channels * g.out_height * g.out_width);
@@ -672,8 +723,9 @@ impl Gpu {
         }
         let _ = int(batch * in_len)?;
         let (x, col) = (x.ptr(), col.ptr());
-        let [c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b] = conv_dims(g, batch)?;
-        self.run(stream, Kernel::Im2col, blocks(batch * g.lowered_len()), kernel_args![x, col, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b])
+        let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b] = conv_dims(g, batch)?;
+        let args = kernel_args![x, col, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b];
+        self.run(stream, Kernel::Im2col, blocks(batch * g.lowered_len()), args)
     }
 
     /// dx (batch, C, H, W) ← col2im(dcol), overwritten: each pixel the sum of the lowered
@@ -686,8 +738,9 @@ impl Gpu {
         }
         let _ = int(batch * g.lowered_len())?;
         let (dcol, dx) = (dcol.ptr(), dx.ptr());
-        let [c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b] = conv_dims(g, batch)?;
-        self.run(stream, Kernel::Col2im, blocks(batch * in_len), kernel_args![dcol, dx, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow, b])
+        let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b] = conv_dims(g, batch)?;
+        let args = kernel_args![dcol, dx, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b];
+        self.run(stream, Kernel::Col2im, blocks(batch * in_len), args)
     }
 
     /// One optimiser update over the first `n` parameters, as `Optimizer::update` on the CPU:
@@ -853,8 +906,8 @@ fn pool_dims(g: &pool::Geometry, batch: usize) -> Result<[i32; 10]> {
 }
 
 /// A convolution's sizes as the kernels' ints: channels, height, width, kernel, stride,
-/// padding, out h/w, batch.
-fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 12]> {
+/// padding, dilation, out h/w, batch.
+fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 14]> {
     ints([
         g.in_channels,
         g.height,
@@ -865,6 +918,8 @@ fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 12]> {
         g.stride.1,
         g.padding.0,
         g.padding.1,
+        g.dilation.0,
+        g.dilation.1,
         g.out_height,
         g.out_width,
         batch,

@@ -20,15 +20,16 @@ use super::exec::{self, Backward, Forward, LossBuffers, Side};
 use super::graph::{Graphs, Key};
 use super::head::Head;
 use super::launch::ViewMut;
+use super::layers;
 pub(crate) use super::nccl::Reduce;
-use super::ops::{optim_kernel, LaunchArgs, FINISH_MAX, NORM_SCRATCH};
+use super::ops::{loss_key, optim_kernel, LaunchArgs, FINISH_MAX, NORM_SCRATCH};
 use super::pinned::{Event, Pinned};
 pub(crate) use super::serve::DevServer;
 use crate::cache::{Cache, Grads};
 use crate::chain::{batch_len, Plan};
 use crate::device::Device;
 use crate::error::{zeros, Error, Result};
-use crate::layers::{conv, Mode};
+use crate::layers::{conv, dropout, Draw, Mode};
 use crate::loss::Loss;
 use crate::optim::{Clip, Update};
 use cudarc::driver::{result, sys, CudaStream};
@@ -64,6 +65,10 @@ pub(crate) struct DevModel {
     pub params: DevBuf<f32>,
     /// The model's buffers (running statistics and the like), where its plan has any.
     buffers: Option<DevBuf<f32>>,
+    /// Where dropout draws its masks: the seed and the count of training passes, two words
+    /// each, low first; a training step of a plan with dropout moves the count on, on the
+    /// device (the host's count, `Model::passes`, follows as it queues the steps).
+    draw: DevBuf<u32>,
     pub options: GpuOptions,
 }
 
@@ -145,13 +150,19 @@ fn rebind(bound: &mut Arc<CudaStream>, stream: &Arc<CudaStream>) -> Result<()> {
 }
 
 impl DevModel {
-    /// `params` and `buffers` copied to device `gpu`, with new streams (no buffer allocated for
-    /// a model without buffers).
-    pub fn new(gpu: &Arc<Gpu>, params: &[f32], buffers: &[f32], options: GpuOptions) -> Result<DevModel> {
+    /// `params`, `buffers` and `draw` copied to device `gpu`, with new streams (no buffer
+    /// allocated for a model without buffers).
+    pub fn new(gpu: &Arc<Gpu>, params: &[f32], buffers: &[f32], draw: Draw, options: GpuOptions) -> Result<DevModel> {
         let (stream, side, loss_side) = (gpu.new_stream()?, gpu.new_stream()?, gpu.new_stream()?);
         let params = DevBuf::from_host(gpu, &stream, params)?;
         let buffers = (!buffers.is_empty()).then(|| DevBuf::from_host(gpu, &stream, buffers)).transpose()?;
-        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, loss_side, params, buffers, options })
+        let draw = DevBuf::from_host(gpu, &stream, &draw_words(draw))?;
+        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, loss_side, params, buffers, draw, options })
+    }
+
+    /// Dropout's seed and count of training passes replaced, after every queued step.
+    pub fn set_draw(&mut self, seed: u64, passes: u64) -> Result<()> {
+        self.draw.upload(&self.stream, &draw_words(Draw { seed, pass: passes }))
     }
 
     pub fn device(&self) -> Device {
@@ -190,9 +201,14 @@ impl DevModel {
         }
     }
 
-    /// `params` and `buffers` on CUDA device `ordinal`.
-    pub fn on(ordinal: usize, params: &[f32], buffers: &[f32], options: GpuOptions) -> Result<DevModel> {
-        DevModel::new(&super::gpu(ordinal)?, params, buffers, options)
+    /// `params`, `buffers` and `draw` on CUDA device `ordinal`.
+    pub fn on(ordinal: usize, params: &[f32], buffers: &[f32], draw: Draw, options: GpuOptions) -> Result<DevModel> {
+        DevModel::new(&super::gpu(ordinal)?, params, buffers, draw, options)
+    }
+
+    /// The model's buffers and draw, as a graph that reads or writes them bakes them in.
+    fn state_ptrs(&self) -> [sys::CUdeviceptr; 2] {
+        [self.buffers.as_ref().map_or(0, DevBuf::ptr), self.draw.ptr()]
     }
 
     /// The resident kernel's buffers for calls of up to `capacity` samples, or None where this
@@ -259,15 +275,18 @@ impl DevModel {
         let from = inputs.map_or(0, |s| s.as_ptr() as u64);
         let key = Key {
             kind: if copy_in { 3 } else { 0 },
+            loss_param: 0,
             capacity,
             batch,
             tf32: self.options.tf32,
             cache: dnn.id(),
             buffers: [self.params.ptr(), acts.ptr(), cols.ptr(), from],
+            model: self.state_ptrs(),
             update: None,
             reduce: 0,
         };
-        let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None };
+        let (buffers, draw) = (self.buffers.as_ref(), &self.draw);
+        let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None, buffers, draw };
         let (gpu, stream) = (&self.gpu, &self.stream);
         dnn.prepare(&StepRun { gpu, blas, stream, plan, f: &f, b: None, options: self.options })?;
         let f = Forward { dnn: Some(dnn), ..f };
@@ -356,23 +375,25 @@ impl DevModel {
         rebind(&mut dg.stream, &self.stream)?;
         // the side stream's last work was joined into the old main stream, waited for above
         dg.side_blas.rebind(&self.side, self.options.tf32)?;
-        // which loss, and whether (and from which staging buffer) the inputs are copied in
-        let kind = match loss {
-            Loss::LogitCrossEntropy => 1,
-            Loss::Mse => 2,
-        } + if copy_in { 4 * (1 + dev.current as u8) } else { 0 };
+        // which loss (an id below 8), and whether (and from which staging buffer) the inputs are
+        // copied in; from 8 up, apart from the forward pass's kinds (0 and 3)
+        let (loss_id, loss_param) = loss_key(loss);
+        let kind = 8 * (1 + if copy_in { 1 + dev.current as u8 } else { 0 }) + loss_id;
         let (current, inputs_device) = (dev.current, dev.staging[dev.current].device_ptr());
         let key = Key {
             kind,
+            loss_param,
             capacity,
             batch,
             tf32: self.options.tf32,
             cache: dev.dnn.id(),
             buffers: [self.params.ptr(), dev.acts.ptr(), dg.grads.ptr(), dg.dacts.ptr()],
+            model: self.state_ptrs(),
             update: update.map(|(rule, _, opt)| (optim_kernel(rule.config), opt.state.ptr(), opt.norm_ptr(rule.clip))),
             reduce: reduce.map_or(0, Reduce::id),
         };
-        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None };
+        let (buffers, draw) = (self.buffers.as_ref(), &self.draw);
+        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None, buffers, draw };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
         let run = StepRun { gpu: &self.gpu, blas: &dev.blas, stream: &self.stream, plan, f: &f, b: Some(&b), options: self.options };
         dev.dnn.prepare(&run)?;
@@ -406,7 +427,7 @@ impl DevModel {
             }
             // the last dense layer, the loss and that layer's input gradient in one kernel where
             // it takes them (src/cuda/head.rs)
-            let head = Head::of(gpu, plan, capacity, batch);
+            let head = Head::of(gpu, plan, capacity, batch, loss);
             let upto = head.map_or(plan.steps.len(), |h| h.first());
             let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto, Mode::Train)?;
             // the head clears the gradients that split weight gradients add into
@@ -416,6 +437,10 @@ impl DevModel {
                 None => exec::loss(gpu, stream, plan, &f, &b, &l, loss)?,
             }
             exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref().map(|h| (h, &l, loss)), cleared)?;
+            if dropout::any(plan) {
+                // the next step draws new masks
+                layers::next_pass(gpu, stream, &self.draw)?;
+            }
             if let Some(reduce) = reduce {
                 // the gradients and the loss summed over the group, each replica's weighted
                 // by its share of the batch, before the norm and the update read them
@@ -750,6 +775,11 @@ pub(super) fn spin_until(
         }
     }
     Ok(())
+}
+
+/// `draw` as the kernels read it: seed low, seed high, pass low, pass high.
+fn draw_words(draw: Draw) -> [u32; 4] {
+    [draw.seed as u32, (draw.seed >> 32) as u32, draw.pass as u32, (draw.pass >> 32) as u32]
 }
 
 fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {

@@ -1,7 +1,11 @@
 //! Conv: 2-D cross-correlation with zero padding, as PyTorch's `nn.Conv2d`.
 //! Weight (out_channels, in_channels, kh, kw) then bias (out_channels); a sample is (C, H, W).
 //!
-//!   z[oc, y, x] = b[oc] + Σ_{c,i,j} w[oc, c, i, j] · in[c, y·sh + i − ph, x·sw + j − pw]
+//!   z[oc, y, x] = b[oc] + Σ_{c,i,j} w[oc, c, i, j] · in[c, y·sh + i·dh − ph, x·sw + j·dw − pw]
+//!
+//! with dilation (dh, dw) = (1, 1) here; the 1-D convolution (`layers/conv1d.rs`) is this over a
+//! height of 1, with a dilation, and shares everything below (the [`Geometry`], the lowering, the
+//! plain loops, the fast path, and on the GPU `cuda/conv.rs` and cuDNN).
 //!
 //! The fast path lowers each sample to a matrix (im2col, CKK × OHW with CKK = C·kh·kw; see
 //! `layers/lowering.rs`) in per-thread scratch from the cache and multiplies: Z_s (OC × OHW) = W (OC × CKK) · col_s.
@@ -121,45 +125,28 @@ impl LayerKind for Conv {
     fn summary(&self, input: Shape) -> String {
         let channels = match input {
             Shape::Image { channels, .. } => channels,
-            Shape::Vector(_) | Shape::Sequence { .. } => 0,
+            Shape::Vector(_) | Shape::Sequence { .. } | Shape::Signal { .. } => 0,
         };
         let Conv { out_channels, kernel, stride, padding, .. } = *self;
         format!("Conv({channels} → {out_channels}, {}×{}, stride {}, pad {})", kernel.0, kernel.1, pair(stride), pair(padding))
     }
 
     fn forward(&self, step: &Step, pass: &mut Pass, _mode: Mode) {
-        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
-        let (w, b) = step.weight_and_bias();
-        let g = self.geometry(step);
-        let ws = &mut *pass.ws;
-        let scratch = Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut ws.cols) };
-        let (xs, zs) = split2(pass.acts, x, z);
-        forward(pass.pool, &mut ws.gemm, &scratch, &g, pass.batch, &pass.params[w], xs, zs);
-        pass.bias_act(step, self.activation, b, (g.out_channels, g.ohw()));
+        step_forward(&self.geometry(step), self.activation, step, pass);
     }
 
     fn backward(&self, step: &Step, pass: &mut BackPass) {
-        let geometry = self.geometry(step);
-        let g = pass.weighted(step, self.activation, (geometry.out_channels, geometry.ohw()));
-        let scratch = Scratch { col_len: g.ws.col_len, cols: SharedMut::new(&mut g.ws.cols) };
-        let dscratch = Scratch { col_len: g.ws.col_len, cols: SharedMut::new(&mut g.gws.dcols) };
-        let partials = &mut g.gws.partials;
-        backward(g.pool, &mut g.ws.gemm, &scratch, &dscratch, partials, &geometry, g.batch, g.w, g.x, g.dz, g.dw, g.dx);
+        step_backward(&self.geometry(step), self.activation, step, pass);
     }
 
     #[cfg(test)]
     fn spec_forward<F: Float>(&self, step: &Step, pass: &mut super::spec::Pass<F>, _mode: Mode) {
-        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
-        let (w, b) = step.weight_and_bias();
-        let (xs, zs) = split2(pass.acts, x, z);
-        forward_spec(&self.geometry(step), pass.batch, &pass.params[w], &pass.params[b], xs, zs);
-        pass.activate(step, self.activation);
+        step_forward_spec(&self.geometry(step), self.activation, step, pass);
     }
 
     #[cfg(test)]
     fn spec_backward<F: Float>(&self, step: &Step, pass: &mut super::spec::BackPass<F>) {
-        let (g, batch) = (self.geometry(step), pass.batch);
-        pass.weighted(step, self.activation, |w, x, dz, dw, db, dx| backward_spec(&g, batch, w, x, dz, dw, db, dx));
+        step_backward_spec(&self.geometry(step), self.activation, step, pass);
     }
 
     #[cfg(feature = "cuda")]
@@ -175,30 +162,76 @@ impl LayerKind for Conv {
     }
 }
 
+/// A convolution step's fast forward (2-D or 1-D, as `g` says): Z = conv(X, W), then + b and
+/// Y = act(Z).
+pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pass: &mut Pass) {
+    let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+    let (w, b) = step.weight_and_bias();
+    let ws = &mut *pass.ws;
+    let scratch = Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut ws.cols) };
+    let (xs, zs) = split2(pass.acts, x, z);
+    forward(pass.pool, &mut ws.gemm, &scratch, g, pass.batch, &pass.params[w], xs, zs);
+    pass.bias_act(step, activation, b, (g.out_channels, g.ohw()));
+}
+
+/// A convolution step's fast backward: dZ, dW, db and (where needed) dX.
+pub(crate) fn step_backward(geometry: &Geometry, activation: Activation, step: &Step, pass: &mut BackPass) {
+    let g = pass.weighted(step, activation, (geometry.out_channels, geometry.ohw()));
+    let scratch = Scratch { col_len: g.ws.col_len, cols: SharedMut::new(&mut g.ws.cols) };
+    let dscratch = Scratch { col_len: g.ws.col_len, cols: SharedMut::new(&mut g.gws.dcols) };
+    let partials = &mut g.gws.partials;
+    backward(g.pool, &mut g.ws.gemm, &scratch, &dscratch, partials, geometry, g.batch, g.w, g.x, g.dz, g.dw, g.dx);
+}
+
+/// A convolution step's plain-loop forward.
+#[cfg(test)]
+pub(crate) fn step_forward_spec<F: Float>(g: &Geometry, activation: Activation, step: &Step, pass: &mut super::spec::Pass<F>) {
+    let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+    let (w, b) = step.weight_and_bias();
+    let (xs, zs) = split2(pass.acts, x, z);
+    forward_spec(g, pass.batch, &pass.params[w], &pass.params[b], xs, zs);
+    pass.activate(step, activation);
+}
+
+/// A convolution step's plain-loop backward.
+#[cfg(test)]
+pub(crate) fn step_backward_spec<F: Float>(g: &Geometry, activation: Activation, step: &Step, pass: &mut super::spec::BackPass<F>) {
+    let batch = pass.batch;
+    pass.weighted(step, activation, |w, x, dz, dw, db, dx| backward_spec(g, batch, w, x, dz, dw, db, dx));
+}
+
 impl Conv {
     fn geometry(&self, step: &Step) -> Geometry {
-        Geometry::new(step.input, step.output, self.kernel, self.stride, self.padding)
+        Geometry::new(step.input, step.output, self.kernel, self.stride, self.padding, (1, 1))
     }
 }
 
 /// Values a convolution lowers one sample into, an upper bound of both devices' scratch:
 /// C·kh·kw × OH·OW (the lowered sample), then C·(H + 2·ph)·(W + 2·pw) (the padded input copy
 /// of [`Geometry::col_len`]). None when that overflows.
-fn scratch_len(channels: usize, kernel: (usize, usize), output: (usize, usize), padded: (usize, usize)) -> Option<usize> {
+pub(crate) fn scratch_len(channels: usize, kernel: (usize, usize), output: (usize, usize), padded: (usize, usize)) -> Option<usize> {
     let lowered = channels.checked_mul(kernel.0)?.checked_mul(kernel.1)?.checked_mul(output.0)?.checked_mul(output.1)?;
     let padded = channels.checked_mul(padded.0)?.checked_mul(padded.1)?;
     lowered.checked_add(padded)
 }
 
-/// The geometry of a step, which must be a convolution's.
+/// The geometry of a step, which must be a convolution's (2-D or 1-D).
 pub(crate) fn geometry(step: &Step) -> Geometry {
-    let Layer::Conv(conv) = step.layer else { unreachable!("not a conv: {:?}", step.layer) };
-    conv.geometry(step)
+    match step.layer {
+        Layer::Conv(conv) => conv.geometry(step),
+        Layer::Conv1d(conv) => conv.geometry(step),
+        _ => unreachable!("not a convolution: {:?}", step.layer),
+    }
 }
 
-/// The plan's convolution steps.
+/// Whether `layer` is a convolution, 2-D or 1-D (what [`geometry`] takes).
+pub(crate) fn is_conv(layer: &Layer) -> bool {
+    matches!(layer, Layer::Conv(_) | Layer::Conv1d(_))
+}
+
+/// The plan's convolution steps, 2-D and 1-D.
 pub(crate) fn steps(plan: &Plan) -> impl Iterator<Item = &Step> {
-    plan.steps.iter().filter(|s| matches!(s.layer, Layer::Conv(_)))
+    plan.steps.iter().filter(|s| is_conv(&s.layer))
 }
 
 /// The longest lowered sample (im2col columns) of any convolution in the plan (at most
@@ -207,7 +240,8 @@ pub(crate) fn max_col_len(plan: &Plan) -> usize {
     steps(plan).map(|s| geometry(s).col_len()).max().unwrap_or(0)
 }
 
-/// Geometry of one convolution, derived from its plan step.
+/// Geometry of one convolution, derived from its plan step: a 1-D one's is a 2-D one's of height
+/// 1 (kernel (1, k), stride (1, s), padding (0, p), dilation (1, d)).
 #[derive(Clone, Copy, Debug)]
 pub struct Geometry {
     pub in_channels: usize,
@@ -219,15 +253,29 @@ pub struct Geometry {
     pub kernel: (usize, usize),
     pub stride: (usize, usize),
     pub padding: (usize, usize),
+    /// The spacing of the kernel's taps: tap (i, j) reads input (y·sh + i·dh − ph, x·sw + j·dw − pw).
+    pub dilation: (usize, usize),
 }
 
 impl Geometry {
-    /// From the layer's input and output shapes and its kernel, stride and padding.
-    pub fn new(input: Shape, output: Shape, kernel: (usize, usize), stride: (usize, usize), padding: (usize, usize)) -> Geometry {
-        let (Shape::Image { channels, height, width }, Shape::Image { channels: oc, height: oh, width: ow }) = (input, output) else {
-            unreachable!("the plan gives convolutions image shapes");
+    /// From the layer's input and output shapes (images, or signals as images of height 1) and
+    /// its kernel, stride, padding and dilation.
+    pub fn new(
+        input: Shape,
+        output: Shape,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+        dilation: (usize, usize),
+    ) -> Geometry {
+        let planes = |shape| match shape {
+            Shape::Image { channels, height, width } => (channels, height, width),
+            Shape::Signal { channels, length } => (channels, 1, length),
+            Shape::Vector(_) | Shape::Sequence { .. } => unreachable!("the plan gives convolutions images or signals"),
         };
-        Geometry { in_channels: channels, height, width, out_channels: oc, out_height: oh, out_width: ow, kernel, stride, padding }
+        let ((channels, height, width), (oc, oh, ow)) = (planes(input), planes(output));
+        let (in_channels, out_channels, out_height, out_width) = (channels, oc, oh, ow);
+        Geometry { in_channels, height, width, out_channels, out_height, out_width, kernel, stride, padding, dilation }
     }
 
     /// Rows of the lowered matrix: C·kh·kw.
@@ -277,8 +325,8 @@ impl Geometry {
     /// Input pixel read by lowered row `r` = (c, i, j) at output pixel (y, x), if not padding.
     #[cfg(test)]
     fn source(&self, c: usize, i: usize, j: usize, y: usize, x: usize) -> Option<usize> {
-        let iy = (y * self.stride.0 + i).checked_sub(self.padding.0).filter(|&v| v < self.height)?;
-        let ix = (x * self.stride.1 + j).checked_sub(self.padding.1).filter(|&v| v < self.width)?;
+        let iy = (y * self.stride.0 + i * self.dilation.0).checked_sub(self.padding.0).filter(|&v| v < self.height)?;
+        let ix = (x * self.stride.1 + j * self.dilation.1).checked_sub(self.padding.1).filter(|&v| v < self.width)?;
         Some((c * self.height + iy) * self.width + ix)
     }
 }
@@ -451,24 +499,31 @@ mod tests {
     use crate::testutil::{assert_close, poisoned, Rng};
 
     #[test]
-    fn fast_matches_spec_with_stride_and_padding() {
+    fn fast_matches_spec_with_stride_padding_and_dilation() {
         let mut rng = Rng::new(11);
+        // (input, out channels, kernel, stride, padding, dilation); the dilated ones are 1-D
+        // convolutions as `Conv1d` runs them (height 1), one of them strided
         let cases = [
-            (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0)),
-            (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1)),
-            (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2)),
-            (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0)),
-            (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2)),
-            (Shape::image(2, 4, 5), 3, (2, 2), (3, 2), (2, 3)),
-            (Shape::image(6, 14, 14), 16, (5, 5), (1, 1), (0, 0)),
+            (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0), (1, 1)),
+            (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1), (1, 1)),
+            (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2), (1, 1)),
+            (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0), (1, 1)),
+            (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2), (1, 1)),
+            (Shape::image(2, 4, 5), 3, (2, 2), (3, 2), (2, 3), (1, 1)),
+            (Shape::image(6, 14, 14), 16, (5, 5), (1, 1), (0, 0), (1, 1)),
+            (Shape::image(2, 1, 19), 3, (1, 3), (1, 2), (0, 2), (1, 3)),
+            (Shape::image(3, 1, 40), 4, (1, 5), (1, 1), (0, 4), (1, 2)),
+            (Shape::image(1, 1, 12), 2, (1, 12), (1, 1), (0, 0), (1, 1)),
         ];
         for threads in [1, 2, 3] {
             let pool = Pool::new(threads).unwrap();
             let mut ws = GemmWorkspace::new(threads).unwrap();
-            for (input, oc, kernel, stride, padding) in cases {
+            for (input, oc, kernel, stride, padding, dilation) in cases {
                 let Shape::Image { channels, height, width } = input else { unreachable!() };
-                let (oh, ow) = ((height + 2 * padding.0 - kernel.0) / stride.0 + 1, (width + 2 * padding.1 - kernel.1) / stride.1 + 1);
-                let g = Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding);
+                let span = |k: usize, d: usize| d * (k - 1) + 1;
+                let oh = (height + 2 * padding.0 - span(kernel.0, dilation.0)) / stride.0 + 1;
+                let ow = (width + 2 * padding.1 - span(kernel.1, dilation.1)) / stride.1 + 1;
+                let g = Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding, dilation);
                 for batch in [1, 2, 5] {
                     let w = rng.ints(oc * channels * kernel.0 * kernel.1);
                     let zero_b = vec![0.0; oc];

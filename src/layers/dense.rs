@@ -43,7 +43,9 @@ impl LayerKind for Dense {
         match input {
             Shape::Vector(_) if self.out_features == 0 => Err("a Dense layer needs at least one output".into()),
             Shape::Vector(_) => Ok(Shape::Vector(self.out_features)),
-            Shape::Image { .. } | Shape::Sequence { .. } => Err("a Dense layer needs a vector input: add .flatten() before it".into()),
+            Shape::Image { .. } | Shape::Sequence { .. } | Shape::Signal { .. } => {
+                Err("a Dense layer needs a vector input: add .flatten() before it".into())
+            }
         }
     }
 

@@ -1,6 +1,7 @@
-//! Flatten: an image (C, H, W) seen as a vector of C·H·W values, or a sequence (steps, features)
-//! as one of steps·features, in that order, as PyTorch's `nn.Flatten` gives them. No data moves: the step keeps its input's region, so it has nothing to
-//! run on either device, and no kernels.
+//! Flatten: an image (C, H, W) seen as a vector of C·H·W values, a sequence (steps, features)
+//! as one of steps·features, or a signal (C, L) as one of C·L, in that order, as PyTorch's
+//! `nn.Flatten` gives them. No data moves: the step keeps its input's region, so it has nothing
+//! to run on either device, and no kernels.
 
 use super::kind::{LayerKind, Mode};
 use super::{BackPass, Pass};
@@ -10,12 +11,12 @@ use crate::error::Result;
 use crate::float::Float;
 use crate::io::Words;
 
-/// Image or sequence → vector, in the sample's order.
+/// Image, sequence or signal → vector, in the sample's order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Flatten;
 
 impl Chain {
-    /// Image or sequence → vector.
+    /// Image, sequence or signal → vector.
     pub fn flatten(self) -> Chain {
         self.layer(Flatten.into())
     }
@@ -30,7 +31,7 @@ impl LayerKind for Flatten {
 
     fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String> {
         match input {
-            Shape::Image { .. } | Shape::Sequence { .. } => Ok(Shape::Vector(input.len())),
+            Shape::Image { .. } | Shape::Sequence { .. } | Shape::Signal { .. } => Ok(Shape::Vector(input.len())),
             Shape::Vector(_) => Err("the input is already a vector".into()),
         }
     }

@@ -18,6 +18,31 @@ pub(crate) enum Mode {
     Infer,
 }
 
+/// The model's buffers as a pass has them: read in inference; in training written too (batch
+/// norm's running statistics move in every training pass, as in PyTorch).
+pub(crate) enum Buffers<'a> {
+    Read(&'a [f32]),
+    Write(&'a mut [f32]),
+}
+
+impl Buffers<'_> {
+    /// The values, for reading.
+    pub fn get(&self) -> &[f32] {
+        match self {
+            Buffers::Read(values) => values,
+            Buffers::Write(values) => values,
+        }
+    }
+
+    /// The values, for writing: only a training pass has them.
+    pub fn get_mut(&mut self) -> &mut [f32] {
+        match self {
+            Buffers::Read(_) => unreachable!("an inference pass writes no buffer"),
+            Buffers::Write(values) => values,
+        }
+    }
+}
+
 /// One tensor a layer declares (a parameter or a buffer): its name in the layer's PyTorch module
 /// (`weight`, `bias`, `running_mean`, `weight_ih_l0`), its shape there (the product is its
 /// length, checked by the plan) and how it starts.
@@ -58,6 +83,13 @@ pub(crate) trait LayerKind: Copy + fmt::Debug + PartialEq {
     /// and nothing to run.
     fn is_view(&self) -> bool {
         false
+    }
+
+    /// How many modules of PyTorch's `nn.Sequential` it stands for, its activation apart (global
+    /// average pooling: `AdaptiveAvgPool2d(1)` then `Flatten`); its tensors are named after the
+    /// first ([`Step::module`](crate::chain::Step::module)).
+    fn modules(&self) -> usize {
+        1
     }
 
     /// The shape of one output sample for one `input` sample, or why the layer does not take
@@ -185,6 +217,10 @@ macro_rules! layers {
 
             pub(crate) fn is_view(&self) -> bool {
                 match self { $( Layer::$kind(layer) => kind::LayerKind::is_view(layer), )* }
+            }
+
+            pub(crate) fn modules(&self) -> usize {
+                match self { $( Layer::$kind(layer) => kind::LayerKind::modules(layer), )* }
             }
 
             pub(crate) fn output_shape(&self, input: crate::chain::Shape) -> std::result::Result<crate::chain::Shape, String> {

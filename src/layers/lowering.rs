@@ -1,6 +1,7 @@
 //! Lowering a convolution's sample to a matrix and back, on the CPU: im2col (each output
 //! pixel's receptive field as a column, CKK × OHW with CKK = C·kh·kw) and its transpose col2im,
-//! in per-thread scratch. The convolution kinds share it (a 1-D convolution is one of height 1).
+//! in per-thread scratch, a kernel's taps spaced by its dilation. The convolution kinds share it
+//! (a 1-D convolution is one of height 1).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -133,10 +134,10 @@ fn padded_input<'a>(g: &Geometry, x: &'a [f32], padded: &'a mut [f32]) -> &'a [f
 
 /// `scratch[..CKK·OHW]` (the lowered matrix col, CKK × OHW) ← sample `x` (C, H, W), padding
 /// read as zero; the rest of `scratch` holds the padded input. Row (c, i, j), output row y is
-/// the run of padded row y·sh + i from column j, step sw.
+/// the run of padded row y·sh + i·dh from column j·dw, step sw.
 pub(crate) fn im2col(g: &Geometry, x: &[f32], scratch: &mut [f32]) {
     let (kh, kw, ohw, ow) = (g.kernel.0, g.kernel.1, g.ohw(), g.out_width);
-    let ((hp, wp), (sh, sw)) = (g.padded_size(), g.stride);
+    let ((hp, wp), (sh, sw), (dh, dw)) = (g.padded_size(), g.stride, g.dilation);
     let (col, padded) = scratch.split_at_mut(g.lowered_len());
     let src = padded_input(g, x, padded);
     let runs = Runs::new(g.out_height, ow, wp * sh);
@@ -146,11 +147,11 @@ pub(crate) fn im2col(g: &Geometry, x: &[f32], scratch: &mut [f32]) {
             for j in 0..kw {
                 let row = &mut col[((c * kh + i) * kw + j) * ohw..][..ohw];
                 if sw == 1 {
-                    copy_runs(runs, row, plane, i * wp + j);
+                    copy_runs(runs, row, plane, i * dh * wp + j * dw);
                     continue;
                 }
                 for (y, out) in row.chunks_exact_mut(ow).enumerate() {
-                    let run = &plane[(y * sh + i) * wp + j..];
+                    let run = &plane[(y * sh + i * dh) * wp + j * dw..];
                     out.iter_mut().zip(run.iter().step_by(sw)).for_each(|(o, &v)| *o = v);
                 }
             }
@@ -163,7 +164,7 @@ pub(crate) fn im2col(g: &Geometry, x: &[f32], scratch: &mut [f32]) {
 /// layout in the rest of `scratch` when there is padding, and the inside copied out.
 pub(crate) fn col2im(g: &Geometry, scratch: &mut [f32], dx: &mut [f32]) {
     let (kh, kw, ohw, ow) = (g.kernel.0, g.kernel.1, g.ohw(), g.out_width);
-    let ((hp, wp), (sh, sw), (ph, pw)) = (g.padded_size(), g.stride, g.padding);
+    let ((hp, wp), (sh, sw), (ph, pw), (dh, dw)) = (g.padded_size(), g.stride, g.padding, g.dilation);
     let (dcol, padded) = scratch.split_at_mut(g.lowered_len());
     let acc = if g.padding == (0, 0) { &mut *dx } else { &mut padded[..g.padded_len()] };
     acc.fill(0.0);
@@ -174,11 +175,11 @@ pub(crate) fn col2im(g: &Geometry, scratch: &mut [f32], dx: &mut [f32]) {
             for j in 0..kw {
                 let row = &dcol[((c * kh + i) * kw + j) * ohw..][..ohw];
                 if sw == 1 {
-                    add_runs(runs, plane, i * wp + j, row);
+                    add_runs(runs, plane, i * dh * wp + j * dw, row);
                     continue;
                 }
                 for (y, run) in row.chunks_exact(ow).enumerate() {
-                    let dst = &mut plane[(y * sh + i) * wp + j..];
+                    let dst = &mut plane[(y * sh + i * dh) * wp + j * dw..];
                     dst.iter_mut().step_by(sw).zip(run).for_each(|(d, &v)| *d += v);
                 }
             }

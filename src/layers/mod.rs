@@ -16,35 +16,25 @@
 //!
 //! # How the kinds to come fit
 //!
-//! **Batch norm** (`BatchNorm1d` after a dense layer, per feature; `BatchNorm2d` after a
-//! convolution, per channel): tensors `weight` (C, `Fill::Constant(1.0)`) and `bias` (C, 0);
-//! buffers `running_mean` (C, 0), `running_var` (C, 1) and `num_batches_tracked`, which
-//! PyTorch's files hold as an integer (`TensorSpec` gains the file's dtype for it, the one
-//! tensor that is not F32); saved values, 2·C a batch: the batch's mean and 1/σ, which the
-//! backward pass reads. In `Mode::Train` it normalises by the batch's statistics; in
-//! `Mode::Infer` by the running ones, which its passes read from the model's buffers (the
-//! passes carry `buffers` beside `params` from then on). The running statistics move where the
-//! model is borrowed mutably, as its parameters do: its backward pass leaves the batch's mean and
-//! unbiased variance in the gradient buffer's twin of its saved values (`dacts` has the
-//! activations' layout, saved values included), and the optimiser's update, which holds
-//! `&mut Model` and the gradients, folds them in with the momentum (0.1) as one more pass over
-//! flat buffers (on a GPU, one more kernel of the step's graph). `backprop` keeps `&self`.
+//! **Batch norm, layer norm, dropout and residual blocks** are in: `batch_norm.rs`,
+//! `layer_norm.rs`, `dropout.rs` and `residual.rs` say how. Their passes read the model's
+//! buffers ([`Buffers`]: batch norm's running statistics, which a training pass moves, as in
+//! PyTorch, through the model's lock, so `backprop` keeps `&self`) and, in training, where
+//! dropout draws its masks ([`Draw`]: the model's seed and its count of training passes; on a
+//! GPU both live in device memory, so that a captured step draws new masks on each replay).
+//! A count buffer (`num_batches_tracked`) is a `Fill::Count`: f32 in the flat buffers, an
+//! integer in a model file.
 //!
-//! **Layer norm**: per sample over a vector's features, or over each step's features of a
-//! sequence; tensors `weight` and `bias` (features); kept regions of one mean and one 1/σ per
-//! row (per sample: 2, or 2 × steps), for the backward pass; the same in both modes; eps 1e-5.
+//! **Conv1d and MaxPool1d** (done) over a `Signal { channels, length }` (PyTorch's `(N, C, L)`;
+//! see `chain.rs` for why not an `Image` of height 1): rooms `conv1d.rs` and `pool1d.rs`, weight
+//! (out, in, k) and bias, stride, padding and dilation. `conv::Geometry` and the lowering
+//! (`lowering.rs`) have a dilation and serve both convolutions; Conv1d runs the 2-D
+//! convolution's code over a height of 1 on both devices (so it has no kernel file, and gets
+//! cuDNN's measured routes), MaxPool1d (padding, dilation) kernels of its own.
 //!
-//! **Dropout(p)**: the output has the input's shape, no tensors. In `Mode::Train` it keeps
-//! element i where a counter-based generator (Philox) of (the model's seed, the training step,
-//! i) says so and scales it by 1/(1−p); its backward draws the same bits again rather than keeping
-//! a mask, so it keeps nothing, and the CPU and the GPU draw the same mask. In `Mode::Infer` it
-//! copies its input (the plan is one for both modes, so the step has an output region of its
-//! own). The training step's number reaches the passes with the mode.
-//!
-//! **Conv1d and MaxPool1d** over a `Signal { channels, length }` (PyTorch's `(N, C, L)`; see
-//! `chain.rs` for why not an `Image` of height 1): rooms `conv1d.rs` and `pool1d.rs`, weight
-//! (out, in, k) and bias, stride, padding and dilation. The lowering (`lowering.rs`) and
-//! `conv::Geometry` gain a dilation and serve both convolutions; kernels of their own files.
+//! A kind may stand for more than one module of PyTorch's `nn.Sequential`
+//! ([`LayerKind::modules`](kind::LayerKind::modules)): global average pooling is
+//! `AdaptiveAvgPool2d(1)` then `Flatten`, two.
 //!
 //! **GRU and LSTM** over a `Sequence { steps, features }`: tensors `weight_ih_l0` (G·H,
 //! features), `weight_hh_l0` (G·H, H), `bias_ih_l0`, `bias_hh_l0` (G·H), G = 3 (GRU, gates r, z,
@@ -61,17 +51,26 @@
 //! **Residual blocks**: a hidden `Fork` step, the body, and an `Add` step, in the plan as it
 //! is (see `src/plan.rs`); `Fork` is a view and `Add` a room with no tensors.
 
+pub mod avgpool;
+pub mod batch_norm;
 pub mod conv;
+pub mod conv1d;
 pub mod dense;
+pub mod dropout;
 pub mod flatten;
+pub mod globalpool;
 #[cfg(test)]
 mod gradcheck;
 pub mod gru;
 pub(crate) mod kind;
+pub mod layer_norm;
 mod lowering;
 pub mod lstm;
 pub mod pool;
+pub mod pool1d;
 pub(crate) mod recurrent;
+pub mod residual;
+pub mod softmax;
 #[cfg(test)]
 pub mod spec;
 
@@ -81,8 +80,9 @@ use crate::cpu::gemm::GemmWorkspace;
 use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
 use crate::error::{zeros, Result};
+pub(crate) use dropout::Draw;
 use kind::layers;
-pub(crate) use kind::{Kept, Mode, TensorSpec};
+pub(crate) use kind::{Buffers, Kept, Mode, TensorSpec};
 use std::ops::Range;
 
 layers! {
@@ -94,6 +94,31 @@ layers! {
     MaxPool(pool::MaxPool, "pool.cu"),
     /// Image (C, H, W) → vector (C·H·W), in that order; no data moves (`nn.Flatten`).
     Flatten(flatten::Flatten, none),
+    /// Per channel (or feature), normalised by the batch's statistics in training and the
+    /// running ones in inference, then scaled and shifted (`nn.BatchNorm1d`, `nn.BatchNorm2d`).
+    BatchNorm(batch_norm::BatchNorm, "batch_norm.cu"),
+    /// Each sample's features (each step's, in a sequence) normalised, scaled and shifted
+    /// (`nn.LayerNorm`).
+    LayerNorm(layer_norm::LayerNorm, "layer_norm.cu"),
+    /// Zeroes each value with probability p and scales the rest by 1/(1 − p) in training; the
+    /// identity in inference (`nn.Dropout`).
+    Dropout(dropout::Dropout, "dropout.cu"),
+    /// Opens a residual block (`Chain::residual`): its output is its input, seen again.
+    Fork(residual::Fork, none),
+    /// Closes a residual block: the body's output plus the block's input, then act.
+    Add(residual::Add, "residual.cu"),
+    /// The mean of each window (`nn.AvgPool2d`).
+    AvgPool(avgpool::AvgPool, "avgpool.cu"),
+    /// 1-D cross-correlation over a signal with stride, zero padding and dilation, then act
+    /// (`nn.Conv1d`); it runs the 2-D convolution's kernels (`conv.cu`) over a height of 1.
+    Conv1d(conv1d::Conv1d, none),
+    /// The maximum of each window of a signal (`nn.MaxPool1d`).
+    MaxPool1d(pool1d::MaxPool1d, "pool1d.cu"),
+    /// Probabilities over a vector's features (`nn.Softmax(dim=1)`).
+    Softmax(softmax::Softmax, "softmax.cu"),
+    /// The mean of each channel: image (C, H, W) or signal (C, L) → vector (C)
+    /// (`nn.AdaptiveAvgPool2d(1)` or `1d`, then `nn.Flatten`).
+    GlobalAvgPool(globalpool::GlobalAvgPool, "globalpool.cu"),
     /// A GRU over a sequence (`nn.GRU`, one layer, batch first).
     Gru(gru::Gru, "gru.cu"),
     /// An LSTM over a sequence (`nn.LSTM`, one layer, batch first).
@@ -175,6 +200,10 @@ pub(crate) struct Pass<'a> {
     pub batch: usize,
     pub pool: &'a Pool,
     pub ws: &'a mut Workspace,
+    /// The model's buffers (running statistics): written in training, read in inference.
+    pub buffers: Buffers<'a>,
+    /// Where a training pass draws dropout's masks.
+    pub draw: Draw,
 }
 
 impl Pass<'_> {
@@ -207,9 +236,12 @@ pub(crate) fn forward(
     batch: usize,
     pool: &Pool,
     ws: &mut Workspace,
+    buffers: Buffers,
+    draw: Draw,
     mode: Mode,
 ) {
-    let mut pass = Pass { plan, params, acts, capacity, batch, pool, ws };
+    debug_assert!(mode == Mode::Infer || matches!(buffers, Buffers::Write(_)), "training writes the buffers");
+    let mut pass = Pass { plan, params, acts, capacity, batch, pool, ws, buffers, draw };
     for step in &plan.steps {
         step.layer.forward(step, &mut pass, mode);
     }
@@ -229,6 +261,8 @@ pub(crate) struct BackPass<'a> {
     pub pool: &'a Pool,
     pub ws: &'a mut Workspace,
     pub gws: &'a mut GradWorkspace,
+    /// Where the training pass drew dropout's masks.
+    pub draw: Draw,
 }
 
 /// What the weight and input gradients of a step with a weight, a bias and an activation (dense,
@@ -302,8 +336,9 @@ pub(crate) fn backward(
     pool: &Pool,
     ws: &mut Workspace,
     gws: &mut GradWorkspace,
+    draw: Draw,
 ) {
-    let mut pass = BackPass { plan, params, acts, dacts, grads, capacity, batch, pool, ws, gws };
+    let mut pass = BackPass { plan, params, acts, dacts, grads, capacity, batch, pool, ws, gws, draw };
     for step in plan.steps.iter().rev() {
         step.layer.backward(step, &mut pass);
     }
@@ -371,7 +406,7 @@ fn bias_grad(channels: usize, pixels: usize, batch: usize, dz: &[f32], db: &mut 
 /// Σ row with 8 partial sums (lane l takes the values at l mod 8), then the lanes and the
 /// tail in a fixed order: vectorises (a plain `sum` is one serial chain of adds) and stays
 /// deterministic.
-fn lane_sum(row: &[f32]) -> f32 {
+pub(crate) fn lane_sum(row: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
     let chunks = row.chunks_exact(8);
     let tail = chunks.remainder();

@@ -37,17 +37,7 @@ impl LayerKind for MaxPool {
     const WORD: &'static str = "maxpool";
 
     fn output_shape(&self, input: Shape) -> std::result::Result<Shape, String> {
-        let MaxPool { window, stride } = *self;
-        let Shape::Image { channels, height, width } = input else {
-            return Err("needs an image input".into());
-        };
-        if window.0 == 0 || window.1 == 0 || stride.0 == 0 || stride.1 == 0 {
-            return Err("window and stride must be at least 1".into());
-        }
-        if window.0 > height || window.1 > width {
-            return Err(format!("window {}×{} is larger than the input {height}×{width}", window.0, window.1));
-        }
-        Ok(Shape::Image { channels, height: (height - window.0) / stride.0 + 1, width: (width - window.1) / stride.1 + 1 })
+        pooled(input, self.window, self.stride)
     }
 
     /// `maxpool KH KW SH SW`
@@ -117,13 +107,28 @@ impl LayerKind for MaxPool {
     }
 }
 
+/// The output of a pool of `window` moved by `stride`, no padding, on `input` (max and average
+/// pooling share it).
+pub(crate) fn pooled(input: Shape, window: (usize, usize), stride: (usize, usize)) -> std::result::Result<Shape, String> {
+    let Shape::Image { channels, height, width } = input else {
+        return Err("needs an image input".into());
+    };
+    if window.0 == 0 || window.1 == 0 || stride.0 == 0 || stride.1 == 0 {
+        return Err("window and stride must be at least 1".into());
+    }
+    if window.0 > height || window.1 > width {
+        return Err(format!("window {}×{} is larger than the input {height}×{width}", window.0, window.1));
+    }
+    Ok(Shape::Image { channels, height: (height - window.0) / stride.0 + 1, width: (width - window.1) / stride.1 + 1 })
+}
+
 impl MaxPool {
     fn geometry(&self, step: &Step) -> Geometry {
         Geometry::new(step.input, step.output, self.window, self.stride)
     }
 }
 
-/// Geometry of one max-pool, derived from its plan step.
+/// Geometry of one pool (max or average), derived from its plan step.
 #[derive(Clone, Copy, Debug)]
 pub struct Geometry {
     pub channels: usize,
@@ -139,16 +144,16 @@ impl Geometry {
     /// From the layer's shapes, window and stride.
     pub fn new(input: Shape, output: Shape, window: (usize, usize), stride: (usize, usize)) -> Geometry {
         let (Shape::Image { channels, height, width }, Shape::Image { height: oh, width: ow, .. }) = (input, output) else {
-            unreachable!("the plan gives pools image shapes");
+            unreachable!("the plan gives 2-D pools image shapes");
         };
         Geometry { channels, height, width, out_height: oh, out_width: ow, window, stride }
     }
 
-    fn in_len(&self) -> usize {
+    pub(crate) fn in_len(&self) -> usize {
         self.channels * self.height * self.width
     }
 
-    fn out_len(&self) -> usize {
+    pub(crate) fn out_len(&self) -> usize {
         self.channels * self.out_height * self.out_width
     }
 

@@ -274,7 +274,7 @@ pub(crate) fn parse(words: &Words) -> Result<(usize, RnnOutput)> {
 pub(crate) fn summary(cell: Cell, hidden: usize, output: RnnOutput, input: Shape) -> String {
     let features = match input {
         Shape::Sequence { features, .. } => features,
-        Shape::Vector(_) | Shape::Image { .. } => 0,
+        _ => 0,
     };
     let which = match output {
         RnnOutput::Sequence => "every step",
@@ -612,6 +612,8 @@ mod tests {
             pool: &model.pool,
             ws: &mut fwd.ws,
             gws: &mut bwd.gws,
+            // (no dropout here)
+            draw: crate::layers::Draw { seed: 0, pass: 0 },
         };
         backward(&dims(step).unwrap(), step, &mut pass, true);
         let dx = &bwd.dacts[crate::layers::region(&plan, 0, 2, 2)];

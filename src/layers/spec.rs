@@ -3,7 +3,7 @@
 //! checked by finite differences on it in f64. Each room's `spec_forward` / `spec_backward` runs
 //! its step; this file holds the passes and what dense and conv share.
 
-use super::{region, split2, Mode};
+use super::{region, split2, Draw, Mode};
 use crate::activation::Activation;
 use crate::chain::{Plan, Step};
 use crate::float::Float;
@@ -16,6 +16,9 @@ pub struct Pass<'a, F> {
     pub acts: &'a mut [F],
     pub capacity: usize,
     pub batch: usize,
+    /// The model's buffers: read in inference, written in training.
+    pub buffers: &'a mut [F],
+    pub draw: Draw,
 }
 
 impl<F: Float> Pass<'_, F> {
@@ -35,8 +38,18 @@ impl<F: Float> Pass<'_, F> {
 }
 
 /// Forward pass over `batch` samples, as [`super::forward`].
-pub fn forward<F: Float>(plan: &Plan, params: &[F], acts: &mut [F], capacity: usize, batch: usize, mode: Mode) {
-    let mut pass = Pass { plan, params, acts, capacity, batch };
+#[allow(clippy::too_many_arguments)]
+pub fn forward<F: Float>(
+    plan: &Plan,
+    params: &[F],
+    acts: &mut [F],
+    capacity: usize,
+    batch: usize,
+    buffers: &mut [F],
+    draw: Draw,
+    mode: Mode,
+) {
+    let mut pass = Pass { plan, params, acts, capacity, batch, buffers, draw };
     for step in &plan.steps {
         step.layer.spec_forward(step, &mut pass, mode);
     }
@@ -51,6 +64,7 @@ pub struct BackPass<'a, F> {
     pub grads: &'a mut [F],
     pub capacity: usize,
     pub batch: usize,
+    pub draw: Draw,
 }
 
 impl<F: Float> BackPass<'_, F> {
@@ -89,8 +103,18 @@ impl<F: Float> BackPass<'_, F> {
 
 /// Backward pass, as [`super::backward`]: `dacts` holds the loss gradient in the last output
 /// region; `grads` is overwritten.
-pub fn backward<F: Float>(plan: &Plan, params: &[F], acts: &[F], dacts: &mut [F], grads: &mut [F], capacity: usize, batch: usize) {
-    let mut pass = BackPass { plan, params, acts, dacts, grads, capacity, batch };
+#[allow(clippy::too_many_arguments)]
+pub fn backward<F: Float>(
+    plan: &Plan,
+    params: &[F],
+    acts: &[F],
+    dacts: &mut [F],
+    grads: &mut [F],
+    capacity: usize,
+    batch: usize,
+    draw: Draw,
+) {
+    let mut pass = BackPass { plan, params, acts, dacts, grads, capacity, batch, draw };
     for step in plan.steps.iter().rev() {
         step.layer.spec_backward(step, &mut pass);
     }

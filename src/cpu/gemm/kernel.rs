@@ -1,43 +1,178 @@
-//! The MR×NR micro-kernels: C tile ← α·(packed A panel)·(packed B panel) + β·C tile.
+//! The micro-kernels: a tile of C ← α·(packed A panel)·(B panels) + β·C, one version per
+//! instruction set ([`Portable`] here, `Avx2` and `Avx512` beside it).
+//!
+//! A tile is `height` rows (≤ MR) by `panels` B panels of NR columns side by side. Each
+//! element of C is one chain of multiply-adds over k in order (FMAs on AVX2 and AVX-512), so
+//! a tile's shape, the panels it spans and the instruction set's vector width never change
+//! an element's bits: AVX2 and AVX-512 agree exactly.
 
-use super::{ViewMut, NR};
+use super::ViewMut;
 
-/// An M×NR micro-kernel over packed panels (M = MR, or 4 for the last rows of a block).
-pub(super) trait Kernel {
-    /// C tile ← α·Σ_p a_p b_pᵀ + β·C tile (β = 0: C not read), for a full M×NR tile whose
-    /// rows are contiguous (c.cs = 1).
+/// How the kc rows of a B panel are found: row p (p < kc) is NR contiguous values. (NR is
+/// passed in, a constant where the kernels call these, so it folds away.)
+pub(super) trait Panel: Copy {
+    /// Row p of this panel.
     ///
     /// # Safety
-    /// `a` holds kc columns of M values and `b` kc rows of NR; `c` covers M×NR elements that no
-    /// other thread touches during the call; `Avx2` needs AVX2 and FMA.
-    unsafe fn tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut);
+    /// p < kc of an operand the caller checked.
+    unsafe fn row(self, p: usize, nr: usize) -> *const f32;
 
-    /// α·v + β·c (β ≠ 0) for one element, rounded as `tile` rounds its stores, so that an edge
-    /// tile (computed with α = 1, β = 0, then blended here) has a full tile's bits.
+    /// The panel `q` places to the right (columns q·NR on).
+    ///
+    /// # Safety
+    /// That panel exists in the checked operand.
+    unsafe fn next(self, q: usize, nr: usize) -> Self;
+}
+
+/// Panels packed one after another, k-major: row p at `ptr + p·NR`, the next panel `stride`
+/// values on (kc·NR).
+#[derive(Clone, Copy)]
+pub(super) struct Packed {
+    pub ptr: *const f32,
+    pub stride: usize,
+}
+
+impl Panel for Packed {
+    #[inline(always)]
+    unsafe fn row(self, p: usize, nr: usize) -> *const f32 {
+        // SAFETY: the caller's promise (row p of this panel).
+        unsafe { self.ptr.add(p * nr) }
+    }
+
+    #[inline(always)]
+    unsafe fn next(self, q: usize, _nr: usize) -> Self {
+        // SAFETY: the caller's promise (panel q exists).
+        Packed { ptr: unsafe { self.ptr.add(q * self.stride) }, ..self }
+    }
+}
+
+/// Rows read in place from one buffer, each at its own offset: row p of the panel at
+/// `base + offsets[p]`, the next panel NR values on. (A convolution's input, each row a
+/// shifted window of the same planes: no lowered copy.)
+#[derive(Clone, Copy)]
+pub(super) struct Shifted {
+    pub base: *const f32,
+    pub offsets: *const usize,
+}
+
+impl Panel for Shifted {
+    #[inline(always)]
+    unsafe fn row(self, p: usize, _nr: usize) -> *const f32 {
+        // SAFETY: the caller's promise: offsets has kc entries, each row inside the buffer.
+        unsafe { self.base.add(*self.offsets.add(p)) }
+    }
+
+    #[inline(always)]
+    unsafe fn next(self, q: usize, nr: usize) -> Self {
+        // SAFETY: the caller's promise (panel q lies inside the buffer for every offset).
+        Shifted { base: unsafe { self.base.add(q * nr) }, ..self }
+    }
+}
+
+/// B panels a tile of `height` rows spans: few rows share each B load, so more panels give
+/// the 8 or more independent accumulator chains that hide the FMA latency (batch-1 products
+/// then stream B at full width).
+pub(super) const fn panels_for(height: usize) -> usize {
+    match height {
+        1 => 4,
+        2 | 3 => 2,
+        _ => 1,
+    }
+}
+
+/// A micro-kernel for one instruction set.
+pub(super) trait Kernel {
+    /// Most rows of a tile (the packed A panels' height).
+    const MR: usize;
+    /// Columns of a B panel.
+    const NR: usize;
+
+    /// C tile (height × cols) ← α·Σ_p a_p b_pᵀ + β·C tile (β = 0: C not read), C's rows
+    /// contiguous (c.cs = 1); the tile spans `panels` B panels and its first `cols` columns
+    /// are stored (cols ≤ panels·NR, the rest computed and dropped).
+    ///
+    /// # Safety
+    /// 1 ≤ height ≤ MR and 1 ≤ panels ≤ `panels_for(height)`; `a` holds kc columns of
+    /// `height` values; `b`'s panels hold kc rows of NR readable values each; `c` covers
+    /// height×cols elements that no other thread touches during the call; the CPU runs the
+    /// kernel's instruction set.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<B: Panel>(height: usize, panels: usize, kc: usize, a: *const f32, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize);
+
+    /// α·v + β·c (β ≠ 0) for one element, rounded as `tile` rounds its stores, so that a
+    /// tile computed with α = 1, β = 0 and blended here has a full tile's bits.
     fn blend(alpha: f32, v: f32, beta: f32, c: f32) -> f32;
 }
 
+/// The blend of the FMA kernels: c + v for α = β = 1 (a training step's accumulation),
+/// else fma(α, v, β·c).
+#[inline(always)]
+pub(super) fn blend_fma(alpha: f32, v: f32, beta: f32, c: f32) -> f32 {
+    if alpha == 1.0 && beta == 1.0 {
+        c + v
+    } else {
+        alpha.mul_add(v, beta * c)
+    }
+}
+
+/// `tile` through a full-width stack tile for kernels that store whole vectors: computes
+/// height × width (width = panels·NR ≤ 4·NR, height·width ≤ MR·NR ≤ 384) with α = 1, β = 0,
+/// then writes the first `cols` columns of each row with `blend`.
+///
+/// # Safety
+/// As [`Kernel::tile`]; `full(…)` is the kernel's full-tile store with the same contract for
+/// a C of `width` contiguous columns.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn through_stack(
+    height: usize,
+    width: usize,
+    alpha: f32,
+    beta: f32,
+    c: ViewMut,
+    cols: usize,
+    blend: fn(f32, f32, f32, f32) -> f32,
+    full: impl FnOnce(ViewMut),
+) {
+    let mut edge = [0.0f32; 384];
+    debug_assert!(height * width <= edge.len());
+    full(ViewMut { ptr: edge.as_mut_ptr(), rs: width, cs: 1 });
+    for i in 0..height {
+        for j in 0..cols {
+            // SAFETY: (i < height, j < cols) is an element of the tile (the contract).
+            let p = unsafe { c.ptr.add(i * c.rs + j) };
+            let v = edge[i * width + j];
+            // SAFETY: as above.
+            unsafe { *p = if beta == 0.0 { alpha * v } else { blend(alpha, v, beta, *p) } };
+        }
+    }
+}
+
+/// Plain Rust, auto-vectorised where the target allows: 6×16 tiles, no FMA.
 pub(super) struct Portable;
 
 impl Kernel for Portable {
-    #[inline(always)]
-    unsafe fn tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut) {
-        let mut acc = [[0.0f32; NR]; M];
-        for p in 0..kc {
-            // SAFETY: column p < kc of the packed panels (the contract).
-            let (ap, bp) = unsafe { (std::slice::from_raw_parts(a.add(p * M), M), std::slice::from_raw_parts(b.add(p * NR), NR)) };
-            for i in 0..M {
-                for j in 0..NR {
-                    acc[i][j] += ap[i] * bp[j];
+    const MR: usize = 6;
+    const NR: usize = 16;
+
+    unsafe fn tile<B: Panel>(height: usize, panels: usize, kc: usize, a: *const f32, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize) {
+        // SAFETY: panel q < panels exists and its columns q·NR.. lie in the tile (the contract);
+        // a panel past `cols` is not computed.
+        unsafe {
+            for q in 0..panels {
+                let (bq, cq) = (b.next(q, 16), c.at(0, q * 16));
+                let width = cols.saturating_sub(q * 16).min(16);
+                if width == 0 {
+                    break;
                 }
-            }
-        }
-        for (i, row) in acc.iter().enumerate() {
-            for (j, &v) in row.iter().enumerate() {
-                // SAFETY: (i, j) is inside the M×NR tile `c` covers, ours alone (the contract).
-                let p = unsafe { c.ptr.add(i * c.rs + j * c.cs) };
-                // SAFETY: as above.
-                unsafe { *p = if beta == 0.0 { alpha * v } else { Self::blend(alpha, v, beta, *p) } };
+                match height {
+                    1 => portable_tile::<1, B>(kc, a, bq, alpha, beta, cq, width),
+                    2 => portable_tile::<2, B>(kc, a, bq, alpha, beta, cq, width),
+                    3 => portable_tile::<3, B>(kc, a, bq, alpha, beta, cq, width),
+                    4 => portable_tile::<4, B>(kc, a, bq, alpha, beta, cq, width),
+                    5 => portable_tile::<5, B>(kc, a, bq, alpha, beta, cq, width),
+                    _ => portable_tile::<6, B>(kc, a, bq, alpha, beta, cq, width),
+                }
             }
         }
     }
@@ -47,81 +182,29 @@ impl Kernel for Portable {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-pub(super) struct Avx2;
-
-#[cfg(target_arch = "x86_64")]
-impl Kernel for Avx2 {
-    #[inline(always)]
-    unsafe fn tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut) {
-        // SAFETY: the same contract.
-        unsafe { avx2_tile::<M>(kc, a, b, alpha, beta, c) }
-    }
-
-    fn blend(alpha: f32, v: f32, beta: f32, c: f32) -> f32 {
-        if alpha == 1.0 && beta == 1.0 {
-            c + v
-        } else {
-            alpha.mul_add(v, beta * c)
-        }
-    }
-}
-
-/// 2·M accumulators of 8 lanes; per k, two loads of B and M broadcasts of A feed 2·M FMAs.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_tile<const M: usize>(kc: usize, a: *const f32, b: *const f32, alpha: f32, beta: f32, c: ViewMut) {
-    use std::arch::x86_64::*;
-    // SAFETY: `Kernel::tile`'s contract: every load is in the packed panels (p < kc), every
-    // prefetch and store in the M rows of 16 contiguous values of the C tile.
-    unsafe {
-        // C's rows are far apart, so the hardware prefetcher misses them, and after the first
-        // KC panel they come back from L3: start fetching them now, under the kc·2·M FMAs.
-        debug_assert_eq!(c.cs, 1);
+/// One M×16 panel of [`Portable::tile`], its first `cols` columns stored.
+///
+/// # Safety
+/// As [`Kernel::tile`] for one panel, `cols` ≤ 16.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn portable_tile<const M: usize, B: Panel>(kc: usize, a: *const f32, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize) {
+    let mut acc = [[0.0f32; 16]; M];
+    for p in 0..kc {
+        // SAFETY: column p < kc of the A panel and row p of the B panel (the contract).
+        let (ap, bp) = unsafe { (std::slice::from_raw_parts(a.add(p * M), M), std::slice::from_raw_parts(b.row(p, 16), 16)) };
         for i in 0..M {
-            _mm_prefetch::<_MM_HINT_T0>(c.ptr.add(i * c.rs) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(c.ptr.add(i * c.rs + NR - 1) as *const i8);
-        }
-        let mut acc = [[_mm256_setzero_ps(); 2]; M];
-        for p in 0..kc {
-            let b0 = _mm256_loadu_ps(b.add(p * NR));
-            let b1 = _mm256_loadu_ps(b.add(p * NR + 8));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let ai = _mm256_broadcast_ss(&*a.add(p * M + i));
-                row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
-                row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+            for j in 0..16 {
+                acc[i][j] += ap[i] * bp[j];
             }
         }
-        let (va, vb) = (_mm256_set1_ps(alpha), _mm256_set1_ps(beta));
-        // One loop per case, so that each unrolls with the accumulators left in registers
-        // (a branch inside spilled all 2·M to the stack). α = 1 (every call in training)
-        // skips the multiplies, which on Zen 3 take the FMA pipes; the sums are the same bits.
-        let row = |i: usize, h: usize| c.ptr.add(i * c.rs + 8 * h);
-        if beta == 0.0 && alpha == 1.0 {
-            for (i, r) in acc.iter().enumerate() {
-                for (h, &v) in r.iter().enumerate() {
-                    _mm256_storeu_ps(row(i, h), v);
-                }
-            }
-        } else if beta == 0.0 {
-            for (i, r) in acc.iter().enumerate() {
-                for (h, &v) in r.iter().enumerate() {
-                    _mm256_storeu_ps(row(i, h), _mm256_mul_ps(va, v));
-                }
-            }
-        } else if alpha == 1.0 && beta == 1.0 {
-            for (i, r) in acc.iter().enumerate() {
-                for (h, &v) in r.iter().enumerate() {
-                    _mm256_storeu_ps(row(i, h), _mm256_add_ps(_mm256_loadu_ps(row(i, h)), v));
-                }
-            }
-        } else {
-            for (i, r) in acc.iter().enumerate() {
-                for (h, &v) in r.iter().enumerate() {
-                    let p = row(i, h);
-                    _mm256_storeu_ps(p, _mm256_fmadd_ps(va, v, _mm256_mul_ps(vb, _mm256_loadu_ps(p))));
-                }
-            }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (j, &v) in row.iter().enumerate().take(cols) {
+            // SAFETY: (i, j < cols) is inside the tile `c` covers, ours alone (the contract).
+            let p = unsafe { c.ptr.add(i * c.rs + j) };
+            // SAFETY: as above.
+            unsafe { *p = if beta == 0.0 { alpha * v } else { Portable::blend(alpha, v, beta, *p) } };
         }
     }
 }

@@ -1,47 +1,83 @@
 //! Single-precision GEMM: C ← α·A·B + β·C with arbitrary row and column strides.
 //!
-//! The loop nest is the GotoBLAS/BLIS one, written once and generic over a micro-kernel:
-//! B is packed into KC×NC blocks of NR-wide panels, A into MC×KC blocks of MR-tall panels, and
-//! the micro-kernel computes an MR×NR tile of C from one panel of each. The AVX2+FMA kernel
-//! (6×16, 12 accumulator registers) is chosen at run time; a portable kernel with the same
-//! shape serves everywhere else. Packing buffers live in a [`GemmWorkspace`] allocated once,
-//! so a call never allocates. Single-row problems (batch-1 inference) skip packing.
+//! The loop nest is the GotoBLAS/BLIS one, written once (`nest.rs`) and generic over a
+//! micro-kernel: B is packed into KC×NC blocks of NR-wide panels, A into MC×KC blocks of row
+//! panels at most MR tall, and the micro-kernel computes a tile of C from one panel of each.
+//! The kernel is chosen at run time ([`Isa`]): AVX-512 (12×32 tiles), AVX2 + FMA (6×16), or
+//! portable Rust (6×16). Packing buffers live in a [`GemmWorkspace`] allocated once, so a call
+//! never allocates. Single-row problems with a plain B (batch-1 training) skip packing.
+//!
+//! A weight operand can also be packed once into a [`PackedB`] (the B of Z = X·Wᵀ) or a
+//! [`PackedA`] (the A of a convolution's Z = W·col), kept by its owner and repacked only when
+//! the weights change; products with it skip that operand's packing. A product of a few rows
+//! (batch 1 to 4) with a packed B streams it with tiles several panels wide.
 //!
 //! Each element of C is summed in the same order whatever the thread count: k is never split
 //! across threads, the route (row products or the blocked nest, transposed or not) is chosen
-//! once for the whole product, and an edge tile rounds as a full tile does. So results are
-//! deterministic, and the same on any number of threads.
+//! once for the whole product, and each element is one chain of multiply-adds over k in order,
+//! whatever tile holds it. So results are deterministic, and the same on any number of
+//! threads; AVX2 and AVX-512 give the same bits (both FMA chains over the same KC blocks),
+//! the portable kernel (separate multiply and add) may differ from them in the last bits.
 //!
 //! Every operand's extent is checked with checked arithmetic before anything is written, and
 //! the elements of C must not share memory; after that, each task writes only its own rows (or
 //! columns) of C through the raw views below.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod kernel;
+mod nest;
 mod pack;
+mod packed;
 mod row;
 #[cfg(test)]
 mod tests;
 
+use super::isa::Isa;
 use super::pool::Pool;
 use crate::error::{zeros, Error, Result};
 #[cfg(target_arch = "x86_64")]
-use kernel::Avx2;
+use avx2::Avx2;
+#[cfg(target_arch = "x86_64")]
+use avx512::Avx512;
 use kernel::{Kernel, Portable};
-use pack::{pack_a, pack_b, row_panels};
+use nest::{blocked, AOp, BOp};
+pub(crate) use packed::{PackedA, PackedB};
 use row::row_times_matrix;
 
-const MR: usize = 6;
-const NR: usize = 16;
+/// Rows of B (and columns of A) per packed block: the same for every kernel, so that each
+/// element's chain of FMAs, and its bits, are the same on AVX2 and AVX-512.
 const KC: usize = 256;
+/// Rows of A per packed block (a multiple of every kernel's MR).
 const MC: usize = 144;
+/// Columns of B per packed block (a multiple of every kernel's NR).
 const NC: usize = 1024;
 /// Inner dimensions up to this skip packing when B's and C's rows are contiguous.
 const SMALL_K: usize = 4;
 /// Problems with fewer multiply-adds run on one thread: handing work to the pool costs µs.
 const PARALLEL_MIN_MACS: usize = 96 * 1024;
 
-/// One thread's packing buffers: MC·KC values of packed A, then KC·NC of packed B.
-pub(crate) struct GemmScratch(Vec<f32>);
+/// (MR, NR) of `isa`'s kernel: the most rows of a tile and the columns of a B panel.
+pub(crate) fn tile_shape(isa: Isa) -> (usize, usize) {
+    match isa {
+        Isa::Portable => (Portable::MR, Portable::NR),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => (Avx2::MR, Avx2::NR),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => (Avx512::MR, Avx512::NR),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("x86 instruction sets are never detected elsewhere"),
+    }
+}
+
+/// One thread's packing buffers: MC·KC values of packed A, then KC·NC of packed B; and the
+/// kernel they serve.
+pub(crate) struct GemmScratch {
+    isa: Isa,
+    buf: Vec<f32>,
+}
 
 impl GemmScratch {
     const LEN: usize = MC * KC + KC * NC;
@@ -54,15 +90,22 @@ pub(crate) struct GemmWorkspace {
 }
 
 impl GemmWorkspace {
-    /// Buffers for `threads` workers (the pool's thread count), about 1.2 MB each; an
-    /// allocation that cannot be had is an `Err` with its size.
+    /// Buffers for `threads` workers (the pool's thread count), about 1.2 MB each, for the
+    /// best kernel of this CPU; an allocation that cannot be had is an `Err` with its size.
     pub fn new(threads: usize) -> Result<GemmWorkspace> {
+        GemmWorkspace::with_isa(threads, Isa::best())
+    }
+
+    /// As [`GemmWorkspace::new`], for the kernel of `isa`; `Error::Config` if this CPU does
+    /// not run it.
+    pub fn with_isa(threads: usize, isa: Isa) -> Result<GemmWorkspace> {
+        isa.check()?;
         let threads = threads.max(1);
         let mut workers = Vec::new();
         let bytes = threads.saturating_mul(size_of::<GemmScratch>());
         workers.try_reserve_exact(threads).map_err(|_| Error::OutOfMemory { what: "GEMM workers".into(), bytes })?;
         for _ in 0..threads {
-            workers.push(GemmScratch(zeros(GemmScratch::LEN, || "GEMM packing buffers".into())?));
+            workers.push(GemmScratch { isa, buf: zeros(GemmScratch::LEN, || "GEMM packing buffers".into())? });
         }
         Ok(GemmWorkspace { workers })
     }
@@ -75,6 +118,11 @@ impl GemmWorkspace {
     /// Number of workers this workspace serves.
     pub fn threads(&self) -> usize {
         self.workers.len()
+    }
+
+    /// The instruction set of its kernel (that of packed operands made for it).
+    pub fn isa(&self) -> Isa {
+        self.workers.first().map_or(Isa::best(), |w| w.isa)
     }
 
     /// One scratch per worker, for [`Pool::run_with`].
@@ -115,6 +163,11 @@ struct ViewMut {
 }
 
 impl View {
+    /// The transpose: rows and columns swapped.
+    fn t(self) -> View {
+        View { rs: self.cs, cs: self.rs, ..self }
+    }
+
     /// # Safety
     /// (i, j) must lie inside the checked extent.
     unsafe fn at(self, i: usize, j: usize) -> View {
@@ -124,6 +177,11 @@ impl View {
 }
 
 impl ViewMut {
+    /// The transpose: rows and columns swapped.
+    fn t(self) -> ViewMut {
+        ViewMut { rs: self.cs, cs: self.rs, ..self }
+    }
+
     /// # Safety
     /// (i, j) must lie inside the checked extent.
     unsafe fn at(self, i: usize, j: usize) -> ViewMut {
@@ -145,7 +203,7 @@ unsafe impl Sync for View {}
 
 /// Ok when every element (i < rows, j < cols) lies inside `len`; the offset of the last one is
 /// computed with checked arithmetic, so a stride that would wrap around is an error too.
-fn check_extent(what: &str, len: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> Result<()> {
+pub(crate) fn check_extent(what: &str, len: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> Result<()> {
     if rows == 0 || cols == 0 {
         return Ok(());
     }
@@ -193,11 +251,10 @@ fn check_distinct(rows: usize, cols: usize, rs: usize, cs: usize) -> Result<()> 
 pub(crate) fn check_operands(m: usize, n: usize, k: usize, a: &Mat, b: &Mat, c: &MatMut) -> Result<()> {
     check_extent("A", a.data.len(), m, k, a.rs, a.cs)?;
     check_extent("B", b.data.len(), k, n, b.rs, b.cs)?;
-    check_extent("C", c.data.len(), m, n, c.rs, c.cs)?;
-    check_distinct(m, n, c.rs, c.cs)
+    check_c(m, n, c)
 }
 
-/// How a product is computed; chosen once for the whole product (see [`Product::new`]).
+/// How a product is computed; chosen once for the whole product.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Route {
     /// k = 0: C ← β·C.
@@ -209,48 +266,53 @@ enum Route {
     Blocked,
 }
 
-/// A checked product, possibly transposed, with its route.
+/// A checked product, possibly transposed, with its route and kernel.
 #[derive(Clone, Copy)]
 struct Product {
     m: usize,
     n: usize,
     k: usize,
     alpha: f32,
-    a: View,
-    b: View,
+    a: AOp,
+    b: BOp,
     beta: f32,
     c: ViewMut,
     route: Route,
+    isa: Isa,
 }
 
 impl Product {
-    /// The product C ← α·A·B + β·C over checked operands, transposed (Cᵀ = Bᵀ·Aᵀ) where that
-    /// makes it a single row, makes C's rows contiguous (vector stores) or fills the micro-tiles
-    /// better. A transposed product sums each element over k in the same order.
+    /// The product C ← α·A·B + β·C over checked strided operands, transposed (Cᵀ = Bᵀ·Aᵀ)
+    /// where that makes it a single row, makes C's rows contiguous (vector stores) or fills
+    /// the panels of B better. A transposed product sums each element over k in the same order.
     #[allow(clippy::too_many_arguments)]
-    fn new(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: MatMut) -> Product {
+    fn new(isa: Isa, m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: MatMut) -> Product {
         let (a, b) = (View { ptr: a.data.as_ptr(), rs: a.rs, cs: a.cs }, View { ptr: b.data.as_ptr(), rs: b.rs, cs: b.cs });
         let c = ViewMut { ptr: c.data.as_mut_ptr(), rs: c.rs, cs: c.cs };
-        let p = Product { m, n, k, alpha, a, b, beta, c, route: Route::Blocked };
-        // (an empty C is never run, so only m, n ≥ 1 reach the tile count)
-        let transpose = m > 1 && n >= 1 && (n == 1 || (c.cs != 1 && (c.rs == 1 || tile_waste(n, m) < tile_waste(m, n))));
-        let p = if transpose { p.transposed() } else { p };
+        let nr = tile_shape(isa).1;
+        // (an empty C is never run, so only m, n ≥ 1 reach the waste)
+        let transpose = m > 1 && n >= 1 && (n == 1 || (c.cs != 1 && (c.rs == 1 || panel_waste(m, nr) < panel_waste(n, nr))));
+        let (m, n, a, b, c) = if transpose { (n, m, b.t(), a.t(), c.t()) } else { (m, n, a, b, c) };
         let route = if k == 0 {
             Route::Scale
-        } else if p.m == 1 || (k <= SMALL_K && p.b.cs == 1 && p.c.cs == 1) {
+        } else if m == 1 || (k <= SMALL_K && b.cs == 1 && c.cs == 1) {
             Route::Rows
         } else {
             Route::Blocked
         };
-        Product { route, ..p }
+        Product { m, n, k, alpha, a: AOp::View(a), b: BOp::View(b), beta, c, route, isa }
     }
 
-    fn transposed(self) -> Product {
-        let t = |v: View| View { rs: v.cs, cs: v.rs, ..v };
-        Product { m: self.n, n: self.m, a: t(self.b), b: t(self.a), c: ViewMut { rs: self.c.cs, cs: self.c.rs, ..self.c }, ..self }
+    /// A product with a packed operand (never transposed): the blocked nest, or C ← β·C.
+    #[allow(clippy::too_many_arguments)]
+    fn packed(isa: Isa, m: usize, n: usize, k: usize, alpha: f32, a: AOp, b: BOp, beta: f32, c: MatMut) -> Product {
+        let c = ViewMut { ptr: c.data.as_mut_ptr(), rs: c.rs, cs: c.cs };
+        let route = if k == 0 { Route::Scale } else { Route::Blocked };
+        Product { m, n, k, alpha, a, b, beta, c, route, isa }
     }
 
-    /// Rows `rows` and columns `cols` of this product, on the same route.
+    /// Rows `rows` and columns `cols` of this product, on the same route. A packed A is
+    /// never split by rows, a shifted B never at all (their entries run on one thread).
     ///
     /// # Safety
     /// The ranges are non-empty and lie inside 0..m and 0..n, and k ≥ 1.
@@ -258,34 +320,85 @@ impl Product {
         debug_assert!(!rows.is_empty() && !cols.is_empty() && rows.end <= self.m && cols.end <= self.n && self.k >= 1);
         // SAFETY: with non-empty ranges and k ≥ 1, (rows.start, 0) of A, (0, cols.start) of B
         // and (rows.start, cols.start) of C are elements inside the checked extents.
-        let (a, b, c) = unsafe { (self.a.at(rows.start, 0), self.b.at(0, cols.start), self.c.at(rows.start, cols.start)) };
-        Product { m: rows.len(), n: cols.len(), a, b, c, ..self }
+        unsafe {
+            let a = match self.a {
+                AOp::View(a) => AOp::View(a.at(rows.start, 0)),
+                AOp::Packed(a) => {
+                    assert!(rows == (0..self.m), "a packed A is not split by rows");
+                    AOp::Packed(a)
+                }
+            };
+            let b = match self.b {
+                BOp::View(b) => BOp::View(b.at(0, cols.start)),
+                BOp::Packed(b) => BOp::Packed(b.at_column(cols.start)),
+                BOp::Shifted { .. } => {
+                    assert!(cols == (0..self.n), "a shifted B is not split");
+                    self.b
+                }
+            };
+            Product { m: rows.len(), n: cols.len(), a, b, c: self.c.at(rows.start, cols.start), ..self }
+        }
     }
 
     /// Runs the product on the calling thread.
     ///
     /// # Safety
-    /// The views cover m×k, k×n and m×n (checked), the elements of C are distinct, and no other
-    /// thread touches them during the call.
+    /// The operands cover m×k, k×n and m×n (checked), the elements of C are distinct, no
+    /// other thread touches them during the call, and this CPU runs `isa`.
     unsafe fn run(self, scratch: &mut GemmScratch) {
-        let Product { m, n, k, alpha, a, b, beta, c, route } = self;
+        let Product { m, n, k, alpha, a, b, beta, c, route, isa } = self;
         if m == 0 || n == 0 {
             return;
         }
         // SAFETY: this function's contract; each path stays inside the extents it is given.
         unsafe {
-            match route {
-                Route::Scale => scale(m, n, beta, c),
-                Route::Rows => {
+            match (route, a, b) {
+                (Route::Scale, ..) => scale(m, n, beta, c),
+                (Route::Rows, AOp::View(a), BOp::View(b)) => {
                     for i in 0..m {
                         row_times_matrix(n, k, alpha, a.at(i, 0), b, beta, c.at(i, 0));
                     }
                 }
-                #[cfg(target_arch = "x86_64")]
-                Route::Blocked if super::has_avx2_fma() => blocked::<Avx2>(&mut scratch.0, m, n, k, alpha, a, b, beta, c),
-                Route::Blocked => blocked::<Portable>(&mut scratch.0, m, n, k, alpha, a, b, beta, c),
+                (Route::Rows, ..) => unreachable!("only plain operands go row by row"),
+                (Route::Blocked, ..) => match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512 => blocked::<Avx512>(&mut scratch.buf, &self),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => blocked::<Avx2>(&mut scratch.buf, &self),
+                    _ => blocked::<Portable>(&mut scratch.buf, &self),
+                },
             }
         }
+    }
+
+    /// Runs the product split over the pool's threads (`ws` serves at least as many): the
+    /// longer side of C (only columns for a packed A) in parts aligned to the tile.
+    ///
+    /// # Safety
+    /// As [`Product::run`], for every worker of the pool.
+    unsafe fn run_on(self, pool: &Pool, ws: &mut GemmWorkspace) {
+        assert!(ws.threads() >= pool.threads(), "a GEMM workspace for {} threads on a pool of {}", ws.threads(), pool.threads());
+        let threads = pool.threads();
+        if threads == 1 || self.m.saturating_mul(self.n).saturating_mul(self.k) < PARALLEL_MIN_MACS {
+            // SAFETY: this function's contract.
+            return unsafe { self.run(&mut ws.workers[0]) };
+        }
+        let (mr, nr) = tile_shape(self.isa);
+        let split_rows = matches!(self.a, AOp::View(_)) && self.m.div_ceil(mr) >= self.n.div_ceil(nr);
+        let (len, unit) = if split_rows { (self.m, mr) } else { (self.n, nr) };
+        let tiles = len.div_ceil(unit);
+        let tasks = threads.min(tiles);
+        pool.run_with(tasks, ws.workers(), &|task, _, scratch| {
+            let (t0, t1) = (tiles * task / tasks, tiles * (task + 1) / tasks);
+            let part = t0 * unit..(t1 * unit).min(len);
+            // SAFETY: the operands were checked and C's elements are distinct; k ≥ 1 (the
+            // product is large); each task owns the rows (or columns) `part` of C, non-empty
+            // (tasks ≤ tiles) and disjoint from every other task's.
+            unsafe {
+                let p = if split_rows { self.part(part, 0..self.n) } else { self.part(0..self.m, part) };
+                p.run(scratch)
+            }
+        });
     }
 }
 
@@ -298,29 +411,10 @@ pub(crate) fn sgemm(pool: &Pool, ws: &mut GemmWorkspace, m: usize, n: usize, k: 
     if let Err(e) = check_operands(m, n, k, &a, &b, &c) {
         panic!("{e}");
     }
-    assert!(ws.threads() >= pool.threads(), "a GEMM workspace for {} threads on a pool of {}", ws.threads(), pool.threads());
-    let p = Product::new(m, n, k, alpha, a, b, beta, c);
-    let threads = pool.threads();
-    if threads == 1 || m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN_MACS {
-        // SAFETY: checked above; C is borrowed exclusively for this call.
-        return unsafe { p.run(&mut ws.workers[0]) };
-    }
-    // Split the longer side of C into `threads` parts aligned to the micro-tile.
-    let split_rows = p.m.div_ceil(MR) >= p.n.div_ceil(NR);
-    let (len, unit) = if split_rows { (p.m, MR) } else { (p.n, NR) };
-    let tiles = len.div_ceil(unit);
-    let tasks = threads.min(tiles);
-    pool.run_with(tasks, ws.workers(), &|task, _, scratch| {
-        let (t0, t1) = (tiles * task / tasks, tiles * (task + 1) / tasks);
-        let part = t0 * unit..(t1 * unit).min(len);
-        // SAFETY: the operands were checked above and C's elements are distinct; k ≥ 1 (the
-        // product is large); each task owns the rows (or columns) `part` of C, non-empty
-        // (tasks ≤ tiles) and disjoint from every other task's.
-        unsafe {
-            let p = if split_rows { p.part(part, 0..p.n) } else { p.part(0..p.m, part) };
-            p.run(scratch)
-        }
-    });
+    let p = Product::new(ws.isa(), m, n, k, alpha, a, b, beta, c);
+    // SAFETY: checked above; C is borrowed exclusively for this call; the workspace's kernel
+    // was one this CPU runs when it was made.
+    unsafe { p.run_on(pool, ws) }
 }
 
 /// As [`sgemm`], on the calling thread only, with one worker's packing buffers.
@@ -330,14 +424,82 @@ pub(crate) fn sgemm_on(scratch: &mut GemmScratch, m: usize, n: usize, k: usize, 
         panic!("{e}");
     }
     // SAFETY: checked above; C is borrowed exclusively for this call.
-    unsafe { Product::new(m, n, k, alpha, a, b, beta, c).run(scratch) }
+    unsafe { Product::new(scratch.isa, m, n, k, alpha, a, b, beta, c).run(scratch) }
 }
 
-/// Multiply-adds wasted on padding when an m×n product is cut into MR×NR tiles, per mille
-/// (m, n ≥ 1 and m·n values in a slice, so neither rounds past usize; the product in u128).
-fn tile_waste(m: usize, n: usize) -> u128 {
-    let padded = (m.div_ceil(MR) * MR) as u128 * (n.div_ceil(NR) * NR) as u128;
-    1000 * (padded - (m as u128 * n as u128)) / padded
+/// C (m×n) ← α·A (m×k)·B + β·C with B (k×n) packed once ([`PackedB`]), split over the pool's
+/// threads. Rows of C have the bits they would have in a product with B unpacked (each a
+/// chain of FMAs over k), so a batch of 1 and the same sample in a batch of 64 agree. Panics,
+/// before writing anything, if A or C is too short, C's elements overlap, or `b` was packed for
+/// another kernel than `ws`'s.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_packed_b(pool: &Pool, ws: &mut GemmWorkspace, m: usize, alpha: f32, a: Mat, b: &PackedB, beta: f32, c: MatMut) {
+    let (n, k) = (b.n(), b.k());
+    check_extent("A", a.data.len(), m, k, a.rs, a.cs).and_then(|_| check_c(m, n, &c)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.isa(), ws.isa(), "B packed for another kernel than the workspace's");
+    let a = AOp::View(View { ptr: a.data.as_ptr(), rs: a.rs, cs: a.cs });
+    let p = Product::packed(b.isa(), m, n, k, alpha, a, BOp::Packed(b.view()), beta, c);
+    // SAFETY: checked above (B by its construction); C is borrowed exclusively for this call.
+    unsafe { p.run_on(pool, ws) }
+}
+
+/// C (m×n) ← α·A·B (k×n) + β·C with A (m×k) packed once ([`PackedA`]), on the calling thread.
+/// Panics as [`sgemm_packed_b`] does.
+pub(crate) fn sgemm_packed_a_on(scratch: &mut GemmScratch, n: usize, alpha: f32, a: &PackedA, b: Mat, beta: f32, c: MatMut) {
+    let (m, k) = (a.m(), a.k());
+    check_extent("B", b.data.len(), k, n, b.rs, b.cs).and_then(|_| check_c(m, n, &c)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a.isa(), scratch.isa, "A packed for another kernel than the scratch's");
+    let b = BOp::View(View { ptr: b.data.as_ptr(), rs: b.rs, cs: b.cs });
+    // SAFETY: checked above (A by its construction); C is borrowed exclusively for this call.
+    unsafe { Product::packed(a.isa(), m, n, k, alpha, AOp::Packed(a.view()), b, beta, c).run(scratch) }
+}
+
+/// C (m×n) ← α·A·B + β·C with A (m×k) packed once and row p of B (k×n) read in place at
+/// `rows[offsets[p]..][..n]`, on the calling thread (a convolution's shifted input windows:
+/// no lowered copy). The kernel reads whole panels: each row must have ⌈n / NR⌉·NR readable
+/// values ([`shifted_slack`] past the last offset + n); the columns past n are computed and
+/// dropped. Panics, before writing anything, if `offsets` is not k long, a row is out of
+/// `rows`, C is too short or its elements overlap.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_shifted_on(
+    scratch: &mut GemmScratch,
+    n: usize,
+    alpha: f32,
+    a: &PackedA,
+    rows: &[f32],
+    offsets: &[usize],
+    beta: f32,
+    c: MatMut,
+) {
+    let (m, k) = (a.m(), a.k());
+    assert_eq!(offsets.len(), k, "gemm: {k} rows of B need as many offsets");
+    assert_eq!(a.isa(), scratch.isa, "A packed for another kernel than the scratch's");
+    let span = n.next_multiple_of(tile_shape(a.isa()).1);
+    let fits = |&o: &usize| o.checked_add(span).is_some_and(|end| end <= rows.len());
+    assert!(n == 0 || offsets.iter().all(fits), "gemm: a row of B reaches past its {} values", rows.len());
+    check_c(m, n, &c).unwrap_or_else(|e| panic!("{e}"));
+    let b = BOp::Shifted { base: rows.as_ptr(), offsets: offsets.as_ptr() };
+    // SAFETY: checked above: every row p < k holds `span` values from its offset, A by its
+    // construction; C is borrowed exclusively for this call.
+    unsafe { Product::packed(a.isa(), m, n, k, alpha, AOp::Packed(a.view()), b, beta, c).run(scratch) }
+}
+
+/// Extra values a buffer of shifted rows needs past its last row's n (see [`sgemm_shifted_on`]).
+pub(crate) fn shifted_slack(isa: Isa) -> usize {
+    tile_shape(isa).1
+}
+
+/// C's extent and the distinctness of its elements.
+pub(crate) fn check_c(m: usize, n: usize, c: &MatMut) -> Result<()> {
+    check_extent("C", c.data.len(), m, n, c.rs, c.cs)?;
+    check_distinct(m, n, c.rs, c.cs)
+}
+
+/// Share of a row of n values (n ≥ 1) that padding its last B panel to NR columns wastes,
+/// per mille.
+fn panel_waste(n: usize, nr: usize) -> usize {
+    let padded = n.next_multiple_of(nr);
+    1000 * (padded - n) / padded
 }
 
 /// C ← β·C (β = 0 writes zeros without reading C).
@@ -351,67 +513,6 @@ unsafe fn scale(m: usize, n: usize, beta: f32, c: ViewMut) {
             let p = unsafe { c.ptr.add(i * c.rs + j * c.cs) };
             // SAFETY: as above.
             unsafe { *p = if beta == 0.0 { 0.0 } else { beta * *p } };
-        }
-    }
-}
-
-/// The blocked loop nest. Edge tiles, and tiles of a C whose rows are not contiguous, go
-/// through a stack tile and are copied out.
-///
-/// # Safety
-/// As [`Product::run`]: the views cover m×k, k×n and m×n elements, C's distinct and ours
-/// alone; `scratch` holds MC·KC + KC·NC values; `K` runs on this CPU.
-#[allow(clippy::too_many_arguments)]
-unsafe fn blocked<K: Kernel>(scratch: &mut [f32], m: usize, n: usize, k: usize, alpha: f32, a: View, b: View, beta: f32, c: ViewMut) {
-    let (apack, bpack) = scratch.split_at_mut(MC * KC);
-    let mut edge = [0.0f32; MR * NR];
-    let edge_view = ViewMut { ptr: edge.as_mut_ptr(), rs: NR, cs: 1 };
-    for jc in (0..n).step_by(NC) {
-        let nc = NC.min(n - jc);
-        for pc in (0..k).step_by(KC) {
-            let kc = KC.min(k - pc);
-            // SAFETY: rows pc..pc + kc ≤ k, columns jc..jc + nc ≤ n of B; bpack holds KC·NC.
-            unsafe { pack_b(kc, nc, b.at(pc, jc), bpack) };
-            let beta_block = if pc == 0 { beta } else { 1.0 };
-            for ic in (0..m).step_by(MC) {
-                let mc = MC.min(m - ic);
-                // SAFETY: rows ic..ic + mc ≤ m, columns pc..pc + kc ≤ k of A; apack holds MC·KC.
-                unsafe { pack_a(mc, kc, a.at(ic, pc), apack) };
-                for jr in (0..nc).step_by(NR) {
-                    let nr = NR.min(nc - jr);
-                    for (ir, mr, height) in row_panels(mc) {
-                        let (ap, bp) = (apack[ir * kc..].as_ptr(), bpack[jr * kc..].as_ptr());
-                        // The tile is rows ic + ir.. + mr ≤ m and columns jc + jr.. + nr ≤ n of C;
-                        // the panels hold kc columns of `height` and kc rows of NR values.
-                        // SAFETY: (ic + ir, jc + jr) is an element of C.
-                        let ct = unsafe { c.at(ic + ir, jc + jr) };
-                        match (mr, height, nr == NR && c.cs == 1) {
-                            // SAFETY: a full tile of C with contiguous rows.
-                            (MR, MR, true) => unsafe { K::tile::<MR>(kc, ap, bp, alpha, beta_block, ct) },
-                            // SAFETY: as above.
-                            (4, 4, true) => unsafe { K::tile::<4>(kc, ap, bp, alpha, beta_block, ct) },
-                            _ => {
-                                if height == 4 {
-                                    // SAFETY: `edge` is a full MR×NR tile (rows of NR), ours.
-                                    unsafe { K::tile::<4>(kc, ap, bp, 1.0, 0.0, edge_view) };
-                                } else {
-                                    // SAFETY: as above.
-                                    unsafe { K::tile::<MR>(kc, ap, bp, 1.0, 0.0, edge_view) };
-                                }
-                                for i in 0..mr {
-                                    for j in 0..nr {
-                                        // SAFETY: (i < mr, j < nr) of the tile is an element of C.
-                                        let p = unsafe { ct.ptr.add(i * ct.rs + j * ct.cs) };
-                                        let v = edge[i * NR + j];
-                                        // SAFETY: as above.
-                                        unsafe { *p = if beta_block == 0.0 { alpha * v } else { K::blend(alpha, v, beta_block, *p) } };
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
         }
     }
 }

@@ -1,98 +1,110 @@
-//! Packing: A into MR-tall row panels and B into NR-wide column panels, each stored k-major,
-//! so that the micro-kernel reads both as contiguous streams.
+//! Packing: A into row panels at most MR tall and B into NR-wide column panels, each stored
+//! k-major, so that the micro-kernel reads both as contiguous streams.
 
-use super::{View, MR, NR};
+use super::View;
 
-/// Row panels of an mc-row block as (first row, rows, packed height). Panels are MR tall;
-/// a remainder of 4 rows, or of 2 (taken with the last full panel as 4 + 4), gets 4-tall
-/// panels that the kernel runs at full width, so power-of-two batches waste no lanes.
-pub(super) fn row_panels(mc: usize) -> impl Iterator<Item = (usize, usize, usize)> {
-    let (full, rem) = (mc / MR, mc % MR);
-    let (full, tail): (usize, &[usize]) = match rem {
-        0 => (full, &[]),
-        4 => (full, &[4]),
-        2 if full > 0 => (full - 1, &[4, 4]),
-        r => (full, std::slice::from_ref(&ROW_REMAINDERS[r])),
-    };
-    let heads = (0..full).map(|p| (p * MR, MR, MR));
-    let tails = tail.iter().scan(full * MR, |start, &rows| {
-        let s = *start;
-        *start += rows;
-        Some((s, rows, if rows == 4 { 4 } else { MR }))
-    });
-    heads.chain(tails)
+/// Row panels of an mc-row block as (first row, height): ⌈mc / MR⌉ panels of near-equal
+/// height (differing by at most one), so a remainder never leaves a thin panel whose tile
+/// shares each load of B between few rows (64 rows in 12-row panels: 4 of 11 and 2 of 10).
+pub(super) fn row_panels(mr: usize, mc: usize) -> impl Iterator<Item = (usize, usize)> {
+    let panels = mc.div_ceil(mr);
+    let (base, extra) = (mc.checked_div(panels).unwrap_or(0), mc.checked_rem(panels).unwrap_or(0));
+    (0..panels).map(move |p| (p * base + p.min(extra), base + usize::from(p < extra)))
 }
 
-const ROW_REMAINDERS: [usize; MR] = [0, 1, 2, 3, 4, 5];
-
-/// Packs A (mc×kc) into the panels of `row_panels`, column by column, zero-padding a short
-/// last panel to its packed height.
+/// Packs A (mc×kc) into the panels of `row_panels`: panel (i0, h) is kc runs of h values
+/// (column p of its rows) from out[i0·kc].
 ///
 /// # Safety
-/// `a` covers mc×kc elements.
-pub(super) unsafe fn pack_a(mc: usize, kc: usize, a: View, out: &mut [f32]) {
-    // Each panel reads rows i0..i0 + rows ≤ mc, columns 0..kc of A: inside the contract; `dst`
+/// `a` covers mc×kc elements; `out` holds mc·kc values.
+pub(super) unsafe fn pack_a(mr: usize, mc: usize, kc: usize, a: View, out: &mut [f32]) {
+    // Each panel reads rows i0..i0 + h ≤ mc, columns 0..kc of A: inside the contract; `dst`
     // is a checked slice of `out`.
-    for (i0, rows, height) in row_panels(mc) {
-        let dst = &mut out[i0 * kc..][..height * kc];
-        if a.cs == 1 && rows == height {
-            // A stored by rows (X in X·Wᵀ): a transpose of `height` rows
-            // SAFETY: `height` rows of kc contiguous values from row i0; dst holds kc runs of
-            // `height`.
-            unsafe { transpose(height, kc, a.ptr.add(i0 * a.rs), a.rs, dst.as_mut_ptr(), height) };
-        } else if a.rs == 1 && rows == height {
-            // A stored by columns (dZᵀ in dW = dZᵀ·X): each k is `height` contiguous values
-            // SAFETY: element (i0, 0) of A.
-            let src = unsafe { a.ptr.add(i0) };
-            match height {
-                // SAFETY: kc runs of `height` contiguous values (rs = 1), a.cs apart.
-                MR => unsafe { copy_runs::<MR>(src, a.cs, dst) },
-                // SAFETY: as above.
-                _ => unsafe { copy_runs::<4>(src, a.cs, dst) },
+    for (i0, h) in row_panels(mr, mc) {
+        let dst = &mut out[i0 * kc..][..h * kc];
+        // SAFETY: element (i0, 0) of A.
+        let src = unsafe { a.ptr.add(i0 * a.rs) };
+        if a.cs == 1 && h == 1 {
+            // a single row (batch 1): a copy
+            // SAFETY: row i0, kc contiguous values (cs = 1).
+            dst.copy_from_slice(unsafe { std::slice::from_raw_parts(src, kc) });
+        } else if a.cs == 1 {
+            // A stored by rows (X in X·Wᵀ): transposes of up to 8 rows at a time
+            for r0 in (0..h).step_by(8) {
+                // SAFETY: rows r0..r0 + min(8, h − r0) of the panel, kc contiguous values each;
+                // dst[r0..] holds kc runs h apart.
+                unsafe { transpose((h - r0).min(8), kc, src.add(r0 * a.rs), a.rs, dst[r0..].as_mut_ptr(), h) };
             }
+        } else if a.rs == 1 {
+            // A stored by columns (dZᵀ in dW = dZᵀ·X): each k is h contiguous values
+            // SAFETY: kc runs of h contiguous values (rs = 1), a.cs apart.
+            unsafe { copy_runs(h, src, a.cs, dst) };
         } else {
-            // SAFETY: `rows` lanes of kc values from row i0, with A's strides.
-            unsafe { pack_lanes(height, rows, kc, a.ptr.add(i0 * a.rs), a.rs, a.cs, dst) };
+            // SAFETY: h lanes of kc values from row i0, with A's strides.
+            unsafe { pack_lanes(h, h, kc, src, a.rs, a.cs, dst) };
         }
     }
 }
 
-/// dst's runs of H ← H values at src, src + stride, … (H known at compile time: a run of a
-/// length known only at run time is a call to memcpy, ~10x the cost of the 24-byte copy).
+/// dst's runs of h ← h values at src, src + stride, …, for h ≤ 12 (h a constant in each
+/// copy: a run of a length known only at run time is a call to memcpy, ~10x the cost).
 ///
 /// # Safety
-/// `src` covers dst.len() / H runs of H values `stride` apart.
-unsafe fn copy_runs<const H: usize>(src: *const f32, stride: usize, dst: &mut [f32]) {
-    for (p, out) in dst.chunks_exact_mut(H).enumerate() {
-        // SAFETY: run p < dst.len() / H (the contract).
-        out.copy_from_slice(unsafe { std::slice::from_raw_parts(src.add(p * stride), H) });
+/// `src` covers dst.len() / h runs of h values `stride` apart.
+unsafe fn copy_runs(h: usize, src: *const f32, stride: usize, dst: &mut [f32]) {
+    /// # Safety
+    /// As `copy_runs` with h = H.
+    unsafe fn runs<const H: usize>(src: *const f32, stride: usize, dst: &mut [f32]) {
+        for (p, out) in dst.chunks_exact_mut(H).enumerate() {
+            // SAFETY: run p < dst.len() / H (the contract).
+            out.copy_from_slice(unsafe { std::slice::from_raw_parts(src.add(p * stride), H) });
+        }
+    }
+    // SAFETY: the contract, for the H matching h.
+    unsafe {
+        match h {
+            1 => runs::<1>(src, stride, dst),
+            2 => runs::<2>(src, stride, dst),
+            3 => runs::<3>(src, stride, dst),
+            4 => runs::<4>(src, stride, dst),
+            5 => runs::<5>(src, stride, dst),
+            6 => runs::<6>(src, stride, dst),
+            7 => runs::<7>(src, stride, dst),
+            8 => runs::<8>(src, stride, dst),
+            9 => runs::<9>(src, stride, dst),
+            10 => runs::<10>(src, stride, dst),
+            11 => runs::<11>(src, stride, dst),
+            12 => runs::<12>(src, stride, dst),
+            _ => unreachable!("panels are at most 12 rows tall"),
+        }
     }
 }
 
-/// Packs B (kc×nc) into NR-wide panels, row by row, zero-padding the last panel.
+/// Packs B (kc×nc) into NR-wide panels, row by row, zero-padding the last panel; `out` holds
+/// kc·⌈nc / NR⌉·NR values.
 ///
 /// # Safety
-/// `b` covers kc×nc elements.
-pub(super) unsafe fn pack_b(kc: usize, nc: usize, b: View, out: &mut [f32]) {
+/// `b` covers kc×nc elements; nr is a multiple of 8.
+pub(super) unsafe fn pack_b(nr: usize, kc: usize, nc: usize, b: View, out: &mut [f32]) {
     let mut done = 0;
     if b.cs == 1 {
-        done = nc / NR;
-        // SAFETY: the first nc / NR full panels of kc rows, contiguous (cs = 1).
-        unsafe { pack_b_by_rows(kc, done, b, out) };
+        done = nc / nr;
+        // SAFETY: the first nc / nr full panels of kc rows, contiguous (cs = 1).
+        unsafe { pack_b_by_rows(nr, kc, done, b, out) };
     }
-    for (panel, j0) in (0..nc).step_by(NR).enumerate().skip(done) {
-        let cols = NR.min(nc - j0);
-        let dst = &mut out[panel * NR * kc..][..NR * kc];
-        if b.rs == 1 && cols == NR {
-            // B stored by columns (Wᵀ in X·Wᵀ): transposes of 8 columns into each half
-            for half in [0, NR / 2] {
-                // SAFETY: columns j0 + half + 0..8 < nc, each kc contiguous values (rs = 1);
-                // dst[half..] holds kc runs NR apart.
-                unsafe { transpose(NR / 2, kc, b.ptr.add((j0 + half) * b.cs), b.cs, dst[half..].as_mut_ptr(), NR) };
+    for (panel, j0) in (0..nc).step_by(nr).enumerate().skip(done) {
+        let cols = nr.min(nc - j0);
+        let dst = &mut out[panel * nr * kc..][..nr * kc];
+        if b.rs == 1 && cols == nr {
+            // B stored by columns (Wᵀ in X·Wᵀ): transposes of 8 columns into each eighth
+            for part in (0..nr).step_by(8) {
+                // SAFETY: columns j0 + part + 0..8 < nc, each kc contiguous values (rs = 1);
+                // dst[part..] holds kc runs nr apart.
+                unsafe { transpose(8, kc, b.ptr.add((j0 + part) * b.cs), b.cs, dst[part..].as_mut_ptr(), nr) };
             }
         } else {
             // SAFETY: `cols` columns from j0 (j0 + cols ≤ nc) of kc values, with B's strides.
-            unsafe { pack_lanes(NR, cols, kc, b.ptr.add(j0 * b.cs), b.cs, b.rs, dst) };
+            unsafe { pack_lanes(nr, cols, kc, b.ptr.add(j0 * b.cs), b.cs, b.rs, dst) };
         }
     }
 }
@@ -135,15 +147,15 @@ const PACK_ROWS: usize = 8;
 /// and reads every line twice when rows are not 64-byte aligned.
 ///
 /// # Safety
-/// `b` covers kc rows of panels·NR contiguous values (cs = 1).
-unsafe fn pack_b_by_rows(kc: usize, panels: usize, b: View, out: &mut [f32]) {
+/// `b` covers kc rows of panels·nr contiguous values (cs = 1).
+unsafe fn pack_b_by_rows(nr: usize, kc: usize, panels: usize, b: View, out: &mut [f32]) {
     for p0 in (0..kc).step_by(PACK_ROWS) {
         let rows = PACK_ROWS.min(kc - p0);
         for panel in 0..panels {
-            let dst = &mut out[panel * NR * kc + p0 * NR..][..rows * NR];
-            for (r, d) in dst.chunks_exact_mut(NR).enumerate() {
-                // SAFETY: row p0 + r < kc, columns panel·NR.. + NR ≤ panels·NR (the contract).
-                d.copy_from_slice(unsafe { std::slice::from_raw_parts(b.ptr.add((p0 + r) * b.rs + panel * NR), NR) });
+            let dst = &mut out[panel * nr * kc + p0 * nr..][..rows * nr];
+            for (r, d) in dst.chunks_exact_mut(nr).enumerate() {
+                // SAFETY: row p0 + r < kc, columns panel·nr.. + nr ≤ panels·nr (the contract).
+                d.copy_from_slice(unsafe { std::slice::from_raw_parts(b.ptr.add((p0 + r) * b.rs + panel * nr), nr) });
             }
         }
     }
@@ -158,8 +170,19 @@ unsafe fn transpose(h: usize, kc: usize, src: *const f32, stride: usize, dst: *m
     debug_assert!(h <= 8 && h <= dst_stride);
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::has_avx2_fma() {
-        // SAFETY: as this function's contract; AVX2 was detected.
-        let done = unsafe { transpose_avx2(h, kc, src, stride, dst, dst_stride) };
+        // SAFETY: as this function's contract, for the H matching h; AVX2 was detected.
+        let done = unsafe {
+            match h {
+                1 => transpose_avx2::<1>(kc, src, stride, dst, dst_stride),
+                2 => transpose_avx2::<2>(kc, src, stride, dst, dst_stride),
+                3 => transpose_avx2::<3>(kc, src, stride, dst, dst_stride),
+                4 => transpose_avx2::<4>(kc, src, stride, dst, dst_stride),
+                5 => transpose_avx2::<5>(kc, src, stride, dst, dst_stride),
+                6 => transpose_avx2::<6>(kc, src, stride, dst, dst_stride),
+                7 => transpose_avx2::<7>(kc, src, stride, dst, dst_stride),
+                _ => transpose_avx2::<8>(kc, src, stride, dst, dst_stride),
+            }
+        };
         // SAFETY: the remaining columns lie inside the same extents.
         return unsafe { transpose_scalar(h, done..kc, src, stride, dst, dst_stride) };
     }
@@ -180,16 +203,16 @@ unsafe fn transpose_scalar(h: usize, cols: std::ops::Range<usize>, src: *const f
     }
 }
 
-/// `transpose` 8 columns at a time (8×8 register transposes, rows past h read as zero and
-/// not stored); returns how many columns it did (kc rounded down to 8).
+/// `transpose` of H rows, 8 columns at a time (8×8 register transposes, rows past H read as
+/// zero and not stored); returns how many columns it did (kc rounded down to 8).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn transpose_avx2(h: usize, kc: usize, src: *const f32, stride: usize, dst: *mut f32, dst_stride: usize) -> usize {
+unsafe fn transpose_avx2<const H: usize>(kc: usize, src: *const f32, stride: usize, dst: *mut f32, dst_stride: usize) -> usize {
     use std::arch::x86_64::*;
     let mut p0 = 0;
     while p0 + 8 <= kc {
         let mut r = [_mm256_setzero_ps(); 8];
-        for (i, v) in r.iter_mut().enumerate().take(h) {
+        for (i, v) in r.iter_mut().enumerate().take(H) {
             // SAFETY: row i < h, columns p0..p0 + 8 ≤ kc.
             *v = unsafe { _mm256_loadu_ps(src.add(i * stride + p0)) };
             // the rows are separate short streams: fetch 4 lines ahead (never faults)
@@ -230,22 +253,41 @@ unsafe fn transpose_avx2(h: usize, kc: usize, src: *const f32, stride: usize, ds
             // SAFETY: run p0 + p < kc, h ≤ dst_stride values.
             unsafe {
                 let out = dst.add((p0 + p) * dst_stride);
-                match h {
-                    8 => _mm256_storeu_ps(out, v),
-                    4 => _mm_storeu_ps(out, _mm256_castps256_ps128(v)),
-                    6 => {
-                        _mm_storeu_ps(out, _mm256_castps256_ps128(v));
-                        _mm_storel_epi64(out.add(4) as *mut __m128i, _mm_castps_si128(_mm256_extractf128_ps::<1>(v)));
-                    }
-                    _ => {
-                        let mut lanes = [0.0f32; 8];
-                        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-                        std::ptr::copy_nonoverlapping(lanes.as_ptr(), out, h);
-                    }
+                if H == 8 {
+                    _mm256_storeu_ps(out, v);
+                } else {
+                    store_lanes(out, _mm256_castps256_ps128(v), H.min(4));
+                    store_lanes(out.add(4), _mm256_extractf128_ps::<1>(v), H.saturating_sub(4));
                 }
             }
         }
         p0 += 8;
     }
     p0
+}
+
+/// out[..n] ← the first n ≤ 4 lanes of v, in plain stores (a store of a run-time count of
+/// values would be a call to memcpy; masked stores are slow on AMD cores).
+///
+/// # Safety
+/// `out` covers n values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn store_lanes(out: *mut f32, v: std::arch::x86_64::__m128, n: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: each store writes lanes < n of `out`.
+    unsafe {
+        match n {
+            4 => _mm_storeu_ps(out, v),
+            2 | 3 => {
+                _mm_storel_epi64(out as *mut __m128i, _mm_castps_si128(v));
+                if n == 3 {
+                    _mm_store_ss(out.add(2), _mm_movehl_ps(v, v));
+                }
+            }
+            1 => _mm_store_ss(out, v),
+            _ => {}
+        }
+    }
 }

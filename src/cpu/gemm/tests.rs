@@ -1,7 +1,10 @@
-//! The packed GEMM against the plain triple loop and against matrixmultiply.
+//! The packed GEMM, on every kernel this CPU runs, against the plain triple loop and against
+//! matrixmultiply.
 
 use super::*;
 use crate::testutil::{poisoned, Rng};
+
+mod packed;
 
 #[allow(clippy::too_many_arguments)]
 fn reference(m: usize, n: usize, k: usize, alpha: f32, a: Mat, b: Mat, beta: f32, c: &mut [f32], rsc: usize, csc: usize) {
@@ -54,7 +57,7 @@ fn check(
     (0..m).for_each(|i| (0..n).for_each(|j| inside[i * crs + j * ccs] = true));
     for idx in 0..clen {
         if inside[idx] {
-            assert_eq!(got[idx], want[idx], "{m}×{n}×{k} layouts {kinds:?} α={alpha} β={beta} at {idx}");
+            assert_eq!(got[idx], want[idx], "{:?} {m}×{n}×{k} layouts {kinds:?} α={alpha} β={beta} at {idx}", ws.isa());
         } else {
             assert!(got[idx].to_bits() == c0[idx].to_bits(), "{m}×{n}×{k}: padding at {idx} touched");
         }
@@ -81,10 +84,14 @@ fn matches_the_plain_loop_on_odd_shapes_and_layouts() {
         (10, 48, 9),
         (9, 37, 1),
         (130, 300, 1),
+        (25, 70, 40),
+        (4, 100, 30),
+        (3, 130, 11),
+        (2, 97, 7),
     ];
-    for threads in [1, 2, 3] {
+    for (isa, threads) in Isa::runnable().into_iter().flat_map(|isa| [(isa, 1), (isa, 2), (isa, 3)]) {
         let pool = Pool::new(threads).unwrap();
-        let mut ws = GemmWorkspace::new(threads).unwrap();
+        let mut ws = GemmWorkspace::with_isa(threads, isa).unwrap();
         for &shape in &shapes {
             for kinds in [(0, 0, 0), (1, 1, 1), (0, 1, 0), (1, 0, 2), (2, 2, 3), (3, 3, 0), (0, 1, 4), (4, 4, 4)] {
                 for (alpha, beta) in [(1.0, 0.0), (0.5, 1.0), (-1.5, 0.5), (1.0, -1.5)] {
@@ -98,9 +105,9 @@ fn matches_the_plain_loop_on_odd_shapes_and_layouts() {
 #[test]
 fn large_shapes_cross_every_block_boundary() {
     let mut rng = Rng::new(2);
-    for threads in [1, 2] {
+    for (isa, threads) in Isa::runnable().into_iter().flat_map(|isa| [(isa, 1), (isa, 2)]) {
         let pool = Pool::new(threads).unwrap();
-        let mut ws = GemmWorkspace::new(threads).unwrap();
+        let mut ws = GemmWorkspace::with_isa(threads, isa).unwrap();
         // m > MC, n > NC, k > KC, none a multiple of the tiles; small ints keep sums exact
         check(&pool, &mut ws, &mut rng, (MC + 7, NC + 19, KC + 11), (0, 1, 0), 1.0, 0.0);
         check(&pool, &mut ws, &mut rng, (266, 265, 257), (1, 0, 2), 1.0, 1.0);
@@ -109,27 +116,13 @@ fn large_shapes_cross_every_block_boundary() {
 }
 
 #[test]
-fn portable_kernel_matches_the_plain_loop() {
-    let mut rng = Rng::new(3);
-    let (m, n, k) = (13, 37, 300);
-    let (a, b) = (rng.ints(m * k), rng.ints(k * n));
-    let mut want = vec![0.0; m * n];
-    let (am, bm) = (Mat { data: &a, rs: k, cs: 1 }, Mat { data: &b, rs: 1, cs: k });
-    reference(m, n, k, 2.0, am, bm, 0.0, &mut want, n, 1);
-    let mut got = vec![f32::NAN; m * n];
-    let mut scratch = vec![0.0; MC * KC + KC * NC];
-    let (av, bv) = (View { ptr: a.as_ptr(), rs: k, cs: 1 }, View { ptr: b.as_ptr(), rs: 1, cs: k });
-    // SAFETY: views cover their matrices; scratch has the documented size.
-    unsafe { blocked::<Portable>(&mut scratch, m, n, k, 2.0, av, bv, 0.0, ViewMut { ptr: got.as_mut_ptr(), rs: n, cs: 1 }) };
-    assert_eq!(got, want);
-}
-
-#[test]
 fn matches_matrixmultiply_on_real_values() {
     let mut rng = Rng::new(4);
     let pool = Pool::new(2).unwrap();
-    let mut ws = GemmWorkspace::new(2).unwrap();
-    for (m, n, k) in [(128, 784, 128), (1, 128, 784), (64, 10, 128), (300, 200, 100)] {
+    for (isa, (m, n, k)) in
+        Isa::runnable().into_iter().flat_map(|isa| [(128, 784, 128), (1, 128, 784), (64, 10, 128), (300, 200, 100)].map(|s| (isa, s)))
+    {
+        let mut ws = GemmWorkspace::with_isa(2, isa).unwrap();
         let (a, b) = (rng.uniform(m * k), rng.uniform(k * n));
         let mut want = vec![0.0; m * n];
         // SAFETY: row-major buffers of the stated sizes.
@@ -149,7 +142,7 @@ fn matches_matrixmultiply_on_real_values() {
             0.0,
             MatMut { data: &mut got, rs: n, cs: 1 },
         );
-        crate::testutil::assert_close(&got, &want, 1e-5, 1e-5, "vs matrixmultiply");
+        crate::testutil::assert_close(&got, &want, 1e-5, 1e-5, &format!("{isa:?} vs matrixmultiply"));
     }
 }
 
@@ -240,8 +233,8 @@ fn same_bits_on_any_thread_count() {
     // single-row path (other rounding); the others cut rows or columns unevenly
     let shapes = [(7, 8, 2000), (13, 17, 600), (100, 33, 300), (6, 1000, 50), (65, 127, 40), (200, 3, 400)];
     let pools: Vec<Pool> = (1..=4).map(|t| Pool::new(t).unwrap()).collect();
-    let mut ws = GemmWorkspace::new(4).unwrap();
-    for (m, n, k) in shapes {
+    for (isa, (m, n, k)) in Isa::runnable().into_iter().flat_map(|isa| shapes.map(|s| (isa, s))) {
+        let mut ws = GemmWorkspace::with_isa(4, isa).unwrap();
         for kinds in [(0, 1, 0), (1, 0, 2), (0, 0, 1), (0, 1, 4)] {
             let ((ars, acs, alen), (brs, bcs, blen), (crs, ccs, clen)) =
                 (layout(kinds.0, m, k), layout(kinds.1, k, n), layout(kinds.2, m, n));
@@ -258,7 +251,7 @@ fn same_bits_on_any_thread_count() {
                     assert_eq!(
                         differ,
                         0,
-                        "{m}×{n}×{k} layouts {kinds:?} α={alpha} β={beta}: {differ} values differ on {} threads",
+                        "{isa:?} {m}×{n}×{k} layouts {kinds:?} α={alpha} β={beta}: {differ} values differ on {} threads",
                         pool.threads()
                     );
                 }

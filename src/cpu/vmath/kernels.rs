@@ -1,5 +1,6 @@
-//! The kernels, written once over [`Lanes`]: e^x, tanh, the logistic sigmoid, erf, and the
-//! GELU x·Φ(x) with its derivative Φ(x) + x·φ(x).
+//! The kernels, written once over [`Lanes`]: e^x and e^x − 1, tanh, the logistic sigmoid, erf,
+//! the GELU x·Φ(x) with its derivative Φ(x) + x·φ(x), the SiLU x·σ(x) with its derivative, and
+//! the softplus ln(1 + e^x).
 //!
 //! Polynomial coefficients are minimax (Remez) fits in f64 of the relative error on the stated
 //! interval, rounded to f32; the fit error is given beside each. The bound of each kernel, as
@@ -40,6 +41,9 @@ const ERFC_Q: [f32; 10] = [
 ];
 /// d ln(t·Q(t)) / d ln t ≈ K(t) (within 0.02), for a first-order correction of t.
 const ERFC_K: [f32; 3] = [0.924_293_4, 1.461_464, 0.252_227_9];
+/// ln(1 + t) = 2s + 2s³·P(s²) with s = t/(2 + t): P's coefficients are 1/3, 1/5, …, 1/17 (the
+/// series of atanh), which for s ≤ ⅓ leave out less than s¹⁹/19·(9/8) ≈ 1.3e-10 of it.
+const LOG1P_P: [f32; 8] = [1.0 / 3.0, 1.0 / 5.0, 1.0 / 7.0, 1.0 / 9.0, 1.0 / 11.0, 1.0 / 13.0, 1.0 / 15.0, 1.0 / 17.0];
 /// 1/√(2π)
 const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
 /// |x| beyond which the GELU's Φ(−|x|)·|x| and φ(x) are 0 in f32 (φ(15) ≈ 5.5e-50).
@@ -161,6 +165,105 @@ pub(crate) fn sigmoid<V: Lanes>(x: V) -> V {
     q + residual / d_hi
 }
 
+/// e^x − 1 = (2ⁿ·hi − 1) + 2ⁿ·lo from [`ExpParts`] (hi + lo = e^r, x = n·ln2 + r): 2ⁿ·hi − 1 is
+/// exact for 2ⁿ·hi from ½ to 2 and rounds once below, and for n = 0 (|x| ≤ ln2/2) it is
+/// hi − 1 = r − (the rounding of hi), which lo holds, so that the result keeps its relative
+/// accuracy near 0 (where e^x − 1 would cancel). Below −104 (clamped) it is −1; above 89, ∞.
+#[inline(always)]
+pub(super) fn expm1<V: Lanes>(x: V) -> V {
+    let e = ExpParts::at(x, 0.0);
+    // the sign of x, for −0 (the magnitude's own sign is x's everywhere else)
+    with_sign_of(abs((e.scale(e.hi) - V::splat(1.0)) + e.scale(e.lo)), x)
+}
+
+/// The logistic function's parts at x, both ways round: with e = e^−|x| (unrounded, as
+/// e_hi + e_lo) and d = 1 + e (exactly, as d_hi + d_lo), σ(|x|) = 1/d and σ(−|x|) = e/d. Each is
+/// the quotient of the rounded parts corrected by its residual, to first order (see
+/// [`sigmoid`]); σ(−|x|) is formed 2^k times too large (k integral in [0, 24]), so that it keeps
+/// its relative accuracy where it is subnormal once scaled down.
+struct Logistic<V> {
+    /// σ(|x|)
+    upper: V,
+    /// σ(−|x|)·2^k
+    lower_2k: V,
+}
+
+impl<V: Lanes> Logistic<V> {
+    #[inline(always)]
+    fn at(x: V, k: f32) -> Logistic<V> {
+        let parts = ExpParts::at(-abs(x), k);
+        let hi = parts.hi + parts.lo;
+        // e·2^k as e_hi + e_lo, then e itself (exactly, unless it is subnormal, where it is
+        // below an ulp of 1 and only d_lo sees it)
+        let (e_hi, e_lo) = (parts.scale(hi), parts.scale(parts.lo - (hi - parts.hi)));
+        let unscale = V::splat(f32::from_bits(((127.0 - k) as u32) << 23));
+        let one = V::splat(1.0);
+        let d_hi = e_hi.mul_add(unscale, one);
+        let d_lo = (e_hi * unscale - (d_hi - one)) + e_lo * unscale;
+        Logistic { upper: quotient(one, V::splat(0.0), d_hi, d_lo), lower_2k: quotient(e_hi, e_lo, d_hi, d_lo) }
+    }
+}
+
+/// (n_hi + n_lo)/(d_hi + d_lo): the quotient of the rounded parts, corrected by its residual to
+/// first order. (A function, not a closure: it must be inlined into the `#[target_feature]`
+/// entry points, see `vmath`.)
+#[inline(always)]
+fn quotient<V: Lanes>(n_hi: V, n_lo: V, d_hi: V, d_lo: V) -> V {
+    let q = (n_hi + n_lo) / d_hi;
+    let residual = (-q).mul_add(d_hi, n_hi) + (-q).mul_add(d_lo, n_lo);
+    q + residual / d_hi
+}
+
+/// SiLU's σ(−|x|) is formed 2^LOGISTIC_K times too large, and scaled down by [`TWO_M24`].
+const LOGISTIC_K: f32 = 24.0;
+
+/// SiLU x·σ(x): x·σ(x) for x ≥ 0; for x < 0, (x·σ(x)·2²⁴)·2⁻²⁴ (rounded once more where it is
+/// subnormal), with x held at −200 or above so that −∞ gives −0 rather than −∞·0.
+#[inline(always)]
+pub(super) fn silu<V: Lanes>(x: V) -> V {
+    let l = Logistic::at(x, LOGISTIC_K);
+    let negative = V::splat(-200.0).max(x) * l.lower_2k * V::splat(TWO_M24);
+    V::select(x.lt(V::splat(0.0)), negative, x * l.upper)
+}
+
+/// SiLU′ = σ(x)·(1 + x·σ(−x)): σ(−x) = 1 − σ(x) formed directly rather than by the subtraction,
+/// which would lose its relative accuracy for large x. For x < 0, σ(x) is the scaled lower part,
+/// and x is held at −200 or above as in [`silu`].
+#[inline(always)]
+pub(super) fn silu_derivative<V: Lanes>(x: V) -> V {
+    let l = Logistic::at(x, LOGISTIC_K);
+    let lower = l.lower_2k * V::splat(TWO_M24);
+    let one = V::splat(1.0);
+    // x held at 200 or below, so that +∞ gives 1 rather than ∞·0
+    let positive = l.upper * V::splat(200.0).min(x).mul_add(lower, one);
+    let xc = V::splat(-200.0).max(x);
+    let negative = l.lower_2k * xc.mul_add(l.upper, one) * V::splat(TWO_M24);
+    V::select(x.lt(V::splat(0.0)), negative, positive)
+}
+
+/// ln(1 + t) for t in [0, 1]: 2·atanh(s) with s = t/(2 + t) in [0, ⅓], the series
+/// 2s + 2s³·P(s²). 2 + t is kept exact as a sum of two floats, and q = 2s = 2t/(2 + t) (formed
+/// as such, so that it is not halved into the subnormals) is corrected by its residual, so that
+/// it is within about half an ulp.
+#[inline(always)]
+fn log1p_unit<V: Lanes>(t: V) -> V {
+    let two = V::splat(2.0);
+    let d = two + t;
+    let d_lo = t - (d - two);
+    let t2 = t + t;
+    let q = t2 / d;
+    let q = q + ((-q).mul_add(d, t2) - q * d_lo) / d;
+    let s2 = V::splat(0.25) * q * q;
+    (q * s2).mul_add(poly(s2, &LOG1P_P), q)
+}
+
+/// Softplus ln(1 + e^x) = max(x, 0) + ln(1 + e^−|x|), which is x itself from 17 on (e^−17 is
+/// below half an ulp of 17), as PyTorch's threshold of 20 gives.
+#[inline(always)]
+pub(super) fn softplus<V: Lanes>(x: V) -> V {
+    let tail = log1p_unit(exp(-abs(x)));
+    V::splat(0.0).max(x) + tail
+}
 /// erf(z) for |z| ≤ 1.
 #[inline(always)]
 fn erf_small<V: Lanes>(z: V) -> V {
@@ -295,9 +398,12 @@ macro_rules! unary {
 }
 
 unary!(Exp, exp);
+unary!(Expm1, expm1);
 unary!(Tanh, tanh);
 unary!(Sigmoid, sigmoid);
 unary!(Gelu, gelu);
+unary!(Silu, silu);
+unary!(Softplus, softplus);
 #[cfg(test)]
 unary!(Erf, erf);
 
@@ -308,5 +414,25 @@ impl Binary for GeluBackward {
     #[inline(always)]
     fn at<V: Lanes>(z: V, dy: V) -> V {
         dy * gelu_derivative(z)
+    }
+}
+
+/// dy·SiLU′(z)
+pub(super) struct SiluBackward;
+
+impl Binary for SiluBackward {
+    #[inline(always)]
+    fn at<V: Lanes>(z: V, dy: V) -> V {
+        dy * silu_derivative(z)
+    }
+}
+
+/// dy·σ(z): the softplus's derivative
+pub(super) struct SigmoidTimes;
+
+impl Binary for SigmoidTimes {
+    #[inline(always)]
+    fn at<V: Lanes>(z: V, dy: V) -> V {
+        dy * sigmoid(z)
     }
 }

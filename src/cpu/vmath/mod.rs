@@ -1,5 +1,6 @@
-//! Transcendentals over slices of f32, vectorised: e^x for the softmax, tanh, the logistic
-//! sigmoid and the GELU with its derivative for the activation passes.
+//! Transcendentals over slices of f32, vectorised: e^x for the softmax, and for the activation
+//! passes tanh, the logistic sigmoid, the GELU and the SiLU with their derivatives, e^x − 1 for
+//! the ELU and the softplus.
 //!
 //! Each kernel is written once (`kernels.rs`) over [`lanes::Lanes`] and compiled three times:
 //! for AVX-512F (16 lanes), for AVX2+FMA (8 lanes), and as the portable one-lane fallback; the
@@ -18,7 +19,12 @@
 //! - sigmoid: 0.85 ulp (8.9e-8);
 //! - erf: 1.15 ulp (7.9e-8), tested on its own; the GELU uses its two halves;
 //! - GELU: 5.25 ulp (3.6e-7);
-//! - GELU′, which crosses zero: 3.75 ulp of the larger of Φ(x) and |x|·φ(x) (2.4e-7 of it).
+//! - GELU′, which crosses zero: 3.75 ulp of the larger of Φ(x) and |x|·φ(x) (2.4e-7 of it);
+//! - e^x − 1: 1.15 ulp (1.2e-7);
+//! - SiLU x·σ(x): 1.5 ulp (1.2e-7);
+//! - SiLU′ = σ(x)·(1 + x·σ(−x)), which crosses zero: 2.6 ulp of the larger of σ(x) and
+//!   |x|·σ(x)·σ(−x) (1.9e-7 of it);
+//! - softplus ln(1 + e^x): 2.0 ulp (1.8e-7).
 //!
 //! The relative figures are for normal results; subnormal ones are within the ulp bounds in
 //! units of 2⁻¹⁴⁹.
@@ -28,7 +34,7 @@ pub(crate) mod lanes;
 #[cfg(test)]
 mod tests;
 
-use kernels::{Binary, Exp, Gelu, GeluBackward, Sigmoid, Tanh, Unary};
+use kernels::{Binary, Exp, Expm1, Gelu, GeluBackward, Sigmoid, SigmoidTimes, Silu, SiluBackward, Softplus, Tanh, Unary};
 use lanes::Lanes;
 use std::sync::OnceLock;
 
@@ -85,6 +91,32 @@ pub(crate) fn gelu(z: &[f32], y: &mut [f32]) {
 /// (it crosses zero), dz then rounded once more.
 pub(crate) fn gelu_backward(z: &[f32], dy: &[f32], dz: &mut [f32]) {
     binary::<GeluBackward>(Isa::best(), z, dy, dz);
+}
+
+/// y = e^z − 1, accurate near 0. Within 1.15 ulp.
+pub(crate) fn expm1(z: &[f32], y: &mut [f32]) {
+    unary::<Expm1>(Isa::best(), z, y);
+}
+
+/// y = z·σ(z) (SiLU). Within 1.5 ulp.
+pub(crate) fn silu(z: &[f32], y: &mut [f32]) {
+    unary::<Silu>(Isa::best(), z, y);
+}
+
+/// dz = dy·SiLU′(z), SiLU′(z) = σ(z)·(1 + z·σ(−z)): SiLU′ within 2.6 ulp of max(σ(z),
+/// |z|·σ(z)·σ(−z)) (it crosses zero), dz then rounded once more.
+pub(crate) fn silu_backward(z: &[f32], dy: &[f32], dz: &mut [f32]) {
+    binary::<SiluBackward>(Isa::best(), z, dy, dz);
+}
+
+/// y = ln(1 + e^z) (softplus). Within 2.0 ulp.
+pub(crate) fn softplus(z: &[f32], y: &mut [f32]) {
+    unary::<Softplus>(Isa::best(), z, y);
+}
+
+/// dz = dy·σ(z), the softplus's derivative: σ within 0.85 ulp, dz then rounded once more.
+pub(crate) fn sigmoid_times(z: &[f32], dy: &[f32], dz: &mut [f32]) {
+    binary::<SigmoidTimes>(Isa::best(), z, dy, dz);
 }
 
 /// y = K(x) on `isa`.

@@ -73,7 +73,16 @@ fn gelu_derivative_on(isa: Isa, x: &[f32], y: &mut [f32]) {
     binary::<GeluBackward>(isa, x, &vec![1.0; x.len()], y);
 }
 
-fn cases() -> [Case; 6] {
+fn silu_derivative_on(isa: Isa, x: &[f32], y: &mut [f32]) {
+    binary::<SiluBackward>(isa, x, &vec![1.0; x.len()], y);
+}
+
+/// ln(1 + e^x) in f64: max(x, 0) + ln(1 + e^−|x|).
+fn softplus_ref(x: f64) -> f64 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
+fn cases() -> [Case; 10] {
     [
         Case { name: "exp", run: unary::<Exp>, reference: |x| (x.exp(), x.exp()), bound: 0.8, relative: 6.2e-8 },
         Case { name: "tanh", run: unary::<Tanh>, reference: |x| (x.tanh(), x.tanh()), bound: 1.35, relative: 1.5e-7 },
@@ -96,6 +105,19 @@ fn cases() -> [Case; 6] {
             bound: 3.75,
             relative: 2.4e-7,
         },
+        Case { name: "expm1", run: unary::<Expm1>, reference: |x| (x.exp_m1(), x.exp_m1()), bound: 1.15, relative: 1.2e-7 },
+        Case { name: "silu", run: unary::<Silu>, reference: |x| (x * sigmoid_ref(x), x * sigmoid_ref(x)), bound: 1.5, relative: 1.2e-7 },
+        Case {
+            name: "silu'",
+            run: silu_derivative_on,
+            reference: |x| {
+                let (s, t) = (sigmoid_ref(x), x * sigmoid_ref(x) * sigmoid_ref(-x));
+                (s + t, s.max(t.abs()))
+            },
+            bound: 2.6,
+            relative: 1.9e-7,
+        },
+        Case { name: "softplus", run: unary::<Softplus>, reference: |x| (softplus_ref(x), softplus_ref(x)), bound: 2.0, relative: 1.8e-7 },
     ]
 }
 
@@ -179,7 +201,27 @@ fn sweep(log2_count: u32) -> Vec<f32> {
     let mut xs: Vec<f32> = (0..1u64 << log2_count)
         .map(|k| f32::from_bits(((k << shift) as u32) | ((k as u32).wrapping_mul(0x9e37_79b9) >> log2_count)))
         .collect();
-    let edges = [0.5, 0.625, 1.0, 1.0 / SQRT_2 as f32, SQRT_2 as f32, 9.01, 10.0, 14.5, 15.0, 87.3, 88.72, 89.0, 103.9, 104.0];
+    let edges = [
+        0.3466,
+        0.5,
+        0.625,
+        1.0,
+        1.0 / SQRT_2 as f32,
+        1.2785,
+        SQRT_2 as f32,
+        9.01,
+        10.0,
+        14.5,
+        15.0,
+        17.0,
+        87.3,
+        88.72,
+        89.0,
+        103.9,
+        104.0,
+        120.6,
+        200.0,
+    ];
     for edge in edges {
         for sign in [1.0f32, -1.0] {
             let bits = (sign * edge).to_bits();
@@ -250,14 +292,19 @@ fn available() -> Vec<Isa> {
 fn special_values_give_the_limits() {
     let (inf, max, tiny) = (f32::INFINITY, f32::MAX, f32::from_bits(1));
     let nans = [f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001), f32::from_bits(0xffc0_1234)];
+    let ln2 = std::f32::consts::LN_2;
     #[rustfmt::skip]
-    let table: [(&str, &[(f32, f32)]); 6] = [
+    let table: [(&str, &[(f32, f32)]); 10] = [
         ("exp", &[(inf, inf), (-inf, 0.0), (0.0, 1.0), (-0.0, 1.0), (89.0, inf), (-104.0, 0.0), (max, inf), (-max, 0.0)]),
         ("tanh", &[(inf, 1.0), (-inf, -1.0), (0.0, 0.0), (-0.0, -0.0), (max, 1.0), (-max, -1.0), (tiny, tiny), (-tiny, -tiny)]),
         ("sigmoid", &[(inf, 1.0), (-inf, 0.0), (0.0, 0.5), (-0.0, 0.5), (max, 1.0), (-max, 0.0)]),
         ("erf", &[(inf, 1.0), (-inf, -1.0), (0.0, 0.0), (-0.0, -0.0), (max, 1.0), (-max, -1.0)]),
         ("gelu", &[(inf, inf), (-inf, -0.0), (0.0, 0.0), (-0.0, -0.0), (max, max), (-max, -0.0)]),
         ("gelu'", &[(inf, 1.0), (-inf, -0.0), (0.0, 0.5), (-0.0, 0.5), (max, 1.0), (-max, -0.0)]),
+        ("expm1", &[(inf, inf), (-inf, -1.0), (0.0, 0.0), (-0.0, -0.0), (89.0, inf), (-104.0, -1.0), (max, inf), (-max, -1.0), (tiny, tiny), (-tiny, -tiny)]),
+        ("silu", &[(inf, inf), (-inf, -0.0), (0.0, 0.0), (-0.0, -0.0), (max, max), (-max, -0.0)]),
+        ("silu'", &[(inf, 1.0), (-inf, -0.0), (0.0, 0.5), (-0.0, 0.5), (max, 1.0), (-max, -0.0)]),
+        ("softplus", &[(inf, inf), (-inf, 0.0), (0.0, ln2), (-0.0, ln2), (max, max), (-max, 0.0), (20.0, 20.0), (-104.0, 0.0)]),
     ];
     for isa in available() {
         for (case, (name, pairs)) in cases().iter().zip(table) {
@@ -298,12 +345,15 @@ fn slices_of_every_length_are_mapped_whole_and_alone() {
                     .collect()
             };
             type Ops = (&'static str, fn(Isa, &[f32], &mut [f32]), fn(Isa, &mut [f32]));
-            let ops: [Ops; 5] = [
+            let ops: [Ops; 8] = [
                 ("exp", unary::<Exp>, in_place::<Exp>),
                 ("tanh", unary::<Tanh>, in_place::<Tanh>),
                 ("sigmoid", unary::<Sigmoid>, in_place::<Sigmoid>),
                 ("gelu", unary::<Gelu>, in_place::<Gelu>),
                 ("erf", unary::<Erf>, in_place::<Erf>),
+                ("expm1", unary::<Expm1>, in_place::<Expm1>),
+                ("silu", unary::<Silu>, in_place::<Silu>),
+                ("softplus", unary::<Softplus>, in_place::<Softplus>),
             ];
             for (name, map, map_in_place) in ops {
                 let want = each(&|x, y| map(Isa::Portable, x, y));
@@ -314,14 +364,22 @@ fn slices_of_every_length_are_mapped_whole_and_alone() {
                 });
                 assert_eq!(in_place_result, want, "{isa:?} {name} in place, n = {n}");
             }
-            let want: Vec<f32> = (0..n)
-                .map(|i| {
-                    let mut dz = [f32::NAN];
-                    binary::<GeluBackward>(Isa::Portable, &x[i..i + 1], &dy[i..i + 1], &mut dz);
-                    dz[0]
-                })
-                .collect();
-            assert_eq!(one(&|dz| binary::<GeluBackward>(isa, &x, &dy, dz)), want, "{isa:?} gelu_backward, n = {n}");
+            type Binaries = (&'static str, fn(Isa, &[f32], &[f32], &mut [f32]));
+            let binaries: [Binaries; 3] = [
+                ("gelu_backward", binary::<GeluBackward>),
+                ("silu_backward", binary::<SiluBackward>),
+                ("sigmoid_times", binary::<SigmoidTimes>),
+            ];
+            for (name, map2) in binaries {
+                let want: Vec<f32> = (0..n)
+                    .map(|i| {
+                        let mut dz = [f32::NAN];
+                        map2(Isa::Portable, &x[i..i + 1], &dy[i..i + 1], &mut dz);
+                        dz[0]
+                    })
+                    .collect();
+                assert_eq!(one(&|dz| map2(isa, &x, &dy, dz)), want, "{isa:?} {name}, n = {n}");
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! (the runner counts it as ignored; `--include-ignored` runs it) and starts with `test_gpu()`,
 //! which fails the test, saying why, where CUDA is missing.
 
+mod layers;
 mod ops;
 
 use super::context::{activation_prelude, source_files, KERNELS};
@@ -326,7 +327,18 @@ fn a_failed_capture_is_an_err_and_the_stream_goes_on() {
         gpu.bias_act(&stream, Identity, View::of(bias), 4, 1, 1, unsafe { ViewMut::from_raw(zp, 4) }, None)
     };
     let mut graphs = Graphs::new();
-    let key = Key { kind: 0, capacity: 1, batch: 1, tf32: false, cache: u64::MAX, buffers: [zp, 0, 0, 0], update: None, reduce: 0 };
+    let key = Key {
+        kind: 0,
+        loss_param: 0,
+        capacity: 1,
+        batch: 1,
+        tf32: false,
+        cache: u64::MAX,
+        buffers: [zp, 0, 0, 0],
+        model: [0, 0],
+        update: None,
+        reduce: 0,
+    };
     let planted = graphs.run(true, &stream, key, || {
         add(&five)?;
         Err(Error::Cuda { what: "planted".into() })

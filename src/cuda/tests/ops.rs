@@ -9,7 +9,7 @@ use crate::cuda::ops::{DenseEpilogue, LOSS_SCRATCH, MMA_TILES, NORM_SCRATCH};
 use crate::cuda::test_gpu;
 use crate::init::Init;
 use crate::layers::{conv, pool};
-use crate::loss;
+use crate::loss::{self, Loss};
 use crate::optim::{Clip, Optim, Optimizer, Update};
 use crate::testutil::allocations_in;
 use crate::testutil::{poisoned, Rng};
@@ -154,6 +154,45 @@ fn mse_matches_the_cpu_and_is_deterministic() {
     }
 }
 
+/// Binary cross-entropy on logits, L1 and smooth L1 (β 0.3 and 0) against `Loss::compute`: dy
+/// within rounding (the GPU's e^ and ln1p against the CPU's), the value within 1e-5 (each term
+/// in f32 on both, summed in f64 in other orders), the running totals, and the same bits on a
+/// second run; one block and many.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn elementwise_losses_match_the_cpu_and_are_deterministic() {
+    let gpu = test_gpu();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(6);
+    for kind in [Loss::BceWithLogits, Loss::L1, Loss::SmoothL1 { beta: 0.3 }, Loss::SmoothL1 { beta: 0.0 }] {
+        for n in [1, 7, 1000, 300_001] {
+            // logits over [−8, 8), targets in [0, 1); L1's kink at 0 hit on every 7th value
+            let y: Vec<f32> = rng.uniform(n).iter().map(|v| 8.0 * v).collect();
+            let t: Vec<f32> = rng.uniform(n).iter().enumerate().map(|(i, v)| if i % 7 == 3 { y[i] } else { v.abs() }).collect();
+            let mut dy_want = vec![0.0f32; n];
+            let loss_want = kind.compute(&y, &[], &t, 1, &mut dy_want);
+            let (yd, td) = (upload(&stream, &y), upload(&stream, &t));
+            let mut scratch_buf = upload(&stream, &[0.0f64; LOSS_SCRATCH]);
+            let mut run = || {
+                let (mut dy, mut loss) = (upload(&stream, &poisoned(n)), upload(&stream, &[f64::NAN, 0.5, 2.0]));
+                let (dyv, lossv, scratch) = (ViewMut::of(&mut dy), ViewMut::of(&mut loss), ViewMut::of(&mut scratch_buf));
+                gpu.elementwise_loss(&stream, kind, n, View::of(&yd), View::of(&td), dyv, lossv, scratch).unwrap();
+                loss_totals_follow(&download(&stream, &loss));
+                (download(&stream, &dy), download(&stream, &loss)[0])
+            };
+            let (dy, loss) = run();
+            // σ(y) − t cancels: an absolute bound of a few ulps of 1, over n
+            check(&format!("{kind:?} dy n={n}"), &dy, &dy_want, 5e-7 / n as f32, 1e-6);
+            let rel = ((loss - loss_want) / loss_want).abs();
+            println!("{kind:?} loss n={n}: {loss} vs {loss_want}, rel err {rel:e}");
+            assert!(rel <= 1e-5, "{kind:?}: loss {loss} vs {loss_want}");
+            let (dy2, loss2) = run();
+            same_bits(&format!("{kind:?} dy"), &dy, &dy2);
+            assert_eq!(loss.to_bits(), loss2.to_bits(), "{kind:?}: loss differs between runs");
+        }
+    }
+}
+
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn maxpool_matches_the_spec_bit_for_bit() {
@@ -204,8 +243,10 @@ fn im2col_reference(g: &conv::Geometry, x: &[f32]) -> Vec<f32> {
             for j in 0..kw {
                 for oy in 0..g.out_height {
                     for ox in 0..g.out_width {
-                        let (iy, ix) =
-                            ((oy * g.stride.0 + i) as isize - g.padding.0 as isize, (ox * g.stride.1 + j) as isize - g.padding.1 as isize);
+                        let (iy, ix) = (
+                            (oy * g.stride.0 + i * g.dilation.0) as isize - g.padding.0 as isize,
+                            (ox * g.stride.1 + j * g.dilation.1) as isize - g.padding.1 as isize,
+                        );
                         if iy >= 0 && ix >= 0 && (iy as usize) < g.height && (ix as usize) < g.width {
                             col[((c * kh + i) * kw + j) * ohw + oy * g.out_width + ox] =
                                 x[(c * g.height + iy as usize) * g.width + ix as usize];
@@ -219,7 +260,8 @@ fn im2col_reference(g: &conv::Geometry, x: &[f32]) -> Vec<f32> {
 }
 
 /// im2col, then W·col (strided-batched SGEMM), equals the conv spec; Wᵀ·dZ then col2im equals
-/// its dX, and Σ dZ_s·col_sᵀ its dW. Small integers: everything is exact.
+/// its dX, and Σ dZ_s·col_sᵀ its dW. Small integers: everything is exact. Dilated 1-D
+/// convolutions (height 1) too, as `Conv1d` runs them.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn conv_lowering_with_sgemm_matches_the_spec() {
@@ -228,16 +270,20 @@ fn conv_lowering_with_sgemm_matches_the_spec() {
     let blas = gpu.blas(&stream, false).unwrap();
     let mut rng = Rng::new(7);
     let cases = [
-        (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0)),
-        (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1)),
-        (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2)),
-        (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0)),
-        (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2)),
+        (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0), (1, 1)),
+        (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1), (1, 1)),
+        (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2), (1, 1)),
+        (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0), (1, 1)),
+        (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2), (1, 1)),
+        (Shape::image(2, 1, 19), 3, (1, 3), (1, 2), (0, 2), (1, 3)),
+        (Shape::image(3, 1, 40), 4, (1, 5), (1, 1), (0, 4), (1, 2)),
     ];
-    for (input, oc, kernel, stride, padding) in cases {
+    for (input, oc, kernel, stride, padding, dilation) in cases {
         let Shape::Image { channels: _, height, width } = input else { unreachable!() };
-        let (oh, ow) = ((height + 2 * padding.0 - kernel.0) / stride.0 + 1, (width + 2 * padding.1 - kernel.1) / stride.1 + 1);
-        let g = conv::Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding);
+        let span = |k: usize, d: usize| d * (k - 1) + 1;
+        let oh = (height + 2 * padding.0 - span(kernel.0, dilation.0)) / stride.0 + 1;
+        let ow = (width + 2 * padding.1 - span(kernel.1, dilation.1)) / stride.1 + 1;
+        let g = conv::Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding, dilation);
         let (ckk, ohw, out_len) = (g.ckk(), g.ohw(), oc * g.ohw());
         for batch in [1, 2, 5] {
             let (w, x, dz) = (rng.ints(oc * ckk), rng.ints(batch * input.len()), rng.ints(batch * out_len));
@@ -664,7 +710,7 @@ fn launches_allocate_nothing() {
     let labels = upload(&stream, &vec![1u32; batch]);
     let mut labels_out = upload(&stream, &vec![0u32; batch]);
     let pool_g = pool::Geometry::new(Shape::image(channels, 6, 6), Shape::image(channels, 3, 3), (2, 2), (2, 2));
-    let conv_g = conv::Geometry::new(Shape::image(2, 6, 6), Shape::image(3, 4, 4), (3, 3), (1, 1), (0, 0));
+    let conv_g = conv::Geometry::new(Shape::image(2, 6, 6), Shape::image(3, 4, 4), (3, 3), (1, 1), (0, 0), (1, 1));
     let mut every_kernel = || {
         let (av, bv) = (View::of(&a), View::of(&b));
         gpu.bias_act(&stream, Gelu, av, channels, pixels, batch, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
@@ -775,7 +821,7 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     ];
     for (input, layers, want) in cases {
         let plan = Plan::new(input, &layers).unwrap();
-        let head = Head::of(&gpu, &plan, 1024, 1024);
+        let head = Head::of(&gpu, &plan, 1024, 1024, Loss::LogitCrossEntropy);
         // FLATNN_HEAD=1 keeps the head to the last layer (then a deep head's producer is the
         // layer before)
         let want = want.map(|(inner, producer)| match inner {
@@ -788,7 +834,7 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     }
     // from 257 to 2048 samples only; a warp a sample (a deep head: over twice the blocks, and up
     // to 512 samples two warps a sample), at most 128 blocks (the loss's partials)
-    let blocks = |plan: &Plan, batch| Head::of(&gpu, plan, 4096, batch).map(|h| h.blocks());
+    let blocks = |plan: &Plan, batch| Head::of(&gpu, plan, 4096, batch, Loss::LogitCrossEntropy).map(|h| h.blocks());
     let plan = Plan::new(Shape::vector(100), &[dense(200, Relu), dense(1, Identity)]).unwrap();
     assert_eq!([1, 256, 257, 1024, 2048, 2049].map(|b| blocks(&plan, b)), [None, None, Some(33), Some(128), Some(128), None]);
     let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
@@ -799,16 +845,20 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     };
     assert_eq!([1, 256, 257, 1024, 2048, 2049].map(|b| blocks(&plan, b)), deep);
     // deep up to 1024 samples only (one a warp)
-    let inner = |b| Head::of(&gpu, &plan, 4096, b).map(|h| h.inner().is_some());
+    let inner = |b| Head::of(&gpu, &plan, 4096, b, Loss::LogitCrossEntropy).map(|h| h.inner().is_some());
     assert_eq!([257, 1024, 1025, 2048].map(inner), [Some(gpu.head_deep()), Some(gpu.head_deep()), Some(false), Some(false)]);
     // two warps a sample up to 512 (a deep head), so partial sums a unit of warps
-    let partials = |b| Head::of(&gpu, &plan, 4096, b).map(|h| h.partials());
+    let partials = |b| Head::of(&gpu, &plan, 4096, b, Loss::LogitCrossEntropy).map(|h| h.partials());
     let want = if gpu.head_deep() {
         [Some(65 * 4), Some(128 * 4), Some(128 * 8), Some(128 * 8)]
     } else {
         [257usize, 512, 513, 1024].map(|b| Some(b.div_ceil(8) * 8))
     };
     assert_eq!([257, 512, 513, 1024].map(partials), want);
+    // the kernel computes cross-entropy and MSE alone: it refuses the other losses
+    for loss in [Loss::Mse, Loss::BceWithLogits, Loss::L1, Loss::SmoothL1 { beta: 1.0 }] {
+        assert_eq!(Head::of(&gpu, &plan, 1024, 1024, loss).is_some(), loss == Loss::Mse, "{loss:?}");
+    }
 }
 
 /// Not a check but a measurement: microseconds per launch of each kernel of the MLP's training
@@ -940,7 +990,7 @@ fn kernel_times_of_the_mlp_step() {
         use crate::cuda::head::{Head, HeadBuffers};
         let dense = |out_features, activation| Layer::Dense(crate::Dense { out_features, activation });
         let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
-        if let Some(head) = Head::of(&gpu, &plan, batch, batch) {
+        if let Some(head) = Head::of(&gpu, &plan, batch, batch, Loss::LogitCrossEntropy) {
             let (params, acts, dacts) =
                 (random(plan.param_len), random(plan.acts_len(batch).unwrap()), random(plan.acts_len(batch).unwrap()));
             let buffers = HeadBuffers {

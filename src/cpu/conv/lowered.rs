@@ -1,0 +1,234 @@
+//! The lowered route: im2col into per-thread scratch, then the GEMM with the packed weights.
+//!
+//! Forward: Z_s (OC × OHW) = W (OC × CKK) · col_s (CKK × OHW). Backward: dW += dZ_s · col_sᵀ
+//! (row dot products), dcol_s = Wᵀ · dZ_s, then col2im adds dcol_s into dX_s.
+
+use super::{ConvShape, Sample};
+use crate::cpu::gemm::{sgemm_packed_a_on, GemmScratch, Mat, MatMut};
+use crate::cpu::rowdot::rowdot;
+
+/// Scratch one thread needs: a lowered sample, the padded input (or padded gradient sum),
+/// and a lowered gradient.
+pub(super) fn scratch_len(s: &ConvShape) -> usize {
+    2 * lowered_len(s) + padded_len(s)
+}
+
+/// OHW: output pixels per channel.
+fn ohw(s: &ConvShape) -> usize {
+    s.oh() * s.ow()
+}
+
+/// CKK × OHW: a lowered sample.
+fn lowered_len(s: &ConvShape) -> usize {
+    s.ckk() * ohw(s)
+}
+
+/// C × (H + 2·ph) × (W + 2·pw), or 0 without padding (the input is read in place).
+fn padded_len(s: &ConvShape) -> usize {
+    let (hp, wp) = s.padded();
+    if s.padding == (0, 0) {
+        0
+    } else {
+        s.in_channels * hp * wp
+    }
+}
+
+/// z_s (OC × OHW) ← W · im2col(x_s).
+pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[f32], z: &mut [f32]) {
+    let s = p.shape;
+    let (col, rest) = buf.split_at_mut(lowered_len(s));
+    im2col(s, x, col, rest);
+    let n = ohw(s);
+    sgemm_packed_a_on(gemm, n, 1.0, &p.weights.w, Mat { data: col, rs: n, cs: 1 }, 0.0, MatMut { data: z, rs: n, cs: 1 });
+}
+
+/// dW (OC × CKK) ← dZ_s · col_sᵀ (+= when `accumulate`); dx_s ← col2im(Wᵀ · dZ_s) when given.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward(
+    gemm: &mut GemmScratch,
+    buf: &mut [f32],
+    p: &Sample,
+    x: &[f32],
+    dz: &[f32],
+    dw: &mut [f32],
+    accumulate: bool,
+    dx: Option<&mut [f32]>,
+) {
+    let s = p.shape;
+    let (n, ckk, oc) = (ohw(s), s.ckk(), s.out_channels);
+    let (col, rest) = buf.split_at_mut(lowered_len(s));
+    let (dcol, padded) = rest.split_at_mut(lowered_len(s));
+    im2col(s, x, col, padded);
+    // dW (OC × CKK) += dZ_s (OC × OHW) · col_sᵀ: rows of both are contiguous
+    rowdot(oc, ckk, n, dz, n, col, n, dw, ckk, accumulate);
+    if let Some(dx) = dx {
+        // dcol (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW)
+        sgemm_packed_a_on(gemm, n, 1.0, &p.weights.w_t, Mat { data: dz, rs: n, cs: 1 }, 0.0, MatMut { data: dcol, rs: n, cs: 1 });
+        col2im(s, dcol, padded, dx);
+    }
+}
+
+/// The stride-1 runs of one lowered row: `col_row[y·ow + x]` ↔ `plane[start + y·wp + x]`
+/// for y < oh, x < ow (LeNet: 28 runs of 28, or 10 of 10, per row).
+#[derive(Clone, Copy)]
+struct Runs {
+    oh: usize,
+    ow: usize,
+    wp: usize,
+}
+
+impl Runs {
+    /// Panics unless every run lies inside both slices.
+    fn check(self, col_row: usize, plane: usize, start: usize) {
+        assert!(col_row >= self.oh * self.ow, "lowered row too short");
+        assert!(self.oh == 0 || start + (self.oh - 1) * self.wp + self.ow <= plane, "run past the plane");
+    }
+}
+
+/// col_row ← the runs of `plane` from `start` (im2col).
+fn copy_runs(r: Runs, col_row: &mut [f32], plane: &[f32], start: usize) {
+    r.check(col_row.len(), plane.len(), start);
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
+        // SAFETY: extents checked above; AVX2 present.
+        return unsafe { avx2::copy_runs(r, col_row.as_mut_ptr(), plane[start..].as_ptr()) };
+    }
+    for (y, out) in col_row.chunks_exact_mut(r.ow).take(r.oh).enumerate() {
+        out.copy_from_slice(&plane[start + y * r.wp..][..r.ow]);
+    }
+}
+
+/// The runs of `plane` from `start` += col_row (col2im).
+fn add_runs(r: Runs, plane: &mut [f32], start: usize, col_row: &[f32]) {
+    r.check(col_row.len(), plane.len(), start);
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
+        // SAFETY: extents checked above; AVX2 present.
+        return unsafe { avx2::add_runs(r, plane[start..].as_mut_ptr(), col_row.as_ptr()) };
+    }
+    for (y, run) in col_row.chunks_exact(r.ow).take(r.oh).enumerate() {
+        plane[start + y * r.wp..][..r.ow].iter_mut().zip(run).for_each(|(d, &v)| *d += v);
+    }
+}
+
+/// The runs with 8-lane loads and stores: a run is a few instructions, not a memcpy call.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Runs;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// `dst` holds oh·ow values, `src` reaches (oh − 1)·wp + ow; ow ≥ 8; AVX2 present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn copy_runs(r: Runs, dst: *mut f32, src: *const f32) {
+        // SAFETY: run y < oh reads src[y·wp..][..ow] and writes dst[y·ow..][..ow] in blocks
+        // of 8 (ow ≥ 8, the last block ending at ow): inside the contract's extents.
+        unsafe {
+            for y in 0..r.oh {
+                let (d, s) = (dst.add(y * r.ow), src.add(y * r.wp));
+                let mut x = 0;
+                while x + 8 < r.ow {
+                    _mm256_storeu_ps(d.add(x), _mm256_loadu_ps(s.add(x)));
+                    x += 8;
+                }
+                // the last 8, overlapping the previous block: the same values again
+                _mm256_storeu_ps(d.add(r.ow - 8), _mm256_loadu_ps(s.add(r.ow - 8)));
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`copy_runs`], with `dst` the plane and `src` the lowered row.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn add_runs(r: Runs, dst: *mut f32, src: *const f32) {
+        // SAFETY: run y < oh touches dst[y·wp..][..ow] and src[y·ow..][..ow], 8 at a time
+        // while 8 fit, then one by one: inside the contract's extents.
+        unsafe {
+            for y in 0..r.oh {
+                let (d, s) = (dst.add(y * r.wp), src.add(y * r.ow));
+                let mut x = 0;
+                while x + 8 <= r.ow {
+                    _mm256_storeu_ps(d.add(x), _mm256_add_ps(_mm256_loadu_ps(d.add(x)), _mm256_loadu_ps(s.add(x))));
+                    x += 8;
+                }
+                for t in x..r.ow {
+                    *d.add(t) += *s.add(t);
+                }
+            }
+        }
+    }
+}
+
+/// The input as the lowering reads it, (C, hp, wp): `x` itself without padding, else `x`
+/// copied inside a zero border in `padded`. Every lowered run is then a plain read.
+fn padded_input<'a>(s: &ConvShape, x: &'a [f32], padded: &'a mut [f32]) -> &'a [f32] {
+    if s.padding == (0, 0) {
+        return x;
+    }
+    let ((hp, wp), (ph, pw)) = (s.padded(), s.padding);
+    let padded = &mut padded[..padded_len(s)];
+    padded.fill(0.0);
+    for (c, plane) in padded.chunks_exact_mut(hp * wp).enumerate() {
+        for (iy, row) in x[c * s.height * s.width..][..s.height * s.width].chunks_exact(s.width).enumerate() {
+            plane[(iy + ph) * wp + pw..][..s.width].copy_from_slice(row);
+        }
+    }
+    padded
+}
+
+/// col (CKK × OHW) ← sample `x` (C, H, W), padding read as zero (`padded` holds the padded
+/// copy). Row (c, i, j), output row y is the run of padded row y·sh + i from column j, step sw.
+fn im2col(s: &ConvShape, x: &[f32], col: &mut [f32], padded: &mut [f32]) {
+    let (kh, kw, n, ow) = (s.kernel.0, s.kernel.1, ohw(s), s.ow());
+    let ((hp, wp), (sh, sw)) = (s.padded(), s.stride);
+    let src = padded_input(s, x, padded);
+    for c in 0..s.in_channels {
+        let plane = &src[c * hp * wp..][..hp * wp];
+        for i in 0..kh {
+            for j in 0..kw {
+                let row = &mut col[((c * kh + i) * kw + j) * n..][..n];
+                if sw == 1 {
+                    copy_runs(Runs { oh: s.oh(), ow, wp: wp * sh }, row, plane, i * wp + j);
+                    continue;
+                }
+                for (y, out) in row.chunks_exact_mut(ow).enumerate() {
+                    let run = &plane[(y * sh + i) * wp + j..];
+                    out.iter_mut().zip(run.iter().step_by(sw)).for_each(|(o, &v)| *o = v);
+                }
+            }
+        }
+    }
+}
+
+/// dx (C, H, W) ← col2im(dcol): each lowered entry added back to the pixel it was read from
+/// (the transpose of [`im2col`], same runs), summed in the padded layout in `padded` when
+/// there is padding, and the inside copied out.
+fn col2im(s: &ConvShape, dcol: &[f32], padded: &mut [f32], dx: &mut [f32]) {
+    let (kh, kw, n, ow) = (s.kernel.0, s.kernel.1, ohw(s), s.ow());
+    let ((hp, wp), (sh, sw), (ph, pw)) = (s.padded(), s.stride, s.padding);
+    let acc = if s.padding == (0, 0) { &mut dx[..s.in_len()] } else { &mut padded[..padded_len(s)] };
+    acc.fill(0.0);
+    for c in 0..s.in_channels {
+        let plane = &mut acc[c * hp * wp..][..hp * wp];
+        for i in 0..kh {
+            for j in 0..kw {
+                let row = &dcol[((c * kh + i) * kw + j) * n..][..n];
+                if sw == 1 {
+                    add_runs(Runs { oh: s.oh(), ow, wp: wp * sh }, plane, i * wp + j, row);
+                    continue;
+                }
+                for (y, run) in row.chunks_exact(ow).enumerate() {
+                    let dst = &mut plane[(y * sh + i) * wp + j..];
+                    dst.iter_mut().step_by(sw).zip(run).for_each(|(d, &v)| *d += v);
+                }
+            }
+        }
+    }
+    if s.padding != (0, 0) {
+        for (c, plane) in padded.chunks_exact(hp * wp).take(s.in_channels).enumerate() {
+            for (iy, row) in dx[c * s.height * s.width..][..s.height * s.width].chunks_exact_mut(s.width).enumerate() {
+                row.copy_from_slice(&plane[(iy + ph) * wp + pw..][..s.width]);
+            }
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! Convolution kernels: 2-D cross-correlation with zero padding, as PyTorch's `nn.Conv2d`,
+//! over a batch of samples (C, H, W) → (OC, OH, OW), without the bias (the layer adds it).
+//!
+//!   z[oc, y, x] = Σ_{c,i,j} w[oc, c, i, j] · in[c, y·sh + i − ph, x·sw + j − pw]
+//!
+//! Two routes compute the same products, with one signature ([`forward`], [`backward`], each
+//! taking a [`ConvRoute`]), so that a route table can time both ([`time_forward`],
+//! [`time_backward`]) and keep the faster per layer:
+//!
+//! - [`ConvRoute::Lowered`]: each sample lowered to a CKK × OHW matrix (im2col, CKK = C·kh·kw)
+//!   and multiplied by the packed weights; k² copies of the input per sample.
+//! - [`ConvRoute::Direct`]: no lowered copy. The input is copied once into zero-padded planes
+//!   (split into stride phases when the stride is not 1), with rows `wpp` wide; then output
+//!   position (y, x) is the flat index q = y·wpp + x, and row (c, i, j) of the lowered matrix
+//!   is the window of the planes that starts at offset(c, i, j), read in place by the GEMM
+//!   ([`sgemm_shifted_on`]). The columns x ≥ OW of each output row are computed and dropped.
+//!   The input gradient is the same product on the output gradient, dilated by the stride
+//!   and padded by k − 1 − p, against the weights with in and out channels swapped and the
+//!   taps flipped; the weight gradient is dot products of the output gradient's rows with the
+//!   same windows ([`rowdot_at`]).
+//!
+//! The weights are packed once ([`ConvWeights::pack`]) for every route and direction and
+//! repacked only after they change. Routes sum in different orders: their results agree to
+//! rounding, not in every bit. Each route gives the same bits on any number of threads.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod direct;
+mod lowered;
+#[cfg(test)]
+mod tests;
+
+use super::gemm::{GemmWorkspace, PackedA};
+use super::isa::Isa;
+use super::pool::Pool;
+use super::{chunk_range, for_chunks, SharedMut};
+use crate::error::{zeros, Error, Result};
+use std::time::{Duration, Instant};
+
+/// The geometry of one convolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConvShape {
+    pub in_channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub out_channels: usize,
+    pub kernel: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+}
+
+impl ConvShape {
+    /// Output rows and columns: (H + 2·ph − kh) / sh + 1, likewise for the width; `Err` when
+    /// the kernel is larger than the padded input or a size is 0.
+    pub fn out_size(&self) -> Result<(usize, usize)> {
+        let ((hp, wp), (kh, kw), (sh, sw)) = (self.padded(), self.kernel, self.stride);
+        if kh == 0 || kw == 0 || sh == 0 || sw == 0 || kh > hp || kw > wp || self.in_channels == 0 || self.out_channels == 0 {
+            return Err(Error::Shape(format!("convolution {self:?}: no output")));
+        }
+        Ok(((hp - kh) / sh + 1, (wp - kw) / sw + 1))
+    }
+
+    fn oh(&self) -> usize {
+        self.out_size().map_or(0, |s| s.0)
+    }
+
+    fn ow(&self) -> usize {
+        self.out_size().map_or(0, |s| s.1)
+    }
+
+    /// C·kh·kw: rows of the lowered matrix, columns of the weight matrix.
+    pub fn ckk(&self) -> usize {
+        self.in_channels * self.kernel.0 * self.kernel.1
+    }
+
+    /// Values of a sample's input, C·H·W.
+    pub fn in_len(&self) -> usize {
+        self.in_channels * self.height * self.width
+    }
+
+    /// Values of a sample's output, OC·OH·OW.
+    pub fn out_len(&self) -> usize {
+        self.out_channels * self.oh() * self.ow()
+    }
+
+    /// Values of the weights, OC·C·kh·kw.
+    pub fn weights_len(&self) -> usize {
+        self.out_channels * self.ckk()
+    }
+
+    /// (H + 2·ph, W + 2·pw).
+    fn padded(&self) -> (usize, usize) {
+        (self.height + 2 * self.padding.0, self.width + 2 * self.padding.1)
+    }
+}
+
+/// Which kernel computes a convolution (see the module's documentation).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ConvRoute {
+    /// im2col, then the GEMM with the packed weights.
+    Lowered,
+    /// The GEMM reading shifted windows of the padded input in place.
+    Direct,
+}
+
+impl ConvRoute {
+    pub const ALL: [ConvRoute; 2] = [ConvRoute::Lowered, ConvRoute::Direct];
+}
+
+/// The weights (OC, C, kh, kw) packed once in the three forms the routes read.
+pub(crate) struct ConvWeights {
+    shape: ConvShape,
+    /// W as OC × CKK (both forwards).
+    w: PackedA,
+    /// Wᵀ, CKK × OC (the lowered input gradient, dcol = Wᵀ·dZ).
+    w_t: PackedA,
+    /// C × OC·kh·kw, element (c, (oc, i, j)) = w[oc, c, i, j] (the direct input gradient).
+    w_swapped: PackedA,
+}
+
+impl ConvWeights {
+    /// Room for `shape`'s weights packed for `isa`'s kernel (`Err` if this CPU does not run it).
+    pub fn new(isa: Isa, shape: &ConvShape) -> Result<ConvWeights> {
+        let (oc, c, ckk) = (shape.out_channels, shape.in_channels, shape.ckk());
+        let kk = shape.kernel.0 * shape.kernel.1;
+        Ok(ConvWeights {
+            shape: *shape,
+            w: PackedA::new(isa, oc, ckk)?,
+            w_t: PackedA::new(isa, ckk, oc)?,
+            w_swapped: PackedA::new(isa, c, oc * kk)?,
+        })
+    }
+
+    /// Packs `w` ((OC, C, kh, kw), row-major) in; after every change of the weights. Panics
+    /// if `w` is not `shape.weights_len()` long.
+    pub fn pack(&mut self, w: &[f32]) {
+        let s = self.shape;
+        assert_eq!(w.len(), s.weights_len(), "conv weights of {s:?}");
+        let (ckk, kk) = (s.ckk(), s.kernel.0 * s.kernel.1);
+        self.w.pack(super::gemm::Mat { data: w, rs: ckk, cs: 1 });
+        self.w_t.pack(super::gemm::Mat { data: w, rs: 1, cs: ckk });
+        self.w_swapped.pack_with(|c, p| w[(p / kk) * ckk + c * kk + p % kk]);
+    }
+}
+
+/// The blocks of samples a batch's weight gradient is summed in, at most this many.
+const MAX_WGRAD_BLOCKS: usize = 16;
+
+/// Blocks the weight gradient of `batch` samples is summed in: a function of the batch alone,
+/// never of the thread count.
+pub(crate) fn wgrad_blocks(batch: usize) -> usize {
+    batch.clamp(1, MAX_WGRAD_BLOCKS)
+}
+
+/// What a convolution's kernels need besides the GEMM's packing buffers, allocated once: each
+/// thread's scratch (enough for either route), the direct route's window offsets, and the
+/// partial weight gradients of a batch of up to `capacity` samples.
+pub(crate) struct ConvWorkspace {
+    isa: Isa,
+    shape: ConvShape,
+    scratch: Vec<f32>,
+    per_thread: usize,
+    /// Offset of lowered row (c, i, j) in the input planes (direct forward, weight gradient).
+    offsets: Vec<usize>,
+    /// Offset of row (oc, i, j) in the gradient planes (direct input gradient).
+    grad_offsets: Vec<usize>,
+    partials: Vec<f32>,
+}
+
+impl ConvWorkspace {
+    /// For `threads` threads and batches of up to `capacity` samples (`capacity` 0: forward
+    /// only), for the kernels of `isa`. `Err` on a shape with no output, a kernel this CPU
+    /// does not run, or an allocation that cannot be had.
+    pub fn new(isa: Isa, shape: &ConvShape, threads: usize, capacity: usize) -> Result<ConvWorkspace> {
+        isa.check()?;
+        shape.out_size()?;
+        let per_thread = lowered::scratch_len(shape).max(direct::scratch_len(isa, shape));
+        let scratch = zeros(threads.max(1).checked_mul(per_thread).ok_or_else(|| too_large(shape))?, || "convolution scratch".into())?;
+        let partials_len = (wgrad_blocks(capacity) - 1).checked_mul(shape.weights_len()).ok_or_else(|| too_large(shape))?;
+        let partials = if capacity == 0 { Vec::new() } else { zeros(partials_len, || "partial weight gradients".into())? };
+        Ok(ConvWorkspace {
+            isa,
+            shape: *shape,
+            scratch,
+            per_thread,
+            offsets: direct::input_offsets(shape)?,
+            grad_offsets: direct::grad_offsets(shape)?,
+            partials,
+        })
+    }
+}
+
+fn too_large(shape: &ConvShape) -> Error {
+    Error::Shape(format!("convolution {shape:?}: its buffers hold more values than memory can"))
+}
+
+/// One thread's view of the workspace during a run.
+struct Sample<'a> {
+    shape: &'a ConvShape,
+    weights: &'a ConvWeights,
+    offsets: &'a [usize],
+    grad_offsets: &'a [usize],
+}
+
+/// The scratch of worker `worker` in a run that alone uses `scratch`.
+///
+/// # Safety
+/// `worker` is the calling task's worker index (so no other thread uses that part).
+#[allow(clippy::mut_from_ref)]
+unsafe fn worker_scratch<'a>(scratch: &SharedMut<'a, f32>, per_thread: usize, worker: usize) -> &'a mut [f32] {
+    // SAFETY: one range per worker index, used by one task at a time (the contract).
+    unsafe { scratch.slice(worker * per_thread..(worker + 1) * per_thread) }
+}
+
+/// Checks every entry makes before it touches memory (the buffers' lengths are checked where
+/// they are sliced).
+fn check(gemm: &GemmWorkspace, ws: &ConvWorkspace, weights: &ConvWeights, pool: &Pool) {
+    assert!(ws.shape == weights.shape, "conv workspace for {:?}, weights for {:?}", ws.shape, weights.shape);
+    let enough = gemm.threads() >= pool.threads() && ws.scratch.len() >= pool.threads() * ws.per_thread;
+    assert!(enough, "conv workspaces for fewer threads than the pool's");
+    let isa = weights.w.isa();
+    assert!(
+        gemm.isa() == isa && ws.isa == isa,
+        "conv weights packed for another kernel ({isa:?}) than the workspaces' ({:?}, {:?})",
+        gemm.isa(),
+        ws.isa
+    );
+}
+
+/// z (batch × OC·OH·OW) ← conv(x (batch × C·H·W)), without the bias, samples spread over the
+/// pool. Panics if a buffer is too short for `batch` samples or the workspaces do not match.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward(
+    route: ConvRoute,
+    pool: &Pool,
+    gemm: &mut GemmWorkspace,
+    ws: &mut ConvWorkspace,
+    weights: &ConvWeights,
+    batch: usize,
+    x: &[f32],
+    z: &mut [f32],
+) {
+    check(gemm, ws, weights, pool);
+    let shape = ws.shape;
+    let (in_len, out_len) = (shape.in_len(), shape.out_len());
+    let (x, z) = (&x[..batch * in_len], SharedMut::new(&mut z[..batch * out_len]));
+    let per_thread = ws.per_thread;
+    let scratch = SharedMut::new(&mut ws.scratch);
+    let sample = Sample { shape: &shape, weights, offsets: &ws.offsets, grad_offsets: &ws.grad_offsets };
+    pool.run_with(batch, gemm.workers(), &|s, worker, gemm| {
+        // SAFETY: `worker` is this task's worker index in a run that alone uses `scratch`;
+        // sample s alone writes z[s·out_len..][..out_len].
+        let (buf, zs) = unsafe { (worker_scratch(&scratch, per_thread, worker), z.slice(s * out_len..(s + 1) * out_len)) };
+        let xs = &x[s * in_len..][..in_len];
+        match route {
+            ConvRoute::Lowered => lowered::forward(gemm, buf, &sample, xs, zs),
+            ConvRoute::Direct => direct::forward(gemm, buf, &sample, xs, zs),
+        }
+    });
+}
+
+/// dW ← Σ_s dZ_s ⋆ X_s (the weight gradient, overwritten) and, when `dx` is given, dX ← the
+/// input gradient (overwritten), from x and dz of `batch` samples (batch ≤ the workspace's
+/// capacity).
+///
+/// The batch is cut into `wgrad_blocks(batch)` contiguous blocks of samples; block 0 sums its
+/// samples, in order, into `dw`, block b > 0 into its own partial buffer, and the partials are
+/// then added to `dw` in block order. The threads only decide who computes which block, so dW
+/// has the same bits on any number of threads.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(
+    route: ConvRoute,
+    pool: &Pool,
+    gemm: &mut GemmWorkspace,
+    ws: &mut ConvWorkspace,
+    weights: &ConvWeights,
+    batch: usize,
+    x: &[f32],
+    dz: &[f32],
+    dw: &mut [f32],
+    dx: Option<&mut [f32]>,
+) {
+    check(gemm, ws, weights, pool);
+    let shape = ws.shape;
+    let (in_len, out_len, w_len) = (shape.in_len(), shape.out_len(), shape.weights_len());
+    let blocks = wgrad_blocks(batch);
+    assert!(
+        dw.len() == w_len && ws.partials.len() >= (blocks - 1) * w_len,
+        "conv backward: dW or the partials too small for {batch} samples"
+    );
+    let (x, dz) = (&x[..batch * in_len], &dz[..batch * out_len]);
+    let dx = dx.map(|dx| SharedMut::new(&mut dx[..batch * in_len]));
+    let per_thread = ws.per_thread;
+    let scratch = SharedMut::new(&mut ws.scratch);
+    let (dw_shared, partials) = (SharedMut::new(&mut *dw), SharedMut::new(&mut ws.partials));
+    let sample = Sample { shape: &shape, weights, offsets: &ws.offsets, grad_offsets: &ws.grad_offsets };
+    pool.run_with(blocks, gemm.workers(), &|block, worker, gemm| {
+        // SAFETY: block b alone writes its dW buffer and the dX of its own samples; `worker`
+        // is this task's worker index in a run that alone uses `scratch`.
+        let (acc, buf) = unsafe {
+            let acc = if block == 0 { dw_shared.slice(0..w_len) } else { partials.slice((block - 1) * w_len..block * w_len) };
+            (acc, worker_scratch(&scratch, per_thread, worker))
+        };
+        for (n, s) in chunk_range(batch, blocks, block).enumerate() {
+            // SAFETY: sample s belongs to this block only.
+            let dxs = dx.as_ref().map(|dx| unsafe { dx.slice(s * in_len..(s + 1) * in_len) });
+            let (xs, dzs) = (&x[s * in_len..][..in_len], &dz[s * out_len..][..out_len]);
+            match route {
+                ConvRoute::Lowered => lowered::backward(gemm, buf, &sample, xs, dzs, acc, n > 0, dxs),
+                ConvRoute::Direct => direct::backward(gemm, buf, &sample, xs, dzs, acc, n > 0, dxs),
+            }
+        }
+    });
+    // dW[e] = ((block 0 + block 1) + block 2) + …, each element in that order; the elements
+    // are independent, so they may be spread over the threads.
+    let partials = &ws.partials[..(blocks - 1) * w_len];
+    let dw = SharedMut::new(dw);
+    for_chunks(pool, w_len, 16384, &|_, range| {
+        // SAFETY: chunks are disjoint ranges of dW.
+        let dw = unsafe { dw.slice(range.clone()) };
+        for part in partials.chunks_exact(w_len) {
+            dw.iter_mut().zip(&part[range.clone()]).for_each(|(d, p)| *d += *p);
+        }
+    });
+}
+
+/// The fastest of `runs` calls of `f` after one warm-up call: what a route costs, for
+/// choosing one (noise only ever adds time).
+pub(crate) fn fastest_of(runs: usize, mut f: impl FnMut()) -> Duration {
+    f();
+    (0..runs.max(1))
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+/// [`forward`] on `route`, timed: the fastest of `runs` calls.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn time_forward(
+    route: ConvRoute,
+    runs: usize,
+    pool: &Pool,
+    gemm: &mut GemmWorkspace,
+    ws: &mut ConvWorkspace,
+    weights: &ConvWeights,
+    batch: usize,
+    x: &[f32],
+    z: &mut [f32],
+) -> Duration {
+    fastest_of(runs, || forward(route, pool, gemm, ws, weights, batch, x, z))
+}
+
+/// [`backward`] on `route`, timed: the fastest of `runs` calls.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn time_backward(
+    route: ConvRoute,
+    runs: usize,
+    pool: &Pool,
+    gemm: &mut GemmWorkspace,
+    ws: &mut ConvWorkspace,
+    weights: &ConvWeights,
+    batch: usize,
+    (x, dz): (&[f32], &[f32]),
+    dw: &mut [f32],
+    mut dx: Option<&mut [f32]>,
+) -> Duration {
+    fastest_of(runs, || backward(route, pool, gemm, ws, weights, batch, x, dz, dw, dx.as_deref_mut()))
+}
+
+/// Each route's forward and backward (with the input gradient when `input_grad`) on `shape`,
+/// timed on `threads` threads with buffers of its own (uniform values): the fastest of `runs`
+/// calls each, the routes interleaved. For benches; a layer times its routes on its own buffers.
+pub(crate) fn route_times(
+    shape: &ConvShape,
+    batch: usize,
+    threads: usize,
+    runs: usize,
+    input_grad: bool,
+) -> Result<Vec<(ConvRoute, Duration, Duration)>> {
+    let (isa, pool) = (Isa::best(), Pool::new(threads)?);
+    let (mut gemm, mut ws) = (GemmWorkspace::with_isa(threads, isa)?, ConvWorkspace::new(isa, shape, threads, batch)?);
+    let mut weights = ConvWeights::new(isa, shape)?;
+    let values = |len: usize| -> Result<Vec<f32>> {
+        let mut v = zeros(len, || "convolution timing buffers".into())?;
+        v.iter_mut().enumerate().for_each(|(i, x)| *x = (i % 17) as f32 / 8.0 - 1.0);
+        Ok(v)
+    };
+    weights.pack(&values(shape.weights_len())?);
+    let (x, dz) = (values(batch * shape.in_len())?, values(batch * shape.out_len())?);
+    let (mut z, mut dw, mut dx) = (values(batch * shape.out_len())?, values(shape.weights_len())?, values(batch * shape.in_len())?);
+    let mut times = Vec::new();
+    for route in ConvRoute::ALL {
+        let f = time_forward(route, runs, &pool, &mut gemm, &mut ws, &weights, batch, &x, &mut z);
+        let dx = if input_grad { Some(&mut dx[..]) } else { None };
+        let b = time_backward(route, runs, &pool, &mut gemm, &mut ws, &weights, batch, (&x, &dz), &mut dw, dx);
+        times.push((route, f, b));
+    }
+    Ok(times)
+}
