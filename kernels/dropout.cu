@@ -1,8 +1,9 @@
 // Dropout (src/layers/dropout.rs): the mask is Philox4x32-10 of (value / 4, the training pass)
 // under (the seed's low word, its high word + the layer's key), word value % 4 below `threshold`
-// dropping the value, exactly as on the CPU. The seed and the pass number are read from `draw`
-// (seed low, seed high, pass low, pass high), device memory, so a captured training step draws a
-// new mask on each replay: dropout_next_pass, the step's last kernel, moves the pass on.
+// dropping the value, exactly as on the CPU. The seed, the pass number and the replica are read
+// from `draw` (seed low, seed high, pass low, pass high, replica), device memory, so a captured
+// training step draws a new mask on each replay: dropout_next_pass, the step's last kernel, moves
+// the pass on. The counter's second word is the replica (value / 2^34 is 0 here: n < 2^31).
 
 // Philox4x32-10 (Random123's constants): ten rounds of `c` under `k`, the key bumped between them.
 __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
@@ -31,7 +32,7 @@ extern "C" __global__ void dropout(const float* in, float* out, const unsigned i
     unsigned int pass_lo = draw[2], pass_hi = draw[3];
     int groups = (n + 3) / 4;
     GRID_STRIDE(g, groups) {
-        uint4 w = philox4x32_10(make_uint4((unsigned int)g, 0u, pass_lo, pass_hi), key);
+        uint4 w = philox4x32_10(make_uint4((unsigned int)g, draw[4], pass_lo, pass_hi), key);
         unsigned int words[4] = {w.x, w.y, w.z, w.w};
         for (int j = 0; j < 4; j++) {
             int i = 4 * g + j;

@@ -110,7 +110,7 @@ impl Model {
 
     /// Where a training pass draws dropout's masks: the seed, and the count of passes before it.
     fn draw(&self, pass: u64) -> Draw {
-        Draw { seed: self.seed, pass }
+        Draw { seed: self.seed, pass, replica: 0 }
     }
 
     /// The device this model's parameters live on.

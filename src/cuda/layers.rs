@@ -354,7 +354,7 @@ impl Gpu {
         (draw, output_region, p): (View<u32>, usize, f32),
         train: bool,
     ) -> Result<()> {
-        assert!(input.len() >= n && out.len() >= n && draw.len() >= 4, "dropout: short view");
+        assert!(input.len() >= n && out.len() >= n && draw.len() >= 5, "dropout: short view");
         if n == 0 {
             return Ok(());
         }

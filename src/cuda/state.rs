@@ -66,9 +66,12 @@ pub(crate) struct DevModel {
     /// The model's buffers (running statistics and the like), where its plan has any.
     buffers: Option<DevBuf<f32>>,
     /// Where dropout draws its masks: the seed and the count of training passes, two words
-    /// each, low first; a training step of a plan with dropout moves the count on, on the
-    /// device (the host's count, `Model::passes`, follows as it queues the steps).
+    /// each, low first, then the replica's number ([`draw_words`]); a training step of a plan
+    /// with dropout moves the count on, on the device (the host's count, `Model::passes`,
+    /// follows as it queues the steps).
     draw: DevBuf<u32>,
+    /// The replica's number dropout draws with: 0, or this GPU's rank in data-parallel training.
+    replica: u32,
     pub options: GpuOptions,
 }
 
@@ -157,12 +160,20 @@ impl DevModel {
         let params = DevBuf::from_host(gpu, &stream, params)?;
         let buffers = (!buffers.is_empty()).then(|| DevBuf::from_host(gpu, &stream, buffers)).transpose()?;
         let draw = DevBuf::from_host(gpu, &stream, &draw_words(draw))?;
-        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, loss_side, params, buffers, draw, options })
+        Ok(DevModel { gpu: Arc::clone(gpu), stream, side, loss_side, params, buffers, draw, replica: 0, options })
     }
 
     /// Dropout's seed and count of training passes replaced, after every queued step.
     pub fn set_draw(&mut self, seed: u64, passes: u64) -> Result<()> {
-        self.draw.upload(&self.stream, &draw_words(Draw { seed, pass: passes }))
+        self.draw.upload(&self.stream, &draw_words(Draw { seed, pass: passes, replica: self.replica }))
+    }
+
+    /// Dropout's masks drawn as replica `replica`'s (data-parallel training: each GPU's share
+    /// of the batch draws its own), after every queued step; `seed` and `passes` as
+    /// [`DevModel::set_draw`].
+    pub fn set_replica(&mut self, replica: u32, seed: u64, passes: u64) -> Result<()> {
+        self.replica = replica;
+        self.set_draw(seed, passes)
     }
 
     pub fn device(&self) -> Device {
@@ -777,9 +788,9 @@ pub(super) fn spin_until(
     Ok(())
 }
 
-/// `draw` as the kernels read it: seed low, seed high, pass low, pass high.
-fn draw_words(draw: Draw) -> [u32; 4] {
-    [draw.seed as u32, (draw.seed >> 32) as u32, draw.pass as u32, (draw.pass >> 32) as u32]
+/// `draw` as the kernels read it: seed low, seed high, pass low, pass high, replica.
+pub(crate) fn draw_words(draw: Draw) -> [u32; 5] {
+    [draw.seed as u32, (draw.seed >> 32) as u32, draw.pass as u32, (draw.pass >> 32) as u32, draw.replica]
 }
 
 fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {

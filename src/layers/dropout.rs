@@ -5,9 +5,13 @@
 //! The mask is a counter-based draw, so nothing is stored and the backward pass draws it again:
 //! value i of the step's output for the batch (sample-major) is dropped when word i mod 4 of
 //! Philox4x32-10 (Salmon, Moraes, Dror and Shaw, SC 2011; Random123's constants) of the counter
-//! (i div 4 as two words, the training pass's number as two) under the key (the seed's low word,
-//! its high word + the step's output region × 0x9E3779B9) is below ⌊p·2³²⌋. The same bits on the
-//! CPU and the GPU; every value, pass and dropout step drawn with its own counter or key. The
+//! (i div 4 as two words, the high one plus the replica's number, and the training pass's number
+//! as two) under the key (the seed's low word, its high word + the step's output region ×
+//! 0x9E3779B9) is below ⌊p·2³²⌋. The same bits on the CPU and the GPU; every value, pass and
+//! dropout step drawn with its own counter or key. The replica's number is 0 but in
+//! data-parallel training ([`crate::DataParallel`]), where each GPU's share of the batch draws
+//! masks of its own (the GPU's rank; a batch's values number below 2³⁴ on a GPU, so the word
+//! i div 2³⁴ is 0 there and ranks never share a counter), independent of the others'. The
 //! pass number is the model's count of training passes ([`crate::Model::train_passes`]), which
 //! a checkpoint keeps, so a resumed run draws the masks the uninterrupted one would have.
 
@@ -35,12 +39,13 @@ impl Chain {
     }
 }
 
-/// Where a training pass draws dropout's masks: the model's seed and the number of training
-/// passes before this one.
+/// Where a training pass draws dropout's masks: the model's seed, the number of training
+/// passes before this one, and the replica (0, or a GPU's rank in data-parallel training).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Draw {
     pub seed: u64,
     pub pass: u64,
+    pub replica: u32,
 }
 
 /// Random123's Philox4x32 constants: the round multipliers and the key's Weyl increments.
@@ -82,6 +87,7 @@ pub(crate) fn scale(p: f32) -> f32 {
 pub(crate) struct Mask {
     key: [u32; 2],
     pass: [u32; 2],
+    replica: u32,
     threshold: u32,
     scale: f32,
 }
@@ -89,14 +95,16 @@ pub(crate) struct Mask {
 impl Mask {
     pub fn new(p: f32, output_region: usize, draw: Draw) -> Mask {
         let key = [draw.seed as u32, ((draw.seed >> 32) as u32).wrapping_add(layer_key(output_region))];
-        Mask { key, pass: [draw.pass as u32, (draw.pass >> 32) as u32], threshold: threshold(p), scale: scale(p) }
+        let pass = [draw.pass as u32, (draw.pass >> 32) as u32];
+        Mask { key, pass, replica: draw.replica, threshold: threshold(p), scale: scale(p) }
     }
 
     /// The factors of values 4g .. 4g + 3: 0 (dropped) or the scale.
     #[inline]
     pub fn group(&self, g: usize) -> [f32; 4] {
         let g = g as u64;
-        let words = philox([g as u32, (g >> 32) as u32, self.pass[0], self.pass[1]], self.key);
+        let high = ((g >> 32) as u32).wrapping_add(self.replica);
+        let words = philox([g as u32, high, self.pass[0], self.pass[1]], self.key);
         words.map(|w| if w < self.threshold { 0.0 } else { self.scale })
     }
 
@@ -246,11 +254,11 @@ mod tests {
     }
 
     /// Over 2²⁰ values the share dropped is p within 5 standard deviations, for several p; the
-    /// masks of two passes, of two layers and of two seeds agree where independent ones would
+    /// masks of two passes, of two layers, of two seeds and of two replicas agree where independent ones would
     /// (p² of the values dropped in both, within 5 standard deviations); the kept values are
     /// scaled by 1/(1 − p); p = 0 keeps everything.
     #[test]
-    fn masks_drop_a_share_p_independently_of_pass_layer_and_seed() {
+    fn masks_drop_a_share_p_independently_of_pass_layer_seed_and_replica() {
         let n = 1 << 20;
         let dropped = |mask: &Mask| -> Vec<bool> { (0..n).map(|i| mask.factor(i) == 0.0).collect() };
         let within = |share: f64, want: f64, what: &str| {
@@ -258,7 +266,7 @@ mod tests {
             assert!((share - want).abs() <= 5.0 * sigma + 1e-12, "{what}: {share} against {want} (σ {sigma:e})");
         };
         for p in [0.1f32, 0.3, 0.5, 0.9] {
-            let draw = Draw { seed: 7, pass: 3 };
+            let draw = Draw { seed: 7, pass: 3, replica: 0 };
             let base = Mask::new(p, 4, draw);
             let a = dropped(&base);
             let share = a.iter().filter(|&&d| d).count() as f64 / n as f64;
@@ -272,6 +280,7 @@ mod tests {
                 ("another layer", Mask::new(p, 6, draw)),
                 ("another seed", Mask::new(p, 4, Draw { seed: 8, ..draw })),
                 ("seed 2³²", Mask::new(p, 4, Draw { seed: 7 + (1 << 32), ..draw })),
+                ("another replica", Mask::new(p, 4, Draw { replica: 1, ..draw })),
             ];
             for (what, other) in others {
                 let b = dropped(&other);
@@ -279,7 +288,7 @@ mod tests {
                 within(both, f64::from(p) * f64::from(p), &format!("p = {p}, {what}"));
             }
         }
-        let none = Mask::new(0.0, 1, Draw { seed: 1, pass: 0 });
+        let none = Mask::new(0.0, 1, Draw { seed: 1, pass: 0, replica: 0 });
         assert!((0..4096).all(|i| none.factor(i) == 1.0), "p = 0 keeps every value");
     }
 
@@ -296,7 +305,7 @@ mod tests {
         for threads in [1, 2, 3] {
             let pool = Pool::new(threads).unwrap();
             for n in [1, 3, 4, 5, 4097, 3 * 4 * MIN_GROUPS + 7] {
-                let mask = Mask::new(0.4, 2, Draw { seed: 11, pass: 5 });
+                let mask = Mask::new(0.4, 2, Draw { seed: 11, pass: 5, replica: 0 });
                 let x = rng.uniform(n);
                 let want: Vec<f32> = (0..n).map(|i| x[i] * mask.factor(i)).collect();
                 let mut y = poisoned(n + 2);

@@ -232,7 +232,7 @@ fn fast_engine_matches_spec_in_smaller_batches_with_poisoned_buffers() {
 }
 
 /// The draw of every training pass the checks run (a fixed mask for each dropout step).
-const DRAW: Draw = Draw { seed: 0x5eed_0000_0001, pass: 7 };
+const DRAW: Draw = Draw { seed: 0x5eed_0000_0001, pass: 7, replica: 0 };
 
 /// The plan's buffers at their starting values, in F (the spec's training passes write them).
 fn start_buffers<F: crate::float::Float>(plan: &Plan) -> Vec<F> {

@@ -613,7 +613,7 @@ mod tests {
             ws: &mut fwd.ws,
             gws: &mut bwd.gws,
             // (no dropout here)
-            draw: crate::layers::Draw { seed: 0, pass: 0 },
+            draw: crate::layers::Draw { seed: 0, pass: 0, replica: 0 },
         };
         backward(&dims(step).unwrap(), step, &mut pass, true);
         let dx = &bwd.dacts[crate::layers::region(&plan, 0, 2, 2)];

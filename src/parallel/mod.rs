@@ -8,7 +8,12 @@
 //! share of the batch, so that every replica holds the mean gradient over the global batch,
 //! exactly as one GPU running the whole batch would (up to the order of the sums); then the
 //! update. Every replica gets the same reduced bits and applies the same update to the same
-//! parameters (rank 0's, broadcast when the group forms), so the replicas stay bit-identical.
+//! parameters (rank 0's, broadcast when the group forms), so the replicas' parameters stay
+//! bit-identical. Two things are each replica's own, as in PyTorch's DistributedDataParallel:
+//! dropout's masks (each GPU draws its share's masks with its rank in the counter, so the masks
+//! of the shares are independent, and a run with dropout is not the one-GPU run's equal), and
+//! batch norm's running statistics (each replica moves its own from its share's batch;
+//! [`DataParallel::model`] is rank 0's, with rank 0's statistics).
 //! The loss's totals are reduced the same way: [`DataParallel::last_loss`] is the global
 //! batch's mean loss.
 //!
@@ -326,8 +331,9 @@ impl DataParallel {
         Ok(self.replicas[0].model.parameters()?.into_owned())
     }
 
-    /// This process's first replica's model: to save, evaluate or read. Its methods that wait
-    /// for the GPU do so without the group's timeout: call [`DataParallel::synchronize`] first.
+    /// This process's first replica's model (with that replica's batch norm statistics): to
+    /// save, evaluate or read. Its methods that wait for the GPU do so without the group's
+    /// timeout: call [`DataParallel::synchronize`] first.
     pub fn model(&self) -> &Model {
         &self.replicas[0].model
     }

@@ -41,7 +41,10 @@ impl Replica {
 
     /// The replica of `parts` in the group of `comm`.
     pub(crate) fn join(parts: (Model, Cache, Grads, Optimizer), comm: Comm) -> Result<Replica> {
-        let (model, cache, grads, opt) = parts;
+        let (mut model, cache, grads, opt) = parts;
+        // each GPU's share of the batch draws dropout masks of its own (src/layers/dropout.rs)
+        let (replica, seed, passes) = (comm.rank_in_group() as u32, model.seed, model.train_passes());
+        model.dev.as_mut().expect("a replica lives on a GPU").set_replica(replica, seed, passes)?;
         let gpu = &dev(&model).gpu;
         let event = || -> Result<Event> {
             let event = Event::new(gpu)?;
