@@ -86,7 +86,7 @@ impl Stream<'_> {
     /// (`batch ×` the output length of one step). Sequences past the batch keep their state.
     pub fn step(&mut self, inputs: &[f32]) -> Result<&[f32]> {
         self.cache.set_inputs(inputs)?;
-        self.step.forward(&mut self.cache)
+        self.step.forward_owned(&mut self.cache)
     }
 
     /// Every recurrent layer's state back to zeros, for new sequences.
