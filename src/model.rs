@@ -44,6 +44,13 @@ pub struct Model {
     pub(crate) gpu_options: GpuOptions,
 }
 
+/// An inference pass on the CPU over the cache's batch, reading `buffers`; its outputs.
+fn infer<'c>(plan: &Plan, params: &[f32], pool: &Pool, draw: Draw, buffers: &[f32], cache: &'c mut Cache) -> &'c [f32] {
+    let buffers = Buffers::Read(buffers);
+    layers::forward(plan, params, &mut cache.acts, cache.capacity, cache.batch, pool, &mut cache.ws, buffers, draw, Mode::Infer);
+    cache.outputs()
+}
+
 /// A model's two flat vectors the plan lays out: its parameters and its buffers.
 #[derive(Clone, Copy)]
 enum Flat {
@@ -268,21 +275,20 @@ impl Model {
             return dev.forward(&self.plan, cache);
         }
         let buffers = self.buffers.read().unwrap_or_else(PoisonError::into_inner);
-        let (plan, draw) = (&*self.plan, self.draw(self.train_passes()));
-        let buffers = Buffers::Read(&buffers);
-        layers::forward(
-            plan,
-            &self.params,
-            &mut cache.acts,
-            cache.capacity,
-            cache.batch,
-            &self.pool,
-            &mut cache.ws,
-            buffers,
-            draw,
-            Mode::Infer,
-        );
-        Ok(cache.outputs())
+        Ok(infer(&self.plan, &self.params, &self.pool, self.draw(self.train_passes()), &buffers, cache))
+    }
+
+    /// [`Model::forward`] through `&mut self`: the buffers are borrowed, not locked, so a caller
+    /// that owns its model (a stream's step) takes no lock.
+    pub(crate) fn forward_owned<'c>(&mut self, cache: &'c mut Cache) -> Result<&'c [f32]> {
+        if self.dev.is_some() {
+            return self.forward(cache);
+        }
+        self.check_cache(cache)?;
+        cache.inputs_finite = true;
+        let draw = self.draw(self.train_passes());
+        let buffers = self.buffers.get_mut().unwrap_or_else(PoisonError::into_inner);
+        Ok(infer(&self.plan, &self.params, &self.pool, draw, buffers, cache))
     }
 
     /// Forward, loss and backward on the cache's current batch: fills `grads` with the

@@ -126,6 +126,12 @@ kernels! {
     DropoutNextPass = "dropout_next_pass",
     ResidualAdd = "residual_add",
     ResidualGrad = "residual_grad",
+    RnnBegin = "rnn_begin",
+    GruStep = "gru_step",
+    GruStepBackward = "gru_step_backward",
+    RnnBiasGrad = "rnn_bias_grad",
+    LstmStep = "lstm_step",
+    LstmStepBackward = "lstm_step_backward",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.

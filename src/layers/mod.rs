@@ -61,11 +61,14 @@ pub mod flatten;
 pub mod globalpool;
 #[cfg(test)]
 mod gradcheck;
+pub mod gru;
 pub(crate) mod kind;
 pub mod layer_norm;
 mod lowering;
+pub mod lstm;
 pub mod pool;
 pub mod pool1d;
+pub(crate) mod recurrent;
 pub mod residual;
 pub mod softmax;
 #[cfg(test)]
@@ -116,6 +119,10 @@ layers! {
     /// The mean of each channel: image (C, H, W) or signal (C, L) → vector (C)
     /// (`nn.AdaptiveAvgPool2d(1)` or `1d`, then `nn.Flatten`).
     GlobalAvgPool(globalpool::GlobalAvgPool, "globalpool.cu"),
+    /// A GRU over a sequence (`nn.GRU`, one layer, batch first).
+    Gru(gru::Gru, "gru.cu"),
+    /// An LSTM over a sequence (`nn.LSTM`, one layer, batch first).
+    Lstm(lstm::Lstm, "lstm.cu"),
 }
 
 /// Values of region `r` for `batch` samples, in a buffer built for `capacity`.
@@ -136,6 +143,8 @@ pub(crate) struct Workspace {
     pub gemm: GemmWorkspace,
     pub cols: Vec<f32>,
     pub col_len: usize,
+    /// A recurrent layer's weights as its fast passes read them (`recurrent::Dims::workspace_len`).
+    pub rnn: Vec<f32>,
 }
 
 impl Workspace {
@@ -144,12 +153,13 @@ impl Workspace {
     pub fn new(plan: &Plan, threads: usize) -> Result<Workspace> {
         let col_len = conv::max_col_len(plan);
         let cols = zeros(batch_len(threads, col_len, "convolution columns")?, || format!("the convolution columns of {threads} threads"))?;
-        Ok(Workspace { gemm: GemmWorkspace::new(threads)?, cols, col_len })
+        let rnn = zeros(recurrent::workspace_len(plan), || "the recurrent layers' weights".into())?;
+        Ok(Workspace { gemm: GemmWorkspace::new(threads)?, cols, col_len, rnn })
     }
 
     /// No scratch: for a cache whose steps run on a GPU.
     pub fn none() -> Workspace {
-        Workspace { gemm: GemmWorkspace::none(), cols: Vec::new(), col_len: 0 }
+        Workspace { gemm: GemmWorkspace::none(), cols: Vec::new(), col_len: 0, rnn: Vec::new() }
     }
 }
 
@@ -425,7 +435,7 @@ mod tests {
                 assert!(root.join("kernels").join(file).is_file(), "{}: no kernels/{file}", kind.kind);
             }
         }
-        let engine = ["mod.rs", "kind.rs", "lowering.rs", "spec.rs", "gradcheck.rs"];
+        let engine = ["mod.rs", "kind.rs", "lowering.rs", "recurrent.rs", "spec.rs", "gradcheck.rs"];
         for entry in std::fs::read_dir(root.join("src/layers")).unwrap() {
             let name = entry.unwrap().file_name().into_string().unwrap();
             let registered = REGISTRY.iter().any(|kind| name == format!("{}.rs", kind.room));
