@@ -20,6 +20,11 @@ fn macs(model: &Model) -> (u64, u64) {
             Layer::Dense(_) => step.weight_len() as u64,
             Layer::Conv(conv) => (step.weight_len() / conv.out_channels * step.output.len()) as u64,
             Layer::Conv1d(conv) => (step.weight_len() / conv.out_channels * step.output.len()) as u64,
+            // every step's products W_ih·x_t and W_hh·h_{t−1}
+            Layer::Gru(_) | Layer::Lstm(_) => match step.input {
+                Shape::Sequence { steps, .. } => (steps * (step.tensors[0].range.len() + step.tensors[1].range.len())) as u64,
+                _ => unreachable!("a recurrent layer takes a sequence"),
+            },
             // pools, flatten, softmax: no products
             _ => 0,
         };

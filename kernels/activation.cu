@@ -113,3 +113,33 @@ extern "C" __global__ void bias_grad(const float* dz, float* db, int channels, i
     float sum = block_sum_f32(acc, buf);
     if (threadIdx.x == 0) db[c] = sum;
 }
+
+// A channel's sum in `splits` parts, where one block a channel would leave most of the GPU idle
+// (a convolution's few channels over a large batch): block (c, k) of a (channels, splits) grid
+// sums samples k·chunk .. min(batch, (k+1)·chunk) of channel c into partials[k·channels + c], as
+// bias_grad sums a channel; then bias_grad_join adds each channel's parts in order of k. Fixed
+// orders throughout: deterministic.
+extern "C" __global__ void bias_grad_split(const float* dz, float* partials, int channels, int pixels, int batch, int chunk) {
+    after_prior();
+    __shared__ float buf[REDUCE_THREADS];
+    int c = blockIdx.x, k = blockIdx.y;
+    long long first = (long long)k * chunk, end = min((long long)batch, first + chunk);
+    long long n = end > first ? (end - first) * pixels : 0;
+    float acc = 0.0f;
+    for (long long j = threadIdx.x; j < n; j += REDUCE_THREADS) {
+        long long s = first + j / pixels, p = j % pixels;
+        acc += dz[(s * channels + c) * pixels + p];
+    }
+    float sum = block_sum_f32(acc, buf);
+    if (threadIdx.x == 0) partials[(long long)k * channels + c] = sum;
+}
+
+// db[c] = Σ_k partials[k·channels + c], k = 0 .. splits in order (see bias_grad_split).
+extern "C" __global__ void bias_grad_join(const float* partials, float* db, int channels, int splits) {
+    after_prior();
+    GRID_STRIDE(c, channels) {
+        float acc = 0.0f;
+        for (int k = 0; k < splits; k++) acc += partials[(long long)k * channels + c];
+        db[c] = acc;
+    }
+}

@@ -120,6 +120,15 @@ impl DevCache {
     pub fn download_targets(&self, _out: &mut [f32]) -> Result<()> {
         match *self {}
     }
+    pub fn write_acts(&mut self, _at: usize, _values: &[f32]) -> Result<()> {
+        match *self {}
+    }
+    pub fn zero_acts(&mut self, _range: std::ops::Range<usize>) -> Result<()> {
+        match *self {}
+    }
+    pub fn read_acts(&self, _at: usize, _out: &mut [f32]) -> Result<()> {
+        match *self {}
+    }
 }
 
 impl DevGrads {

@@ -141,6 +141,14 @@ impl Words<'_> {
         }
     }
 
+    /// Word `at`, which must be the last.
+    pub fn last_word(&self, at: usize) -> Result<&str> {
+        match self.words.get(at..) {
+            Some([word]) => Ok(word),
+            _ => Err(self.bad(format!("architecture entry {:?} has the wrong number of fields", self.part))),
+        }
+    }
+
     /// The error for an entry no layer kind reads.
     pub fn unknown(&self) -> Error {
         self.bad(format!("unknown architecture entry {:?}", self.part))

@@ -166,6 +166,7 @@ pub(crate) mod plan;
 pub(crate) mod predict;
 pub(crate) mod schedule;
 pub mod serve;
+pub mod stream;
 pub(crate) mod summary;
 #[doc(hidden)]
 pub mod testutil;
@@ -184,8 +185,11 @@ pub use layers::{
     dense::Dense,
     flatten::Flatten,
     globalpool::GlobalAvgPool,
+    gru::Gru,
+    lstm::Lstm,
     pool::MaxPool,
     pool1d::{MaxPool1d, Pool1dOptions},
+    recurrent::RnnOutput,
     softmax::Softmax,
 };
 pub use layers::{batch_norm::BatchNorm, dropout::Dropout, layer_norm::LayerNorm, residual::Add, residual::Fork};
@@ -196,12 +200,14 @@ pub use optim::{Clip, Optim, Optimizer};
 pub use parallel::{DataParallel, Group};
 pub use schedule::Schedule;
 pub use serve::Server;
+pub use stream::Stream;
 
 /// Everything a training program needs, in one import.
 pub mod prelude {
     pub use crate::{
         Activation, Cache, Chain, Clip, Conv1dOptions, ConvOptions, Device, Elu, Error, Gelu, GpuOptions, Grads, Identity, Init, Input,
-        LeakyRelu, Loss, Model, Optim, Optimizer, Pool1dOptions, Relu, Schedule, Server, Shape, Sigmoid, Silu, Softplus, Tanh, ToDevice,
+        LeakyRelu, Loss, Model, Optim, Optimizer, Pool1dOptions, Relu, RnnOutput, Schedule, Server, Shape, Sigmoid, Silu, Softplus, Stream,
+        Tanh, ToDevice,
     };
     #[cfg(feature = "cuda")]
     pub use crate::{DataParallel, Group};

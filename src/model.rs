@@ -55,6 +55,15 @@ pub(crate) fn new_version() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// An inference pass on the CPU over the cache's batch with the parameters `params` of their
+/// version, reading `buffers`, on `pool` (or, at batch 1, where the cache timed it faster); its
+/// outputs.
+fn infer<'c>(plan: &Plan, params: (&[f32], u64), pool: &Pool, draw: Draw, buffers: &[f32], cache: &'c mut Cache) -> &'c [f32] {
+    let (buffers, pool) = (Buffers::Read(buffers), cache.one.pool(cache.batch, pool));
+    layers::forward(plan, params, &mut cache.acts, cache.capacity, cache.batch, pool, &mut cache.ws, buffers, draw, Mode::Infer);
+    cache.outputs()
+}
+
 /// A model's two flat vectors the plan lays out: its parameters and its buffers.
 #[derive(Clone, Copy)]
 enum Flat {
@@ -294,11 +303,20 @@ impl Model {
             return dev.forward(&self.plan, cache);
         }
         let buffers = self.buffers.read().unwrap_or_else(PoisonError::into_inner);
-        let (plan, draw) = (&*self.plan, self.draw(self.train_passes()));
-        let (params, pool) = ((&self.params[..], self.version), cache.one.pool(cache.batch, &self.pool));
-        let buffers = Buffers::Read(&buffers);
-        layers::forward(plan, params, &mut cache.acts, cache.capacity, cache.batch, pool, &mut cache.ws, buffers, draw, Mode::Infer);
-        Ok(cache.outputs())
+        Ok(infer(&self.plan, (&self.params, self.version), &self.pool, self.draw(self.train_passes()), &buffers, cache))
+    }
+
+    /// [`Model::forward`] through `&mut self`: the buffers are borrowed, not locked, so a caller
+    /// that owns its model (a stream's step) takes no lock.
+    pub(crate) fn forward_owned<'c>(&mut self, cache: &'c mut Cache) -> Result<&'c [f32]> {
+        if self.dev.is_some() {
+            return self.forward(cache);
+        }
+        self.check_cache(cache)?;
+        cache.inputs_finite = true;
+        let draw = self.draw(self.train_passes());
+        let buffers = self.buffers.get_mut().unwrap_or_else(PoisonError::into_inner);
+        Ok(infer(&self.plan, (&self.params, self.version), &self.pool, draw, buffers, cache))
     }
 
     /// Forward, loss and backward on the cache's current batch: fills `grads` with the

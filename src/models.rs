@@ -2,6 +2,7 @@
 
 use crate::activation::Activation::{Gelu, Identity, Relu, Sigmoid};
 use crate::chain::{Chain, ConvOptions, Input};
+use crate::layers::recurrent::RnnOutput;
 
 /// The MLP 784-128-64-10 with ReLU, for 28×28 images given as vectors (MNIST).
 pub fn mlp() -> Chain {
@@ -89,6 +90,18 @@ pub fn ts_conv1d() -> Chain {
     Chain::new(Input::signal(1, 256)).conv1d(16, 7, Relu).max_pool1d(2).conv1d(32, 5, Relu).global_avg_pool().dense(4, Identity)
 }
 
+/// A GRU of 64 units over sequences of 128 steps of one feature, its last hidden state into one
+/// output (for MSE): a one-step-ahead regressor of a signal.
+pub fn gru_seq() -> Chain {
+    Chain::new(Input::sequence(128, 1)).gru(64, RnnOutput::LastStep).dense(1, Identity)
+}
+
+/// An LSTM of 128 units over sequences of 64 steps of 8 features, its last hidden state into 4
+/// class scores (for cross-entropy).
+pub fn lstm_seq() -> Chain {
+    Chain::new(Input::sequence(64, 8)).lstm(128, RnnOutput::LastStep).dense(4, Identity)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +122,10 @@ mod tests {
     fn batch_norm(channels: usize) -> usize {
         2 * channels
     }
+    /// A recurrent layer of `gates` gates: W_ih, W_hh and both biases.
+    fn recurrent(gates: usize, inputs: usize, hidden: usize) -> usize {
+        gates * hidden * (inputs + hidden + 2)
+    }
 
     /// Each network has the parameter count and output shape its description implies (the
     /// zoo's peers are checked against the same counts).
@@ -120,6 +137,8 @@ mod tests {
             (vgg_small(), conv(3, 16, 3) + conv(16, 16, 3) + conv(16, 32, 3) + conv(32, 32, 3) + dense(32 * 8 * 8, 64) + dense(64, 10), 10),
             (ts_conv1d(), conv1d(1, 16, 7) + conv1d(16, 32, 5) + dense(32, 4), 4),
             (resnet_small(), conv(3, 16, 3) + batch_norm(16) + 3 * 2 * (conv(16, 16, 3) + batch_norm(16)) + dense(16, 10), 10),
+            (gru_seq(), recurrent(3, 1, 64) + dense(64, 1), 1),
+            (lstm_seq(), recurrent(4, 8, 128) + dense(128, 4), 4),
         ];
         for (chain, params, outputs) in cases {
             let model = chain.build().unwrap();

@@ -128,7 +128,40 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
     }
     if cudnn == "0" {
         a_server_call_allocates_nothing(&device);
+        recurrent_steps_allocate_nothing(&device);
     }
+}
+
+/// 1,000 training steps (one graph each, two batch sizes) of an LSTM and a GRU over sequences,
+/// and 1,000 calls of a stream of the model, batch 1 and 2 in turn.
+fn recurrent_steps_allocate_nothing(device: &Device) {
+    let chain = Chain::new(Shape::sequence(12, 3)).lstm(20, RnnOutput::Sequence).gru(16, RnnOutput::LastStep).dense(10, Identity);
+    let mut model = chain.build().unwrap().init(Init::GlorotUniform, 1).to(device).unwrap();
+    let (mut fwd, mut bwd) = (model.preallocate(300).unwrap(), model.preallocate_grads(300).unwrap());
+    let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+    let x = Rng::new(2).uniform(300 * 36);
+    let labels: Vec<u32> = (0..300).map(|i| i % 10).collect();
+    // 300: the last layer in the training head (above 256 samples); 31: the separate kernels
+    let mut step = |i: usize| {
+        let n = if i.is_multiple_of(2) { 300 } else { 31 };
+        fwd.set_inputs(&x[..n * 36]).unwrap();
+        fwd.set_labels(&labels[..n]).unwrap();
+        opt.train_step(&mut model, &mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+    };
+    for i in 0..4 {
+        step(i);
+    }
+    let free_before = device.memory().unwrap().0;
+    let allocations = allocations_in(|| (0..1000).for_each(&mut step));
+    assert!(bwd.last_loss().unwrap().is_finite());
+    let free_after = device.memory().unwrap().0;
+    let mut stream = model.stream(2).unwrap();
+    let mut call = |i: usize| assert!(stream.step(&x[..(1 + i % 2) * 3]).unwrap()[0].is_finite());
+    (0..4).for_each(&mut call);
+    let stream_allocations = allocations_in(|| (0..1000).for_each(&mut call));
+    println!("lstm + gru: 1000 steps, {allocations} host allocations+frees; 1000 stream calls, {stream_allocations}; free device memory {free_before} -> {free_after}");
+    assert_eq!((allocations, stream_allocations), (0, 0), "host allocations in recurrent steps or stream calls");
+    assert_eq!(free_before, free_after, "device memory changed over recurrent steps");
 }
 
 /// 1,000 calls to a resident server, new inputs and the same again, batch 128 and 1, with a

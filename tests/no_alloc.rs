@@ -5,7 +5,8 @@
 //! each kind of clipping, weight decay and a learning-rate schedule; for a net of every
 //! pooling, 1-D and softmax layer with each loss; and so does a whole epoch of the
 //! MNIST loader (shuffle, batches written into the cache, a final partial batch) and training
-//! steps, after a warm-up epoch.
+//! steps, after a warm-up epoch; and so do 100 training steps of a GRU and an LSTM, and 100,000
+//! steps of a stream of them.
 //!
 //! One #[test] only: the counter is global, so tests running beside it would be counted.
 
@@ -14,6 +15,7 @@ use flatnn::models::{mlp, simplenns_cnn};
 use flatnn::prelude::*;
 use flatnn::testutil::{pooling_net, signal_net, Rng};
 use flatnn::ConvOptions;
+use flatnn::RnnOutput;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -122,6 +124,48 @@ fn count_epoch(threads: usize) -> (usize, usize) {
     counts
 }
 
+/// Allocations and deallocations over 100 training steps (and forward calls) of an LSTM and a
+/// GRU over sequences, from set initial states, after one warm-up step; then over 100,000 steps of
+/// a stream of the model, batch 1 and 2 in turn, with a reset every 1,000.
+fn count_recurrent(threads: usize) -> ((usize, usize), (usize, usize)) {
+    let chain = Chain::new(Shape::sequence(12, 3)).lstm(20, RnnOutput::Sequence).gru(16, RnnOutput::LastStep).dense(10, Identity);
+    let mut model = chain.build().unwrap().init(Init::GlorotUniform, 1).with_threads(threads).unwrap();
+    let (mut fwd, mut bwd) = (model.preallocate(8).unwrap(), model.preallocate_grads(8).unwrap());
+    let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+    let mut rng = Rng::new(4);
+    let (x, h0) = (rng.uniform(8 * 36), rng.uniform(8 * 16));
+    let labels: Vec<u32> = (0..8).map(|i| i % 10).collect();
+    let mut step = |fwd: &mut Cache| {
+        let b = if fwd.batch() == 8 { 7 } else { 8 };
+        fwd.set_state(1, &h0[..b * 16]).unwrap();
+        fwd.set_inputs(&x[..b * 36]).unwrap();
+        fwd.set_labels(&labels[..b]).unwrap();
+        opt.train_step(&mut model, &mut bwd, fwd, Loss::LogitCrossEntropy).unwrap();
+        assert!(bwd.last_loss().unwrap().is_finite());
+        model.forward(fwd).unwrap();
+    };
+    step(&mut fwd);
+    let (a0, d0) = (ALLOCS.load(Relaxed), DEALLOCS.load(Relaxed));
+    for _ in 0..100 {
+        step(&mut fwd);
+    }
+    let training = (ALLOCS.load(Relaxed) - a0, DEALLOCS.load(Relaxed) - d0);
+    let mut stream = model.stream(2).unwrap();
+    let mut call = |i: usize| {
+        if i.is_multiple_of(1000) {
+            stream.reset_state().unwrap();
+        }
+        let n = 1 + i % 2;
+        assert!(stream.step(&x[i % 30..][..n * 3]).unwrap()[0].is_finite());
+    };
+    call(0);
+    let (a0, d0) = (ALLOCS.load(Relaxed), DEALLOCS.load(Relaxed));
+    for i in 1..100_001 {
+        call(i);
+    }
+    (training, (ALLOCS.load(Relaxed) - a0, DEALLOCS.load(Relaxed) - d0))
+}
+
 #[test]
 fn a_step_allocates_nothing() {
     // the counter sees what it should: one Vec is one allocation and one deallocation
@@ -156,6 +200,13 @@ fn a_step_allocates_nothing() {
         println!("{name} threads={threads} {optim:?} {clip:?} {loss:?}: {allocs} allocations, {deallocs} deallocations in 100 steps");
     }
     assert!(report.iter().all(|r| r.5 == (0, 0)), "a step allocated");
+    for threads in [1, 2] {
+        let (training, streaming) = count_recurrent(threads);
+        println!(
+            "lstm + gru threads={threads}: {training:?} allocations, deallocations in 100 steps; {streaming:?} in 100,000 stream steps"
+        );
+        assert_eq!((training, streaming), ((0, 0), (0, 0)), "a recurrent training step or a stream step allocated");
+    }
     for threads in [1, 2] {
         let (allocs, deallocs) = count_epoch(threads);
         println!("mnist epoch, loader + step, threads={threads}: {allocs} allocations, {deallocs} deallocations");

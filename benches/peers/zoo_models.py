@@ -1,7 +1,7 @@
 """The zoo's networks, as layer lists: the twins of `flatnn::models`, by the same names.
 
-A model is an input shape (features; channels, height, width; or channels, length for a signal),
-a list of layers and a loss. Layers are tuples:
+A model is an input shape (features; channels, height, width; channels, length for a signal; or
+steps, features for a sequence), a list of layers and a loss. Layers are tuples:
     ("dense", out_features, activation)
     ("conv", out_channels, kernel, padding, activation)     square kernel, stride 1
     ("conv1d", out_channels, kernel, padding, activation)   stride 1, dilation 1
@@ -15,6 +15,10 @@ a list of layers and a loss. Layers are tuples:
                                                              nn.Sequential named `body`, then the
                                                              activation's module
     ("flatten",)
+    ("gru", hidden, "last" | "sequence")                     nn.GRU, batch first, one layer
+    ("lstm", hidden, "last" | "sequence")                    nn.LSTM, likewise
+    ("gru", hidden, "last" | "sequence")                   nn.GRU, batch first, one layer
+    ("lstm", hidden, "last" | "sequence")                  nn.LSTM, likewise
 Activations: "identity", "relu", "sigmoid", "tanh", "gelu" (the erf form, PyTorch's nn.GELU()).
 Losses: "xent" (softmax cross-entropy on logits, mean over the batch), "mse" (mean over batch and
 outputs). PyTorch's nn.Sequential twin counts every module (activations, pools, flatten; global
@@ -72,7 +76,11 @@ MODELS = {
         ],
         "xent",
     ),
+    "gru_seq": ((128, 1), [("gru", 64, "last"), ("dense", 1, "identity")], "mse"),
+    "lstm_seq": ((64, 8), [("lstm", 128, "last"), ("dense", 4, "identity")], "xent"),
 }
+
+GATES = {"gru": 3, "lstm": 4}
 
 
 def walk(name):
@@ -108,6 +116,8 @@ def walk_layers(layers, shape, prefix=""):
             out = (math.prod(shape),)
         elif kind == "batchnorm":
             out = shape
+        elif kind in GATES:
+            out = (layer[1],) if layer[2] == "last" else (shape[0], layer[1])
         elif kind == "residual":
             body = list(walk_layers(layer[1], shape))
             if body and body[-1][3] != shape:
@@ -125,7 +135,8 @@ def tensors(name):
     """(state_dict name, shape) of every tensor of model `name`'s state dict, in PyTorch's
     layouts: Linear weight (out, in), Conv2d weight (out, in, k, k), Conv1d weight (out, in, k);
     batch norm's weight, bias, running_mean, running_var (C) and num_batches_tracked (a scalar,
-    int64)."""
+    int64); GRU/LSTM weight_ih_l0 (G·hidden, features), weight_hh_l0 (G·hidden, hidden) and their
+    biases (G gates: 3 or 4)."""
     shape, layers, _ = MODELS[name]
     return layer_tensors(layers, shape, "", buffers=True)
 
@@ -150,6 +161,14 @@ def layer_tensors(layers, shape, prefix, buffers):
             out += [(f"{module}.weight", (c,)), (f"{module}.bias", (c,))]
             if buffers:
                 out += [(f"{module}.running_mean", (c,)), (f"{module}.running_var", (c,)), (f"{module}.num_batches_tracked", ())]
+        elif layer[0] in GATES:
+            rows, hidden = GATES[layer[0]] * layer[1], layer[1]
+            out += [
+                (f"{module}.weight_ih_l0", (rows, shape[1])),
+                (f"{module}.weight_hh_l0", (rows, hidden)),
+                (f"{module}.bias_ih_l0", (rows,)),
+                (f"{module}.bias_hh_l0", (rows,)),
+            ]
         elif layer[0] == "residual":
             out += layer_tensors(layer[1], shape, f"{module}.body.", buffers)
     return out
@@ -175,6 +194,19 @@ def output_len(name):
 
 def loss_kind(name):
     return MODELS[name][2]
+
+
+def recurrent(kind, features, hidden, last):
+    """nn.GRU or nn.LSTM (batch first) as a module of an nn.Sequential: a subclass, so that its
+    state_dict names are nn.GRU's, whose forward gives the output sequence, or its last step."""
+    import torch.nn as nn
+
+    class Recurrent(nn.GRU if kind == "gru" else nn.LSTM):
+        def forward(self, x):
+            out, _ = super().forward(x)
+            return out[:, -1] if last else out
+
+    return Recurrent(features, hidden, batch_first=True)
 
 
 def torch_twin(name):
@@ -223,6 +255,8 @@ def torch_modules(layers, shape):
             modules += [nn.AdaptiveAvgPool1d(1) if len(shape) == 2 else nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         elif kind == "batchnorm":
             modules.append(nn.BatchNorm1d(shape[0]) if len(shape) == 1 else nn.BatchNorm2d(shape[0]))
+        elif kind in GATES:
+            modules.append(recurrent(kind, shape[1], layer[1], layer[2] == "last"))
         elif kind == "residual":
             modules.append(torch_residual(torch_modules(layer[1], shape)))
         else:

@@ -87,8 +87,11 @@ def build(name, weights):
             return y
         raise ValueError(f"unknown activation {act}")
 
-    def init(tensor):
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(weights[tensor], dtype=np.float32), tensor))
+    def init(tensor, value=None):
+        """An initializer named `tensor`: the weight of that name (float32), or `value(weights)`
+        as it is typed."""
+        array = np.ascontiguousarray(weights[tensor], dtype=np.float32) if value is None else np.ascontiguousarray(value(weights))
+        inits.append(numpy_helper.from_array(array, tensor))
         return tensor
 
     shape, layers, _ = zoo_models.MODELS[name]
@@ -138,6 +141,8 @@ def emit(layers, shape, prefix, x, nodes, fresh, init, activation, helper):
             names = [init(f"{module}.{t}") for t in ("weight", "bias", "running_mean", "running_var")]
             nodes.append(helper.make_node("BatchNormalization", [x, *names], [z], epsilon=1e-5))
             x = activation(layer[-1], z)
+        elif kind in zoo_models.GATES:
+            x = recurrent(module, layer, x, nodes, fresh, init, helper)
         elif kind == "residual":
             body = emit(layer[1], shape, f"{module}.body.", x, nodes, fresh, init, activation, helper)
             z = fresh("r")
@@ -148,6 +153,40 @@ def emit(layers, shape, prefix, x, nodes, fresh, init, activation, helper):
             nodes.append(helper.make_node("Flatten", [x], [y], axis=1))
             x = y
     return x
+
+
+def recurrent(module, layer, x, nodes, fresh, init, helper):
+    """An ONNX GRU or LSTM node over x (batch, steps, features), PyTorch's weights (gate blocks
+    r, z, n reordered to ONNX's z, r, h with linear_before_reset = 1, PyTorch's formula; i, f, g, o
+    to i, o, f, c): the time-major transposes around it, and the output sequence (batch, steps,
+    hidden) or the last step's state (batch, hidden). Returns the output's name."""
+    kind, hidden, last = layer
+    order = [1, 0, 2] if kind == "gru" else [0, 3, 1, 2]
+
+    def blocks(a):
+        return np.concatenate([a[g * hidden:(g + 1) * hidden] for g in order], axis=0).astype(np.float32)
+
+    w = init(f"{module}.weight_ih_l0", lambda ws: blocks(ws[f"{module}.weight_ih_l0"])[None])
+    r = init(f"{module}.weight_hh_l0", lambda ws: blocks(ws[f"{module}.weight_hh_l0"])[None])
+    # ONNX's B: the input biases, then the recurrent ones
+    b = init(f"{module}.bias", lambda ws: np.concatenate([blocks(ws[f"{module}.bias_ih_l0"]), blocks(ws[f"{module}.bias_hh_l0"])])[None])
+    axis = init(fresh("axis"), lambda _: np.array([0 if last == "last" else 1], dtype=np.int64))
+    time_major, y, y_h = fresh("t"), fresh("y"), fresh("yh")
+    nodes.append(helper.make_node("Transpose", [x], [time_major], perm=[1, 0, 2]))
+    if kind == "gru":
+        nodes.append(helper.make_node("GRU", [time_major, w, r, b], [y, y_h], hidden_size=hidden, linear_before_reset=1))
+    else:
+        nodes.append(helper.make_node("LSTM", [time_major, w, r, b], [y, y_h], hidden_size=hidden))
+    out = fresh("o")
+    if last == "last":
+        # Y_h (1, batch, hidden) -> (batch, hidden)
+        nodes.append(helper.make_node("Squeeze", [y_h, axis], [out]))
+        return out
+    # Y (steps, 1, batch, hidden) -> (steps, batch, hidden) -> (batch, steps, hidden)
+    squeezed = fresh("s")
+    nodes.append(helper.make_node("Squeeze", [y, axis], [squeezed]))
+    nodes.append(helper.make_node("Transpose", [squeezed], [out], perm=[1, 0, 2]))
+    return out
 
 
 def export_torch(model, name, path):

@@ -15,7 +15,7 @@ pub struct ZooModel {
 }
 
 /// The zoo. A new model: a function in `flatnn::models`, a line here, a line in `zoo_models.py`.
-pub const ZOO: [ZooModel; 8] = [
+pub const ZOO: [ZooModel; 10] = [
     ZooModel { name: "mlp", chain: models::mlp, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "lenet5", chain: models::lenet5, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "simplenn", chain: models::simplenns_mlp, loss: Loss::Mse },
@@ -24,6 +24,8 @@ pub const ZOO: [ZooModel; 8] = [
     ZooModel { name: "vgg_small", chain: models::vgg_small, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "ts_conv1d", chain: models::ts_conv1d, loss: Loss::LogitCrossEntropy },
     ZooModel { name: "resnet_small", chain: models::resnet_small, loss: Loss::LogitCrossEntropy },
+    ZooModel { name: "gru_seq", chain: models::gru_seq, loss: Loss::Mse },
+    ZooModel { name: "lstm_seq", chain: models::lstm_seq, loss: Loss::LogitCrossEntropy },
 ];
 
 /// Seed of the weights (He normal) and of the data.

@@ -6,6 +6,7 @@ pub(crate) mod conv;
 pub(crate) mod gemm;
 pub(crate) mod isa;
 pub(crate) mod pool;
+pub(crate) mod recurrent;
 pub(crate) mod rowdot;
 pub(crate) mod vmath;
 

@@ -69,6 +69,8 @@ kernels! {
     BiasActForward = "bias_act_forward",
     ActBackward = "act_backward",
     BiasGrad = "bias_grad",
+    BiasGradSplit = "bias_grad_split",
+    BiasGradJoin = "bias_grad_join",
     SoftmaxXent = "softmax_xent",
     Mse = "mse",
     ElementwiseLoss = "elementwise_loss",
@@ -124,6 +126,12 @@ kernels! {
     DropoutNextPass = "dropout_next_pass",
     ResidualAdd = "residual_add",
     ResidualGrad = "residual_grad",
+    RnnBegin = "rnn_begin",
+    GruStep = "gru_step",
+    GruStepBackward = "gru_step_backward",
+    RnnBiasGrad = "rnn_bias_grad",
+    LstmStep = "lstm_step",
+    LstmStepBackward = "lstm_step_backward",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.

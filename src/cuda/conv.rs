@@ -30,7 +30,9 @@ pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Act
     let GpuBackward { gpu, blas, stream, plan, f, b, index, need_dx, .. } = *pass;
     let z = pass.region(step.z_region);
     let (_, bias) = step.weight_and_bias();
-    gpu.bias_grad(stream, channels, pixels, f.batch, pass.dacts(z), Raw::of(b.grads).at_mut(bias))?;
+    // the per-sample weight gradients' scratch is free until the weight gradient below
+    let partials = Raw::of(b.partials).at_mut(0..b.partials.len());
+    gpu.bias_grad(stream, channels, pixels, f.batch, pass.dacts(z), Raw::of(b.grads).at_mut(bias), Some(partials))?;
     if !f.dnn.map_or(Ok(false), |d| d.weight_grad(index, plan, f, b))? {
         conv_weight_grad_own(gpu, blas, stream, plan, step, f, b)?;
     }

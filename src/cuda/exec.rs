@@ -528,7 +528,7 @@ pub(crate) fn dense_backward(pass: &mut GpuBackward, step: &Step, activation: Ac
         // stream, after an event: its input region is never the plan's)
         gpu.dense(w_stream, out, inp, batch, dzt, xm, epilogue, true)?;
     } else {
-        gpu.bias_grad(w_stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias))?;
+        gpu.bias_grad(w_stream, out, 1, batch, dacts.at(z.clone()), grads.at_mut(bias), None)?;
         let dw = DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 };
         w_blas.sgemm(out, inp, batch, 1.0, dzt, xm, 0.0, dw)?;
     }

@@ -26,6 +26,7 @@ pub(crate) mod layers;
 pub(crate) mod nccl;
 mod ops;
 pub(crate) mod pinned;
+pub(crate) mod recurrent;
 pub(crate) mod rendezvous;
 pub(crate) mod serve;
 pub(crate) mod state;

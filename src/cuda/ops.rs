@@ -82,6 +82,20 @@ pub const FINISH_MAX: usize = 16_384;
 /// eight). Measured on the H100 (MLP, same binary, back to back, 1 → 4 columns): training step
 /// at batch 64 33.1–33.2 → 30.7 µs, 16 24.7–24.8 → 23.9–24.1, 32 27.1–27.2 → 26.4–26.7, but
 /// batch 1 22.0–22.1 → 22.8–23.0 and batch-1 inference 13.7–14.1 → 15.0 µs.
+/// `bias_grad` splits a channel's sum into parts while its channels give fewer blocks than
+/// this (about two blocks an SM of the cards flatnn runs on; a constant, so the bits of a sum
+/// depend on the sizes alone, not on the card) ...
+const BIAS_GRAD_BLOCKS: usize = 256;
+/// ... and each part has at least this many values to sum.
+const BIAS_GRAD_MIN_PART: usize = 4096;
+
+/// Into how many parts [`Gpu::bias_grad`] splits each channel's sum over `batch` samples of
+/// `pixels` values (1: not split).
+pub(crate) fn bias_grad_splits(channels: usize, pixels: usize, batch: usize) -> usize {
+    let wanted = BIAS_GRAD_BLOCKS.div_ceil(channels.max(1));
+    wanted.min(batch).min((batch * pixels).div_ceil(BIAS_GRAD_MIN_PART)).max(1)
+}
+
 const SKINNY_ROWS: usize = 8;
 /// Columns per block of `dense_skinny4`.
 const SKINNY_COLS: usize = 4;
@@ -574,7 +588,11 @@ impl Gpu {
         self.run(stream, Kernel::ActBackward, blocks(n), kernel_args![z, y, dy, dz, code, slope, len])
     }
 
-    /// `db[c] = Σ_{s,p} dz[s, c, p]`, overwritten; a fixed summation order (bit-identical runs).
+    /// `db[c] = Σ_{s,p} dz[s, c, p]`, overwritten; a fixed summation order for given sizes
+    /// (bit-identical runs). One block a channel, or, where that would leave the GPU idle and
+    /// `partials` holds [`bias_grad_splits`]` × channels` values, each channel summed in parts
+    /// over the samples into `partials` and the parts added (two launches).
+    #[allow(clippy::too_many_arguments)]
     pub fn bias_grad(
         &self,
         stream: &CudaStream,
@@ -583,14 +601,23 @@ impl Gpu {
         batch: usize,
         dz: View<f32>,
         db: ViewMut<f32>,
+        partials: Option<ViewMut<f32>>,
     ) -> Result<()> {
         assert!(dz.len() >= batch * channels * pixels && db.len() >= channels, "bias_grad: short dz or db");
         if channels == 0 {
             return Ok(());
         }
         let _ = int(batch * channels * pixels)?;
+        let splits = bias_grad_splits(channels, pixels, batch);
         let (dz, db, c, p, b) = (dz.ptr(), db.ptr(), int(channels)?, int(pixels)?, int(batch)?);
-        self.run(stream, Kernel::BiasGrad, c as u32, kernel_args![dz, db, c, p, b])
+        match partials {
+            Some(partials) if splits > 1 && partials.len() >= splits * channels => {
+                let (partials, chunk, k) = (partials.ptr(), int(batch.div_ceil(splits))?, int(splits)?);
+                self.run_grid(stream, Kernel::BiasGradSplit, (c as u32, k as u32), kernel_args![dz, partials, c, p, b, chunk])?;
+                self.run(stream, Kernel::BiasGradJoin, blocks(channels), kernel_args![partials, db, c, k])
+            }
+            _ => self.run(stream, Kernel::BiasGrad, c as u32, kernel_args![dz, db, c, p, b]),
+        }
     }
 
     /// `loss[0]` = Σ of `count` partial sums (in a fixed order) × `scale`; `loss[1] +=

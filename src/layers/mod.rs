@@ -61,11 +61,14 @@ pub mod flatten;
 pub mod globalpool;
 #[cfg(test)]
 mod gradcheck;
+pub mod gru;
 pub(crate) mod kind;
 pub mod layer_norm;
 mod lowering;
+pub mod lstm;
 pub mod pool;
 pub mod pool1d;
+pub(crate) mod recurrent;
 pub mod residual;
 pub mod softmax;
 #[cfg(test)]
@@ -116,6 +119,10 @@ layers! {
     /// The mean of each channel: image (C, H, W) or signal (C, L) → vector (C)
     /// (`nn.AdaptiveAvgPool2d(1)` or `1d`, then `nn.Flatten`).
     GlobalAvgPool(globalpool::GlobalAvgPool, "globalpool.cu"),
+    /// A GRU over a sequence (`nn.GRU`, one layer, batch first).
+    Gru(gru::Gru, "gru.cu"),
+    /// An LSTM over a sequence (`nn.LSTM`, one layer, batch first).
+    Lstm(lstm::Lstm, "lstm.cu"),
 }
 
 /// Values of region `r` for `batch` samples, in a buffer built for `capacity`.
@@ -153,6 +160,8 @@ pub(crate) struct Workspace {
     conv_version: u64,
     last_version: u64,
     version: u64,
+    /// A recurrent layer's weights as its fast passes read them (`recurrent::Dims::workspace_len`).
+    pub rnn: Vec<f32>,
 }
 
 /// What a step's fast CPU path keeps in a cache.
@@ -171,6 +180,7 @@ impl Workspace {
     pub fn new(plan: &Plan, capacity: usize, threads: usize) -> Result<Workspace> {
         let col_len = conv::max_col_len(plan);
         let cols = zeros(batch_len(threads, col_len, "convolution columns")?, || format!("the convolution columns of {threads} threads"))?;
+        let rnn = zeros(recurrent::workspace_len(plan), || "the recurrent layers' weights".into())?;
         let gemm = GemmWorkspace::new(threads)?;
         let isa = gemm.isa();
         let mut steps = per_step(plan)?;
@@ -183,13 +193,13 @@ impl Workspace {
                 _ => StepCache::None,
             });
         }
-        Ok(Workspace { gemm, cols, col_len, steps, conv_version: 0, last_version: 0, version: 0 })
+        Ok(Workspace { gemm, cols, col_len, rnn, steps, conv_version: 0, last_version: 0, version: 0 })
     }
 
     /// No scratch: for a cache whose steps run on a GPU.
     pub fn none() -> Workspace {
         let (cols, steps) = (Vec::new(), Vec::new());
-        Workspace { gemm: GemmWorkspace::none(), cols, col_len: 0, steps, conv_version: 0, last_version: 0, version: 0 }
+        Workspace { gemm: GemmWorkspace::none(), cols, col_len: 0, rnn: Vec::new(), steps, conv_version: 0, last_version: 0, version: 0 }
     }
 
     /// Readies a pass on the parameters `params` of `version`: the convolutions' weights
@@ -673,7 +683,7 @@ mod tests {
                 assert!(root.join("kernels").join(file).is_file(), "{}: no kernels/{file}", kind.kind);
             }
         }
-        let engine = ["mod.rs", "kind.rs", "lowering.rs", "spec.rs", "gradcheck.rs"];
+        let engine = ["mod.rs", "kind.rs", "lowering.rs", "recurrent.rs", "spec.rs", "gradcheck.rs"];
         for entry in std::fs::read_dir(root.join("src/layers")).unwrap() {
             let name = entry.unwrap().file_name().into_string().unwrap();
             let registered = REGISTRY.iter().any(|kind| name == format!("{}.rs", kind.room));

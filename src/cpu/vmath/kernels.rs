@@ -136,7 +136,7 @@ impl<V: Lanes> ExpParts<V> {
 /// tanh(x): a + a³·P(a²) for a = |x| < 0.625, else 1 − 2/(e^{2a} + 1) (1 for large a, as
 /// e^{2a} → ∞); the sign of x restored.
 #[inline(always)]
-pub(super) fn tanh<V: Lanes>(x: V) -> V {
+pub(crate) fn tanh<V: Lanes>(x: V) -> V {
     let a = abs(x);
     let s = a * a;
     let small = (a * s).mul_add(poly(s, &TANH_P), a);
@@ -151,7 +151,7 @@ pub(super) fn tanh<V: Lanes>(x: V) -> V {
 /// of the rounded parts is corrected by its residual: num/(1 + e) = q + (num − q·(1 + e))/d_hi,
 /// to first order.
 #[inline(always)]
-pub(super) fn sigmoid<V: Lanes>(x: V) -> V {
+pub(crate) fn sigmoid<V: Lanes>(x: V) -> V {
     let parts = ExpParts::at(-abs(x), 0.0);
     let hi = parts.hi + parts.lo;
     let (e_hi, e_lo) = (parts.scale(hi), parts.scale(parts.lo - (hi - parts.hi)));

@@ -8,7 +8,7 @@
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
 /// Lanes of f32 and the operations the kernels use.
-pub(super) trait Lanes:
+pub(crate) trait Lanes:
     Copy + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> + Neg<Output = Self>
 {
     /// Values per vector.
@@ -149,7 +149,7 @@ macro_rules! operators {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{Avx2, Avx512};
+pub(crate) use x86::{Avx2, Avx512};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -159,10 +159,10 @@ mod x86 {
     /// 8 lanes in an AVX register.
     ///
     /// Invariant: its methods execute AVX2 and FMA instructions, so they run only inside the
-    /// `#[target_feature(enable = "avx2,fma")]` entry points of `vmath`, which are called only
-    /// after `Isa::Avx2.available()`.
+    /// `#[target_feature(enable = "avx2,fma")]` entry points of `vmath` and `cpu::recurrent`,
+    /// which are called only after `Isa::Avx2.available()`.
     #[derive(Clone, Copy)]
-    pub(in crate::cpu::vmath) struct Avx2(__m256);
+    pub(crate) struct Avx2(__m256);
 
     impl Avx2 {
         #[inline(always)]
@@ -239,10 +239,10 @@ mod x86 {
     /// 16 lanes in an AVX-512 register.
     ///
     /// Invariant: its methods execute AVX-512F instructions, so they run only inside the
-    /// `#[target_feature(enable = "avx512f")]` entry points of `vmath`, which are called only
-    /// after `Isa::Avx512.available()`.
+    /// `#[target_feature(enable = "avx512f")]` entry points of `vmath` and `cpu::recurrent`,
+    /// which are called only after `Isa::Avx512.available()`.
     #[derive(Clone, Copy)]
-    pub(in crate::cpu::vmath) struct Avx512(__m512);
+    pub(crate) struct Avx512(__m512);
 
     impl Avx512 {
         #[inline(always)]

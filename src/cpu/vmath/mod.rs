@@ -29,8 +29,8 @@
 //! The relative figures are for normal results; subnormal ones are within the ulp bounds in
 //! units of 2⁻¹⁴⁹.
 
-mod kernels;
-mod lanes;
+pub(crate) mod kernels;
+pub(crate) mod lanes;
 #[cfg(test)]
 mod tests;
 
@@ -38,9 +38,9 @@ use kernels::{Binary, Exp, Expm1, Gelu, GeluBackward, Sigmoid, SigmoidTimes, Sil
 use lanes::Lanes;
 use std::sync::OnceLock;
 
-/// An instruction set the kernels are compiled for.
+/// An instruction set the kernels are compiled for (also the recurrent layers', `cpu::recurrent`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
+pub(crate) enum Isa {
     Portable,
     Avx2,
     Avx512,
@@ -48,13 +48,13 @@ enum Isa {
 
 impl Isa {
     /// The widest this CPU runs, detected once.
-    fn best() -> Isa {
+    pub(crate) fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();
         *BEST.get_or_init(|| [Isa::Avx512, Isa::Avx2].into_iter().find(|isa| isa.available()).unwrap_or(Isa::Portable))
     }
 
     /// Whether this CPU runs it.
-    fn available(self) -> bool {
+    pub(crate) fn available(self) -> bool {
         match self {
             Isa::Portable => true,
             #[cfg(target_arch = "x86_64")]

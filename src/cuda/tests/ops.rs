@@ -71,23 +71,35 @@ fn bias_grad_is_exact_on_integers_and_deterministic() {
     let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(3);
-    for (channels, pixels, batch) in [(7, 13, 5), (10, 1, 1000), (3, 784, 64), (1, 1, 1)] {
+    // (the last three split each channel's sum: 13 parts of 5 samples, the last of 4; 10 of
+    // 100, the last of 91; 16 of 4)
+    for (channels, pixels, batch) in [(7, 13, 5), (10, 1, 1000), (1, 1, 1), (3, 784, 64), (6, 41, 991), (16, 4096, 64)] {
+        let splits = crate::cuda::ops::bias_grad_splits(channels, pixels, batch);
         let n = batch * channels * pixels;
         let dz = rng.ints(n);
         let mut want = vec![0.0f32; channels];
         for i in 0..n {
             want[(i / pixels) % channels] += dz[i];
         }
-        let run = |dz: &[f32]| {
+        // with no scratch (one block a channel), and with scratch (split where it is worth it)
+        let run = |dz: &[f32], scratch: bool| {
             let (dzd, mut db) = (upload(&stream, dz), upload(&stream, &poisoned(channels + 1)));
-            gpu.bias_grad(&stream, channels, pixels, batch, View::of(&dzd), ViewMut::of(&mut db)).unwrap();
+            let mut partials = upload(&stream, &poisoned(splits * channels));
+            let partials = scratch.then(|| ViewMut::of(&mut partials));
+            gpu.bias_grad(&stream, channels, pixels, batch, View::of(&dzd), ViewMut::of(&mut db), partials).unwrap();
             download(&stream, &db)
         };
         want.push(f32::NAN);
-        check(&format!("bias_grad {channels}x{pixels}x{batch}"), &run(&dz), &want, 0.0, 0.0);
-        let dz = rng.uniform(n);
-        same_bits("bias_grad", &run(&dz), &run(&dz));
+        for scratch in [false, true] {
+            let what = format!("bias_grad {channels}x{pixels}x{batch}, {splits} parts, scratch {scratch}");
+            check(&what, &run(&dz, scratch), &want, 0.0, 0.0);
+            let dz = rng.uniform(n);
+            same_bits(&what, &run(&dz, scratch), &run(&dz, scratch));
+        }
     }
+    assert_eq!(crate::cuda::ops::bias_grad_splits(3, 784, 64), 13);
+    assert_eq!(crate::cuda::ops::bias_grad_splits(6, 41, 991), 10);
+    assert_eq!(crate::cuda::ops::bias_grad_splits(16, 4096, 64), 16);
 }
 
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
@@ -715,7 +727,8 @@ fn launches_allocate_nothing() {
         let (av, bv) = (View::of(&a), View::of(&b));
         gpu.bias_act(&stream, Gelu, av, channels, pixels, batch, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
         gpu.act_backward(&stream, Tanh, n, av, bv, av, ViewMut::of(&mut c)).unwrap();
-        gpu.bias_grad(&stream, channels, pixels, batch, av, ViewMut::of(&mut c)).unwrap();
+        gpu.bias_grad(&stream, channels, pixels, batch, av, ViewMut::of(&mut c), None).unwrap();
+        gpu.bias_grad(&stream, channels, pixels, batch, av, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
         gpu.softmax_xent(&stream, 10, batch, av, View::of(&labels), ViewMut::of(&mut c), ViewMut::of(&mut loss), ViewMut::of(&mut scratch))
             .unwrap();
         gpu.mse(&stream, n, av, bv, ViewMut::of(&mut c), ViewMut::of(&mut loss), ViewMut::of(&mut scratch)).unwrap();
@@ -1038,5 +1051,38 @@ fn kernel_times_of_the_mlp_step() {
     time(format!("act_backward {batch}x128"), &|| {
         gpu.act_backward(&stream, Relu, batch * 128, v(zp, batch * 128), v(yp, batch * 128), v(xp, batch * 128), vm(op, batch * 128))
     });
-    time(format!("bias_grad 128 over {batch}"), &|| gpu.bias_grad(&stream, 128, 1, batch, v(zp, batch * 128), vm(yp, 128)));
+    time(format!("bias_grad 128 over {batch}"), &|| gpu.bias_grad(&stream, 128, 1, batch, v(zp, batch * 128), vm(yp, 128), None));
+}
+
+/// Times a convolution's bias gradient, one block a channel against the sum in parts, at the
+/// shapes of the zoo's convolutions (LeNet-5's two, vgg_small's first and third) at batches
+/// 256 and 1024 (a timing print, not a test: run with --ignored --nocapture).
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn bias_grad_times_at_the_zoos_convolutions() {
+    use crate::cuda::timing::time_calls;
+    let gpu = test_gpu();
+    let stream = gpu.new_stream().unwrap();
+    let len = 1024 * 16 * 1024;
+    let (dz, db, partials) =
+        (upload(&stream, &Rng::new(5).uniform(len)), upload(&stream, &[0.0f32; 64]), upload(&stream, &vec![0.0f32; 65_536]));
+    let (dzp, dbp, pp) = (View::of(&dz).ptr(), View::of(&db).ptr(), View::of(&partials).ptr());
+    // SAFETY: views of live buffers that long, used only on this stream
+    let vm = |p: u64, n: usize| unsafe { ViewMut::<f32>::from_raw(p, n) };
+    for batch in [256, 1024] {
+        for (channels, pixels, name) in [(6, 784, "lenet conv1"), (16, 100, "lenet conv2"), (16, 1024, "vgg conv1"), (32, 256, "vgg conv3")]
+        {
+            let splits = crate::cuda::ops::bias_grad_splits(channels, pixels, batch);
+            let time = |scratch: bool| {
+                let work = || {
+                    // SAFETY: as vm's
+                    let dz = unsafe { View::<f32>::from_raw(dzp, len) };
+                    gpu.bias_grad(&stream, channels, pixels, batch, dz, vm(dbp, 64), scratch.then(|| vm(pp, 65_536)))
+                };
+                time_calls(&gpu, &stream, true, &work).unwrap()
+            };
+            let (one, parts) = (time(false), time(true));
+            println!("bias_grad {name} {channels}x{pixels} batch {batch}: one block a channel {one:8.2} us, {splits} parts {parts:8.2} us");
+        }
+    }
 }

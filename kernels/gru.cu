@@ -1,0 +1,101 @@
+// GRU (src/layers/gru.rs; launched from src/cuda/recurrent.rs), and what the LSTM's kernels
+// (lstm.cu, compiled after this file) share with it: rnn_sigmoid, rnn_begin and rnn_bias_grad.
+//
+// Layout per sample (src/layers/recurrent.rs): rows of `padded` values, gate g's unit u at
+// g·padded + u; gates (steps × 4·padded), hprev (steps × padded: h_{t−1} of each step), state
+// (h0 and its final slot; an LSTM's h0, c0, then theirs), cprev (LSTM, as hprev). The products
+// (cuBLAS) leave in a step's gates row the input products plus the recurrent products (without
+// biases): a GRU's blocks 0 and 1 W_i·x + W_h·h for r and z, block 2 W_in·x, block 3 W_hn·h. The
+// step kernels add the biases and take the gates from there, one thread a (sample, unit).
+//
+// Weights and biases in PyTorch's layout (gate g's unit u at b[g·hidden + u]). Row strides and
+// offsets in floats; every index below is under the host's 2^30.
+
+__device__ __forceinline__ float rnn_sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+// hprev[s, 0, u] = h0[s, u] and, where cprev is not null, cprev[s, 0, u] = c0[s, u] (state
+// offset `padded`), for the batch's samples and units u < hidden.
+extern "C" __global__ void rnn_begin(const float* state, float* hprev, float* cprev, int batch, int steps, int hidden, int padded,
+                                     int state_len) {
+    after_prior();
+    int n = batch * hidden;
+    GRID_STRIDE(i, n) {
+        int s = i / hidden, u = i - s * hidden;
+        long long row = (long long)s * steps * padded;
+        const float* st = state + (long long)s * state_len;
+        hprev[row + u] = st[u];
+        if (cprev != nullptr) cprev[row + u] = st[padded + u];
+    }
+}
+
+// GRU step t: r, z, n and a_n = W_hn·h_{t−1} + b_hn over the step's gates row; h_t to h_out[s·
+// h_stride + u], and to y[s·y_stride + u] where y is not null (the layer's output).
+//   r = σ(g0 + b_ir + b_hr), z = σ(g1 + b_iz + b_hz), a_n = g3 + b_hn, n = tanh(g2 + b_in + r·a_n),
+//   h_t = n + z·(h_{t−1} − n)
+extern "C" __global__ void gru_step(float* gates, const float* hprev, const float* b_ih, const float* b_hh, float* h_out, int h_stride,
+                                    float* y, int y_stride, int batch, int steps, int t, int hidden, int padded) {
+    after_prior();
+    int n = batch * hidden;
+    GRID_STRIDE(i, n) {
+        int s = i / hidden, u = i - s * hidden;
+        long long at = (long long)s * steps + t;
+        float* g = gates + at * 4 * padded;
+        float r = rnn_sigmoid(g[u] + b_ih[u] + b_hh[u]);
+        float z = rnn_sigmoid(g[padded + u] + b_ih[hidden + u] + b_hh[hidden + u]);
+        float a_n = g[3 * padded + u] + b_hh[2 * hidden + u];
+        float nn = tanhf(g[2 * padded + u] + b_ih[2 * hidden + u] + r * a_n);
+        float hp = hprev[at * padded + u];
+        float h = nn + z * (hp - nn);
+        g[u] = r;
+        g[padded + u] = z;
+        g[2 * padded + u] = nn;
+        g[3 * padded + u] = a_n;
+        h_out[(long long)s * h_stride + u] = h;
+        if (y != nullptr) y[(long long)s * y_stride + u] = h;
+    }
+}
+
+// GRU step t backward: dh = ∂L/∂h_t = (t + 1 < steps: dhprev[s, t + 1, u], what step t + 1 carried
+// back) + (dy not null: dy[s·dy_stride + u]); the step's pre-activation gradients into dgates'
+// row [da_r, da_z, da_in, da_hn], and dhprev[s, t, u] = dh·z, the direct part of ∂L/∂h_{t−1}
+// (the products add Σ_g W_hgᵀ·da_hg after).
+extern "C" __global__ void gru_step_backward(const float* gates, const float* hprev, const float* dy, int dy_stride, float* dgates,
+                                             float* dhprev, int batch, int steps, int t, int hidden, int padded) {
+    after_prior();
+    int n = batch * hidden;
+    GRID_STRIDE(i, n) {
+        int s = i / hidden, u = i - s * hidden;
+        long long at = (long long)s * steps + t;
+        const float* g = gates + at * 4 * padded;
+        float* dg = dgates + at * 4 * padded;
+        float dh = t + 1 < steps ? dhprev[(at + 1) * padded + u] : 0.0f;
+        if (dy != nullptr) dh += dy[(long long)s * dy_stride + u];
+        float r = g[u], z = g[padded + u], nn = g[2 * padded + u], a_n = g[3 * padded + u];
+        float dn = dh * (1.0f - z);
+        float dz = dh * (hprev[at * padded + u] - nn);
+        float da_in = dn * (1.0f - nn * nn);
+        dg[u] = da_in * a_n * r * (1.0f - r);
+        dg[padded + u] = dz * z * (1.0f - z);
+        dg[2 * padded + u] = da_in;
+        dg[3 * padded + u] = da_in * r;
+        dhprev[at * padded + u] = dh * z;
+    }
+}
+
+// db_ih[g·hidden + u] = Σ over the `rows` steps (B·T) of dgates[row, in(g)·padded + u], and
+// db_hh[g·hidden + u] the same with the recurrent side's block (a GRU's n: block 3, else g). One
+// block per value (grid 2·gates·hidden); thread k sums rows k, k + 256, … in order, then a fixed
+// tree: deterministic.
+extern "C" __global__ void rnn_bias_grad(const float* dgates, float* db_ih, float* db_hh, int rows, int gates, int hidden, int padded) {
+    after_prior();
+    __shared__ float buf[REDUCE_THREADS];
+    int per_side = gates * hidden;
+    int side = blockIdx.x / per_side, at = blockIdx.x - side * per_side;
+    int g = at / hidden, u = at - g * hidden;
+    int block = (gates == 3 && side == 1 && g == 2) ? 3 : g;
+    const float* col = dgates + block * padded + u;
+    float acc = 0.0f;
+    for (int r = threadIdx.x; r < rows; r += REDUCE_THREADS) acc += col[(long long)r * 4 * padded];
+    float sum = block_sum_f32(acc, buf);
+    if (threadIdx.x == 0) (side == 0 ? db_ih : db_hh)[at] = sum;
+}

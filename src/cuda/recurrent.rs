@@ -1,0 +1,273 @@
+//! A GRU or an LSTM run on the GPU (the layout is `layers/recurrent.rs`'s). Forward: the input
+//! products of every step as one batched cuBLAS product, the initial state into the first step's
+//! rows (`rnn_begin`), then each step's recurrent products (cuBLAS, added to its input products)
+//! and a kernel for its gates (kernels/gru.cu, kernels/lstm.cu). Backward through time: each step's
+//! gate gradients (a kernel) and ∂L/∂h_{t−1} (products); then the weight gradients over all B·T
+//! steps as products, and the bias gradients in one kernel. All of it is queued on the pass's
+//! stream, so a training step's graph holds every time step: two or three launches a step each
+//! way, one after another.
+//!
+//! Also the cache's side of the recurrent states (`Cache::set_state` and the like).
+
+use super::blas::{DevMat, DevMatMut};
+use super::context::Kernel;
+use super::driver_error;
+use super::exec::{GpuBackward, GpuForward, Raw};
+use super::launch::{blocks, int, kernel_args};
+use super::state::DevCache;
+use crate::chain::Step;
+use crate::error::Result;
+use crate::layers::recurrent::{Cell, Dims, RnnOutput, CPREV, GATES, HPREV, STATE};
+use cudarc::driver::result;
+use std::ops::Range;
+
+/// A recurrent step's regions for the batch, and its four tensors' ranges in the parameters
+/// (and in their gradients).
+struct Parts {
+    x: Range<usize>,
+    out: Range<usize>,
+    gates: Range<usize>,
+    hprev: Range<usize>,
+    state: Range<usize>,
+    cprev: Range<usize>,
+    ih: Range<usize>,
+    hh: Range<usize>,
+    b_ih: Range<usize>,
+    b_hh: Range<usize>,
+}
+
+impl Parts {
+    fn of(step: &Step, d: &Dims, region: impl Fn(usize) -> Range<usize>) -> Parts {
+        let kept = |i: usize| region(step.kept.start + i);
+        let tensor = |i: usize| step.tensors[i].range.clone();
+        Parts {
+            x: region(step.input_region),
+            out: region(step.output_region),
+            gates: kept(GATES),
+            hprev: kept(HPREV),
+            state: kept(STATE),
+            cprev: if d.cell == Cell::Lstm { kept(CPREV) } else { 0..0 },
+            ih: tensor(0),
+            hh: tensor(1),
+            b_ih: tensor(2),
+            b_hh: tensor(3),
+        }
+    }
+}
+
+/// The values a kernel touches writing `rows` rows of `len` values `stride` apart from `start`.
+fn strided(start: usize, rows: usize, stride: usize, len: usize) -> Range<usize> {
+    start..start + (rows - 1) * stride + len
+}
+
+/// Where a step's output row goes: the layer's output at step t (every step's, or the last's),
+/// as (offset, row stride); None where the step has none.
+fn output_row(d: &Dims, out: &Range<usize>, t: usize) -> Option<(usize, usize)> {
+    match d.output {
+        RnnOutput::Sequence => Some((out.start + t * d.hidden, d.steps * d.hidden)),
+        RnnOutput::LastStep if t + 1 == d.steps => Some((out.start, d.hidden)),
+        RnnOutput::LastStep => None,
+    }
+}
+
+/// A recurrent step's forward on the GPU (see the module docs).
+pub(crate) fn forward(pass: &GpuForward, step: &Step, d: &Dims) -> Result<()> {
+    let GpuForward { gpu, blas, stream, f, .. } = *pass;
+    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
+    let r = Parts::of(step, d, |i| pass.region(i));
+    let (batch, steps, features, h, p, row) = (f.batch, d.steps, d.features, d.hidden, d.padded, d.row());
+    assert!(!d.packed, "the packed layout is the CPU's");
+    // gate g's weights as B of a product X·B, B[j, u] = W[g·H + u, j] (PyTorch's rows of `inner`,
+    // F or H), and the values from one gate's to the next's
+    let weights = |range: &Range<usize>, inner: usize| (DevMat { data: params.at(range.clone()), rs: 1, cs: inner }, h * inner);
+    // gates[row, g·p + u] = Σ_j x[row, j]·W_ih[g·H + u, j] for every step of every sample
+    let xm = DevMat { data: acts.at(r.x.clone()), rs: features, cs: 1 };
+    let gm = DevMatMut { data: acts.at_mut(r.gates.clone()), rs: row, cs: 1 };
+    blas.sgemm_batched(d.gates(), batch * steps, h, features, 1.0, (xm, 0), weights(&r.ih, features), 0.0, (gm, p))?;
+    let cprev = if d.cell == Cell::Lstm { acts.at_mut::<f32>(r.cprev.clone()).ptr() } else { 0 };
+    let (state, hprev) = (acts.at::<f32>(r.state.clone()).ptr(), acts.at_mut::<f32>(r.hprev.clone()).ptr());
+    let (b, t_len, hidden, padded, state_len) = (int(batch)?, int(steps)?, int(h)?, int(p)?, int(d.state_len())?);
+    let _ = int(batch * h)?;
+    let mut args = kernel_args![state, hprev, cprev, b, t_len, hidden, padded, state_len];
+    gpu.launch_args(stream, Kernel::RnnBegin, (blocks(batch * h), 1), 0, &mut args)?;
+    let (w_hh, gap) = weights(&r.hh, h);
+    let (h_final, c_final) = d.final_slots();
+    let (b_ih, b_hh) = (params.at::<f32>(r.b_ih.clone()).ptr(), params.at::<f32>(r.b_hh.clone()).ptr());
+    for t in 0..steps {
+        // the recurrent products, added to the input products (a GRU's n: into block 3)
+        let hm = DevMat { data: acts.at(r.hprev.start + t * p..r.hprev.end), rs: steps * p, cs: 1 };
+        let gates_t = r.gates.start + t * row..r.gates.end;
+        let c = DevMatMut { data: acts.at_mut(gates_t.clone()), rs: steps * row, cs: 1 };
+        match d.cell {
+            Cell::Gru => {
+                blas.sgemm_batched(2, batch, h, h, 1.0, (hm, 0), (w_hh, gap), 1.0, (c, p))?;
+                let w_n = DevMat { data: params.at(r.hh.start + 2 * gap..r.hh.end), ..w_hh };
+                let c_n = DevMatMut { data: acts.at_mut(gates_t.start + 3 * p..gates_t.end), rs: steps * row, cs: 1 };
+                blas.sgemm(batch, h, h, 1.0, hm, w_n, 0.0, c_n)?;
+            }
+            Cell::Lstm => blas.sgemm_batched(4, batch, h, h, 1.0, (hm, 0), (w_hh, gap), 1.0, (c, p))?,
+        }
+        // h_t (c_t): the next step's row, or the state's final slot
+        let last = t + 1 == steps;
+        let (h_at, h_step) = if last { (r.state.start + h_final, d.state_len()) } else { (r.hprev.start + (t + 1) * p, steps * p) };
+        let (c_at, c_step) = if last { (r.state.start + c_final, d.state_len()) } else { (r.cprev.start + (t + 1) * p, steps * p) };
+        let h_out = acts.at_mut::<f32>(strided(h_at, batch, h_step, h)).ptr();
+        let (y, y_step) = match output_row(d, &r.out, t) {
+            Some((at, stride)) => (acts.at_mut::<f32>(strided(at, batch, stride, h)).ptr(), stride),
+            None => (0, 0),
+        };
+        let gates = acts.at_mut::<f32>(r.gates.clone()).ptr();
+        let (h_stride, y_stride, tt) = (int(h_step)?, int(y_step)?, int(t)?);
+        match d.cell {
+            Cell::Gru => {
+                let hprev = acts.at::<f32>(r.hprev.clone()).ptr();
+                let mut args = kernel_args![gates, hprev, b_ih, b_hh, h_out, h_stride, y, y_stride, b, t_len, tt, hidden, padded];
+                gpu.launch_args(stream, Kernel::GruStep, (blocks(batch * h), 1), 0, &mut args)?;
+            }
+            Cell::Lstm => {
+                let cprev = acts.at::<f32>(r.cprev.clone()).ptr();
+                let c_out = acts.at_mut::<f32>(strided(c_at, batch, c_step, h)).ptr();
+                let c_stride = int(c_step)?;
+                let mut args =
+                    kernel_args![gates, cprev, b_ih, b_hh, h_out, h_stride, c_out, c_stride, y, y_stride, b, t_len, tt, hidden, padded];
+                gpu.launch_args(stream, Kernel::LstmStep, (blocks(batch * h), 1), 0, &mut args)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The runs of adjacent gate blocks whose recurrent-side gradients multiply adjacent rows of
+/// W_hh, as (first block, blocks, first gate): with no padding between blocks, a GRU's r and z
+/// then n (block 3), an LSTM's four at once; else one gate at a time.
+fn hidden_runs(d: &Dims) -> Vec<(usize, usize, usize)> {
+    let blocks = d.cell.hidden_blocks();
+    let mut runs: Vec<(usize, usize, usize)> = Vec::with_capacity(blocks.len());
+    for (gate, &block) in blocks.iter().enumerate() {
+        match runs.last_mut() {
+            Some((first, count, _)) if d.padded == d.hidden && *first + *count == block => *count += 1,
+            _ => runs.push((block, 1, gate)),
+        }
+    }
+    runs
+}
+
+/// A recurrent step's backward through time on the GPU (see the module docs).
+pub(crate) fn backward(pass: &mut GpuBackward, step: &Step, d: &Dims) -> Result<()> {
+    assert!(!d.carry, "a stream's model is not trained");
+    let GpuBackward { gpu, blas, stream, f, b, need_dx, .. } = *pass;
+    let (params, acts, dacts, grads) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(b.dacts), Raw::of(b.grads));
+    let r = Parts::of(step, d, |i| pass.region(i));
+    let (batch, steps, features, h, p, row, g) = (f.batch, d.steps, d.features, d.hidden, d.padded, d.row(), d.gates());
+    let (bb, t_len, hidden, padded) = (int(batch)?, int(steps)?, int(h)?, int(p)?);
+    let (gates, dgates) = (acts.at::<f32>(r.gates.clone()).ptr(), dacts.at_mut::<f32>(r.gates.clone()).ptr());
+    let dhprev = dacts.at_mut::<f32>(r.hprev.clone()).ptr();
+    let (_, c_final) = d.final_slots();
+    let runs = hidden_runs(d);
+    for t in (0..steps).rev() {
+        let (dy, dy_step) = match output_row(d, &r.out, t) {
+            Some((at, stride)) => (dacts.at::<f32>(strided(at, batch, stride, h)).ptr(), stride),
+            None => (0, 0),
+        };
+        let (dy_stride, tt) = (int(dy_step)?, int(t)?);
+        match d.cell {
+            Cell::Gru => {
+                let hprev = acts.at::<f32>(r.hprev.clone()).ptr();
+                let mut args = kernel_args![gates, hprev, dy, dy_stride, dgates, dhprev, bb, t_len, tt, hidden, padded];
+                gpu.launch_args(stream, Kernel::GruStepBackward, (blocks(batch * h), 1), 0, &mut args)?;
+            }
+            Cell::Lstm => {
+                let (c_at, c_step) =
+                    if t + 1 == steps { (r.state.start + c_final, d.state_len()) } else { (r.cprev.start + (t + 1) * p, steps * p) };
+                let c_now = acts.at::<f32>(strided(c_at, batch, c_step, h)).ptr();
+                let (cprev, dcprev) = (acts.at::<f32>(r.cprev.clone()).ptr(), dacts.at_mut::<f32>(r.cprev.clone()).ptr());
+                let c_stride = int(c_step)?;
+                let mut args =
+                    kernel_args![gates, cprev, c_now, c_stride, dy, dy_stride, dgates, dhprev, dcprev, bb, t_len, tt, hidden, padded];
+                gpu.launch_args(stream, Kernel::LstmStepBackward, (blocks(batch * h), 1), 0, &mut args)?;
+            }
+        }
+        // ∂L/∂h_{t−1} (B × H) += da_h (B × blocks·H) · W_hh rows (blocks·H × H), a run at a time
+        for &(first, count, gate) in &runs {
+            let a = DevMat { data: dacts.at(r.gates.start + t * row + first * p..r.gates.end), rs: steps * row, cs: 1 };
+            let w = DevMat { data: params.at(r.hh.start + gate * h * h..r.hh.end), rs: h, cs: 1 };
+            let c = DevMatMut { data: dacts.at_mut(r.hprev.start + t * p..r.hprev.end), rs: steps * p, cs: 1 };
+            blas.sgemm(batch, h, count * h, 1.0, a, w, 1.0, c)?;
+        }
+    }
+    let m = batch * steps;
+    // a block of gate gradients over the B·T steps, transposed (H × m): (u, q) at q·row + u
+    let dg_t = |first: usize| DevMat { data: dacts.at(r.gates.start + first * p..r.gates.end), rs: 1, cs: row };
+    // dW_ih,g (H × F) = da_gᵀ · X (m × F), a gate at a time (blocks 0, 1, 2(, 3))
+    let xm = DevMat { data: acts.at(r.x.clone()), rs: features, cs: 1 };
+    let dw_ih = DevMatMut { data: grads.at_mut(r.ih.clone()), rs: features, cs: 1 };
+    blas.sgemm_batched(g, h, features, m, 1.0, (dg_t(0), p), (xm, 0), 0.0, (dw_ih, h * features))?;
+    // dW_hh,g (H × H) = da_hgᵀ · H_prev (m × H, rows of `padded`): a GRU's r, z, then n (block 3)
+    let hm = DevMat { data: acts.at(r.hprev.clone()), rs: p, cs: 1 };
+    let direct = match d.cell {
+        Cell::Gru => 2,
+        Cell::Lstm => 4,
+    };
+    let dw_hh = DevMatMut { data: grads.at_mut(r.hh.clone()), rs: h, cs: 1 };
+    blas.sgemm_batched(direct, h, h, m, 1.0, (dg_t(0), p), (hm, 0), 0.0, (dw_hh, h * h))?;
+    if d.cell == Cell::Gru {
+        let dw_n = DevMatMut { data: grads.at_mut(r.hh.start + 2 * h * h..r.hh.end), rs: h, cs: 1 };
+        blas.sgemm(h, h, m, 1.0, dg_t(3), hm, 0.0, dw_n)?;
+    }
+    let (db_ih, db_hh) = (grads.at_mut::<f32>(r.b_ih.clone()).ptr(), grads.at_mut::<f32>(r.b_hh.clone()).ptr());
+    let (rows, gg) = (int(m)?, int(g)?);
+    let grid = int(2 * g * h)? as u32;
+    let mut args = kernel_args![dgates, db_ih, db_hh, rows, gg, hidden, padded];
+    gpu.launch_args(stream, Kernel::RnnBiasGrad, (grid, 1), 0, &mut args)?;
+    if need_dx {
+        // dX (m × F) = Σ_g da_g (m × H) · W_ih,g (H × F): one product where no padding parts the
+        // blocks, else one a gate
+        let dx = || DevMatMut { data: dacts.at_mut(r.x.clone()), rs: features, cs: 1 };
+        let parts = if p == h { vec![(0, g)] } else { (0..g).map(|gate| (gate, 1)).collect() };
+        for (i, (gate, count)) in parts.into_iter().enumerate() {
+            let a = DevMat { data: dacts.at(r.gates.start + gate * p..r.gates.end), rs: row, cs: 1 };
+            let w = DevMat { data: params.at(r.ih.start + gate * h * features..r.ih.end), rs: features, cs: 1 };
+            let beta = if i == 0 { 0.0 } else { 1.0 };
+            blas.sgemm(m, features, count * h, 1.0, a, w, beta, dx())?;
+        }
+    }
+    Ok(())
+}
+
+impl DevCache {
+    /// Copies `values` into the activations from `at`, after the work queued on the cache's
+    /// stream, and waits for the copy.
+    pub(crate) fn write_acts(&mut self, at: usize, values: &[f32]) -> Result<()> {
+        assert!(at + values.len() <= self.acts.len(), "write_acts: past the activations");
+        self.acts.gpu().bind()?;
+        let dst = self.acts.ptr() + (at * size_of::<f32>()) as u64;
+        // SAFETY: the range lies inside `acts` (checked above); the host waits below, so
+        // `values` outlives the copy.
+        unsafe { result::memcpy_htod_async(dst, values, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("copying a state to the device", e))?;
+        self.stream.synchronize().map_err(|e| driver_error("waiting for a copy to the device", e))
+    }
+
+    /// Zeros the activations `range`, queued on the cache's stream.
+    pub(crate) fn zero_acts(&mut self, range: Range<usize>) -> Result<()> {
+        assert!(range.end <= self.acts.len(), "zero_acts: past the activations");
+        self.acts.gpu().bind()?;
+        let dst = self.acts.ptr() + (range.start * size_of::<f32>()) as u64;
+        // SAFETY: the range lies inside `acts` (checked above); the work after it on the stream
+        // sees the zeros.
+        unsafe { result::memset_d8_async(dst, 0, range.len() * size_of::<f32>(), self.stream.cu_stream()) }
+            .map_err(|e| driver_error("zeroing a state on the device", e))
+    }
+
+    /// Copies the activations from `at` into `out`, after the work queued on the cache's stream.
+    pub(crate) fn read_acts(&self, at: usize, out: &mut [f32]) -> Result<()> {
+        assert!(at + out.len() <= self.acts.len(), "read_acts: past the activations");
+        self.acts.gpu().bind()?;
+        let src = self.acts.ptr() + (at * size_of::<f32>()) as u64;
+        // SAFETY: the range lies inside `acts` (checked above); the host waits below before it
+        // reads `out`.
+        unsafe { result::memcpy_dtoh_async(out, src, self.stream.cu_stream()) }
+            .map_err(|e| driver_error("copying a state from the device", e))?;
+        self.stream.synchronize().map_err(|e| driver_error("waiting for a copy from the device", e))
+    }
+}

@@ -1,0 +1,149 @@
+//! GRU and LSTM on a GPU against the CPU: forward outputs and final states from set initial
+//! states, gradients (the batch under and over the training head's lower bound), training steps
+//! in a graph, and a stream. `#[ignore]`d: `cargo test --test gpu_recurrent -- --include-ignored`
+//! runs them where there is a GPU.
+#![cfg(feature = "cuda")]
+
+use flatnn::prelude::*;
+use flatnn::testutil::{assert_close, cuda_device, rel_err, Rng};
+use flatnn::Layer;
+
+/// Models touching each kind, both outputs, padded blocks (17 and 40 units), a recurrent layer's
+/// input gradient, and a dense layer after one.
+fn models() -> Vec<(&'static str, Chain, Loss)> {
+    vec![
+        (
+            "gru sequence → gru last → dense",
+            Chain::new(Shape::sequence(6, 3)).gru(17, RnnOutput::Sequence).gru(16, RnnOutput::LastStep).dense(4, Identity),
+            Loss::LogitCrossEntropy,
+        ),
+        (
+            "lstm sequence → lstm last → dense",
+            Chain::new(Shape::sequence(5, 2)).lstm(16, RnnOutput::Sequence).lstm(40, RnnOutput::LastStep).dense(1, Identity),
+            Loss::Mse,
+        ),
+        ("gru → flatten → dense", Chain::new(Shape::sequence(4, 8)).gru(32, RnnOutput::Sequence).flatten().dense(3, Tanh), Loss::Mse),
+    ]
+}
+
+/// Random initial states for every recurrent layer of `model`, `batch` samples.
+fn states(model: &Model, batch: usize, rng: &mut Rng) -> Vec<(usize, Vec<f32>)> {
+    let mut out = Vec::new();
+    for (index, step) in model.plan().steps.iter().enumerate() {
+        let per_sample = match step.layer {
+            Layer::Gru(gru) => gru.hidden,
+            Layer::Lstm(lstm) => 2 * lstm.hidden,
+            _ => continue,
+        };
+        out.push((index, rng.uniform(batch * per_sample)));
+    }
+    out
+}
+
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn recurrent_forward_and_gradients_on_the_gpu_match_the_cpu() {
+    let device = cuda_device();
+    let mut rng = Rng::new(12);
+    for (name, chain, loss) in models() {
+        let cpu = chain.build().unwrap().init(Init::GlorotUniform, 3).with_threads(1).unwrap();
+        let gpu = cpu.to(&device).unwrap();
+        // 300: the last dense layer in the training head (above 256 samples)
+        for batch in [3, 300] {
+            let x = rng.uniform(batch * cpu.input_shape().len());
+            let outputs = cpu.output_shape().len();
+            let labels: Vec<u32> = (0..batch).map(|_| rng.below(outputs.max(2)) as u32).collect();
+            let targets = rng.uniform(batch * outputs);
+            let init = states(&cpu, batch, &mut rng);
+            let run = |model: &Model| {
+                let (mut fwd, mut bwd) = (model.preallocate(batch).unwrap(), model.preallocate_grads(batch).unwrap());
+                for (layer, values) in &init {
+                    fwd.set_state(*layer, values).unwrap();
+                }
+                fwd.set_inputs(&x).unwrap();
+                match loss {
+                    Loss::LogitCrossEntropy => fwd.set_labels(&labels).unwrap(),
+                    _ => fwd.set_targets(&targets).unwrap(),
+                }
+                let out = model.forward(&mut fwd).unwrap().to_vec();
+                let finals: Vec<Vec<f32>> = init.iter().map(|(layer, _)| fwd.final_state(*layer).unwrap()).collect();
+                model.backprop(&mut bwd, &mut fwd, loss).unwrap();
+                (out, finals, bwd.last_loss().unwrap(), bwd.gradients().unwrap().into_owned())
+            };
+            let (cpu_out, cpu_finals, cpu_loss, cpu_grads) = run(&cpu);
+            let (gpu_out, gpu_finals, gpu_loss, gpu_grads) = run(&gpu);
+            let what = format!("{name}, batch {batch}");
+            assert_close(&gpu_out, &cpu_out, 1e-5, 1e-4, &format!("{what}: outputs"));
+            for (g, c) in gpu_finals.iter().zip(&cpu_finals) {
+                assert_close(g, c, 1e-5, 1e-4, &format!("{what}: final states"));
+            }
+            assert!((gpu_loss - cpu_loss).abs() <= 1e-5 * cpu_loss.abs().max(1.0), "{what}: loss {gpu_loss} vs {cpu_loss}");
+            let err = rel_err(&gpu_grads, &cpu_grads);
+            println!("{what}: gradients rel err {err:.2e}");
+            assert!(err <= 1e-4, "{what}: gradients differ by {err:e}");
+        }
+    }
+}
+
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn recurrent_training_steps_in_a_graph_match_the_cpu() {
+    let device = cuda_device();
+    for (name, chain, loss) in models() {
+        let cpu = chain.build().unwrap().init(Init::GlorotUniform, 5).with_threads(1).unwrap();
+        let mut trained = Vec::new();
+        for model in [cpu.to(&Device::Cpu).unwrap(), cpu.to(&device).unwrap()] {
+            let mut model = model;
+            let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
+            let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+            let mut rng = Rng::new(2);
+            let mut losses = Vec::new();
+            for step in 0..12 {
+                let n = if step % 2 == 0 { 32 } else { 19 };
+                fwd.set_inputs(&rng.uniform(n * model.input_shape().len())).unwrap();
+                let outputs = model.output_shape().len();
+                match loss {
+                    Loss::LogitCrossEntropy => fwd.set_labels(&(0..n).map(|i| (i % outputs) as u32).collect::<Vec<_>>()).unwrap(),
+                    _ => fwd.set_targets(&rng.uniform(n * outputs)).unwrap(),
+                }
+                opt.train_step(&mut model, &mut bwd, &mut fwd, loss).unwrap();
+                losses.push(bwd.last_loss().unwrap());
+            }
+            trained.push((losses, model.parameters().unwrap().into_owned()));
+        }
+        let (losses_err, params_err) = (rel_err(&trained[1].0, &trained[0].0), rel_err(&trained[1].1, &trained[0].1));
+        println!("{name}: 12 steps, losses rel err {losses_err:.2e}, parameters rel err {params_err:.2e}");
+        assert!(losses_err <= 1e-4 && params_err <= 1e-4, "{name}: losses {:?} vs {:?}", trained[1].0, trained[0].0);
+    }
+}
+
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn a_stream_on_the_gpu_matches_the_cpu_and_the_gpu_forward() {
+    let device = cuda_device();
+    let mut rng = Rng::new(4);
+    for (name, chain) in [
+        ("gru", Chain::new(Shape::sequence(9, 3)).gru(17, RnnOutput::Sequence).gru(8, RnnOutput::LastStep).dense(2, Identity)),
+        ("lstm", Chain::new(Shape::sequence(9, 1)).lstm(32, RnnOutput::LastStep).dense(1, Identity)),
+    ] {
+        let cpu = chain.build().unwrap().init(Init::GlorotUniform, 7).with_threads(1).unwrap();
+        let gpu = cpu.to(&device).unwrap();
+        let (batch, steps, features) = (2, 9, cpu.input_shape().len() / 9);
+        let x = rng.uniform(batch * steps * features);
+        let (mut cpu_stream, mut gpu_stream) = (cpu.stream(batch).unwrap(), gpu.stream(batch).unwrap());
+        assert_eq!(gpu_stream.device(), device);
+        let mut last = Vec::new();
+        for t in 0..steps {
+            let step_x: Vec<f32> = (0..batch).flat_map(|s| x[(s * steps + t) * features..][..features].to_vec()).collect();
+            let want = cpu_stream.step(&step_x).unwrap().to_vec();
+            last = gpu_stream.step(&step_x).unwrap().to_vec();
+            assert_close(&last, &want, 1e-5, 1e-4, &format!("{name}: step {t}"));
+        }
+        let mut fwd = gpu.preallocate(batch).unwrap();
+        fwd.set_inputs(&x).unwrap();
+        assert_close(&last, gpu.forward(&mut fwd).unwrap(), 1e-5, 1e-4, &format!("{name}: the stream against the forward pass"));
+        assert_close(&gpu_stream.state(0).unwrap(), &cpu_stream.state(0).unwrap(), 1e-5, 1e-4, &format!("{name}: states"));
+        gpu_stream.reset_state().unwrap();
+        assert!(gpu_stream.state(0).unwrap().iter().all(|&v| v == 0.0), "{name}: reset");
+    }
+}
