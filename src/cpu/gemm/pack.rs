@@ -102,6 +102,14 @@ pub(super) unsafe fn pack_b(nr: usize, kc: usize, nc: usize, b: View, out: &mut 
                 // dst[part..] holds kc runs nr apart.
                 unsafe { transpose(8, kc, b.ptr.add((j0 + part) * b.cs), b.cs, dst[part..].as_mut_ptr(), nr) };
             }
+        } else if b.rs == 1 {
+            // the last panel, narrower: the same transposes of up to 8 columns, then zeros
+            for part in (0..cols).step_by(8) {
+                // SAFETY: columns j0 + part + 0..min(8, cols − part) < nc, each kc contiguous
+                // values; dst[part..] holds kc runs nr apart.
+                unsafe { transpose((cols - part).min(8), kc, b.ptr.add((j0 + part) * b.cs), b.cs, dst[part..].as_mut_ptr(), nr) };
+            }
+            dst.chunks_exact_mut(nr).for_each(|run| run[cols..].fill(0.0));
         } else {
             // SAFETY: `cols` columns from j0 (j0 + cols ≤ nc) of kc values, with B's strides.
             unsafe { pack_lanes(nr, cols, kc, b.ptr.add(j0 * b.cs), b.cs, b.rs, dst) };
