@@ -75,12 +75,18 @@ impl LayerKind for Dense {
         format!("Dense({} → {})", input.len(), self.out_features)
     }
 
-    fn forward(&self, step: &Step, pass: &mut Pass, _mode: Mode) {
+    fn forward(&self, step: &Step, pass: &mut Pass, mode: Mode) {
         let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
         let (w, b) = step.weight_and_bias();
         let (xs, zs) = split2(pass.acts, x, z);
         let (gemm, cache, version) = pass.ws.dense(pass.index);
-        cache.forward(pass.pool, gemm, pass.batch, version, &pass.params[w], xs, zs);
+        if mode == Mode::Train && pass.batch <= TRAIN_UNPACKED_ROWS {
+            // a training pass's weights are new every step: packing them would cost more than
+            // a product of so few rows, which reads them in place
+            cache.forward_unpacked(pass.pool, gemm, pass.batch, &pass.params[w], xs, zs);
+        } else {
+            cache.forward(pass.pool, gemm, pass.batch, version, &pass.params[w], xs, zs);
+        }
         pass.bias_act(step, self.activation, b, (self.out_features, 1));
     }
 
@@ -177,6 +183,12 @@ pub fn backward_spec<F: Float>(
     }
 }
 
+/// Up to this many samples, a training pass's forward reads the weights in place (the product's
+/// dot-product route) instead of packing them: the weights change every step, so they would be
+/// packed every step, for a product that reads them once. Its bits may differ from an inference
+/// pass's (packed weights) in the last place; each is the same call after call.
+const TRAIN_UNPACKED_ROWS: usize = 4;
+
 /// What a dense layer keeps in a cache: Wᵀ (in × out), the B of Z = X·Wᵀ, packed once, with
 /// the parameter version it was packed from (0: none yet); nothing for a layer of one output,
 /// whose products are dot products of W's one row with each sample, read in place.
@@ -222,10 +234,18 @@ impl DenseCache {
         }
     }
 
+    /// Z (batch × out) ← X·Wᵀ, without the bias, from `w` read in place (no packing).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_unpacked(&self, pool: &Pool, gemm: &mut GemmWorkspace, batch: usize, w: &[f32], x: &[f32], z: &mut [f32]) {
+        let (in_f, out_f) = (self.in_f, self.out_f);
+        let (x, w, z) = (Mat { data: x, rs: in_f, cs: 1 }, Mat { data: w, rs: 1, cs: in_f }, MatMut { data: z, rs: out_f, cs: 1 });
+        sgemm(pool, gemm, batch, out_f, in_f, 1.0, x, w, 0.0, z)
+    }
+
     /// For `Cache::routes`.
     pub fn report(&self) -> &'static str {
         match self.w_t {
-            Some(_) => "Z = X·Wᵀ, Wᵀ packed once",
+            Some(_) => "Z = X·Wᵀ, Wᵀ packed once (training passes of up to 4 samples: W read in place)",
             None => "one output: a dot product a sample, W read in place",
         }
     }

@@ -660,7 +660,7 @@ mod tests {
                 assert!(after.starts_with("direct ") || after.starts_with("lowered "), "{line}");
             }
         }
-        let dense = ": Z = X·Wᵀ, Wᵀ packed once";
+        let dense = ": Z = X·Wᵀ, Wᵀ packed once (training passes of up to 4 samples: W read in place)";
         assert!(steps.iter().all(|l| !l.contains("Dense(") || l.ends_with(dense)), "{report}");
         let _grads = model.preallocate_grads(4).unwrap();
         let timed = cache.routes();
