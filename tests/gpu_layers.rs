@@ -71,6 +71,11 @@ fn train(model: &mut Model, opt: &mut Optimizer, sizes: &[usize], steps: usize, 
         .collect()
 }
 
+/// The optimiser of the GPU-against-CPU trajectories (see below for why not Adam).
+fn optim() -> Optim {
+    Optim::sgd(1e-2, 0.9)
+}
+
 fn outputs(model: &Model, x: &[f32]) -> Vec<f32> {
     let mut fwd = model.preallocate(x.len() / model.input_shape().len()).unwrap();
     fwd.set_inputs(x).unwrap();
@@ -81,6 +86,13 @@ fn outputs(model: &Model, x: &[f32]) -> Vec<f32> {
 /// statistics, the pass count and inference by the running statistics. Batches of 32 and 17,
 /// and of 300 (where the step ends in the training head, src/cuda/head.rs, whose producer is
 /// then a batch norm's activation) and 19.
+///
+/// SGD with momentum, not Adam: a convolution's bias before a batch norm has a gradient of
+/// zero but for rounding, which Adam (dividing by its own size) turns into steps of the full
+/// learning rate whose signs are the rounding's, so any two correct implementations part by
+/// about lr per step there (the CPU's AVX2 and portable kernels: parameters 1.6e-3 apart after
+/// these 16 steps with Adam, 2.4e-5 with SGD). Adam on the GPU is checked against the CPU in
+/// the optimiser's own tests.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn new_layers_train_on_the_gpu_as_on_the_cpu() {
@@ -91,13 +103,13 @@ fn new_layers_train_on_the_gpu_as_on_the_cpu() {
         let sizes = &sizes[..];
         let start = chain().build().unwrap().init(Init::HeNormal, 3).with_threads(1).unwrap();
         let mut cpu = start.to(&Device::Cpu).unwrap();
-        let mut cpu_opt = Optimizer::new(&cpu, Optim::adam(1e-3)).unwrap();
+        let mut cpu_opt = Optimizer::new(&cpu, optim()).unwrap();
         let cpu_losses = train(&mut cpu, &mut cpu_opt, sizes, 16, 9);
         let x = Rng::new(5).uniform(7 * start.input_shape().len());
         for graphs in [true, false] {
             let gpu = start.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap();
             let mut gpu = gpu.to(&device).unwrap();
-            let mut opt = Optimizer::new(&gpu, Optim::adam(1e-3)).unwrap();
+            let mut opt = Optimizer::new(&gpu, optim()).unwrap();
             let losses = train(&mut gpu, &mut opt, sizes, 16, 9);
             let what = format!("{name}, graphs {graphs}");
             let errs = [
