@@ -480,7 +480,7 @@ pub(crate) fn pack_panels(gates: usize, hidden: usize, rows: usize, w: &[f32], p
 unsafe fn transpose8(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usize) {
     use std::arch::x86_64::*;
     // SAFETY: the caller's contract: every load reads a row of 8 values of `src`, every store
-    // writes a row of 8 of `dst`.
+    // writes a row of 8 of `dst`; this function enables the AVX that transpose8x8 needs.
     unsafe {
         let row = |i: usize| src.add(i * ld_src);
         let r = [
@@ -493,30 +493,9 @@ unsafe fn transpose8(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usiz
             _mm256_loadu_ps(row(6)),
             _mm256_loadu_ps(row(7)),
         ];
-        // pairs of rows interleaved, then pairs of pairs, then the 128-bit halves exchanged
-        let t = [
-            _mm256_unpacklo_ps(r[0], r[1]),
-            _mm256_unpackhi_ps(r[0], r[1]),
-            _mm256_unpacklo_ps(r[2], r[3]),
-            _mm256_unpackhi_ps(r[2], r[3]),
-            _mm256_unpacklo_ps(r[4], r[5]),
-            _mm256_unpackhi_ps(r[4], r[5]),
-            _mm256_unpacklo_ps(r[6], r[7]),
-            _mm256_unpackhi_ps(r[6], r[7]),
-        ];
-        let u = [
-            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
-            _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
-            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
-            _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
-            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
-            _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
-            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
-            _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
-        ];
-        for i in 0..4 {
-            _mm256_storeu_ps(dst.add(i * ld_dst), _mm256_permute2f128_ps::<0x20>(u[i], u[i + 4]));
-            _mm256_storeu_ps(dst.add((i + 4) * ld_dst), _mm256_permute2f128_ps::<0x31>(u[i], u[i + 4]));
+        let c = crate::cpu::gemm::transpose8x8(r);
+        for (i, &v) in c.iter().enumerate() {
+            _mm256_storeu_ps(dst.add(i * ld_dst), v);
         }
     }
 }

@@ -44,6 +44,8 @@ use avx2::Avx2;
 use avx512::Avx512;
 use kernel::{Kernel, Portable};
 use nest::{blocked, AOp, BOp};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use pack::transpose8x8;
 pub(crate) use packed::{PackedA, PackedB};
 use row::row_times_matrix;
 

@@ -211,6 +211,48 @@ unsafe fn transpose_scalar(h: usize, cols: std::ops::Range<usize>, src: *const f
     }
 }
 
+/// The 8×8 block whose rows are `r`, transposed: element p of result i is element i of r[p].
+/// (a b) pairs of rows interleaved, then pairs of pairs, then the 128-bit halves exchanged.
+///
+/// # Safety
+/// The CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) unsafe fn transpose8x8(r: [std::arch::x86_64::__m256; 8]) -> [std::arch::x86_64::__m256; 8] {
+    use std::arch::x86_64::*;
+    let t = [
+        _mm256_unpacklo_ps(r[0], r[1]),
+        _mm256_unpackhi_ps(r[0], r[1]),
+        _mm256_unpacklo_ps(r[2], r[3]),
+        _mm256_unpackhi_ps(r[2], r[3]),
+        _mm256_unpacklo_ps(r[4], r[5]),
+        _mm256_unpackhi_ps(r[4], r[5]),
+        _mm256_unpacklo_ps(r[6], r[7]),
+        _mm256_unpackhi_ps(r[6], r[7]),
+    ];
+    let q = [
+        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+        _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+        _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+        _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+        _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+    ];
+    [
+        _mm256_permute2f128_ps::<0x20>(q[0], q[4]),
+        _mm256_permute2f128_ps::<0x20>(q[1], q[5]),
+        _mm256_permute2f128_ps::<0x20>(q[2], q[6]),
+        _mm256_permute2f128_ps::<0x20>(q[3], q[7]),
+        _mm256_permute2f128_ps::<0x31>(q[0], q[4]),
+        _mm256_permute2f128_ps::<0x31>(q[1], q[5]),
+        _mm256_permute2f128_ps::<0x31>(q[2], q[6]),
+        _mm256_permute2f128_ps::<0x31>(q[3], q[7]),
+    ]
+}
+
 /// `transpose` of H rows, 8 columns at a time (8×8 register transposes, rows past H read as
 /// zero and not stored); returns how many columns it did (kc rounded down to 8).
 #[cfg(target_arch = "x86_64")]
@@ -226,37 +268,8 @@ unsafe fn transpose_avx2<const H: usize>(kc: usize, src: *const f32, stride: usi
             // the rows are separate short streams: fetch 4 lines ahead (never faults)
             _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(i * stride + p0 + 64) as *const i8);
         }
-        // (a b) pairs, then quads, then halves: column p of the 8×8 block ends in c[p]
-        let t = [
-            _mm256_unpacklo_ps(r[0], r[1]),
-            _mm256_unpackhi_ps(r[0], r[1]),
-            _mm256_unpacklo_ps(r[2], r[3]),
-            _mm256_unpackhi_ps(r[2], r[3]),
-            _mm256_unpacklo_ps(r[4], r[5]),
-            _mm256_unpackhi_ps(r[4], r[5]),
-            _mm256_unpacklo_ps(r[6], r[7]),
-            _mm256_unpackhi_ps(r[6], r[7]),
-        ];
-        let q = [
-            _mm256_shuffle_ps::<0x44>(t[0], t[2]),
-            _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
-            _mm256_shuffle_ps::<0x44>(t[1], t[3]),
-            _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
-            _mm256_shuffle_ps::<0x44>(t[4], t[6]),
-            _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
-            _mm256_shuffle_ps::<0x44>(t[5], t[7]),
-            _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
-        ];
-        let c = [
-            _mm256_permute2f128_ps::<0x20>(q[0], q[4]),
-            _mm256_permute2f128_ps::<0x20>(q[1], q[5]),
-            _mm256_permute2f128_ps::<0x20>(q[2], q[6]),
-            _mm256_permute2f128_ps::<0x20>(q[3], q[7]),
-            _mm256_permute2f128_ps::<0x31>(q[0], q[4]),
-            _mm256_permute2f128_ps::<0x31>(q[1], q[5]),
-            _mm256_permute2f128_ps::<0x31>(q[2], q[6]),
-            _mm256_permute2f128_ps::<0x31>(q[3], q[7]),
-        ];
+        // SAFETY: this function enables AVX2, a superset of what transpose8x8 needs.
+        let c = unsafe { transpose8x8(r) };
         for (p, &v) in c.iter().enumerate() {
             // SAFETY: run p0 + p < kc, h ≤ dst_stride values.
             unsafe {
