@@ -11,11 +11,15 @@ use super::ViewMut;
 /// How the kc rows of a B panel are found: row p (p < kc) is NR contiguous values. (NR is
 /// passed in, a constant where the kernels call these, so it folds away.)
 pub(super) trait Panel: Copy {
-    /// Row p of this panel.
+    /// Row p of this panel: its first NR / 2 values (the second half is [`Panel::gap`] on).
     ///
     /// # Safety
     /// p < kc of an operand the caller checked.
     unsafe fn row(self, p: usize, nr: usize) -> *const f32;
+
+    /// How far the second NR / 2 values of each row lie past its first: NR / 2 where a row is
+    /// contiguous.
+    fn gap(self, nr: usize) -> usize;
 
     /// The panel `q` places to the right (columns q·NR on).
     ///
@@ -40,19 +44,65 @@ impl Panel for Packed {
     }
 
     #[inline(always)]
+    fn gap(self, nr: usize) -> usize {
+        nr / 2
+    }
+
+    #[inline(always)]
     unsafe fn next(self, q: usize, _nr: usize) -> Self {
         // SAFETY: the caller's promise (panel q exists).
         Packed { ptr: unsafe { self.ptr.add(q * self.stride) }, ..self }
     }
 }
 
-/// Rows read in place from one buffer, each at its own offset: row p of the panel at
-/// `base + offsets[p]`, the next panel NR values on. (A convolution's input, each row a
-/// shifted window of the same planes: no lowered copy.)
+/// Rows read in place from one buffer, each at its own offset, each in runs: column j of row p
+/// at `origin + offsets[p] + (j / width)·pitch + j % width` (a convolution's input, each row a
+/// shifted window of the same planes, read without a lowered copy; its columns the output's
+/// pixels, rows of `width` that lie `pitch` apart in the planes). A panel's halves each lie in
+/// one run: `width` is a multiple of NR / 2, or the columns are one run (`width` = `pitch`,
+/// or n ≤ `width`). A half wholly at or past column n (computed and dropped) is read right
+/// after the first half, so that no read reaches past the last run by more than NR.
 #[derive(Clone, Copy)]
 pub(super) struct Shifted {
+    /// `origin` at the panel's first column: origin + map(col).
     pub base: *const f32,
     pub offsets: *const usize,
+    /// Distance from the first half of a row to its second.
+    pub gap: usize,
+    pub origin: *const f32,
+    pub col: usize,
+    pub runs: Runs,
+}
+
+/// Columns 0..n in runs of `width`, `pitch` apart (see [`Shifted`]).
+#[derive(Clone, Copy)]
+pub(super) struct Runs {
+    pub width: usize,
+    pub pitch: usize,
+    pub n: usize,
+}
+
+impl Runs {
+    /// Where column j lies, from the start of its row of B.
+    #[inline(always)]
+    pub fn at(self, j: usize) -> usize {
+        (j / self.width) * self.pitch + j % self.width
+    }
+}
+
+impl Shifted {
+    /// The panel whose first column is `col` (< n).
+    ///
+    /// # Safety
+    /// The runs lie inside the buffer at `origin` from every offset (the caller checked).
+    #[inline(always)]
+    pub unsafe fn at(origin: *const f32, offsets: *const usize, runs: Runs, col: usize, nr: usize) -> Shifted {
+        let first = runs.at(col);
+        let half = col + nr / 2;
+        let gap = if half < runs.n { runs.at(half) - first } else { nr / 2 };
+        // SAFETY: column col < n lies in the first run's row (the contract).
+        Shifted { base: unsafe { origin.add(first) }, offsets, gap, origin, col, runs }
+    }
 }
 
 impl Panel for Shifted {
@@ -63,9 +113,14 @@ impl Panel for Shifted {
     }
 
     #[inline(always)]
+    fn gap(self, _nr: usize) -> usize {
+        self.gap
+    }
+
+    #[inline(always)]
     unsafe fn next(self, q: usize, nr: usize) -> Self {
-        // SAFETY: the caller's promise (panel q lies inside the buffer for every offset).
-        Shifted { base: unsafe { self.base.add(q * nr) }, ..self }
+        // SAFETY: the caller's promise (panel q, whose first column is before n, exists).
+        unsafe { Shifted::at(self.origin, self.offsets, self.runs, self.col + q * nr, nr) }
     }
 }
 
@@ -192,10 +247,18 @@ unsafe fn portable_tile<const M: usize, B: Panel>(kc: usize, a: *const f32, b: B
     let mut acc = [[0.0f32; 16]; M];
     for p in 0..kc {
         // SAFETY: column p < kc of the A panel and row p of the B panel (the contract).
-        let (ap, bp) = unsafe { (std::slice::from_raw_parts(a.add(p * M), M), std::slice::from_raw_parts(b.row(p, 16), 16)) };
+        let (ap, lo, hi) = unsafe {
+            let row = b.row(p, 16);
+            (
+                std::slice::from_raw_parts(a.add(p * M), M),
+                std::slice::from_raw_parts(row, 8),
+                std::slice::from_raw_parts(row.add(b.gap(16)), 8),
+            )
+        };
         for i in 0..M {
-            for j in 0..16 {
-                acc[i][j] += ap[i] * bp[j];
+            for j in 0..8 {
+                acc[i][j] += ap[i] * lo[j];
+                acc[i][j + 8] += ap[i] * hi[j];
             }
         }
     }
