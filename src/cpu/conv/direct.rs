@@ -184,6 +184,16 @@ fn gradient_planes(s: &ConvShape, g: &Planes, dz: &[f32], out: &mut [f32]) {
     let ((oh, ow), (sh, sw)) = ((s.oh(), s.ow()), s.stride);
     let (t, l) = (s.kernel.0 as isize - 1 - s.padding.0 as isize, s.kernel.1 as isize - 1 - s.padding.1 as isize);
     out.fill(0.0);
+    if (sh, sw) == (1, 1) && t >= 0 && l >= 0 {
+        // each row whole, at (y + t, l): inside the plane, as p ≤ k − 1 makes OH + t ≤ hg
+        let (t, l) = (t as usize, l as usize);
+        for (plane, dzc) in out.chunks_exact_mut(g.hg * g.wg).zip(dz.chunks_exact(oh * ow)) {
+            for (y, row) in dzc.chunks_exact(ow).enumerate() {
+                plane[(y + t) * g.wg + l..][..ow].copy_from_slice(row);
+            }
+        }
+        return;
+    }
     let inside = |at: isize, len: usize| usize::try_from(at).ok().filter(|&at| at < len);
     for (plane, dzc) in out.chunks_exact_mut(g.hg * g.wg).zip(dz.chunks_exact(oh * ow)) {
         for (y, row) in dzc.chunks_exact(ow).enumerate() {
