@@ -55,26 +55,54 @@ impl Panel for Packed {
     }
 }
 
-/// Rows read in place from one buffer, each at its own offset, each in runs: column j of row p
-/// at `origin + offsets[p] + (j / width)·pitch + j % width` (a convolution's input, each row a
-/// shifted window of the same planes, read without a lowered copy; its columns the output's
-/// pixels, rows of `width` that lie `pitch` apart in the planes). A panel's halves each lie in
-/// one run: `width` is a multiple of NR / 2, or the columns are one run (`width` = `pitch`,
-/// or n ≤ `width`). A half wholly at or past column n (computed and dropped) is read right
-/// after the first half, so that no read reaches past the last run by more than NR.
+/// Rows read in place from one buffer, each at its own offset: row p of the panel at
+/// `base + offsets[p]`, the next panel NR values on. (A convolution's input, each row a
+/// shifted window of the same planes: no lowered copy.)
 #[derive(Clone, Copy)]
 pub(super) struct Shifted {
-    /// `origin` at the panel's first column: origin + map(col).
     pub base: *const f32,
     pub offsets: *const usize,
-    /// Distance from the first half of a row to its second.
-    pub gap: usize,
-    pub origin: *const f32,
-    pub col: usize,
-    pub runs: Runs,
 }
 
-/// Columns 0..n in runs of `width`, `pitch` apart (see [`Shifted`]).
+impl Panel for Shifted {
+    #[inline(always)]
+    unsafe fn row(self, p: usize, _nr: usize) -> *const f32 {
+        // SAFETY: the caller's promise: offsets has kc entries, each row inside the buffer.
+        unsafe { self.base.add(*self.offsets.add(p)) }
+    }
+
+    #[inline(always)]
+    fn gap(self, nr: usize) -> usize {
+        nr / 2
+    }
+
+    #[inline(always)]
+    unsafe fn next(self, q: usize, nr: usize) -> Self {
+        // SAFETY: the caller's promise (panel q lies inside the buffer for every offset).
+        Shifted { base: unsafe { self.base.add(q * nr) }, ..self }
+    }
+}
+
+/// As [`Shifted`], each row in runs: column j of row p at `origin + offsets[p] + (j /
+/// width)·pitch + j % width` (a convolution's output pixels, rows of `width` that lie `pitch`
+/// apart in its input planes). A panel's halves each lie in one run: `width` is a multiple of
+/// NR / 2. A half wholly at or past column n (computed and dropped) is read right after the
+/// first half, so that no read reaches past the last run by more than NR.
+#[derive(Clone, Copy)]
+pub(super) struct ShiftedRuns {
+    /// `origin` at the panel's first column.
+    base: *const f32,
+    offsets: *const usize,
+    /// Distance from the first half of a row to its second.
+    gap: usize,
+    origin: *const f32,
+    /// The panel's first column: run `run`, place `x` in it.
+    run: usize,
+    x: usize,
+    runs: Runs,
+}
+
+/// Columns 0..n in runs of `width`, `pitch` apart (see [`ShiftedRuns`]).
 #[derive(Clone, Copy)]
 pub(super) struct Runs {
     pub width: usize,
@@ -84,28 +112,38 @@ pub(super) struct Runs {
 
 impl Runs {
     /// Where column j lies, from the start of its row of B.
-    #[inline(always)]
     pub fn at(self, j: usize) -> usize {
         (j / self.width) * self.pitch + j % self.width
     }
 }
 
-impl Shifted {
+impl ShiftedRuns {
     /// The panel whose first column is `col` (< n).
     ///
     /// # Safety
     /// The runs lie inside the buffer at `origin` from every offset (the caller checked).
+    pub unsafe fn at(origin: *const f32, offsets: *const usize, runs: Runs, col: usize, nr: usize) -> ShiftedRuns {
+        // SAFETY: the contract.
+        unsafe { ShiftedRuns::place(origin, offsets, runs, col / runs.width, col % runs.width, nr) }
+    }
+
+    /// The panel whose first column is place x of run `run`, found without a division (a
+    /// tile finds its panels a few times per kc·MR multiply-adds).
+    ///
+    /// # Safety
+    /// As [`ShiftedRuns::at`]; that column is before n.
     #[inline(always)]
-    pub unsafe fn at(origin: *const f32, offsets: *const usize, runs: Runs, col: usize, nr: usize) -> Shifted {
-        let first = runs.at(col);
-        let half = col + nr / 2;
-        let gap = if half < runs.n { runs.at(half) - first } else { nr / 2 };
-        // SAFETY: column col < n lies in the first run's row (the contract).
-        Shifted { base: unsafe { origin.add(first) }, offsets, gap, origin, col, runs }
+    unsafe fn place(origin: *const f32, offsets: *const usize, runs: Runs, run: usize, x: usize, nr: usize) -> ShiftedRuns {
+        let (first, col) = (run * runs.pitch + x, run * runs.width + x);
+        // the second half's column; a run holds whole halves, so it starts this run or the next
+        let second = if x + nr / 2 < runs.width { first + nr / 2 } else { (run + 1) * runs.pitch + x + nr / 2 - runs.width };
+        let gap = if col + nr / 2 < runs.n { second - first } else { nr / 2 };
+        // SAFETY: column col < n lies in the runs (the contract).
+        ShiftedRuns { base: unsafe { origin.add(first) }, offsets, gap, origin, run, x, runs }
     }
 }
 
-impl Panel for Shifted {
+impl Panel for ShiftedRuns {
     #[inline(always)]
     unsafe fn row(self, p: usize, _nr: usize) -> *const f32 {
         // SAFETY: the caller's promise: offsets has kc entries, each row inside the buffer.
@@ -119,8 +157,15 @@ impl Panel for Shifted {
 
     #[inline(always)]
     unsafe fn next(self, q: usize, nr: usize) -> Self {
+        if q == 0 {
+            return self;
+        }
+        let (mut run, mut x) = (self.run, self.x + q * nr);
+        while x >= self.runs.width {
+            (run, x) = (run + 1, x - self.runs.width);
+        }
         // SAFETY: the caller's promise (panel q, whose first column is before n, exists).
-        unsafe { Shifted::at(self.origin, self.offsets, self.runs, self.col + q * nr, nr) }
+        unsafe { ShiftedRuns::place(self.origin, self.offsets, self.runs, run, x, nr) }
     }
 }
 
