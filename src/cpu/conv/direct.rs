@@ -5,22 +5,24 @@
 //! v·sw + b − pw] (zero outside the input). Then for output (y, x), q = y·wpp + x, and tap
 //! (c, i, j), the input pixel is plane (i mod sh, j mod sw, c)[y + i / sh, x + j / sw]: the
 //! value at offset(c, i, j) + q, offset = base of that plane + (i / sh)·wpp + j / sw. So
-//! Z (OC × n) = W (OC × CKK) · B with row (c, i, j) of B the n values from that offset,
-//! n = (OH − 1)·wpp + OW; columns x ≥ OW of each row are garbage, dropped when Z is copied
-//! out (and absent when wpp = OW).
+//! Z (OC × OH·OW) = W (OC × CKK) · B with row (c, i, j) of B the OH runs of OW values from
+//! that offset, wpp apart, read by the GEMM in place and written straight into z where its
+//! kernel loads whole vectors from one run (OW a multiple of half its panel, one output row,
+//! or wpp = OW). Otherwise B's rows are the n = (OH − 1)·wpp + OW values from the offset, and
+//! the product's columns x ≥ OW of each row are garbage, dropped when Z is copied out.
 //!
 //! Input gradient. dx[c, y', x'] = Σ_{oc,i,j} w[oc, c, i, j] · dz[oc, y, x] over
 //! y·sh + i − ph = y': with the gradient planes G[oc, u, v] = dz[oc, (u − t) / sh,
 //! (v − l) / sw] where those divide exactly (zero elsewhere), t = kh − 1 − ph, l = kw − 1 −
 //! pw, of (H + kh − 1) × (W + kw − 1), it is the stride-1 product of the same kind:
 //! dX (C × n') = W' (C × OC·kh·kw) · B' with row (oc, i, j) of B' at offset oc·|G| +
-//! (kh − 1 − i)·wg + (kw − 1 − j).
+//! (kh − 1 − i)·wg + (kw − 1 − j), in runs of W, wg apart, as the forward's.
 //!
 //! Weight gradient. dW[oc, (c, i, j)] += Σ_q dZ[oc, q] · (row (c, i, j) of B)[q], with dZ laid
 //! out in the forward's flat rows (zeros at x ≥ OW): dot products of rows, read in place.
 
 use super::{ConvShape, Sample};
-use crate::cpu::gemm::{sgemm_shifted_on, shifted_slack, GemmScratch, MatMut};
+use crate::cpu::gemm::{sgemm_shifted_on, shifted_runs_fit, shifted_slack, GemmScratch, MatMut};
 use crate::cpu::isa::Isa;
 use crate::cpu::rowdot::rowdot_at;
 use crate::error::{Error, Result};
@@ -100,13 +102,14 @@ pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[
     let (s, g) = (p.shape, Planes::of(p.shape));
     let (planes, rest) = buf.split_at_mut(g.len + shifted_slack(p.weights.w.isa()));
     input_planes(s, &g, x, &mut planes[..g.len]);
-    let (oc, oh, ow) = (s.out_channels, s.oh(), s.ow());
-    if g.wpp == ow {
-        let z = MatMut { data: &mut z[..oc * g.n], rs: g.n, cs: 1 };
-        return sgemm_shifted_on(gemm, g.n, 1.0, &p.weights.w, planes, p.offsets, 0.0, z);
+    let (oc, oh, ow, isa) = (s.out_channels, s.oh(), s.ow(), p.weights.w.isa());
+    if shifted_runs_fit(isa, oh * ow, ow, g.wpp) {
+        let z = MatMut { data: &mut z[..oc * oh * ow], rs: oh * ow, cs: 1 };
+        return sgemm_shifted_on(gemm, oh * ow, 1.0, &p.weights.w, planes, p.offsets, (ow, g.wpp), 0.0, z);
     }
     let flat = &mut rest[..oc * g.n];
-    sgemm_shifted_on(gemm, g.n, 1.0, &p.weights.w, planes, p.offsets, 0.0, MatMut { data: flat, rs: g.n, cs: 1 });
+    let flat_z = MatMut { data: flat, rs: g.n, cs: 1 };
+    sgemm_shifted_on(gemm, g.n, 1.0, &p.weights.w, planes, p.offsets, (g.n, g.n), 0.0, flat_z);
     to_rows(flat, g.n, g.wpp, (oh, ow), z);
 }
 
@@ -137,12 +140,14 @@ pub(super) fn backward(
     rowdot_at(oc, g.n, dz_rows, g.n, &planes[..g.len], p.offsets, dw, s.ckk(), accumulate);
     let Some(dx) = dx else { return };
     gradient_planes(s, &g, dz, &mut grad_planes[..g.grad_len]);
-    if g.wg == s.width {
-        let dx = MatMut { data: &mut dx[..c * g.ng], rs: g.ng, cs: 1 };
-        return sgemm_shifted_on(gemm, g.ng, 1.0, &p.weights.w_swapped, grad_planes, p.grad_offsets, 0.0, dx);
+    let (hw, w_swapped) = (s.height * s.width, &p.weights.w_swapped);
+    if shifted_runs_fit(p.weights.w.isa(), hw, s.width, g.wg) {
+        let dx = MatMut { data: &mut dx[..c * hw], rs: hw, cs: 1 };
+        return sgemm_shifted_on(gemm, hw, 1.0, w_swapped, grad_planes, p.grad_offsets, (s.width, g.wg), 0.0, dx);
     }
     let flat = &mut flat_dx[..c * g.ng];
-    sgemm_shifted_on(gemm, g.ng, 1.0, &p.weights.w_swapped, grad_planes, p.grad_offsets, 0.0, MatMut { data: flat, rs: g.ng, cs: 1 });
+    let flat_dx = MatMut { data: flat, rs: g.ng, cs: 1 };
+    sgemm_shifted_on(gemm, g.ng, 1.0, w_swapped, grad_planes, p.grad_offsets, (g.ng, g.ng), 0.0, flat_dx);
     to_rows(flat, g.ng, g.wg, (s.height, s.width), dx);
 }
 
@@ -179,6 +184,16 @@ fn gradient_planes(s: &ConvShape, g: &Planes, dz: &[f32], out: &mut [f32]) {
     let ((oh, ow), (sh, sw)) = ((s.oh(), s.ow()), s.stride);
     let (t, l) = (s.kernel.0 as isize - 1 - s.padding.0 as isize, s.kernel.1 as isize - 1 - s.padding.1 as isize);
     out.fill(0.0);
+    if (sh, sw) == (1, 1) && t >= 0 && l >= 0 {
+        // each row whole, at (y + t, l): inside the plane, as p ≤ k − 1 makes OH + t ≤ hg
+        let (t, l) = (t as usize, l as usize);
+        for (plane, dzc) in out.chunks_exact_mut(g.hg * g.wg).zip(dz.chunks_exact(oh * ow)) {
+            for (y, row) in dzc.chunks_exact(ow).enumerate() {
+                plane[(y + t) * g.wg + l..][..ow].copy_from_slice(row);
+            }
+        }
+        return;
+    }
     let inside = |at: isize, len: usize| usize::try_from(at).ok().filter(|&at| at < len);
     for (plane, dzc) in out.chunks_exact_mut(g.hg * g.wg).zip(dz.chunks_exact(oh * ow)) {
         for (y, row) in dzc.chunks_exact(ow).enumerate() {

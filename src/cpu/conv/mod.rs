@@ -13,7 +13,8 @@
 //!   (split into stride phases when the stride is not 1), with rows `wpp` wide; then output
 //!   position (y, x) is the flat index q = y·wpp + x, and row (c, i, j) of the lowered matrix
 //!   is the window of the planes that starts at offset(c, i, j), read in place by the GEMM
-//!   ([`sgemm_shifted_on`]). The columns x ≥ OW of each output row are computed and dropped.
+//!   ([`sgemm_shifted_on`]), in runs of OW (one per output row) where the kernel's vectors
+//!   fit them, else whole (the columns x ≥ OW of each output row computed and dropped).
 //!   The input gradient is the same product on the output gradient, dilated by the stride
 //!   and padded by k − 1 − p, against the weights with in and out channels swapped and the
 //!   taps flipped; the weight gradient is dot products of the output gradient's rows with the

@@ -50,7 +50,8 @@ fn shape(c: usize, h: usize, w: usize, oc: usize, kernel: (usize, usize), stride
 }
 
 /// Odd shapes: stride, padding (also past the kernel), 1×1, 3×3, 5×5, 1-D (H = 1) with k of 5
-/// to 7, channels 1 to 32, and the zoo's layers.
+/// to 7, channels 1 to 32, output rows of 8, 16 and 32 (read by the GEMM in runs), and the
+/// zoo's layers.
 fn odd_shapes() -> Vec<ConvShape> {
     vec![
         shape(1, 5, 5, 2, (3, 3), (1, 1), (0, 0)),
@@ -67,6 +68,7 @@ fn odd_shapes() -> Vec<ConvShape> {
         shape(1, 1, 40, 8, (1, 7), (1, 1), (0, 0)),
         shape(4, 1, 33, 6, (1, 6), (1, 2), (0, 1)),
         shape(3, 32, 32, 16, (3, 3), (1, 1), (1, 1)),
+        shape(5, 6, 16, 7, (3, 3), (2, 1), (1, 1)),
     ]
 }
 

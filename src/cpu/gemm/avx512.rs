@@ -78,7 +78,7 @@ unsafe fn tile<const M: usize, const P: usize, B: Panel>(kc: usize, a: *const f3
         for p in 0..kc {
             for (q, panel) in bq.iter().enumerate() {
                 let row = panel.row(p, 32);
-                let (b0, b1) = (_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16)));
+                let (b0, b1) = (_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(panel.gap(32))));
                 for (i, acc_i) in acc.iter_mut().enumerate() {
                     let ai = _mm512_set1_ps(*a.add(p * M + i));
                     acc_i[q][0] = _mm512_fmadd_ps(ai, b0, acc_i[q][0]);

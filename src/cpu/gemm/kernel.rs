@@ -11,11 +11,15 @@ use super::ViewMut;
 /// How the kc rows of a B panel are found: row p (p < kc) is NR contiguous values. (NR is
 /// passed in, a constant where the kernels call these, so it folds away.)
 pub(super) trait Panel: Copy {
-    /// Row p of this panel.
+    /// Row p of this panel: its first NR / 2 values (the second half is [`Panel::gap`] on).
     ///
     /// # Safety
     /// p < kc of an operand the caller checked.
     unsafe fn row(self, p: usize, nr: usize) -> *const f32;
+
+    /// How far the second NR / 2 values of each row lie past its first: NR / 2 where a row is
+    /// contiguous.
+    fn gap(self, nr: usize) -> usize;
 
     /// The panel `q` places to the right (columns q·NR on).
     ///
@@ -37,6 +41,11 @@ impl Panel for Packed {
     unsafe fn row(self, p: usize, nr: usize) -> *const f32 {
         // SAFETY: the caller's promise (row p of this panel).
         unsafe { self.ptr.add(p * nr) }
+    }
+
+    #[inline(always)]
+    fn gap(self, nr: usize) -> usize {
+        nr / 2
     }
 
     #[inline(always)]
@@ -63,9 +72,100 @@ impl Panel for Shifted {
     }
 
     #[inline(always)]
+    fn gap(self, nr: usize) -> usize {
+        nr / 2
+    }
+
+    #[inline(always)]
     unsafe fn next(self, q: usize, nr: usize) -> Self {
         // SAFETY: the caller's promise (panel q lies inside the buffer for every offset).
         Shifted { base: unsafe { self.base.add(q * nr) }, ..self }
+    }
+}
+
+/// As [`Shifted`], each row in runs: column j of row p at `origin + offsets[p] + (j /
+/// width)·pitch + j % width` (a convolution's output pixels, rows of `width` that lie `pitch`
+/// apart in its input planes). A panel's halves each lie in one run: `width` is a multiple of
+/// NR / 2. A half wholly at or past column n (computed and dropped) is read right after the
+/// first half, so that no read reaches past the last run by more than NR.
+#[derive(Clone, Copy)]
+pub(super) struct ShiftedRuns {
+    /// `origin` at the panel's first column.
+    base: *const f32,
+    offsets: *const usize,
+    /// Distance from the first half of a row to its second.
+    gap: usize,
+    origin: *const f32,
+    /// The panel's first column: run `run`, place `x` in it.
+    run: usize,
+    x: usize,
+    runs: Runs,
+}
+
+/// Columns 0..n in runs of `width`, `pitch` apart (see [`ShiftedRuns`]).
+#[derive(Clone, Copy)]
+pub(super) struct Runs {
+    pub width: usize,
+    pub pitch: usize,
+    pub n: usize,
+}
+
+impl Runs {
+    /// Where column j lies, from the start of its row of B.
+    pub fn at(self, j: usize) -> usize {
+        (j / self.width) * self.pitch + j % self.width
+    }
+}
+
+impl ShiftedRuns {
+    /// The panel whose first column is `col` (< n).
+    ///
+    /// # Safety
+    /// The runs lie inside the buffer at `origin` from every offset (the caller checked).
+    pub unsafe fn at(origin: *const f32, offsets: *const usize, runs: Runs, col: usize, nr: usize) -> ShiftedRuns {
+        // SAFETY: the contract.
+        unsafe { ShiftedRuns::place(origin, offsets, runs, col / runs.width, col % runs.width, nr) }
+    }
+
+    /// The panel whose first column is place x of run `run`, found without a division (a
+    /// tile finds its panels a few times per kc·MR multiply-adds).
+    ///
+    /// # Safety
+    /// As [`ShiftedRuns::at`]; that column is before n.
+    #[inline(always)]
+    unsafe fn place(origin: *const f32, offsets: *const usize, runs: Runs, run: usize, x: usize, nr: usize) -> ShiftedRuns {
+        let (first, col) = (run * runs.pitch + x, run * runs.width + x);
+        // the second half's column; a run holds whole halves, so it starts this run or the next
+        let second = if x + nr / 2 < runs.width { first + nr / 2 } else { (run + 1) * runs.pitch + x + nr / 2 - runs.width };
+        let gap = if col + nr / 2 < runs.n { second - first } else { nr / 2 };
+        // SAFETY: column col < n lies in the runs (the contract).
+        ShiftedRuns { base: unsafe { origin.add(first) }, offsets, gap, origin, run, x, runs }
+    }
+}
+
+impl Panel for ShiftedRuns {
+    #[inline(always)]
+    unsafe fn row(self, p: usize, _nr: usize) -> *const f32 {
+        // SAFETY: the caller's promise: offsets has kc entries, each row inside the buffer.
+        unsafe { self.base.add(*self.offsets.add(p)) }
+    }
+
+    #[inline(always)]
+    fn gap(self, _nr: usize) -> usize {
+        self.gap
+    }
+
+    #[inline(always)]
+    unsafe fn next(self, q: usize, nr: usize) -> Self {
+        if q == 0 {
+            return self;
+        }
+        let (mut run, mut x) = (self.run, self.x + q * nr);
+        while x >= self.runs.width {
+            (run, x) = (run + 1, x - self.runs.width);
+        }
+        // SAFETY: the caller's promise (panel q, whose first column is before n, exists).
+        unsafe { ShiftedRuns::place(self.origin, self.offsets, self.runs, run, x, nr) }
     }
 }
 
@@ -192,10 +292,18 @@ unsafe fn portable_tile<const M: usize, B: Panel>(kc: usize, a: *const f32, b: B
     let mut acc = [[0.0f32; 16]; M];
     for p in 0..kc {
         // SAFETY: column p < kc of the A panel and row p of the B panel (the contract).
-        let (ap, bp) = unsafe { (std::slice::from_raw_parts(a.add(p * M), M), std::slice::from_raw_parts(b.row(p, 16), 16)) };
+        let (ap, lo, hi) = unsafe {
+            let row = b.row(p, 16);
+            (
+                std::slice::from_raw_parts(a.add(p * M), M),
+                std::slice::from_raw_parts(row, 8),
+                std::slice::from_raw_parts(row.add(b.gap(16)), 8),
+            )
+        };
         for i in 0..M {
-            for j in 0..16 {
-                acc[i][j] += ap[i] * bp[j];
+            for j in 0..8 {
+                acc[i][j] += ap[i] * lo[j];
+                acc[i][j + 8] += ap[i] * hi[j];
             }
         }
     }

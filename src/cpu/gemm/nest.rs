@@ -1,6 +1,6 @@
 //! The blocked loop nest, written once for every kernel and every form of the operands.
 
-use super::kernel::{panels_for, Kernel, Packed, Panel, Shifted};
+use super::kernel::{panels_for, Kernel, Packed, Panel, Runs, Shifted, ShiftedRuns};
 use super::pack::{pack_a, pack_b, row_panels};
 use super::packed::{AView, BView};
 use super::{Product, View, ViewMut, KC, MC, NC};
@@ -17,10 +17,12 @@ pub(super) enum AOp {
 pub(super) enum BOp {
     View(View),
     Packed(BView),
-    /// Row p at `base + offsets[p]`, n columns and the rest of its last panel readable.
+    /// Row p's column j at `base + offsets[p] + runs.at(j)`, each read reaching at most NR
+    /// past its last run (see [`ShiftedRuns`]).
     Shifted {
         base: *const f32,
         offsets: *const usize,
+        runs: Runs,
     },
 }
 
@@ -62,8 +64,13 @@ pub(super) unsafe fn blocked<K: Kernel>(scratch: &mut [f32], p: &Product) {
                         let panels = Packed { ptr: b.block(K::NR, jc, pc), stride: kc * K::NR };
                         row_blocks::<K, _>(apack, p, pc, kc, jc, nc, panels, beta);
                     }
-                    BOp::Shifted { base, offsets } => {
+                    // one run (contiguous columns) with the plainer panel
+                    BOp::Shifted { base, offsets, runs } if runs.width == runs.pitch || runs.n <= runs.width => {
                         let rows = Shifted { base: base.add(jc), offsets: offsets.add(pc) };
+                        row_blocks::<K, _>(apack, p, pc, kc, jc, nc, rows, beta);
+                    }
+                    BOp::Shifted { base, offsets, runs } => {
+                        let rows = ShiftedRuns::at(base, offsets.add(pc), runs, jc, K::NR);
                         row_blocks::<K, _>(apack, p, pc, kc, jc, nc, rows, beta);
                     }
                 }

@@ -198,6 +198,7 @@ fn packed_a_and_shifted_rows_match_the_plain_loop() {
                     &packed,
                     &rows,
                     &offsets,
+                    (n.max(1), n.max(1)),
                     beta,
                     MatMut { data: &mut got[..m * n], rs: n, cs: 1 },
                 );
@@ -205,6 +206,61 @@ fn packed_a_and_shifted_rows_match_the_plain_loop() {
             }
         }
     }
+}
+
+/// B's rows read in runs of `width` values, `pitch` apart (a convolution's output rows in its
+/// padded planes), against the plain loop on the gathered B: every run width a multiple of
+/// half a panel, pitches with and without gaps, a last run cut short or a half panel past n;
+/// C poisoned and the values past it checked untouched; NaN between the runs, which the
+/// kernels read only to drop.
+#[test]
+fn shifted_rows_in_runs_match_the_plain_loop() {
+    let mut rng = Rng::new(25);
+    for isa in Isa::runnable() {
+        let mut ws = GemmWorkspace::with_isa(1, isa).unwrap();
+        let (half, slack) = (tile_shape(isa).1 / 2, shifted_slack(isa));
+        for (m, k) in [(16, 144), (5, 7), (32, 9)] {
+            let a = rng.ints(m * k);
+            let mut packed = PackedA::new(isa, m, k).unwrap();
+            packed.pack_with(|i, p| a[i * k + p]);
+            for (width, gap, runs, tail) in
+                [(half, 2, 3, 0), (2 * half, 2, 5, 0), (2 * half, 0, 2, 3), (3 * half, 37, 4, half), (half, 6, 1, 5)]
+            {
+                let (pitch, n) = (width + gap, runs * width + tail);
+                assert!(shifted_runs_fit(isa, n, width, pitch), "{isa:?} runs of {width} every {pitch} over {n}");
+                let b = rng.ints(k * n);
+                let at = |j: usize| (j / width) * pitch + j % width;
+                let span = at(n - 1) + 1;
+                let offsets: Vec<usize> = (0..k).map(|_| rng.below(2 * span + 1)).collect();
+                // later rows overwrite earlier ones where they overlap: gather B back
+                let mut rows = poisoned(3 * span + 1 + slack);
+                for (p, &o) in offsets.iter().enumerate() {
+                    (0..n).for_each(|j| rows[o + at(j)] = b[p * n + j]);
+                }
+                let b_rows: Vec<f32> = (0..k * n).map(|idx| rows[offsets[idx / n] + at(idx % n)]).collect();
+                let mut want = poisoned(m * n + 3);
+                want[m * n..].fill(7.0);
+                let mut got = want.clone();
+                let (am, bm) = (Mat { data: &a, rs: k, cs: 1 }, Mat { data: &b_rows, rs: n, cs: 1 });
+                reference(m, n, k, 1.0, am, bm, 0.0, &mut want, n, 1);
+                let c = MatMut { data: &mut got[..m * n], rs: n, cs: 1 };
+                sgemm_shifted_on(&mut ws.workers()[0], n, 1.0, &packed, &rows, &offsets, (width, pitch), 0.0, c);
+                assert_eq!(bits(&got), bits(&want), "{isa:?} {m}×{n}×{k} in runs of {width} every {pitch}");
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "split a vector")]
+fn runs_that_split_a_vector_are_refused() {
+    let isa = Isa::best();
+    let mut ws = GemmWorkspace::with_isa(1, isa).unwrap();
+    let mut a = PackedA::new(isa, 2, 1).unwrap();
+    a.pack(Mat { data: &[1.0, 2.0], rs: 1, cs: 1 });
+    // runs of 12 (no kernel's half panel divides it) over 30 columns
+    let (rows, mut c) = (vec![1.0; 200], vec![0.0; 60]);
+    sgemm_shifted_on(&mut ws.workers()[0], 30, 1.0, &a, &rows, &[0], (12, 14), 0.0, MatMut { data: &mut c, rs: 30, cs: 1 });
 }
 
 #[test]
@@ -216,7 +272,7 @@ fn a_shifted_row_without_its_slack_is_caught() {
     a.pack(Mat { data: &[1.0, 2.0], rs: 1, cs: 1 });
     // row 0 holds its 3 values but not the rest of its panel
     let (rows, mut c) = (vec![1.0; 3], vec![0.0; 6]);
-    sgemm_shifted_on(&mut ws.workers()[0], 3, 1.0, &a, &rows, &[0], 0.0, MatMut { data: &mut c, rs: 3, cs: 1 });
+    sgemm_shifted_on(&mut ws.workers()[0], 3, 1.0, &a, &rows, &[0], (3, 3), 0.0, MatMut { data: &mut c, rs: 3, cs: 1 });
 }
 
 #[test]
