@@ -9,7 +9,11 @@
 //! units at once with AVX-512), reading the packed weights (`layers::recurrent`): for each gate the
 //! recurrent product of those units, two chains of fused multiply-adds (h_{t−1}[j]·W_hhᵀ[j, ·] for
 //! the even j from b_hh, for the odd j from 0, then added: half the chain a small layer waits on),
-//! then the gates in registers, where the products are.
+//! then the gates in registers, where the products are. An LSTM step of four samples or more
+//! computes one gate's vector of units for all of them at once (each weight vector loaded once for
+//! them), leaves the pre-activations in the kept gates, then computes the gates: the same sums in
+//! the same order, so the same bits. The backward pass likewise takes several samples at once
+//! through its product with W_hh.
 //!
 //! GRU (PyTorch's formula, the reset gate on the recurrent product and its bias):
 //!   r = σ(x_r + a_r), z = σ(x_z + a_z), n = tanh(r·a_n + x_n), h_t = n + z·(h_{t−1} − n)
@@ -88,7 +92,7 @@ pub(crate) const GROUP: usize = 12;
 pub(crate) fn forward_group(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
     debug_assert!(group.len() <= GROUP);
     match Isa::best() {
-        Isa::Portable => forward::<f32, 16>(d, w, group, keep),
+        Isa::Portable => portable::forward(d, w, group, keep),
         // SAFETY: this CPU has the instruction set (`Isa::best` checked).
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::forward(d, w, group, keep) },
@@ -182,7 +186,8 @@ fn accumulate_block<V: Lanes, const N: usize, const R: usize>(
 
 /// The forward pass of a group (see [`forward_group`]); `VPP` vectors of `V` make a panel.
 #[inline(always)]
-fn forward<V: Lanes, const VPP: usize>(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+fn forward<V: Lanes, const VPP: usize, const LSTM: bool>(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+    debug_assert_eq!(LSTM, d.cell == Cell::Lstm);
     debug_assert_eq!(VPP * V::LANES, PANEL);
     let (steps, f, p, row) = (d.steps, d.features, d.padded, d.row());
     let lstm = d.cell == Cell::Lstm;
@@ -201,33 +206,37 @@ fn forward<V: Lanes, const VPP: usize>(d: &Dims, w: &Weights, group: &mut [Sampl
             copy::<V>(&s.state[p..2 * p], &mut s.cprev[..p]);
         }
     }
-    // samples a step takes at once: their accumulators (G gates, two chains each: 24) and the
-    // weights within AVX-512's 32 registers (four LSTM samples spill: measured 35% slower at batch
-    // 64); one elsewhere
-    let rows = match (VPP, d.cell) {
-        (1, Cell::Gru) => 4,
-        (1, Cell::Lstm) => 3,
+    // samples a step takes at once: a GRU's accumulators (3 gates, two chains each: 24) and
+    // weights within AVX-512's 32 registers, one elsewhere; an LSTM's, see LSTM_TILE
+    let rows = match (VPP, LSTM) {
+        (1, false) => 4,
+        (1, true) => LSTM_TILE,
+        (_, true) => LSTM_TILE / 2,
         _ => 1,
     };
     for samples in group.chunks_mut(rows) {
         match samples.len() {
-            4 => steps_of::<V, VPP, 4>(d, w, samples, keep),
-            3 => steps_of::<V, VPP, 3>(d, w, samples, keep),
-            2 => steps_of::<V, VPP, 2>(d, w, samples, keep),
-            _ => steps_of::<V, VPP, 1>(d, w, samples, keep),
+            8 if LSTM => steps_of::<V, VPP, 8, LSTM>(d, w, samples, keep),
+            7 if LSTM => steps_of::<V, VPP, 7, LSTM>(d, w, samples, keep),
+            6 if LSTM => steps_of::<V, VPP, 6, LSTM>(d, w, samples, keep),
+            5 if LSTM => steps_of::<V, VPP, 5, LSTM>(d, w, samples, keep),
+            4 => steps_of::<V, VPP, 4, LSTM>(d, w, samples, keep),
+            3 => steps_of::<V, VPP, 3, LSTM>(d, w, samples, keep),
+            2 => steps_of::<V, VPP, 2, LSTM>(d, w, samples, keep),
+            _ => steps_of::<V, VPP, 1, LSTM>(d, w, samples, keep),
         }
     }
 }
 
 /// Every step of `R` samples, one step after another, all of them through each.
 #[inline(always)]
-fn steps_of<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, samples: &mut [Sample], keep: bool) {
+fn steps_of<V: Lanes, const VPP: usize, const R: usize, const LSTM: bool>(d: &Dims, w: &Weights, samples: &mut [Sample], keep: bool) {
     let (steps, h, p) = (d.steps, d.hidden, d.padded);
     let (h_final, _) = d.final_slots();
     for t in 0..steps {
         let mut them = samples.iter_mut();
         let mut rows: [Row; R] = std::array::from_fn(|_| row(d, them.next().expect("R samples"), t));
-        if d.cell == Cell::Lstm {
+        if LSTM {
             lstm_step::<V, VPP, R>(d, w, &mut rows, keep);
         } else {
             gru_step::<V, VPP, R>(d, w, &mut rows, keep);
@@ -421,6 +430,19 @@ fn gru_vector<V: Lanes, const P: usize, const R: usize>(d: &Dims, w: &Weights, r
 #[inline(always)]
 fn lstm_step<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], keep: bool) {
     let (panels, mut q) = (d.padded / PANEL, 0);
+    if R >= 4 {
+        for q in 0..panels {
+            for v in 0..VPP {
+                for gate in 0..4 {
+                    preactivation_tile::<V, R>(d, w, rows, q, v, gate);
+                }
+            }
+        }
+        for s in rows.iter_mut() {
+            lstm_gates::<V>(d, s, keep);
+        }
+        return;
+    }
     if VPP == 1 && R == 1 {
         while q + 2 <= panels {
             lstm_vector::<V, 2, R>(d, w, rows, keep, q, 0);
@@ -430,6 +452,69 @@ fn lstm_step<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, 
     for q in q..panels {
         for v in 0..VPP {
             lstm_vector::<V, 1, R>(d, w, rows, keep, q, v);
+        }
+    }
+}
+
+/// Most samples an LSTM step takes at once with AVX-512 (half that elsewhere): from four on, a
+/// step runs as [`preactivation_tile`]s, one gate's vector of units for all of them, then the
+/// gates; below, as [`lstm_vector`]s, every gate of a vector in registers.
+const LSTM_TILE: usize = 8;
+
+/// g_r[gate·p + u] += a_r for vector `v` of panel `q` (units u …) of one gate and the `R`
+/// samples, where a_r = b_hh + Σ_j h_r[j]·W_hh[gate·H + u, j] is summed as in
+/// [`recurrent_product`] (two chains, the even j from b_hh and the odd j from 0, then added), so
+/// that g_r holds x + a, the gate's pre-activation, with the bits [`lstm_vector`] gives it. Each
+/// weight vector is loaded once for the R samples (two chains of R accumulators).
+#[inline(always)]
+fn preactivation_tile<V: Lanes, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], q: usize, v: usize, gate: usize) {
+    let (p, width, hidden) = (d.padded, 4 * PANEL, d.hidden);
+    let panel = &w.hh[q * hidden * width..][..hidden * width];
+    let (at, u) = (gate * PANEL + v * V::LANES, gate * p + q * PANEL + v * V::LANES);
+    let mut even = [V::load(&w.b_hh[u..]); R];
+    let mut odd = [V::splat(0.0); R];
+    let hs: [&[f32]; R] = std::array::from_fn(|r| &rows[r].h[..hidden]);
+    for (pair, both) in panel.chunks_exact(2 * width).enumerate() {
+        let (w0, w1) = (V::load(&both[at..]), V::load(&both[width + at..]));
+        for r in 0..R {
+            // SAFETY: 2·pair + 1 < hidden (hidden / 2 pairs), the length of each hs[r]. (The
+            // checks of R indices a pair, not hoisted, cost as much as the pair's products.)
+            let (h0, h1) = unsafe { (*hs[r].get_unchecked(2 * pair), *hs[r].get_unchecked(2 * pair + 1)) };
+            even[r] = V::splat(h0).mul_add(w0, even[r]);
+            odd[r] = V::splat(h1).mul_add(w1, odd[r]);
+        }
+    }
+    if hidden % 2 == 1 {
+        let wj = V::load(&panel[(hidden - 1) * width + at..]);
+        for r in 0..R {
+            even[r] = V::splat(rows[r].h[hidden - 1]).mul_add(wj, even[r]);
+        }
+    }
+    for (s, (e, o)) in rows.iter_mut().zip(even.into_iter().zip(odd)) {
+        (V::load(&s.g[u..]) + (e + o)).store(&mut s.g[u..]);
+    }
+}
+
+/// The gates of one sample's LSTM step from their pre-activations (the four blocks of `g`, made
+/// by [`preactivation_tile`]), as [`lstm_vector`] computes them: c_t, h_t, and the gates over
+/// their pre-activations where `keep`.
+#[inline(always)]
+fn lstm_gates<V: Lanes>(d: &Dims, s: &mut Row, keep: bool) {
+    let p = d.padded;
+    for u in (0..p).step_by(V::LANES) {
+        let g = &mut *s.g;
+        let ig = sigmoid(V::load(&g[u..]));
+        let fg = sigmoid(V::load(&g[p + u..]));
+        let gg = tanh(V::load(&g[2 * p + u..]));
+        let og = sigmoid(V::load(&g[3 * p + u..]));
+        let ct = fg.mul_add(V::load(&s.c[u..]), ig * gg);
+        ct.store(&mut s.c_out[u..]);
+        (og * tanh(ct)).store(&mut s.h_out[u..]);
+        if keep {
+            ig.store(&mut g[u..]);
+            fg.store(&mut g[p + u..]);
+            gg.store(&mut g[2 * p + u..]);
+            og.store(&mut g[3 * p + u..]);
         }
     }
 }
@@ -666,7 +751,25 @@ macro_rules! instantiate {
 
             #[target_feature(enable = $features)]
             pub(super) fn forward(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
-                super::forward::<$lanes, $vpp>(d, w, group, keep)
+                if d.cell == Cell::Lstm {
+                    lstm(d, w, group, keep)
+                } else {
+                    gru(d, w, group, keep)
+                }
+            }
+
+            // (each cell's loops a function of their own, so that the LSTM's tiles do not shape
+            // the code of the GRU's loops, which was slower when compiled beside them)
+            #[target_feature(enable = $features)]
+            #[inline(never)]
+            fn lstm(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+                super::forward::<$lanes, $vpp, true>(d, w, group, keep)
+            }
+
+            #[target_feature(enable = $features)]
+            #[inline(never)]
+            fn gru(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+                super::forward::<$lanes, $vpp, false>(d, w, group, keep)
             }
 
             #[target_feature(enable = $features)]
@@ -675,6 +778,19 @@ macro_rules! instantiate {
             }
         }
     };
+}
+
+/// The loops compiled portably.
+mod portable {
+    use super::*;
+
+    pub(super) fn forward(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+        if d.cell == Cell::Lstm {
+            super::forward::<f32, 16, true>(d, w, group, keep)
+        } else {
+            super::forward::<f32, 16, false>(d, w, group, keep)
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -711,7 +827,7 @@ mod tests {
             .collect();
         for group in samples.chunks_mut(group) {
             match isa {
-                Isa::Portable => forward::<f32, 16>(d, &w, group, true),
+                Isa::Portable => portable::forward(d, &w, group, true),
                 // SAFETY: asked for only where this CPU has it (`Isa::available`).
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => unsafe { avx2::forward(d, &w, group, true) },
@@ -799,7 +915,7 @@ mod tests {
                     let inputs: Vec<Inputs> =
                         (0..5).map(|_| (rng.uniform(steps * features), rng.uniform(d.state_len()), rng.uniform(d.out_len()))).collect();
                     let want = run(isas[0], 1, &d, &packed, &rows, &inputs);
-                    for (isa, group) in isas.iter().flat_map(|&isa| [(isa, 5), (isa, 1)]).skip(1) {
+                    for (isa, group) in isas.iter().flat_map(|&isa| [(isa, 1), (isa, 5)]).skip(1) {
                         let got = run(isa, group, &d, &packed, &rows, &inputs);
                         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                             let same = a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
