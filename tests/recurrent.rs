@@ -52,7 +52,7 @@ fn streaming_n_steps_is_the_forward_pass_over_n_steps_bit_for_bit() {
     for threads in [1, 2] {
         for (steps, features, hidden) in [(1, 1, 1), (5, 3, 16), (7, 1, 17), (4, 8, 40)] {
             for (name, chain, per_step) in chains(steps, features, hidden) {
-                for (batch, from_states) in [(1, false), (3, true)] {
+                for (batch, from_states) in [(1, false), (3, true), (9, true)] {
                     let model = chain.clone().build().unwrap().init(Init::GlorotUniform, 5).with_threads(threads).unwrap();
                     let x = rng.uniform(batch * steps * features);
                     let mut cache = model.preallocate(batch).unwrap();

@@ -9,7 +9,11 @@
 //! units at once with AVX-512), reading the packed weights (`layers::recurrent`): for each gate the
 //! recurrent product of those units, two chains of fused multiply-adds (h_{t−1}[j]·W_hhᵀ[j, ·] for
 //! the even j from b_hh, for the odd j from 0, then added: half the chain a small layer waits on),
-//! then the gates in registers, where the products are.
+//! then the gates in registers, where the products are. An LSTM step of four samples or more
+//! computes one gate's vector of units for all of them at once (each weight vector loaded once for
+//! them), leaves the pre-activations in the kept gates, then computes the gates: the same sums in
+//! the same order, so the same bits. The backward pass likewise takes several samples at once
+//! through its product with W_hh.
 //!
 //! GRU (PyTorch's formula, the reset gate on the recurrent product and its bias):
 //!   r = σ(x_r + a_r), z = σ(x_z + a_z), n = tanh(r·a_n + x_n), h_t = n + z·(h_{t−1} − n)
@@ -60,6 +64,23 @@ pub(crate) struct BackSample<'a> {
     pub dcprev: &'a mut [f32],
 }
 
+impl BackSample<'_> {
+    /// A sample of no values, which fills a group's unused places.
+    pub fn none() -> Self {
+        BackSample {
+            gates: &[],
+            hprev: &[],
+            state: &[],
+            cprev: &[],
+            dy: &[],
+            dgates: &mut [],
+            dhprev: &mut [],
+            dstate: &mut [],
+            dcprev: &mut [],
+        }
+    }
+}
+
 /// Most samples [`forward_group`] takes.
 pub(crate) const GROUP: usize = 12;
 
@@ -71,7 +92,7 @@ pub(crate) const GROUP: usize = 12;
 pub(crate) fn forward_group(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
     debug_assert!(group.len() <= GROUP);
     match Isa::best() {
-        Isa::Portable => forward::<f32, 16>(d, w, group, keep),
+        Isa::Portable => portable::forward(d, w, group, keep),
         // SAFETY: this CPU has the instruction set (`Isa::best` checked).
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::forward(d, w, group, keep) },
@@ -83,18 +104,20 @@ pub(crate) fn forward_group(d: &Dims, w: &Weights, group: &mut [Sample], keep: b
     }
 }
 
-/// The backward pass through one sample's steps, from the last to the first: every step's gate
-/// gradients, and ∂L/∂h_{t−1} (∂L/∂c_{t−1}) for each. `rows`: W_hh with rows padded
-/// (G·H × padded).
-pub(crate) fn backward_sample(d: &Dims, rows: &[f32], s: BackSample) {
+/// The backward pass through a group of up to [`GROUP`] samples' steps, from the last to the
+/// first: every step's gate gradients, and ∂L/∂h_{t−1} (∂L/∂c_{t−1}) for each. `rows`: W_hh with
+/// rows padded (G·H × padded). Each sample's values are summed in the same order whatever the
+/// group.
+pub(crate) fn backward_group(d: &Dims, rows: &[f32], group: &mut [BackSample]) {
+    debug_assert!(group.len() <= GROUP);
     match Isa::best() {
-        Isa::Portable => backward::<f32, 16>(d, rows, s),
+        Isa::Portable => backward::<f32, 16>(d, rows, group),
         // SAFETY: this CPU has the instruction set (`Isa::best` checked).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::backward(d, rows, s) },
+        Isa::Avx2 => unsafe { avx2::backward(d, rows, group) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::backward(d, rows, s) },
+        Isa::Avx512 => unsafe { avx512::backward(d, rows, group) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2 | Isa::Avx512 => unreachable!("available only on x86_64"),
     }
@@ -103,49 +126,68 @@ pub(crate) fn backward_sample(d: &Dims, rows: &[f32], s: BackSample) {
 // Everything below is `#[inline(always)]` down to the lanes' intrinsics and uses no closures,
 // so that it is compiled inside the `#[target_feature]` entry points (see `vmath`).
 
-/// y[o] += Σ_b Σ_j xs[b][j]·bs[b][j·n + o] for o < n (a multiple of [`Lanes::LANES`]): each
-/// y[o] one chain of fused multiply-adds, from its value, in the order of b and j.
+/// y_r[o] += Σ_b Σ_j xs_r[b][j]·bs[b][j·n + o] for o < n (a multiple of [`Lanes::LANES`]) and
+/// each of the `R` samples r: each y_r[o] one chain of fused multiply-adds, from its value, in the
+/// order of b and j, whatever R (each weight vector is loaded once for the R samples).
 #[inline(always)]
-fn accumulate<V: Lanes>(xs: &[&[f32]], bs: &[&[f32]], n: usize, y: &mut [f32]) {
+fn accumulate<V: Lanes, const R: usize>(xs: &[[&[f32]; 4]; R], bs: &[&[f32]], n: usize, ys: &mut [&mut [f32]; R]) {
     let l = V::LANES;
     let mut c = 0;
     while c + 4 * l <= n {
-        accumulate_block::<V, 4>(xs, bs, n, y, c);
+        accumulate_block::<V, 4, R>(xs, bs, n, ys, c);
         c += 4 * l;
     }
     if c + 2 * l <= n {
-        accumulate_block::<V, 2>(xs, bs, n, y, c);
+        accumulate_block::<V, 2, R>(xs, bs, n, ys, c);
         c += 2 * l;
     }
     if c < n {
-        accumulate_block::<V, 1>(xs, bs, n, y, c);
+        accumulate_block::<V, 1, R>(xs, bs, n, ys, c);
     }
 }
 
-/// [`accumulate`] over the `N` vectors of y from `c`.
+/// [`accumulate`] over the `N` vectors of each y_r from `c`.
 #[inline(always)]
-fn accumulate_block<V: Lanes, const N: usize>(xs: &[&[f32]], bs: &[&[f32]], n: usize, y: &mut [f32], c: usize) {
+#[allow(clippy::needless_range_loop)] // sample and vector indices of the accumulators
+fn accumulate_block<V: Lanes, const N: usize, const R: usize>(
+    xs: &[[&[f32]; 4]; R],
+    bs: &[&[f32]],
+    n: usize,
+    ys: &mut [&mut [f32]; R],
+    c: usize,
+) {
     let l = V::LANES;
-    let mut acc = [V::splat(0.0); N];
-    for i in 0..N {
-        acc[i] = V::load(&y[c + i * l..]);
+    let mut acc = [[V::splat(0.0); N]; R];
+    for r in 0..R {
+        for i in 0..N {
+            acc[r][i] = V::load(&ys[r][c + i * l..]);
+        }
     }
-    for (x, b) in xs.iter().zip(bs) {
-        for (j, &xj) in x.iter().enumerate() {
-            let (xj, row) = (V::splat(xj), &b[j * n + c..]);
-            for i in 0..N {
-                acc[i] = xj.mul_add(V::load(&row[i * l..]), acc[i]);
+    for (b, gate) in bs.iter().zip(0..) {
+        let len = xs[0][gate].len();
+        let x: [&[f32]; R] = std::array::from_fn(|r| &xs[r][gate][..len]);
+        for j in 0..len {
+            let row = &b[j * n + c..][..N * l];
+            let w: [V; N] = std::array::from_fn(|i| V::load(&row[i * l..]));
+            for r in 0..R {
+                let xj = V::splat(x[r][j]);
+                for i in 0..N {
+                    acc[r][i] = xj.mul_add(w[i], acc[r][i]);
+                }
             }
         }
     }
-    for i in 0..N {
-        acc[i].store(&mut y[c + i * l..]);
+    for r in 0..R {
+        for i in 0..N {
+            acc[r][i].store(&mut ys[r][c + i * l..]);
+        }
     }
 }
 
 /// The forward pass of a group (see [`forward_group`]); `VPP` vectors of `V` make a panel.
 #[inline(always)]
-fn forward<V: Lanes, const VPP: usize>(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+fn forward<V: Lanes, const VPP: usize, const LSTM: bool>(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+    debug_assert_eq!(LSTM, d.cell == Cell::Lstm);
     debug_assert_eq!(VPP * V::LANES, PANEL);
     let (steps, f, p, row) = (d.steps, d.features, d.padded, d.row());
     let lstm = d.cell == Cell::Lstm;
@@ -164,33 +206,37 @@ fn forward<V: Lanes, const VPP: usize>(d: &Dims, w: &Weights, group: &mut [Sampl
             copy::<V>(&s.state[p..2 * p], &mut s.cprev[..p]);
         }
     }
-    // samples a step takes at once: their accumulators (G gates, two chains each: 24) and the
-    // weights within AVX-512's 32 registers (four LSTM samples spill: measured 35% slower at batch
-    // 64); one elsewhere
-    let rows = match (VPP, d.cell) {
-        (1, Cell::Gru) => 4,
-        (1, Cell::Lstm) => 3,
+    // samples a step takes at once: a GRU's accumulators (3 gates, two chains each: 24) and
+    // weights within AVX-512's 32 registers, one elsewhere; an LSTM's, see LSTM_TILE
+    let rows = match (VPP, LSTM) {
+        (1, false) => 4,
+        (1, true) => LSTM_TILE,
+        (_, true) => LSTM_TILE / 2,
         _ => 1,
     };
     for samples in group.chunks_mut(rows) {
         match samples.len() {
-            4 => steps_of::<V, VPP, 4>(d, w, samples, keep),
-            3 => steps_of::<V, VPP, 3>(d, w, samples, keep),
-            2 => steps_of::<V, VPP, 2>(d, w, samples, keep),
-            _ => steps_of::<V, VPP, 1>(d, w, samples, keep),
+            8 if LSTM => steps_of::<V, VPP, 8, LSTM>(d, w, samples, keep),
+            7 if LSTM => steps_of::<V, VPP, 7, LSTM>(d, w, samples, keep),
+            6 if LSTM => steps_of::<V, VPP, 6, LSTM>(d, w, samples, keep),
+            5 if LSTM => steps_of::<V, VPP, 5, LSTM>(d, w, samples, keep),
+            4 => steps_of::<V, VPP, 4, LSTM>(d, w, samples, keep),
+            3 => steps_of::<V, VPP, 3, LSTM>(d, w, samples, keep),
+            2 => steps_of::<V, VPP, 2, LSTM>(d, w, samples, keep),
+            _ => steps_of::<V, VPP, 1, LSTM>(d, w, samples, keep),
         }
     }
 }
 
 /// Every step of `R` samples, one step after another, all of them through each.
 #[inline(always)]
-fn steps_of<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, samples: &mut [Sample], keep: bool) {
+fn steps_of<V: Lanes, const VPP: usize, const R: usize, const LSTM: bool>(d: &Dims, w: &Weights, samples: &mut [Sample], keep: bool) {
     let (steps, h, p) = (d.steps, d.hidden, d.padded);
     let (h_final, _) = d.final_slots();
     for t in 0..steps {
         let mut them = samples.iter_mut();
         let mut rows: [Row; R] = std::array::from_fn(|_| row(d, them.next().expect("R samples"), t));
-        if d.cell == Cell::Lstm {
+        if LSTM {
             lstm_step::<V, VPP, R>(d, w, &mut rows, keep);
         } else {
             gru_step::<V, VPP, R>(d, w, &mut rows, keep);
@@ -384,6 +430,19 @@ fn gru_vector<V: Lanes, const P: usize, const R: usize>(d: &Dims, w: &Weights, r
 #[inline(always)]
 fn lstm_step<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], keep: bool) {
     let (panels, mut q) = (d.padded / PANEL, 0);
+    if R >= 4 {
+        for q in 0..panels {
+            for v in 0..VPP {
+                for gate in 0..4 {
+                    preactivation_tile::<V, R>(d, w, rows, q, v, gate);
+                }
+            }
+        }
+        for s in rows.iter_mut() {
+            lstm_gates::<V>(d, s, keep);
+        }
+        return;
+    }
     if VPP == 1 && R == 1 {
         while q + 2 <= panels {
             lstm_vector::<V, 2, R>(d, w, rows, keep, q, 0);
@@ -393,6 +452,69 @@ fn lstm_step<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, 
     for q in q..panels {
         for v in 0..VPP {
             lstm_vector::<V, 1, R>(d, w, rows, keep, q, v);
+        }
+    }
+}
+
+/// Most samples an LSTM step takes at once with AVX-512 (half that elsewhere): from four on, a
+/// step runs as [`preactivation_tile`]s, one gate's vector of units for all of them, then the
+/// gates; below, as [`lstm_vector`]s, every gate of a vector in registers.
+const LSTM_TILE: usize = 8;
+
+/// g_r[gate·p + u] += a_r for vector `v` of panel `q` (units u …) of one gate and the `R`
+/// samples, where a_r = b_hh + Σ_j h_r[j]·W_hh[gate·H + u, j] is summed as in
+/// [`recurrent_product`] (two chains, the even j from b_hh and the odd j from 0, then added), so
+/// that g_r holds x + a, the gate's pre-activation, with the bits [`lstm_vector`] gives it. Each
+/// weight vector is loaded once for the R samples (two chains of R accumulators).
+#[inline(always)]
+fn preactivation_tile<V: Lanes, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], q: usize, v: usize, gate: usize) {
+    let (p, width, hidden) = (d.padded, 4 * PANEL, d.hidden);
+    let panel = &w.hh[q * hidden * width..][..hidden * width];
+    let (at, u) = (gate * PANEL + v * V::LANES, gate * p + q * PANEL + v * V::LANES);
+    let mut even = [V::load(&w.b_hh[u..]); R];
+    let mut odd = [V::splat(0.0); R];
+    let hs: [&[f32]; R] = std::array::from_fn(|r| &rows[r].h[..hidden]);
+    for (pair, both) in panel.chunks_exact(2 * width).enumerate() {
+        let (w0, w1) = (V::load(&both[at..]), V::load(&both[width + at..]));
+        for r in 0..R {
+            // SAFETY: 2·pair + 1 < hidden (hidden / 2 pairs), the length of each hs[r]. (The
+            // checks of R indices a pair, not hoisted, cost as much as the pair's products.)
+            let (h0, h1) = unsafe { (*hs[r].get_unchecked(2 * pair), *hs[r].get_unchecked(2 * pair + 1)) };
+            even[r] = V::splat(h0).mul_add(w0, even[r]);
+            odd[r] = V::splat(h1).mul_add(w1, odd[r]);
+        }
+    }
+    if hidden % 2 == 1 {
+        let wj = V::load(&panel[(hidden - 1) * width + at..]);
+        for r in 0..R {
+            even[r] = V::splat(rows[r].h[hidden - 1]).mul_add(wj, even[r]);
+        }
+    }
+    for (s, (e, o)) in rows.iter_mut().zip(even.into_iter().zip(odd)) {
+        (V::load(&s.g[u..]) + (e + o)).store(&mut s.g[u..]);
+    }
+}
+
+/// The gates of one sample's LSTM step from their pre-activations (the four blocks of `g`, made
+/// by [`preactivation_tile`]), as [`lstm_vector`] computes them: c_t, h_t, and the gates over
+/// their pre-activations where `keep`.
+#[inline(always)]
+fn lstm_gates<V: Lanes>(d: &Dims, s: &mut Row, keep: bool) {
+    let p = d.padded;
+    for u in (0..p).step_by(V::LANES) {
+        let g = &mut *s.g;
+        let ig = sigmoid(V::load(&g[u..]));
+        let fg = sigmoid(V::load(&g[p + u..]));
+        let gg = tanh(V::load(&g[2 * p + u..]));
+        let og = sigmoid(V::load(&g[3 * p + u..]));
+        let ct = fg.mul_add(V::load(&s.c[u..]), ig * gg);
+        ct.store(&mut s.c_out[u..]);
+        (og * tanh(ct)).store(&mut s.h_out[u..]);
+        if keep {
+            ig.store(&mut g[u..]);
+            fg.store(&mut g[p + u..]);
+            gg.store(&mut g[2 * p + u..]);
+            og.store(&mut g[3 * p + u..]);
         }
     }
 }
@@ -513,71 +635,112 @@ fn copy<V: Lanes>(src: &[f32], dst: &mut [f32]) {
     }
 }
 
-/// The backward pass of one sample (see [`backward_sample`]). Step t's ∂L/∂h_t is what step t + 1
-/// carried back into hprev's twin (row t + 1; none for the last step) plus the output's gradient;
-/// it is summed in that row (for the last step, in the state twin's final slot). Then the gate
-/// gradients, and ∂L/∂h_{t−1} = (GRU: ∂L/∂h_t·z) + Σ_g dg_g·W_hh,g into row t.
+/// The backward pass of a group (see [`backward_group`]), its samples in lockstep from the last
+/// step to the first. Step t's ∂L/∂h_t is what step t + 1 carried back into hprev's twin (row
+/// t + 1; none for the last step) plus the output's gradient; it is summed in that row (for the
+/// last step, in the state twin's final slot). Then the gate gradients, and ∂L/∂h_{t−1} = (GRU:
+/// ∂L/∂h_t·z) + Σ_g dg_g·W_hh,g into row t, for several samples at once (each weight vector
+/// loaded once for them: four with AVX-512, two elsewhere; the sum's order is a sample's own).
 #[inline(always)]
-fn backward<V: Lanes, const VPP: usize>(d: &Dims, rows: &[f32], s: BackSample) {
-    let (steps, h, p, row) = (d.steps, d.hidden, d.padded, d.row());
-    let BackSample { gates, hprev, state, cprev, dy, dgates, dhprev, dstate, dcprev } = s;
-    let lstm = d.cell == Cell::Lstm;
-    let (h_final, c_final) = d.final_slots();
-    let blocks = d.cell.hidden_blocks();
-    for t in (0..steps).rev() {
-        let last = t + 1 == steps;
-        let (dh_done, dh_next) = dhprev.split_at_mut((t + 1) * p);
-        let dh = if last { &mut dstate[h_final..][..p] } else { &mut dh_next[..p] };
-        let dy_t = match d.output {
-            RnnOutput::Sequence => Some(&dy[t * h..][..h]),
-            RnnOutput::LastStep => last.then(|| &dy[..h]),
-        };
-        for u in 0..h {
-            let carried = if last { 0.0 } else { dh[u] };
-            dh[u] = carried + dy_t.map_or(0.0, |dy| dy[u]);
+fn backward<V: Lanes, const VPP: usize>(d: &Dims, rows: &[f32], group: &mut [BackSample]) {
+    let samples_at_once = if VPP == 1 { 4 } else { 2 };
+    for t in (0..d.steps).rev() {
+        for s in group.iter_mut() {
+            gate_gradients::<V>(d, t, s);
         }
-        let dh_prev = &mut dh_done[t * p..];
-        let (g, dg) = (&gates[t * row..][..row], &mut dgates[t * row..][..row]);
-        if lstm {
-            let c = if last { &state[c_final..][..p] } else { &cprev[(t + 1) * p..][..p] };
-            let c_prev = &cprev[t * p..][..p];
-            let (dc_done, dc_next) = dcprev.split_at_mut((t + 1) * p);
-            for u in 0..h {
-                let (i, f, gg, o) = (g[u], g[p + u], g[2 * p + u], g[3 * p + u]);
-                let tc = c[u].tanh();
-                let carried = if last { 0.0 } else { dc_next[u] };
-                let dc = carried + dh[u] * o * (1.0 - tc * tc);
-                dg[u] = dc * gg * i * (1.0 - i);
-                dg[p + u] = dc * c_prev[u] * f * (1.0 - f);
-                dg[2 * p + u] = dc * i * (1.0 - gg * gg);
-                dg[3 * p + u] = dh[u] * tc * o * (1.0 - o);
-                dc_done[t * p + u] = dc * f;
-                dh_prev[u] = 0.0;
-            }
-        } else {
-            let hp = &hprev[t * p..][..p];
-            for u in 0..h {
-                let (r, z, n, an) = (g[u], g[p + u], g[2 * p + u], g[3 * p + u]);
-                let dn = dh[u] * (1.0 - z);
-                let dz = dh[u] * (hp[u] - n);
-                let dan = dn * (1.0 - n * n);
-                dg[u] = dan * an * r * (1.0 - r);
-                dg[p + u] = dz * z * (1.0 - z);
-                dg[2 * p + u] = dan;
-                dg[3 * p + u] = dan * r;
-                dh_prev[u] = dh[u] * z;
+        for samples in group.chunks_mut(samples_at_once) {
+            match samples.len() {
+                4 => hidden_gradient::<V, 4>(d, rows, t, samples),
+                3 => hidden_gradient::<V, 3>(d, rows, t, samples),
+                2 => hidden_gradient::<V, 2>(d, rows, t, samples),
+                _ => hidden_gradient::<V, 1>(d, rows, t, samples),
             }
         }
-        // the padding lanes of ∂L/∂h_{t−1}: read by the vectors below, never by a unit
-        dh_prev[h..p].fill(0.0);
-        let mut xs: [&[f32]; 4] = [&[]; 4];
-        let mut bs: [&[f32]; 4] = [&[]; 4];
-        for (gate, &block) in blocks.iter().enumerate() {
-            xs[gate] = &dg[block * p..][..h];
-            bs[gate] = &rows[gate * h * p..][..h * p];
-        }
-        accumulate::<V>(&xs[..blocks.len()], &bs[..blocks.len()], p, &mut dh_prev[..p]);
     }
+}
+
+/// Step t of one sample's backward pass up to the product with W_hh: ∂L/∂h_t summed (its padding
+/// lanes zero), the step's gate gradients, an LSTM's ∂L/∂c_{t−1}, and row t of hprev's twin set
+/// to what ∂L/∂h_{t−1} holds before the product (GRU: ∂L/∂h_t·z; LSTM: 0), padding lanes zero.
+/// A vector of units at a time; padding lanes past the last unit's vector are left alone.
+#[inline(always)]
+fn gate_gradients<V: Lanes>(d: &Dims, t: usize, s: &mut BackSample) {
+    let (steps, h, p, row, l) = (d.steps, d.hidden, d.padded, d.row(), V::LANES);
+    let BackSample { gates, hprev, state, cprev, dy, dgates, dhprev, dstate, dcprev } = s;
+    let (h_final, c_final) = d.final_slots();
+    let last = t + 1 == steps;
+    let (dh_done, dh_next) = dhprev.split_at_mut((t + 1) * p);
+    let dh = if last { &mut dstate[h_final..][..p] } else { &mut dh_next[..p] };
+    let dy_t = match d.output {
+        RnnOutput::Sequence => Some(&dy[t * h..][..h]),
+        RnnOutput::LastStep => last.then(|| &dy[..h]),
+    };
+    for u in 0..h {
+        let carried = if last { 0.0 } else { dh[u] };
+        dh[u] = carried + dy_t.map_or(0.0, |dy| dy[u]);
+    }
+    dh[h..].fill(0.0);
+    let dh = &*dh;
+    let dh_prev = &mut dh_done[t * p..];
+    let (g, dg) = (&gates[t * row..][..row], &mut dgates[t * row..][..row]);
+    let one = V::splat(1.0);
+    if d.cell == Cell::Lstm {
+        let c = if last { &state[c_final..][..p] } else { &cprev[(t + 1) * p..][..p] };
+        let c_prev = &cprev[t * p..][..p];
+        let (dc_done, dc_next) = dcprev.split_at_mut((t + 1) * p);
+        for u in (0..h).step_by(l) {
+            let (i, f, gg, o) = (V::load(&g[u..]), V::load(&g[p + u..]), V::load(&g[2 * p + u..]), V::load(&g[3 * p + u..]));
+            let tc = tanh(V::load(&c[u..]));
+            let carried = if last { V::splat(0.0) } else { V::load(&dc_next[u..]) };
+            let dh_u = V::load(&dh[u..]);
+            let dc = carried + dh_u * o * (one - tc * tc);
+            (dc * gg * i * (one - i)).store(&mut dg[u..]);
+            (dc * V::load(&c_prev[u..]) * f * (one - f)).store(&mut dg[p + u..]);
+            (dc * i * (one - gg * gg)).store(&mut dg[2 * p + u..]);
+            (dh_u * tc * o * (one - o)).store(&mut dg[3 * p + u..]);
+            (dc * f).store(&mut dc_done[t * p + u..]);
+            V::splat(0.0).store(&mut dh_prev[u..]);
+        }
+    } else {
+        let hp = &hprev[t * p..][..p];
+        for u in (0..h).step_by(l) {
+            let (r, z, n, an) = (V::load(&g[u..]), V::load(&g[p + u..]), V::load(&g[2 * p + u..]), V::load(&g[3 * p + u..]));
+            let dh_u = V::load(&dh[u..]);
+            let dn = dh_u * (one - z);
+            let dz = dh_u * (V::load(&hp[u..]) - n);
+            let dan = dn * (one - n * n);
+            (dan * an * r * (one - r)).store(&mut dg[u..]);
+            (dz * z * (one - z)).store(&mut dg[p + u..]);
+            dan.store(&mut dg[2 * p + u..]);
+            (dan * r).store(&mut dg[3 * p + u..]);
+            (dh_u * z).store(&mut dh_prev[u..]);
+        }
+    }
+    // the padding lanes of ∂L/∂h_{t−1}: read by the vectors of the product, never by a unit
+    dh_prev[h..p].fill(0.0);
+}
+
+/// Row t of hprev's twin += Σ_g dg_g·W_hh,g for the `R` samples (`rows`: W_hh with rows padded).
+#[inline(always)]
+fn hidden_gradient<V: Lanes, const R: usize>(d: &Dims, rows: &[f32], t: usize, samples: &mut [BackSample]) {
+    let (h, p, row) = (d.hidden, d.padded, d.row());
+    let blocks = d.cell.hidden_blocks();
+    let mut bs: [&[f32]; 4] = [&[]; 4];
+    for (gate, b) in bs.iter_mut().enumerate().take(blocks.len()) {
+        *b = &rows[gate * h * p..][..h * p];
+    }
+    let mut them = samples.iter_mut();
+    let mut xs: [[&[f32]; 4]; R] = [[&[]; 4]; R];
+    let mut ys: [&mut [f32]; R] = std::array::from_fn(|_| &mut [][..]);
+    for (x, y) in xs.iter_mut().zip(&mut ys) {
+        let s = them.next().expect("R samples");
+        let dg = &s.dgates[t * row..][..row];
+        for (x, &block) in x.iter_mut().zip(blocks) {
+            *x = &dg[block * p..][..h];
+        }
+        *y = &mut s.dhprev[t * p..][..p];
+    }
+    accumulate::<V, R>(&xs, &bs[..blocks.len()], p, &mut ys);
 }
 
 /// The loops compiled for one instruction set.
@@ -588,15 +751,46 @@ macro_rules! instantiate {
 
             #[target_feature(enable = $features)]
             pub(super) fn forward(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
-                super::forward::<$lanes, $vpp>(d, w, group, keep)
+                if d.cell == Cell::Lstm {
+                    lstm(d, w, group, keep)
+                } else {
+                    gru(d, w, group, keep)
+                }
+            }
+
+            // (each cell's loops a function of their own, so that the LSTM's tiles do not shape
+            // the code of the GRU's loops, which was slower when compiled beside them)
+            #[target_feature(enable = $features)]
+            #[inline(never)]
+            fn lstm(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+                super::forward::<$lanes, $vpp, true>(d, w, group, keep)
             }
 
             #[target_feature(enable = $features)]
-            pub(super) fn backward(d: &Dims, rows: &[f32], s: BackSample) {
-                super::backward::<$lanes, $vpp>(d, rows, s)
+            #[inline(never)]
+            fn gru(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+                super::forward::<$lanes, $vpp, false>(d, w, group, keep)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) fn backward(d: &Dims, rows: &[f32], group: &mut [BackSample]) {
+                super::backward::<$lanes, $vpp>(d, rows, group)
             }
         }
     };
+}
+
+/// The loops compiled portably.
+mod portable {
+    use super::*;
+
+    pub(super) fn forward(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+        if d.cell == Cell::Lstm {
+            super::forward::<f32, 16, true>(d, w, group, keep)
+        } else {
+            super::forward::<f32, 16, false>(d, w, group, keep)
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -614,9 +808,9 @@ mod tests {
     /// One sample's inputs: x, the initial state, the output's gradient.
     type Inputs = (Vec<f32>, Vec<f32>, Vec<f32>);
 
-    /// The outputs of a group's forward pass and each sample's backward pass, on one instruction
-    /// set.
-    fn run(isa: Isa, d: &Dims, packed: &[f32], rows: &[f32], inputs: &[Inputs]) -> Vec<Vec<f32>> {
+    /// The outputs of the forward and backward passes of the samples in groups of `group`, on one
+    /// instruction set.
+    fn run(isa: Isa, group: usize, d: &Dims, packed: &[f32], rows: &[f32], inputs: &[Inputs]) -> Vec<Vec<f32>> {
         let (t, p, row) = (d.steps, d.padded, d.row());
         let lstm = d.cell == Cell::Lstm;
         let mut kept: Vec<[Vec<f32>; 4]> = inputs
@@ -625,69 +819,83 @@ mod tests {
             .collect();
         let mut cprevs: Vec<Vec<f32>> = inputs.iter().map(|_| vec![f32::NAN; if lstm { t * p } else { 0 }]).collect();
         let w = Weights::of(d, packed);
-        let mut group: Vec<Sample> = kept
+        let mut samples: Vec<Sample> = kept
             .iter_mut()
             .zip(&mut cprevs)
             .zip(inputs)
             .map(|(([out, gates, hprev, state], cprev), (x, _, _))| Sample { x, out, gates, hprev, state, cprev })
             .collect();
-        match isa {
-            Isa::Portable => forward::<f32, 16>(d, &w, &mut group, true),
-            // SAFETY: asked for only where this CPU has it (`Isa::available`).
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { avx2::forward(d, &w, &mut group, true) },
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { avx512::forward(d, &w, &mut group, true) },
-            #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx512 => unreachable!(),
+        for group in samples.chunks_mut(group) {
+            match isa {
+                Isa::Portable => portable::forward(d, &w, group, true),
+                // SAFETY: asked for only where this CPU has it (`Isa::available`).
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { avx2::forward(d, &w, group, true) },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe { avx512::forward(d, &w, group, true) },
+                #[cfg(not(target_arch = "x86_64"))]
+                Isa::Avx2 | Isa::Avx512 => unreachable!(),
+            }
         }
-        drop(group);
-        // the units of each kept row (padding lanes hold what the lanes' arithmetic left there)
-        let units = |v: &[f32], width: usize| -> Vec<f32> {
-            v.chunks(width).flat_map(|r| r.chunks(p).flat_map(|b| b[..d.hidden].to_vec())).collect()
-        };
-        let mut parts = Vec::new();
-        for (([out, gates, hprev, state], cprev), (_, _, dy)) in kept.iter().zip(&cprevs).zip(inputs) {
-            let (mut dgates, mut dhprev, mut dstate, mut dcprev) =
-                (vec![f32::NAN; t * row], vec![f32::NAN; t * p], vec![f32::NAN; d.state_len()], vec![f32::NAN; cprev.len()]);
-            let b = BackSample {
+        drop(samples);
+        let mut grads: Vec<[Vec<f32>; 4]> = cprevs
+            .iter()
+            .map(|cprev| [vec![f32::NAN; t * row], vec![f32::NAN; t * p], vec![f32::NAN; d.state_len()], vec![f32::NAN; cprev.len()]])
+            .collect();
+        let mut samples: Vec<BackSample> = kept
+            .iter()
+            .zip(&cprevs)
+            .zip(inputs)
+            .zip(&mut grads)
+            .map(|((([_, gates, hprev, state], cprev), (_, _, dy)), [dgates, dhprev, dstate, dcprev])| BackSample {
                 gates,
                 hprev,
                 state,
                 cprev,
                 dy,
-                dgates: &mut dgates,
-                dhprev: &mut dhprev,
-                dstate: &mut dstate,
-                dcprev: &mut dcprev,
-            };
+                dgates,
+                dhprev,
+                dstate,
+                dcprev,
+            })
+            .collect();
+        for group in samples.chunks_mut(group) {
             match isa {
-                Isa::Portable => backward::<f32, 16>(d, rows, b),
+                Isa::Portable => backward::<f32, 16>(d, rows, group),
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { avx2::backward(d, rows, b) },
+                Isa::Avx2 => unsafe { avx2::backward(d, rows, group) },
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe { avx512::backward(d, rows, b) },
+                Isa::Avx512 => unsafe { avx512::backward(d, rows, group) },
                 #[cfg(not(target_arch = "x86_64"))]
                 Isa::Avx2 | Isa::Avx512 => unreachable!(),
             }
+        }
+        drop(samples);
+        // the units of each kept row (padding lanes hold what the lanes' arithmetic left there)
+        let units = |v: &[f32], width: usize| -> Vec<f32> {
+            v.chunks(width).flat_map(|r| r.chunks(p).flat_map(|b| b[..d.hidden].to_vec())).collect()
+        };
+        let mut parts = Vec::new();
+        for (([out, gates, hprev, state], [dgates, dhprev, _, dcprev]), cprev) in kept.iter().zip(&grads).zip(&cprevs) {
             parts.extend([
                 out.clone(),
                 units(gates, row),
                 units(hprev, p),
                 units(state, p),
-                units(&dgates, row),
-                units(&dhprev, p),
-                units(&dcprev, p),
+                units(cprev, p),
+                units(dgates, row),
+                units(dhprev, p),
+                units(dcprev, p),
             ]);
         }
         parts
     }
 
     #[test]
-    fn every_instruction_set_gives_the_same_bits() {
+    fn every_instruction_set_and_group_gives_the_same_bits() {
         let isas: Vec<Isa> = [Isa::Portable, Isa::Avx2, Isa::Avx512].into_iter().filter(|isa| isa.available()).collect();
         let mut rng = Rng::new(6);
         for cell in [Cell::Gru, Cell::Lstm] {
@@ -702,17 +910,19 @@ mod tests {
                     for (dst, src) in rows.chunks_exact_mut(d.padded).zip(params[g * hidden * features..].chunks_exact(hidden)) {
                         dst[..hidden].copy_from_slice(src);
                     }
-                    // a group of five: AVX-512 takes a GRU's four and one, an LSTM's three and two
+                    // a group of five (the forward pass with AVX-512 takes a GRU's four and one, an
+                    // LSTM's three and two; the backward four and one), and each sample alone
                     let inputs: Vec<Inputs> =
                         (0..5).map(|_| (rng.uniform(steps * features), rng.uniform(d.state_len()), rng.uniform(d.out_len()))).collect();
-                    let want = run(isas[0], &d, &packed, &rows, &inputs);
-                    for &isa in &isas[1..] {
-                        let got = run(isa, &d, &packed, &rows, &inputs);
+                    let want = run(isas[0], 1, &d, &packed, &rows, &inputs);
+                    for (isa, group) in isas.iter().flat_map(|&isa| [(isa, 1), (isa, 5)]).skip(1) {
+                        let got = run(isa, group, &d, &packed, &rows, &inputs);
                         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                             let same = a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
                             assert!(
                                 same,
-                                "{cell:?} {hidden}×{features}×{steps} {output:?}: {isa:?} differs from {:?} in part {i}",
+                                "{cell:?} {hidden}×{features}×{steps} {output:?}: {isa:?} in groups of {group} differs from {:?} \
+                                 alone in part {i}",
                                 isas[0]
                             );
                         }

@@ -37,7 +37,7 @@ use super::kind::{Kept, Mode, TensorSpec};
 use super::{BackPass, Pass};
 use crate::chain::{fits, Fill, Plan, Shape, Step};
 use crate::cpu::gemm::{sgemm, Mat, MatMut};
-use crate::cpu::recurrent::{backward_sample, forward_group, pack_panels, BackSample, Sample, GROUP};
+use crate::cpu::recurrent::{backward_group, forward_group, pack_panels, BackSample, Sample, GROUP};
 use crate::cpu::{for_chunks, SharedMut};
 use crate::error::Result;
 use crate::io::Words;
@@ -433,10 +433,10 @@ pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
     });
 }
 
-/// The fast backward (through time): each sample's steps from the last to the first on a thread
-/// of the pool, which leaves every step's gate gradients in the gates' twin; then the weight
-/// gradients, the bias gradients and (with `need_dx`) the input gradient over all B·T steps at
-/// once, as products.
+/// The fast backward (through time): the samples' steps from the last to the first on the threads
+/// of the pool, a group of them in lockstep at a time (`cpu::recurrent`), which leaves every
+/// step's gate gradients in the gates' twin; then the weight gradients, the bias gradients and
+/// (with `need_dx`) the input gradient over all B·T steps at once, as products.
 pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass, need_dx: bool) {
     let r = Regions::of(d, step, |i| pass.region(i));
     let params = &pass.params[step.params.clone()];
@@ -445,26 +445,29 @@ pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass, need_dx: bool
     let rows = &*rows;
     let (t, p) = (d.steps, d.padded);
     let (acts, dacts) = (pass.acts, SharedMut::new(&mut *pass.dacts));
+    let sample = |s: usize| BackSample {
+        gates: &acts[part(&r.gates, s, t * d.row())],
+        hprev: &acts[part(&r.hprev, s, t * p)],
+        state: &acts[part(&r.state, s, d.state_len())],
+        cprev: &acts[part(&r.cprev, s, if r.cprev.is_empty() { 0 } else { t * p })],
+        // SAFETY: the output's gradient is read, the kept regions' twins written: distinct
+        // regions, and sample s's part of each is its own (each sample is taken once, by the one
+        // task whose chunk holds it).
+        dy: unsafe { dacts.slice(part(&r.out, s, d.out_len())) },
+        // SAFETY: as above.
+        dgates: unsafe { dacts.slice(part(&r.gates, s, t * d.row())) },
+        // SAFETY: as above.
+        dhprev: unsafe { dacts.slice(part(&r.hprev, s, t * p)) },
+        // SAFETY: as above.
+        dstate: unsafe { dacts.slice(part(&r.state, s, d.state_len())) },
+        // SAFETY: as above.
+        dcprev: unsafe { dacts.slice(part(&r.cprev, s, if r.cprev.is_empty() { 0 } else { t * p })) },
+    };
     for_chunks(pass.pool, pass.batch, 1, &|_, samples| {
-        for s in samples {
-            let sample = BackSample {
-                gates: &acts[part(&r.gates, s, t * d.row())],
-                hprev: &acts[part(&r.hprev, s, t * p)],
-                state: &acts[part(&r.state, s, d.state_len())],
-                cprev: &acts[part(&r.cprev, s, if r.cprev.is_empty() { 0 } else { t * p })],
-                // SAFETY: the output's gradient is read, the kept regions' twins written: distinct
-                // regions, and sample s's part of each is its own.
-                dy: unsafe { dacts.slice(part(&r.out, s, d.out_len())) },
-                // SAFETY: as above.
-                dgates: unsafe { dacts.slice(part(&r.gates, s, t * d.row())) },
-                // SAFETY: as above.
-                dhprev: unsafe { dacts.slice(part(&r.hprev, s, t * p)) },
-                // SAFETY: as above.
-                dstate: unsafe { dacts.slice(part(&r.state, s, d.state_len())) },
-                // SAFETY: as above.
-                dcprev: unsafe { dacts.slice(part(&r.cprev, s, if r.cprev.is_empty() { 0 } else { t * p })) },
-            };
-            backward_sample(d, rows, sample);
+        for first in samples.clone().step_by(GROUP) {
+            let n = GROUP.min(samples.end - first);
+            let mut group: [BackSample; GROUP] = std::array::from_fn(|i| if i < n { sample(first + i) } else { BackSample::none() });
+            backward_group(d, rows, &mut group[..n]);
         }
     });
     let (acts, dacts) = (pass.acts, &mut *pass.dacts);
