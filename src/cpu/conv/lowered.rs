@@ -70,11 +70,12 @@ pub(super) fn backward(
 
 /// The stride-1 runs of one lowered row: `col_row[y·ow + x]` ↔ `plane[start + y·wp + x]`
 /// for y < oh, x < ow (LeNet: 28 runs of 28, or 10 of 10, per row).
+/// (Also the lowering of dilated convolutions, `layers::lowering`.)
 #[derive(Clone, Copy)]
-struct Runs {
-    oh: usize,
-    ow: usize,
-    wp: usize,
+pub(crate) struct Runs {
+    pub oh: usize,
+    pub ow: usize,
+    pub wp: usize,
 }
 
 impl Runs {
@@ -86,7 +87,7 @@ impl Runs {
 }
 
 /// col_row ← the runs of `plane` from `start` (im2col).
-fn copy_runs(r: Runs, col_row: &mut [f32], plane: &[f32], start: usize) {
+pub(crate) fn copy_runs(r: Runs, col_row: &mut [f32], plane: &[f32], start: usize) {
     r.check(col_row.len(), plane.len(), start);
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::has_avx2_fma() && r.ow >= 8 {
@@ -99,7 +100,7 @@ fn copy_runs(r: Runs, col_row: &mut [f32], plane: &[f32], start: usize) {
 }
 
 /// The runs of `plane` from `start` += col_row (col2im).
-fn add_runs(r: Runs, plane: &mut [f32], start: usize, col_row: &[f32]) {
+pub(crate) fn add_runs(r: Runs, plane: &mut [f32], start: usize, col_row: &[f32]) {
     r.check(col_row.len(), plane.len(), start);
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::has_avx2_fma() && r.ow >= 8 {

@@ -28,7 +28,7 @@
 
 pub(crate) mod choice;
 mod direct;
-mod lowered;
+pub(crate) mod lowered;
 #[cfg(test)]
 mod tests;
 
