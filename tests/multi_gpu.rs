@@ -472,8 +472,9 @@ fn many_gpus_a_mismatched_world_size_is_an_error_within_the_deadline() {
     let (world, _turn) = gpu_count();
     // n processes, the last with WORLD_SIZE = n + 1: rank 0 refuses the group as soon as the
     // last comes, and the ranks that came before it hear why at once; a rank that comes later
-    // finds no rank 0 and gives up at its timeout. Each measures from before it builds its
-    // replica (a context and the kernels: seconds), which the bounds leave room for.
+    // finds rank 0's port closed (its connection reset, or no rank 0 until its timeout). Each
+    // measures from before it builds its replica (a context and the kernels: seconds), which
+    // the bounds leave room for.
     const TIMEOUT: Duration = Duration::from_secs(30);
     if let Some(rank) = rank() {
         let model = mlp().build().unwrap().init(Init::HeNormal, 3);
@@ -487,7 +488,8 @@ fn many_gpus_a_mismatched_world_size_is_an_error_within_the_deadline() {
             assert!(named, "{err}");
             assert!(elapsed < TIMEOUT, "rank {rank} heard of the mismatch {elapsed:?} after it started");
         } else {
-            assert!(named || err.contains("no rank 0 answered"), "{err}");
+            let late = err.contains("no rank 0 answered") || err.contains("did not hand out the id");
+            assert!(named || late, "{err}");
             assert!(elapsed < 2 * TIMEOUT, "rank {rank} gave up {elapsed:?} after it started");
         }
         return;
