@@ -1,14 +1,14 @@
-//! Data-parallel training on two GPUs against one GPU, for the MLP and LeNet-5 (the models of
-//! tests/multi_gpu.rs), with the controls that tell a fault from rounding amplified by
-//! training. Every figure is a relative error ‖a − b‖ / ‖b‖.
+//! Data-parallel training on every GPU of the machine (n ≥ 2) against one GPU, for the MLP and
+//! LeNet-5 (the models of tests/multi_gpu.rs), with the controls that tell a fault from
+//! rounding amplified by training. Every figure is a relative error ‖a − b‖ / ‖b‖.
 //!
-//!   cargo run --release --example dp_check        (two CUDA devices and NCCL; < 1 minute)
+//!   cargo run --release --example dp_check        (two or more CUDA devices and NCCL; ~1 minute)
 //!
 //! Per model, 20 steps of SGD (lr 0.05, momentum 0.9) clipped to norm 5, global batches of 512
 //! and 511 in turn (the test's), unless a line says otherwise:
 //! - controls: one GPU against the CPU, and against one GPU whose initial parameters were moved
 //!   by about one rounding (× (1 ± 1e-7)): how far rounding alone carries this training;
-//! - 2 GPUs against one GPU on the whole batch (parameters and losses after 20 steps); again
+//! - n GPUs against one GPU on the whole batch (parameters and losses after 20 steps); again
 //!   with graphs off, without clipping, and with batches of 512 only (each with its control);
 //! - every step of the first run: the reduced gradients against their shares' (each share run
 //!   on one GPU alone, on the same device, parameters and batch size as its replica: the same
@@ -20,7 +20,7 @@
 //! `FLATNN_CUDNN=0` (flatnn's convolutions) and `1` (cuDNN's wherever it has one), a setting
 //! read once per process.
 //!
-//! Reading it: 2 GPUs about as far from one GPU as the one-rounding control, and every step
+//! Reading it: n GPUs about as far from one GPU as the one-rounding control, and every step
 //! within ~1e-6 of its shares: rounding amplified by the training, no fault. A step far from
 //! its shares: a fault in the data-parallel step (which step and which setting say where).
 
@@ -92,7 +92,7 @@ impl Probe {
     }
 }
 
-/// What 2 GPUs did: parameters and losses, and per step (where checked) the reduced gradients'
+/// What n GPUs did: parameters and losses, and per step (where checked) the reduced gradients'
 /// distance from their shares' and from the whole batch's.
 struct Run {
     params: Vec<f32>,
@@ -101,14 +101,21 @@ struct Run {
     whole: Vec<f64>,
 }
 
-/// The steps of `data` on GPUs 0 and 1; with `check`, each step's reduced gradients against
+/// Every CUDA device of the machine.
+fn every_gpu() -> Vec<Device> {
+    (0..flatnn::cuda::device_count()).map(Device::Cuda).collect()
+}
+
+/// The steps of `data` on every GPU; with `check`, each step's reduced gradients against
 /// one GPU's from the parameters before it.
-fn two(model: &Model, (optim, clip): Rule, data: &Data, check: bool) -> Result<Run> {
-    let mut dp = DataParallel::new(model, &[Device::Cuda(0), Device::Cuda(1)], 512, optim)?;
+fn many(model: &Model, (optim, clip): Rule, data: &Data, check: bool) -> Result<Run> {
+    let devices = every_gpu();
+    let world = devices.len();
+    let mut dp = DataParallel::new(model, &devices, 512, optim)?;
     dp.configure(|opt| opt.set_clip(clip))?;
     let mut probes = match check {
         true => Some((
-            [Probe::new(model, Device::Cuda(0), 256)?, Probe::new(model, Device::Cuda(1), 256)?],
+            devices.iter().map(|&d| Probe::new(model, d, 512usize.div_ceil(world))).collect::<Result<Vec<_>>>()?,
             Probe::new(model, Device::Cuda(0), 512)?,
         )),
         false => None,
@@ -123,13 +130,19 @@ fn two(model: &Model, (optim, clip): Rule, data: &Data, check: bool) -> Result<R
         run.losses.push(dp.last_loss()?);
         let Some((shares, whole)) = &mut probes else { continue };
         let got = dp.gradients()?;
-        // the shares as DataParallel cuts them, weighted as its reduction weighs them
-        let (batch, first) = (labels.len(), labels.len().div_ceil(2));
-        let g0 = shares[0].gradients(&before, &x[..first * per_sample], &labels[..first])?;
-        let g1 = shares[1].gradients(&before, &x[first * per_sample..], &labels[first..])?;
-        let weight = |n: usize| f64::from((n as f64 / batch as f64) as f32);
-        let (w0, w1) = (weight(first), weight(batch - first));
-        let want: Vec<f32> = g0.iter().zip(&g1).map(|(a, b)| (w0 * f64::from(*a) + w1 * f64::from(*b)) as f32).collect();
+        // the shares as DataParallel cuts them (contiguous, the first batch % n one sample
+        // larger), weighted as its reduction weighs them
+        let batch = labels.len();
+        let mut want = vec![0f64; got.len()];
+        let mut start = 0;
+        for (rank, probe) in shares.iter_mut().enumerate() {
+            let len = batch / world + usize::from(rank < batch % world);
+            let g = probe.gradients(&before, &x[start * per_sample..(start + len) * per_sample], &labels[start..start + len])?;
+            let weight = f64::from((len as f64 / batch as f64) as f32);
+            want.iter_mut().zip(&g).for_each(|(w, g)| *w += weight * f64::from(*g));
+            start += len;
+        }
+        let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();
         run.shares.push(rel_err(&got, &want));
         run.whole.push(rel_err(&got, &whole.gradients(&before, x, labels)?));
     }
@@ -154,8 +167,9 @@ fn check(name: &str, chain: Chain, full: bool) -> Result<()> {
         line("CPU", &one(&model, Device::Cpu, test, &both)?, &reference, None);
     }
     line("1 GPU, parameters moved one rounding", &one(&moved, Device::Cuda(0), test, &both)?, &reference, None);
-    let run = two(&model, test, &both, true)?;
-    line("2 GPUs", &(run.params, run.losses), &reference, None);
+    let gpus = format!("{} GPUs", every_gpu().len());
+    let run = many(&model, test, &both, true)?;
+    line(&gpus, &(run.params, run.losses), &reference, None);
     let max = |v: &[f64]| v.iter().copied().fold(0f64, f64::max);
     let over = run.whole.iter().filter(|&&e| e > 1e-5).count();
     let steps: Vec<String> = run.whole.iter().map(|e| format!("{e:.0e}")).collect();
@@ -165,18 +179,18 @@ fn check(name: &str, chain: Chain, full: bool) -> Result<()> {
         return Ok(());
     }
     let eager = model.to(&Device::Cpu)?.with_gpu_options(GpuOptions { graphs: false, ..GpuOptions::default() })?;
-    let run = two(&eager, test, &both, false)?;
-    line("2 GPUs, graphs off", &(run.params, run.losses), &reference, None);
+    let run = many(&eager, test, &both, false)?;
+    line(&format!("{gpus}, graphs off"), &(run.params, run.losses), &reference, None);
     let plain: Rule = (test.0, Clip::None);
     let reference = one(&model, Device::Cuda(0), plain, &both)?;
-    let run = two(&model, plain, &both, false)?;
+    let run = many(&model, plain, &both, false)?;
     let control = one(&moved, Device::Cuda(0), plain, &both)?;
-    line("2 GPUs, no clipping", &(run.params, run.losses), &reference, Some(&control));
+    line(&format!("{gpus}, no clipping"), &(run.params, run.losses), &reference, Some(&control));
     let full_only = data(&model, &[512]);
     let reference = one(&model, Device::Cuda(0), test, &full_only)?;
-    let run = two(&model, test, &full_only, false)?;
+    let run = many(&model, test, &full_only, false)?;
     let control = one(&moved, Device::Cuda(0), test, &full_only)?;
-    line("2 GPUs, batches of 512 only", &(run.params, run.losses), &reference, Some(&control));
+    line(&format!("{gpus}, batches of 512 only"), &(run.params, run.losses), &reference, Some(&control));
     Ok(())
 }
 

@@ -416,13 +416,16 @@ fn model_optimiser_and_caches_move_together() {
     assert!(err <= 1e-5, "{err:e}");
 }
 
-#[ignore = "needs two CUDA devices: run with --include-ignored where there are (--skip two_gpus elsewhere)"]
+#[ignore = "needs two or more CUDA devices: run with --include-ignored where there are (--skip many_gpus elsewhere)"]
 #[test]
-fn moves_between_two_gpus() {
+fn moves_between_many_gpus() {
     cuda_device();
-    assert!(cuda::device_count() >= 2, "this test needs two CUDA devices, and there are {}", cuda::device_count());
-    let err = train_moving(&[Device::Cuda(0), Device::Cuda(1), Device::Cuda(0), Device::Cpu]);
-    println!("moved cuda:0 -> cuda:1 -> cuda:0 -> CPU mid-training: parameters rel err {err:.2e}");
+    let count = cuda::device_count();
+    assert!(count >= 2, "this test needs two or more CUDA devices, and there are {count}");
+    // cuda:0 -> cuda:1 -> ... -> cuda:n-1 -> cuda:0 -> CPU
+    let stops: Vec<Device> = (0..count).chain([0]).map(Device::Cuda).chain([Device::Cpu]).collect();
+    let err = train_moving(&stops);
+    println!("moved through {count} GPUs and back to the CPU mid-training: parameters rel err {err:.2e}");
     assert!(err <= 1e-5, "{err:e}");
 }
 

@@ -1,17 +1,23 @@
-//! Data-parallel training on two GPUs (`DataParallel`): the same result as one GPU on the whole
-//! batch, replicas that stay bit-identical, nothing allocated per step, one process a GPU, and
-//! errors instead of hangs. Every test needs two CUDA devices and NCCL (`libnccl.so.2` on the
-//! library path) and is `#[ignore]`d; each name holds `two_gpus`, so that
-//! `cargo test --release --test multi_gpu -- --include-ignored --skip two_gpus` runs none of
-//! them on a one-GPU machine. Tests that start processes of their own (the same binary, one
-//! test each) pass them the environment as it is (NCCL's variables included). The tests take
-//! turns on the GPUs (one reads free device memory), their child processes included.
+//! Data-parallel training on every GPU of the machine (`DataParallel`, two or more): the same
+//! result as one GPU on the whole batch, replicas that stay bit-identical, batch norm's running
+//! statistics each replica's own, nothing allocated per step, one process a GPU, and errors
+//! instead of hangs. Each test takes every CUDA device there is (n =
+//! `flatnn::cuda::device_count()`, at least two, else it fails saying so) and needs NCCL
+//! (`libnccl.so.2` on the library path), and is `#[ignore]`d; each name holds `many_gpus`, so
+//! that `cargo test --release --test multi_gpu -- --include-ignored --skip many_gpus` runs none
+//! of them on a one-GPU machine. Global batches are at least 63 samples (every replica has one
+//! for n up to 63), and of each pair of sizes a test trains on (512 and 511, 256 and 255, 512
+//! and 63, 64 and 63) at least one leaves shares a sample apart for every n from 2 to 8. Tests
+//! that start processes of their own (the same binary, one test each, n of them) pass them the
+//! environment as it is (NCCL's variables included). The tests take turns on the GPUs (one reads
+//! free device memory), their child processes included.
 #![cfg(feature = "cuda")]
 
-use flatnn::models::{lenet5, mlp};
+use flatnn::models::{lenet5, mlp, resnet_small};
 use flatnn::prelude::*;
 use flatnn::testutil::{in_child, rel_err, run_alone, Rng};
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::ops::Range;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,21 +56,58 @@ unsafe impl GlobalAlloc for Everywhere {
 #[global_allocator]
 static EVERYWHERE: Everywhere = Everywhere;
 
-const NEEDS: &str = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)";
+const NEEDS: &str = "needs two or more CUDA devices and NCCL: run with --include-ignored where there are (--skip many_gpus on one GPU)";
 
 /// Held by each test while it runs, its child processes included.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// The first line of every test here: CUDA devices 0 and 1, and this test's turn on them (held
-/// until the guard drops); without the devices, the test fails saying so.
-fn two_gpus() -> ([Device; 2], MutexGuard<'static, ()>) {
+/// The first line of every test here: the number of CUDA devices, and this test's turn on them
+/// (held until the guard drops); with fewer than two, or without NCCL, the test fails saying
+/// so. Makes no context on any device (a test's processes each use one device).
+fn gpu_count() -> (usize, MutexGuard<'static, ()>) {
     let turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
     let count = flatnn::cuda::device_count();
-    assert!(count >= 2, "this test needs two CUDA devices and there are {count}");
+    assert!(count >= 2, "this test needs two or more CUDA devices and there are {count}");
     if let Err(e) = flatnn::cuda::nccl_version() {
         panic!("this test needs NCCL: {e}");
     }
-    ([Device::cuda(0).unwrap(), Device::cuda(1).unwrap()], turn)
+    (count, turn)
+}
+
+/// CUDA devices 0..count.
+fn devices(count: usize) -> Vec<Device> {
+    (0..count).map(|i| Device::cuda(i).unwrap()).collect()
+}
+
+/// As [`gpu_count`], with every device.
+fn every_gpu() -> (Vec<Device>, MutexGuard<'static, ()>) {
+    let (count, turn) = gpu_count();
+    (devices(count), turn)
+}
+
+/// The samples of a batch of `batch` that rank `rank` of `world` trains on, as `DataParallel`
+/// documents its split: contiguous shares, the first `batch % world` one sample larger.
+fn share(batch: usize, world: usize, rank: usize) -> Range<usize> {
+    let (base, extra) = (batch / world, batch % world);
+    let start = rank * base + rank.min(extra);
+    start..start + base + usize::from(rank < extra)
+}
+
+/// Σ_r (share_r / batch) · gradients_r, as the reduction weighs each rank's gradients (the
+/// weight rounded to f32, the sum in f64): the gradients each rank's `Share` computes of its
+/// samples of (`x`, `labels`) at `params`; and the loss, weighted alike.
+fn weighted(shares: &mut [Share], params: &[f32], x: &[f32], labels: &[u32]) -> (Vec<f32>, f32) {
+    let (batch, world) = (labels.len(), shares.len());
+    let (mut grads, mut loss) = (Vec::new(), 0f64);
+    for (rank, gpu) in shares.iter_mut().enumerate() {
+        let range = share(batch, world, rank);
+        let weight = range.len() as f64 / batch as f64;
+        let (g, l) = gpu.backprop(params, x, labels, range);
+        grads.resize(g.len(), 0f64);
+        grads.iter_mut().zip(&g).for_each(|(w, g)| *w += f64::from(weight as f32) * f64::from(*g));
+        loss += weight * f64::from(l);
+    }
+    (grads.iter().map(|&v| v as f32).collect(), loss as f32)
 }
 
 /// `steps` global batches (inputs, labels) for `model`, of `sizes[i % sizes.len()]` samples.
@@ -108,7 +151,8 @@ fn data_parallel(dp: &mut DataParallel, data: &[(Vec<f32>, Vec<u32>)]) -> (Vec<f
 
 /// One GPU's backward pass on one replica's share of a batch: the same device, capacity and
 /// batch size as the replica, so the same kernels and convolution algorithms (chosen once per
-/// process for a device, shape and batch), on the same parameters.
+/// process for a device, shape and batch), on the same parameters. Its model's running
+/// statistics move with the samples it is given, as the replica's do.
 struct Share {
     model: Model,
     cache: Cache,
@@ -123,7 +167,7 @@ impl Share {
     }
 
     /// The gradients and the loss of samples `range` of (`x`, `labels`) at `params`.
-    fn backprop(&mut self, params: &[f32], x: &[f32], labels: &[u32], range: std::ops::Range<usize>) -> (Vec<f32>, f32) {
+    fn backprop(&mut self, params: &[f32], x: &[f32], labels: &[u32], range: Range<usize>) -> (Vec<f32>, f32) {
         let per_sample = self.model.input_shape().len();
         self.model.set_parameters(params).unwrap();
         self.cache.set_inputs(&x[range.start * per_sample..range.end * per_sample]).unwrap();
@@ -133,12 +177,17 @@ impl Share {
     }
 }
 
-#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+/// One Share a replica: on each of `devices`, for its share of global batches of `capacity`.
+fn shares(model: &Model, devices: &[Device], capacity: usize) -> Vec<Share> {
+    devices.iter().map(|&d| Share::new(model, d, capacity.div_ceil(devices.len()))).collect()
+}
+
+#[ignore = "needs two or more CUDA devices and NCCL: run with --include-ignored where there are (--skip many_gpus on one GPU)"]
 #[test]
-fn two_gpus_twenty_steps_equal_one_gpu_on_the_whole_batch() {
-    let (devices, _turn) = two_gpus();
-    // One GPU on the whole batch rounds otherwise than two on its shares (other kernels and
-    // convolution algorithms for 512 samples than for 256, sums in another order): ~1e-7 a
+fn many_gpus_twenty_steps_equal_one_gpu_on_the_whole_batch() {
+    let (devices, _turn) = every_gpu();
+    // One GPU on the whole batch rounds otherwise than n on their shares (other kernels and
+    // convolution algorithms for 512 samples than for 512 / n, sums in another order): ~1e-7 a
     // step, which LeNet amplifies under this optimiser. On the CPU (the reference), LeNet's
     // parameters moved by one rounding (× (1 ± 1e-7)) before these 20 steps end 1.0e-3 from
     // the unmoved run's (1.2e-7 for 8 steps, then growing), the MLP's 1.2e-7; and a step's
@@ -148,14 +197,16 @@ fn two_gpus_twenty_steps_equal_one_gpu_on_the_whole_batch() {
     // what a step must compute is checked step by step, for both: its gradients and loss are
     // its shares', each run on one GPU alone (the same kernels as its replica, so the same
     // rounding but for the reduction's), weighted by samples, within 1e-6.
+    let world = devices.len();
     for (name, chain, bar) in [("mlp", mlp(), 1e-5), ("lenet", lenet5(), 1e-2)] {
         let model = chain.build().unwrap().init(Init::HeNormal, 3);
-        // 512: equal shares; 511: 256 and 255, weighted by samples
+        // 512 and 511: equal shares (2, 4 or 8 GPUs) and shares a sample apart, weighted by
+        // samples; on 3, 5 or 6 GPUs both are uneven, on 7 only 512
         let data = batches(&model, 20, &[512, 511], 5);
         let (want, want_losses) = one_gpu(&model, sgd(), &data, 512);
         let mut dp = DataParallel::new(&model, &devices, 512, sgd().0).unwrap();
         dp.configure(|opt| opt.set_clip(sgd().1)).unwrap();
-        let mut shares = devices.map(|d| Share::new(&model, d, 256));
+        let mut shares = shares(&model, &devices, 512);
         let (mut losses, mut worst) = (Vec::new(), 0f64);
         for (step, (x, labels)) in data.iter().enumerate() {
             let before = dp.parameters().unwrap();
@@ -163,33 +214,23 @@ fn two_gpus_twenty_steps_equal_one_gpu_on_the_whole_batch() {
             dp.set_labels(labels).unwrap();
             dp.train_step(Loss::LogitCrossEntropy).unwrap();
             let (grads, loss) = (dp.gradients().unwrap(), dp.last_loss().unwrap());
-            // Σ_r (share_r / batch) · (gradients, loss)_r, as the reduction weighs them
-            let batch = labels.len();
-            let (mut want_grads, mut want_loss) = (vec![0f64; grads.len()], 0f64);
-            for (rank, share) in shares.iter_mut().enumerate() {
-                let range = if rank == 0 { 0..batch.div_ceil(2) } else { batch.div_ceil(2)..batch };
-                let weight = range.len() as f64 / batch as f64;
-                let (g, l) = share.backprop(&before, x, labels, range);
-                want_grads.iter_mut().zip(&g).for_each(|(w, g)| *w += f64::from(weight as f32) * f64::from(*g));
-                want_loss += weight * f64::from(l);
-            }
-            let want_grads: Vec<f32> = want_grads.iter().map(|&v| v as f32).collect();
-            let (err, loss_err) = (rel_err(&grads, &want_grads), rel_err(&[loss], &[want_loss as f32]));
+            let (want_grads, want_loss) = weighted(&mut shares, &before, x, labels);
+            let (err, loss_err) = (rel_err(&grads, &want_grads), rel_err(&[loss], &[want_loss]));
             assert!(err <= 1e-6 && loss_err <= 1e-6, "{name}, step {step}: gradients {err:.2e}, loss {loss_err:.2e} from their shares'");
             worst = worst.max(err);
             losses.push(loss);
         }
         let (err, loss_err) = (rel_err(&dp.parameters().unwrap(), &want), rel_err(&losses, &want_losses));
-        println!("{name}: every step's gradients within {worst:.2e} of their shares'; after 20 steps against 1 GPU on the whole batch: parameters {err:.2e}, losses {loss_err:.2e}");
+        println!("{name}: every step's gradients within {worst:.2e} of their shares'; after 20 steps on {world} GPUs against 1 GPU on the whole batch: parameters {err:.2e}, losses {loss_err:.2e}");
         assert!(err <= bar && loss_err <= bar, "{name}: parameters differ by {err:.2e}, losses by {loss_err:.2e} (bar {bar:.0e})");
         assert_eq!(dp.optimizer().steps(), 20);
     }
 }
 
-#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[ignore = "needs two or more CUDA devices and NCCL: run with --include-ignored where there are (--skip many_gpus on one GPU)"]
 #[test]
-fn two_gpus_replicas_stay_bit_identical_over_1000_steps() {
-    let (devices, _turn) = two_gpus();
+fn many_gpus_replicas_stay_bit_identical_over_1000_steps() {
+    let (devices, _turn) = every_gpu();
     for (name, chain) in [("mlp", mlp()), ("lenet", lenet5())] {
         let model = chain.build().unwrap().init(Init::HeNormal, 7);
         let mut dp = DataParallel::new(&model, &devices, 256, Optim::adam(1e-3).with_weight_decay(1e-4)).unwrap();
@@ -198,6 +239,7 @@ fn two_gpus_replicas_stay_bit_identical_over_1000_steps() {
             opt.set_schedule(Schedule::cosine(50, 1000))
         })
         .unwrap();
+        // 255: shares a sample apart on 2, 4, 6, 7 or 8 GPUs; 256 on 3, 5, 6 or 7
         let data = batches(&model, 16, &[256, 255], 11);
         for step in 0..1000 {
             let (x, labels) = &data[step % data.len()];
@@ -208,23 +250,26 @@ fn two_gpus_replicas_stay_bit_identical_over_1000_steps() {
         let loss = dp.last_loss().unwrap();
         assert!(loss.is_finite() && !dp.diverged().unwrap(), "{name}: loss {loss}");
         let replicas: Vec<Vec<u32>> = dp.models().map(|m| m.parameters().unwrap().iter().map(|v| v.to_bits()).collect()).collect();
-        assert_eq!(replicas.len(), 2);
-        let differ = replicas[0].iter().zip(&replicas[1]).filter(|(a, b)| a != b).count();
-        assert_eq!(differ, 0, "{name}: {differ} of {} parameters differ between the replicas after 1,000 steps", replicas[0].len());
-        println!("{name}: replicas identical after 1,000 steps, loss {loss:.4}");
+        assert_eq!(replicas.len(), devices.len());
+        for (rank, replica) in replicas.iter().enumerate().skip(1) {
+            let differ = replica.iter().zip(&replicas[0]).filter(|(a, b)| a != b).count();
+            assert_eq!(differ, 0, "{name}: {differ} of {} parameters of rank {rank} differ from rank 0's after 1,000 steps", replica.len());
+        }
+        println!("{name}: {} replicas identical after 1,000 steps, loss {loss:.4}", replicas.len());
     }
 }
 
-#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[ignore = "needs two or more CUDA devices and NCCL: run with --include-ignored where there are (--skip many_gpus on one GPU)"]
 #[test]
-fn two_gpus_a_step_allocates_nothing_and_device_memory_stays_put() {
-    let (devices, _turn) = two_gpus();
+fn many_gpus_a_step_allocates_nothing_and_device_memory_stays_put() {
+    let (count, _turn) = gpu_count();
     // alone in a child process (while this test holds its turn): the counter counts every
     // thread's allocations, and no other test may take device memory while it is read
     if !in_child() {
-        run_alone("two_gpus_a_step_allocates_nothing_and_device_memory_stays_put", &[]);
+        run_alone("many_gpus_a_step_allocates_nothing_and_device_memory_stays_put", &[]);
         return;
     }
+    let devices = devices(count);
     for (name, chain) in [("mlp", mlp()), ("lenet", lenet5())] {
         let model = chain.build().unwrap().init(Init::HeNormal, 1);
         let mut dp = DataParallel::new(&model, &devices, 512, Optim::adam(1e-3)).unwrap();
@@ -233,6 +278,7 @@ fn two_gpus_a_step_allocates_nothing_and_device_memory_stays_put() {
             opt.set_schedule(Schedule::cosine(100, 3000))
         })
         .unwrap();
+        // 63: at least 7 samples a GPU, up to 8 GPUs; 512 or 63 uneven on any number of them
         let data = batches(&model, 2, &[512, 63], 2);
         let mut step = |i: usize| {
             let (x, labels) = &data[i % 2];
@@ -242,18 +288,66 @@ fn two_gpus_a_step_allocates_nothing_and_device_memory_stays_put() {
         };
         // warm-up: both batch sizes, both staging buffers of each cache, so every graph is captured
         (0..8).for_each(&mut step);
-        let free = |d: &Device| d.memory().unwrap().0;
-        let before = devices.map(|d| free(&d));
+        let free = || -> Vec<usize> { devices.iter().map(|d| d.memory().unwrap().0).collect() };
+        let before = free();
         let counted = ALLOCATIONS.load(Ordering::SeqCst);
         (0..1000).for_each(&mut step);
         dp.synchronize().unwrap();
         let allocations = ALLOCATIONS.load(Ordering::SeqCst) - counted;
-        let after = devices.map(|d| free(&d));
-        println!("{name}: {allocations} host allocations in 1,000 steps; free device memory {before:?} -> {after:?}");
+        let after = free();
+        println!("{name}: {allocations} host allocations in 1,000 steps on {count} GPUs; free device memory {before:?} -> {after:?}");
         assert_eq!(allocations, 0, "{name}: a data-parallel step allocated on the host");
         assert_eq!(before, after, "{name}: device memory changed over 1,000 steps");
         assert!(dp.last_loss().unwrap().is_finite());
     }
+}
+
+#[ignore = "needs two or more CUDA devices and NCCL: run with --include-ignored where there are (--skip many_gpus on one GPU)"]
+#[test]
+fn many_gpus_batch_norm_statistics_are_each_replicas_own() {
+    let (devices, _turn) = every_gpu();
+    // As under PyTorch's DistributedDataParallel without SyncBatchNorm: a step normalises each
+    // share by the share's own statistics, and each replica's running statistics move with its
+    // own shares alone. Nothing brings them together: the replicas' parameters stay the same,
+    // their running statistics part. Rank 0's (`DataParallel::model`, and what is saved from
+    // it) are those of rank 0's shares, as DDP's rank 0 keeps by default (it broadcasts rank 0's
+    // buffers before every forward, so rank 0's move with rank 0's shares alone too).
+    let world = devices.len();
+    let model = resnet_small().build().unwrap().init(Init::HeNormal, 4);
+    let data = batches(&model, 6, &[64, 63], 6);
+    let mut dp = DataParallel::new(&model, &devices, 64, sgd().0).unwrap();
+    let mut shares = shares(&model, &devices, 64);
+    for (step, (x, labels)) in data.iter().enumerate() {
+        let before = dp.parameters().unwrap();
+        dp.set_inputs(x).unwrap();
+        dp.set_labels(labels).unwrap();
+        dp.train_step(Loss::LogitCrossEntropy).unwrap();
+        // each share's backward pass, normalised by that share's statistics, moves that
+        // share's running statistics as its replica's step did
+        let (want, _) = weighted(&mut shares, &before, x, labels);
+        let err = rel_err(&dp.gradients().unwrap(), &want);
+        assert!(err <= 1e-6, "step {step}: gradients {err:.2e} from their shares' (each normalised by its own statistics)");
+    }
+    dp.synchronize().unwrap();
+    let params: Vec<Vec<u32>> = dp.models().map(|m| m.parameters().unwrap().iter().map(|v| v.to_bits()).collect()).collect();
+    let buffers: Vec<Vec<f32>> = dp.models().map(|m| m.buffers().unwrap().into_owned()).collect();
+    for rank in 0..world {
+        assert!(params[rank] == params[0], "rank {rank}'s parameters differ from rank 0's");
+        let own = rel_err(&buffers[rank], &shares[rank].model.buffers().unwrap());
+        let apart = rel_err(&buffers[rank], &buffers[0]);
+        println!("rank {rank}: running statistics {own:.2e} from its own shares', {apart:.2e} from rank 0's");
+        assert!(own <= 1e-6, "rank {rank}: running statistics {own:.2e} from those of its own shares alone");
+        // the shares hold other samples, so their statistics differ far beyond rounding
+        assert!(rank == 0 || apart > 1e-5, "rank {rank}'s running statistics are rank 0's ({apart:.2e} apart)");
+    }
+    let dir = scratch("batch-norm");
+    let path = dir.join("model.safetensors");
+    dp.model().save(&path).unwrap();
+    let saved = Model::load(&path).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    assert!(bits(&saved.buffers().unwrap()) == bits(&buffers[0]), "the saved model's running statistics are not rank 0's");
+    assert!(bits(&saved.parameters().unwrap()) == params[0], "the saved model's parameters are not the replicas'");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A rank's process as it ended: its exit status and what it printed.
@@ -320,7 +414,7 @@ fn ranks(test: &str, worlds: &[usize], out: &Path, deadline: Duration) -> Vec<En
     statuses.into_iter().enumerate().map(|(rank, status)| Ended { status: status.expect("exited"), stdout: read(rank, "stdout") }).collect()
 }
 
-/// A folder of its own for one test's processes.
+/// A folder of its own for one test's files (its processes' output, a saved model).
 fn scratch(test: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("flatnn-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -332,68 +426,91 @@ fn rank() -> Option<usize> {
     in_child().then(|| std::env::var("RANK").ok()?.parse().ok()).flatten()
 }
 
-#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[ignore = "needs two or more CUDA devices and NCCL: run with --include-ignored where there are (--skip many_gpus on one GPU)"]
 #[test]
-fn two_gpus_two_processes_train_as_one_gpu_on_the_whole_batch() {
-    let (devices, _turn) = two_gpus();
+fn many_gpus_processes_train_as_one_gpu_on_the_whole_batch() {
+    // a process a GPU, n of them
+    let (world, _turn) = gpu_count();
     let model = mlp().build().unwrap().init(Init::HeNormal, 3);
     let data = batches(&model, 20, &[512, 511], 5);
     if let Some(rank) = rank() {
         let group = Group { timeout: Duration::from_secs(60), ..Group::from_env().unwrap() };
         let mut dp = DataParallel::join(&model, &group, 512, sgd().0).unwrap();
         dp.configure(|opt| opt.set_clip(sgd().1)).unwrap();
-        assert_eq!((dp.world(), dp.ranks()), (2, rank..rank + 1));
+        assert_eq!((dp.world(), dp.ranks()), (world, rank..rank + 1));
         let (params, losses) = data_parallel(&mut dp, &data);
         let bytes: Vec<u8> = params.iter().chain(&losses).flat_map(|v| v.to_le_bytes()).collect();
         std::fs::write(Path::new(&std::env::var("FLATNN_TEST_OUT").unwrap()).join(format!("rank{rank}")), bytes).unwrap();
         return;
     }
-    let _ = devices;
-    let out = scratch("two-processes");
-    let ended = ranks("two_gpus_two_processes_train_as_one_gpu_on_the_whole_batch", &[2, 2], &out, Duration::from_secs(180));
+    let out = scratch("processes");
+    let ended = ranks("many_gpus_processes_train_as_one_gpu_on_the_whole_batch", &vec![world; world], &out, Duration::from_secs(300));
     assert!(ended.iter().all(Ended::passed), "a rank failed");
     let read = |rank: usize| -> Vec<f32> {
         let bytes = std::fs::read(out.join(format!("rank{rank}"))).unwrap();
         bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
     };
-    let (rank0, rank1) = (read(0), read(1));
-    assert!(rank0.iter().zip(&rank1).all(|(a, b)| a.to_bits() == b.to_bits()), "the two processes' parameters differ");
+    let rank0 = read(0);
+    for rank in 1..world {
+        let theirs = read(rank);
+        assert!(
+            rank0.len() == theirs.len() && rank0.iter().zip(&theirs).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "process {rank}'s parameters or losses differ from process 0's"
+        );
+    }
     let (want, want_losses) = one_gpu(&model, sgd(), &data, 512);
     let (params, losses) = rank0.split_at(want.len());
     let (err, loss_err) = (rel_err(params, &want), rel_err(losses, &want_losses));
-    println!("2 processes against 1 GPU: parameters {err:.2e}, losses {loss_err:.2e} relative");
+    println!("{world} processes against 1 GPU: parameters {err:.2e}, losses {loss_err:.2e} relative");
     assert!(err <= 1e-5 && loss_err <= 1e-5, "parameters differ by {err:.2e}, losses by {loss_err:.2e}");
     let _ = std::fs::remove_dir_all(&out);
 }
 
-#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[ignore = "needs two or more CUDA devices and NCCL: run with --include-ignored where there are (--skip many_gpus on one GPU)"]
 #[test]
-fn two_gpus_a_mismatched_world_size_is_an_error_within_the_deadline() {
-    let _turn = two_gpus();
+fn many_gpus_a_mismatched_world_size_is_an_error_within_the_deadline() {
+    let (world, _turn) = gpu_count();
+    // n processes, the last with WORLD_SIZE = n + 1: rank 0 refuses the group as soon as the
+    // last comes, and the ranks that came before it hear why at once; a rank that comes later
+    // finds rank 0's port closed (its connection reset, or no rank 0 until its timeout). Each
+    // measures from before it builds its replica (a context and the kernels: seconds), which
+    // the bounds leave room for.
+    const TIMEOUT: Duration = Duration::from_secs(30);
     if let Some(rank) = rank() {
         let model = mlp().build().unwrap().init(Init::HeNormal, 3);
-        let group = Group { timeout: Duration::from_secs(30), ..Group::from_env().unwrap() };
+        let group = Group { timeout: TIMEOUT, ..Group::from_env().unwrap() };
         let start = Instant::now();
-        let err = DataParallel::join(&model, &group, 512, sgd().0).err().expect("a group of two and a group of three");
-        println!("rank {rank}: {err} after {:?}", start.elapsed());
-        assert!(err.to_string().contains("WORLD_SIZE=3"), "{err}");
-        assert!(start.elapsed() < Duration::from_secs(30));
+        let err = DataParallel::join(&model, &group, 512, sgd().0).err().expect("a group of n and a group of n + 1").to_string();
+        let elapsed = start.elapsed();
+        println!("rank {rank}: {err} after {elapsed:?}");
+        let named = err.contains(&format!("WORLD_SIZE={}", world + 1));
+        if rank == 0 || rank == world - 1 {
+            assert!(named, "{err}");
+            assert!(elapsed < TIMEOUT, "rank {rank} heard of the mismatch {elapsed:?} after it started");
+        } else {
+            let late = err.contains("no rank 0 answered") || err.contains("did not hand out the id");
+            assert!(named || late, "{err}");
+            assert!(elapsed < 2 * TIMEOUT, "rank {rank} gave up {elapsed:?} after it started");
+        }
         return;
     }
     let out = scratch("mismatch");
-    let ended = ranks("two_gpus_a_mismatched_world_size_is_an_error_within_the_deadline", &[2, 3], &out, Duration::from_secs(120));
+    let mut worlds = vec![world; world];
+    worlds[world - 1] = world + 1;
+    let ended = ranks("many_gpus_a_mismatched_world_size_is_an_error_within_the_deadline", &worlds, &out, Duration::from_secs(180));
     assert!(ended.iter().all(Ended::passed), "a rank failed");
     let _ = std::fs::remove_dir_all(&out);
 }
 
-#[ignore = "needs two CUDA devices and NCCL: run with --include-ignored where there are (--skip two_gpus on one GPU)"]
+#[ignore = "needs two or more CUDA devices and NCCL: run with --include-ignored where there are (--skip many_gpus on one GPU)"]
 #[test]
-fn two_gpus_a_dead_rank_is_an_error_within_the_timeout() {
-    let _turn = two_gpus();
+fn many_gpus_a_dead_rank_is_an_error_within_the_timeout() {
+    let (world, _turn) = gpu_count();
     // the group's timeout; the error must come within it, NCCL's abort (waited for at most 5 s)
-    // and some slack, after rank 1 dies
+    // and some slack, after the last rank dies
     const TIMEOUT: Duration = Duration::from_secs(10);
     const SLACK: Duration = Duration::from_secs(8);
+    let dead = world - 1;
     if let Some(rank) = rank() {
         let model = mlp().build().unwrap().init(Init::HeNormal, 3);
         let group = Group { timeout: TIMEOUT, ..Group::from_env().unwrap() };
@@ -408,35 +525,37 @@ fn two_gpus_a_dead_rank_is_an_error_within_the_timeout() {
             step(&mut dp, i).unwrap();
         }
         let _ = dp.last_loss().unwrap();
-        if rank == 1 {
-            println!("rank 1 dies without a word");
+        if rank == dead {
+            println!("rank {rank} dies without a word");
             // SAFETY: ends this process at once, as a crash would: no destructor, no clean-up
-            // by NCCL, nothing more said to rank 0.
+            // by NCCL, nothing more said to the others.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
             unreachable!("this process was killed");
         }
-        // rank 0 goes on alone: its step 10 waits for rank 1 forever on the GPU, so a wait of
-        // the host for it (writing a batch, or queueing a step a few ahead) gives up past the
-        // timeout
+        // the others go on without it: their step 10 waits for it forever on the GPU, so a
+        // wait of the host for it (writing a batch, or queueing a step a few ahead) gives up
+        // past the timeout
         let start = Instant::now();
-        let err = (10..1_000_000).find_map(|i| step(&mut dp, i).err()).expect("a step fails once rank 1 is gone");
+        let err = (10..1_000_000).find_map(|i| step(&mut dp, i).err()).expect("a step fails once a rank is gone");
         let elapsed = start.elapsed();
         let err = dp.last_loss().err().map_or(err.to_string(), |later| format!("{err}; then {later}"));
-        println!("rank 0, {elapsed:?} after rank 1 left: {err}");
-        assert!(err.contains("rank 0") && err.contains("unusable"), "{err}");
-        assert!(elapsed < TIMEOUT + SLACK, "the error came {elapsed:?} after rank 1 left");
+        println!("rank {rank}, {elapsed:?} after rank {dead} left: {err}");
+        assert!(err.contains(&format!("rank {rank}")) && err.contains("unusable"), "{err}");
+        assert!(elapsed < TIMEOUT + SLACK, "the error came {elapsed:?} after rank {dead} left");
         return;
     }
     let out = scratch("dead");
-    let ended = ranks("two_gpus_a_dead_rank_is_an_error_within_the_timeout", &[2, 2], &out, Duration::from_secs(120));
-    assert!(ended[0].passed(), "rank 0 failed");
-    assert!(ended[1].stdout.contains("dies without a word"), "rank 1 did not die as planned");
+    let ended = ranks("many_gpus_a_dead_rank_is_an_error_within_the_timeout", &vec![world; world], &out, Duration::from_secs(120));
+    for (rank, ended) in ended[..dead].iter().enumerate() {
+        assert!(ended.passed(), "rank {rank} failed");
+    }
+    assert!(ended[dead].stdout.contains("dies without a word"), "rank {dead} did not die as planned");
     let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
-fn every_test_here_names_two_gpus_and_says_what_it_needs() {
-    // `--skip two_gpus` must skip every GPU test of this file on a one-GPU machine
+fn every_test_here_names_many_gpus_and_says_what_it_needs() {
+    // `--skip many_gpus` must skip every GPU test of this file on a one-GPU machine
     let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/multi_gpu.rs")).unwrap();
     let mut lines = text.lines().peekable();
     let mut tests = 0;
@@ -445,9 +564,9 @@ fn every_test_here_names_two_gpus_and_says_what_it_needs() {
             assert!(line.contains(NEEDS), "{line}");
             assert_eq!(lines.next(), Some("#[test]"));
             let name = lines.peek().unwrap();
-            assert!(name.starts_with("fn two_gpus_"), "{name}");
+            assert!(name.starts_with("fn many_gpus_"), "{name}");
             tests += 1;
         }
     }
-    assert_eq!(tests, 6);
+    assert_eq!(tests, 7);
 }

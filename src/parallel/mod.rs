@@ -9,13 +9,22 @@
 //! exactly as one GPU running the whole batch would (up to the order of the sums); then the
 //! update. Every replica gets the same reduced bits and applies the same update to the same
 //! parameters (rank 0's, broadcast when the group forms), so the replicas' parameters stay
-//! bit-identical. Two things are each replica's own, as in PyTorch's DistributedDataParallel:
-//! dropout's masks (each GPU draws its share's masks with its rank in the counter, so the masks
-//! of the shares are independent, and a run with dropout is not the one-GPU run's equal), and
-//! batch norm's running statistics (each replica moves its own from its share's batch;
-//! [`DataParallel::model`] is rank 0's, with rank 0's statistics).
-//! The loss's totals are reduced the same way: [`DataParallel::last_loss`] is the global
-//! batch's mean loss.
+//! bit-identical. The loss's totals are reduced the same way: [`DataParallel::last_loss`] is
+//! the global batch's mean loss.
+//!
+//! Each replica's own, as in PyTorch's DistributedDataParallel without `SyncBatchNorm`:
+//! - dropout's masks: each GPU draws its share's masks with its rank in the counter, so the
+//!   masks of the shares are independent, and a run with dropout is not the one-GPU run's equal;
+//! - batch norm: a training step normalises each share by that share's own mean and variance
+//!   (so a batch-norm model's step is not one GPU's on the whole batch), and each replica's
+//!   running statistics move with its own shares alone. Nothing reduces or broadcasts them: the
+//!   replicas' parameters stay identical, their running statistics part.
+//!   [`DataParallel::parameters`] holds no statistics; [`DataParallel::model`] (and so what one
+//!   saves from it) is this process's first replica, with its statistics: in one process
+//!   rank 0's, which moved with rank 0's shares alone. That is what DDP keeps on rank 0 by
+//!   default (it broadcasts rank 0's buffers to the others before every forward, so rank 0's
+//!   own move with its shares alone too). [`DataParallel::models`] gives every replica's; with
+//!   a process a GPU, save from rank 0. tests/multi_gpu.rs checks this.
 //!
 //! ```no_run
 //! use flatnn::prelude::*;
@@ -325,20 +334,23 @@ impl DataParallel {
         Ok(self.replicas[0].grads.gradients()?.into_owned())
     }
 
-    /// The parameters (every replica's), copied to the host after the queued steps.
+    /// The parameters (every replica's), copied to the host after the queued steps; no buffer
+    /// (batch norm's running statistics are each replica's: [`DataParallel::models`]).
     pub fn parameters(&mut self) -> Result<Vec<f32>> {
         self.synchronize()?;
         Ok(self.replicas[0].model.parameters()?.into_owned())
     }
 
-    /// This process's first replica's model (with that replica's batch norm statistics): to
-    /// save, evaluate or read. Its methods that wait for the GPU do so without the group's
+    /// This process's first replica's model, with that replica's batch norm running statistics
+    /// (rank 0's where this process holds rank 0; see the module documentation): to save,
+    /// evaluate or read. Its methods that wait for the GPU do so without the group's
     /// timeout: call [`DataParallel::synchronize`] first.
     pub fn model(&self) -> &Model {
         &self.replicas[0].model
     }
 
-    /// Every replica's model in this process, by rank.
+    /// Every replica's model in this process, by rank: the same parameters, each with its own
+    /// running statistics.
     pub fn models(&self) -> impl Iterator<Item = &Model> + '_ {
         self.replicas.iter().map(|r| &r.model)
     }
