@@ -29,6 +29,19 @@ fn cnn() -> Chain {
         .dense(10, Identity)
 }
 
+/// Batch norm over few channels of many values each (3 and 4 channels of 32 × 32 at 64 and 37
+/// samples): the GPU sums each channel's statistics and parameter gradients in parts
+/// (`cuda::layers::batch_norm_parts`: 16 and 10 parts), in the convolutions' scratch.
+fn wide_cnn() -> Chain {
+    Chain::new(Input::image(3, 32, 32))
+        .conv_with(3, (3, 3), Identity, same())
+        .batch_norm_with(Relu)
+        .conv_with(4, (3, 3), Identity, same())
+        .batch_norm()
+        .global_avg_pool()
+        .dense(10, Identity)
+}
+
 /// Dense layers: a block whose body starts with a dense layer, after an activated dense layer
 /// (the body's first layer must not fold its input gradient into that layer's dz: the block
 /// input has a second reader), layer norm, dropout, nested and empty blocks.
@@ -86,7 +99,7 @@ fn outputs(model: &Model, x: &[f32]) -> Vec<f32> {
 /// statistics, the pass count; and the GPU's inference by its running statistics against the
 /// CPU's on the same parameters. Batches of 32 and 17,
 /// and of 300 (where the step ends in the training head, src/cuda/head.rs, whose producer is
-/// then a batch norm's activation) and 19.
+/// then a batch norm's activation) and 19; of 64 and 37 where batch norm sums in parts.
 ///
 /// SGD with momentum, not Adam: a convolution's bias before a batch norm has a gradient of
 /// zero but for rounding, which Adam (dividing by its own size) turns into steps of the full
@@ -98,8 +111,13 @@ fn outputs(model: &Model, x: &[f32]) -> Vec<f32> {
 #[test]
 fn new_layers_train_on_the_gpu_as_on_the_cpu() {
     let device = cuda_device();
-    let cases =
-        [("cnn", cnn as fn() -> Chain, [32, 17]), ("mlp", mlp, [32, 17]), ("mlp head", mlp, [300, 19]), ("sequence", sequence, [32, 17])];
+    let cases = [
+        ("cnn", cnn as fn() -> Chain, [32, 17]),
+        ("cnn, batch norm in parts", wide_cnn, [64, 37]),
+        ("mlp", mlp, [32, 17]),
+        ("mlp head", mlp, [300, 19]),
+        ("sequence", sequence, [32, 17]),
+    ];
     for (name, chain, sizes) in cases {
         let sizes = &sizes[..];
         let start = chain().build().unwrap().init(Init::HeNormal, 3).with_threads(1).unwrap();

@@ -8,6 +8,7 @@ use super::buffer::DevBuf;
 use super::context::{Gpu, Kernel};
 use super::exec::{activation_backward, GpuBackward, GpuForward, Raw};
 use super::launch::{blocks, int, kernel_args, View, ViewMut};
+use super::ops::bias_grad_splits;
 use crate::activation::Activation;
 use crate::chain::Step;
 use crate::error::Result;
@@ -18,6 +19,22 @@ use std::ops::Range;
 /// Most blocks of a kernel whose grid strides over rows or features.
 const MAX_GRID: usize = 1 << 16;
 
+/// Into how many parts batch norm splits each channel's sums over the samples (its statistics and
+/// parameter gradients; 1: a block a channel), and how many samples a part takes: as many parts
+/// as the convolutions' bias gradient takes for the same sizes ([`bias_grad_splits`]: the same
+/// sums over the same layout), fewer where that leaves a part empty, so every part holds a sample
+/// or more. It depends on the sizes alone, so a pass's bits do too.
+pub(crate) fn batch_norm_parts(g: &batch_norm::Geometry) -> (usize, usize) {
+    let chunk = g.batch.div_ceil(bias_grad_splits(g.channels, g.pixels, g.batch)).max(1);
+    (g.batch.div_ceil(chunk), chunk)
+}
+
+/// A pass's scratch of f32 values taken as f64 partial sums: its first `len / 2` f64 slots (a
+/// device allocation's start is 256-byte aligned).
+fn f64_scratch<'v>(scratch: &DevBuf<f32>) -> ViewMut<'v, f64> {
+    Raw::of(scratch).at_mut(0..scratch.len() / 2)
+}
+
 /// A batch-norm step's (μ, r) ranges in the activations: its saved values.
 fn batch_norm_saved(pass_plan: &crate::chain::Plan, step: &Step, capacity: usize, channels: usize) -> (Range<usize>, Range<usize>) {
     let saved = pass_plan.saved_values(step, capacity);
@@ -25,8 +42,9 @@ fn batch_norm_saved(pass_plan: &crate::chain::Plan, step: &Step, capacity: usize
 }
 
 /// A batch-norm step's forward: in training the batch's statistics (saved for the backward
-/// pass) and the running ones moved, then the normalisation; in inference the normalisation by
-/// the running statistics; then y = act(z) where the step has a y of its own.
+/// pass; summed in parts in the convolutions' lowered columns, free between their launches,
+/// where that is worth it) and the running ones moved, then the normalisation; in inference the
+/// normalisation by the running statistics; then y = act(z) where the step has a y of its own.
 pub(crate) fn batch_norm_forward(pass: &GpuForward, step: &Step, act: Activation, mode: Mode) -> Result<()> {
     let GpuForward { gpu, stream, plan, f, .. } = *pass;
     let g = batch_norm::Geometry::of(step, f.batch);
@@ -39,7 +57,8 @@ pub(crate) fn batch_norm_forward(pass: &GpuForward, step: &Step, act: Activation
     let (mean, inv) = match mode {
         Mode::Train => {
             let running = [buffers.at_mut(running_mean), buffers.at_mut(running_var), buffers.at_mut(count)];
-            gpu.batch_norm_stats(stream, &g, acts.at(x.clone()), acts.at_mut(mean.clone()), acts.at_mut(inv.clone()), running)?;
+            let (stats, partials) = ((acts.at_mut(mean.clone()), acts.at_mut(inv.clone())), Some(f64_scratch(f.cols)));
+            gpu.batch_norm_stats(stream, &g, acts.at(x.clone()), stats, running, partials)?;
             (acts.at(mean), acts.at(inv))
         }
         Mode::Infer => (buffers.at(running_mean), buffers.at(running_var)),
@@ -49,8 +68,9 @@ pub(crate) fn batch_norm_forward(pass: &GpuForward, step: &Step, act: Activation
     gpu.batch_norm_apply(stream, &g, acts.at(x), out, (mean, inv), affine, mode == Mode::Infer)
 }
 
-/// A batch-norm step's backward (after a training forward): its dz (unless written), dγ and dβ,
-/// then dx where needed.
+/// A batch-norm step's backward (after a training forward): its dz (unless written), dγ and dβ
+/// (summed in parts where that is worth it, in the convolutions' scratch of per-sample weight
+/// gradients, as their bias gradients are), then dx where needed.
 pub(crate) fn batch_norm_backward(pass: &mut GpuBackward, step: &Step, act: Activation) -> Result<()> {
     activation_backward(pass, step, act)?;
     let GpuBackward { gpu, stream, plan, f, b, need_dx, .. } = *pass;
@@ -60,15 +80,8 @@ pub(crate) fn batch_norm_backward(pass: &mut GpuBackward, step: &Step, act: Acti
     let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
     let (mean, inv) = batch_norm_saved(plan, step, f.capacity, g.channels);
     let stats = (acts.at(mean), acts.at(inv));
-    gpu.batch_norm_param_grads(
-        stream,
-        &g,
-        acts.at(x.clone()),
-        dacts.at(z.clone()),
-        stats,
-        grads.at_mut(weight.clone()),
-        grads.at_mut(bias.clone()),
-    )?;
+    let (inputs, param_grads) = ((acts.at(x.clone()), dacts.at(z.clone())), (grads.at_mut(weight.clone()), grads.at_mut(bias.clone())));
+    gpu.batch_norm_param_grads(stream, &g, inputs, stats, param_grads, Some(f64_scratch(b.partials)))?;
     if need_dx {
         let param_grads = (grads.at(weight.clone()), grads.at(bias));
         gpu.batch_norm_input_grad(stream, &g, acts.at(x.clone()), dacts.at(z), dacts.at_mut(x), stats, params.at(weight), param_grads)?;
@@ -171,15 +184,17 @@ pub(crate) fn fork_backward(pass: &mut GpuBackward, step: &Step, skip: usize) ->
 
 impl Gpu {
     /// `batch_norm_stats`: μ and r of each channel into `mean` and `inv`, and the running mean,
-    /// running variance and count moved (one block a channel).
+    /// running variance and count moved; one block a channel, or, where [`batch_norm_parts`]
+    /// splits the channels' sums and `partials` holds 2 × parts × channels values, a block a part
+    /// of a channel into `partials` and the parts added (two launches).
     pub(crate) fn batch_norm_stats(
         &self,
         stream: &CudaStream,
         g: &batch_norm::Geometry,
         x: View<f32>,
-        mean: ViewMut<f32>,
-        inv: ViewMut<f32>,
+        (mean, inv): (ViewMut<f32>, ViewMut<f32>),
         [running_mean, running_var, count]: [ViewMut<f32>; 3],
+        partials: Option<ViewMut<f64>>,
     ) -> Result<()> {
         let c = g.channels;
         assert!(x.len() >= g.batch * c * g.pixels, "batch_norm_stats: short x");
@@ -190,8 +205,21 @@ impl Gpu {
         let _ = int(g.batch * c * g.pixels)?;
         let (x, mean, inv, rm, rv, count) = (x.ptr(), mean.ptr(), inv.ptr(), running_mean.ptr(), running_var.ptr(), count.ptr());
         let (channels, pixels, batch, momentum, eps) = (int(c)?, int(g.pixels)?, int(g.batch)?, batch_norm::MOMENTUM, batch_norm::EPS);
-        let args = kernel_args![x, mean, inv, rm, rv, count, channels, pixels, batch, momentum, eps];
-        self.run_blocks(stream, Kernel::BatchNormStats, (channels as u32, 1), 0, args)
+        match (partials, batch_norm_parts(g)) {
+            (Some(partials), (parts, chunk)) if parts > 1 && partials.len() >= 2 * parts * c => {
+                // Σx of part k of channel c at sums[k·channels + c], its Σ(x − m_k)² as far on
+                let (sums, squares) = (partials.ptr(), partials.ptr() + (parts * c * size_of::<f64>()) as u64);
+                let (chunk, parts) = (int(chunk)?, int(parts)?);
+                let args = kernel_args![x, sums, squares, channels, pixels, batch, chunk];
+                self.run_blocks(stream, Kernel::BatchNormStatsSplit, (channels as u32, parts as u32), 0, args)?;
+                let args = kernel_args![sums, squares, mean, inv, rm, rv, count, channels, pixels, batch, chunk, parts, momentum, eps];
+                self.run_blocks(stream, Kernel::BatchNormStatsJoin, (blocks(c), 1), 0, args)
+            }
+            _ => {
+                let args = kernel_args![x, mean, inv, rm, rv, count, channels, pixels, batch, momentum, eps];
+                self.run_blocks(stream, Kernel::BatchNormStats, (channels as u32, 1), 0, args)
+            }
+        }
     }
 
     /// `batch_norm_apply`: z = ((x − μ)·r)·γ + β, (μ, r) from `stats` (the saved values), or
@@ -221,17 +249,17 @@ impl Gpu {
         self.run_blocks(stream, Kernel::BatchNormApply, (blocks(len), 1), 0, args)
     }
 
-    /// `batch_norm_param_grads`: dγ = Σ dy·x̂ and dβ = Σ dy per channel, overwritten.
-    #[allow(clippy::too_many_arguments)]
+    /// `batch_norm_param_grads`: dγ = Σ dy·x̂ and dβ = Σ dy per channel, overwritten; one block
+    /// a channel, or split in parts as [`Gpu::batch_norm_stats`] (`partials`: 2 × parts ×
+    /// channels values).
     pub(crate) fn batch_norm_param_grads(
         &self,
         stream: &CudaStream,
         g: &batch_norm::Geometry,
-        x: View<f32>,
-        dy: View<f32>,
+        (x, dy): (View<f32>, View<f32>),
         (mean, inv): (View<f32>, View<f32>),
-        dgamma: ViewMut<f32>,
-        dbeta: ViewMut<f32>,
+        (dgamma, dbeta): (ViewMut<f32>, ViewMut<f32>),
+        partials: Option<ViewMut<f64>>,
     ) -> Result<()> {
         let (c, len) = (g.channels, g.batch * g.channels * g.pixels);
         assert!(x.len() >= len && dy.len() >= len, "batch_norm_param_grads: short x or dy");
@@ -239,8 +267,21 @@ impl Gpu {
         let _ = int(len)?;
         let (x, dy, mean, inv, dgamma, dbeta) = (x.ptr(), dy.ptr(), mean.ptr(), inv.ptr(), dgamma.ptr(), dbeta.ptr());
         let (channels, pixels, batch) = (int(c)?, int(g.pixels)?, int(g.batch)?);
-        let args = kernel_args![x, dy, mean, inv, dgamma, dbeta, channels, pixels, batch];
-        self.run_blocks(stream, Kernel::BatchNormParamGrads, (channels as u32, 1), 0, args)
+        match (partials, batch_norm_parts(g)) {
+            (Some(partials), (parts, chunk)) if parts > 1 && partials.len() >= 2 * parts * c => {
+                // Σ dy of part k of channel c at sums[k·channels + c], its Σ dy·x̂ as far on
+                let (sums, sums_xhat) = (partials.ptr(), partials.ptr() + (parts * c * size_of::<f64>()) as u64);
+                let (chunk, parts) = (int(chunk)?, int(parts)?);
+                let args = kernel_args![x, dy, mean, inv, sums, sums_xhat, channels, pixels, batch, chunk];
+                self.run_blocks(stream, Kernel::BatchNormParamGradsSplit, (channels as u32, parts as u32), 0, args)?;
+                let args = kernel_args![sums, sums_xhat, dgamma, dbeta, channels, parts];
+                self.run_blocks(stream, Kernel::BatchNormParamGradsJoin, (blocks(c), 1), 0, args)
+            }
+            _ => {
+                let args = kernel_args![x, dy, mean, inv, dgamma, dbeta, channels, pixels, batch];
+                self.run_blocks(stream, Kernel::BatchNormParamGrads, (channels as u32, 1), 0, args)
+            }
+        }
     }
 
     /// `batch_norm_input_grad`: dx = (γ·r)·(dy − (dβ + x̂·dγ)/n), overwritten.

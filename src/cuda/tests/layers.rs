@@ -1,13 +1,181 @@
 //! The kernels of batch norm, layer norm, dropout and residual blocks against the CPU, where a
-//! model-level comparison (tests/gpu_layers.rs) would blur what went wrong: dropout's masks,
-//! which must be the CPU's bits, and the pass counter that moves them on.
+//! model-level comparison (tests/gpu_layers.rs) would blur what went wrong: batch norm's sums,
+//! one block a channel and in parts; dropout's masks, which must be the CPU's bits, and the pass
+//! counter that moves them on.
 
-use super::{download, upload};
+use super::{check, download, same_bits, upload};
 use crate::cuda::launch::{View, ViewMut};
+use crate::cuda::layers::batch_norm_parts;
 use crate::cuda::test_gpu;
+use crate::cuda::timing::time_calls;
+use crate::layers::batch_norm::{inv_std, Geometry, MOMENTUM};
 use crate::layers::dropout::Mask;
 use crate::layers::Draw;
 use crate::testutil::{poisoned, Rng};
+
+/// (channels, pixels, batch) and the parts `batch_norm_parts` splits each channel's sums into:
+/// 3 × 32 × 32 over 64 samples, 16 parts of 4; resnet_small's 16 × 32 × 32 at 8, 2 of 4; 10 of
+/// 100 samples, the last of 91; 6 parts asked for of 2 samples each, 5 made (none empty); a
+/// vector's features, 3 of 3000; then shapes of one block a channel.
+const BATCH_NORM_SHAPES: [(usize, usize, usize, usize); 8] = [
+    (3, 1024, 64, 16),
+    (16, 1024, 8, 2),
+    (6, 41, 991, 10),
+    (1, 2100, 10, 5),
+    (1, 1, 9000, 3),
+    (7, 13, 5, 1),
+    (10, 1, 1000, 1),
+    (4, 63, 32, 1),
+];
+
+/// Every part holds a sample or more, and the parts cover the batch: (parts − 1)·chunk < batch ≤
+/// parts·chunk.
+#[test]
+fn batch_norm_parts_cover_the_batch_and_none_is_empty() {
+    for (channels, pixels, batch, parts) in BATCH_NORM_SHAPES {
+        assert_eq!(batch_norm_parts(&Geometry { channels, pixels, batch }).0, parts, "{channels}x{pixels}x{batch}");
+    }
+    for channels in [1, 2, 3, 5, 16, 64, 300] {
+        for pixels in [1, 7, 100, 1024, 5000] {
+            for batch in [1, 2, 3, 10, 37, 64, 257, 1000, 4099] {
+                let (parts, chunk) = batch_norm_parts(&Geometry { channels, pixels, batch });
+                assert!(
+                    parts >= 1 && (parts - 1) * chunk < batch && batch <= parts * chunk,
+                    "{channels}x{pixels}x{batch}: {parts} of {chunk}"
+                );
+            }
+        }
+    }
+}
+
+/// The CPU's statistics of channel c (as `layers::batch_norm`: f64 sums in sample order, the
+/// variance about the mean): μ, r, and the running mean and variance moved from `running`.
+fn batch_norm_stats_cpu(g: &Geometry, x: &[f32], c: usize, running: (f32, f32)) -> [f32; 4] {
+    let values = || (0..g.batch).flat_map(move |s| &x[(s * g.channels + c) * g.pixels..][..g.pixels]).map(|&v| f64::from(v));
+    let n = g.n() as f64;
+    let mean = values().sum::<f64>() / n;
+    let squares: f64 = values().map(|v| (v - mean).powi(2)).sum();
+    let m = mean as f32;
+    let rm = (1.0 - MOMENTUM) * running.0 + MOMENTUM * m;
+    let rv = (1.0 - MOMENTUM) * running.1 + MOMENTUM * (squares / (n - 1.0)) as f32;
+    [m, inv_std((squares / n) as f32), rm, rv]
+}
+
+/// Batch norm's statistics and parameter gradients on the GPU against the CPU's f64 sums, one
+/// block a channel (no scratch) and in parts (with it) where the shape splits: values about
+/// 1000 with a spread of 1 (a variance taken as E[x²] − μ² in f32 would be lost); the running
+/// statistics and the count moved; nothing past the channels written; the parts' scratch
+/// poisoned; two runs the same bits; where the shape does not split, scratch or not the same
+/// bits.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn batch_norm_sums_in_parts_or_not_match_the_cpu() {
+    let gpu = test_gpu();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(8);
+    for (channels, pixels, batch, parts) in BATCH_NORM_SHAPES {
+        let g = Geometry { channels, pixels, batch };
+        let n = batch * channels * pixels;
+        let x: Vec<f32> = rng.uniform(n).iter().map(|v| 1000.0 + v).collect();
+        let (dy, running) = (rng.uniform(n), (rng.uniform(channels), rng.uniform(channels).iter().map(|v| 1.5 + v).collect::<Vec<_>>()));
+        let want: Vec<[f32; 4]> = (0..channels).map(|c| batch_norm_stats_cpu(&g, &x, c, (running.0[c], running.1[c]))).collect();
+        let column = |i: usize| want.iter().map(|w| w[i]).chain([f32::NAN]).collect::<Vec<f32>>();
+        // dγ = Σ dy·x̂ and dβ = Σ dy over each channel, x̂ = (x − μ)·r in f32, summed in f64
+        let (mean, inv) = (column(0), column(1));
+        let mut grads = vec![(0.0f64, 0.0f64); channels];
+        for (i, (&x, &dy)) in x.iter().zip(&dy).enumerate() {
+            let c = (i / pixels) % channels;
+            grads[c].0 += f64::from(dy) * f64::from((x - mean[c]) * inv[c]);
+            grads[c].1 += f64::from(dy);
+        }
+        let want_grads =
+            [0, 1].map(|i| grads.iter().map(|g| (if i == 0 { g.0 } else { g.1 }) as f32).chain([f32::NAN]).collect::<Vec<_>>());
+        let (xd, dyd, meand, invd) = (upload(&stream, &x), upload(&stream, &dy), upload(&stream, &mean), upload(&stream, &inv));
+        let scratch = || upload(&stream, &vec![f64::NAN; 2 * parts * channels]);
+        let stats = |split: bool| -> Vec<Vec<f32>> {
+            let (mut mean, mut inv) = (upload(&stream, &poisoned(channels + 1)), upload(&stream, &poisoned(channels + 1)));
+            let with_nan = |v: &[f32]| v.iter().copied().chain([f32::NAN]).collect::<Vec<_>>();
+            let (mut rm, mut rv) = (upload(&stream, &with_nan(&running.0)), upload(&stream, &with_nan(&running.1)));
+            let mut count = upload(&stream, &[5.0f32, f32::NAN]);
+            let mut partials = scratch();
+            let stats = (ViewMut::of(&mut mean), ViewMut::of(&mut inv));
+            let running = [ViewMut::of(&mut rm), ViewMut::of(&mut rv), ViewMut::of(&mut count)];
+            gpu.batch_norm_stats(&stream, &g, View::of(&xd), stats, running, split.then(|| ViewMut::of(&mut partials))).unwrap();
+            [mean, inv, rm, rv, count].iter().map(|buf| download(&stream, buf)).collect()
+        };
+        let param_grads = |split: bool| -> Vec<Vec<f32>> {
+            let (mut dgamma, mut dbeta) = (upload(&stream, &poisoned(channels + 1)), upload(&stream, &poisoned(channels + 1)));
+            let mut partials = scratch();
+            let (inputs, saved, out) =
+                ((View::of(&xd), View::of(&dyd)), (View::of(&meand), View::of(&invd)), (ViewMut::of(&mut dgamma), ViewMut::of(&mut dbeta)));
+            gpu.batch_norm_param_grads(&stream, &g, inputs, saved, out, split.then(|| ViewMut::of(&mut partials))).unwrap();
+            vec![download(&stream, &dgamma), download(&stream, &dbeta)]
+        };
+        let names = ["mean", "inv", "running mean", "running var", "count", "dgamma", "dbeta"];
+        let mut runs = Vec::new();
+        for split in [false, true] {
+            let got: Vec<Vec<f32>> = stats(split).into_iter().chain(param_grads(split)).collect();
+            let wanted = [column(0), column(1), column(2), column(3), vec![6.0, f32::NAN], want_grads[0].clone(), want_grads[1].clone()];
+            for ((name, got), want) in names.iter().zip(&got).zip(&wanted) {
+                check(&format!("batch norm {channels}x{pixels}x{batch}, {parts} parts, scratch {split}: {name}"), got, want, 1e-6, 2e-7);
+            }
+            let again: Vec<Vec<f32>> = stats(split).into_iter().chain(param_grads(split)).collect();
+            for ((name, a), b) in names.iter().zip(&got).zip(&again) {
+                same_bits(&format!("batch norm {channels}x{pixels}x{batch}, scratch {split}: {name}"), a, b);
+            }
+            runs.push(got);
+        }
+        if parts == 1 {
+            for ((name, a), b) in names.iter().zip(&runs[0]).zip(&runs[1]) {
+                same_bits(&format!("batch norm {channels}x{pixels}x{batch}, one block a channel with scratch or not: {name}"), a, b);
+            }
+        }
+    }
+}
+
+/// Times batch norm's statistics and parameter gradients, one block a channel against the sums
+/// in parts, at resnet_small's shape (16 × 32 × 32) at batches 8, 64 and 256 and at 3 × 32 × 32
+/// (a timing print, not a test: run with --ignored --nocapture).
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn batch_norm_times_in_parts_and_not() {
+    let gpu = test_gpu();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(6);
+    let len = 256 * 16 * 1024;
+    let (x, dy) = (upload(&stream, &rng.uniform(len)), upload(&stream, &rng.uniform(len)));
+    let (stats, partials) = (upload(&stream, &[1.0f32; 7 * 16]), upload(&stream, &[0.0f64; 4096]));
+    let (xp, dyp, sp, pp) = (View::of(&x).ptr(), View::of(&dy).ptr(), View::of(&stats).ptr(), View::of(&partials).ptr());
+    // SAFETY: views of live buffers that long, used only on this stream
+    let (v, vm) = (|p: u64, n: usize| unsafe { View::<f32>::from_raw(p, n) }, |p: u64, n: usize| unsafe { ViewMut::<f32>::from_raw(p, n) });
+    // the per-channel vectors of `stats`: μ, r, running mean, running variance, dγ, dβ, then the count
+    let at = |i: u64| sp + i * 16 * 4;
+    for (channels, batch) in [(16, 8), (16, 64), (16, 256), (3, 64)] {
+        let g = Geometry { channels, pixels: 1024, batch };
+        let n = batch * channels * 1024;
+        let scratch = |split: bool| {
+            // SAFETY: as v's
+            split.then(|| unsafe { ViewMut::<f64>::from_raw(pp, 4096) })
+        };
+        let time = |split: bool| {
+            let forward = || {
+                let running = [vm(at(2), 16), vm(at(3), 16), vm(at(6), 1)];
+                gpu.batch_norm_stats(&stream, &g, v(xp, n), (vm(at(0), 16), vm(at(1), 16)), running, scratch(split))
+            };
+            let backward = || {
+                let (inputs, saved, out) = ((v(xp, n), v(dyp, n)), (v(at(0), 16), v(at(1), 16)), (vm(at(4), 16), vm(at(5), 16)));
+                gpu.batch_norm_param_grads(&stream, &g, inputs, saved, out, scratch(split))
+            };
+            [time_calls(&gpu, &stream, true, &forward).unwrap(), time_calls(&gpu, &stream, true, &backward).unwrap()]
+        };
+        let ([one_stats, one_grads], [parts_stats, parts_grads]) = (time(false), time(true));
+        let parts = batch_norm_parts(&g).0;
+        println!(
+            "batch norm {channels}x32x32 batch {batch}: statistics {one_stats:8.2} us one block a channel, {parts_stats:8.2} us in \
+             {parts} parts; parameter gradients {one_grads:8.2} / {parts_grads:8.2} us"
+        );
+    }
+}
 
 /// The mask the kernel draws is the CPU's, bit for bit, forward and backward (in = dy), for
 /// several seeds, passes (past 2³² too), layers and probabilities, on odd lengths; inference

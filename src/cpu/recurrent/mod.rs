@@ -1,0 +1,200 @@
+//! The recurrent layers' time loops over one sample (the fast CPU path of `layers::recurrent`),
+//! written once over [`Lanes`](crate::cpu::vmath::lanes::Lanes) and compiled for AVX-512, for
+//! AVX2+FMA and portably, chosen at run time as the activations' kernels are. Every product is
+//! summed in an order fixed by the layer's sizes alone (fused multiply-adds) and the gates use the
+//! activations' kernels, so the three give the same bits; and one step of a batch of sequences is
+//! exactly one step of a stream (a stream's model runs this same code one step at a time), which
+//! the tests check.
+//!
+//! A GRU or LSTM step of one sample runs a vector of hidden units at a time (two panels of 16
+//! units at once with AVX-512), reading the packed weights (`layers::recurrent`): for each gate the
+//! recurrent product of those units, two chains of fused multiply-adds (h_{t−1}[j]·W_hhᵀ[j, ·] for
+//! the even j from b_hh, for the odd j from 0, then added: half the chain a small layer waits on),
+//! then the gates in registers, where the products are. An LSTM step of four samples or more
+//! computes one gate's vector of units for all of them at once (each weight vector loaded once for
+//! them), leaves the pre-activations in the kept gates, then computes the gates: the same sums in
+//! the same order, so the same bits. The backward pass likewise takes several samples at once
+//! through its product with W_hh.
+//!
+//! GRU (PyTorch's formula, the reset gate on the recurrent product and its bias):
+//!   r = σ(x_r + a_r), z = σ(x_z + a_z), n = tanh(r·a_n + x_n), h_t = n + z·(h_{t−1} − n)
+//! LSTM:
+//!   i = σ(x_i + a_i), f = σ(x_f + a_f), g = tanh(x_g + a_g), o = σ(x_o + a_o),
+//!   c_t = f·c_{t−1} + i·g (one rounding for the sum, fused), h_t = o·tanh(c_t)
+//! with x = W_ih·x_t + b_ih (the step's input products) and a = W_hh·h_{t−1} + b_hh.
+//!
+//! The files: `sequence` (a group's forward pass: the input products and the loop over steps),
+//! `cells` (one step of a GRU or an LSTM: the recurrent product and the gates), `backprop` (the
+//! backward pass through time: the gate gradients and the product with W_hh), `pack` (the
+//! weights' panels), and here the entry points compiled for each instruction set.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod backprop;
+mod cells;
+mod pack;
+mod sequence;
+#[cfg(test)]
+mod tests;
+
+#[cfg(target_arch = "x86_64")]
+use super::vmath::lanes::{Avx2, Avx512};
+use super::vmath::Isa;
+use crate::layers::recurrent::{Cell, Dims, Weights, LANES};
+use backprop::backward;
+pub(crate) use pack::pack_panels;
+use sequence::forward;
+
+/// One sample's part of a recurrent step's regions (see `layers::recurrent`): `x` (T × F) is
+/// read, the rest written (`state`'s initial values read first).
+pub(crate) struct Sample<'a> {
+    pub x: &'a [f32],
+    pub out: &'a mut [f32],
+    pub gates: &'a mut [f32],
+    pub hprev: &'a mut [f32],
+    pub state: &'a mut [f32],
+    /// Empty for a GRU.
+    pub cprev: &'a mut [f32],
+}
+
+impl Sample<'_> {
+    /// A sample of no values, which fills a group's unused places.
+    pub fn none() -> Self {
+        Sample { x: &[], out: &mut [], gates: &mut [], hprev: &mut [], state: &mut [], cprev: &mut [] }
+    }
+}
+
+/// One sample's values for the backward pass: what the forward pass kept, the gradient of the
+/// output, and the kept regions' twins in the gradient buffer, written.
+pub(crate) struct BackSample<'a> {
+    pub gates: &'a [f32],
+    pub hprev: &'a [f32],
+    pub state: &'a [f32],
+    pub cprev: &'a [f32],
+    pub dy: &'a [f32],
+    pub dgates: &'a mut [f32],
+    pub dhprev: &'a mut [f32],
+    pub dstate: &'a mut [f32],
+    pub dcprev: &'a mut [f32],
+}
+
+impl BackSample<'_> {
+    /// A sample of no values, which fills a group's unused places.
+    pub fn none() -> Self {
+        BackSample {
+            gates: &[],
+            hprev: &[],
+            state: &[],
+            cprev: &[],
+            dy: &[],
+            dgates: &mut [],
+            dhprev: &mut [],
+            dstate: &mut [],
+            dcprev: &mut [],
+        }
+    }
+}
+
+/// Most samples [`forward_group`] takes.
+pub(crate) const GROUP: usize = 12;
+
+/// The forward pass over a group of up to [`GROUP`] samples (independent sequences), with the
+/// weights in the packed layout: the outputs (and, with `keep`, every step's gates) and the final
+/// states. A step takes several samples at once where the registers allow (with AVX-512, four of
+/// a GRU's, three of an LSTM's), each weight vector loaded once for all of them; each sample's
+/// values are summed in the same order whatever the group.
+pub(crate) fn forward_group(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+    debug_assert!(group.len() <= GROUP);
+    match Isa::best() {
+        Isa::Portable => portable::forward(d, w, group, keep),
+        // SAFETY: this CPU has the instruction set (`Isa::best` checked).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::forward(d, w, group, keep) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::forward(d, w, group, keep) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => unreachable!("available only on x86_64"),
+    }
+}
+
+/// The backward pass through a group of up to [`GROUP`] samples' steps, from the last to the
+/// first: every step's gate gradients, and ∂L/∂h_{t−1} (∂L/∂c_{t−1}) for each. `rows`: W_hh with
+/// rows padded (G·H × padded). Each sample's values are summed in the same order whatever the
+/// group.
+pub(crate) fn backward_group(d: &Dims, rows: &[f32], group: &mut [BackSample]) {
+    debug_assert!(group.len() <= GROUP);
+    match Isa::best() {
+        Isa::Portable => backward::<f32, 16>(d, rows, group),
+        // SAFETY: this CPU has the instruction set (`Isa::best` checked).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::backward(d, rows, group) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::backward(d, rows, group) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => unreachable!("available only on x86_64"),
+    }
+}
+
+// Everything in `sequence`, `cells` and `backprop` is `#[inline(always)]` down to the lanes'
+// intrinsics and uses no closures, so that it is compiled inside the `#[target_feature]` entry
+// points below (see `vmath`).
+
+/// Units a panel of the packed weights holds.
+const PANEL: usize = LANES;
+
+/// The loops compiled for one instruction set.
+macro_rules! instantiate {
+    ($name:ident, $lanes:ty, $vpp:literal, $features:literal) => {
+        mod $name {
+            use super::*;
+
+            #[target_feature(enable = $features)]
+            pub(super) fn forward(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+                if d.cell == Cell::Lstm {
+                    lstm(d, w, group, keep)
+                } else {
+                    gru(d, w, group, keep)
+                }
+            }
+
+            // (each cell's loops a function of their own, so that the LSTM's tiles do not shape
+            // the code of the GRU's loops, which was slower when compiled beside them)
+            #[target_feature(enable = $features)]
+            #[inline(never)]
+            fn lstm(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+                super::forward::<$lanes, $vpp, true>(d, w, group, keep)
+            }
+
+            #[target_feature(enable = $features)]
+            #[inline(never)]
+            fn gru(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+                super::forward::<$lanes, $vpp, false>(d, w, group, keep)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) fn backward(d: &Dims, rows: &[f32], group: &mut [BackSample]) {
+                super::backward::<$lanes, $vpp>(d, rows, group)
+            }
+        }
+    };
+}
+
+/// The loops compiled portably.
+mod portable {
+    use super::*;
+
+    pub(super) fn forward(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+        if d.cell == Cell::Lstm {
+            super::forward::<f32, 16, true>(d, w, group, keep)
+        } else {
+            super::forward::<f32, 16, false>(d, w, group, keep)
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+instantiate!(avx2, Avx2, 2, "avx2,fma");
+#[cfg(target_arch = "x86_64")]
+instantiate!(avx512, Avx512, 1, "avx512f");

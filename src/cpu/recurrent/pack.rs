@@ -1,0 +1,79 @@
+//! The recurrent weights' panels (the packed layout of `layers::recurrent`).
+
+use super::PANEL;
+
+/// `w` (gates·hidden × rows, PyTorch's layout) into `panels` in the packed layout
+/// (`layers::recurrent::panel_at`: for each panel of 16 units, each row j and each gate, the 16
+/// units' values, 0 past `hidden`). Blocks of 8 units by 8 rows are transposed in registers (AVX)
+/// where the CPU has it; the rest one value at a time.
+pub(crate) fn pack_panels(gates: usize, hidden: usize, rows: usize, w: &[f32], panels: &mut [f32]) {
+    assert!(
+        w.len() >= gates * hidden * rows && panels.len() >= hidden.div_ceil(PANEL) * rows * gates * PANEL,
+        "pack_panels: short buffers"
+    );
+    #[cfg(target_arch = "x86_64")]
+    let avx = crate::cpu::has_avx2_fma();
+    for q in 0..hidden.div_ceil(PANEL) {
+        for gate in 0..gates {
+            // W[gate·H + 16q + lane, j] goes to panels[((q·rows + j)·gates + gate)·16 + lane]
+            let src = (gate * hidden + q * PANEL) * rows;
+            let dst = (q * rows * gates + gate) * PANEL;
+            for lane0 in (0..PANEL).step_by(8) {
+                for j0 in (0..rows).step_by(8) {
+                    let whole = q * PANEL + lane0 + 8 <= hidden && j0 + 8 <= rows;
+                    #[cfg(target_arch = "x86_64")]
+                    if whole && avx {
+                        // SAFETY: the CPU has AVX (checked above); the 8×8 block lies inside `w`
+                        // (rows gate·H + 16q + lane0 … + 7 < gates·H, columns j0 … j0 + 7 < rows)
+                        // and inside `panels` (asserted sizes above).
+                        unsafe {
+                            transpose8(
+                                w.as_ptr().add(src + lane0 * rows + j0),
+                                rows,
+                                panels.as_mut_ptr().add(dst + j0 * gates * PANEL + lane0),
+                                gates * PANEL,
+                            )
+                        };
+                        continue;
+                    }
+                    for lane in lane0..lane0 + 8 {
+                        let unit = q * PANEL + lane;
+                        for j in j0..(j0 + 8).min(rows) {
+                            panels[dst + j * gates * PANEL + lane] = if unit < hidden { w[src + lane * rows + j] } else { 0.0 };
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// dst[c·ld_dst + r] = src[r·ld_src + c] for r, c < 8: an 8×8 block transposed in registers.
+///
+/// # Safety
+/// The CPU has AVX; `src` points to 8 rows of 8 readable values `ld_src` apart, `dst` to 8 rows of
+/// 8 writable values `ld_dst` apart, not overlapping them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose8(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract: every load reads a row of 8 values of `src`, every store
+    // writes a row of 8 of `dst`; this function enables the AVX that transpose8x8 needs.
+    unsafe {
+        let row = |i: usize| src.add(i * ld_src);
+        let r = [
+            _mm256_loadu_ps(row(0)),
+            _mm256_loadu_ps(row(1)),
+            _mm256_loadu_ps(row(2)),
+            _mm256_loadu_ps(row(3)),
+            _mm256_loadu_ps(row(4)),
+            _mm256_loadu_ps(row(5)),
+            _mm256_loadu_ps(row(6)),
+            _mm256_loadu_ps(row(7)),
+        ];
+        let c = crate::cpu::gemm::transpose8x8(r);
+        for (i, &v) in c.iter().enumerate() {
+            _mm256_storeu_ps(dst.add(i * ld_dst), v);
+        }
+    }
+}

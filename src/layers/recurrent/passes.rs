@@ -1,0 +1,256 @@
+//! The fast CPU passes of a recurrent step over a batch: the samples' time loops on the threads
+//! of the pool (`cpu::recurrent`), then, backward, the weight, bias and input gradients over all
+//! B·T steps at once as products.
+
+use super::packed::{pack, pack_rows, Weights};
+use super::{Cell, Dims, CPREV, GATES, HPREV, STATE};
+use crate::chain::Step;
+use crate::cpu::gemm::{sgemm, Mat, MatMut};
+use crate::cpu::recurrent::{backward_group, forward_group, BackSample, Sample, GROUP};
+use crate::cpu::{for_chunks, SharedMut};
+use crate::layers::kind::Mode;
+use crate::layers::{BackPass, Pass};
+use std::ops::Range;
+
+/// The regions of a recurrent step for a batch: (x, out, gates, hprev, state, cprev; an empty
+/// range for a GRU's cprev).
+struct Regions {
+    x: Range<usize>,
+    out: Range<usize>,
+    gates: Range<usize>,
+    hprev: Range<usize>,
+    state: Range<usize>,
+    cprev: Range<usize>,
+}
+
+impl Regions {
+    fn of(d: &Dims, step: &Step, region: impl Fn(usize) -> Range<usize>) -> Regions {
+        let kept = |i: usize| region(step.kept.start + i);
+        let cprev = if d.cell == Cell::Lstm { kept(CPREV) } else { 0..0 };
+        Regions {
+            x: region(step.input_region),
+            out: region(step.output_region),
+            gates: kept(GATES),
+            hprev: kept(HPREV),
+            state: kept(STATE),
+            cprev,
+        }
+    }
+}
+
+/// Sample `s`'s part of `range`, `len` values a sample.
+fn part(range: &Range<usize>, s: usize, len: usize) -> Range<usize> {
+    let start = range.start + s * len;
+    start..start + len
+}
+
+/// The fast forward: the samples' sequences on the threads of the pool (they are independent),
+/// a group of them at a time: the input products of all their steps first, then one step after
+/// another (`cpu::recurrent`).
+pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
+    let r = Regions::of(d, step, |i| pass.region(i));
+    let params = &pass.params[step.params.clone()];
+    let weights = if d.packed {
+        Weights::of(d, params)
+    } else {
+        let packed = &mut pass.ws.rnn[..d.packed_len()];
+        pack(d, params, packed);
+        Weights::of(d, packed)
+    };
+    let (t, f, p) = (d.steps, d.features, d.padded);
+    let keep = mode == Mode::Train;
+    let acts = SharedMut::new(&mut *pass.acts);
+    let sample = |s: usize| {
+        // SAFETY: the step's regions are distinct, and sample s's part of each is its own (each
+        // sample is taken once, by the one task whose chunk holds it).
+        unsafe {
+            Sample {
+                x: acts.slice(part(&r.x, s, t * f)),
+                out: acts.slice(part(&r.out, s, d.out_len())),
+                gates: acts.slice(part(&r.gates, s, t * d.row())),
+                hprev: acts.slice(part(&r.hprev, s, t * p)),
+                state: acts.slice(part(&r.state, s, d.state_len())),
+                cprev: acts.slice(part(&r.cprev, s, if r.cprev.is_empty() { 0 } else { t * p })),
+            }
+        }
+    };
+    for_chunks(pass.pool, pass.batch, 1, &|_, samples| {
+        for first in samples.clone().step_by(GROUP) {
+            let n = GROUP.min(samples.end - first);
+            if n == 1 {
+                // (a stream's usual call: no group to fill)
+                forward_group(d, &weights, &mut [sample(first)], keep);
+                continue;
+            }
+            let mut group: [Sample; GROUP] = std::array::from_fn(|i| if i < n { sample(first + i) } else { Sample::none() });
+            forward_group(d, &weights, &mut group[..n], keep);
+        }
+    });
+}
+
+/// The fast backward (through time): the samples' steps from the last to the first on the threads
+/// of the pool, a group of them in lockstep at a time (`cpu::recurrent`), which leaves every
+/// step's gate gradients in the gates' twin; then the weight gradients, the bias gradients and
+/// (with `need_dx`) the input gradient over all B·T steps at once, as products.
+pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass, need_dx: bool) {
+    let r = Regions::of(d, step, |i| pass.region(i));
+    let params = &pass.params[step.params.clone()];
+    let rows = &mut pass.ws.rnn[..d.rows_len()];
+    pack_rows(d, params, rows);
+    let rows = &*rows;
+    let (t, p) = (d.steps, d.padded);
+    let (acts, dacts) = (pass.acts, SharedMut::new(&mut *pass.dacts));
+    let sample = |s: usize| BackSample {
+        gates: &acts[part(&r.gates, s, t * d.row())],
+        hprev: &acts[part(&r.hprev, s, t * p)],
+        state: &acts[part(&r.state, s, d.state_len())],
+        cprev: &acts[part(&r.cprev, s, if r.cprev.is_empty() { 0 } else { t * p })],
+        // SAFETY: the output's gradient is read, the kept regions' twins written: distinct
+        // regions, and sample s's part of each is its own (each sample is taken once, by the one
+        // task whose chunk holds it).
+        dy: unsafe { dacts.slice(part(&r.out, s, d.out_len())) },
+        // SAFETY: as above.
+        dgates: unsafe { dacts.slice(part(&r.gates, s, t * d.row())) },
+        // SAFETY: as above.
+        dhprev: unsafe { dacts.slice(part(&r.hprev, s, t * p)) },
+        // SAFETY: as above.
+        dstate: unsafe { dacts.slice(part(&r.state, s, d.state_len())) },
+        // SAFETY: as above.
+        dcprev: unsafe { dacts.slice(part(&r.cprev, s, if r.cprev.is_empty() { 0 } else { t * p })) },
+    };
+    for_chunks(pass.pool, pass.batch, 1, &|_, samples| {
+        for first in samples.clone().step_by(GROUP) {
+            let n = GROUP.min(samples.end - first);
+            let mut group: [BackSample; GROUP] = std::array::from_fn(|i| if i < n { sample(first + i) } else { BackSample::none() });
+            backward_group(d, rows, &mut group[..n]);
+        }
+    });
+    let (acts, dacts) = (pass.acts, &mut *pass.dacts);
+    let (dx_all, rest) = dacts.split_at_mut(r.gates.start);
+    let dg = &rest[..r.gates.len()];
+    let m = pass.batch * t;
+    let (g, f, h, row) = (d.gates(), d.features, d.hidden, d.row());
+    let grads = &mut pass.grads[step.params.clone()];
+    let (dw_ih, rest) = grads.split_at_mut(g * h * f);
+    let (dw_hh, rest) = rest.split_at_mut(g * h * h);
+    let (db_ih, db_hh) = rest.split_at_mut(g * h);
+    let (x, hprev) = (&acts[r.x.clone()], &acts[r.hprev.clone()]);
+    let gemm = &mut pass.ws.gemm;
+    // a gate's gradients over the B·T steps: H × m, element (u, row) at dg[row·4p + block·p + u]
+    let dg_t = |block: usize| Mat { data: &dg[block * p..], rs: 1, cs: row };
+    for (gate, &block) in d.cell.input_blocks().iter().enumerate() {
+        // dW_ih,g (H × F) = dg_gᵀ · X (m × F)
+        let dw = MatMut { data: &mut dw_ih[gate * h * f..][..h * f], rs: f, cs: 1 };
+        sgemm(pass.pool, gemm, h, f, m, 1.0, dg_t(block), Mat { data: x, rs: f, cs: 1 }, 0.0, dw);
+    }
+    for (gate, &block) in d.cell.hidden_blocks().iter().enumerate() {
+        // dW_hh,g (H × H) = dg_gᵀ · H_prev (m × H, rows of `padded`)
+        let dw = MatMut { data: &mut dw_hh[gate * h * h..][..h * h], rs: h, cs: 1 };
+        sgemm(pass.pool, gemm, h, h, m, 1.0, dg_t(block), Mat { data: hprev, rs: p, cs: 1 }, 0.0, dw);
+    }
+    column_sums(d, d.cell.input_blocks(), dg, m, db_ih);
+    column_sums(d, d.cell.hidden_blocks(), dg, m, db_hh);
+    if need_dx {
+        // dX (m × F) = Σ_g dg_g (m × H) · W_ih,g (H × F)
+        let w_ih = &params[..g * h * f];
+        let dx = &mut dx_all[r.x.clone()];
+        for (gate, &block) in d.cell.input_blocks().iter().enumerate() {
+            let a = Mat { data: &dg[block * p..], rs: row, cs: 1 };
+            let b = Mat { data: &w_ih[gate * h * f..], rs: f, cs: 1 };
+            let beta = if gate == 0 { 0.0 } else { 1.0 };
+            sgemm(pass.pool, gemm, m, f, h, 1.0, a, b, beta, MatMut { data: &mut dx[..], rs: f, cs: 1 });
+        }
+    }
+}
+
+/// db[g·H + u] = Σ over the m steps of dg[row·4p + blocks[g]·p + u], row by row in order.
+fn column_sums(d: &Dims, blocks: &[usize], dg: &[f32], m: usize, db: &mut [f32]) {
+    let (h, p) = (d.hidden, d.padded);
+    db.fill(0.0);
+    for row in dg[..m * d.row()].chunks_exact(d.row()) {
+        for (db, &block) in db.chunks_exact_mut(h).zip(blocks) {
+            db.iter_mut().zip(&row[block * p..][..h]).for_each(|(s, &v)| *s += v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chain::{Chain, Shape};
+    use crate::layers::recurrent::{dims, RnnOutput};
+    use crate::loss::Loss;
+    use crate::testutil::rel_err;
+    use safetensors::SafeTensors;
+
+    fn values(file: &SafeTensors, name: &str) -> Vec<f32> {
+        let view = file.tensor(name).unwrap_or_else(|e| panic!("the fixture has no tensor {name}: {e}"));
+        view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+
+    /// The input's gradient of PyTorch's model in tests/fixtures/recurrent_{kind}.safetensors (see
+    /// tests/parity_recurrent.rs, which checks the rest through the public API): the model's
+    /// backward pass, then its first layer's again with the input's gradient asked for.
+    fn input_gradient_matches_pytorch(kind: &str, chain: Chain) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/recurrent_{kind}.safetensors"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!("{}: {e}: make it with `python3 tests/fixtures/make_recurrent.py` (torch and safetensors)", path.display())
+        });
+        let file = SafeTensors::deserialize(&bytes).unwrap();
+        let mut model = chain.build().unwrap().with_threads(1).unwrap();
+        let plan = model.plan.clone();
+        for step in &plan.steps {
+            for t in &step.tensors {
+                model.params[t.range.clone()].copy_from_slice(&values(&file, &format!("{}.{}", step.module, t.name)));
+            }
+        }
+        let (mut fwd, mut bwd) = (model.preallocate(2).unwrap(), model.preallocate_grads(2).unwrap());
+        for layer in 0..2 {
+            let (h, c) = (
+                values(&file, &format!("h0.{layer}")),
+                file.tensor(&format!("c0.{layer}")).ok().map(|_| values(&file, &format!("c0.{layer}"))),
+            );
+            let n = h.len() / 2;
+            let state: Vec<f32> = (0..2)
+                .flat_map(|s| h[s * n..][..n].iter().chain(c.as_deref().map_or(&[][..], |c| &c[s * n..][..n])).copied().collect::<Vec<_>>())
+                .collect();
+            fwd.set_state(layer, &state).unwrap();
+        }
+        fwd.set_inputs(&values(&file, "x")).unwrap();
+        fwd.set_targets(&values(&file, "target")).unwrap();
+        model.backprop(&mut bwd, &mut fwd, Loss::Mse).unwrap();
+        let step = &plan.steps[0];
+        let mut pass = BackPass {
+            plan: &plan,
+            index: 0,
+            params: &model.params,
+            acts: &fwd.acts,
+            dacts: &mut bwd.dacts,
+            grads: &mut bwd.grads,
+            capacity: 2,
+            batch: 2,
+            pool: &model.pool,
+            ws: &mut fwd.ws,
+            gws: &mut bwd.gws,
+            // (no dropout here)
+            draw: crate::layers::Draw { seed: 0, pass: 0, replica: 0 },
+        };
+        backward(&dims(step).unwrap(), step, &mut pass, true);
+        let dx = &bwd.dacts[crate::layers::region(&plan, 0, 2, 2)];
+        let err = rel_err(dx, &values(&file, "grad.x"));
+        println!("{kind}: d loss / d x rel err {err:.1e}");
+        assert!(err <= 1e-5, "{kind}: d loss / d x differs from PyTorch's by {err:e}");
+    }
+
+    #[test]
+    fn gru_input_gradient_matches_pytorch() {
+        let chain = Chain::new(Shape::sequence(4, 3)).gru(5, RnnOutput::Sequence).gru(4, RnnOutput::LastStep).dense(3, crate::Identity);
+        input_gradient_matches_pytorch("gru", chain);
+    }
+
+    #[test]
+    fn lstm_input_gradient_matches_pytorch() {
+        let chain = Chain::new(Shape::sequence(4, 3)).lstm(5, RnnOutput::Sequence).lstm(4, RnnOutput::LastStep).dense(3, crate::Identity);
+        input_gradient_matches_pytorch("lstm", chain);
+    }
+}
