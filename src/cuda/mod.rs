@@ -28,6 +28,8 @@ mod ops;
 pub(crate) mod pinned;
 pub(crate) mod recurrent;
 pub(crate) mod rendezvous;
+mod rnn_cudnn;
+mod rnn_dnn;
 pub(crate) mod serve;
 pub(crate) mod state;
 #[cfg(test)]
