@@ -492,7 +492,11 @@ impl Inner {
         let step = &s.plan.steps[index];
         let m = match measured(&key) {
             Some(m) => m,
-            None => remember(key, self.measure(i, layer, &ctx, step, &d, s.options.graphs)?),
+            None => match self.measure(i, layer, &ctx, step, &d, s.options.graphs)? {
+                Some(m) => remember(key, m),
+                // not measured: nothing kept for other caches, which may have what this one lacks
+                None => Measured { own_us: f32::NAN, cudnn_us: f32::NAN, cudnn_ok: false, note: self.unavailable(training) },
+            },
         };
         let mut use_cudnn = m.cudnn_ok && (mode().0 == DnnMode::Cudnn || m.cudnn_us < m.own_us);
         if let (true, Some(route)) = (use_cudnn, self.route_of(layer, i, training)) {
@@ -519,14 +523,12 @@ impl Inner {
     }
 
     /// Times the per-step route (unless `FLATNN_CUDNN=1`) and cuDNN's for layer `i` in the mode
-    /// of `ctx` (a training step's forward and backward together), as a step runs them.
-    fn measure(&self, i: usize, layer: &LayerSetup, ctx: &Ctx, step: &Step, d: &Dims, graphs: bool) -> Result<Measured> {
+    /// of `ctx` (a training step's forward and backward together), as a step runs them; None
+    /// where this cache has no cuDNN route for the layer (its note, or `unavailable`, says why).
+    fn measure(&self, i: usize, layer: &LayerSetup, ctx: &Ctx, step: &Step, d: &Dims, graphs: bool) -> Result<Option<Measured>> {
         let training = ctx.b.is_some();
         let mut m = Measured { own_us: f32::NAN, cudnn_us: f32::NAN, cudnn_ok: false, note: String::new() };
-        let Some(route) = self.route_of(layer, i, training) else {
-            m.note = self.unavailable(i, training);
-            return Ok(m);
-        };
+        let Some(route) = self.route_of(layer, i, training) else { return Ok(None) };
         self.states_kept(ctx, step, d, || {
             if mode().0 == DnnMode::Auto {
                 let own = || {
@@ -550,15 +552,14 @@ impl Inner {
             }
             Ok(())
         })?;
-        Ok(m)
+        Ok(Some(m))
     }
 
-    /// Why layer `i` has no cuDNN route for the mode, where its setup has descriptors.
-    fn unavailable(&self, i: usize, training: bool) -> String {
-        let Some(bufs) = &self.bufs else { return "no buffers".into() };
-        match (&bufs.layers[i], &bufs.train) {
-            (Err(why), _) => why.clone(),
-            (Ok(_), Some(Err(why))) if training => why.clone(),
+    /// Why a layer has no cuDNN route for the mode beyond what its setup's note says: the
+    /// training buffers could not be had.
+    fn unavailable(&self, training: bool) -> String {
+        match self.bufs.as_ref().and_then(|b| b.train.as_ref()) {
+            Some(Err(why)) if training => why.clone(),
             _ => String::new(),
         }
     }
