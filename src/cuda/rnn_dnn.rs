@@ -351,6 +351,8 @@ impl Inner {
     fn layer_bufs(&self, d: &Dims, capacity: usize, tf32: bool, work_len: &mut usize) -> std::result::Result<LayerBufs, String> {
         // the sizes at the capacity, with either math type (a cache may serve models of both)
         let (mut weights_len, mut reserve_len) = (None, 0usize);
+        // cuDNN's first RNN calls load its library of RNN kernels
+        let exclusive = device_wide();
         for tf32 in [tf32, !tf32] {
             let descs = Descs::new(&self.handle, d, capacity, tf32)?;
             let space = descs.weight_space(&self.handle).map_err(|e| e.to_string())?;
@@ -363,6 +365,7 @@ impl Inner {
                 reserve_len = reserve_len.max(reserve);
             }
         }
+        drop(exclusive);
         let cells = if d.cell == Cell::Lstm { 3 } else { 1 };
         let states = times(capacity, cells * d.hidden)?;
         let seq = match d.output {
@@ -411,7 +414,10 @@ impl Inner {
 
     /// A new setup for (batch, tf32), nothing measured yet; its index.
     fn add_setup(&mut self, plan: &Plan, batch: usize, tf32: bool) -> usize {
+        // (as in `layer_bufs`; nothing here allocates device memory)
+        let exclusive = device_wide();
         let layers = (0..self.layers.len()).map(|i| self.layer_setup(plan, i, batch, tf32)).collect();
+        drop(exclusive);
         let setup = Setup { batch, tf32, layers };
         if self.setups.len() < SLOTS {
             self.setups.push(setup);
