@@ -685,9 +685,9 @@ impl Route<'_> {
         for run in &self.layer.runs {
             let bytes = run.len * size_of::<f32>();
             debug_assert!(run.param + run.len <= step.params.end && run.space + bytes <= self.bufs.weights.len());
+            let (to, from) = (weights + run.space as u64, params + (run.param * size_of::<f32>()) as u64);
             // SAFETY: `len` values inside the parameters and inside the weight space (checked
             // when the runs were made from cuDNN's offsets), queued in the stream's order.
-            let (to, from) = (weights + run.space as u64, params + (run.param * size_of::<f32>()) as u64);
             unsafe { driver::memcpy_dtod_async(to, from, bytes, stream.cu_stream()) }
                 .map_err(|e| driver_error("copying a recurrent layer's weights for cuDNN", e))?;
         }
