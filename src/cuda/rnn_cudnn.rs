@@ -13,7 +13,7 @@
 
 use super::cudnn::{cudnn_error, cudnn_version, Handle};
 use super::guarded_result;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layers::recurrent::{Cell, Dims};
 use cudarc::cudnn::result::CudnnError;
 use cudarc::cudnn::sys;
@@ -219,14 +219,11 @@ impl Descs {
                     let at = (addr as u64).checked_sub(space).map(|b| b as usize);
                     match at {
                         Some(at) if at % size_of::<f32>() == 0 && at + len * size_of::<f32>() <= space_len => Ok(at),
-                        _ => Err(cudnn_error(
-                            &format!("linear layer {id} lies outside its weight space"),
-                            CudnnError(sys::cudnnStatus_t::CUDNN_STATUS_INTERNAL_ERROR),
-                        )),
+                        _ => Err(Error::Cuda { what: format!("cuDNN: linear layer {id} lies outside its weight space") }),
                     }
                 };
                 if m_len != d.hidden * inputs || b_len != d.hidden {
-                    return Err(crate::error::Error::Cuda {
+                    return Err(Error::Cuda {
                         what: format!(
                             "cuDNN: linear layer {id} holds {m_len} weights and {b_len} biases where PyTorch's gate has {} and {}",
                             d.hidden * inputs,
