@@ -807,6 +807,49 @@ fn note(notes: &mut String, training: bool, what: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chain::{Chain, Shape};
+
+    /// cuDNN's linear layers laid out as PyTorch's tensors (the matrices of both sides, then the
+    /// biases of both sides) give one copy of the whole layer; laid out otherwise, copies that
+    /// take every parameter once, each gate's part to where cuDNN keeps it.
+    #[test]
+    fn runs_put_each_gate_where_cudnn_keeps_it() {
+        for (chain, hidden, features) in [
+            (Chain::new(Shape::sequence(5, 3)).gru(4, RnnOutput::Sequence), 4, 3),
+            (Chain::new(Shape::sequence(2, 7)).lstm(5, RnnOutput::LastStep), 5, 7),
+        ] {
+            let model = chain.build().unwrap();
+            let step = &model.plan.steps[0];
+            let d = dims(step).unwrap();
+            let (g, h, f) = (d.gates(), hidden, features);
+            let matrix = |id: usize| if id < g { id * h * f } else { g * h * f + (id - g) * h * h };
+            let len = |id: usize| h * if id < g { f } else { h };
+            let bias = |id: usize| g * h * (f + h) + id * h;
+            let pytorch: Vec<[usize; 4]> = (0..2 * g).map(|id| [matrix(id) * 4, len(id), bias(id) * 4, h]).collect();
+            assert_eq!(runs(step, &d, &pytorch), vec![Run { param: step.params.start, space: 0, len: step.params.len() }]);
+            // each gate's matrix then its bias, the gates in reverse order
+            let mut at = 0;
+            let mut other = vec![[0; 4]; 2 * g];
+            for id in (0..2 * g).rev() {
+                other[id] = [at * 4, len(id), (at + len(id)) * 4, h];
+                at += len(id) + h;
+            }
+            let mut seen = vec![0; step.params.len()];
+            for r in runs(step, &d, &other) {
+                for k in 0..r.len {
+                    let param = r.param + k - step.params.start;
+                    seen[param] += 1;
+                    // the same value on both sides: where PyTorch keeps it, where cuDNN does
+                    let id = (0..2 * g)
+                        .find(|&id| (matrix(id)..matrix(id) + len(id)).contains(&param) || (bias(id)..bias(id) + h).contains(&param))
+                        .unwrap();
+                    let want = if param >= bias(0) { other[id][2] / 4 + param - bias(id) } else { other[id][0] / 4 + param - matrix(id) };
+                    assert_eq!(r.space / 4 + k, want, "parameter {param}");
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
+        }
+    }
 
     #[test]
     fn runs_merge_where_both_sides_are_contiguous() {
