@@ -28,6 +28,9 @@ mod ops;
 pub(crate) mod pinned;
 pub(crate) mod recurrent;
 pub(crate) mod rendezvous;
+mod rnn_cudnn;
+mod rnn_dnn;
+mod rnn_route;
 pub(crate) mod serve;
 pub(crate) mod state;
 #[cfg(test)]
