@@ -8,12 +8,12 @@
 //! A cache with recurrent layers owns one cuDNN handle for them, bound to the stream of the model
 //! using the cache. At its first step (or forward call) it allocates, for its capacity, per layer:
 //! cuDNN's weight space, the packed states (h₀, and an LSTM's c₀ and c_T: cuDNN takes and gives
-//! states packed, flatnn keeps them in each sample's state row), the sequence output of a layer
-//! that outputs the last step alone (cuDNN writes every step's h), and the sequence lengths
-//! cuDNN reads on the device; and one work space for all layers, the largest any needs at the
-//! capacity. At its first training step: per layer the reserve space and the weight gradients'
-//! space, and zeros for the sequence gradient of a last-step layer. Nothing is allocated in a
-//! step. Where any of it cannot be had, the layers concerned take the per-step route.
+//! states packed, flatnn keeps them in each sample's state row), x and y sequence-major (cuDNN's
+//! layout; flatnn's is batch-first), and the sequence lengths cuDNN reads on the device; and one
+//! work space for all layers, the largest any needs at the capacity. At its first training step:
+//! per layer the reserve space and the weight gradients' space, and for all layers in turn the
+//! sequence-major dx and dy, and zeros for the sequence gradient of a last-step layer. Nothing is
+//! allocated in a step. Where any of it cannot be had, the layers concerned take the per-step route.
 //!
 //! A cuDNN descriptor carries the batch, so for each (batch, TF32) that runs, the first time it
 //! does (before its graph is captured), a [`Setup`] is made: per layer its descriptors, where
@@ -36,7 +36,7 @@ use super::dnn::{mode, Mode as DnnMode, StepRun};
 use super::exec::Raw;
 use super::recurrent::{backward_steps, forward_steps, Ctx};
 use super::rnn_cudnn::{rnn_functions_present, Descs};
-use super::rnn_route::{runs, LayerBufs, LayerTrain, Route, Run};
+use super::rnn_route::{runs, LayerBufs, LayerTrain, Route, Run, Scratch};
 use super::timing::time_calls;
 use super::{device_wide, driver_error, guarded_result};
 use crate::chain::{Plan, Step};
@@ -93,8 +93,7 @@ struct Bufs {
 struct TrainBufs {
     /// Per recurrent layer (None for a layer that has no `LayerBufs`).
     layers: Vec<Option<LayerTrain>>,
-    /// Zeros, the sequence gradient of every last-step layer.
-    zeros: DevBuf<f32>,
+    scratch: Scratch,
 }
 
 /// One mode of one layer: which route runs it, and what was measured to decide.
@@ -325,17 +324,15 @@ impl Inner {
         drop(exclusive);
         let cells = if d.cell == Cell::Lstm { 3 } else { 1 };
         let states = times(capacity, cells * d.hidden)?;
-        let seq = match d.output {
-            RnnOutput::LastStep => Some(times(capacity, d.steps * d.hidden)?),
-            RnnOutput::Sequence => None,
-        };
+        let (xs, ys) = (times(capacity, d.steps * d.features)?, times(capacity, d.steps * d.hidden)?);
         let steps = i32::try_from(d.steps).map_err(|_| format!("{} steps exceed cuDNN's 32-bit integers", d.steps))?;
         let had = |what: &str, e: crate::error::Error| format!("its {what} could not be had: {e}");
         let (gpu, stream) = (&self.gpu, &self.stream);
         Ok(LayerBufs {
             weights: DevBuf::zeros(gpu, stream, weights_len.unwrap_or(0)).map_err(|e| had("weight space", e))?,
             states: DevBuf::zeros(gpu, stream, states).map_err(|e| had("packed states", e))?,
-            seq: seq.map(|len| DevBuf::zeros(gpu, stream, len)).transpose().map_err(|e| had("sequence output", e))?,
+            xs: DevBuf::zeros(gpu, stream, xs).map_err(|e| had("sequence-major input", e))?,
+            ys: DevBuf::zeros(gpu, stream, ys).map_err(|e| had("sequence-major output", e))?,
             lengths: DevBuf::from_host(gpu, stream, &vec![steps; capacity]).map_err(|e| had("sequence lengths", e))?,
             reserve_len,
         })
@@ -349,9 +346,14 @@ impl Inner {
         }
         self.gpu.bind()?;
         let (gpu, stream, capacity) = (&self.gpu, &self.stream, bufs.capacity);
-        let zeros_len = self.layers.iter().map(|(_, d)| if d.output == RnnOutput::LastStep { d.steps * d.hidden } else { 0 }).max();
+        // the largest any layer needs, per sample
+        let most = |per: &dyn Fn(&Dims) -> usize| self.layers.iter().map(|(_, d)| per(d)).max().unwrap_or(0);
+        let zeros_len = most(&|d| if d.output == RnnOutput::LastStep { d.steps * d.hidden } else { 0 });
+        let dys_len = most(&|d| if d.output == RnnOutput::Sequence { d.steps * d.hidden } else { 0 });
+        let dxs_len = most(&|d| d.steps * d.features);
         let outcome = (|| -> std::result::Result<TrainBufs, String> {
-            let zeros = DevBuf::zeros(gpu, stream, times(capacity, zeros_len.unwrap_or(0))?).map_err(|e| e.to_string())?;
+            let scratch = |per: usize| DevBuf::zeros(gpu, stream, times(capacity, per)?).map_err(|e| e.to_string());
+            let scratch = Scratch { zeros: scratch(zeros_len)?, dys: scratch(dys_len)?, dxs: scratch(dxs_len)? };
             let mut layers = Vec::with_capacity(bufs.layers.len());
             for layer in &bufs.layers {
                 let pair = match layer {
@@ -363,7 +365,7 @@ impl Inner {
                 };
                 layers.push(pair);
             }
-            Ok(TrainBufs { layers, zeros })
+            Ok(TrainBufs { layers, scratch })
         })();
         bufs.train = Some(outcome.map_err(|e| format!("the training buffers could not be had: {e}")));
         Ok(())
@@ -437,7 +439,7 @@ impl Inner {
         let train = match training {
             true => {
                 let t = bufs.train.as_ref()?.as_ref().ok()?;
-                Some((t.layers[i].as_ref()?, &t.zeros))
+                Some((t.layers[i].as_ref()?, &t.scratch))
             }
             false => None,
         };
