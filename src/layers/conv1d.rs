@@ -10,7 +10,8 @@
 //! faster) on the GPU. So it has no kernel file of its own; its shape, tensors and words are
 //! here.
 
-use super::conv::{scratch_len, step_backward, step_forward, Geometry};
+use super::conv::{scratch_len, Geometry};
+use super::conv_fast::{step_backward, step_forward};
 use super::kind::{LayerKind, Mode, TensorSpec};
 use super::{BackPass, Pass};
 use crate::activation::Activation;
