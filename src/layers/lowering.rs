@@ -7,7 +7,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 use super::conv::Geometry;
-use crate::cpu::conv::lowered::{add_runs, copy_runs, Runs};
+use crate::cpu::conv::lowered::{add_runs, copy_runs, pad_into, Runs};
 use crate::cpu::gemm::{sgemm_on, GemmWorkspace, Mat, MatMut};
 use crate::cpu::pool::Pool;
 use crate::cpu::rowdot::rowdot;
@@ -19,15 +19,8 @@ fn padded_input<'a>(g: &Geometry, x: &'a [f32], padded: &'a mut [f32]) -> &'a [f
     if g.padding == (0, 0) {
         return x;
     }
-    let ((hp, wp), (ph, pw)) = (g.padded_size(), g.padding);
-    let padded = &mut padded[..g.padded_len()];
-    padded.fill(0.0);
-    for (c, plane) in padded.chunks_exact_mut(hp * wp).enumerate() {
-        for (iy, row) in x[c * g.height * g.width..][..g.height * g.width].chunks_exact(g.width).enumerate() {
-            plane[(iy + ph) * wp + pw..][..g.width].copy_from_slice(row);
-        }
-    }
-    padded
+    pad_into(x, g.in_channels, (g.height, g.width), g.padding, padded);
+    &padded[..g.padded_len()]
 }
 
 /// `scratch[..CKK·OHW]` (the lowered matrix col, CKK × OHW) ← sample `x` (C, H, W), padding

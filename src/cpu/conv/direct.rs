@@ -21,6 +21,7 @@
 //! Weight gradient. dW[oc, (c, i, j)] += Σ_q dZ[oc, q] · (row (c, i, j) of B)[q], with dZ laid
 //! out in the forward's flat rows (zeros at x ≥ OW): dot products of rows, read in place.
 
+use super::lowered::{copy_rows, pad_into};
 use super::{ConvShape, Sample};
 use crate::cpu::gemm::{sgemm_shifted_on, shifted_runs_fit, shifted_slack, GemmScratch, MatMut};
 use crate::cpu::isa::Isa;
@@ -154,15 +155,11 @@ pub(super) fn backward(
 /// out (all input planes, `g.len` values) ← the stride phases of x inside a zero border.
 fn input_planes(s: &ConvShape, g: &Planes, x: &[f32], out: &mut [f32]) {
     let ((h, w), (sh, sw), (ph, pw), channels) = ((s.height, s.width), s.stride, s.padding, s.in_channels);
-    out.fill(0.0);
     if (sh, sw) == (1, 1) {
-        for (plane, xc) in out.chunks_exact_mut(g.hpp * g.wpp).zip(x.chunks_exact(h * w)) {
-            for (iy, row) in xc.chunks_exact(w).enumerate() {
-                plane[(iy + ph) * g.wpp + pw..][..w].copy_from_slice(row);
-            }
-        }
-        return;
+        // one phase, (H + 2·ph) × (W + 2·pw)
+        return pad_into(x, channels, (h, w), (ph, pw), out);
     }
+    out.fill(0.0);
     // plane (a, b, c)[u, v] = x[c, u·sh + a − ph, v·sw + b − pw]
     let planes = out.chunks_exact_mut(g.hpp * g.wpp);
     let phases = (0..sh).flat_map(|a| (0..sw).flat_map(move |b| (0..channels).map(move |c| (a, b, c))));
@@ -188,9 +185,7 @@ fn gradient_planes(s: &ConvShape, g: &Planes, dz: &[f32], out: &mut [f32]) {
         // each row whole, at (y + t, l): inside the plane, as p ≤ k − 1 makes OH + t ≤ hg
         let (t, l) = (t as usize, l as usize);
         for (plane, dzc) in out.chunks_exact_mut(g.hg * g.wg).zip(dz.chunks_exact(oh * ow)) {
-            for (y, row) in dzc.chunks_exact(ow).enumerate() {
-                plane[(y + t) * g.wg + l..][..ow].copy_from_slice(row);
-            }
+            copy_rows((oh, ow), dzc, ow, &mut plane[t * g.wg + l..], g.wg);
         }
         return;
     }
@@ -211,9 +206,7 @@ fn gradient_planes(s: &ConvShape, g: &Planes, dz: &[f32], out: &mut [f32]) {
 /// channels (each n values) in `flat`.
 fn to_rows(flat: &[f32], n: usize, pitch: usize, (rows, cols): (usize, usize), out: &mut [f32]) {
     for (src, dst) in flat.chunks_exact(n).zip(out.chunks_exact_mut(rows * cols)) {
-        for (y, row) in dst.chunks_exact_mut(cols).enumerate() {
-            row.copy_from_slice(&src[y * pitch..][..cols]);
-        }
+        copy_rows((rows, cols), src, pitch, dst, cols);
     }
 }
 
