@@ -131,8 +131,8 @@ impl LayerKind for Conv {
         format!("Conv({channels} → {out_channels}, {}×{}, stride {}, pad {})", kernel.0, kernel.1, pair(stride), pair(padding))
     }
 
-    fn forward(&self, step: &Step, pass: &mut Pass, _mode: Mode) {
-        step_forward(&self.geometry(step), self.activation, step, pass);
+    fn forward(&self, step: &Step, pass: &mut Pass, mode: Mode) {
+        step_forward(&self.geometry(step), self.activation, step, pass, mode);
     }
 
     fn backward(&self, step: &Step, pass: &mut BackPass) {

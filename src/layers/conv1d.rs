@@ -130,8 +130,8 @@ impl LayerKind for Conv1d {
         format!("Conv1d({channels} → {out_channels}, {kernel}, stride {stride}, pad {padding}{dilated})")
     }
 
-    fn forward(&self, step: &Step, pass: &mut Pass, _mode: Mode) {
-        step_forward(&self.geometry(step), self.activation, step, pass);
+    fn forward(&self, step: &Step, pass: &mut Pass, mode: Mode) {
+        step_forward(&self.geometry(step), self.activation, step, pass, mode);
     }
 
     fn backward(&self, step: &Step, pass: &mut BackPass) {

@@ -3,36 +3,75 @@
 //! route that was faster on the layer's shape when this process first timed them
 //! (`cpu::conv::choice`); a dilated convolution, which `cpu::conv` does not compute, through
 //! `layers/lowering.rs` instead ([`packed`]).
+//!
+//! `cpu::conv` runs the bias and the activation as the epilogue of each block of output rows
+//! (`cpu::conv::Epilogue`), while the block is in cache. In inference it runs more there
+//! ([`Fused`]): a batch norm right after the convolution, as a scale and shift per channel
+//! (`batch_norm::inference_affine`), and a residual block's sum right after that, with the
+//! block's activation; those steps then do not run, and only the last one's output is written
+//! (no step reads the others'). Training runs every step: a batch norm needs the batch's
+//! statistics of the convolution's output.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 use super::conv::{geometry, packed, Geometry};
 use super::lowering::{backward, forward, Scratch};
-use super::{split2, BackPass, Pass};
+use super::{batch_norm, split2, BackPass, Layer, Mode, Pass};
 use crate::activation::Activation;
-use crate::chain::Step;
+use crate::chain::{Plan, Step};
 use crate::cpu::conv::choice::{self, Bucket, Choice, Direction};
-use crate::cpu::conv::{ConvRoute, ConvShape, ConvWeights, ConvWorkspace};
+use crate::cpu::conv::{ConvRoute, ConvShape, ConvWeights, ConvWorkspace, Epilogue};
 use crate::cpu::isa::Isa;
 use crate::cpu::SharedMut;
+use crate::error::zeros;
 
-/// A convolution step's fast forward (2-D or 1-D, as `g` says): Z = conv(X, W), then + b and
-/// Y = act(Z). On `cpu::conv` with the step's packed weights and forward route, or for a dilated
-/// convolution through the lowering ([`packed`]).
-pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pass: &mut Pass) {
-    let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+/// A convolution step's fast forward (2-D or 1-D, as `g` says): Z = conv(X, W) + b and
+/// Y = act(Z); in inference Y alone, or the output of the steps it takes in ([`Fused`]). On
+/// `cpu::conv` with the step's packed weights and forward route, or for a dilated convolution
+/// through the lowering ([`packed`]).
+pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pass: &mut Pass, mode: Mode) {
     let (w, b) = step.weight_and_bias();
-    let (xs, zs) = split2(pass.acts, x, z);
-    if packed(g) {
-        let (gemm, cache) = pass.ws.conv(pass.index);
-        let route = cache.routes[Bucket::of(pass.batch) as usize];
-        crate::cpu::conv::forward(route, pass.pool, gemm, &mut cache.ws, &cache.weights, pass.batch, xs, zs);
-    } else {
+    if !packed(g) {
+        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+        let (xs, zs) = split2(pass.acts, x, z);
         let ws = &mut *pass.ws;
         let scratch = Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut ws.cols) };
         forward(pass.pool, &mut ws.gemm, &scratch, g, pass.batch, &pass.params[w], xs, zs);
+        return pass.bias_act(step, activation, b, (g.out_channels, g.ohw()));
     }
-    pass.bias_act(step, activation, b, (g.out_channels, g.ohw()));
+    let Pass { plan, index, params, acts, capacity, batch, pool, ws, buffers, .. } = pass;
+    let region = |r: usize| super::region(plan, r, *capacity, *batch);
+    let x = region(step.input_region);
+    let (gemm, cache) = ws.conv(*index);
+    let route = cache.routes[Bucket::of(*batch) as usize];
+    let bias = &params[b];
+    if mode == Mode::Train {
+        // z ← conv + b, kept for the backward pass; y ← act(z) where the step has a y
+        let (z, y) = (region(step.z_region), region(step.output_region));
+        let (before, own) = acts.split_at_mut(z.start);
+        let (zs, ys) = own[..y.end - z.start].split_at_mut(z.len());
+        let ys = (z != y).then(move || &mut ys[y.start - z.end..]);
+        let epilogue = Epilogue { scale: None, shift: Some(bias), skip: None, act: activation };
+        let (weights, cws) = (&cache.weights, &mut cache.ws);
+        return crate::cpu::conv::forward(route, pool, gemm, cws, weights, *batch, &before[x], &epilogue, zs, ys);
+    }
+    // inference: the output of the last step taken in, alone, the activation in place
+    let fused = cache.fused;
+    let last = &plan.steps[fused.last(*index)];
+    let out = region(last.output_region);
+    let skip = fused.add.map(|add| region(plan.steps[add].skip.expect("an Add has its block input")));
+    let (before, own) = acts.split_at_mut(out.start);
+    let (scale, shift) = match fused.batch_norm {
+        Some(bn) => {
+            let (scale, shift) = cache.folded.split_at_mut(g.out_channels);
+            batch_norm::inference_affine(&plan.steps[bn], params, buffers.get(), bias, scale, shift);
+            (Some(&*scale), &*shift)
+        }
+        None => (None, bias),
+    };
+    let (before, skip) = (&*before, skip.map(|r| &before[r]));
+    let epilogue = Epilogue { scale, shift: Some(shift), skip, act: last.layer.activation() };
+    crate::cpu::conv::forward(route, pool, gemm, &mut cache.ws, &cache.weights, *batch, &before[x], &epilogue, &mut own[..out.len()], None);
 }
 
 /// A convolution step's fast backward: dZ, dW, db and (where needed) dX, on the same path as
@@ -86,22 +125,68 @@ fn backward_direction(step: &Step) -> Direction {
     Direction::Backward { input_grad: step.input_region != 0 }
 }
 
+/// The steps after a convolution that an inference pass runs in the convolution's epilogue: a
+/// batch norm right after it, and a residual block's Add right after that (or after the
+/// convolution). A step is taken in where the one before it has no activation of its own and
+/// its output is read by that step alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fused {
+    pub batch_norm: Option<usize>,
+    pub add: Option<usize>,
+}
+
+impl Fused {
+    /// What convolution step `index` of `plan` takes in.
+    pub fn of(plan: &Plan, index: usize) -> Fused {
+        // step `next` is of the kind `is`, reads step `from`'s output, which nothing else reads
+        // and which is `from`'s z (no activation)
+        let takes = |from: usize, is: fn(&Layer) -> bool| {
+            let (a, next) = (&plan.steps[from], from + 1);
+            let reads = plan.steps.get(next).is_some_and(|b| is(&b.layer) && b.input_region == a.output_region);
+            (reads && a.z_region == a.output_region && plan.consumers[a.output_region] == 1).then_some(next)
+        };
+        let batch_norm = takes(index, |l| matches!(l, Layer::BatchNorm(_)));
+        let add = takes(batch_norm.unwrap_or(index), |l| matches!(l, Layer::Add(_)));
+        Fused { batch_norm, add }
+    }
+
+    /// The last step it runs: the convolution's `index`, or one it takes in.
+    pub fn last(&self, index: usize) -> usize {
+        self.add.or(self.batch_norm).unwrap_or(index)
+    }
+
+    /// Whether it takes in step `index`.
+    pub fn takes(&self, index: usize) -> bool {
+        self.batch_norm == Some(index) || self.add == Some(index)
+    }
+}
+
 /// What a convolution keeps in a cache: its weights packed for every route and direction, its
-/// forward scratch, and the forward route of each batch bucket ([`Bucket`] as index).
+/// forward scratch, the forward route of each batch bucket ([`Bucket`] as index), the steps
+/// its inference takes in, and room for a batch norm's scale and shift (2·OC values, the scale
+/// first) where it takes one in.
 pub(crate) struct ConvCache {
     pub weights: ConvWeights,
     pub ws: ConvWorkspace,
     pub routes: [ConvRoute; 2],
+    pub fused: Fused,
+    folded: Vec<f32>,
 }
 
 impl ConvCache {
-    /// For `step` (a convolution) on `threads` threads, batches of up to `capacity` samples.
-    pub fn new(step: &Step, isa: Isa, threads: usize, capacity: usize) -> crate::error::Result<ConvCache> {
+    /// For step `index` of `plan` (a convolution) on `threads` threads, batches of up to
+    /// `capacity` samples.
+    pub fn new(plan: &Plan, index: usize, isa: Isa, threads: usize, capacity: usize) -> crate::error::Result<ConvCache> {
+        let step = &plan.steps[index];
         let shape = conv_shape(step);
+        let fused = Fused::of(plan, index);
+        let folded = if fused.batch_norm.is_some() { 2 * shape.out_channels } else { 0 };
         Ok(ConvCache {
             weights: ConvWeights::new(isa, &shape)?,
             ws: ConvWorkspace::new(isa, &shape, threads, 0)?,
             routes: routes(isa, &shape, Direction::Forward, capacity)?,
+            fused,
+            folded: zeros(folded, || "a batch norm's scale and shift".into())?,
         })
     }
 
@@ -126,6 +211,15 @@ impl ConvCache {
             };
             let (fwd, bwd) = (one(Direction::Forward, "forward"), one(backward_direction(step), "backward"));
             parts.push(format!("batch {}: {fwd}, {bwd}", bucket.label()));
+        }
+        let Fused { batch_norm, add } = self.fused;
+        let taken: Vec<String> =
+            [batch_norm.map(|i| format!("the batch norm of step {i}")), add.map(|i| format!("the residual sum of step {i}"))]
+                .into_iter()
+                .flatten()
+                .collect();
+        if !taken.is_empty() {
+            parts.push(format!("inference: {} in its epilogue", taken.join(" and ")));
         }
         parts.join("; ")
     }
@@ -261,4 +355,165 @@ mod tests {
             }
         }
     }
+
+    /// Chains whose convolutions take in a batch norm (2-D and 1-D), a batch norm and a residual
+    /// sum, or a residual sum alone, with ReLU, tanh or no activation after; and where they take
+    /// nothing in: an activation of their own, an output a residual block also reads. With each,
+    /// what its convolution steps take in.
+    fn fusing_chains() -> Vec<(Chain, Vec<(usize, Fused)>)> {
+        let same = crate::ConvOptions { stride: (1, 1), padding: (1, 1) };
+        let padded = crate::Conv1dOptions { stride: 1, padding: 1, dilation: 1 };
+        let fused = |batch_norm: Option<usize>, add: Option<usize>| Fused { batch_norm, add };
+        let (identity, relu, tanh) = (Activation::Identity, Activation::Relu, Activation::Tanh);
+        let images = Chain::new(Shape::image(3, 7, 9))
+            .conv_with(5, (3, 3), identity, same)
+            .batch_norm_with(relu)
+            .residual_with(relu, |c| {
+                c.conv_with(5, (3, 3), identity, same).batch_norm_with(tanh).conv_with(5, (3, 3), identity, same).batch_norm()
+            })
+            .residual_with(tanh, |c| c.conv_with(5, (3, 3), identity, same))
+            .conv_with(4, (2, 2), relu, crate::ConvOptions::default())
+            .batch_norm()
+            .global_avg_pool()
+            .dense(3, identity);
+        let signals = Chain::new(Shape::signal(2, 40))
+            .conv1d(6, 5, identity)
+            .batch_norm_with(relu)
+            .residual(|c| c.conv1d_with(6, 3, identity, padded).batch_norm())
+            .flatten()
+            .dense(3, identity);
+        let shared = Chain::new(Shape::image(2, 6, 6))
+            .conv_with(3, (3, 3), identity, same)
+            .residual(|c| c.batch_norm())
+            .flatten()
+            .dense(2, identity);
+        vec![
+            (
+                images,
+                vec![
+                    (0, fused(Some(1), None)),
+                    (3, fused(Some(4), None)),
+                    (5, fused(Some(6), Some(7))),
+                    (9, fused(None, Some(10))),
+                    (11, Fused::default()),
+                ],
+            ),
+            (signals, vec![(0, fused(Some(1), None)), (3, fused(Some(4), Some(5)))]),
+            (shared, vec![(0, Fused::default())]),
+        ]
+    }
+
+    /// A model of `chain` with parameters and running statistics drawn from `seed` (variances
+    /// in [0.5, 1.5)), as a batch norm has them after training.
+    fn drawn(chain: Chain, seed: u64, threads: usize) -> crate::Model {
+        let mut model = chain.build().unwrap().with_threads(threads).unwrap();
+        let mut rng = Rng::new(seed);
+        let params = rng.uniform(model.plan.param_len);
+        model.set_parameters(&params).unwrap();
+        let mut buffers = rng.uniform(model.plan.buffer_len);
+        for step in model.plan.steps.iter().filter(|s| matches!(s.layer, Layer::BatchNorm(_))) {
+            buffers[step.buffers[1].range.clone()].iter_mut().for_each(|v| *v = 1.0 + *v / 2.0);
+            buffers[step.buffers[2].range.clone()].fill(0.0);
+        }
+        model.set_buffers(&buffers).unwrap();
+        model
+    }
+
+    /// Inference with the steps each convolution takes in, against the plain loops running every
+    /// step (f32, the batch norm's own formula): the output of every step that runs, or of the
+    /// last it takes in, within rounding, on 1 and 3 threads, a batch of 3 in buffers for 5,
+    /// everything poisoned first; nothing past the batch written, nor the regions the taken-in
+    /// steps would have written but their last. The steps taken in are the ones listed.
+    #[test]
+    fn inference_with_steps_taken_in_matches_the_steps_one_by_one() {
+        let (capacity, batch) = (5, 3);
+        for (seed, (chain, want)) in fusing_chains().into_iter().enumerate() {
+            let model = drawn(chain, 40 + seed as u64, 1);
+            let plan = model.plan.clone();
+            let buffers = model.buffers().unwrap().to_vec();
+            let x = Rng::new(50 + seed as u64).uniform(batch * plan.input.len());
+            let len = plan.acts_len(capacity).unwrap();
+            let mut spec = poisoned(len);
+            spec[..x.len()].copy_from_slice(&x);
+            crate::layers::spec::forward(&plan, &model.params, &mut spec, capacity, batch, &mut buffers.clone(), DRAW, Mode::Infer);
+            for threads in [1, 3] {
+                let pool = crate::cpu::pool::Pool::new(threads).unwrap();
+                let mut ws = Workspace::new(&plan, capacity, threads).unwrap();
+                let got: Vec<(usize, Fused)> = (ws.steps.iter().enumerate())
+                    .filter_map(|(i, c)| if let StepCache::Conv(c) = c { Some((i, c.fused)) } else { None })
+                    .collect();
+                assert_eq!(got, want, "{:?}", plan.steps[0].layer);
+                let mut fast = poisoned(len);
+                fast[..x.len()].copy_from_slice(&x);
+                run_forward(
+                    &plan,
+                    (&model.params, model.version),
+                    &mut fast,
+                    capacity,
+                    batch,
+                    &pool,
+                    &mut ws,
+                    Buffers::Read(&buffers),
+                    DRAW,
+                    Mode::Infer,
+                );
+                // a step in a group (a convolution and what it takes in) writes its output if it is the last
+                let writes = |i: usize| want.iter().find(|(c, f)| *c == i || f.takes(i)).is_none_or(|(c, f)| f.last(*c) == i);
+                for (index, step) in plan.steps.iter().enumerate().filter(|(_, s)| !s.layer.is_view()) {
+                    let (r, what) = (step.output_region, format!("{threads} threads, step {index} {:?}", step.layer));
+                    let (mine, all) = (region(&plan, r, capacity, batch), region(&plan, r, capacity, capacity));
+                    if writes(index) {
+                        crate::testutil::assert_close(&fast[mine.clone()], &spec[mine.clone()], 1e-5, 1e-5, &what);
+                    } else {
+                        assert!(fast[mine.clone()].iter().all(|v| v.is_nan()), "{what}: written, though in a group");
+                    }
+                    assert!(fast[mine.end..all.end].iter().all(|v| v.is_nan()), "{what}: written past the batch");
+                }
+            }
+        }
+    }
+
+    /// The scale and shift a batch norm folds into are computed on every inference pass from
+    /// the values of that moment: after training steps (which move the running statistics and
+    /// the parameters) and after a write of the batch norm's parameters alone, a cache that
+    /// served inference before gives the same bits as a new one, and those agree with the
+    /// steps one by one.
+    #[test]
+    fn steps_taken_in_follow_their_parameters_and_running_statistics() {
+        let (chain, _) = fusing_chains().swap_remove(0);
+        let mut model = drawn(chain, 60, 2);
+        let plan = model.plan.clone();
+        let batch = 4;
+        let x = Rng::new(61).uniform(batch * plan.input.len());
+        let mut cache = model.preallocate(batch).unwrap();
+        cache.set_inputs(&x).unwrap();
+        let check = |model: &crate::Model, cache: &mut crate::Cache, what: &str| {
+            let got = model.forward(cache).unwrap().to_vec();
+            let mut fresh = model.preallocate(batch).unwrap();
+            fresh.set_inputs(&x).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(model.forward(&mut fresh).unwrap()), "{what}: not a new cache's bits");
+            let mut spec = vec![0.0; plan.acts_len(batch).unwrap()];
+            spec[..x.len()].copy_from_slice(&x);
+            let mut buffers = model.buffers().unwrap().to_vec();
+            crate::layers::spec::forward(&plan, &model.params, &mut spec, batch, batch, &mut buffers, DRAW, Mode::Infer);
+            let out = region(&plan, plan.steps.last().unwrap().output_region, batch, batch);
+            crate::testutil::assert_close(&got, &spec[out], 1e-5, 1e-5, what);
+            got
+        };
+        let before = check(&model, &mut cache, "before");
+        let mut grads = model.preallocate_grads(batch).unwrap();
+        let mut opt = crate::Optimizer::new(&model, crate::Optim::sgd(0.05, 0.0)).unwrap();
+        cache.set_labels(&[0, 1, 2, 1]).unwrap();
+        for _ in 0..3 {
+            opt.train_step(&mut model, &mut grads, &mut cache, crate::Loss::LogitCrossEntropy).unwrap();
+        }
+        let trained = check(&model, &mut cache, "after training");
+        assert_ne!(trained, before);
+        let bn = plan.steps[1].tensors[0].range.clone();
+        model.parameters_mut().unwrap()[bn].iter_mut().for_each(|g| *g *= -2.0);
+        assert_ne!(check(&model, &mut cache, "after a write of a batch norm's γ"), trained);
+    }
+
+    const DRAW: Draw = Draw { seed: 0, pass: 0, replica: 0 };
 }

@@ -199,6 +199,9 @@ pub(crate) fn forward(
     ws.prepare(plan, params, version, pool);
     let mut pass = Pass { plan, index: 0, params, acts, capacity, batch, pool, ws, buffers, draw };
     for (index, step) in plan.steps.iter().enumerate() {
+        if mode == Mode::Infer && pass.ws.taken_in(index) {
+            continue;
+        }
         pass.index = index;
         step.layer.forward(step, &mut pass, mode);
     }

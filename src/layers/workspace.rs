@@ -57,11 +57,11 @@ impl Workspace {
         let gemm = GemmWorkspace::new(threads)?;
         let isa = gemm.isa();
         let mut steps = per_step(plan)?;
-        for step in &plan.steps {
+        for (index, step) in plan.steps.iter().enumerate() {
             steps.push(match step.layer {
                 Layer::Dense(d) => StepCache::Dense(dense::DenseCache::new(isa, step.input.len(), d.out_features)?),
                 _ if conv::is_conv(&step.layer) && conv::packed(&conv::geometry(step)) => {
-                    StepCache::Conv(conv_fast::ConvCache::new(step, isa, threads, capacity)?)
+                    StepCache::Conv(conv_fast::ConvCache::new(plan, index, isa, threads, capacity)?)
                 }
                 _ => StepCache::None,
             });
@@ -73,6 +73,13 @@ impl Workspace {
     pub fn none() -> Workspace {
         let (cols, steps) = (Vec::new(), Vec::new());
         Workspace { gemm: GemmWorkspace::none(), cols, col_len: 0, rnn: Vec::new(), steps, conv_version: 0, last_version: 0, version: 0 }
+    }
+
+    /// Whether an inference pass runs step `index` in the epilogue of a convolution before it
+    /// (`conv_fast::Fused`, at most two steps back), and so not on its own.
+    pub fn taken_in(&self, index: usize) -> bool {
+        let before = self.steps.get(index.saturating_sub(2)..index).unwrap_or_default();
+        before.iter().any(|cache| matches!(cache, StepCache::Conv(conv) if conv.fused.takes(index)))
     }
 
     /// Readies a pass on the parameters `params` of `version`: the convolutions' weights

@@ -12,7 +12,7 @@
 //! of samples, backward) as one task, so one thread ranks them as the pool's threads would, and
 //! a choice does not depend on which model's values were there.
 
-use super::{backward, forward, ConvRoute, ConvShape, ConvWeights, ConvWorkspace};
+use super::{backward, forward, ConvRoute, ConvShape, ConvWeights, ConvWorkspace, Epilogue};
 use crate::cpu::gemm::GemmWorkspace;
 use crate::cpu::isa::Isa;
 use crate::cpu::pool::Pool;
@@ -181,7 +181,7 @@ impl Trial {
     fn run(&mut self, route: ConvRoute, direction: Direction) {
         let Trial { pool, gemm, ws, weights, batch, x, z, dw, dx } = self;
         match direction {
-            Direction::Forward => forward(route, pool, gemm, ws, weights, *batch, x, z),
+            Direction::Forward => forward(route, pool, gemm, ws, weights, *batch, x, &Epilogue::NONE, z, None),
             Direction::Backward { input_grad } => {
                 // z holds the output gradient: its values are the forward's output length
                 let dx = input_grad.then_some(&mut dx[..]);

@@ -3,6 +3,7 @@
 //! Forward: Z_s (OC × OHW) = W (OC × CKK) · col_s (CKK × OHW). Backward: dW += dZ_s · col_sᵀ
 //! (row dot products), dcol_s = Wᵀ · dZ_s, then col2im adds dcol_s into dX_s.
 
+use super::epilogue::{blocks, Epilogue, Outputs};
 use super::{ConvShape, Sample};
 use crate::cpu::gemm::{sgemm_packed_a_on, GemmScratch, Mat, MatMut};
 use crate::cpu::rowdot::rowdot;
@@ -33,13 +34,20 @@ fn padded_len(s: &ConvShape) -> usize {
     }
 }
 
-/// z_s (OC × OHW) ← W · im2col(x_s).
-pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[f32], z: &mut [f32]) {
+/// z_s (OC × OHW) ← W · im2col(x_s), block by block of output rows ([`blocks`]), each then
+/// through the epilogue.
+pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[f32], e: &Epilogue, out: &mut Outputs) {
     let s = p.shape;
     let (col, rest) = buf.split_at_mut(lowered_len(s));
     im2col(s, x, col, rest);
     let n = ohw(s);
-    sgemm_packed_a_on(gemm, n, 1.0, &p.weights.w, Mat { data: col, rs: n, cs: 1 }, 0.0, MatMut { data: z, rs: n, cs: 1 });
+    for block in blocks(s.out_channels, (s.oh(), s.ow())) {
+        out.prefetch(n, block.clone());
+        // columns `block` of col (CKK × OHW) into the same columns of z (OC × OHW)
+        let (b, z) = (Mat { data: &col[block.start..], rs: n, cs: 1 }, MatMut { data: &mut out.z[block.start..], rs: n, cs: 1 });
+        sgemm_packed_a_on(gemm, block.len(), 1.0, &p.weights.w, b, 0.0, z);
+        e.apply(n, out, block);
+    }
 }
 
 /// dW (OC × CKK) ← dZ_s · col_sᵀ (+= when `accumulate`); dx_s ← col2im(Wᵀ · dZ_s) when given.

@@ -1,7 +1,11 @@
 //! Convolution kernels: 2-D cross-correlation with zero padding, as PyTorch's `nn.Conv2d`,
-//! over a batch of samples (C, H, W) → (OC, OH, OW), without the bias (the layer adds it).
+//! over a batch of samples (C, H, W) → (OC, OH, OW):
 //!
 //!   z[oc, y, x] = Σ_{c,i,j} w[oc, c, i, j] · in[c, y·sh + i − ph, x·sw + j − pw]
+//!
+//! then, in the forward, an [`Epilogue`] on each block of output rows while it is in cache:
+//! the bias, or a batch norm's scale and shift, a residual block's input added, the
+//! activation.
 //!
 //! Two routes compute the same products, with one signature ([`forward`], [`backward`], each
 //! taking a [`ConvRoute`]), so that both can be timed on a layer's shape and the faster kept
@@ -28,6 +32,7 @@
 
 pub(crate) mod choice;
 mod direct;
+mod epilogue;
 pub(crate) mod lowered;
 #[cfg(test)]
 mod tests;
@@ -37,6 +42,8 @@ use super::isa::Isa;
 use super::pool::Pool;
 use super::{chunk_range, for_chunks, SharedMut};
 use crate::error::{zeros, Error, Result};
+pub(crate) use epilogue::Epilogue;
+use epilogue::Outputs;
 use std::time::Duration;
 
 /// The geometry of one convolution.
@@ -260,8 +267,11 @@ fn check(gemm: &GemmWorkspace, ws: &ConvWorkspace, weights: &ConvWeights, pool: 
     );
 }
 
-/// z (batch × OC·OH·OW) ← conv(x (batch × C·H·W)), without the bias, samples spread over the
-/// pool. Panics if a buffer is too short for `batch` samples or the workspaces do not match.
+/// z (batch × OC·OH·OW) ← conv(x (batch × C·H·W)) and the epilogue ([`Epilogue`]), y ← act(z)
+/// where `y` is given (else the activation in place in z), samples spread over the pool; each
+/// sample's output is computed a block of rows at a time, its epilogue run on each block while
+/// it is in cache. Panics if a buffer is too short for `batch` samples or the workspaces or the
+/// epilogue do not match the shape.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     route: ConvRoute,
@@ -271,23 +281,30 @@ pub(crate) fn forward(
     weights: &ConvWeights,
     batch: usize,
     x: &[f32],
+    epilogue: &Epilogue,
     z: &mut [f32],
+    y: Option<&mut [f32]>,
 ) {
     check(gemm, ws, weights, pool);
     let shape = ws.shape;
     let (in_len, out_len) = (shape.in_len(), shape.out_len());
+    epilogue.check(shape.out_channels, out_len, batch);
     let (x, z) = (&x[..batch * in_len], SharedMut::new(&mut z[..batch * out_len]));
+    let y = y.map(|y| SharedMut::new(&mut y[..batch * out_len]));
     let per_thread = ws.per_thread;
     let scratch = SharedMut::new(&mut ws.scratch);
     let sample = Sample { shape: &shape, weights, offsets: &ws.offsets, grad_offsets: &ws.grad_offsets };
     pool.run_with(batch, gemm.workers(), &|s, worker, gemm| {
+        let range = s * out_len..(s + 1) * out_len;
         // SAFETY: `worker` is this task's worker index in a run that alone uses `scratch`;
-        // sample s alone writes z[s·out_len..][..out_len].
-        let (buf, zs) = unsafe { (worker_scratch(&scratch, per_thread, worker), z.slice(s * out_len..(s + 1) * out_len)) };
+        // sample s alone writes z[s·out_len..][..out_len] and y's same range.
+        let (buf, zs, ys) =
+            unsafe { (worker_scratch(&scratch, per_thread, worker), z.slice(range.clone()), y.as_ref().map(|y| y.slice(range.clone()))) };
+        let mut out = Outputs { z: zs, y: ys, skip: epilogue.skip.map(|k| &k[range]) };
         let xs = &x[s * in_len..][..in_len];
         match route {
-            ConvRoute::Lowered => lowered::forward(gemm, buf, &sample, xs, zs),
-            ConvRoute::Direct => direct::forward(gemm, buf, &sample, xs, zs),
+            ConvRoute::Lowered => lowered::forward(gemm, buf, &sample, xs, epilogue, &mut out),
+            ConvRoute::Direct => direct::forward(gemm, buf, &sample, xs, epilogue, &mut out),
         }
     });
 }

@@ -1,6 +1,7 @@
 //! Both routes, on every kernel this CPU runs, against the plain loops.
 
 use super::*;
+use crate::activation::Activation;
 use crate::testutil::{poisoned, Rng};
 
 /// Input pixel of tap (c, i, j) at output (y, x), if not padding.
@@ -90,7 +91,7 @@ fn both_routes_match_the_plain_loops_on_odd_shapes() {
                     let what = format!("{route:?} {isa:?} {threads} threads, batch {batch}, {s:?}");
                     ws.scratch.fill(f32::NAN);
                     let mut z = poisoned(batch * s.out_len() + 3);
-                    forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &mut z);
+                    forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &Epilogue::NONE, &mut z, None);
                     assert_eq!(&z[..batch * s.out_len()], &z_want[..], "forward {what}");
                     assert!(z[batch * s.out_len()..].iter().all(|v| v.is_nan()), "forward {what}: wrote past the batch");
                     let (mut dw, mut dx) = (poisoned(w.len()), poisoned(x.len() + 3));
@@ -102,6 +103,74 @@ fn both_routes_match_the_plain_loops_on_odd_shapes() {
                     backward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &dz, &mut dw_only, None);
                     assert_eq!(dw_only, dw_want, "dW alone {what}");
                 }
+            }
+        }
+    }
+}
+
+/// Every epilogue (a bias, a scale and shift, a skip; ReLU, tanh or none; y apart or the
+/// activation in place) on both routes against the spec's z and the formula, value by value:
+/// small integers make the products, scales, shifts and sums exact, and the activation is
+/// `apply_slice` of the spec's values, so `==` holds. The shapes add outputs of several blocks
+/// (2-D, and a single row in parts) to the odd ones, on both of the direct route's paths; y
+/// past the batch is never written.
+#[test]
+fn the_epilogue_matches_the_formula_on_both_routes() {
+    let mut rng = Rng::new(34);
+    let mut shapes = odd_shapes();
+    // several blocks: rows of 48 (runs the GEMM reads in place), of 60 (flat, then copied), and
+    // a single row of 1100
+    shapes.extend([shape(3, 48, 48, 8, (3, 3), (1, 1), (1, 1)), shape(2, 60, 60, 8, (3, 3), (1, 1), (1, 1))]);
+    shapes.push(shape(2, 1, 1100, 16, (1, 3), (1, 1), (0, 1)));
+    for s in shapes {
+        let (isa, batch, oc, out_len) = (Isa::best(), 3, s.out_channels, s.out_len());
+        let (w, x, skip) = (rng.ints(s.weights_len()), rng.ints(batch * s.in_len()), rng.ints(batch * out_len));
+        let (scale, shift) = (rng.ints(oc), rng.ints(oc));
+        let z_spec = spec(&s, batch, &w, &x, &vec![0.0; batch * out_len]).0;
+        let threads = 2;
+        let (pool, mut gemm) = (Pool::new(threads).unwrap(), GemmWorkspace::with_isa(threads, isa).unwrap());
+        let mut ws = ConvWorkspace::new(isa, &s, threads, 0).unwrap();
+        let mut weights = ConvWeights::new(isa, &s).unwrap();
+        weights.pack(&w);
+        let plane = out_len / oc;
+        let cases = [
+            (None, Some(&shift[..]), None, Activation::Relu, true),
+            (Some(&scale[..]), Some(&shift[..]), None, Activation::Relu, false),
+            (Some(&scale[..]), Some(&shift[..]), Some(&skip[..]), Activation::Relu, false),
+            (None, Some(&shift[..]), Some(&skip[..]), Activation::Identity, false),
+            (Some(&scale[..]), None, None, Activation::Tanh, true),
+            (None, Some(&shift[..]), Some(&skip[..]), Activation::Tanh, false),
+        ];
+        for (scale, shift, skip, act, apart) in cases {
+            let want_z: Vec<f32> = (0..batch * out_len)
+                .map(|i| {
+                    let c = i % out_len / plane;
+                    let v = match (scale, shift) {
+                        (Some(sc), Some(sh)) => z_spec[i] * sc[c] + sh[c],
+                        (Some(sc), None) => z_spec[i] * sc[c],
+                        (None, Some(sh)) => z_spec[i] + sh[c],
+                        (None, None) => z_spec[i],
+                    };
+                    skip.map_or(v, |k| v + k[i])
+                })
+                .collect();
+            let mut want_y = vec![0.0; want_z.len()];
+            act.apply_slice(&want_z, &mut want_y);
+            let epilogue = Epilogue { scale, shift, skip, act };
+            for route in ConvRoute::ALL {
+                let what = format!("{route:?} {act:?}, scale {}, skip {}, y apart {apart}, {s:?}", scale.is_some(), skip.is_some());
+                ws.scratch.fill(f32::NAN);
+                let (mut z, mut y) = (poisoned(batch * out_len + 3), poisoned(batch * out_len + 3));
+                let y_out = apart.then_some(&mut y[..]);
+                forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &epilogue, &mut z, y_out);
+                let (z, y) = if apart { (&z, &y) } else { (&y, &z) };
+                if apart {
+                    assert_eq!(&z[..batch * out_len], &want_z[..], "z of {what}");
+                } else {
+                    assert!(z.iter().all(|v| v.is_nan()), "{what}: y written with the activation in place");
+                }
+                assert_eq!(&y[..batch * out_len], &want_y[..], "y of {what}");
+                assert!(y[batch * out_len..].iter().all(|v| v.is_nan()), "{what}: wrote past the batch");
             }
         }
     }
@@ -122,7 +191,7 @@ fn each_route_gives_the_same_bits_on_any_thread_count() {
                 let mut weights = ConvWeights::new(isa, &s).unwrap();
                 weights.pack(&w);
                 let (mut z, mut dw, mut dx) = (poisoned(batch * s.out_len()), poisoned(w.len()), poisoned(x.len()));
-                forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &mut z);
+                forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &Epilogue::NONE, &mut z, None);
                 backward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &dz, &mut dw, Some(&mut dx));
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 let got = (bits(&z), bits(&dw), bits(&dx));
@@ -145,7 +214,7 @@ fn routes_agree_on_real_values() {
     let mut out = Vec::new();
     for route in ConvRoute::ALL {
         let (mut z, mut dw, mut dx) = (poisoned(batch * s.out_len()), poisoned(w.len()), poisoned(x.len()));
-        forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &mut z);
+        forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &Epilogue::NONE, &mut z, None);
         backward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &dz, &mut dw, Some(&mut dx));
         out.push((z, dw, dx));
     }
@@ -164,7 +233,7 @@ fn weights_packed_for_another_kernel_are_refused() {
     let weights = ConvWeights::new(other, &s).unwrap();
     let (x, mut z) = (vec![0.0; s.in_len()], poisoned(s.out_len()));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        forward(ConvRoute::Direct, &pool, &mut gemm, &mut ws, &weights, 1, &x, &mut z)
+        forward(ConvRoute::Direct, &pool, &mut gemm, &mut ws, &weights, 1, &x, &Epilogue::NONE, &mut z, None)
     }));
     let msg = r.expect_err("a mismatch must panic").downcast::<String>().expect("a message");
     assert!(msg.contains("packed for another kernel"), "{msg}");
