@@ -43,7 +43,8 @@ pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pa
     let region = |r: usize| super::region(plan, r, *capacity, *batch);
     let x = region(step.input_region);
     let (gemm, cache) = ws.conv(*index);
-    let route = cache.routes[Bucket::of(*batch) as usize];
+    let routes = if mode == Mode::Train { cache.routes } else { cache.infer_routes };
+    let route = routes[Bucket::of(*batch) as usize];
     let bias = &params[b];
     if mode == Mode::Train {
         // z ← conv + b, kept for the backward pass; y ← act(z) where the step has a y
@@ -106,12 +107,18 @@ fn conv_shape(step: &Step) -> ConvShape {
     }
 }
 
-/// The routes of each batch bucket a cache for `capacity` samples runs, chosen by timing
-/// (`choice`); a bucket it never runs takes batch 1's.
-fn routes(isa: Isa, shape: &ConvShape, direction: Direction, capacity: usize) -> crate::error::Result<[ConvRoute; 2]> {
+/// The routes of each batch bucket a cache for `capacity` samples runs in `direction`, chosen
+/// by timing (`choice`): the fastest of those `allowed`; a bucket it never runs takes batch 1's.
+fn routes(
+    isa: Isa,
+    shape: &ConvShape,
+    direction: Direction,
+    capacity: usize,
+    allowed: fn(ConvRoute) -> bool,
+) -> crate::error::Result<[ConvRoute; 2]> {
     let mut routes = [ConvRoute::Lowered; 2];
     for &bucket in Bucket::up_to(capacity) {
-        routes[bucket as usize] = choice::choose(isa, shape, direction, bucket)?.route;
+        routes[bucket as usize] = choice::choose(isa, shape, direction, bucket)?.fastest(allowed);
     }
     if capacity <= 1 {
         routes[Bucket::Many as usize] = routes[Bucket::One as usize];
@@ -161,16 +168,19 @@ impl Fused {
     }
 }
 
-/// What a convolution keeps in a cache: its weights packed for every route and direction, its
-/// forward scratch, the forward route of each batch bucket ([`Bucket`] as index), the steps
-/// its inference takes in, and room for a batch norm's scale and shift (2·OC values, the scale
-/// first) where it takes one in.
+/// What a convolution keeps in a cache: its weights packed for every route and direction (the
+/// Winograd route's packed by the first inference pass of a version that runs it, with that
+/// version), its forward scratch, the forward route of each batch bucket ([`Bucket`] as index)
+/// in training and in inference, the steps its inference takes in, and room for a batch norm's
+/// scale and shift (2·OC values, the scale first) where it takes one in.
 pub(crate) struct ConvCache {
     pub weights: ConvWeights,
     pub ws: ConvWorkspace,
     pub routes: [ConvRoute; 2],
+    pub infer_routes: [ConvRoute; 2],
     pub fused: Fused,
     folded: Vec<f32>,
+    winograd_version: u64,
 }
 
 impl ConvCache {
@@ -184,9 +194,11 @@ impl ConvCache {
         Ok(ConvCache {
             weights: ConvWeights::new(isa, &shape)?,
             ws: ConvWorkspace::new(isa, &shape, threads, 0)?,
-            routes: routes(isa, &shape, Direction::Forward, capacity)?,
+            routes: routes(isa, &shape, Direction::Forward, capacity, ConvRoute::trains)?,
+            infer_routes: routes(isa, &shape, Direction::Forward, capacity, |_| true)?,
             fused,
             folded: zeros(folded, || "a batch norm's scale and shift".into())?,
+            winograd_version: 0,
         })
     }
 
@@ -195,22 +207,42 @@ impl ConvCache {
         self.weights.pack(w);
     }
 
+    /// Whether an inference pass on parameters of `version` must first pack the weights for the
+    /// Winograd route: where a bucket runs it, and they come from another version.
+    pub fn winograd_stale(&self, version: u64) -> bool {
+        self.infer_routes.contains(&ConvRoute::Winograd) && self.winograd_version != version
+    }
+
+    /// Packs `w` of `version` in for the Winograd route.
+    pub fn pack_winograd(&mut self, w: &[f32], version: u64) {
+        self.weights.pack_winograd(w);
+        self.winograd_version = version;
+    }
+
     /// Each direction's route per batch bucket, with the times that chose it; the backward's
     /// where gradient buffers have been made for this shape.
     pub fn report(&self, step: &Step, capacity: usize) -> String {
         let (shape, isa) = (conv_shape(step), self.weights.isa());
         let mut parts = Vec::new();
         for &bucket in Bucket::up_to(capacity) {
-            let one = |direction: Direction, name: &str| match choice::chosen(isa, &shape, direction, bucket) {
-                Some(Choice { route, times }) => {
-                    let us = |r: ConvRoute| times[r as usize].as_secs_f64() * 1e6;
-                    let other = ConvRoute::ALL[1 - route as usize];
-                    format!("{name} {} {:.1} µs ({} {:.1} µs)", route.name(), us(route), other.name(), us(other))
+            // the route taken (training's, forward) with its time, then the others'
+            let one = |direction: Direction, route: ConvRoute, name: &str| match choice::chosen(isa, &shape, direction, bucket) {
+                Some(Choice { times, .. }) => {
+                    let us = |r: ConvRoute| times[r as usize].map(|t| format!("{} {:.1} µs", r.name(), t.as_secs_f64() * 1e6));
+                    let others: Vec<String> = ConvRoute::ALL.into_iter().filter(|&r| r != route).filter_map(us).collect();
+                    format!("{name} {} ({})", us(route).unwrap_or_default(), others.join(", "))
                 }
                 None => format!("{name} not timed"),
             };
-            let (fwd, bwd) = (one(Direction::Forward, "forward"), one(backward_direction(step), "backward"));
-            parts.push(format!("batch {}: {fwd}, {bwd}", bucket.label()));
+            let b = bucket as usize;
+            let fwd = one(Direction::Forward, self.routes[b], "forward");
+            let bwd = match choice::chosen(isa, &shape, backward_direction(step), bucket) {
+                Some(c) => one(backward_direction(step), c.route, "backward"),
+                None => "backward not timed".into(),
+            };
+            let infer =
+                if self.infer_routes[b] == self.routes[b] { String::new() } else { format!(", inference {}", self.infer_routes[b].name()) };
+            parts.push(format!("batch {}: {fwd}{infer}, {bwd}", bucket.label()));
         }
         let Fused { batch_norm, add } = self.fused;
         let taken: Vec<String> =
@@ -238,7 +270,7 @@ impl ConvGrads {
         let shape = conv_shape(step);
         Ok(ConvGrads {
             ws: ConvWorkspace::new(isa, &shape, threads, capacity)?,
-            routes: routes(isa, &shape, backward_direction(step), capacity)?,
+            routes: routes(isa, &shape, backward_direction(step), capacity, |_| true)?,
         })
     }
 }
@@ -278,15 +310,17 @@ mod tests {
         assert!(ws.cols.is_empty() && gws.dcols.is_empty() && gws.partials.is_empty());
     }
 
-    /// Two convolutions (strided and padded, then plain; identity activations) run through the
-    /// engine with each route forced in both directions, with small integers (exact sums) and
-    /// poisoned buffers: outputs, weight and bias gradients and the second layer's input
+    /// Two convolutions (strided and padded, then plain and 3 wide; identity activations) run
+    /// through the engine with each route forced in both directions where it computes them (the
+    /// direct route elsewhere: the Winograd route runs the second forward alone, in inference),
+    /// with small integers (exact sums) and poisoned buffers: outputs of a training pass and of
+    /// an inference pass after it, weight and bias gradients and the second layer's input
     /// gradient equal the plain loops', and nothing past the batch is written.
     #[test]
     fn every_route_through_the_layer_matches_the_spec() {
         let strided = crate::ConvOptions { stride: (2, 1), padding: (1, 1) };
         let chain =
-            Chain::new(Shape::image(3, 9, 8)).conv_with(4, (3, 3), Activation::Identity, strided).conv(5, (2, 2), Activation::Identity);
+            Chain::new(Shape::image(3, 9, 8)).conv_with(4, (3, 3), Activation::Identity, strided).conv(5, (2, 3), Activation::Identity);
         let mut rng = Rng::new(21);
         let capacity = 5;
         for threads in [1, 3] {
@@ -299,15 +333,20 @@ mod tests {
             for route in ConvRoute::ALL {
                 let mut ws = Workspace::new(&plan, capacity, threads).unwrap();
                 let mut gws = GradWorkspace::new(&plan, capacity, threads).unwrap();
-                for step in &mut ws.steps {
-                    if let StepCache::Conv(conv) = step {
-                        conv.routes = [route; 2];
+                let or_direct = |step: &Step, direction| if route.serves(&conv_shape(step), direction) { route } else { ConvRoute::Direct };
+                for (step, cache) in plan.steps.iter().zip(&mut ws.steps) {
+                    if let StepCache::Conv(conv) = cache {
+                        let forward = or_direct(step, Direction::Forward);
+                        conv.infer_routes = [forward; 2];
+                        conv.routes = [if forward.trains() { forward } else { ConvRoute::Direct }; 2];
                         conv.ws.poison();
                     }
                 }
-                for conv in gws.steps.iter_mut().flatten() {
-                    conv.routes = [route; 2];
-                    conv.ws.poison();
+                for (step, conv) in plan.steps.iter().zip(&mut gws.steps) {
+                    if let Some(conv) = conv {
+                        conv.routes = [or_direct(step, backward_direction(step)); 2];
+                        conv.ws.poison();
+                    }
                 }
                 for batch in [1, 3] {
                     let mut acts = poisoned(plan.acts_len(capacity).unwrap());
@@ -351,6 +390,23 @@ mod tests {
                     backward_spec(&g1, batch, &params[w1.clone()], &x, &dz1, dw1, db1, None);
                     assert_eq!(dacts[region(&plan, r1, capacity, batch)], dz1, "{route:?}: input gradient, batch {batch}");
                     assert_eq!(grads, want, "{route:?}: parameter gradients, batch {batch}");
+
+                    let mut infer = poisoned(acts.len());
+                    infer[region(&plan, 0, capacity, batch)].copy_from_slice(&x);
+                    let buffers = Buffers::Read(&[]);
+                    run_forward(
+                        &plan,
+                        (&model.params, model.version),
+                        &mut infer,
+                        capacity,
+                        batch,
+                        pool,
+                        &mut ws,
+                        buffers,
+                        draw,
+                        Mode::Infer,
+                    );
+                    assert_eq!(infer[region(&plan, r2, capacity, batch)], z2, "{route:?}: inference, batch {batch}");
                 }
             }
         }
@@ -513,6 +569,41 @@ mod tests {
         let bn = plan.steps[1].tensors[0].range.clone();
         model.parameters_mut().unwrap()[bn].iter_mut().for_each(|g| *g *= -2.0);
         assert_ne!(check(&model, &mut cache, "after a write of a batch norm's γ"), trained);
+    }
+
+    /// The Winograd route's weights, forced into inference, are packed by the first inference
+    /// pass of each version and by no training pass: outputs equal the plain loops' before and
+    /// after training steps and a write through `parameters_mut`; poisoned, the packed weights
+    /// show in the outputs until the parameters change.
+    #[test]
+    fn winograd_weights_follow_the_parameter_version() {
+        let chain = Chain::new(Shape::image(2, 6, 7)).conv(3, (2, 3), Activation::Tanh).flatten().dense(3, Activation::Identity);
+        let mut model = drawn(chain, 70, 1);
+        let plan = model.plan.clone();
+        let batch = 2;
+        let x = Rng::new(71).uniform(batch * plan.input.len());
+        let mut cache = model.preallocate(batch).unwrap();
+        cache.set_inputs(&x).unwrap();
+        cache.set_labels(&[0, 2]).unwrap();
+        let StepCache::Conv(conv) = &mut cache.ws.steps[0] else { panic!("a convolution") };
+        conv.infer_routes = [ConvRoute::Winograd; 2];
+        let check = |model: &crate::Model, cache: &mut crate::Cache, what: &str| {
+            let got = model.forward(cache).unwrap().to_vec();
+            let mut spec = vec![0.0; plan.acts_len(batch).unwrap()];
+            spec[..x.len()].copy_from_slice(&x);
+            crate::layers::spec::forward(&plan, &model.params, &mut spec, batch, batch, &mut Vec::new(), DRAW, Mode::Infer);
+            let out = region(&plan, plan.steps.last().unwrap().output_region, batch, batch);
+            crate::testutil::assert_close(&got, &spec[out], 1e-5, 1e-5, what);
+        };
+        check(&model, &mut cache, "first pass");
+        let mut grads = model.preallocate_grads(batch).unwrap();
+        let mut opt = crate::Optimizer::new(&model, crate::Optim::sgd(0.1, 0.0)).unwrap();
+        opt.train_step(&mut model, &mut grads, &mut cache, crate::Loss::LogitCrossEntropy).unwrap();
+        check(&model, &mut cache, "after a training step");
+        cache.ws.poison_packed();
+        assert!(model.forward(&mut cache).unwrap().iter().all(|v| v.is_nan()), "repacked with nothing changed");
+        model.parameters_mut().unwrap()[0] += 0.25;
+        check(&model, &mut cache, "after parameters_mut");
     }
 
     const DRAW: Draw = Draw { seed: 0, pass: 0, replica: 0 };

@@ -196,7 +196,7 @@ pub(crate) fn forward(
     mode: Mode,
 ) {
     debug_assert!(mode == Mode::Infer || matches!(buffers, Buffers::Write(_)), "training writes the buffers");
-    ws.prepare(plan, params, version, pool);
+    ws.prepare(plan, params, version, pool, mode);
     let mut pass = Pass { plan, index: 0, params, acts, capacity, batch, pool, ws, buffers, draw };
     for (index, step) in plan.steps.iter().enumerate() {
         if mode == Mode::Infer && pass.ws.taken_in(index) {

@@ -4,7 +4,7 @@
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-use super::{conv, conv_fast, dense, recurrent, Layer};
+use super::{conv, conv_fast, dense, recurrent, Layer, Mode};
 use crate::chain::{batch_len, Plan, Step};
 use crate::cpu::gemm::GemmWorkspace;
 use crate::cpu::pool::Pool;
@@ -82,18 +82,19 @@ impl Workspace {
         before.iter().any(|cache| matches!(cache, StepCache::Conv(conv) if conv.fused.takes(index)))
     }
 
-    /// Readies a pass on the parameters `params` of `version`: the convolutions' weights
-    /// packed unless they come from `version`, and on a second pass of a version the dense
-    /// layers' weights. The steps
-    /// share the pool's threads. Allocates nothing; nothing is handed to the pool when nothing
+    /// Readies a pass in `mode` on the parameters `params` of `version`: the convolutions'
+    /// weights packed unless they come from `version` (for the Winograd route, on an inference
+    /// pass that runs it), and on a second pass of a version the dense layers' weights. The
+    /// steps share the pool's threads. Allocates nothing; nothing is handed to the pool when nothing
     /// needs packing.
-    pub(super) fn prepare(&mut self, plan: &Plan, params: &[f32], version: u64, pool: &Pool) {
+    pub(super) fn prepare(&mut self, plan: &Plan, params: &[f32], version: u64, pool: &Pool, mode: Mode) {
         let convs = self.conv_version != version;
         let dense = self.last_version == version;
+        let winograd = |c: &conv_fast::ConvCache| mode == Mode::Infer && c.winograd_stale(version);
         let stale = |cache: &StepCache| match cache {
             StepCache::None => false,
             StepCache::Dense(d) => dense && d.stale(version),
-            StepCache::Conv(_) => convs,
+            StepCache::Conv(c) => convs || winograd(c),
         };
         if self.steps.iter().any(stale) {
             let steps = SharedMut::new(&mut self.steps);
@@ -107,7 +108,14 @@ impl Workspace {
                 match cache {
                     StepCache::None => {}
                     StepCache::Dense(d) => d.pack(w, version),
-                    StepCache::Conv(c) => c.pack(w),
+                    StepCache::Conv(c) => {
+                        if convs {
+                            c.pack(w);
+                        }
+                        if winograd(c) {
+                            c.pack_winograd(w, version);
+                        }
+                    }
                 }
             });
         }
