@@ -39,8 +39,8 @@ pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pa
         forward(pass.pool, &mut ws.gemm, &scratch, g, pass.batch, &pass.params[w], xs, zs);
         return pass.bias_act(step, activation, b, (g.out_channels, g.ohw()));
     }
-    let Pass { plan, index, params, acts, capacity, batch, pool, ws, buffers, .. } = pass;
-    let region = |r: usize| super::region(plan, r, *capacity, *batch);
+    let Pass { plan, index, params, acts, capacity, batch, block, pool, ws, buffers, .. } = pass;
+    let region = |r: usize| super::block_region(plan, r, *capacity, *batch, *block);
     let x = region(step.input_region);
     let (gemm, cache) = ws.conv(*index);
     let routes = if mode == Mode::Train { cache.routes } else { cache.infer_routes };

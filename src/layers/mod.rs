@@ -134,6 +134,17 @@ pub(crate) fn region(plan: &Plan, r: usize, capacity: usize, batch: usize) -> Ra
     start..start + batch * plan.regions[r]
 }
 
+/// As [`region`], for a pass over a block of samples (see [`forward`]): from sample `first` of
+/// the model's input and output regions, from sample 0 of every other, where each block in turn
+/// holds its values; or with no block, from sample 0 of every region.
+pub(crate) fn block_region(plan: &Plan, r: usize, capacity: usize, batch: usize, block: Option<usize>) -> Range<usize> {
+    let range = region(plan, r, capacity, batch);
+    let output = plan.steps.last().map_or(0, |s| s.output_region);
+    let first = block.filter(|_| r == 0 || r == output).unwrap_or(0);
+    let shift = first * plan.regions[r];
+    range.start + shift..range.end + shift
+}
+
 /// Borrows two ordered, disjoint ranges: the first shared, the second mutable.
 pub(crate) fn split2<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
     debug_assert!(a.end <= b.start);
@@ -151,6 +162,8 @@ pub(crate) struct Pass<'a> {
     pub acts: &'a mut [f32],
     pub capacity: usize,
     pub batch: usize,
+    /// In an inference pass run block by block, the block's first sample ([`block_region`]).
+    pub block: Option<usize>,
     pub pool: &'a Pool,
     pub ws: &'a mut Workspace,
     /// The model's buffers (running statistics): written in training, read in inference.
@@ -160,9 +173,9 @@ pub(crate) struct Pass<'a> {
 }
 
 impl Pass<'_> {
-    /// Values of region `r` for the batch.
+    /// Values of region `r` for the batch (or the block: [`block_region`]).
     pub fn region(&self, r: usize) -> Range<usize> {
-        region(self.plan, r, self.capacity, self.batch)
+        block_region(self.plan, r, self.capacity, self.batch, self.block)
     }
 
     /// z[s, c, p] += bias[c] over the step's z, `layout` = (channels, pixels per channel) of a
@@ -182,6 +195,14 @@ impl Pass<'_> {
 /// The fast forward: every step's output for the first `batch` samples. `version` names the
 /// values of `params` (`Model::version`), which the workspace's packed weights are checked
 /// against ([`Workspace`]).
+///
+/// An inference pass over more samples than the workspace's block ([`Workspace::block`]) runs
+/// block by block, each through every step, its values in the first samples of every region
+/// but the model's input and output: a block's activations then stay in cache from one step to
+/// the next, where the whole batch's would go to memory and back between steps. Only the
+/// output is defined after it. No block is of one sample (a last one joins the block before),
+/// so every block takes the convolutions' routes of the whole batch, and a sample's outputs
+/// have the bits they have in a pass over the whole batch at once.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     plan: &Plan,
@@ -197,13 +218,22 @@ pub(crate) fn forward(
 ) {
     debug_assert!(mode == Mode::Infer || matches!(buffers, Buffers::Write(_)), "training writes the buffers");
     ws.prepare(plan, params, version, pool, mode);
-    let mut pass = Pass { plan, index: 0, params, acts, capacity, batch, pool, ws, buffers, draw };
-    for (index, step) in plan.steps.iter().enumerate() {
-        if mode == Mode::Infer && pass.ws.taken_in(index) {
-            continue;
+    let size = if mode == Mode::Infer { ws.block() } else { batch };
+    let mut pass = Pass { plan, index: 0, params, acts, capacity, batch, block: None, pool, ws, buffers, draw };
+    let mut first = 0;
+    while first < batch {
+        // a block of `size`, with a last one of a single sample joined to it
+        let rest = batch - first;
+        let samples = if rest <= size.saturating_add(1) { rest } else { size };
+        (pass.batch, pass.block) = (samples, (samples < batch).then_some(first));
+        for (index, step) in plan.steps.iter().enumerate() {
+            if mode == Mode::Infer && pass.ws.taken_in(index) {
+                continue;
+            }
+            pass.index = index;
+            step.layer.forward(step, &mut pass, mode);
         }
-        pass.index = index;
-        step.layer.forward(step, &mut pass, mode);
+        first += samples;
     }
 }
 
