@@ -119,20 +119,7 @@ pub(super) fn copy_rows((rows, width): (usize, usize), src: &[f32], src_pitch: u
 /// out[..C·(H + 2·ph)·(W + 2·pw)] ← x (C × H × W) inside a zero border: the input as the
 /// lowering and the direct route read it.
 pub(crate) fn pad_into(x: &[f32], channels: usize, (h, w): (usize, usize), (ph, pw): (usize, usize), out: &mut [f32]) {
-    pad_to(x, channels, (h, w), (ph, pw), (h + 2 * ph, w + 2 * pw), out);
-}
-
-/// out[..C·hp·wp] ← x (C × H × W) in planes of hp × wp (hp ≥ H + ph, wp ≥ W + pw), its pixel
-/// (y, x) at (y + ph, x + pw), zeros elsewhere.
-pub(super) fn pad_to(
-    x: &[f32],
-    channels: usize,
-    (h, w): (usize, usize),
-    (ph, pw): (usize, usize),
-    (hp, wp): (usize, usize),
-    out: &mut [f32],
-) {
-    assert!(hp >= h + ph && wp >= w + pw, "padded planes smaller than the input");
+    let (hp, wp) = (h + 2 * ph, w + 2 * pw);
     let out = &mut out[..channels * hp * wp];
     out.fill(0.0);
     for (plane, xc) in out.chunks_exact_mut(hp * wp).zip(x[..channels * h * w].chunks_exact(h * w)) {
