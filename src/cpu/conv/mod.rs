@@ -27,9 +27,10 @@
 //!   columns in pairs by F(2, 3), four products of the direct route's kind (on transformed
 //!   input rows, read in place) where it takes six, then sums (`winograd`).
 //!
-//! The weights are packed once ([`ConvWeights::pack`]) for every route and direction and
-//! repacked only after they change. Routes sum in different orders: their results agree to
-//! rounding, not in every bit. Each route gives the same bits on any number of threads.
+//! The weights are packed once ([`ConvWeights::pack`]) for the lowered and direct routes in
+//! both directions, and for the Winograd route ([`ConvWeights::pack_winograd`]) where it runs,
+//! and repacked only after they change. Routes sum in different orders: their results agree
+//! to rounding, not in every bit. Each route gives the same bits on any number of threads.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
