@@ -37,14 +37,14 @@ use super::exec::Raw;
 use super::recurrent::{backward_steps, forward_steps, Ctx};
 use super::rnn_cudnn::{rnn_functions_present, Descs};
 use super::rnn_route::{runs, LayerBufs, LayerTrain, Route, Run, Scratch};
-use super::timing::time_calls;
+use super::timing::{add_note, time_calls, FirstMeasured};
 use super::{device_wide, driver_error, guarded_result};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::layers::recurrent::{dims, Cell, Dims, RnnOutput, STATE};
 use cudarc::driver::{result as driver, CudaStream};
 use std::fmt::Write;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 /// (batch, TF32) setups kept: as `dnn.rs`'s.
 const SLOTS: usize = 2 * super::graph::Graphs::SLOTS;
@@ -455,10 +455,10 @@ impl Inner {
         let key = MeasureKey { ordinal: s.gpu.ordinal(), dims: d, batch: s.f.batch, tf32: s.options.tf32, training };
         let ctx = step_ctx(s, index);
         let step = &s.plan.steps[index];
-        let m = match measured(&key) {
+        let m = match MEASURED.get(&key) {
             Some(m) => m,
             None => match self.measure(i, layer, &ctx, step, &d, s.options.graphs)? {
-                Some(m) => remember(key, m),
+                Some(m) => MEASURED.keep(key, m),
                 // not measured: nothing kept for other caches, which may have what this one lacks
                 None => Measured { own_us: f32::NAN, cudnn_us: f32::NAN, cudnn_ok: false, note: self.unavailable(training) },
             },
@@ -580,28 +580,8 @@ struct Measured {
 }
 
 /// Every measurement made in this process: the first one of a key is what every cache uses.
-static MEASURED: Mutex<Vec<(MeasureKey, Measured)>> = Mutex::new(Vec::new());
-
-fn measured(key: &MeasureKey) -> Option<Measured> {
-    let all = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
-    all.iter().find(|(k, _)| k == key).map(|(_, m)| m.clone())
-}
-
-/// Keeps `m` for `key` unless another cache got there first; what is kept.
-fn remember(key: MeasureKey, m: Measured) -> Measured {
-    let mut all = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
-    match all.iter().find(|(k, _)| *k == key) {
-        Some((_, first)) => first.clone(),
-        None => {
-            all.push((key, m.clone()));
-            m
-        }
-    }
-}
+static MEASURED: FirstMeasured<MeasureKey, Measured> = FirstMeasured::new();
 
 fn note(notes: &mut String, training: bool, what: &str) {
-    if !notes.is_empty() {
-        notes.push_str("; ");
-    }
-    let _ = write!(notes, "{}: {what}", if training { "training" } else { "inference" });
+    add_note(notes, if training { "training" } else { "inference" }, what);
 }
