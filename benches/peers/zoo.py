@@ -5,6 +5,9 @@ batches and timing method, in one process the bench starts and asks for one poin
         then one request a line on stdin:
         {"model": "mlp", "device": "cpu1", "batch": 64, "tasks": ["infer"], "cpu_clock": false}
     python3 zoo.py --check DIR     # outputs and losses of flatnn's saved models, recomputed here
+    python3 zoo.py --prewarm [--jobs N] [--models a,b] [--devices gpu,gpu-tf32] [--tasks train,infer]
+        [--batches 8,64,512] [--dry-run] [--cpu]   # the compiled peers into inductor's caches
+        (see zoo_prewarm.py), before a run with --compile
 
 Devices: cpu1 (one thread), cpu (config's thread count), gpu (FP32: TF32 off everywhere), gpu-tf32
 (PyTorch's defaults, and TF32 on everywhere). Peers by device and task:
@@ -26,6 +29,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import zoo_models  # noqa: E402
+import zoo_prewarm  # noqa: E402
 import zoo_timing  # noqa: E402
 
 SEED = 11
@@ -106,7 +110,7 @@ class Peers:
                 out.append((f"pt-eager:{mode}", self.moded(mode, lambda n, b: zt.latency_eager(n, b, gpu, SEED))))
                 out.append((f"pt-graph:{mode}", self.moded(mode, lambda n, b: zt.latency_graph(n, b, gpu, SEED))))
         if self.args.compile and task != "latency" and batch in self.config["compile_batches"]:
-            mode = "fp32" if device == "gpu" else "tf32"
+            mode = zoo_prewarm.COMPILE_MODES[device]
             make = zt.train_graph if task == "train" else zt.infer_graph
             out.append((f"pt-compile:{mode}", self.moded(mode, lambda n, b: self.timed_build(make(n, b, gpu, SEED, True)))))
         return out
@@ -170,10 +174,15 @@ class Peers:
     def measure(self, name, device, task, batch, peer, make, timing):
         entry = {"model": name, "device": device, "task": task, "batch": batch, "peer": peer,
                  "seconds": None, "p99": None, "calls": 0, "note": None}
+        compiled = peer.startswith("pt-compile")
         try:
+            before = self.zoo_torch.fx_cache_counts() if compiled else None
             call = make(name, batch)
-            if getattr(call, "build_s", None) is not None and peer.startswith("pt-compile"):
+            if compiled:
                 entry["build_s"] = round(call.build_s, 2)
+                after = self.zoo_torch.fx_cache_counts()
+                hits, graphs = after["hit"] - before["hit"], sum(after.values()) - sum(before.values())
+                entry["cached"] = f"{hits} of {graphs} graphs from inductor's cache"
             if task == "latency":
                 entry["seconds"], entry["p99"], entry["calls"] = zoo_timing.single(timing, call)
             else:
@@ -212,6 +221,8 @@ class Peers:
                     series.record(batch, entry)
                 out.append(entry)
                 shown = f"{entry['seconds'] * 1e6:.1f} us" if entry["seconds"] else entry["note"]
+                if "build_s" in entry:
+                    shown += f" (compile and capture {entry['build_s']:.1f} s, {entry['cached']})"
                 print(f"peers: {name} {device} {task} {batch} {peer}: {shown}", file=sys.stderr, flush=True)
         return out
 
@@ -221,6 +232,10 @@ def serve(args):
     benches/zoo/peers.rs for the protocol)."""
     protocol = sys.stdout
     sys.stdout = sys.stderr  # anything else printed goes to stderr
+    if args.compile:
+        # the pre-warm compiles; what it left out compiles here in this process alone, rather
+        # than in a pool of compile workers that would start beside the timings
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
     def send(value):
         protocol.write("@zoo " + json.dumps(value) + "\n")
@@ -334,13 +349,29 @@ def main():
     parser.add_argument("--config", help="JSON: timing, threads, latency_max_batch, compile_batches")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--check", metavar="DIR")
+    parser.add_argument("--prewarm", action="store_true", help="build the compiled peers into inductor's caches, then exit")
+    parser.add_argument("--jobs", type=int, help="pre-warm jobs at a time (default: CPUs - 2)")
+    parser.add_argument("--models", default=",".join(zoo_models.MODELS), help="pre-warm: models (default: all)")
+    parser.add_argument("--devices", default=",".join(zoo_prewarm.COMPILE_MODES), help="pre-warm: gpu, gpu-tf32")
+    parser.add_argument("--tasks", default=",".join(zoo_prewarm.TASKS), help="pre-warm: train, infer")
+    parser.add_argument("--batches", default=",".join(map(str, zoo_prewarm.COMPILE_BATCHES)), help="pre-warm: batches")
+    parser.add_argument("--dry-run", action="store_true", help="pre-warm: list the jobs, build nothing")
+    parser.add_argument("--cpu", action="store_true", help="pre-warm: compile on the CPU (a check of the harness)")
+    parser.add_argument("--prewarm-job", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.check:
+    zoo_prewarm.share_compile_caches()
+    if args.jobs is not None and args.jobs < 1:
+        parser.error("--jobs: at least 1")
+    if args.prewarm_job:
+        zoo_prewarm.run_job(json.loads(args.prewarm_job), SEED, args.cpu)
+    elif args.prewarm:
+        sys.exit(0 if zoo_prewarm.main(args, parser, os.path.abspath(__file__)) else 1)
+    elif args.check:
         sys.exit(0 if check(args.check) else 1)
-    if args.serve and args.config:
+    elif args.serve and args.config:
         serve(args)
     else:
-        parser.error("give --serve --config JSON, or --check DIR")
+        parser.error("give --serve --config JSON, --check DIR or --prewarm")
 
 
 if __name__ == "__main__":

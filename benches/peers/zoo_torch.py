@@ -16,18 +16,24 @@ outputs to a page-locked host tensor, which waits by itself, as flatnn's `forwar
 Precision modes: "fp32" (TF32 off in cuBLAS and cuDNN), "default" (PyTorch's defaults, as found
 at import: TF32 allowed in cuDNN convolutions, not in matmuls), "tf32" (TF32 on in both).
 cudnn.benchmark is on: PyTorch times cuDNN's algorithms per shape, as flatnn measures its routes.
+
+On the CPU (the pre-warm's --cpu check) the graph makers run the step as it is, without a graph.
 """
 
 import gc
 import time
 
 import torch
+import torch._inductor.config
 import torch.nn as nn
 
 import zoo_models
 
 DEFAULTS = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
 WARMUP_STEPS = 3
+# the tuned launch configurations of generated kernels, on disk beside the FX graph cache (see
+# zoo_prewarm.share_compile_caches)
+torch._inductor.config.autotune_local_cache = True
 
 
 def set_mode(mode):
@@ -71,6 +77,14 @@ def compile_fresh(fn):
     return torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
 
 
+def fx_cache_counts():
+    """{"hit", "miss", "bypass"}: inductor's FX graph cache lookups in this process so far (each
+    compiled graph is one: a training step's forward and backward are two)."""
+    from torch._dynamo.utils import counters
+
+    return {k: counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass")}
+
+
 def train_eager(name, batch, device, seed):
     model, x, target, loss_fn = data(name, batch, device, seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -97,7 +111,7 @@ def on_side_stream(work):
 
 def train_graph(name, batch, device, seed, compiled):
     """The whole step as one CUDA graph; with `compiled`, forward and loss through torch.compile.
-    Returns (call, seconds spent compiling and capturing)."""
+    Returns (call, seconds spent compiling and capturing; on the CPU, compiling and warming up)."""
     start = time.perf_counter()
     model, x, target, loss_fn = data(name, batch, device, seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True, capturable=True)
@@ -108,11 +122,19 @@ def train_graph(name, batch, device, seed, compiled):
     if compiled:
         forward_loss = compile_fresh(forward_loss)
 
+    def step():
+        opt.zero_grad(set_to_none=True)
+        forward_loss(x, target).backward()
+        opt.step()
+
+    if device.type != "cuda":
+        for _ in range(WARMUP_STEPS):
+            step()
+        return (lambda _end: step()), time.perf_counter() - start
+
     def steps():
         for _ in range(WARMUP_STEPS):
-            opt.zero_grad(set_to_none=True)
-            forward_loss(x, target).backward()
-            opt.step()
+            step()
 
     on_side_stream(steps)
     graph = torch.cuda.CUDAGraph()
@@ -145,12 +167,21 @@ def infer_eager(name, batch, device, seed):
 
 def infer_graph(name, batch, device, seed, compiled):
     """Forward as a CUDA graph, outputs copied to a page-locked host tensor after each replay.
-    Returns (call, seconds spent compiling and capturing)."""
+    Returns (call, seconds spent compiling and capturing; on the CPU, compiling and warming up)."""
     start = time.perf_counter()
     model, x, _, _ = data(name, batch, device, seed)
     model.eval()
     forward = compile_fresh(model) if compiled else model
-    out = torch.empty((batch, zoo_models.output_len(name)), pin_memory=True)
+    out = torch.empty((batch, zoo_models.output_len(name)), pin_memory=device.type == "cuda")
+    if device.type != "cuda":
+
+        def call(_end):
+            with torch.no_grad():
+                out.copy_(forward(x))
+
+        for _ in range(WARMUP_STEPS):
+            call(True)
+        return call, time.perf_counter() - start
     graph = torch.cuda.CUDAGraph()
     # no_grad rather than inference_mode: the captured output stays an ordinary tensor, which
     # the host copy after each replay may read outside any mode
