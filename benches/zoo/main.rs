@@ -293,6 +293,7 @@ fn main() -> Result<()> {
             report::full(&mut text, &results, place, task);
         }
     }
+    report::compile_times(&mut text, &results);
     println!("{}", &text[header.len()..]);
     println!("{}", header.lines().last().unwrap_or_default());
     write(&args.out, "zoo.txt", &text)?;

@@ -132,7 +132,8 @@ fn figure(r: &Value) -> Option<Figure> {
     let seconds = r["seconds"].as_f64();
     let mut note = r["note"].as_str().map(str::to_owned);
     if let (Some(build), Some(_)) = (r["build_s"].as_f64(), seconds) {
-        note = Some(format!("compile and capture took {build:.0} s"));
+        let cached = r["cached"].as_str().map_or_else(String::new, |c| format!(", {c}"));
+        note = Some(format!("compile and capture took {build:.1} s{cached}"));
     }
     Some(Figure {
         model: string(&r["model"]),

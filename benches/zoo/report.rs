@@ -244,6 +244,24 @@ pub fn full(out: &mut String, res: &Results, place: Place, task: Task) {
     notes.write(out);
 }
 
+/// The compiled peers' notes (how long each compile and capture took, and how many of its
+/// graphs inductor's cache held), one line per point they measured.
+pub fn compile_times(out: &mut String, res: &Results) {
+    let lines: Vec<String> = res
+        .figures
+        .iter()
+        .filter(|f| f.runner.starts_with("pt-compile") && f.seconds.is_some())
+        .filter_map(|f| Some(format!("  {} {} {} {} {}: {}", f.place, f.task, f.model, f.batch, f.runner, f.note.as_deref()?)))
+        .collect();
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\n== torch.compile, per point");
+    for line in lines {
+        let _ = writeln!(out, "{line}");
+    }
+}
+
 fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
         format!("\"{}\"", s.replace('"', "\"\""))
