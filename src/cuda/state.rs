@@ -23,7 +23,9 @@ use super::launch::ViewMut;
 use super::layers;
 pub(crate) use super::nccl::Reduce;
 use super::ops::{loss_key, optim_kernel, LaunchArgs, FINISH_MAX, NORM_SCRATCH};
+pub use super::options::{Convs, GpuOptions, Tuning};
 use super::pinned::{Event, Pinned};
+use super::routes::Routes;
 pub(crate) use super::serve::DevServer;
 use crate::cache::{Cache, Grads};
 use crate::chain::{batch_len, Plan};
@@ -34,22 +36,6 @@ use crate::loss::Loss;
 use crate::optim::{Clip, Update};
 use cudarc::driver::{result, sys, CudaStream};
 use std::sync::Arc;
-
-/// How a model runs on the GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuOptions {
-    /// Capture each step as a CUDA graph and replay it (default). Off: the same launches, eager.
-    pub graphs: bool,
-    /// TF32 tensor-core products in cuBLAS (about 10 mantissa bits in each product; results
-    /// differ from FP32 by ~1e-3 relative). Off by default.
-    pub tf32: bool,
-}
-
-impl Default for GpuOptions {
-    fn default() -> Self {
-        GpuOptions { graphs: true, tf32: false }
-    }
-}
 
 /// A model's parameters on a device, and the stream its work runs on.
 pub(crate) struct DevModel {
@@ -83,6 +69,8 @@ pub(crate) struct DevCache {
     blas: Blas,
     /// cuDNN for the convolutions it runs faster (see `dnn.rs`).
     dnn: Dnn,
+    /// The dense layers' routes, per batch size bucket (see `routes.rs`).
+    routes: Routes,
     /// Region 0 (the inputs) is written by copies from the host or by the data loader's gather.
     pub(super) acts: DevBuf<f32>,
     cols: DevBuf<f32>,
@@ -230,7 +218,7 @@ impl DevModel {
 
     /// The device half of a cache for `capacity` samples.
     pub fn new_cache(&self, plan: &Plan, capacity: usize) -> Result<DevCache> {
-        DevCache::new(&self.gpu, &self.stream, self.options.tf32, plan, capacity)
+        DevCache::new(&self.gpu, &self.stream, self.options, plan, capacity)
     }
 
     /// The device half of gradient buffers for `capacity` samples.
@@ -280,7 +268,7 @@ impl DevModel {
         let (capacity, batch) = (cache.capacity, cache.batch);
         let last = plan.steps.last().expect("a plan has steps").output_region;
         let out = crate::layers::region(plan, last, capacity, batch);
-        let DevCache { graphs, outputs, staging, acts, cols, blas, dnn, current, done, counter, signals, .. } =
+        let DevCache { graphs, outputs, staging, acts, cols, blas, dnn, routes, current, done, counter, signals, .. } =
             cache.dev.as_mut().expect("a GPU cache");
         let inputs = copy_in.then(|| &staging[*current].as_slice()[..batch * plan.input.len()]);
         let from = inputs.map_or(0, |s| s.as_ptr() as u64);
@@ -297,10 +285,12 @@ impl DevModel {
             reduce: 0,
         };
         let (buffers, draw) = (self.buffers.as_ref(), &self.draw);
-        let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None, buffers, draw };
+        let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None, routes: None, buffers, draw };
         let (gpu, stream) = (&self.gpu, &self.stream);
-        dnn.prepare(&StepRun { gpu, blas, stream, plan, f: &f, b: None, options: self.options })?;
-        let f = Forward { dnn: Some(dnn), ..f };
+        let run = StepRun { gpu, blas, stream, plan, f: &f, b: None, options: self.options };
+        dnn.prepare(&run)?;
+        routes.prepare(&run)?;
+        let f = Forward { dnn: Some(dnn), routes: Some(routes), ..f };
         let signal = out.len() <= FINISH_MAX;
         let (host_out_device, flag) = (outputs.device_ptr(), done.device_ptr());
         let host_out = &mut outputs.as_mut_slice()[..out.len()];
@@ -404,11 +394,12 @@ impl DevModel {
             reduce: reduce.map_or(0, Reduce::id),
         };
         let (buffers, draw) = (self.buffers.as_ref(), &self.draw);
-        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None, buffers, draw };
+        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None, routes: None, buffers, draw };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
         let run = StepRun { gpu: &self.gpu, blas: &dev.blas, stream: &self.stream, plan, f: &f, b: Some(&b), options: self.options };
         dev.dnn.prepare(&run)?;
-        let f = Forward { dnn: Some(&dev.dnn), ..f };
+        dev.routes.prepare(&run)?;
+        let f = Forward { dnn: Some(&dev.dnn), routes: Some(&dev.routes), ..f };
         let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
         let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
         let side = Side {
@@ -438,11 +429,11 @@ impl DevModel {
             }
             // the last dense layer, the loss and that layer's input gradient in one kernel where
             // it takes them (src/cuda/head.rs)
-            let head = Head::of(gpu, plan, capacity, batch, loss);
+            let head = Head::of(gpu, plan, capacity, batch, loss, &self.options.tuning);
             let upto = head.map_or(plan.steps.len(), |h| h.first());
             let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto, Mode::Train)?;
             // the head clears the gradients that split weight gradients add into
-            let cleared = head.as_ref().and_then(|_| exec::split_weight_grads(gpu, plan, &f, &b));
+            let cleared = head.as_ref().and_then(|_| exec::split_weight_grads(plan, &f));
             match &head {
                 Some(h) => exec::head(gpu, stream, &f, &b, &l, loss, h, weights_early, cleared.clone())?,
                 None => exec::loss(gpu, stream, plan, &f, &b, &l, loss)?,
@@ -511,15 +502,16 @@ impl DevModel {
 }
 
 impl DevCache {
-    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<DevCache> {
+    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, options: GpuOptions, plan: &Plan, capacity: usize) -> Result<DevCache> {
         // every size checked before the first allocation
         let acts = plan.acts_len(capacity)?;
         let cols = batch_len(capacity, max_lowered_len(plan), "lowered convolution inputs")?;
         let (inputs, outputs) = (batch_len(capacity, plan.input.len(), "inputs")?, batch_len(capacity, plan.output().len(), "outputs")?);
         Ok(DevCache {
             stream: Arc::clone(stream),
-            blas: gpu.blas(stream, tf32)?,
-            dnn: Dnn::new(gpu, stream, plan),
+            blas: gpu.blas(stream, options.tf32)?,
+            dnn: Dnn::new(gpu, stream, plan, options.tuning.convs),
+            routes: Routes::new(),
             acts: DevBuf::zeros(gpu, stream, acts)?,
             cols: DevBuf::zeros(gpu, stream, cols)?,
             labels: DevBuf::zeros(gpu, stream, capacity)?,
@@ -558,7 +550,7 @@ impl DevCache {
     /// On CUDA device `ordinal`, not yet bound to a model's stream.
     pub fn on(ordinal: usize, plan: &Plan, capacity: usize) -> Result<DevCache> {
         let gpu = super::gpu(ordinal)?;
-        DevCache::new(&gpu, &gpu.new_stream()?, false, plan, capacity)
+        DevCache::new(&gpu, &gpu.new_stream()?, GpuOptions::default(), plan, capacity)
     }
 
     pub fn device(&self) -> Device {
@@ -568,6 +560,16 @@ impl DevCache {
     /// How the convolutions run: see `Cache::conv_backends`.
     pub fn conv_report(&self) -> String {
         self.dnn.report()
+    }
+
+    /// How the dense layers and the convolutions run: see `Cache::routes`.
+    pub fn routes_report(&self) -> String {
+        let (dense, convs) = (self.routes.report(), self.dnn.report());
+        match (dense.is_empty(), convs.is_empty()) {
+            (_, true) => dense,
+            (true, false) => convs,
+            (false, false) => dense + "\n" + &convs,
+        }
     }
 
     /// The first `len` outputs the last forward copied back.

@@ -4,8 +4,11 @@ use super::{check, download, same_bits, upload};
 use crate::activation::Activation::{self, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Tanh};
 use crate::chain::{Chain, Input, Shape};
 use crate::cuda::blas::{DevMat, DevMatMut};
+use crate::cuda::context::Kernel;
+use crate::cuda::dense::{DenseEpilogue, Dir, Route, MMA_TILES};
 use crate::cuda::launch::{View, ViewMut};
-use crate::cuda::ops::{DenseEpilogue, LOSS_SCRATCH, MMA_TILES, NORM_SCRATCH};
+use crate::cuda::ops::{LOSS_SCRATCH, NORM_SCRATCH};
+use crate::cuda::options::Tuning;
 use crate::cuda::test_gpu;
 use crate::init::Init;
 use crate::layers::{conv, pool};
@@ -352,14 +355,17 @@ fn product(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
     c
 }
 
-/// The fused dense kernels (both shapes: few rows, panels) against plain loops, on small
-/// integers (so the products are exact) for every epilogue, with A and B each stored either way.
+/// The fused kernels of each route of every direction (`Gpu::dense_routes`: row-chunked,
+/// panels, the tensor-core tiles where the layout and alignment let them) against plain loops,
+/// on small integers (so the products are exact) for every epilogue, with A and B each stored
+/// either way.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn dense_products_and_their_epilogues_match_plain_loops() {
     let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(11);
+    let tuning = Tuning::default();
     let shapes = [
         (1, 1, 1),
         (1, 128, 784),
@@ -380,9 +386,15 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
         (128, 784, 256),
         (256, 128, 256),
         (257, 67, 1001),
+        (128, 128, 784),
     ];
-    // and one that runs eight columns a block (see the next test)
-    for (m, n, k) in shapes.into_iter().chain([(eight_column_rows(&gpu), 128, 784)]) {
+    // the fused kernels of `dir`'s routes for these operands (each shape runs every kernel of
+    // any layout, so each is tested)
+    let kernels = |dir, (m, n, k), am: &DevMat, bm: &DevMat| -> Vec<Kernel> {
+        let routes = gpu.dense_routes(&tuning, dir, (m, n, k), am, bm);
+        routes.into_iter().filter_map(|r| if let Route::Fused(kernel) = r { Some(kernel) } else { None }).collect()
+    };
+    for (m, n, k) in shapes {
         let (a, b, bias) = (rng.ints(m * k), rng.ints(k * n), rng.ints(n));
         let c = product(m, n, k, &a, &b);
         let (ad, bd, biasd) = (upload(&stream, &a), upload(&stream, &b), upload(&stream, &bias));
@@ -392,42 +404,54 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
         // B stored transposed too (n × k row-major), as a dense layer's forward reads W
         let bt: Vec<f32> = (0..n * k).map(|l| b[(l % k) * n + l / k]).collect();
         let btd = upload(&stream, &bt);
-        let what = format!("dense {m}x{n}x{k}");
         // A as stored, B as stored; A transposed, B as stored; A as stored, B transposed
         for (a_transposed, b_transposed) in [(false, false), (true, false), (false, true)] {
             let am =
                 if a_transposed { DevMat { data: View::of(&atd), rs: 1, cs: m } } else { DevMat { data: View::of(&ad), rs: k, cs: 1 } };
             let bm =
                 if b_transposed { DevMat { data: View::of(&btd), rs: 1, cs: k } } else { DevMat { data: View::of(&bd), rs: n, cs: 1 } };
-            // B and the epilogue's inputs read before the wait (as a layer's weights are) or after
-            for (act, b_early) in [Identity, Relu, Tanh, Gelu].into_iter().flat_map(|act| [(act, false), (act, true)]) {
-                let what = format!("{what} b_early {b_early}");
-                let (mut z, mut y) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m * n)));
-                let epilogue = DenseEpilogue::Forward { bias: View::of(&biasd), z: ViewMut::of(&mut z), y: Some(ViewMut::of(&mut y)), act };
-                gpu.dense(&stream, m, n, k, am, bm, epilogue, b_early).unwrap();
-                let z_want: Vec<f32> = c.iter().enumerate().map(|(l, v)| v + bias[l % n]).collect();
-                let y_want: Vec<f32> = z_want.iter().map(|&v| act.apply(v)).collect();
-                check(&format!("{what} forward z {act:?}"), &download(&stream, &z), &z_want, 0.0, 0.0);
-                check(&format!("{what} forward y {act:?}"), &download(&stream, &y), &y_want, 1e-6, 1e-6);
-                // input gradient through the producer's activation, at its z and y
-                let zp: Vec<f32> = rng.uniform(m * n).iter().map(|v| 3.0 * v).collect();
-                let yp: Vec<f32> = zp.iter().map(|&v| act.apply(v)).collect();
-                let (zpd, ypd, mut dx) = (upload(&stream, &zp), upload(&stream, &yp), upload(&stream, &poisoned(m * n)));
-                let epilogue = DenseEpilogue::InputGrad { dx: ViewMut::of(&mut dx), prev: Some((View::of(&zpd), View::of(&ypd), act)) };
-                gpu.dense(&stream, m, n, k, am, bm, epilogue, b_early).unwrap();
-                let dx_want: Vec<f32> = (0..m * n).map(|l| c[l] * act.derivative(zp[l], yp[l])).collect();
-                // act' on the device and on the host differ by an ulp or two (expf, erf fit), so
-                // the products differ by as much relative to them
-                check(&format!("{what} input grad {act:?}"), &download(&stream, &dx), &dx_want, 1e-4, 1e-5);
+            for kernel in kernels(Dir::Forward, (m, n, k), &am, &bm) {
+                let what = format!("dense {m}x{n}x{k} {kernel:?} A transposed {a_transposed}, B transposed {b_transposed}");
+                // B and the epilogue's inputs read before the wait (as a layer's weights are) or after
+                for (act, b_early) in [Identity, Relu, Tanh, Gelu].into_iter().flat_map(|act| [(act, false), (act, true)]) {
+                    let what = format!("{what} b_early {b_early}");
+                    let (mut z, mut y) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m * n)));
+                    let epilogue =
+                        DenseEpilogue::Forward { bias: View::of(&biasd), z: ViewMut::of(&mut z), y: Some(ViewMut::of(&mut y)), act };
+                    gpu.dense_on(&stream, kernel, m, n, k, am, bm, epilogue, b_early).unwrap();
+                    let z_want: Vec<f32> = c.iter().enumerate().map(|(l, v)| v + bias[l % n]).collect();
+                    let y_want: Vec<f32> = z_want.iter().map(|&v| act.apply(v)).collect();
+                    check(&format!("{what} forward z {act:?}"), &download(&stream, &z), &z_want, 0.0, 0.0);
+                    check(&format!("{what} forward y {act:?}"), &download(&stream, &y), &y_want, 1e-6, 1e-6);
+                }
+            }
+            for kernel in kernels(Dir::InputGrad, (m, n, k), &am, &bm) {
+                let what = format!("dense {m}x{n}x{k} {kernel:?} A transposed {a_transposed}, B transposed {b_transposed}");
+                for (act, b_early) in [Identity, Relu, Tanh, Gelu].into_iter().flat_map(|act| [(act, false), (act, true)]) {
+                    let what = format!("{what} b_early {b_early}");
+                    // input gradient through the producer's activation, at its z and y
+                    let zp: Vec<f32> = rng.uniform(m * n).iter().map(|v| 3.0 * v).collect();
+                    let yp: Vec<f32> = zp.iter().map(|&v| act.apply(v)).collect();
+                    let (zpd, ypd, mut dx) = (upload(&stream, &zp), upload(&stream, &yp), upload(&stream, &poisoned(m * n)));
+                    let epilogue = DenseEpilogue::InputGrad { dx: ViewMut::of(&mut dx), prev: Some((View::of(&zpd), View::of(&ypd), act)) };
+                    gpu.dense_on(&stream, kernel, m, n, k, am, bm, epilogue, b_early).unwrap();
+                    let dx_want: Vec<f32> = (0..m * n).map(|l| c[l] * act.derivative(zp[l], yp[l])).collect();
+                    // act' on the device and on the host differ by an ulp or two (expf, erf fit), so
+                    // the products differ by as much relative to them
+                    check(&format!("{what} input grad {act:?}"), &download(&stream, &dx), &dx_want, 1e-4, 1e-5);
+                }
             }
             // weight gradient: dW = C, db = row sums of A; B read before the wait or after it
             let db_want: Vec<f32> = (0..m).map(|i| a[i * k..(i + 1) * k].iter().sum()).collect();
-            for b_early in [false, true] {
-                let (mut dw, mut db) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m)));
-                let epilogue = DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db), cleared: false };
-                gpu.dense(&stream, m, n, k, am, bm, epilogue, b_early).unwrap();
-                check(&format!("{what} dW b_early {b_early}"), &download(&stream, &dw), &c, 0.0, 0.0);
-                check(&format!("{what} db b_early {b_early}"), &download(&stream, &db), &db_want, 0.0, 0.0);
+            for kernel in kernels(Dir::WeightGrad, (m, n, k), &am, &bm) {
+                let what = format!("dense {m}x{n}x{k} {kernel:?} A transposed {a_transposed}, B transposed {b_transposed}");
+                for b_early in [false, true] {
+                    let (mut dw, mut db) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m)));
+                    let epilogue = DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db), cleared: false };
+                    gpu.dense_on(&stream, kernel, m, n, k, am, bm, epilogue, b_early).unwrap();
+                    check(&format!("{what} dW b_early {b_early}"), &download(&stream, &dw), &c, 0.0, 0.0);
+                    check(&format!("{what} db b_early {b_early}"), &download(&stream, &db), &db_want, 0.0, 0.0);
+                }
             }
         }
     }
@@ -443,7 +467,8 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
 fn split_weight_grads_match_plain_loops() {
     use crate::cuda::wgrad::Job;
     let gpu = test_gpu();
-    if !gpu.split_enabled() {
+    let tuning = Tuning::from_env();
+    if gpu.compute_capability().0 < 9 || !tuning.split_weight_grads {
         println!("skipped: needs sm_90 (clusters), or FLATNN_SPLIT=0");
         return;
     }
@@ -465,7 +490,7 @@ fn split_weight_grads_match_plain_loops() {
     ];
     let mut ran = 0;
     for (layers, batch) in cases {
-        if !gpu.weight_grad_split_takes(layers, batch) {
+        if !gpu.weight_grad_split_fits(layers, &tuning) {
             println!("{layers:?} over {batch}: not on this GPU");
             continue;
         }
@@ -574,12 +599,12 @@ fn tensor_core_tiles_keep_fp32_accuracy() {
                     // into dW): dW is the product, its db the column of ones' (not checked here)
                     let (mut dw, mut db) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m)));
                     let epilogue = DenseEpilogue::WeightGrad { dw: ViewMut::of(&mut dw), db: ViewMut::of(&mut db), cleared: false };
-                    gpu.dense_on(&stream, kernel, tile.grid(kernel, m, n + 1), m, n, k, am, bm, epilogue, false).unwrap();
+                    gpu.dense_on(&stream, kernel, m, n, k, am, bm, epilogue, false).unwrap();
                     worst(&download(&stream, &dw))
                 } else {
                     let mut z = upload(&stream, &poisoned(m * n));
                     let epilogue = DenseEpilogue::Forward { bias: View::of(&zero), z: ViewMut::of(&mut z), y: None, act: Identity };
-                    gpu.dense_on(&stream, kernel, tile.grid(kernel, m, n), m, n, k, am, bm, epilogue, false).unwrap();
+                    gpu.dense_on(&stream, kernel, m, n, k, am, bm, epilogue, false).unwrap();
                     worst(&download(&stream, &z))
                 };
                 println!("{kernel:?} {m}x{n}x{k}: worst error {got:e} of sum |a b| (FP32 in order: {:e})", (bound - 1e-9) / 2.0);
@@ -589,41 +614,39 @@ fn tensor_core_tiles_keep_fp32_accuracy() {
     }
 }
 
-/// Rows of a product of 128 columns over k = 784 that runs eight columns a row-chunked block
-/// (`dense_skinny8`): k too deep for panels, and only eight columns a block fit in one wave (128
-/// rows on the H100). Asserts that it does.
-fn eight_column_rows(gpu: &crate::cuda::Gpu) -> usize {
-    let rows = 8 * (gpu.dense_wave() / 16);
-    assert_eq!(gpu.dense_blocks(rows, 128, 784, false), 16 * rows / 8, "{rows} × 128 over 784: eight columns a block");
-    rows
-}
-
-/// A product of many rows (four or eight columns per block) gives, row by row, the bits of the
-/// same product one row at a time (`dense_row`): the kernels sum every value in one order.
-/// Random values, so another order would show in the last bits.
+/// A product of many rows on each row-chunked kernel (one, four or eight columns per block)
+/// gives, row by row, the bits of the same product one row at a time (`dense_row`): the kernels
+/// sum every value in one order. Random values, so another order would show in the last bits.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn four_and_eight_columns_per_block_sum_in_the_order_of_one() {
     let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(14);
-    let eight_rows = eight_column_rows(&gpu);
-    for (m, n, k) in [(9, 10, 1300), (37, 65, 130), (64, 7, 300), (128, 33, 784), (eight_rows, 128, 784)] {
+    for (m, n, k) in [(9, 10, 1300), (37, 65, 130), (64, 7, 300), (128, 33, 784), (128, 128, 784)] {
         let (a, w, bias) = (rng.uniform(m * k), rng.uniform(n * k), rng.uniform(n));
         let (ad, wd, bd) = (upload(&stream, &a), upload(&stream, &w), upload(&stream, &bias));
         // W stored n × k, as a dense layer's forward reads it
         let wm = DevMat { data: View::of(&wd), rs: 1, cs: k };
-        let mut all = upload(&stream, &poisoned(m * n));
-        let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: ViewMut::of(&mut all), y: None, act: Identity };
-        gpu.dense(&stream, m, n, k, DevMat { data: View::of(&ad), rs: k, cs: 1 }, wm, epilogue, false).unwrap();
-        let all = download(&stream, &all);
-        for i in 0..m {
-            let row = upload(&stream, &a[i * k..(i + 1) * k]);
-            let mut one = upload(&stream, &poisoned(n));
-            let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: ViewMut::of(&mut one), y: None, act: Identity };
-            // B read before the wait here, after it above: the same sums
-            gpu.dense(&stream, 1, n, k, DevMat { data: View::of(&row), rs: k, cs: 1 }, wm, epilogue, true).unwrap();
-            same_bits(&format!("{m}x{n}x{k} row {i}"), &download(&stream, &one), &all[i * n..(i + 1) * n]);
+        let rows: Vec<Vec<f32>> = (0..m)
+            .map(|i| {
+                let row = upload(&stream, &a[i * k..(i + 1) * k]);
+                let mut one = upload(&stream, &poisoned(n));
+                let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: ViewMut::of(&mut one), y: None, act: Identity };
+                // B read before the wait here, after it below: the same sums
+                gpu.dense_on(&stream, Kernel::DenseRow, 1, n, k, DevMat { data: View::of(&row), rs: k, cs: 1 }, wm, epilogue, true)
+                    .unwrap();
+                download(&stream, &one)
+            })
+            .collect();
+        for kernel in [Kernel::DenseSkinny, Kernel::DenseSkinny4, Kernel::DenseSkinny8] {
+            let mut all = upload(&stream, &poisoned(m * n));
+            let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: ViewMut::of(&mut all), y: None, act: Identity };
+            gpu.dense_on(&stream, kernel, m, n, k, DevMat { data: View::of(&ad), rs: k, cs: 1 }, wm, epilogue, false).unwrap();
+            let all = download(&stream, &all);
+            for (i, row) in rows.iter().enumerate() {
+                same_bits(&format!("{kernel:?} {m}x{n}x{k} row {i}"), row, &all[i * n..(i + 1) * n]);
+            }
         }
     }
 }
@@ -734,9 +757,9 @@ fn launches_allocate_nothing() {
         gpu.mse(&stream, n, av, bv, ViewMut::of(&mut c), ViewMut::of(&mut loss), ViewMut::of(&mut scratch)).unwrap();
         let (am, bm) = (DevMat { data: av, rs: 16, cs: 1 }, DevMat { data: bv, rs: 1, cs: 16 });
         let epilogue = DenseEpilogue::Forward { bias: bv, z: ViewMut::of(&mut c), y: Some(ViewMut::of(&mut d)), act: Gelu };
-        gpu.dense(&stream, 12, 9, 16, am, bm, epilogue, true).unwrap();
+        gpu.dense_on(&stream, Kernel::DenseSkinny4, 12, 9, 16, am, bm, epilogue, true).unwrap();
         let epilogue = DenseEpilogue::InputGrad { dx: ViewMut::of(&mut c), prev: Some((av, bv, Tanh)) };
-        gpu.dense(&stream, 3, 9, 16, am, bm, epilogue, true).unwrap();
+        gpu.dense_on(&stream, Kernel::DensePanel, 3, 9, 16, am, bm, epilogue, true).unwrap();
         gpu.maxpool_forward(&stream, &pool_g, batch, av, ViewMut::of(&mut c)).unwrap();
         gpu.maxpool_backward(&stream, &pool_g, batch, av, bv, ViewMut::of(&mut c)).unwrap();
         gpu.im2col(&stream, &conv_g, 2, av, ViewMut::of(&mut c)).unwrap();
@@ -798,7 +821,8 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     use crate::cuda::head::{Head, MAX_INNER_WEIGHTS};
     use crate::{Conv, Dense, Flatten, MaxPool};
     let gpu = test_gpu();
-    if !gpu.head_enabled() {
+    let tuning = Tuning::from_env();
+    if !tuning.head {
         println!("skipped: FLATNN_HEAD=0");
         return;
     }
@@ -834,11 +858,11 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     ];
     for (input, layers, want) in cases {
         let plan = Plan::new(input, &layers).unwrap();
-        let head = Head::of(&gpu, &plan, 1024, 1024, Loss::LogitCrossEntropy);
+        let head = Head::of(&gpu, &plan, 1024, 1024, Loss::LogitCrossEntropy, &tuning);
         // FLATNN_HEAD=1 keeps the head to the last layer (then a deep head's producer is the
         // layer before)
         let want = want.map(|(inner, producer)| match inner {
-            Some(i) if !gpu.head_deep() => (None, (layers[i].activation() != Identity).then_some(i)),
+            Some(i) if !tuning.deep_head => (None, (layers[i].activation() != Identity).then_some(i)),
             _ => (inner, producer),
         });
         let got = head.map(|h| (h.step, h.first(), h.inner(), h.producer));
@@ -847,22 +871,22 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     }
     // from 257 to 2048 samples only; a warp a sample (a deep head: over twice the blocks, and up
     // to 512 samples two warps a sample), at most 128 blocks (the loss's partials)
-    let blocks = |plan: &Plan, batch| Head::of(&gpu, plan, 4096, batch, Loss::LogitCrossEntropy).map(|h| h.blocks());
+    let blocks = |plan: &Plan, batch| Head::of(&gpu, plan, 4096, batch, Loss::LogitCrossEntropy, &tuning).map(|h| h.blocks());
     let plan = Plan::new(Shape::vector(100), &[dense(200, Relu), dense(1, Identity)]).unwrap();
     assert_eq!([1, 256, 257, 1024, 2048, 2049].map(|b| blocks(&plan, b)), [None, None, Some(33), Some(128), Some(128), None]);
     let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
-    let deep = if gpu.head_deep() {
+    let deep = if tuning.deep_head {
         [None, None, Some(65), Some(128), Some(128), None]
     } else {
         [None, None, Some(33), Some(128), Some(128), None]
     };
     assert_eq!([1, 256, 257, 1024, 2048, 2049].map(|b| blocks(&plan, b)), deep);
     // deep up to 1024 samples only (one a warp)
-    let inner = |b| Head::of(&gpu, &plan, 4096, b, Loss::LogitCrossEntropy).map(|h| h.inner().is_some());
-    assert_eq!([257, 1024, 1025, 2048].map(inner), [Some(gpu.head_deep()), Some(gpu.head_deep()), Some(false), Some(false)]);
+    let inner = |b| Head::of(&gpu, &plan, 4096, b, Loss::LogitCrossEntropy, &tuning).map(|h| h.inner().is_some());
+    assert_eq!([257, 1024, 1025, 2048].map(inner), [Some(tuning.deep_head), Some(tuning.deep_head), Some(false), Some(false)]);
     // two warps a sample up to 512 (a deep head), so partial sums a unit of warps
-    let partials = |b| Head::of(&gpu, &plan, 4096, b, Loss::LogitCrossEntropy).map(|h| h.partials());
-    let want = if gpu.head_deep() {
+    let partials = |b| Head::of(&gpu, &plan, 4096, b, Loss::LogitCrossEntropy, &tuning).map(|h| h.partials());
+    let want = if tuning.deep_head {
         [Some(65 * 4), Some(128 * 4), Some(128 * 8), Some(128 * 8)]
     } else {
         [257usize, 512, 513, 1024].map(|b| Some(b.div_ceil(8) * 8))
@@ -870,15 +894,15 @@ fn the_head_takes_a_narrow_last_dense_layer() {
     assert_eq!([257, 512, 513, 1024].map(partials), want);
     // the kernel computes cross-entropy and MSE alone: it refuses the other losses
     for loss in [Loss::Mse, Loss::BceWithLogits, Loss::L1, Loss::SmoothL1 { beta: 1.0 }] {
-        assert_eq!(Head::of(&gpu, &plan, 1024, 1024, loss).is_some(), loss == Loss::Mse, "{loss:?}");
+        assert_eq!(Head::of(&gpu, &plan, 1024, 1024, loss, &tuning).is_some(), loss == Loss::Mse, "{loss:?}");
     }
 }
 
-/// Not a check but a measurement: microseconds per launch of each kernel of the MLP's training
-/// step (784-128-64-10; batch from `FLATNN_TIMES_BATCH`, default 128), each timed as a graph of
-/// ten dependent launches, as a step runs them; then the cuBLAS products (FP32 and TF32) and
-/// the separate element-wise kernels that run instead above `exec::FUSED_BATCH`. On a GPU:
-/// `cargo test --release --lib -- --ignored --nocapture kernel_times_of_the_mlp_step`.
+/// Not a check but a measurement: the MLP's routes at a batch (784-128-64-10; batch from
+/// `FLATNN_TIMES_BATCH`, default 128), every route of every dense layer and direction timed as
+/// a graph of ten dependent launches, as a step runs them (`Cache::routes`); then the step's
+/// other kernels, timed the same way. On a GPU: `cargo test --release --lib -- --ignored
+/// --nocapture kernel_times_of_the_mlp_step`.
 #[test]
 #[ignore]
 fn kernel_times_of_the_mlp_step() {
@@ -887,8 +911,19 @@ fn kernel_times_of_the_mlp_step() {
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(16);
     let batch: usize = std::env::var("FLATNN_TIMES_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
+    let tuning = Tuning::from_env();
+    {
+        let device = crate::device::Device::Cuda(0);
+        let model = crate::models::mlp().build().unwrap().init(Init::HeNormal, 3).to(&device).unwrap();
+        let (mut fwd, mut bwd) = (model.preallocate(batch).unwrap(), model.preallocate_grads(batch).unwrap());
+        let (x, labels) = crate::testutil::batch(&mut rng, &model, batch);
+        fwd.set_inputs(&x).unwrap();
+        fwd.set_labels(&labels).unwrap();
+        model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+        println!("routes of the MLP at {batch}:\n{}", fwd.routes());
+    }
     let mut random = |n: usize| upload(&stream, &rng.uniform(n));
-    // every operand and output below fits in this many values (a weight gradient's dW is 128 × 784)
+    // every operand and output below fits in this many values
     let len = 785 * batch.max(128);
     let (x, w, out, z, y) = (random(len), random(len), random(len), random(len), random(len));
     let (xp, wp, op, zp, yp) = (View::of(&x).ptr(), View::of(&w).ptr(), View::of(&out).ptr(), View::of(&z).ptr(), View::of(&y).ptr());
@@ -898,96 +933,6 @@ fn kernel_times_of_the_mlp_step() {
     let time = |what: String, work: &dyn Fn() -> crate::error::Result<()>| {
         println!("{what:<40} {:7.2} us", time_calls(&gpu, &stream, true, work).unwrap());
     };
-    // forward: X (batch × in) · Wᵀ + b, relu
-    for (n, k, name) in [(128, 784, "forward 1"), (64, 128, "forward 2"), (10, 64, "forward 3")] {
-        time(format!("{name} {batch}x{n}x{k}"), &|| {
-            let epilogue = DenseEpilogue::Forward { bias: v(wp, n), z: vm(zp, batch * n), y: Some(vm(yp, batch * n)), act: Relu };
-            gpu.dense(
-                &stream,
-                batch,
-                n,
-                k,
-                DevMat { data: v(xp, batch * k), rs: k, cs: 1 },
-                DevMat { data: v(wp, n * k), rs: 1, cs: k },
-                epilogue,
-                // as in a training step on a batch already on the device: the first layer
-                // waits before reading its weights
-                name != "forward 1",
-            )
-        });
-    }
-    // input gradients: dZ (batch × out) · W (out × in), times relu' of the producer
-    for (n, k, name) in [(64, 10, "input grad 3"), (128, 64, "input grad 2")] {
-        time(format!("{name} {batch}x{n}x{k}"), &|| {
-            let epilogue = DenseEpilogue::InputGrad { dx: vm(op, batch * n), prev: Some((v(zp, batch * n), v(yp, batch * n), Relu)) };
-            gpu.dense(
-                &stream,
-                batch,
-                n,
-                k,
-                DevMat { data: v(xp, batch * k), rs: k, cs: 1 },
-                DevMat { data: v(wp, k * n), rs: n, cs: 1 },
-                epilogue,
-                true,
-            )
-        });
-    }
-    // weight gradients: dZᵀ (out × batch) · X (batch × in), and db
-    for (m, n, name) in [(128, 784, "weight grad 1"), (64, 128, "weight grad 2"), (10, 64, "weight grad 3")] {
-        time(format!("{name} {m}x{n}x{batch}"), &|| {
-            let epilogue = DenseEpilogue::WeightGrad { dw: vm(op, m * n), db: vm(yp, m), cleared: true };
-            gpu.dense(
-                &stream,
-                m,
-                n,
-                batch,
-                DevMat { data: v(zp, m * batch), rs: 1, cs: m },
-                DevMat { data: v(xp, batch * n), rs: n, cs: 1 },
-                epilogue,
-                true,
-            )
-        });
-    }
-    // narrow layers' weight gradients split over the batch in clusters (src/cuda/wgrad.rs):
-    // the MLP's second and third layers, the 100-200-1's first
-    for layers in [&[(64, 128)][..], &[(10, 64)], &[(64, 128), (10, 64)], &[(200, 100)]] {
-        if gpu.weight_grad_split_takes(layers, batch) {
-            time(format!("split weight grad {layers:?} over {batch}"), &|| {
-                // the second layer's outputs after the first's
-                let jobs = layers.iter().scan(0, |at, &(m, n)| {
-                    *at += m * n + m;
-                    let o = op + 4 * (*at - m * n - m) as u64;
-                    Some(crate::cuda::wgrad::Job {
-                        out: m,
-                        inp: n,
-                        dz: v(zp, m * batch),
-                        x: v(xp, batch * n),
-                        dw: vm(o, m * n),
-                        db: vm(o + 4 * (m * n) as u64, m),
-                    })
-                });
-                gpu.weight_grad_split(&stream, batch, &jobs.collect::<Vec<_>>())
-            });
-        }
-    }
-    // the first layer's two products on each tensor-core tile, the weight gradient also split
-    // over two blocks (sm_90 on; its dW and db are not cleared between launches: timing only)
-    let splits = if gpu.compute_capability().0 >= 9 { 2 } else { 1 };
-    for tile in MMA_TILES {
-        let (bm, bn) = (tile.rows, tile.cols);
-        time(format!("tiles {bm}x{bn} forward 1 {batch}x128x784"), &|| {
-            let epilogue = DenseEpilogue::Forward { bias: v(wp, 128), z: vm(zp, batch * 128), y: Some(vm(yp, batch * 128)), act: Relu };
-            let (x, w) = (DevMat { data: v(xp, batch * 784), rs: 784, cs: 1 }, DevMat { data: v(wp, 128 * 784), rs: 1, cs: 784 });
-            gpu.dense_on(&stream, tile.forward, tile.grid(tile.forward, batch, 128), batch, 128, 784, x, w, epilogue, false)
-        });
-        for kernel in [tile.weight_grad].into_iter().chain(tile.weight_grad_split).take(splits) {
-            time(format!("tiles {bm}x{bn}/{} weight grad 1 128x784x{batch}", tile.split(kernel)), &|| {
-                let epilogue = DenseEpilogue::WeightGrad { dw: vm(op, 128 * 784), db: vm(yp, 128), cleared: true };
-                let (dz, x) = (DevMat { data: v(zp, 128 * batch), rs: 1, cs: 128 }, DevMat { data: v(xp, batch * 784), rs: 784, cs: 1 });
-                gpu.dense_on(&stream, kernel, tile.grid(kernel, 128, 785), 128, 784, batch, dz, x, epilogue, true)
-            });
-        }
-    }
     let labels = upload(&stream, &(0..batch as u32).map(|i| i % 10).collect::<Vec<_>>());
     let (loss, scratch) = (upload(&stream, &[0.0f64; 3]), upload(&stream, &[0.0f64; LOSS_SCRATCH]));
     let (lp, sp) = (View::of(&loss).ptr(), View::of(&scratch).ptr());
@@ -1003,7 +948,7 @@ fn kernel_times_of_the_mlp_step() {
         use crate::cuda::head::{Head, HeadBuffers};
         let dense = |out_features, activation| Layer::Dense(crate::Dense { out_features, activation });
         let plan = Plan::new(Shape::vector(784), &[dense(128, Relu), dense(64, Relu), dense(10, Identity)]).unwrap();
-        if let Some(head) = Head::of(&gpu, &plan, batch, batch, Loss::LogitCrossEntropy) {
+        if let Some(head) = Head::of(&gpu, &plan, batch, batch, Loss::LogitCrossEntropy, &tuning) {
             let (params, acts, dacts) =
                 (random(plan.param_len), random(plan.acts_len(batch).unwrap()), random(plan.acts_len(batch).unwrap()));
             let buffers = HeadBuffers {
@@ -1026,25 +971,7 @@ fn kernel_times_of_the_mlp_step() {
     let (pp, gp, statep) = (View::of(&p).ptr(), View::of(&g).ptr(), View::of(&state).ptr());
     let (adam, norm) = (Update { config: Optim::adam(1e-4), clip: Clip::None }, upload(&stream, &[0.0f64; NORM_SCRATCH]));
     time(format!("adam {n}"), &|| gpu.optim_step(&stream, adam, 3, n, vm(pp, n), v(gp, n), vm(statep, 2 * n), View::of(&norm)));
-    // what runs instead above FUSED_BATCH: cuBLAS products (FP32, then TF32) and separate
-    // element-wise kernels
-    for tf32 in [false, true] {
-        let blas = gpu.blas(&stream, tf32).unwrap();
-        let mode = if tf32 { "tf32" } else { "fp32" };
-        // (m, n, k, A strides, B strides): forward X · Wᵀ, input gradient dZ · W, weight gradient dZᵀ · X
-        for (m, n, k, (ars, acs), (brs, bcs), name) in [
-            (batch, 128, 784, (784, 1), (1, 784), "forward 1"),
-            (batch, 64, 128, (128, 1), (1, 128), "forward 2"),
-            (batch, 128, 64, (64, 1), (128, 1), "input grad 2"),
-            (128, 784, batch, (1, 128), (784, 1), "weight grad 1"),
-            (64, 128, batch, (1, 64), (128, 1), "weight grad 2"),
-        ] {
-            time(format!("cublas {mode} {name} {m}x{n}x{k}"), &|| {
-                let (a, b) = (DevMat { data: v(xp, m * k), rs: ars, cs: acs }, DevMat { data: v(wp, k * n), rs: brs, cs: bcs });
-                blas.sgemm(m, n, k, 1.0, a, b, 0.0, DevMatMut { data: vm(op, m * n), rs: n, cs: 1 })
-            });
-        }
-    }
+    // the element-wise kernels beside cuBLAS's products
     time(format!("bias_act {batch}x128"), &|| {
         gpu.bias_act(&stream, Relu, v(wp, 128), 128, 1, batch, vm(zp, batch * 128), Some(vm(yp, batch * 128)))
     });
