@@ -2,6 +2,8 @@
 //! (the runner counts it as ignored; `--include-ignored` runs it) and starts with `test_gpu()`,
 //! which fails the test, saying why, where CUDA is missing.
 
+mod dense;
+mod head;
 mod layers;
 mod ops;
 
