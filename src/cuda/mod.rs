@@ -13,6 +13,7 @@
 
 mod blas;
 mod buffer;
+mod caches;
 mod context;
 pub(crate) mod conv;
 mod cudnn;
