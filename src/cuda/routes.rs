@@ -14,8 +14,10 @@
 //!
 //! Each route is timed once per process for a (device, direction, layer shape, bucket, TF32,
 //! graphs, epilogue) and every later cache reuses the time, so the models of one process take
-//! the same routes and compute the same bits. Every route is deterministic; another process
-//! may measure otherwise and take another route, whose results differ in the last bits. A
+//! the same routes and compute the same bits (where the same routes fit: the tensor-core tiles
+//! need 16-byte aligned operands, and where a layer's inputs start in the activations depends
+//! on the capacity). Every route is deterministic; another process may measure otherwise and
+//! take another route, whose results differ in the last bits. A
 //! measurement writes only what the step it precedes overwrites (the layer's z and y, its
 //! input gradient or its producer's dz, its weight gradient).
 

@@ -180,7 +180,7 @@ fn every_route_of_every_direction_matches_plain_loops() {
                         acts.download(&stream, &mut got).unwrap();
                         check(&format!("{what}: activations"), &got, &acts_want, 1e-5, 1e-5);
                         dacts.download(&stream, &mut got).unwrap();
-                        check(&format!("{what}: activation gradients"), &got, &dacts_route, 1e-4, 1e-5);
+                        check(&format!("{what}: activation gradients"), &got, &dacts_route, 1e-3, 1e-5);
                         let mut got = vec![0.0f32; plan.param_len];
                         grads.download(&stream, &mut got).unwrap();
                         check(&format!("{what}: gradients"), &got, &grads_want, 0.0, 0.0);
