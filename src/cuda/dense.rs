@@ -221,7 +221,7 @@ impl Gpu {
     /// `tuning`: every fused kernel whose grid is within the launch limits; the tensor-core
     /// tiles (sm_80 on) where they take the layout and alignment (a forward's and a weight
     /// gradient's only), their split weight gradient on sm_90 on; the weight gradient split over
-    /// the batch (src/cuda/wgrad.rs) where it fits; and cuBLAS. The order is the report's.
+    /// the batch (src/cuda/wgrad.rs) where it fits; and cuBLAS.
     pub(crate) fn dense_routes(&self, tuning: &Tuning, dir: Dir, (m, n, k): (usize, usize, usize), a: &DevMat, b: &DevMat) -> Vec<Route> {
         let cols = n + usize::from(dir == Dir::WeightGrad);
         // the kernels' sizes and indices are ints
