@@ -30,6 +30,7 @@ use crate::chain::{Plan, Step};
 use crate::error::Result;
 use std::fmt::Write;
 use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 /// The bucket of a batch of `batch` samples.
 fn bucket(batch: usize) -> usize {
@@ -63,6 +64,8 @@ struct Table {
     samples: usize,
     tf32: bool,
     layers: Vec<LayerRoutes>,
+    /// Host time spent measuring its routes, in this cache.
+    measuring: Duration,
 }
 
 /// A cache's dense routes: a table per bucket (and TF32 setting) that has run.
@@ -155,7 +158,9 @@ impl Routes {
         if !table.layers.iter().any(|l| dirs.iter().any(|&d| l.choices[d as usize] == Choice::Pending)) {
             return Ok(());
         }
-        let mut table = std::mem::replace(&mut self.tables[index], Table { bucket, samples: 0, tf32, layers: Vec::new() });
+        let start = Instant::now();
+        let mut table =
+            std::mem::replace(&mut self.tables[index], Table { bucket, samples: 0, tf32, layers: Vec::new(), measuring: Duration::ZERO });
         let outcome = (|| {
             for layer in &mut table.layers {
                 for &dir in dirs {
@@ -166,18 +171,22 @@ impl Routes {
             }
             Ok(())
         })();
+        table.measuring += start.elapsed();
         self.tables[index] = table;
         outcome
     }
 
-    /// What runs each dense layer: one line per bucket, layer and direction measured, with the
-    /// route chosen and the time per call of every route that fits (fastest first).
+    /// What runs each dense layer: for each bucket a line with the host time its measuring
+    /// took, then one line per layer and direction, with the route chosen and the time per call
+    /// of every route that fits (fastest first).
     pub fn report(&self) -> String {
         let mut out = String::new();
-        for table in &self.tables {
+        for table in self.tables.iter().filter(|t| !t.layers.is_empty()) {
             let arith = if table.tf32 { "TF32" } else { "FP32" };
             let first = table.bucket / 2 + 1;
             let sizes = if first >= table.samples { format!("{}", table.samples) } else { format!("{first}–{}", table.samples) };
+            let ms = table.measuring.as_secs_f64() * 1e3;
+            let _ = write!(out, "{}batch {sizes} {arith}: dense routes measured in {ms:.1} ms", if out.is_empty() { "" } else { "\n" });
             for layer in &table.layers {
                 for dir in Dir::ALL {
                     let _ =
@@ -218,7 +227,7 @@ fn new_table(plan: &Plan, bucket: usize, capacity: usize, tf32: bool) -> Table {
             Some(LayerRoutes { step: index, label, choices: [Choice::Pending, Choice::Pending, Choice::Pending] })
         })
         .collect();
-    Table { bucket, samples: bucket.min(capacity), tf32, layers }
+    Table { bucket, samples: bucket.min(capacity), tf32, layers, measuring: Duration::ZERO }
 }
 
 /// Times every route of `dir` of dense step `step` that fits (at `samples` samples, as routes
@@ -290,7 +299,8 @@ mod tests {
     use crate::cuda::context::Kernel;
     use crate::{Identity, Relu};
 
-    /// The report names every bucket, dense layer and direction, the route chosen with its time,
+    /// The report names every bucket (with the time its measuring took), dense layer and
+    /// direction, the route chosen with its time,
     /// then the others fastest first, one-call looks marked; directions not measured or not
     /// needed say so.
     #[test]
@@ -307,20 +317,23 @@ mod tests {
                 times: vec![(Route::Fused(Kernel::DenseRow), t(80.0, true)), (Route::Cublas, t(4.0, false))],
             },
         ];
+        table.measuring = Duration::from_micros(12_340);
         let routes = Routes { tables: vec![table, new_table(&plan, 1, 100, true)], current: None };
         let want = [
+            "batch 65–100 FP32: dense routes measured in 12.3 ms",
             "batch 65–100 FP32, step 0 dense 20→16, forward: dense_skinny4 2.3 µs (others: cublas 9.5)",
             "batch 65–100 FP32, step 0 dense 20→16, input gradient: not needed",
             "batch 65–100 FP32, step 0 dense 20→16, weight gradient: cublas 4.0 µs (others: dense_row 80.0 (one call))",
             "batch 65–100 FP32, step 1 dense 16→3, forward: not measured yet",
             "batch 65–100 FP32, step 1 dense 16→3, input gradient: not measured yet",
             "batch 65–100 FP32, step 1 dense 16→3, weight gradient: not measured yet",
+            "batch 1 TF32: dense routes measured in 0.0 ms",
             "batch 1 TF32, step 0 dense 20→16, forward: not measured yet",
         ];
         let report = routes.report();
         let lines: Vec<&str> = report.lines().collect();
-        assert_eq!(lines.len(), 12, "{report}");
-        assert_eq!(lines[..7], want, "{report}");
+        assert_eq!(lines.len(), 14, "{report}");
+        assert_eq!(lines[..9], want, "{report}");
         assert_eq!(routes.route(0, Dir::Forward), None, "no table picked yet");
     }
 }

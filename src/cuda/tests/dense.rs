@@ -221,9 +221,11 @@ fn routes_name_every_dense_layer_and_direction() {
     let report = fwd.routes();
     println!("{report}");
     let lines: Vec<&str> = report.lines().collect();
-    // batch 1: the forwards measured; 65–100 (the bucket of 70 and 100): everything
-    assert_eq!(lines.len(), 2 * 3 * 3, "{report}");
+    // batch 1: the forwards measured; 65–100 (the bucket of 70 and 100): everything; a line
+    // for each bucket with the time its measuring took
+    assert_eq!(lines.len(), 2 * (1 + 3 * 3), "{report}");
     for (bucket, measured) in [("batch 1 FP32", [true, false, false]), ("batch 65–100 FP32", [true, true, true])] {
+        assert!(lines.iter().any(|l| l.starts_with(&format!("{bucket}: dense routes measured in "))), "{report}");
         for (step, (inp, out)) in [(784, 128), (128, 64), (64, 10)].into_iter().enumerate() {
             for (dir, measured) in Dir::ALL.into_iter().zip(measured) {
                 let head = format!("{bucket}, step {step} dense {inp}→{out}, {}: ", dir.name());
