@@ -72,7 +72,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     if batch == 0 || calls == 0 {
         return Err("--batch and --calls must be at least 1".into());
     }
-    let options = GpuOptions { graphs, tf32: false };
+    let options = GpuOptions { graphs, tf32: false, ..GpuOptions::default() };
     let mut model = chain.build()?.init(Init::HeNormal, 1).with_threads(threads)?.with_gpu_options(options)?.to(&device)?;
     let mut rng = Rng::new(3);
     let inputs = rng.uniform(batch * model.input_shape().len());

@@ -261,8 +261,12 @@ impl Cache {
         self.one.times = Some((best[0], best[1]));
     }
 
-    /// Which kernel runs each layer, for logs and benchmarks. On a GPU: [`Cache::conv_backends`].
-    /// On the CPU: a first line with the instruction set of the kernels (see `FLATNN_ISA` in
+    /// Which kernel runs each layer, for logs and benchmarks. On a GPU: for each batch size
+    /// bucket run so far (the powers of two: a batch of 100 takes bucket 128's routes), one line
+    /// per dense layer and direction (forward, input gradient, weight gradient) with the route
+    /// chosen (a kernel of flatnn's, `weight_grad_split`, or `cublas`) and its time per call,
+    /// then every other route that fits and its time; each bucket is measured at its first call
+    /// (see the README's GPU section); then [`Cache::conv_backends`]'s lines. On the CPU: a first line with the instruction set of the kernels (see `FLATNN_ISA` in
     /// the README), the threads and the capacity, then one line per layer with weights: a
     /// dense layer multiplies by its weights packed once (again after each change of the
     /// parameters); a convolution gives, for batches of 1 and of 2 or more, the route of its
@@ -277,7 +281,7 @@ impl Cache {
     /// and so may another process, which times them again.
     pub fn routes(&self) -> String {
         match &self.dev {
-            Some(dev) => dev.conv_report(),
+            Some(dev) => dev.routes_report(),
             None => self.ws.report(&self.plan, self.capacity) + &self.one.report(self.threads),
         }
     }

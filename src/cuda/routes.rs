@@ -1,0 +1,339 @@
+//! Which route runs each direction of each dense layer on a GPU, chosen by measurement (as the
+//! convolutions choose between cuDNN and flatnn's kernels, src/cuda/dnn.rs): every route that
+//! fits (`Gpu::dense_routes`) is timed as a step runs it (`timing::time_calls`: in a CUDA
+//! graph, or eagerly where the model's graphs are off), on the cache's own buffers, and the
+//! fastest is kept.
+//!
+//! Batches are measured by size bucket, the powers of two: a batch of `b` samples takes the
+//! routes of bucket `b.next_power_of_two()`, measured at that many samples (at the capacity
+//! where that is less). A bucket is measured the first time a batch of its sizes runs, before
+//! its graph is captured (the forward direction by `forward`, the other two by the first
+//! training step): that call waits for the device; once every bucket in use is measured, steps
+//! and forward passes queue their graphs without waiting. (A cache's backward buffers come with
+//! `preallocate_grads`, apart from `preallocate`, so nothing is measured when they are made.)
+//!
+//! Each route is timed once per process for a (device, direction, layer shape, bucket, TF32,
+//! graphs, epilogue) and every later cache reuses the time, so the models of one process take
+//! the same routes and compute the same bits (where the same routes fit: the tensor-core tiles
+//! need 16-byte aligned operands, and where a layer's inputs start in the activations depends
+//! on the capacity). Every route is deterministic; another process may measure otherwise and
+//! take another route, whose results differ in the last bits. A
+//! measurement writes only what the step it precedes overwrites (the layer's z and y, its
+//! input gradient or its producer's dz, its weight gradient).
+
+use super::dense::{Dir, Route};
+use super::dense_pass::{dense_shape, forward_on, input_grad_on, operands, problem, producer, producer_activation, weight_grad_on, On};
+use super::dnn::StepRun;
+use super::driver_error;
+use super::timing::{time_calls, time_once};
+use crate::chain::{Plan, Step};
+use crate::error::Result;
+use std::fmt::Write;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The bucket of a batch of `batch` samples.
+fn bucket(batch: usize) -> usize {
+    batch.next_power_of_two()
+}
+
+/// One direction of one layer in a [`Table`].
+#[derive(Clone, Debug, PartialEq)]
+enum Choice {
+    /// Not measured yet (the backward directions until the first training step).
+    Pending,
+    /// Not run: the input gradient of a layer that reads the model's inputs.
+    NotNeeded,
+    /// The route chosen, and every route that fits with its time (NaN where timing it failed).
+    Chosen { route: Route, times: Vec<(Route, Timed)> },
+}
+
+/// A dense layer's routes in a [`Table`], per direction ([`Dir`] order).
+#[derive(Clone, Debug)]
+struct LayerRoutes {
+    step: usize,
+    label: String,
+    choices: [Choice; 3],
+}
+
+/// The routes of one bucket and arithmetic.
+#[derive(Clone, Debug)]
+struct Table {
+    bucket: usize,
+    /// The samples it was measured at: the bucket, or the capacity where that is less.
+    samples: usize,
+    tf32: bool,
+    layers: Vec<LayerRoutes>,
+    /// Host time spent measuring its routes, in this cache.
+    measuring: Duration,
+}
+
+/// A cache's dense routes: a table per bucket (and TF32 setting) that has run.
+pub(crate) struct Routes {
+    tables: Vec<Table>,
+    /// The table the last `prepare` picked: the one the calls of the step being run use.
+    current: Option<usize>,
+}
+
+/// µs per call of a route: timed as a step runs it, or, for a route far slower than another at
+/// a first look ([`SLOW`]), that one eager call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Timed {
+    us: f32,
+    one_call: bool,
+}
+
+/// A route whose first eager call takes more than this many times the fastest first call (or
+/// time) of the others is not timed further: it cannot win, and timing it in full would make
+/// the slowest routes (say a row a block over a thousand samples) most of the measuring time.
+const SLOW: f32 = 4.0;
+
+/// What a time is of: the device, the direction, the layer's (outputs, inputs), the bucket, TF32,
+/// graphs, and whether the epilogue does more than the product's least (a forward's activation
+/// into y, an input gradient's producer's act').
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Problem {
+    ordinal: usize,
+    dir: Dir,
+    shape: (usize, usize),
+    bucket: usize,
+    tf32: bool,
+    graphs: bool,
+    epilogue: bool,
+}
+
+/// Every route timed in this process: the first time of a (problem, route) is what every cache
+/// uses.
+static TIMES: Mutex<Vec<(Problem, Route, Timed)>> = Mutex::new(Vec::new());
+
+fn timed(problem: &Problem, route: Route) -> Option<Timed> {
+    let all = TIMES.lock().unwrap_or_else(PoisonError::into_inner);
+    all.iter().find(|(p, r, _)| p == problem && *r == route).map(|&(_, _, t)| t)
+}
+
+/// Keeps `time` for (problem, route) unless another cache got there first; what is kept.
+fn remember(problem: Problem, route: Route, time: Timed) -> Timed {
+    let mut all = TIMES.lock().unwrap_or_else(PoisonError::into_inner);
+    match all.iter().find(|(p, r, _)| *p == problem && *r == route) {
+        Some(&(_, _, first)) => first,
+        None => {
+            all.push((problem, route, time));
+            time
+        }
+    }
+}
+
+impl Routes {
+    pub fn new() -> Routes {
+        Routes { tables: Vec::new(), current: None }
+    }
+
+    /// The route of `dir` of step `index` for the batch [`Routes::prepare`] was last called
+    /// for; None where it was not measured.
+    pub fn route(&self, index: usize, dir: Dir) -> Option<Route> {
+        let table = &self.tables[self.current?];
+        match &table.layers.iter().find(|l| l.step == index)?.choices[dir as usize] {
+            Choice::Chosen { route, .. } => Some(*route),
+            Choice::Pending | Choice::NotNeeded => None,
+        }
+    }
+
+    /// Readies the dense layers of a step on `f.batch` samples (and their backward with `b`):
+    /// the first time the batch's bucket (or TF32 setting) runs, measures its routes (see the
+    /// module doc); later only picks its table. Call it before the step is run or captured, on
+    /// the model's stream; it may wait for the device.
+    pub fn prepare(&mut self, s: &StepRun) -> Result<()> {
+        let StepRun { plan, f, b, options, .. } = *s;
+        let (bucket, tf32) = (bucket(f.batch), options.tf32);
+        let index = match self.tables.iter().position(|t| t.bucket == bucket && t.tf32 == tf32) {
+            Some(index) => index,
+            None => {
+                self.tables.push(new_table(plan, bucket, f.capacity, tf32));
+                self.tables.len() - 1
+            }
+        };
+        self.current = Some(index);
+        let dirs: &[Dir] = if b.is_some() { &Dir::ALL } else { &[Dir::Forward] };
+        let table = &self.tables[index];
+        if !table.layers.iter().any(|l| dirs.iter().any(|&d| l.choices[d as usize] == Choice::Pending)) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut table =
+            std::mem::replace(&mut self.tables[index], Table { bucket, samples: 0, tf32, layers: Vec::new(), measuring: Duration::ZERO });
+        let outcome = (|| {
+            for layer in &mut table.layers {
+                for &dir in dirs {
+                    if layer.choices[dir as usize] == Choice::Pending {
+                        layer.choices[dir as usize] = choose(s, &plan.steps[layer.step], dir, bucket, table.samples)?;
+                    }
+                }
+            }
+            Ok(())
+        })();
+        table.measuring += start.elapsed();
+        self.tables[index] = table;
+        outcome
+    }
+
+    /// What runs each dense layer: for each bucket a line with the host time its measuring
+    /// took, then one line per layer and direction, with the route chosen and the time per call
+    /// of every route that fits (fastest first).
+    pub fn report(&self) -> String {
+        let mut out = String::new();
+        for table in self.tables.iter().filter(|t| !t.layers.is_empty()) {
+            let arith = if table.tf32 { "TF32" } else { "FP32" };
+            let first = table.bucket / 2 + 1;
+            let sizes = if first >= table.samples { format!("{}", table.samples) } else { format!("{first}–{}", table.samples) };
+            let ms = table.measuring.as_secs_f64() * 1e3;
+            let _ = write!(out, "{}batch {sizes} {arith}: dense routes measured in {ms:.1} ms", if out.is_empty() { "" } else { "\n" });
+            for layer in &table.layers {
+                for dir in Dir::ALL {
+                    let _ =
+                        write!(out, "{}batch {sizes} {arith}, {}, {}: ", if out.is_empty() { "" } else { "\n" }, layer.label, dir.name());
+                    match &layer.choices[dir as usize] {
+                        Choice::Pending => out.push_str("not measured yet"),
+                        Choice::NotNeeded => out.push_str("not needed"),
+                        Choice::Chosen { route, times } => {
+                            let mut times = times.clone();
+                            times.sort_by(|a, b| a.1.us.total_cmp(&b.1.us));
+                            let us = |r: Route| times.iter().find(|t| t.0 == r).map_or(f32::NAN, |t| t.1.us);
+                            let _ = write!(out, "{} {:.1} µs", route.name(), us(*route));
+                            let time = |(r, t): &(Route, Timed)| {
+                                format!("{} {:.1}{}", r.name(), t.us, if t.one_call { " (one call)" } else { "" })
+                            };
+                            let others: Vec<String> = times.iter().filter(|t| t.0 != *route).map(time).collect();
+                            if !others.is_empty() {
+                                let _ = write!(out, " (others: {})", others.join(", "));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A table for `bucket`, nothing measured yet: every dense step of `plan`.
+fn new_table(plan: &Plan, bucket: usize, capacity: usize, tf32: bool) -> Table {
+    let layers = plan
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(index, step)| {
+            let (out, inp) = dense_shape(step)?;
+            let label = format!("step {index} dense {inp}→{out}");
+            Some(LayerRoutes { step: index, label, choices: [Choice::Pending, Choice::Pending, Choice::Pending] })
+        })
+        .collect();
+    Table { bucket, samples: bucket.min(capacity), tf32, layers, measuring: Duration::ZERO }
+}
+
+/// Times every route of `dir` of dense step `step` that fits (at `samples` samples, as routes
+/// of `bucket`), each at most once per process, and keeps the fastest.
+fn choose(s: &StepRun, step: &Step, dir: Dir, bucket: usize, samples: usize) -> Result<Choice> {
+    let StepRun { gpu, blas, stream, plan, f, b, options } = *s;
+    if dir == Dir::InputGrad && step.input_region == 0 {
+        return Ok(Choice::NotNeeded);
+    }
+    let shape = dense_shape(step).expect("a dense layer");
+    let f = crate::cuda::exec::Forward { batch: samples, ..*f };
+    let on = On { gpu, blas, stream, plan, f: &f };
+    let (a, bm) = operands(dir, plan, step, &f, b);
+    let routes = gpu.dense_routes(&options.tuning, dir, problem(dir, shape, samples), &a, &bm);
+    let epilogue = match dir {
+        Dir::Forward => step.z_region != step.output_region,
+        Dir::InputGrad => producer(step).is_some(),
+        Dir::WeightGrad => false,
+    };
+    let key = Problem { ordinal: gpu.ordinal(), dir, shape, bucket, tf32: options.tf32, graphs: options.graphs, epilogue };
+    let backward = || b.expect("a backward direction has gradient buffers");
+    let run = |route: Route| match dir {
+        Dir::Forward => forward_on(&on, step, route, true),
+        Dir::InputGrad => {
+            input_grad_on(&on, backward(), step, route)?;
+            // on cuBLAS the producer's pass then computes its dz: part of the route's cost
+            match route {
+                Route::Cublas => producer_activation(&on, backward(), step),
+                _ => Ok(()),
+            }
+        }
+        Dir::WeightGrad => weight_grad_on(&on, backward(), step, route, false),
+    };
+    // what this process timed already, else a first look: one eager call (NaN where it failed)
+    let first: Vec<(Route, Result<Timed, f32>)> = routes
+        .into_iter()
+        .map(|route| (route, timed(&key, route).ok_or_else(|| time_once(gpu, stream, &|| run(route)).unwrap_or(f32::NAN))))
+        .collect();
+    let fastest = first.iter().map(|(_, t)| t.map_or_else(|once| once, |t| t.us)).filter(|us| !us.is_nan()).fold(f32::INFINITY, f32::min);
+    let times: Vec<(Route, Timed)> = first
+        .into_iter()
+        .map(|(route, t)| {
+            let time = match t {
+                Ok(known) => return (route, known),
+                Err(once) if once.is_nan() || once > SLOW * fastest => Timed { us: once, one_call: true },
+                Err(_) => Timed { us: time_calls(gpu, stream, options.graphs, &|| run(route)).unwrap_or(f32::NAN), one_call: false },
+            };
+            (route, remember(key, route, time))
+        })
+        .collect();
+    // cuBLAS where no route could be timed
+    let best = times.iter().filter(|t| !t.1.us.is_nan()).min_by(|a, b| a.1.us.total_cmp(&b.1.us)).map_or(Route::Cublas, |t| t.0);
+    // Run it eagerly before any capture (timing did, but perhaps in another cache): a first
+    // call (cuBLAS's, on a new handle or shape) may load modules, which would break a capture
+    // running on another thread.
+    gpu.bind()?;
+    {
+        let _exclusive = super::device_wide();
+        run(best)?;
+        stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
+    }
+    Ok(Choice::Chosen { route: best, times })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chain::{Chain, Input};
+    use crate::cuda::context::Kernel;
+    use crate::{Identity, Relu};
+
+    /// The report names every bucket (with the time its measuring took), dense layer and
+    /// direction, the route chosen with its time,
+    /// then the others fastest first, one-call looks marked; directions not measured or not
+    /// needed say so.
+    #[test]
+    fn the_report_names_each_layer_and_direction() {
+        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let mut table = new_table(&plan, 128, 100, false);
+        let t = |us, one_call| Timed { us, one_call };
+        let skinny = Route::Fused(Kernel::DenseSkinny4);
+        table.layers[0].choices = [
+            Choice::Chosen { route: skinny, times: vec![(Route::Cublas, t(9.5, false)), (skinny, t(2.31, false))] },
+            Choice::NotNeeded,
+            Choice::Chosen {
+                route: Route::Cublas,
+                times: vec![(Route::Fused(Kernel::DenseRow), t(80.0, true)), (Route::Cublas, t(4.0, false))],
+            },
+        ];
+        table.measuring = Duration::from_micros(12_340);
+        let routes = Routes { tables: vec![table, new_table(&plan, 1, 100, true)], current: None };
+        let want = [
+            "batch 65–100 FP32: dense routes measured in 12.3 ms",
+            "batch 65–100 FP32, step 0 dense 20→16, forward: dense_skinny4 2.3 µs (others: cublas 9.5)",
+            "batch 65–100 FP32, step 0 dense 20→16, input gradient: not needed",
+            "batch 65–100 FP32, step 0 dense 20→16, weight gradient: cublas 4.0 µs (others: dense_row 80.0 (one call))",
+            "batch 65–100 FP32, step 1 dense 16→3, forward: not measured yet",
+            "batch 65–100 FP32, step 1 dense 16→3, input gradient: not measured yet",
+            "batch 65–100 FP32, step 1 dense 16→3, weight gradient: not measured yet",
+            "batch 1 TF32: dense routes measured in 0.0 ms",
+            "batch 1 TF32, step 0 dense 20→16, forward: not measured yet",
+        ];
+        let report = routes.report();
+        let lines: Vec<&str> = report.lines().collect();
+        assert_eq!(lines.len(), 14, "{report}");
+        assert_eq!(lines[..9], want, "{report}");
+        assert_eq!(routes.route(0, Dir::Forward), None, "no table picked yet");
+    }
+}
