@@ -99,3 +99,33 @@ extern "C" __global__ void rnn_bias_grad(const float* dgates, float* db_ih, floa
     float sum = block_sum_f32(acc, buf);
     if (threadIdx.x == 0) (side == 0 ? db_ih : db_hh)[at] = sum;
 }
+
+// The cuDNN route's states (src/cuda/rnn_dnn.rs): cuDNN takes and gives h and c packed, (batch,
+// hidden); flatnn keeps them in each sample's state row (`state_len` values a sample: h0, then an
+// LSTM's c0 at `padded`, and the final slots).
+//
+// hx[s, u] = state[s, u] and, where cx is not null, cx[s, u] = state[s, padded + u].
+extern "C" __global__ void rnn_states_in(const float* state, float* hx, float* cx, int batch, int hidden, int padded, int state_len) {
+    after_prior();
+    int n = batch * hidden;
+    GRID_STRIDE(i, n) {
+        int s = i / hidden, u = i - s * hidden;
+        const float* st = state + (long long)s * state_len;
+        hx[i] = st[u];
+        if (cx != nullptr) cx[i] = st[padded + u];
+    }
+}
+
+// state[s, h_at + u] = h[s·h_stride + u] (the last step's h, read from the layer's output) and,
+// where cy is not null, state[s, c_at + u] = cy[s, u].
+extern "C" __global__ void rnn_states_out(const float* h, int h_stride, const float* cy, float* state, int batch, int hidden, int h_at,
+                                          int c_at, int state_len) {
+    after_prior();
+    int n = batch * hidden;
+    GRID_STRIDE(i, n) {
+        int s = i / hidden, u = i - s * hidden;
+        float* st = state + (long long)s * state_len;
+        st[h_at + u] = h[(long long)s * h_stride + u];
+        if (cy != nullptr) st[c_at + u] = cy[i];
+    }
+}

@@ -224,14 +224,17 @@ impl Cache {
     /// cuDNN's version, `FLATNN_CUDNN` and the workspace (or why cuDNN is not used), then, for
     /// each batch size run so far, one line per conv layer giving, for the forward product, the
     /// weight gradient and the input gradient, the path chosen (`cudnn ALGO` or `own`, flatnn's
-    /// kernels) and the time per call measured for both when the choice was made. Empty on the
-    /// CPU and for models without convolutions.
+    /// kernels) and the time per call measured for both when the choice was made; then, for
+    /// each batch size run so far, one line per GRU or LSTM layer giving, for inference and for
+    /// a training step's forward and backward, the route chosen (`cudnn`, cuDNN's RNN kernels,
+    /// or `per-step`, flatnn's) and the time per call of both (or one line saying why cuDNN is
+    /// not used for them). Empty on the CPU and for models with neither.
     ///
     /// `FLATNN_CUDNN`, read once per process (when the first cache is made): `0` flatnn's
     /// kernels only, `1` cuDNN wherever it has an algorithm, `auto` (default; also what a value
     /// not understood means, which the first line says) whichever was measured faster, per
-    /// layer, direction and batch size. Without a cuDNN 9 library every convolution runs on
-    /// flatnn's kernels.
+    /// layer, direction (or mode) and batch size. Without a cuDNN 9 library every convolution
+    /// and recurrent layer runs on flatnn's kernels.
     pub fn conv_backends(&self) -> String {
         self.dev.as_ref().map_or_else(String::new, DevCache::conv_report)
     }

@@ -129,13 +129,14 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
     }
     if cudnn == "0" {
         a_server_call_allocates_nothing(&device);
-        recurrent_steps_allocate_nothing(&device);
     }
+    // on the per-step route with "0", through cuDNN's RNN kernels (where cuDNN loads) with "1"
+    recurrent_steps_allocate_nothing(&device, cudnn == "1" && flatnn::cuda::cudnn_version().is_some());
 }
 
 /// 1,000 training steps (one graph each, two batch sizes) of an LSTM and a GRU over sequences,
-/// and 1,000 calls of a stream of the model, batch 1 and 2 in turn.
-fn recurrent_steps_allocate_nothing(device: &Device) {
+/// and 1,000 calls of a stream of the model, batch 1 and 2 in turn; through cuDNN where `cudnn`.
+fn recurrent_steps_allocate_nothing(device: &Device, cudnn: bool) {
     let chain = Chain::new(Shape::sequence(12, 3)).lstm(20, RnnOutput::Sequence).gru(16, RnnOutput::LastStep).dense(10, Identity);
     let mut model = chain.build().unwrap().init(Init::GlorotUniform, 1).to(device).unwrap();
     let (mut fwd, mut bwd) = (model.preallocate(300).unwrap(), model.preallocate_grads(300).unwrap());
@@ -156,6 +157,11 @@ fn recurrent_steps_allocate_nothing(device: &Device) {
     let allocations = allocations_in(|| (0..1000).for_each(&mut step));
     assert!(bwd.last_loss().unwrap().is_finite());
     let free_after = device.memory().unwrap().0;
+    let report = fwd.conv_backends();
+    println!("lstm + gru: {report}");
+    if cudnn {
+        assert!(report.lines().all(|l| !l.contains("step ") || l.contains("training cudnn")), "cuDNN not used: {report}");
+    }
     let mut stream = model.stream(2).unwrap();
     let mut call = |i: usize| assert!(stream.step(&x[..(1 + i % 2) * 3]).unwrap()[0].is_finite());
     (0..4).for_each(&mut call);

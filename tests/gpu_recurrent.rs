@@ -1,12 +1,51 @@
 //! GRU and LSTM on a GPU against the CPU: forward outputs and final states from set initial
-//! states, gradients (the batch under and over the training head's lower bound), training steps
-//! in a graph, and a stream. `#[ignore]`d: `cargo test --test gpu_recurrent -- --include-ignored`
-//! runs them where there is a GPU.
+//! states, gradients (the batch under and over the training head's lower bound, in a cache of a
+//! larger capacity after a batch of it), training steps in a graph, and a stream. Each test runs
+//! itself in a child process per route (`FLATNN_CUDNN=0`: the per-step route; `1`: cuDNN's RNN
+//! kernels; `auto`: whichever was measured faster), one at a time. `#[ignore]`d: `cargo test
+//! --test gpu_recurrent -- --include-ignored` runs them where there is a GPU.
 #![cfg(feature = "cuda")]
 
+use flatnn::cuda::cudnn_version;
 use flatnn::prelude::*;
-use flatnn::testutil::{assert_close, cuda_device, rel_err, Rng};
+use flatnn::testutil::{assert_close, cuda_device, in_child, rel_err, run_alone, Rng};
 use flatnn::Layer;
+
+/// In the test process: runs `test` in a child per route and returns None. In a child: the
+/// route's `FLATNN_CUDNN`.
+fn in_each_route(test: &str) -> Option<String> {
+    if in_child() {
+        return Some(std::env::var("FLATNN_CUDNN").unwrap_or_default());
+    }
+    for mode in ["0", "1", "auto"] {
+        run_alone(test, &[("FLATNN_CUDNN", mode)]);
+    }
+    None
+}
+
+/// Checks that the report of a cache that ran forward and backward passes on its recurrent
+/// layers names the route `mode` takes: the per-step one with `0`; cuDNN's for both modes of every
+/// layer with `1` (where cuDNN loads); with `auto`, both routes timed.
+fn check_report(report: &str, mode: &str, what: &str) {
+    println!("{what}: {report}");
+    let layers: Vec<&str> = report.lines().filter(|l| l.contains("GRU") || l.contains("LSTM")).collect();
+    match mode {
+        "0" => assert!(report.contains("recurrent layers: cuDNN not used (FLATNN_CUDNN=0)"), "{what}: {report}"),
+        _ if cudnn_version().is_none() => assert!(report.contains("recurrent layers: cuDNN not used"), "{what}: {report}"),
+        "1" => {
+            assert!(!layers.is_empty(), "{what}: no recurrent layer reported: {report}");
+            for line in layers {
+                assert!(line.contains("inference cudnn") && line.contains("training cudnn"), "{what}: cuDNN not used: {line}");
+            }
+        }
+        _ => {
+            assert!(!layers.is_empty(), "{what}: no recurrent layer reported: {report}");
+            for line in layers {
+                assert!(!line.contains("NaN") && !line.contains("not measured"), "{what}: a route not timed: {line}");
+            }
+        }
+    }
+}
 
 /// Models touching each kind, both outputs, padded blocks (17 and 40 units), a recurrent layer's
 /// input gradient, and a dense layer after one.
@@ -24,6 +63,14 @@ fn models() -> Vec<(&'static str, Chain, Loss)> {
         ),
         ("gru → flatten → dense", Chain::new(Shape::sequence(4, 8)).gru(32, RnnOutput::Sequence).flatten().dense(3, Tanh), Loss::Mse),
     ]
+}
+
+/// A batch's inputs, labels, targets and initial states.
+struct Batch {
+    x: Vec<f32>,
+    labels: Vec<u32>,
+    targets: Vec<f32>,
+    init: Vec<(usize, Vec<f32>)>,
 }
 
 /// Random initial states for every recurrent layer of `model`, `batch` samples.
@@ -44,35 +91,47 @@ fn states(model: &Model, batch: usize, rng: &mut Rng) -> Vec<(usize, Vec<f32>)> 
 #[test]
 fn recurrent_forward_and_gradients_on_the_gpu_match_the_cpu() {
     let device = cuda_device();
+    let Some(mode) = in_each_route("recurrent_forward_and_gradients_on_the_gpu_match_the_cpu") else { return };
     let mut rng = Rng::new(12);
     for (name, chain, loss) in models() {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 3).with_threads(1).unwrap();
         let gpu = cpu.to(&device).unwrap();
-        // 300: the last dense layer in the training head (above 256 samples)
-        for batch in [3, 300] {
-            let x = rng.uniform(batch * cpu.input_shape().len());
+        // 301: the last dense layer in the training head (above 256 samples); both odd
+        for batch in [3, 301] {
+            // a cache of a larger capacity, which first runs a full batch of other values: the
+            // batch then runs below the capacity, behind stale samples and states
+            let capacity = batch + 4;
             let outputs = cpu.output_shape().len();
-            let labels: Vec<u32> = (0..batch).map(|_| rng.below(outputs.max(2)) as u32).collect();
-            let targets = rng.uniform(batch * outputs);
-            let init = states(&cpu, batch, &mut rng);
-            let run = |model: &Model| {
-                let (mut fwd, mut bwd) = (model.preallocate(batch).unwrap(), model.preallocate_grads(batch).unwrap());
-                for (layer, values) in &init {
-                    fwd.set_state(*layer, values).unwrap();
-                }
-                fwd.set_inputs(&x).unwrap();
-                match loss {
-                    Loss::LogitCrossEntropy => fwd.set_labels(&labels).unwrap(),
-                    _ => fwd.set_targets(&targets).unwrap(),
-                }
-                let out = model.forward(&mut fwd).unwrap().to_vec();
-                let finals: Vec<Vec<f32>> = init.iter().map(|(layer, _)| fwd.final_state(*layer).unwrap()).collect();
-                model.backprop(&mut bwd, &mut fwd, loss).unwrap();
-                (out, finals, bwd.last_loss().unwrap(), bwd.gradients().unwrap().into_owned())
+            let batch_of = |n: usize, rng: &mut Rng| {
+                let x = rng.uniform(n * cpu.input_shape().len());
+                let labels: Vec<u32> = (0..n).map(|_| rng.below(outputs.max(2)) as u32).collect();
+                Batch { x, labels, targets: rng.uniform(n * outputs), init: states(&cpu, n, rng) }
             };
-            let (cpu_out, cpu_finals, cpu_loss, cpu_grads) = run(&cpu);
-            let (gpu_out, gpu_finals, gpu_loss, gpu_grads) = run(&gpu);
-            let what = format!("{name}, batch {batch}");
+            let (full, this) = (batch_of(capacity, &mut rng), batch_of(batch, &mut rng));
+            let run = |model: &Model| {
+                let (mut fwd, mut bwd) = (model.preallocate(capacity).unwrap(), model.preallocate_grads(capacity).unwrap());
+                let mut pass = |Batch { x, labels, targets, init }: &Batch| {
+                    for (layer, values) in init {
+                        fwd.set_state(*layer, values).unwrap();
+                    }
+                    fwd.set_inputs(x).unwrap();
+                    match loss {
+                        Loss::LogitCrossEntropy => fwd.set_labels(labels).unwrap(),
+                        _ => fwd.set_targets(targets).unwrap(),
+                    }
+                    let out = model.forward(&mut fwd).unwrap().to_vec();
+                    let finals: Vec<Vec<f32>> = init.iter().map(|(layer, _)| fwd.final_state(*layer).unwrap()).collect();
+                    model.backprop(&mut bwd, &mut fwd, loss).unwrap();
+                    (out, finals, bwd.last_loss().unwrap(), bwd.gradients().unwrap().into_owned())
+                };
+                pass(&full);
+                let result = pass(&this);
+                (result, fwd.conv_backends())
+            };
+            let ((cpu_out, cpu_finals, cpu_loss, cpu_grads), _) = run(&cpu);
+            let ((gpu_out, gpu_finals, gpu_loss, gpu_grads), report) = run(&gpu);
+            let what = format!("{name}, batch {batch} (FLATNN_CUDNN={mode})");
+            check_report(&report, &mode, &what);
             assert_close(&gpu_out, &cpu_out, 1e-5, 1e-4, &format!("{what}: outputs"));
             for (g, c) in gpu_finals.iter().zip(&cpu_finals) {
                 assert_close(g, c, 1e-5, 1e-4, &format!("{what}: final states"));
@@ -89,6 +148,7 @@ fn recurrent_forward_and_gradients_on_the_gpu_match_the_cpu() {
 #[test]
 fn recurrent_training_steps_in_a_graph_match_the_cpu() {
     let device = cuda_device();
+    let Some(mode) = in_each_route("recurrent_training_steps_in_a_graph_match_the_cpu") else { return };
     for (name, chain, loss) in models() {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 5).with_threads(1).unwrap();
         let mut trained = Vec::new();
@@ -112,7 +172,7 @@ fn recurrent_training_steps_in_a_graph_match_the_cpu() {
             trained.push((losses, model.parameters().unwrap().into_owned()));
         }
         let (losses_err, params_err) = (rel_err(&trained[1].0, &trained[0].0), rel_err(&trained[1].1, &trained[0].1));
-        println!("{name}: 12 steps, losses rel err {losses_err:.2e}, parameters rel err {params_err:.2e}");
+        println!("{name} (FLATNN_CUDNN={mode}): 12 steps, losses rel err {losses_err:.2e}, parameters rel err {params_err:.2e}");
         assert!(losses_err <= 1e-4 && params_err <= 1e-4, "{name}: losses {:?} vs {:?}", trained[1].0, trained[0].0);
     }
 }
@@ -121,6 +181,9 @@ fn recurrent_training_steps_in_a_graph_match_the_cpu() {
 #[test]
 fn a_stream_on_the_gpu_matches_the_cpu_and_the_gpu_forward() {
     let device = cuda_device();
+    if in_each_route("a_stream_on_the_gpu_matches_the_cpu_and_the_gpu_forward").is_none() {
+        return;
+    }
     let mut rng = Rng::new(4);
     for (name, chain) in [
         ("gru", Chain::new(Shape::sequence(9, 3)).gru(17, RnnOutput::Sequence).gru(8, RnnOutput::LastStep).dense(2, Identity)),

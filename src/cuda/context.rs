@@ -137,6 +137,8 @@ kernels! {
     RnnBiasGrad = "rnn_bias_grad",
     LstmStep = "lstm_step",
     LstmStepBackward = "lstm_step_backward",
+    RnnStatesIn = "rnn_states_in",
+    RnnStatesOut = "rnn_states_out",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.

@@ -358,6 +358,11 @@ impl Handle {
         Ok(handle)
     }
 
+    /// The raw handle, for the calls of `rnn_cudnn.rs`.
+    pub fn raw(&self) -> sys::cudnnHandle_t {
+        self.0
+    }
+
     /// Sends the handle's later work to `stream` (of its context, made current by the caller).
     pub fn set_stream(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: a live handle and a live stream.

@@ -41,6 +41,7 @@ use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
 use super::exec::{Backward, Forward};
 use super::graph::Graphs;
 use super::options::{Convs, GpuOptions, Tuning};
+use super::rnn_dnn::RnnDnn;
 use super::timing::time_calls;
 use super::{driver_error, guarded_result};
 use crate::chain::{Plan, Step};
@@ -152,9 +153,11 @@ pub(crate) struct StepRun<'a> {
     pub options: GpuOptions,
 }
 
-/// A cache's convolutions: cuDNN where it is used, and what to report.
+/// A cache's convolutions: cuDNN where it is used, and what to report; and its recurrent layers'
+/// routes (`rnn_dnn.rs`).
 pub(crate) struct Dnn {
     cudnn: Option<Cudnn>,
+    rnn: RnnDnn,
     /// First line of the report: cuDNN's version, or why it is not used.
     header: String,
     /// A number no other cache of this process has (see [`Dnn::id`]).
@@ -182,10 +185,10 @@ impl Dnn {
                 Some(_) => format!("cuDNN not used ({why}; {setting}): flatnn's kernels"),
                 None => format!("cuDNN not used ({why}): flatnn's kernels"),
             };
-            Dnn { cudnn: None, header, id }
+            Dnn { cudnn: None, header, id, rnn: RnnDnn::new(gpu, stream, plan, convs) }
         };
         if conv::steps(plan).next().is_none() {
-            return Dnn { cudnn: None, header: String::new(), id };
+            return Dnn { cudnn: None, header: String::new(), id, rnn: RnnDnn::new(gpu, stream, plan, convs) };
         }
         if convs == Convs::Own {
             return off(&setting);
@@ -195,7 +198,8 @@ impl Dnn {
             Ok(cudnn) => {
                 let (major, minor, patch) = (version / 10000, version / 100 % 100, version % 100);
                 let kib = cudnn.workspace.len() / 1024;
-                Dnn { cudnn: Some(cudnn), header: format!("cuDNN {major}.{minor}.{patch}, {setting}, workspace {kib} KiB"), id }
+                let header = format!("cuDNN {major}.{minor}.{patch}, {setting}, workspace {kib} KiB");
+                Dnn { cudnn: Some(cudnn), header, id, rnn: RnnDnn::new(gpu, stream, plan, convs) }
             }
             Err(e) => off(&format!("setting it up failed: {e}")),
         }
@@ -211,6 +215,7 @@ impl Dnn {
     /// Moves the handle to `stream` (after the work queued on its old one); a no-op when it is
     /// there.
     pub fn rebind(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.rnn.rebind(stream)?;
         match &mut self.cudnn {
             Some(c) if !Arc::ptr_eq(&c.stream, stream) => {
                 c.stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
@@ -229,6 +234,7 @@ impl Dnn {
     /// setup. Call it before the step is run or captured, on the model's stream (after
     /// [`Dnn::rebind`]); it may wait for the device.
     pub fn prepare(&mut self, s: &StepRun) -> Result<()> {
+        self.rnn.prepare(s)?;
         let StepRun { plan, f, b, options, .. } = *s;
         let tf32 = options.tf32;
         let Some(c) = &mut self.cudnn else { return Ok(()) };
@@ -262,6 +268,11 @@ impl Dnn {
         })();
         c.setups[index].layers = layers;
         outcome
+    }
+
+    /// The recurrent layers' routes.
+    pub fn rnn(&self) -> &RnnDnn {
+        &self.rnn
     }
 
     /// The forward product of step `index` (z without bias) through cuDNN, if chosen for the
@@ -301,8 +312,20 @@ impl Dnn {
     }
 
     /// What runs each convolution: cuDNN's version (or why it is not used), then one line per
-    /// conv layer and batch size set up, with each direction's path and the times measured.
+    /// conv layer and batch size set up, with each direction's path and the times measured; then
+    /// the recurrent layers' lines ([`RnnDnn::report`]).
     pub fn report(&self) -> String {
+        let mut out = self.conv_report();
+        for line in self.rnn.report().lines() {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(line);
+        }
+        out
+    }
+
+    fn conv_report(&self) -> String {
         let mut out = self.header.clone();
         let Some(c) = &self.cudnn else { return out };
         for setup in &c.setups {

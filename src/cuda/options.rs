@@ -40,7 +40,7 @@ pub struct Tuning {
     /// Dense weight gradients may be measured on 32 × 32 tensor-core tiles whose slices are
     /// split over two blocks (sm_90 and later). `FLATNN_MMA_SPLIT=0` turns it off.
     pub split_tiles: bool,
-    /// Which convolution routes are measured: `FLATNN_CUDNN`.
+    /// Which convolution and recurrent (GRU, LSTM) routes are measured: `FLATNN_CUDNN`.
     pub convs: Convs,
     /// Kernels launch as programmatic dependents of the kernel ahead (sm_90 and later, CUDA 12.3
     /// drivers on). `FLATNN_DEPENDENT_LAUNCH=0` turns it off. A device's setting: it is taken

@@ -1,25 +1,57 @@
-//! A GRU or an LSTM run on the GPU (the layout is `layers/recurrent.rs`'s). Forward: the input
-//! products of every step as one batched cuBLAS product, the initial state into the first step's
-//! rows (`rnn_begin`), then each step's recurrent products (cuBLAS, added to its input products)
-//! and a kernel for its gates (kernels/gru.cu, kernels/lstm.cu). Backward through time: each step's
-//! gate gradients (a kernel) and ∂L/∂h_{t−1} (products); then the weight gradients over all B·T
-//! steps as products, and the bias gradients in one kernel. All of it is queued on the pass's
-//! stream, so a training step's graph holds every time step: two or three launches a step each
-//! way, one after another.
+//! A GRU or an LSTM run on the GPU (the layout is `layers/recurrent.rs`'s), by one of two routes,
+//! chosen per layer, batch size and mode (inference; training's forward and backward together)
+//! by measurement when the batch size first runs (`rnn_dnn.rs`): cuDNN's RNN kernels where cuDNN
+//! loads and was faster, else flatnn's per-step route, here.
+//!
+//! The per-step route. Forward: the input products of every step as one batched cuBLAS product,
+//! the initial state into the first step's rows (`rnn_begin`), then each step's recurrent
+//! products (cuBLAS, added to its input products) and a kernel for its gates (kernels/gru.cu,
+//! kernels/lstm.cu). Backward through time: each step's gate gradients (a kernel) and
+//! ∂L/∂h_{t−1} (products); then the weight gradients over all B·T steps as products, and the
+//! bias gradients in one kernel. All of it is queued on the pass's stream, so a training step's
+//! graph holds every time step: two or three launches a step each way, one after another.
 //!
 //! Also the cache's side of the recurrent states (`Cache::set_state` and the like).
 
-use super::blas::{DevMat, DevMatMut};
-use super::context::Kernel;
+use super::blas::{Blas, DevMat, DevMatMut};
+use super::context::{Gpu, Kernel};
 use super::driver_error;
-use super::exec::{GpuBackward, GpuForward, Raw};
+use super::exec::{Backward, Forward, GpuBackward, GpuForward, Raw};
 use super::launch::{blocks, int, kernel_args};
 use super::state::DevCache;
-use crate::chain::Step;
+use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::layers::recurrent::{Cell, Dims, RnnOutput, CPREV, GATES, HPREV, STATE};
-use cudarc::driver::result;
+use crate::layers::{region, Mode};
+use cudarc::driver::{result, CudaStream};
 use std::ops::Range;
+
+/// What a recurrent step's launches need, whichever runs them (a pass, or the measuring of the
+/// routes): the device, the cache's cuBLAS handle, the model's stream, the plan, the pass's
+/// buffers (`b` in training), the step's index and whether its input gradient is needed.
+#[derive(Clone, Copy)]
+pub(super) struct Ctx<'a> {
+    pub gpu: &'a Gpu,
+    pub blas: &'a Blas,
+    pub stream: &'a CudaStream,
+    pub plan: &'a Plan,
+    pub f: &'a Forward<'a>,
+    pub b: Option<&'a Backward<'a>>,
+    pub index: usize,
+    pub need_dx: bool,
+}
+
+impl Ctx<'_> {
+    /// Values of region `r` for the batch.
+    pub fn region(&self, r: usize) -> Range<usize> {
+        region(self.plan, r, self.f.capacity, self.f.batch)
+    }
+
+    /// The backward pass's buffers.
+    pub fn b(&self) -> &Backward<'_> {
+        self.b.expect("a backward pass has gradient buffers")
+    }
+}
 
 /// A recurrent step's regions for the batch, and its four tensors' ranges in the parameters
 /// (and in their gradients).
@@ -70,11 +102,33 @@ fn output_row(d: &Dims, out: &Range<usize>, t: usize) -> Option<(usize, usize)> 
     }
 }
 
-/// A recurrent step's forward on the GPU (see the module docs).
-pub(crate) fn forward(pass: &GpuForward, step: &Step, d: &Dims) -> Result<()> {
-    let GpuForward { gpu, blas, stream, f, .. } = *pass;
+/// A recurrent step's forward on the GPU in `mode`, by the route chosen for it (see the module
+/// docs).
+pub(crate) fn forward(pass: &GpuForward, step: &Step, d: &Dims, mode: Mode) -> Result<()> {
+    let GpuForward { gpu, blas, stream, plan, f, index, .. } = *pass;
+    let ctx = Ctx { gpu, blas, stream, plan, f, b: None, index, need_dx: false };
+    let training = mode == Mode::Train;
+    match f.dnn.and_then(|dnn| dnn.rnn().route(index, f.batch, training)) {
+        Some(route) => route.forward(&ctx, step, d, training),
+        None => forward_steps(&ctx, step, d),
+    }
+}
+
+/// A recurrent step's backward on the GPU, by the route its training forward took.
+pub(crate) fn backward(pass: &mut GpuBackward, step: &Step, d: &Dims) -> Result<()> {
+    let GpuBackward { gpu, blas, stream, plan, f, b, index, need_dx, .. } = *pass;
+    let ctx = Ctx { gpu, blas, stream, plan, f, b: Some(b), index, need_dx };
+    match f.dnn.and_then(|dnn| dnn.rnn().route(index, f.batch, true)) {
+        Some(route) => route.backward(&ctx, step, d),
+        None => backward_steps(&ctx, step, d),
+    }
+}
+
+/// The per-step route's forward (see the module docs).
+pub(super) fn forward_steps(ctx: &Ctx, step: &Step, d: &Dims) -> Result<()> {
+    let Ctx { gpu, blas, stream, f, .. } = *ctx;
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
-    let r = Parts::of(step, d, |i| pass.region(i));
+    let r = Parts::of(step, d, |i| ctx.region(i));
     let (batch, steps, features, h, p, row) = (f.batch, d.steps, d.features, d.hidden, d.padded, d.row());
     assert!(!d.packed, "the packed layout is the CPU's");
     // gate g's weights as B of a product X·B, B[j, u] = W[g·H + u, j] (PyTorch's rows of `inner`,
@@ -152,12 +206,13 @@ fn hidden_runs(d: &Dims) -> Vec<(usize, usize, usize)> {
     runs
 }
 
-/// A recurrent step's backward through time on the GPU (see the module docs).
-pub(crate) fn backward(pass: &mut GpuBackward, step: &Step, d: &Dims) -> Result<()> {
+/// The per-step route's backward through time (see the module docs).
+pub(super) fn backward_steps(ctx: &Ctx, step: &Step, d: &Dims) -> Result<()> {
     assert!(!d.carry, "a stream's model is not trained");
-    let GpuBackward { gpu, blas, stream, f, b, need_dx, .. } = *pass;
+    let Ctx { gpu, blas, stream, f, need_dx, .. } = *ctx;
+    let b = ctx.b();
     let (params, acts, dacts, grads) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(b.dacts), Raw::of(b.grads));
-    let r = Parts::of(step, d, |i| pass.region(i));
+    let r = Parts::of(step, d, |i| ctx.region(i));
     let (batch, steps, features, h, p, row, g) = (f.batch, d.steps, d.features, d.hidden, d.padded, d.row(), d.gates());
     let (bb, t_len, hidden, padded) = (int(batch)?, int(steps)?, int(h)?, int(p)?);
     let (gates, dgates) = (acts.at::<f32>(r.gates.clone()).ptr(), dacts.at_mut::<f32>(r.gates.clone()).ptr());

@@ -105,8 +105,8 @@ impl LayerKind for Gru {
     }
 
     #[cfg(feature = "cuda")]
-    fn gpu_forward(&self, step: &Step, pass: &crate::cuda::exec::GpuForward, _mode: Mode) -> Result<()> {
-        crate::cuda::recurrent::forward(pass, step, &self.dims(step.input))
+    fn gpu_forward(&self, step: &Step, pass: &crate::cuda::exec::GpuForward, mode: Mode) -> Result<()> {
+        crate::cuda::recurrent::forward(pass, step, &self.dims(step.input), mode)
     }
 
     #[cfg(feature = "cuda")]
