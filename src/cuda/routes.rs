@@ -259,7 +259,8 @@ fn choose(s: &StepRun, step: &Step, dir: Dir, bucket: usize, samples: usize) -> 
                 _ => Ok(()),
             }
         }
-        Dir::WeightGrad => weight_grad_on(&on, backward(), step, route, false),
+        // (timed reading X early, as a step does but after a deep head: see dense_pass.rs)
+        Dir::WeightGrad => weight_grad_on(&on, backward(), step, route, false, true),
     };
     // what this process timed already, else a first look: one eager call (NaN where it failed)
     let first: Vec<(Route, Result<Timed, f32>)> = routes

@@ -168,7 +168,7 @@ fn every_route_of_every_direction_matches_plain_loops() {
                                         producer_activation(&on, &bw, step).unwrap();
                                     }
                                 }
-                                Dir::WeightGrad => weight_grad_on(&on, &bw, step, route, false).unwrap(),
+                                Dir::WeightGrad => weight_grad_on(&on, &bw, step, route, false, true).unwrap(),
                             }
                         }
                         let mut dacts_route = dacts_want.clone();
