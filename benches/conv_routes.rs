@@ -1,5 +1,5 @@
-//! The CPU convolution routes (im2col + GEMM, and the direct GEMM on shifted windows of the
-//! padded input) on the zoo's convolution layers: time per call and GFLOP/s (2·OC·OH·OW·CKK
+//! The CPU convolution routes (im2col + GEMM, the direct GEMM on shifted windows of the padded
+//! input, and forward only F(2, 3) Winograd along the rows) on the zoo's convolution layers: time per call and GFLOP/s (2·OC·OH·OW·CKK
 //! per sample forward, twice that backward, with the input gradient except on a network's
 //! first layer, which needs none), the routes interleaved, the fastest of several calls.
 //! `cargo bench --bench conv_routes [-- THREADS]` (default 1 thread).
@@ -33,16 +33,14 @@ fn main() -> flatnn::Result<()> {
         for batch in [1, 8, 64] {
             let times = conv_route_times(input, out_channels, kernel, ConvOptions { stride, padding }, batch, threads, 20, !first)?;
             let flops = 2.0 * (batch * out_channels * oh * ow * c * kernel.0 * kernel.1) as f64;
+            let bwd_flops = if first { flops } else { 2.0 * flops };
+            // µs and GFLOP/s, or dashes where the route does not compute the direction
+            let cells = |t: Option<std::time::Duration>, flops: f64| match t {
+                Some(t) => format!("{:>8.1} {:>6.1}", t.as_secs_f64() * 1e6, flops / t.as_secs_f64() / 1e9),
+                None => format!("{:>8} {:>6}", "–", "–"),
+            };
             for (route, f, b) in times {
-                let (f, b) = (f.as_secs_f64(), b.as_secs_f64());
-                let bwd_flops = if first { flops } else { 2.0 * flops };
-                println!(
-                    "{name:16} {batch:>5}  {route:>8} {:>8.1} {:>6.1} {:>8.1} {:>6.1}",
-                    f * 1e6,
-                    flops / f / 1e9,
-                    b * 1e6,
-                    bwd_flops / b / 1e9
-                );
+                println!("{name:16} {batch:>5}  {route:>8} {} {}", cells(f, flops), cells(b, bwd_flops));
             }
         }
     }

@@ -129,3 +129,16 @@ extern "C" __global__ void rnn_states_out(const float* h, int h_stride, const fl
         if (cy != nullptr) st[c_at + u] = cy[i];
     }
 }
+
+// dst[j, i, c] = src[i, j, c] for src (a, b, k) and dst (b, a, k), row-major: the cuDNN route's
+// move between flatnn's batch-first sequences and cuDNN's sequence-major ones. One thread a
+// value of dst (writes coalesced; reads in runs of k).
+extern "C" __global__ void rnn_transpose(const float* src, float* dst, int a, int b, int k) {
+    after_prior();
+    int n = a * b * k;
+    GRID_STRIDE(at, n) {
+        int row = at / k, c = at - row * k;
+        int j = row / a, i = row - j * a;
+        dst[at] = src[((long long)i * b + j) * k + c];
+    }
+}

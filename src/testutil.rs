@@ -136,9 +136,9 @@ pub fn cuda_device() -> crate::Device {
 
 /// Time per call of each CPU convolution route (`Lowered`: im2col and GEMM; `Direct`: the GEMM
 /// on shifted windows of the padded input) on one layer: (route, forward, backward with the
-/// input gradient when `input_grad`), the fastest of `runs` calls on `threads` threads, for
-/// `benches/conv_routes.rs`.
-#[allow(clippy::too_many_arguments)]
+/// input gradient when `input_grad`), the fastest of `runs` calls on `threads` threads (None
+/// where the route does not compute the convolution), for `benches/conv_routes.rs`.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn conv_route_times(
     (in_channels, height, width): (usize, usize, usize),
     out_channels: usize,
@@ -148,7 +148,7 @@ pub fn conv_route_times(
     threads: usize,
     runs: usize,
     input_grad: bool,
-) -> crate::Result<Vec<(String, std::time::Duration, std::time::Duration)>> {
+) -> crate::Result<Vec<(String, Option<std::time::Duration>, Option<std::time::Duration>)>> {
     let shape =
         crate::cpu::conv::ConvShape { in_channels, height, width, out_channels, kernel, stride: options.stride, padding: options.padding };
     let times = crate::cpu::conv::route_times(&shape, batch, threads, runs, input_grad)?;

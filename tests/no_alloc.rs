@@ -45,13 +45,18 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 /// Batch norm (over channels and features, with and without an activation), layer norm,
-/// dropout and residual blocks, nested.
+/// dropout and residual blocks, nested; convolutions whose inference takes in a batch norm and
+/// a residual sum.
 fn norm() -> Chain {
     let same = ConvOptions { stride: (1, 1), padding: (1, 1) };
+    let body = |c: Chain| {
+        let c = c.conv_with(4, (3, 3), Identity, same).batch_norm_with(Relu).residual(|c| c.dropout(0.2)).batch_norm();
+        c.conv_with(4, (3, 3), Identity, same).batch_norm()
+    };
     Chain::new(Input::image(3, 8, 8))
         .conv_with(4, (3, 3), Identity, same)
         .batch_norm_with(Relu)
-        .residual_with(Relu, |c| c.conv_with(4, (3, 3), Identity, same).batch_norm_with(Relu).residual(|c| c.dropout(0.2)).batch_norm())
+        .residual_with(Relu, body)
         .flatten()
         .dense(32, Relu)
         .layer_norm()

@@ -139,6 +139,7 @@ kernels! {
     LstmStepBackward = "lstm_step_backward",
     RnnStatesIn = "rnn_states_in",
     RnnStatesOut = "rnn_states_out",
+    RnnTranspose = "rnn_transpose",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.

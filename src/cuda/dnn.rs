@@ -42,7 +42,7 @@ use super::exec::{Backward, Forward};
 use super::graph::Graphs;
 use super::options::{Convs, GpuOptions, Tuning};
 use super::rnn_dnn::RnnDnn;
-use super::timing::time_calls;
+use super::timing::{add_note, time_calls, FirstMeasured};
 use super::{driver_error, guarded_result};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
@@ -50,7 +50,7 @@ use crate::layers::{conv, region};
 use cudarc::driver::CudaStream;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 /// The workspace of every cache with convolutions, whatever its capacity; Find considers only
 /// algorithms that fit in it. The same for all caches, so that the algorithm measured for a
@@ -437,9 +437,9 @@ impl Cudnn {
             dilation.1,
         ];
         let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32: options.tf32, dir };
-        let m = match measured(&key) {
+        let m = match MEASURED.get(&key) {
             Some(m) => m,
-            None => remember(key, self.measure(layer, dir, s)?),
+            None => MEASURED.keep(key, self.measure(layer, dir, s)?),
         };
         let mut use_cudnn = m.algo.is_some() && layer.descs.is_some() && (options.tuning.convs == Convs::Cudnn || m.cudnn_us < m.own_us);
         if let (Some(algo), Some(descs), true) = (m.algo, &layer.descs, use_cudnn) {
@@ -528,28 +528,8 @@ struct Measured {
 }
 
 /// Every measurement made in this process: the first one of a key is what every cache uses.
-static MEASURED: Mutex<Vec<(MeasureKey, Measured)>> = Mutex::new(Vec::new());
-
-fn measured(key: &MeasureKey) -> Option<Measured> {
-    let all = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
-    all.iter().find(|(k, _)| k == key).map(|(_, m)| m.clone())
-}
-
-/// Keeps `m` for `key` unless another cache got there first; what is kept.
-fn remember(key: MeasureKey, m: Measured) -> Measured {
-    let mut all = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
-    match all.iter().find(|(k, _)| *k == key) {
-        Some((_, first)) => first.clone(),
-        None => {
-            all.push((key, m.clone()));
-            m
-        }
-    }
-}
+static MEASURED: FirstMeasured<MeasureKey, Measured> = FirstMeasured::new();
 
 fn note(notes: &mut String, dir: Dir, what: &str) {
-    if !notes.is_empty() {
-        notes.push_str("; ");
-    }
-    let _ = write!(notes, "{}: {what}", dir.name());
+    add_note(notes, dir.name(), what);
 }

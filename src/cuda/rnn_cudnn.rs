@@ -5,9 +5,11 @@
 //!
 //! The layer is cuDNN's one-layer, one-direction `CUDNN_GRU` or `CUDNN_LSTM` with both biases
 //! (`CUDNN_RNN_DOUBLE_BIAS`, so a GRU's n = tanh(W_in x + b_in + r ∘ (W_hn h + b_hn)), PyTorch's),
-//! FP32 data, the standard algorithm, and its inputs and outputs batch-first as flatnn keeps
-//! them (`CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED`, every sequence `steps` long): x (batch,
-//! steps, features), y (batch, steps, hidden); h and c packed (1, batch, hidden). Its gates, in
+//! FP32 data, the standard algorithm, and its inputs and outputs sequence-major, as PyTorch gives
+//! them (`CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED`, every sequence `steps` long, so packed is
+//! plain (steps, batch, ·), with padded I/O off): x (steps, batch, features), y (steps, batch,
+//! hidden); h and c packed (1, batch, hidden). The batch-major layout, flatnn's own, sent cuDNN
+//! down a path several times slower at small batches; the route transposes instead. Its gates, in
 //! cuDNN's linear-layer order, are PyTorch's: a GRU's r, z, n, an LSTM's i, f, g, o, and each
 //! gate's matrix is (hidden, inputs) row-major, as PyTorch's rows of that gate.
 
@@ -43,9 +45,9 @@ const FUNCTIONS: [&str; 17] = [
     "cudnnRNNBackwardWeights_v8",
 ];
 
-/// `CUDNN_RNN_PADDED_IO_ENABLED` (cudnn_adv.h, a macro the bindings lack): the unpacked layouts
-/// are accepted only with it.
-const PADDED_IO_ENABLED: u32 = 1;
+/// `CUDNN_RNN_PADDED_IO_DISABLED` (cudnn_adv.h, a macro the bindings lack): no padding between
+/// sequences, which the packed layout has none of (PyTorch's setting for it).
+const PADDED_IO_DISABLED: u32 = 0;
 
 /// Whether cuDNN 9 loads here with every function the RNN route calls. Probed once per
 /// process; never panics.
@@ -136,11 +138,11 @@ impl Descs {
                 hidden,
                 1,
                 descs.dropout,
-                PADDED_IO_ENABLED,
+                PADDED_IO_DISABLED,
             )
             .result()
             .map_err(|e| refused("cudnnSetRNNDescriptor_v8", e))?;
-            let layout = sys::cudnnRNNDataLayout_t::CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED;
+            let layout = sys::cudnnRNNDataLayout_t::CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED;
             for (desc, width) in [(&mut descs.x, features), (&mut descs.y, hidden)] {
                 sys::cudnnCreateRNNDataDescriptor(desc).result().map_err(|e| refused("cudnnCreateRNNDataDescriptor", e))?;
                 sys::cudnnSetRNNDataDescriptor(*desc, F32, layout, steps, n, width, lengths.as_ptr(), std::ptr::null_mut())

@@ -8,12 +8,12 @@
 //! A cache with recurrent layers owns one cuDNN handle for them, bound to the stream of the model
 //! using the cache. At its first step (or forward call) it allocates, for its capacity, per layer:
 //! cuDNN's weight space, the packed states (h₀, and an LSTM's c₀ and c_T: cuDNN takes and gives
-//! states packed, flatnn keeps them in each sample's state row), the sequence output of a layer
-//! that outputs the last step alone (cuDNN writes every step's h), and the sequence lengths
-//! cuDNN reads on the device; and one work space for all layers, the largest any needs at the
-//! capacity. At its first training step: per layer the reserve space and the weight gradients'
-//! space, and zeros for the sequence gradient of a last-step layer. Nothing is allocated in a
-//! step. Where any of it cannot be had, the layers concerned take the per-step route.
+//! states packed, flatnn keeps them in each sample's state row), x and y sequence-major (cuDNN's
+//! layout; flatnn's is batch-first), and the sequence lengths cuDNN reads on the device; and one
+//! work space for all layers, the largest any needs at the capacity. At its first training step:
+//! per layer the reserve space and the weight gradients' space, and for all layers in turn the
+//! sequence-major dx and dy, and zeros for the sequence gradient of a last-step layer. Nothing is
+//! allocated in a step. Where any of it cannot be had, the layers concerned take the per-step route.
 //!
 //! A cuDNN descriptor carries the batch, so for each (batch, TF32) that runs, the first time it
 //! does (before its graph is captured), a [`Setup`] is made: per layer its descriptors, where
@@ -37,15 +37,15 @@ use super::exec::Raw;
 use super::options::Convs;
 use super::recurrent::{backward_steps, forward_steps, Ctx};
 use super::rnn_cudnn::{rnn_functions_present, Descs};
-use super::rnn_route::{runs, LayerBufs, LayerTrain, Route, Run};
-use super::timing::time_calls;
+use super::rnn_route::{runs, LayerBufs, LayerTrain, Route, Run, Scratch};
+use super::timing::{add_note, time_calls, FirstMeasured};
 use super::{device_wide, driver_error, guarded_result};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::layers::recurrent::{dims, Cell, Dims, RnnOutput, STATE};
 use cudarc::driver::{result as driver, CudaStream};
 use std::fmt::Write;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 /// (batch, TF32) setups kept: as `dnn.rs`'s.
 const SLOTS: usize = 2 * super::graph::Graphs::SLOTS;
@@ -96,8 +96,7 @@ struct Bufs {
 struct TrainBufs {
     /// Per recurrent layer (None for a layer that has no `LayerBufs`).
     layers: Vec<Option<LayerTrain>>,
-    /// Zeros, the sequence gradient of every last-step layer.
-    zeros: DevBuf<f32>,
+    scratch: Scratch,
 }
 
 /// One mode of one layer: which route runs it, and what was measured to decide.
@@ -329,17 +328,15 @@ impl Inner {
         drop(exclusive);
         let cells = if d.cell == Cell::Lstm { 3 } else { 1 };
         let states = times(capacity, cells * d.hidden)?;
-        let seq = match d.output {
-            RnnOutput::LastStep => Some(times(capacity, d.steps * d.hidden)?),
-            RnnOutput::Sequence => None,
-        };
+        let (xs, ys) = (times(capacity, d.steps * d.features)?, times(capacity, d.steps * d.hidden)?);
         let steps = i32::try_from(d.steps).map_err(|_| format!("{} steps exceed cuDNN's 32-bit integers", d.steps))?;
         let had = |what: &str, e: crate::error::Error| format!("its {what} could not be had: {e}");
         let (gpu, stream) = (&self.gpu, &self.stream);
         Ok(LayerBufs {
             weights: DevBuf::zeros(gpu, stream, weights_len.unwrap_or(0)).map_err(|e| had("weight space", e))?,
             states: DevBuf::zeros(gpu, stream, states).map_err(|e| had("packed states", e))?,
-            seq: seq.map(|len| DevBuf::zeros(gpu, stream, len)).transpose().map_err(|e| had("sequence output", e))?,
+            xs: DevBuf::zeros(gpu, stream, xs).map_err(|e| had("sequence-major input", e))?,
+            ys: DevBuf::zeros(gpu, stream, ys).map_err(|e| had("sequence-major output", e))?,
             lengths: DevBuf::from_host(gpu, stream, &vec![steps; capacity]).map_err(|e| had("sequence lengths", e))?,
             reserve_len,
         })
@@ -353,9 +350,14 @@ impl Inner {
         }
         self.gpu.bind()?;
         let (gpu, stream, capacity) = (&self.gpu, &self.stream, bufs.capacity);
-        let zeros_len = self.layers.iter().map(|(_, d)| if d.output == RnnOutput::LastStep { d.steps * d.hidden } else { 0 }).max();
+        // the largest any layer needs, per sample
+        let most = |per: &dyn Fn(&Dims) -> usize| self.layers.iter().map(|(_, d)| per(d)).max().unwrap_or(0);
+        let zeros_len = most(&|d| if d.output == RnnOutput::LastStep { d.steps * d.hidden } else { 0 });
+        let dys_len = most(&|d| if d.output == RnnOutput::Sequence { d.steps * d.hidden } else { 0 });
+        let dxs_len = most(&|d| d.steps * d.features);
         let outcome = (|| -> std::result::Result<TrainBufs, String> {
-            let zeros = DevBuf::zeros(gpu, stream, times(capacity, zeros_len.unwrap_or(0))?).map_err(|e| e.to_string())?;
+            let scratch = |per: usize| DevBuf::zeros(gpu, stream, times(capacity, per)?).map_err(|e| e.to_string());
+            let scratch = Scratch { zeros: scratch(zeros_len)?, dys: scratch(dys_len)?, dxs: scratch(dxs_len)? };
             let mut layers = Vec::with_capacity(bufs.layers.len());
             for layer in &bufs.layers {
                 let pair = match layer {
@@ -367,7 +369,7 @@ impl Inner {
                 };
                 layers.push(pair);
             }
-            Ok(TrainBufs { layers, zeros })
+            Ok(TrainBufs { layers, scratch })
         })();
         bufs.train = Some(outcome.map_err(|e| format!("the training buffers could not be had: {e}")));
         Ok(())
@@ -441,7 +443,7 @@ impl Inner {
         let train = match training {
             true => {
                 let t = bufs.train.as_ref()?.as_ref().ok()?;
-                Some((t.layers[i].as_ref()?, &t.zeros))
+                Some((t.layers[i].as_ref()?, &t.scratch))
             }
             false => None,
         };
@@ -457,10 +459,10 @@ impl Inner {
         let key = MeasureKey { ordinal: s.gpu.ordinal(), dims: d, batch: s.f.batch, tf32: s.options.tf32, training };
         let ctx = step_ctx(s, index);
         let step = &s.plan.steps[index];
-        let m = match measured(&key) {
+        let m = match MEASURED.get(&key) {
             Some(m) => m,
             None => match self.measure(i, layer, &ctx, step, &d, s.options.graphs)? {
-                Some(m) => remember(key, m),
+                Some(m) => MEASURED.keep(key, m),
                 // not measured: nothing kept for other caches, which may have what this one lacks
                 None => Measured { own_us: f32::NAN, cudnn_us: f32::NAN, cudnn_ok: false, note: self.unavailable(training) },
             },
@@ -582,28 +584,8 @@ struct Measured {
 }
 
 /// Every measurement made in this process: the first one of a key is what every cache uses.
-static MEASURED: Mutex<Vec<(MeasureKey, Measured)>> = Mutex::new(Vec::new());
-
-fn measured(key: &MeasureKey) -> Option<Measured> {
-    let all = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
-    all.iter().find(|(k, _)| k == key).map(|(_, m)| m.clone())
-}
-
-/// Keeps `m` for `key` unless another cache got there first; what is kept.
-fn remember(key: MeasureKey, m: Measured) -> Measured {
-    let mut all = MEASURED.lock().unwrap_or_else(PoisonError::into_inner);
-    match all.iter().find(|(k, _)| *k == key) {
-        Some((_, first)) => first.clone(),
-        None => {
-            all.push((key, m.clone()));
-            m
-        }
-    }
-}
+static MEASURED: FirstMeasured<MeasureKey, Measured> = FirstMeasured::new();
 
 fn note(notes: &mut String, training: bool, what: &str) {
-    if !notes.is_empty() {
-        notes.push_str("; ");
-    }
-    let _ = write!(notes, "{}: {what}", if training { "training" } else { "inference" });
+    add_note(notes, if training { "training" } else { "inference" }, what);
 }

@@ -1,13 +1,19 @@
 //! What the cuDNN route of a GRU or LSTM layer queues in a step (`rnn_dnn.rs` chooses it and
 //! sets it up).
 //!
+//! cuDNN runs on sequence-major data (`rnn_cudnn.rs`), flatnn keeps it batch-first: the route
+//! transposes (`rnn_transpose`) between the layer's regions and its own buffers.
+//!
 //! Forward: the layer's parameters copied into cuDNN's weight space (device-to-device, on the
-//! step's stream), the initial states gathered (`rnn_states_in`), `cudnnRNNForward`, the final
-//! states scattered into the state rows (`rnn_states_out`). Backward: `cudnnRNNBackwardData_v8`
-//! (dx; dy the output's gradient, or for a last-step layer zeros and the output's gradient as
-//! the final h's), the weight gradients' space zeroed, `cudnnRNNBackwardWeights_v8` (which adds
-//! into it), and the gradients copied over flatnn's (which a backward pass overwrites). All of it
-//! is queued on the step's stream and captured in its graph.
+//! step's stream), the initial states gathered (`rnn_states_in`), x transposed to (steps, batch,
+//! features), `cudnnRNNForward` into y (steps, batch, hidden), y transposed into the output (a
+//! sequence layer's; a last-step layer's output is cuDNN's final h), the final states scattered
+//! into the state rows (`rnn_states_out`). Backward: the output's gradient transposed to dy (a
+//! last-step layer's dy is zeros, the output's gradient the final h's), `cudnnRNNBackwardData_v8`
+//! (dx, transposed into the input's gradient where the step has one), the weight gradients'
+//! space zeroed, `cudnnRNNBackwardWeights_v8` (which adds into it, reading the forward's x and
+//! y), and the gradients copied over flatnn's (which a backward pass overwrites). All of it is
+//! queued on the step's stream and captured in its graph.
 
 use super::buffer::DevBuf;
 use super::context::Kernel;
@@ -27,8 +33,10 @@ pub(super) struct LayerBufs {
     pub weights: DevBuf<u8>,
     /// hx, then an LSTM's cx and cy: `capacity × hidden` values each.
     pub states: DevBuf<f32>,
-    /// The sequence output of a last-step layer: `capacity × steps × hidden`.
-    pub seq: Option<DevBuf<f32>>,
+    /// x and y sequence-major, as the forward leaves them for the backward: `capacity × steps ×
+    /// features` and `capacity × steps × hidden`.
+    pub xs: DevBuf<f32>,
+    pub ys: DevBuf<f32>,
     /// `capacity` sequence lengths, each the layer's steps.
     pub lengths: DevBuf<i32>,
     /// Bytes of reserve space the layer's training needs at the capacity.
@@ -39,6 +47,17 @@ pub(super) struct LayerBufs {
 pub(super) struct LayerTrain {
     pub reserve: DevBuf<u8>,
     pub dweights: DevBuf<u8>,
+}
+
+/// The buffers every layer's backward uses in turn (it leaves nothing in them for later), for
+/// the cache's capacity: sequence-major gradients.
+pub(super) struct Scratch {
+    /// Zeros, dy of every last-step layer.
+    pub zeros: DevBuf<f32>,
+    /// dy of a sequence layer, the output's gradient transposed.
+    pub dys: DevBuf<f32>,
+    /// dx, before it is transposed into the input's gradient.
+    pub dxs: DevBuf<f32>,
 }
 
 /// One copy between flatnn's parameters and the weight space: `len` values from parameter
@@ -86,8 +105,8 @@ pub(super) struct Route<'a> {
     pub runs: &'a [Run],
     pub bufs: &'a LayerBufs,
     pub work: &'a DevBuf<u8>,
-    /// Reserve space and weight gradients' space (training), and the zeros.
-    pub train: Option<(&'a LayerTrain, &'a DevBuf<f32>)>,
+    /// Reserve space and weight gradients' space (training), and the scratch.
+    pub train: Option<(&'a LayerTrain, &'a Scratch)>,
 }
 
 impl Route<'_> {
@@ -101,37 +120,35 @@ impl Route<'_> {
         Ok(())
     }
 
-    /// The operands of the step for the batch: x, y, the states, and with gradient buffers
-    /// (training) dx, dy and dhy.
+    /// The operands of the step for the batch, in the route's buffers (sequence-major): x, y,
+    /// the states, a last-step layer's final h (its output), and with gradient buffers
+    /// (training) dx, dy and a last-step layer's dhy (its output's gradient).
     fn operands(&self, ctx: &Ctx, step: &Step, d: &Dims) -> Operands {
         let (batch, h) = (ctx.f.batch, d.hidden);
-        let acts = Raw::of(ctx.f.acts);
-        let (x, out) = (ctx.region(step.input_region), ctx.region(step.output_region));
-        debug_assert_eq!((x.len(), out.len()), (batch * d.steps * d.features, batch * d.out_len()));
+        let (x_len, y_len) = (batch * d.steps * d.features, batch * d.steps * h);
+        let out = ctx.region(step.output_region);
+        debug_assert_eq!((ctx.region(step.input_region).len(), out.len()), (x_len, batch * d.out_len()));
         let lstm = d.cell == Cell::Lstm;
         // hx, cx, cy: `capacity × hidden` values apart, the batch's first
         let apart = self.bufs.states.len() / if lstm { 3 } else { 1 };
         let states = |k: usize| self.bufs.states.view(k * apart..k * apart + batch * h).ptr();
-        let seq = self.bufs.seq.as_ref().map(|s| s.view(0..batch * d.steps * h).ptr());
-        let out_ptr = acts.at::<f32>(out.clone()).ptr();
+        let last_step = d.output == RnnOutput::LastStep;
         let mut o = Operands {
             lengths: self.bufs.lengths.view(0..batch).ptr(),
-            x: acts.at::<f32>(x.clone()).ptr(),
-            // a last-step layer's output is the final h; cuDNN's sequence output goes aside
-            y: seq.unwrap_or(out_ptr),
-            hy: if seq.is_some() { out_ptr } else { 0 },
+            x: self.bufs.xs.view(0..x_len).ptr(),
+            y: self.bufs.ys.view(0..y_len).ptr(),
+            hy: if last_step { Raw::of(ctx.f.acts).at::<f32>(out.clone()).ptr() } else { 0 },
             hx: states(0),
             cx: if lstm { states(1) } else { 0 },
             cy: if lstm { states(2) } else { 0 },
             ..Operands::default()
         };
-        if let (Some(b), Some((_, zeros))) = (ctx.b, self.train) {
-            let dacts = Raw::of(b.dacts);
-            o.dx = dacts.at::<f32>(x).ptr();
-            let dout = dacts.at::<f32>(out).ptr();
-            (o.dy, o.dhy) = match seq {
-                Some(_) => (zeros.view(0..batch * d.steps * h).ptr(), dout),
-                None => (dout, 0),
+        if let (Some(b), Some((_, scratch))) = (ctx.b, self.train) {
+            o.dx = scratch.dxs.view(0..x_len).ptr();
+            let dout = Raw::of(b.dacts).at::<f32>(out).ptr();
+            (o.dy, o.dhy) = match last_step {
+                true => (scratch.zeros.view(0..y_len).ptr(), dout),
+                false => (scratch.dys.view(0..y_len).ptr(), 0),
             };
         }
         o
@@ -160,6 +177,9 @@ impl Route<'_> {
         let (hx, cx) = (o.hx, o.cx);
         let mut args = kernel_args![state, hx, cx, batch, hidden, padded, state_len];
         gpu.launch_args(stream, Kernel::RnnStatesIn, (blocks(n), 1), 0, &mut args)?;
+        let acts = Raw::of(ctx.f.acts);
+        let x = acts.at::<f32>(ctx.region(step.input_region)).ptr();
+        transpose(ctx, x, o.x, [ctx.f.batch, d.steps, d.features])?;
         let reserve: Space = match self.train.filter(|_| training) {
             Some((t, _)) => (t.reserve.ptr(), t.reserve.len()),
             None if training => unreachable!("a training route has its reserve space"),
@@ -170,11 +190,13 @@ impl Route<'_> {
         // sizes cuDNN asked for at this batch (checked in `layer_setup`).
         unsafe { rnn::forward(self.handle, descs, training, &o, (weights, self.bufs.weights.len()), self.work_space(), reserve) }
             .map_err(|e| cudnn_error(&format!("cudnnRNNForward of step {}", ctx.index), e))?;
-        // the final h: the output's last step (a last-step layer's output is it)
-        let (h_src, h_stride) = match d.output {
-            RnnOutput::Sequence => (o.y + ((d.steps - 1) * d.hidden * size_of::<f32>()) as u64, int(d.steps * d.hidden)?),
-            RnnOutput::LastStep => (o.hy, hidden),
-        };
+        if d.output == RnnOutput::Sequence {
+            let out = acts.at::<f32>(ctx.region(step.output_region)).ptr();
+            transpose(ctx, o.y, out, [d.steps, ctx.f.batch, d.hidden])?;
+        }
+        // the final h: y's last step, (batch, hidden)
+        let h_src = o.y + ((d.steps - 1) * n * size_of::<f32>()) as u64;
+        let h_stride = hidden;
         let (h_at, c_at) = d.final_slots();
         let (h_at, c_at, cy) = (int(h_at)?, int(c_at)?, o.cy);
         let mut args = kernel_args![h_src, h_stride, cy, state, batch, hidden, h_at, c_at, state_len];
@@ -192,10 +214,19 @@ impl Route<'_> {
         let weights = (self.bufs.weights.ptr(), self.bufs.weights.len());
         let (reserve, dw) = ((reserve.ptr(), reserve.len()), (dweights.ptr(), dweights.len()));
         let what = |call: &str| format!("{call} of step {}", ctx.index);
+        let dacts = Raw::of(b.dacts);
+        if d.output == RnnOutput::Sequence {
+            let dout = dacts.at::<f32>(ctx.region(step.output_region)).ptr();
+            transpose(ctx, dout, o.dy, [ctx.f.batch, d.steps, d.hidden])?;
+        }
         // SAFETY: as in `forward`; the reserve space holds what this layer's training forward
         // kept, queued before in the stream's order.
         unsafe { rnn::backward_data(self.handle, descs, &o, weights, self.work_space(), reserve) }
             .map_err(|e| cudnn_error(&what("cudnnRNNBackwardData_v8"), e))?;
+        if ctx.need_dx {
+            let dx = dacts.at_mut::<f32>(ctx.region(step.input_region)).ptr();
+            transpose(ctx, o.dx, dx, [d.steps, ctx.f.batch, d.features])?;
+        }
         // SAFETY: the layer's weight gradients' space, whole, queued in the stream's order.
         unsafe { driver::memset_d8_async(dw.0, 0, dw.1, stream.cu_stream()) }
             .map_err(|e| driver_error("zeroing a recurrent layer's weight gradients", e))?;
@@ -217,6 +248,16 @@ impl Route<'_> {
     fn work_space(&self) -> Space {
         (self.work.ptr(), self.work.len())
     }
+}
+
+/// Queues `dst` (b, a, k) = `src` (a, b, k) with its first two axes swapped, on the step's
+/// stream (`rnn_transpose`).
+fn transpose(ctx: &Ctx, src: u64, dst: u64, [a, b, k]: [usize; 3]) -> Result<()> {
+    let n = a * b * k;
+    let (a, b, k) = (int(a)?, int(b)?, int(k)?);
+    int(n)?;
+    let mut args = kernel_args![src, dst, a, b, k];
+    ctx.gpu.launch_args(ctx.stream, Kernel::RnnTranspose, (blocks(n), 1), 0, &mut args)
 }
 
 #[cfg(test)]

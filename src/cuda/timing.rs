@@ -5,6 +5,8 @@ use super::context::Gpu;
 use super::{driver_error, graph};
 use crate::error::Result;
 use cudarc::driver::{result as driver, sys as driver_sys, CudaStream};
+use std::fmt::Write;
+use std::sync::{Mutex, PoisonError};
 
 /// Calls per captured graph (or eager run), and runs timed.
 const REPS: usize = 10;
@@ -87,4 +89,40 @@ impl Drop for TimingEvent {
         // SAFETY: created in `new`, destroyed once (the driver waits for a pending record).
         let _ = unsafe { driver::event::destroy(self.0) };
     }
+}
+
+/// Measurements kept for the whole process, the first one of a key winning, so that every
+/// cache of a process takes the same path for the same work.
+pub(super) struct FirstMeasured<K, V>(Mutex<Vec<(K, V)>>);
+
+impl<K: PartialEq, V: Clone> FirstMeasured<K, V> {
+    pub const fn new() -> Self {
+        FirstMeasured(Mutex::new(Vec::new()))
+    }
+
+    /// What was kept for `key`, if anything.
+    pub fn get(&self, key: &K) -> Option<V> {
+        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        all.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
+    /// Keeps `v` for `key` unless another cache got there first; what is kept.
+    pub fn keep(&self, key: K, v: V) -> V {
+        let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match all.iter().find(|(k, _)| *k == key) {
+            Some((_, first)) => first.clone(),
+            None => {
+                all.push((key, v.clone()));
+                v
+            }
+        }
+    }
+}
+
+/// Adds `label: what` to a report's notes, `; ` between notes.
+pub(super) fn add_note(notes: &mut String, label: &str, what: &str) {
+    if !notes.is_empty() {
+        notes.push_str("; ");
+    }
+    let _ = write!(notes, "{label}: {what}");
 }

@@ -374,6 +374,23 @@ fn batch_stats(
     });
 }
 
+/// The inference map of a batch-norm step, after a layer that adds `bias` (a convolution's),
+/// as one scale and shift a channel: x + b ↦ ((x + b − μ)·r)·γ + β = x·scale + shift with
+///
+///   scale = γ·r,  shift = (b − μ)·scale + β,   μ, r = the running mean, 1/√(running var + ε)
+///
+/// (the same map up to rounding: the fused inference of `layers/conv_fast.rs` is tested
+/// against the steps one after the other).
+pub(crate) fn inference_affine(step: &Step, params: &[f32], buffers: &[f32], bias: &[f32], scale: &mut [f32], shift: &mut [f32]) {
+    let [weight, beta] = tensors(step);
+    let (gamma, beta) = (&params[weight], &params[beta]);
+    let (mean, var) = (&buffers[step.buffers[0].range.clone()], &buffers[step.buffers[1].range.clone()]);
+    for c in 0..gamma.len() {
+        scale[c] = gamma[c] * inv_std(var[c]);
+        shift[c] = (bias[c] - mean[c]) * scale[c] + beta[c];
+    }
+}
+
 /// y = ((x − μ)·r)·γ + β over the batch, samples spread over the pool.
 #[allow(clippy::too_many_arguments)]
 fn normalise(pool: &Pool, g: &Geometry, xs: &[f32], mean: &[f32], inv: &[f32], gamma: &[f32], beta: &[f32], ys: &mut [f32]) {

@@ -7,28 +7,22 @@
 //! height of 1, with a dilation, and shares everything below (the [`Geometry`], the lowering, the
 //! plain loops, the fast path, and on the GPU `cuda/conv.rs` and cuDNN).
 //!
-//! The fast path is `cpu::conv`: the weights packed once per parameter version in the cache
-//! ([`ConvCache`]), and per direction and batch bucket the route (im2col + GEMM, or the GEMM on
-//! shifted windows of the padded input) that was faster on this layer's shape when this process
-//! first timed them (`cpu::conv::choice`). `cpu::conv` has no dilation: a dilated convolution
-//! (a 1-D one with dilation > 1) runs [`forward`] and [`backward`] below instead, im2col and a
-//! GEMM per sample through `layers/lowering.rs`, whose lowering reads dilated taps
-//! ([`packed`] says which).
+//! The fast path (`layers/conv_fast.rs`) is `cpu::conv`: the weights packed once per parameter
+//! version in the cache, and per direction and batch bucket the route (im2col + GEMM, or the
+//! GEMM on shifted windows of the padded input) that was faster on this layer's shape when this
+//! process first timed them (`cpu::conv::choice`). `cpu::conv` has no dilation: a dilated
+//! convolution (a 1-D one with dilation > 1) runs instead through `layers/lowering.rs`, im2col
+//! and a GEMM per sample, whose lowering reads dilated taps ([`packed`] says which).
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+use super::conv_fast::{step_backward, step_forward};
 use super::kind::{LayerKind, Mode, TensorSpec};
-use super::lowering::{col2im, im2col, Scratch};
-use super::{split2, BackPass, Layer, Pass};
+#[cfg(test)]
+use super::split2;
+use super::{BackPass, Layer, Pass};
 use crate::activation::Activation;
 use crate::chain::{fits, Chain, Fill, Plan, Shape, Step};
-use crate::cpu::conv::choice::{self, Bucket, Choice, Direction};
-use crate::cpu::conv::{ConvRoute, ConvShape, ConvWeights, ConvWorkspace};
-use crate::cpu::gemm::{sgemm_on, GemmWorkspace, Mat, MatMut};
-use crate::cpu::isa::Isa;
-use crate::cpu::pool::Pool;
-use crate::cpu::rowdot::rowdot;
-use crate::cpu::{chunk_range, for_chunks, SharedMut};
 use crate::error::Result;
 #[cfg(test)]
 use crate::float::Float;
@@ -137,8 +131,8 @@ impl LayerKind for Conv {
         format!("Conv({channels} → {out_channels}, {}×{}, stride {}, pad {})", kernel.0, kernel.1, pair(stride), pair(padding))
     }
 
-    fn forward(&self, step: &Step, pass: &mut Pass, _mode: Mode) {
-        step_forward(&self.geometry(step), self.activation, step, pass);
+    fn forward(&self, step: &Step, pass: &mut Pass, mode: Mode) {
+        step_forward(&self.geometry(step), self.activation, step, pass, mode);
     }
 
     fn backward(&self, step: &Step, pass: &mut BackPass) {
@@ -168,43 +162,6 @@ impl LayerKind for Conv {
     }
 }
 
-/// A convolution step's fast forward (2-D or 1-D, as `g` says): Z = conv(X, W), then + b and
-/// Y = act(Z). On `cpu::conv` with the step's packed weights and forward route, or for a dilated
-/// convolution through the lowering ([`packed`]).
-pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pass: &mut Pass) {
-    let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
-    let (w, b) = step.weight_and_bias();
-    let (xs, zs) = split2(pass.acts, x, z);
-    if packed(g) {
-        let (gemm, cache) = pass.ws.conv(pass.index);
-        let route = cache.routes[Bucket::of(pass.batch) as usize];
-        crate::cpu::conv::forward(route, pass.pool, gemm, &mut cache.ws, &cache.weights, pass.batch, xs, zs);
-    } else {
-        let ws = &mut *pass.ws;
-        let scratch = Scratch { col_len: ws.col_len, cols: SharedMut::new(&mut ws.cols) };
-        forward(pass.pool, &mut ws.gemm, &scratch, g, pass.batch, &pass.params[w], xs, zs);
-    }
-    pass.bias_act(step, activation, b, (g.out_channels, g.ohw()));
-}
-
-/// A convolution step's fast backward: dZ, dW, db and (where needed) dX, on the same path as
-/// [`step_forward`] with the step's backward route.
-pub(crate) fn step_backward(geometry: &Geometry, activation: Activation, step: &Step, pass: &mut BackPass) {
-    let index = pass.index;
-    let g = pass.weighted(step, activation, (geometry.out_channels, geometry.ohw()));
-    if packed(geometry) {
-        let (gemm, cache) = g.ws.conv(index);
-        let grads = g.gws.steps[index].as_mut().expect("a convolution's gradient cache");
-        let route = grads.routes[Bucket::of(g.batch) as usize];
-        crate::cpu::conv::backward(route, g.pool, gemm, &mut grads.ws, &cache.weights, g.batch, g.x, g.dz, g.dw, g.dx);
-    } else {
-        let scratch = Scratch { col_len: g.ws.col_len, cols: SharedMut::new(&mut g.ws.cols) };
-        let dscratch = Scratch { col_len: g.ws.col_len, cols: SharedMut::new(&mut g.gws.dcols) };
-        let partials = &mut g.gws.partials;
-        backward(g.pool, &mut g.ws.gemm, &scratch, &dscratch, partials, geometry, g.batch, g.w, g.x, g.dz, g.dw, g.dx);
-    }
-}
-
 /// Whether a convolution runs on `cpu::conv` with packed weights: all but the dilated ones,
 /// which `cpu::conv` does not compute.
 pub(crate) fn packed(g: &Geometry) -> bool {
@@ -231,102 +188,6 @@ pub(crate) fn step_backward_spec<F: Float>(g: &Geometry, activation: Activation,
 impl Conv {
     fn geometry(&self, step: &Step) -> Geometry {
         Geometry::new(step.input, step.output, self.kernel, self.stride, self.padding, (1, 1))
-    }
-}
-
-/// The shape `cpu::conv` runs for a convolution step.
-fn conv_shape(step: &Step) -> ConvShape {
-    let g = geometry(step);
-    ConvShape {
-        in_channels: g.in_channels,
-        height: g.height,
-        width: g.width,
-        out_channels: g.out_channels,
-        kernel: g.kernel,
-        stride: g.stride,
-        padding: g.padding,
-    }
-}
-
-/// The routes of each batch bucket a cache for `capacity` samples runs, chosen by timing
-/// (`choice`); a bucket it never runs takes batch 1's.
-fn routes(isa: Isa, shape: &ConvShape, direction: Direction, capacity: usize) -> crate::error::Result<[ConvRoute; 2]> {
-    let mut routes = [ConvRoute::Lowered; 2];
-    for &bucket in Bucket::up_to(capacity) {
-        routes[bucket as usize] = choice::choose(isa, shape, direction, bucket)?.route;
-    }
-    if capacity <= 1 {
-        routes[Bucket::Many as usize] = routes[Bucket::One as usize];
-    }
-    Ok(routes)
-}
-
-/// The direction of a step's backward pass: with the input gradient unless its input is the
-/// model's (`BackPass::needs_dx`).
-fn backward_direction(step: &Step) -> Direction {
-    Direction::Backward { input_grad: step.input_region != 0 }
-}
-
-/// What a convolution keeps in a cache: its weights packed for every route and direction, its
-/// forward scratch, and the forward route of each batch bucket ([`Bucket`] as index).
-pub(crate) struct ConvCache {
-    pub weights: ConvWeights,
-    pub ws: ConvWorkspace,
-    pub routes: [ConvRoute; 2],
-}
-
-impl ConvCache {
-    /// For `step` (a convolution) on `threads` threads, batches of up to `capacity` samples.
-    pub fn new(step: &Step, isa: Isa, threads: usize, capacity: usize) -> crate::error::Result<ConvCache> {
-        let shape = conv_shape(step);
-        Ok(ConvCache {
-            weights: ConvWeights::new(isa, &shape)?,
-            ws: ConvWorkspace::new(isa, &shape, threads, 0)?,
-            routes: routes(isa, &shape, Direction::Forward, capacity)?,
-        })
-    }
-
-    /// Packs `w` (OC, C, kh, kw) in: after every change of the parameters.
-    pub fn pack(&mut self, w: &[f32]) {
-        self.weights.pack(w);
-    }
-
-    /// Each direction's route per batch bucket, with the times that chose it; the backward's
-    /// where gradient buffers have been made for this shape.
-    pub fn report(&self, step: &Step, capacity: usize) -> String {
-        let (shape, isa) = (conv_shape(step), self.weights.isa());
-        let mut parts = Vec::new();
-        for &bucket in Bucket::up_to(capacity) {
-            let one = |direction: Direction, name: &str| match choice::chosen(isa, &shape, direction, bucket) {
-                Some(Choice { route, times }) => {
-                    let us = |r: ConvRoute| times[r as usize].as_secs_f64() * 1e6;
-                    let other = ConvRoute::ALL[1 - route as usize];
-                    format!("{name} {} {:.1} µs ({} {:.1} µs)", route.name(), us(route), other.name(), us(other))
-                }
-                None => format!("{name} not timed"),
-            };
-            let (fwd, bwd) = (one(Direction::Forward, "forward"), one(backward_direction(step), "backward"));
-            parts.push(format!("batch {}: {fwd}, {bwd}", bucket.label()));
-        }
-        parts.join("; ")
-    }
-}
-
-/// What a convolution keeps in gradient buffers: its backward scratch and partial weight
-/// gradients, and the backward route of each batch bucket.
-pub(crate) struct ConvGrads {
-    pub ws: ConvWorkspace,
-    pub routes: [ConvRoute; 2],
-}
-
-impl ConvGrads {
-    /// For `step` (a convolution) on `threads` threads, batches of up to `capacity` samples.
-    pub fn new(step: &Step, isa: Isa, threads: usize, capacity: usize) -> crate::error::Result<ConvGrads> {
-        let shape = conv_shape(step);
-        Ok(ConvGrads {
-            ws: ConvWorkspace::new(isa, &shape, threads, capacity)?,
-            routes: routes(isa, &shape, backward_direction(step), capacity)?,
-        })
     }
 }
 
@@ -418,11 +279,11 @@ impl Geometry {
         self.out_height * self.out_width
     }
 
-    fn in_len(&self) -> usize {
+    pub(crate) fn in_len(&self) -> usize {
         self.in_channels * self.height * self.width
     }
 
-    fn out_len(&self) -> usize {
+    pub(crate) fn out_len(&self) -> usize {
         self.out_channels * self.ohw()
     }
 
@@ -454,7 +315,7 @@ impl Geometry {
 
     /// Input pixel read by lowered row `r` = (c, i, j) at output pixel (y, x), if not padding.
     #[cfg(test)]
-    fn source(&self, c: usize, i: usize, j: usize, y: usize, x: usize) -> Option<usize> {
+    pub(crate) fn source(&self, c: usize, i: usize, j: usize, y: usize, x: usize) -> Option<usize> {
         let iy = (y * self.stride.0 + i * self.dilation.0).checked_sub(self.padding.0).filter(|&v| v < self.height)?;
         let ix = (x * self.stride.1 + j * self.dilation.1).checked_sub(self.padding.1).filter(|&v| v < self.width)?;
         Some((c * self.height + iy) * self.width + ix)
@@ -524,273 +385,6 @@ pub fn backward_spec<F: Float>(
                             }
                         }
                     }
-                }
-            }
-        }
-    }
-}
-
-/// Fast forward without the bias: Z_s ← W · im2col(X_s), samples spread over the pool.
-#[allow(clippy::too_many_arguments)]
-#[cfg_attr(not(test), allow(dead_code))]
-pub fn forward(pool: &Pool, ws: &mut GemmWorkspace, scratch: &Scratch, g: &Geometry, batch: usize, w: &[f32], x: &[f32], z: &mut [f32]) {
-    let (ckk, ohw) = (g.ckk(), g.ohw());
-    let z = SharedMut::new(&mut z[..batch * g.out_len()]);
-    pool.run_with(batch, ws.workers(), &|s, worker, gemm| {
-        // SAFETY: `worker` is this task's worker index in a run that alone uses `scratch`;
-        // sample s owns z[s·out_len..][..out_len].
-        let (col, zs) = unsafe { (scratch.col(worker, g.col_len()), z.slice(s * g.out_len()..(s + 1) * g.out_len())) };
-        im2col(g, &x[s * g.in_len()..][..g.in_len()], col);
-        let wm = Mat { data: w, rs: ckk, cs: 1 };
-        sgemm_on(gemm, g.out_channels, ohw, ckk, 1.0, wm, Mat { data: col, rs: ohw, cs: 1 }, 0.0, MatMut { data: zs, rs: ohw, cs: 1 });
-    });
-}
-
-/// The most blocks a batch's weight gradient is summed in (see [`backward`]).
-const MAX_WGRAD_BLOCKS: usize = 16;
-
-/// Blocks the weight gradient of `batch` samples is summed in: a function of the batch alone,
-/// never of the thread count.
-pub(crate) fn wgrad_blocks(batch: usize) -> usize {
-    batch.clamp(1, MAX_WGRAD_BLOCKS)
-}
-
-/// Fast backward without the bias: dW ← Σ_s dZ_s·col_sᵀ; dX_s ← col2im(Wᵀ·dZ_s) when given.
-///
-/// The batch is cut into `wgrad_blocks(batch)` contiguous blocks of samples; block 0 sums its
-/// samples, in order, into `dw`, block b > 0 into `partials[b−1]`, and the partials are then
-/// added to `dw` in block order. The threads only decide who computes which block, so dW has
-/// the same bits on any number of threads. `dcols` is a second per-thread scratch like
-/// `scratch.cols`; `partials` holds `wgrad_blocks(batch) − 1` weight-sized buffers.
-#[allow(clippy::too_many_arguments)]
-#[cfg_attr(not(test), allow(dead_code))]
-pub fn backward(
-    pool: &Pool,
-    ws: &mut GemmWorkspace,
-    scratch: &Scratch,
-    dcols: &Scratch,
-    partials: &mut [f32],
-    g: &Geometry,
-    batch: usize,
-    w: &[f32],
-    x: &[f32],
-    dz: &[f32],
-    dw: &mut [f32],
-    dx: Option<&mut [f32]>,
-) {
-    let (ckk, ohw, w_len) = (g.ckk(), g.ohw(), dw.len());
-    let blocks = wgrad_blocks(batch);
-    assert!(partials.len() >= (blocks - 1) * w_len, "conv partials too small");
-    let dw_shared = SharedMut::new(&mut *dw);
-    let partials_shared = SharedMut::new(&mut *partials);
-    let dx = dx.map(|dx| SharedMut::new(&mut dx[..batch * g.in_len()]));
-    pool.run_with(blocks, ws.workers(), &|block, worker, gemm| {
-        // SAFETY: block b alone writes its dW buffer and the dX of its own samples; `worker`
-        // is this task's worker index in a run that alone uses `scratch` and `dcols`.
-        let acc = unsafe {
-            if block == 0 {
-                dw_shared.slice(0..w_len)
-            } else {
-                partials_shared.slice((block - 1) * w_len..block * w_len)
-            }
-        };
-        // SAFETY: as above (`worker` names this task's lowered columns in each scratch).
-        let (col, dcol) = unsafe { (scratch.col(worker, g.col_len()), dcols.col(worker, g.col_len())) };
-        for (n, s) in chunk_range(batch, blocks, block).enumerate() {
-            im2col(g, &x[s * g.in_len()..][..g.in_len()], col);
-            let dzs = &dz[s * g.out_len()..][..g.out_len()];
-            // dW (OC × CKK) += dZ_s (OC × OHW) · col_sᵀ: rows of both are contiguous
-            rowdot(g.out_channels, ckk, ohw, dzs, ohw, col, ohw, acc, ckk, n > 0);
-            if let Some(dx) = &dx {
-                // dcol (CKK × OHW) = Wᵀ (CKK × OC) · dZ_s (OC × OHW)
-                let w_t = Mat { data: w, rs: 1, cs: ckk };
-                let dcol_m = MatMut { data: &mut dcol[..], rs: ohw, cs: 1 };
-                sgemm_on(gemm, ckk, ohw, g.out_channels, 1.0, w_t, Mat { data: dzs, rs: ohw, cs: 1 }, 0.0, dcol_m);
-                // SAFETY: sample s belongs to this block only.
-                let dxs = unsafe { dx.slice(s * g.in_len()..(s + 1) * g.in_len()) };
-                col2im(g, dcol, dxs);
-            }
-        }
-    });
-    // dW[e] = ((block 0 + block 1) + block 2) + …, each element in that order; the elements
-    // are independent, so they may be spread over the threads.
-    let partials = &partials[..(blocks - 1) * w_len];
-    let dw = SharedMut::new(dw);
-    for_chunks(pool, w_len, 16384, &|_, range| {
-        // SAFETY: chunks are disjoint ranges of dW.
-        let dw = unsafe { dw.slice(range.clone()) };
-        for part in partials.chunks_exact(w_len) {
-            dw.iter_mut().zip(&part[range.clone()]).for_each(|(d, p)| *d += *p);
-        }
-    });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testutil::{assert_close, poisoned, Rng};
-
-    #[test]
-    fn fast_matches_spec_with_stride_padding_and_dilation() {
-        let mut rng = Rng::new(11);
-        // (input, out channels, kernel, stride, padding, dilation); the dilated ones are 1-D
-        // convolutions as `Conv1d` runs them (height 1), one of them strided
-        let cases = [
-            (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0), (1, 1)),
-            (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1), (1, 1)),
-            (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2), (1, 1)),
-            (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0), (1, 1)),
-            (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2), (1, 1)),
-            (Shape::image(2, 4, 5), 3, (2, 2), (3, 2), (2, 3), (1, 1)),
-            (Shape::image(6, 14, 14), 16, (5, 5), (1, 1), (0, 0), (1, 1)),
-            (Shape::image(2, 1, 19), 3, (1, 3), (1, 2), (0, 2), (1, 3)),
-            (Shape::image(3, 1, 40), 4, (1, 5), (1, 1), (0, 4), (1, 2)),
-            (Shape::image(1, 1, 12), 2, (1, 12), (1, 1), (0, 0), (1, 1)),
-        ];
-        for threads in [1, 2, 3] {
-            let pool = Pool::new(threads).unwrap();
-            let mut ws = GemmWorkspace::new(threads).unwrap();
-            for (input, oc, kernel, stride, padding, dilation) in cases {
-                let Shape::Image { channels, height, width } = input else { unreachable!() };
-                let span = |k: usize, d: usize| d * (k - 1) + 1;
-                let oh = (height + 2 * padding.0 - span(kernel.0, dilation.0)) / stride.0 + 1;
-                let ow = (width + 2 * padding.1 - span(kernel.1, dilation.1)) / stride.1 + 1;
-                let g = Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding, dilation);
-                for batch in [1, 2, 5] {
-                    let w = rng.ints(oc * channels * kernel.0 * kernel.1);
-                    let zero_b = vec![0.0; oc];
-                    let x = rng.ints(batch * input.len());
-                    let dz = rng.ints(batch * g.out_len());
-                    let mut cols = poisoned(threads * g.col_len());
-                    let mut dcols = poisoned(threads * g.col_len());
-                    let scratch = Scratch { cols: SharedMut::new(&mut cols), col_len: g.col_len() };
-                    let dscratch = Scratch { cols: SharedMut::new(&mut dcols), col_len: g.col_len() };
-
-                    let mut z_spec = vec![0.0; batch * g.out_len()];
-                    forward_spec(&g, batch, &w, &zero_b, &x, &mut z_spec);
-                    let mut z = poisoned(batch * g.out_len() + 3);
-                    forward(&pool, &mut ws, &scratch, &g, batch, &w, &x, &mut z);
-                    assert_eq!(&z[..batch * g.out_len()], &z_spec[..], "forward {g:?}");
-                    assert!(z[batch * g.out_len()..].iter().all(|v| v.is_nan()), "wrote past the batch");
-
-                    let (mut dw_s, mut db_s, mut dx_s) = (vec![0.0; w.len()], vec![0.0; oc], vec![0.0; x.len()]);
-                    backward_spec(&g, batch, &w, &x, &dz, &mut dw_s, &mut db_s, Some(&mut dx_s));
-                    let (mut dw, mut dx, mut partials) =
-                        (poisoned(w.len()), poisoned(x.len()), poisoned((wgrad_blocks(batch) - 1) * w.len()));
-                    backward(&pool, &mut ws, &scratch, &dscratch, &mut partials, &g, batch, &w, &x, &dz, &mut dw, Some(&mut dx));
-                    assert_close(&dw, &dw_s, 0.0, 0.0, "conv dW");
-                    assert_close(&dx, &dx_s, 0.0, 0.0, "conv dX");
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod route_tests {
-    use super::*;
-    use crate::layers::{backward as run_backward, forward as run_forward, region, Buffers, Draw, GradWorkspace, StepCache, Workspace};
-    use crate::testutil::{poisoned, Rng};
-
-    /// A dilated 1-D convolution runs through the lowering (no packed weights nor routes:
-    /// `cpu::conv` has no dilation), the undilated one after it on `cpu::conv`; lowered columns
-    /// are allocated for the dilated one alone (none in a plan without one), and the routes report
-    /// says which runs where. That both match the plain loops, poisoned scratch included, is
-    /// `conv1d`'s `gradients_and_the_fast_path_match_the_spec`.
-    #[test]
-    fn dilated_convolutions_run_through_the_lowering() {
-        let dilated = crate::Conv1dOptions { stride: 2, padding: 2, dilation: 3 };
-        let chain = Chain::new(Shape::signal(2, 19)).conv1d_with(3, 3, Activation::Tanh, dilated).conv1d(4, 2, Activation::Identity);
-        let (capacity, threads) = (4, 2);
-        let model = chain.build().unwrap().with_threads(threads).unwrap();
-        let (ws, gws) =
-            (Workspace::new(&model.plan, capacity, threads).unwrap(), GradWorkspace::new(&model.plan, capacity, threads).unwrap());
-        assert!(matches!(ws.steps[0], StepCache::None) && matches!(ws.steps[1], StepCache::Conv(_)));
-        assert!(gws.steps[0].is_none() && gws.steps[1].is_some());
-        let g = geometry(&model.plan.steps[0]);
-        assert_eq!((ws.col_len, ws.cols.len(), gws.dcols.len()), (g.col_len(), threads * g.col_len(), threads * g.col_len()));
-        let report = model.preallocate(capacity).unwrap().routes();
-        let lines: Vec<&str> = report.lines().filter(|l| l.starts_with("step ")).collect();
-        assert!(lines.len() == 2 && lines[0].ends_with("lowered, dilated (not on cpu::conv)"), "{report}");
-        assert!(lines[1].contains("forward ") && lines[1].contains("backward "), "{report}");
-        let plain = Chain::new(Shape::signal(2, 19)).conv1d(4, 2, Activation::Identity).build().unwrap();
-        let (ws, gws) = (Workspace::new(&plain.plan, capacity, 1).unwrap(), GradWorkspace::new(&plain.plan, capacity, 1).unwrap());
-        assert!(ws.cols.is_empty() && gws.dcols.is_empty() && gws.partials.is_empty());
-    }
-
-    /// Two convolutions (strided and padded, then plain; identity activations) run through the
-    /// engine with each route forced in both directions, with small integers (exact sums) and
-    /// poisoned buffers: outputs, weight and bias gradients and the second layer's input
-    /// gradient equal the plain loops', and nothing past the batch is written.
-    #[test]
-    fn every_route_through_the_layer_matches_the_spec() {
-        let strided = crate::ConvOptions { stride: (2, 1), padding: (1, 1) };
-        let chain =
-            Chain::new(Shape::image(3, 9, 8)).conv_with(4, (3, 3), Activation::Identity, strided).conv(5, (2, 2), Activation::Identity);
-        let mut rng = Rng::new(21);
-        let capacity = 5;
-        for threads in [1, 3] {
-            let mut model = chain.clone().build().unwrap().with_threads(threads).unwrap();
-            let params = rng.ints(model.plan.param_len);
-            model.set_parameters(&params).unwrap();
-            let plan = model.plan.clone();
-            let (g1, g2) = (geometry(&plan.steps[0]), geometry(&plan.steps[1]));
-            let ((w1, b1), (w2, b2)) = (plan.steps[0].weight_and_bias(), plan.steps[1].weight_and_bias());
-            for route in ConvRoute::ALL {
-                let mut ws = Workspace::new(&plan, capacity, threads).unwrap();
-                let mut gws = GradWorkspace::new(&plan, capacity, threads).unwrap();
-                for step in &mut ws.steps {
-                    if let StepCache::Conv(conv) = step {
-                        conv.routes = [route; 2];
-                        conv.ws.poison();
-                    }
-                }
-                for conv in gws.steps.iter_mut().flatten() {
-                    conv.routes = [route; 2];
-                    conv.ws.poison();
-                }
-                for batch in [1, 3] {
-                    let mut acts = poisoned(plan.acts_len(capacity).unwrap());
-                    let x = rng.ints(batch * plan.input.len());
-                    acts[region(&plan, 0, capacity, batch)].copy_from_slice(&x);
-                    let pool = &model.pool;
-                    // (convolutions keep no buffers and draw nothing)
-                    let (buffers, draw) = (Buffers::Write(&mut Vec::new()), Draw { seed: 0, pass: 0, replica: 0 });
-                    run_forward(
-                        &plan,
-                        (&model.params, model.version),
-                        &mut acts,
-                        capacity,
-                        batch,
-                        pool,
-                        &mut ws,
-                        buffers,
-                        draw,
-                        Mode::Train,
-                    );
-                    let (mut z1, mut z2) = (vec![0.0; batch * g1.out_len()], vec![0.0; batch * g2.out_len()]);
-                    forward_spec(&g1, batch, &params[w1.clone()], &params[b1.clone()], &x, &mut z1);
-                    forward_spec(&g2, batch, &params[w2.clone()], &params[b2.clone()], &z1, &mut z2);
-                    let (r1, r2) = (plan.steps[0].output_region, plan.steps[1].output_region);
-                    assert_eq!(acts[region(&plan, r1, capacity, batch)], z1, "{route:?}: layer 1, batch {batch}");
-                    assert_eq!(acts[region(&plan, r2, capacity, batch)], z2, "{route:?}: layer 2, batch {batch}");
-                    let past = region(&plan, r2, capacity, capacity);
-                    assert!(acts[past.start + batch * g2.out_len()..past.end].iter().all(|v| v.is_nan()), "wrote past the batch");
-
-                    let mut dacts = poisoned(acts.len());
-                    let dz2 = rng.ints(batch * g2.out_len());
-                    dacts[region(&plan, r2, capacity, batch)].copy_from_slice(&dz2);
-                    let mut grads = poisoned(plan.param_len);
-                    run_backward(&plan, &model.params, &acts, &mut dacts, &mut grads, capacity, batch, pool, &mut ws, &mut gws, draw);
-                    let mut want = vec![0.0; plan.param_len];
-                    let mut dz1 = vec![0.0; z1.len()];
-                    let (first, second) = want.split_at_mut(w2.start);
-                    let (dw2, db2) = second.split_at_mut(w2.len());
-                    backward_spec(&g2, batch, &params[w2.clone()], &z1, &dz2, dw2, db2, Some(&mut dz1));
-                    let (dw1, db1) = first.split_at_mut(w1.len());
-                    backward_spec(&g1, batch, &params[w1.clone()], &x, &dz1, dw1, db1, None);
-                    assert_eq!(dacts[region(&plan, r1, capacity, batch)], dz1, "{route:?}: input gradient, batch {batch}");
-                    assert_eq!(grads, want, "{route:?}: parameter gradients, batch {batch}");
                 }
             }
         }

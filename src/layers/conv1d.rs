@@ -10,7 +10,8 @@
 //! faster) on the GPU. So it has no kernel file of its own; its shape, tensors and words are
 //! here.
 
-use super::conv::{scratch_len, step_backward, step_forward, Geometry};
+use super::conv::{scratch_len, Geometry};
+use super::conv_fast::{step_backward, step_forward};
 use super::kind::{LayerKind, Mode, TensorSpec};
 use super::{BackPass, Pass};
 use crate::activation::Activation;
@@ -129,8 +130,8 @@ impl LayerKind for Conv1d {
         format!("Conv1d({channels} → {out_channels}, {kernel}, stride {stride}, pad {padding}{dilated})")
     }
 
-    fn forward(&self, step: &Step, pass: &mut Pass, _mode: Mode) {
-        step_forward(&self.geometry(step), self.activation, step, pass);
+    fn forward(&self, step: &Step, pass: &mut Pass, mode: Mode) {
+        step_forward(&self.geometry(step), self.activation, step, pass, mode);
     }
 
     fn backward(&self, step: &Step, pass: &mut BackPass) {

@@ -55,6 +55,7 @@ pub mod avgpool;
 pub mod batch_norm;
 pub mod conv;
 pub mod conv1d;
+mod conv_fast;
 pub mod dense;
 pub mod dropout;
 pub mod flatten;
@@ -73,17 +74,19 @@ pub mod residual;
 pub mod softmax;
 #[cfg(test)]
 pub mod spec;
+mod workspace;
 
 use crate::activation::Activation;
-use crate::chain::{batch_len, Plan, Step};
-use crate::cpu::gemm::GemmWorkspace;
+use crate::chain::{Plan, Step};
 use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
-use crate::error::{zeros, Error, Result};
 pub(crate) use dropout::Draw;
 use kind::layers;
 pub(crate) use kind::{Buffers, Kept, Mode, TensorSpec};
 use std::ops::Range;
+#[cfg(test)]
+pub(crate) use workspace::StepCache;
+pub(crate) use workspace::{GradWorkspace, Workspace};
 
 layers! {
     /// y = act(W·x + b) (PyTorch's `nn.Linear`, then the activation).
@@ -131,212 +134,22 @@ pub(crate) fn region(plan: &Plan, r: usize, capacity: usize, batch: usize) -> Ra
     start..start + batch * plan.regions[r]
 }
 
+/// As [`region`], for a pass over a block of samples (see [`forward`]): from sample `first` of
+/// the model's input and output regions, from sample 0 of every other, where each block in turn
+/// holds its values; or with no block, from sample 0 of every region.
+pub(crate) fn block_region(plan: &Plan, r: usize, capacity: usize, batch: usize, block: Option<usize>) -> Range<usize> {
+    let range = region(plan, r, capacity, batch);
+    let output = plan.steps.last().map_or(0, |s| s.output_region);
+    let first = block.filter(|_| r == 0 || r == output).unwrap_or(0);
+    let shift = first * plan.regions[r];
+    range.start + shift..range.end + shift
+}
+
 /// Borrows two ordered, disjoint ranges: the first shared, the second mutable.
 pub(crate) fn split2<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
     debug_assert!(a.end <= b.start);
     let (lo, hi) = buf.split_at_mut(b.start);
     (&lo[a], &mut hi[..b.end - b.start])
-}
-
-/// Scratch a forward pass needs beyond the activations, allocated once per cache, and what each
-/// step's fast path keeps between calls: its weights packed from the parameters of one
-/// version (see `Model::version`).
-///
-/// A convolution's products read its weights packed (`cpu::conv`): they are repacked by the
-/// first pass after the parameters change. A dense layer's product packs them as it goes on the
-/// first pass of a version (a training step runs one: packing once more would not be repaid)
-/// and from the second pass on reads them packed once, with the same bits (inference runs on
-/// packed weights from its second call).
-pub(crate) struct Workspace {
-    pub gemm: GemmWorkspace,
-    /// Lowered columns for `conv::forward`, a sample of `col_len` a thread: for the dilated
-    /// convolutions, which `cpu::conv` does not run (none: empty).
-    pub cols: Vec<f32>,
-    pub col_len: usize,
-    /// Per step of the plan, in its order.
-    pub steps: Vec<StepCache>,
-    /// The parameter version the convolutions' packed weights come from; that of the pass
-    /// before this one; that of this pass (0: none).
-    conv_version: u64,
-    last_version: u64,
-    version: u64,
-    /// A recurrent layer's weights as its fast passes read them (`recurrent::Dims::workspace_len`).
-    pub rnn: Vec<f32>,
-}
-
-/// What a step's fast CPU path keeps in a cache.
-// one a step, made once: the variants' sizes do not matter
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum StepCache {
-    None,
-    Dense(dense::DenseCache),
-    Conv(conv::ConvCache),
-}
-
-impl Workspace {
-    /// For batches of up to `capacity` samples on `threads` threads: packed weights' room, the
-    /// convolutions' scratch and their forward routes (timed here where this process has not
-    /// timed them yet: see `cpu::conv::choice`); an error, not an abort, when they cannot be had.
-    pub fn new(plan: &Plan, capacity: usize, threads: usize) -> Result<Workspace> {
-        let col_len = conv::max_col_len(plan);
-        let cols = zeros(batch_len(threads, col_len, "convolution columns")?, || format!("the convolution columns of {threads} threads"))?;
-        let rnn = zeros(recurrent::workspace_len(plan), || "the recurrent layers' weights".into())?;
-        let gemm = GemmWorkspace::new(threads)?;
-        let isa = gemm.isa();
-        let mut steps = per_step(plan)?;
-        for step in &plan.steps {
-            steps.push(match step.layer {
-                Layer::Dense(d) => StepCache::Dense(dense::DenseCache::new(isa, step.input.len(), d.out_features)?),
-                _ if conv::is_conv(&step.layer) && conv::packed(&conv::geometry(step)) => {
-                    StepCache::Conv(conv::ConvCache::new(step, isa, threads, capacity)?)
-                }
-                _ => StepCache::None,
-            });
-        }
-        Ok(Workspace { gemm, cols, col_len, rnn, steps, conv_version: 0, last_version: 0, version: 0 })
-    }
-
-    /// No scratch: for a cache whose steps run on a GPU.
-    pub fn none() -> Workspace {
-        let (cols, steps) = (Vec::new(), Vec::new());
-        Workspace { gemm: GemmWorkspace::none(), cols, col_len: 0, rnn: Vec::new(), steps, conv_version: 0, last_version: 0, version: 0 }
-    }
-
-    /// Readies a pass on the parameters `params` of `version`: the convolutions' weights
-    /// packed unless they come from `version`, and on a second pass of a version the dense
-    /// layers' weights. The steps
-    /// share the pool's threads. Allocates nothing; nothing is handed to the pool when nothing
-    /// needs packing.
-    fn prepare(&mut self, plan: &Plan, params: &[f32], version: u64, pool: &Pool) {
-        let convs = self.conv_version != version;
-        let dense = self.last_version == version;
-        let stale = |cache: &StepCache| match cache {
-            StepCache::None => false,
-            StepCache::Dense(d) => dense && d.stale(version),
-            StepCache::Conv(_) => convs,
-        };
-        if self.steps.iter().any(stale) {
-            let steps = SharedMut::new(&mut self.steps);
-            pool.run(plan.steps.len(), &|index, _| {
-                // SAFETY: each task is one step's entry.
-                let cache = unsafe { &mut steps.slice(index..index + 1)[0] };
-                if !stale(cache) {
-                    return;
-                }
-                let w = &params[plan.steps[index].weight_and_bias().0];
-                match cache {
-                    StepCache::None => {}
-                    StepCache::Dense(d) => d.pack(w, version),
-                    StepCache::Conv(c) => c.pack(w),
-                }
-            });
-        }
-        (self.conv_version, self.last_version, self.version) = (version, version, version);
-    }
-
-    /// Every packed weight set to NaN, the version kept: a test that passes read what was
-    /// packed last.
-    #[cfg(test)]
-    pub fn poison_packed(&mut self) {
-        for cache in &mut self.steps {
-            match cache {
-                StepCache::None => {}
-                StepCache::Dense(cache) => cache.poison(),
-                StepCache::Conv(conv) => conv.weights.poison(),
-            }
-        }
-    }
-
-    /// Step `index`'s dense cache, the GEMM's buffers, and the version of the pass.
-    pub fn dense(&mut self, index: usize) -> (&mut GemmWorkspace, &dense::DenseCache, u64) {
-        match &self.steps[index] {
-            StepCache::Dense(cache) => (&mut self.gemm, cache, self.version),
-            _ => unreachable!("step {index} is no dense layer"),
-        }
-    }
-
-    /// Step `index`'s convolution cache, and the GEMM's buffers.
-    pub fn conv(&mut self, index: usize) -> (&mut GemmWorkspace, &mut conv::ConvCache) {
-        match &mut self.steps[index] {
-            StepCache::Conv(conv) => (&mut self.gemm, conv),
-            _ => unreachable!("step {index} is no convolution"),
-        }
-    }
-
-    /// Which kernel runs each step with weights, one line each (see `Cache::routes`).
-    pub fn report(&self, plan: &Plan, capacity: usize) -> String {
-        let threads = self.gemm.threads();
-        let mut out = format!(
-            "CPU, {} kernels, {threads} thread{}, batches up to {capacity}; convolution routes timed on one thread at batch 1 and {}",
-            self.gemm.isa().name(),
-            if threads == 1 { "" } else { "s" },
-            crate::cpu::conv::choice::MANY_BATCH
-        );
-        for (index, (step, cache)) in plan.steps.iter().zip(&self.steps).enumerate() {
-            match cache {
-                StepCache::None if conv::is_conv(&step.layer) => {
-                    out.push_str(&format!("\nstep {index} {}: lowered, dilated (not on cpu::conv)", step.layer.summary(step.input)))
-                }
-                StepCache::None => continue,
-                StepCache::Dense(d) => out.push_str(&format!("\nstep {index} {}: {}", step.layer.summary(step.input), d.report())),
-                StepCache::Conv(conv) => {
-                    out.push_str(&format!("\nstep {index} {}: {}", step.layer.summary(step.input), conv.report(step, capacity)))
-                }
-            }
-        }
-        out
-    }
-}
-
-/// Room for one value per step of `plan`.
-fn per_step<T>(plan: &Plan) -> Result<Vec<T>> {
-    let mut steps = Vec::new();
-    let bytes = plan.steps.len().saturating_mul(size_of::<T>());
-    steps.try_reserve_exact(plan.steps.len()).map_err(|_| Error::OutOfMemory { what: "the steps' caches".into(), bytes })?;
-    Ok(steps)
-}
-
-/// Scratch a backward pass needs beyond the gradients, and what each step's fast path keeps
-/// in gradient buffers (a convolution's backward scratch, partial weight gradients and routes).
-pub(crate) struct GradWorkspace {
-    /// The lowered gradient's columns and partial weight gradients of `conv::backward`: for the
-    /// dilated convolutions, as [`Workspace::cols`].
-    pub dcols: Vec<f32>,
-    pub partials: Vec<f32>,
-    /// Per step of the plan, in its order: a convolution's, else None.
-    pub steps: Vec<Option<conv::ConvGrads>>,
-}
-
-impl GradWorkspace {
-    /// As [`Workspace::new`], for the backward pass: a lowered gradient's columns a thread, the
-    /// partial conv weight gradients of the sample blocks after the first
-    /// ([`conv::wgrad_blocks`], fixed by the capacity, not the thread count), and each
-    /// convolution's backward scratch and routes.
-    pub fn new(plan: &Plan, capacity: usize, threads: usize) -> Result<GradWorkspace> {
-        let w_len = conv::lowered_steps(plan).map(Step::weight_len).max().unwrap_or(0);
-        let dcols = batch_len(threads, conv::max_col_len(plan), "convolution gradient columns")?;
-        let partials = batch_len(conv::wgrad_blocks(capacity) - 1, w_len, "partial weight gradients")?;
-        let isa = crate::cpu::isa::Isa::best();
-        let mut steps = per_step(plan)?;
-        for step in &plan.steps {
-            steps.push(match step.layer {
-                _ if conv::is_conv(&step.layer) && conv::packed(&conv::geometry(step)) => {
-                    Some(conv::ConvGrads::new(step, isa, threads, capacity)?)
-                }
-                _ => None,
-            });
-        }
-        Ok(GradWorkspace {
-            dcols: zeros(dcols, || format!("the convolution gradient columns of {threads} threads"))?,
-            partials: zeros(partials, || "the partial conv weight gradients".into())?,
-            steps,
-        })
-    }
-
-    /// No scratch: for gradients computed on a GPU.
-    pub fn none() -> GradWorkspace {
-        GradWorkspace { dcols: Vec::new(), partials: Vec::new(), steps: Vec::new() }
-    }
 }
 
 /// The buffers of one fast CPU forward pass over the first `batch` samples of a cache built
@@ -349,6 +162,8 @@ pub(crate) struct Pass<'a> {
     pub acts: &'a mut [f32],
     pub capacity: usize,
     pub batch: usize,
+    /// In an inference pass run block by block, the block's first sample ([`block_region`]).
+    pub block: Option<usize>,
     pub pool: &'a Pool,
     pub ws: &'a mut Workspace,
     /// The model's buffers (running statistics): written in training, read in inference.
@@ -358,9 +173,9 @@ pub(crate) struct Pass<'a> {
 }
 
 impl Pass<'_> {
-    /// Values of region `r` for the batch.
+    /// Values of region `r` for the batch (or the block: [`block_region`]).
     pub fn region(&self, r: usize) -> Range<usize> {
-        region(self.plan, r, self.capacity, self.batch)
+        block_region(self.plan, r, self.capacity, self.batch, self.block)
     }
 
     /// z[s, c, p] += bias[c] over the step's z, `layout` = (channels, pixels per channel) of a
@@ -380,6 +195,14 @@ impl Pass<'_> {
 /// The fast forward: every step's output for the first `batch` samples. `version` names the
 /// values of `params` (`Model::version`), which the workspace's packed weights are checked
 /// against ([`Workspace`]).
+///
+/// An inference pass over more samples than the workspace's block ([`Workspace::block`]) runs
+/// block by block, each through every step, its values in the first samples of every region
+/// but the model's input and output: a block's activations then stay in cache from one step to
+/// the next, where the whole batch's would go to memory and back between steps. Only the
+/// output is defined after it. No block is of one sample (a last one joins the block before),
+/// so every block takes the convolutions' routes of the whole batch, and a sample's outputs
+/// have the bits they have in a pass over the whole batch at once.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     plan: &Plan,
@@ -394,11 +217,23 @@ pub(crate) fn forward(
     mode: Mode,
 ) {
     debug_assert!(mode == Mode::Infer || matches!(buffers, Buffers::Write(_)), "training writes the buffers");
-    ws.prepare(plan, params, version, pool);
-    let mut pass = Pass { plan, index: 0, params, acts, capacity, batch, pool, ws, buffers, draw };
-    for (index, step) in plan.steps.iter().enumerate() {
-        pass.index = index;
-        step.layer.forward(step, &mut pass, mode);
+    ws.prepare(plan, params, version, pool, mode);
+    let size = if mode == Mode::Infer { ws.block() } else { batch };
+    let mut pass = Pass { plan, index: 0, params, acts, capacity, batch, block: None, pool, ws, buffers, draw };
+    let mut first = 0;
+    while first < batch {
+        // a block of `size`, with a last one of a single sample joined to it
+        let rest = batch - first;
+        let samples = if rest <= size.saturating_add(1) { rest } else { size };
+        (pass.batch, pass.block) = (samples, (samples < batch).then_some(first));
+        for (index, step) in plan.steps.iter().enumerate() {
+            if mode == Mode::Infer && pass.ws.taken_in(index) {
+                continue;
+            }
+            pass.index = index;
+            step.layer.forward(step, &mut pass, mode);
+        }
+        first += samples;
     }
 }
 
@@ -683,7 +518,8 @@ mod tests {
                 assert!(root.join("kernels").join(file).is_file(), "{}: no kernels/{file}", kind.kind);
             }
         }
-        let engine = ["mod.rs", "kind.rs", "lowering.rs", "recurrent.rs", "recurrent", "spec.rs", "gradcheck.rs"];
+        let engine =
+            ["mod.rs", "kind.rs", "lowering.rs", "recurrent.rs", "recurrent", "spec.rs", "gradcheck.rs", "conv_fast.rs", "workspace.rs"];
         for entry in std::fs::read_dir(root.join("src/layers")).unwrap() {
             let name = entry.unwrap().file_name().into_string().unwrap();
             let registered = REGISTRY.iter().any(|kind| name == format!("{}.rs", kind.room));

@@ -305,6 +305,12 @@ fn forward_sample_fast(g: &Geometry, xs: &[f32], ys: &mut [f32]) {
         for o in (0..inner.start).chain(inner.end..g.out_length) {
             out[o] = row[g.argmax_fast(row, o)];
         }
+        if (g.window, s, d) == (2, 2, 1) && !inner.is_empty() {
+            // windows of two side by side (`max_pool1d(2)`): the pairs from 2·first − p on
+            let from = 2 * inner.start - p;
+            pairs_max(&row[from..from + 2 * inner.len()], &mut out[inner.clone()]);
+            continue;
+        }
         for o in inner.clone() {
             let start = o * s - p;
             let mut best = row[start];
@@ -314,6 +320,53 @@ fn forward_sample_fast(g: &Geometry, xs: &[f32], ys: &mut [f32]) {
                 best = std::hint::select_unpredictable(v > best || v.is_nan(), v, best);
             }
             out[o] = best;
+        }
+    }
+}
+
+/// out[k] = x[2k], or x[2k + 1] where it is greater or NaN (as `argmax` chooses in a window of
+/// two), for each k; x holds 2·out.len() values. On 16 lanes where the CPU has them, the pairs
+/// split by permutes.
+fn pairs_max(x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), 2 * out.len(), "pairs_max: not two values an output");
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::isa::Isa::best() == crate::cpu::isa::Isa::Avx512 {
+        // SAFETY: x holds 2·out.len() values (checked above); AVX-512F present.
+        return unsafe { avx512::pairs_max(x.as_ptr(), out.as_mut_ptr(), out.len()) };
+    }
+    for (o, pair) in out.iter_mut().zip(x.chunks_exact(2)) {
+        let take = pair[1] > pair[0] || pair[1].is_nan();
+        *o = std::hint::select_unpredictable(take, pair[1], pair[0]);
+    }
+}
+
+/// [`pairs_max`] on 16 lanes.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// out[k] for k < n from the pairs of x (2·n values).
+    ///
+    /// # Safety
+    /// x holds 2·n values, out n; AVX-512F present.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn pairs_max(x: *const f32, out: *mut f32, n: usize) {
+        let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odds = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        // SAFETY: group k0 loads x's values below 2·n and stores out's below n, by masks.
+        unsafe {
+            for k0 in (0..n).step_by(16) {
+                let lanes = |len: usize| if len >= 16 { 0xFFFF } else { ((1u32 << len) - 1) as __mmask16 };
+                let rest = 2 * (n - k0);
+                let (a, b) = (
+                    _mm512_maskz_loadu_ps(lanes(rest), x.add(2 * k0)),
+                    _mm512_maskz_loadu_ps(lanes(rest.saturating_sub(16)), x.add(2 * k0 + 16)),
+                );
+                let (first, second) = (_mm512_permutex2var_ps(a, evens, b), _mm512_permutex2var_ps(a, odds, b));
+                // the second where it is greater or NaN
+                let take = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(second, first) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(second, second);
+                _mm512_mask_storeu_ps(out.add(k0), lanes(n - k0), _mm512_mask_blend_ps(take, first, second));
+            }
         }
     }
 }
@@ -388,7 +441,9 @@ mod tests {
         let mut rng = crate::testutil::Rng::new(8);
         let mut windows = 0;
         for (window, stride, dilation, length) in
-            (1..=5).flat_map(|w| (1..=3).flat_map(move |s| (1..=3).flat_map(move |d| (1..=12).map(move |l| (w, s, d, l)))))
+            // (and rows of 33 and 71: several vectors of windows side by side)
+            (1..=5)
+                .flat_map(|w| (1..=3).flat_map(move |s| (1..=3).flat_map(move |d| (1..=12).chain([33, 71]).map(move |l| (w, s, d, l)))))
         {
             for padding in 0..=window / 2 {
                 let pool = MaxPool1d { window, stride, padding, dilation };

@@ -1,6 +1,6 @@
-//! Which route runs a convolution: both timed on the layer's shape, the faster kept, once per
-//! process for each (shape, kernel, direction, batch bucket), as cuDNN's `Find` is used on the
-//! GPU.
+//! Which route runs a convolution: those that compute it (`ConvRoute::serves`) timed on the
+//! layer's shape, the fastest kept, once per process for each (shape, kernel, direction, batch
+//! bucket), as cuDNN's `Find` is used on the GPU.
 //!
 //! The routes sum in different orders, so their results differ in the last bits. A choice is
 //! made the first time a cache (or gradient buffers) of this process needs it and reused by
@@ -12,7 +12,7 @@
 //! of samples, backward) as one task, so one thread ranks them as the pool's threads would, and
 //! a choice does not depend on which model's values were there.
 
-use super::{backward, forward, ConvRoute, ConvShape, ConvWeights, ConvWorkspace};
+use super::{backward, forward, ConvRoute, ConvShape, ConvWeights, ConvWorkspace, Epilogue};
 use crate::cpu::gemm::GemmWorkspace;
 use crate::cpu::isa::Isa;
 use crate::cpu::pool::Pool;
@@ -82,11 +82,21 @@ impl Bucket {
     }
 }
 
-/// A route chosen, with the time per call measured for each (in [`ConvRoute::ALL`]'s order).
+/// A route chosen, with the time per call measured for each (in [`ConvRoute::ALL`]'s order;
+/// None for a route that does not compute the convolution).
 #[derive(Clone, Copy, PartialEq, Debug)]
 pub(crate) struct Choice {
     pub route: ConvRoute,
-    pub times: [Duration; 2],
+    pub times: [Option<Duration>; 3],
+}
+
+impl Choice {
+    /// The fastest of the routes timed that `allowed` lets through (a route that serves every
+    /// convolution, the direct, where it lets none through).
+    pub fn fastest(&self, allowed: impl Fn(ConvRoute) -> bool) -> ConvRoute {
+        let timed = ConvRoute::ALL.into_iter().zip(self.times).filter(|&(r, _)| allowed(r));
+        timed.filter_map(|(r, t)| Some((t?, r))).min_by_key(|&(t, _)| t).map_or(ConvRoute::Direct, |(_, r)| r)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -101,8 +111,9 @@ struct Key {
 static CHOSEN: Mutex<Vec<(Key, Choice)>> = Mutex::new(Vec::new());
 
 /// The route for `shape` with `isa`'s kernels in `direction` for batches of `bucket`: the one
-/// this process chose before, else both timed now (milliseconds on the largest layers of the
-/// zoo) and the faster kept. `Err` where the timing's buffers cannot be had.
+/// this process chose before, else those that compute it timed now (milliseconds on the
+/// largest layers of the zoo) and the fastest kept. `Err` where the timing's buffers cannot be
+/// had.
 pub(crate) fn choose(isa: Isa, shape: &ConvShape, direction: Direction, bucket: Bucket) -> Result<Choice> {
     let key = Key { isa, shape: *shape, direction, bucket };
     // held while timing: a key is timed once, and two timings do not share the CPU
@@ -112,8 +123,8 @@ pub(crate) fn choose(isa: Isa, shape: &ConvShape, direction: Direction, bucket: 
     }
     let mut trial = Trial::new(isa, shape, bucket.timed_batch(), 1)?;
     let times = trial.times(direction, RUNS);
-    let route = if times[1] < times[0] { ConvRoute::ALL[1] } else { ConvRoute::ALL[0] };
-    let choice = Choice { route, times };
+    let mut choice = Choice { route: ConvRoute::Direct, times };
+    choice.route = choice.fastest(|_| true);
     chosen.push((key, choice));
     Ok(choice)
 }
@@ -146,7 +157,11 @@ impl Trial {
             Ok(v)
         };
         let mut weights = ConvWeights::new(isa, shape)?;
-        weights.pack(&values(shape.weights_len())?);
+        let w = values(shape.weights_len())?;
+        weights.pack(&w);
+        if ConvRoute::Winograd.serves(shape, Direction::Forward) {
+            weights.pack_winograd(&w);
+        }
         let (in_len, out_len) = (batch * shape.in_len(), batch * shape.out_len());
         Ok(Trial {
             pool: Pool::new(threads)?,
@@ -161,17 +176,20 @@ impl Trial {
         })
     }
 
-    /// Each route's time per call in `direction`: the fastest of `runs` calls after one
-    /// warm-up call, the routes taking turns so that a burst of other work hits both alike
-    /// (noise only ever adds time).
-    pub fn times(&mut self, direction: Direction, runs: usize) -> [Duration; 2] {
-        let mut best = [Duration::MAX; 2];
+    /// Each route's time per call in `direction` (None where it does not compute the
+    /// convolution): the fastest of `runs` calls after one warm-up call, the routes taking
+    /// turns so that a burst of other work hits them alike (noise only ever adds time).
+    pub fn times(&mut self, direction: Direction, runs: usize) -> [Option<Duration>; 3] {
+        let mut best = [None; 3];
         for round in 0..=runs.max(1) {
             for (route, best) in ConvRoute::ALL.into_iter().zip(&mut best) {
+                if !route.serves(&self.ws.shape, direction) {
+                    continue;
+                }
                 let start = Instant::now();
                 self.run(route, direction);
                 if round > 0 {
-                    *best = (*best).min(start.elapsed());
+                    *best = Some(best.map_or(start.elapsed(), |b: Duration| b.min(start.elapsed())));
                 }
             }
         }
@@ -181,7 +199,7 @@ impl Trial {
     fn run(&mut self, route: ConvRoute, direction: Direction) {
         let Trial { pool, gemm, ws, weights, batch, x, z, dw, dx } = self;
         match direction {
-            Direction::Forward => forward(route, pool, gemm, ws, weights, *batch, x, z),
+            Direction::Forward => forward(route, pool, gemm, ws, weights, *batch, x, &Epilogue::NONE, z, None),
             Direction::Backward { input_grad } => {
                 // z holds the output gradient: its values are the forward's output length
                 let dx = input_grad.then_some(&mut dx[..]);
@@ -199,17 +217,23 @@ mod tests {
     /// and direction, the process answers what it chose first.
     #[test]
     fn a_choice_is_the_faster_route_and_is_made_once() {
-        let shape = ConvShape { in_channels: 3, height: 11, width: 9, out_channels: 5, kernel: (3, 3), stride: (1, 2), padding: (1, 1) };
-        for direction in [Direction::Forward, Direction::Backward { input_grad: true }, Direction::Backward { input_grad: false }] {
+        let strided = ConvShape { in_channels: 3, height: 11, width: 9, out_channels: 5, kernel: (3, 3), stride: (1, 2), padding: (1, 1) };
+        // the Winograd route serves the second forward only
+        for (shape, direction) in [strided, ConvShape { stride: (1, 1), ..strided }].into_iter().flat_map(|shape| {
+            [Direction::Forward, Direction::Backward { input_grad: true }, Direction::Backward { input_grad: false }].map(|d| (shape, d))
+        }) {
             for bucket in [Bucket::One, Bucket::Many] {
                 let first = choose(Isa::best(), &shape, direction, bucket).unwrap();
-                let faster = ConvRoute::ALL.into_iter().zip(first.times).min_by_key(|&(_, t)| t).unwrap().0;
+                let faster =
+                    ConvRoute::ALL.into_iter().zip(first.times).filter_map(|(r, t)| Some((t?, r))).min_by_key(|&(t, _)| t).unwrap().1;
+                let served = ConvRoute::ALL.map(|r| r.serves(&shape, direction));
+                assert_eq!(first.times.map(|t| t.is_some()), served, "{direction:?} {bucket:?}: timed what it serves");
                 assert_eq!(first.route, faster, "{direction:?} {bucket:?}: {first:?}");
                 assert_eq!(choose(Isa::best(), &shape, direction, bucket).unwrap(), first);
                 assert_eq!(chosen(Isa::best(), &shape, direction, bucket), Some(first));
             }
         }
-        assert_eq!(chosen(Isa::best(), &ConvShape { out_channels: 6, ..shape }, Direction::Forward, Bucket::One), None);
+        assert_eq!(chosen(Isa::best(), &ConvShape { out_channels: 6, ..strided }, Direction::Forward, Bucket::One), None);
         assert_eq!((Bucket::of(1), Bucket::of(2), Bucket::of(64)), (Bucket::One, Bucket::Many, Bucket::Many));
         assert_eq!((Bucket::up_to(1), Bucket::up_to(2)), (&[Bucket::One][..], &[Bucket::One, Bucket::Many][..]));
     }

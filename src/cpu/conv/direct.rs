@@ -21,6 +21,8 @@
 //! Weight gradient. dW[oc, (c, i, j)] += Σ_q dZ[oc, q] · (row (c, i, j) of B)[q], with dZ laid
 //! out in the forward's flat rows (zeros at x ≥ OW): dot products of rows, read in place.
 
+use super::epilogue::{blocks, Epilogue, Outputs};
+use super::lowered::{copy_rows, pad_into};
 use super::{ConvShape, Sample};
 use crate::cpu::gemm::{sgemm_shifted_on, shifted_runs_fit, shifted_slack, GemmScratch, MatMut};
 use crate::cpu::isa::Isa;
@@ -97,20 +99,37 @@ pub(super) fn grad_offsets(s: &ConvShape) -> Result<Vec<usize>> {
     })
 }
 
-/// z_s (OC × OH·OW) ← W · B (see the module's documentation).
-pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[f32], z: &mut [f32]) {
-    let (s, g) = (p.shape, Planes::of(p.shape));
-    let (planes, rest) = buf.split_at_mut(g.len + shifted_slack(p.weights.w.isa()));
+/// z_s (OC × OH·OW) ← W · B (see the module's documentation), block by block of output rows
+/// ([`blocks`]), each then through the epilogue.
+pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[f32], e: &Epilogue, out: &mut Outputs) {
+    let (s, g, isa) = (p.shape, Planes::of(p.shape), p.weights.w.isa());
+    let (planes, rest) = buf.split_at_mut(g.len + shifted_slack(isa));
     input_planes(s, &g, x, &mut planes[..g.len]);
-    let (oc, oh, ow, isa) = (s.out_channels, s.oh(), s.ow(), p.weights.w.isa());
-    if shifted_runs_fit(isa, oh * ow, ow, g.wpp) {
-        let z = MatMut { data: &mut z[..oc * oh * ow], rs: oh * ow, cs: 1 };
-        return sgemm_shifted_on(gemm, oh * ow, 1.0, &p.weights.w, planes, p.offsets, (ow, g.wpp), 0.0, z);
+    let (oc, oh, ow) = (s.out_channels, s.oh(), s.ow());
+    let ohw = oh * ow;
+    // (the runs of a block fit where those of the whole output do: the same widths and pitch)
+    let runs_fit = shifted_runs_fit(isa, ohw, ow, g.wpp);
+    for block in blocks(oc, (oh, ow)) {
+        out.prefetch(ohw, block.clone());
+        // B's columns from output (y0, x0): x0 > 0 only in a part of a single row
+        let base = block.start / ow * g.wpp + block.start % ow;
+        if runs_fit {
+            let z = MatMut { data: &mut out.z[block.start..], rs: ohw, cs: 1 };
+            sgemm_shifted_on(gemm, block.len(), 1.0, &p.weights.w, &planes[base..], p.offsets, (ow, g.wpp), 0.0, z);
+        } else {
+            // whole rows (a single row's runs always fit): the flat columns from the block's
+            // first row to the end of its last, those x ≥ OW of each row dropped
+            let rows = block.len() / ow;
+            let n = (rows - 1) * g.wpp + ow;
+            let flat = &mut rest[..oc * n];
+            let flat_z = MatMut { data: &mut *flat, rs: n, cs: 1 };
+            sgemm_shifted_on(gemm, n, 1.0, &p.weights.w, &planes[base..], p.offsets, (n, n), 0.0, flat_z);
+            for (c, src) in flat.chunks_exact(n).enumerate() {
+                copy_rows((rows, ow), src, g.wpp, &mut out.z[c * ohw + block.start..], ow);
+            }
+        }
+        e.apply(ohw, out, block);
     }
-    let flat = &mut rest[..oc * g.n];
-    let flat_z = MatMut { data: flat, rs: g.n, cs: 1 };
-    sgemm_shifted_on(gemm, g.n, 1.0, &p.weights.w, planes, p.offsets, (g.n, g.n), 0.0, flat_z);
-    to_rows(flat, g.n, g.wpp, (oh, ow), z);
 }
 
 /// dW (OC × CKK) ← dZ_s ⋆ X_s (+= when `accumulate`); dx_s ← the input gradient when given.
@@ -154,15 +173,11 @@ pub(super) fn backward(
 /// out (all input planes, `g.len` values) ← the stride phases of x inside a zero border.
 fn input_planes(s: &ConvShape, g: &Planes, x: &[f32], out: &mut [f32]) {
     let ((h, w), (sh, sw), (ph, pw), channels) = ((s.height, s.width), s.stride, s.padding, s.in_channels);
-    out.fill(0.0);
     if (sh, sw) == (1, 1) {
-        for (plane, xc) in out.chunks_exact_mut(g.hpp * g.wpp).zip(x.chunks_exact(h * w)) {
-            for (iy, row) in xc.chunks_exact(w).enumerate() {
-                plane[(iy + ph) * g.wpp + pw..][..w].copy_from_slice(row);
-            }
-        }
-        return;
+        // one phase, (H + 2·ph) × (W + 2·pw)
+        return pad_into(x, channels, (h, w), (ph, pw), out);
     }
+    out.fill(0.0);
     // plane (a, b, c)[u, v] = x[c, u·sh + a − ph, v·sw + b − pw]
     let planes = out.chunks_exact_mut(g.hpp * g.wpp);
     let phases = (0..sh).flat_map(|a| (0..sw).flat_map(move |b| (0..channels).map(move |c| (a, b, c))));
@@ -188,9 +203,7 @@ fn gradient_planes(s: &ConvShape, g: &Planes, dz: &[f32], out: &mut [f32]) {
         // each row whole, at (y + t, l): inside the plane, as p ≤ k − 1 makes OH + t ≤ hg
         let (t, l) = (t as usize, l as usize);
         for (plane, dzc) in out.chunks_exact_mut(g.hg * g.wg).zip(dz.chunks_exact(oh * ow)) {
-            for (y, row) in dzc.chunks_exact(ow).enumerate() {
-                plane[(y + t) * g.wg + l..][..ow].copy_from_slice(row);
-            }
+            copy_rows((oh, ow), dzc, ow, &mut plane[t * g.wg + l..], g.wg);
         }
         return;
     }
@@ -211,9 +224,7 @@ fn gradient_planes(s: &ConvShape, g: &Planes, dz: &[f32], out: &mut [f32]) {
 /// channels (each n values) in `flat`.
 fn to_rows(flat: &[f32], n: usize, pitch: usize, (rows, cols): (usize, usize), out: &mut [f32]) {
     for (src, dst) in flat.chunks_exact(n).zip(out.chunks_exact_mut(rows * cols)) {
-        for (y, row) in dst.chunks_exact_mut(cols).enumerate() {
-            row.copy_from_slice(&src[y * pitch..][..cols]);
-        }
+        copy_rows((rows, cols), src, pitch, dst, cols);
     }
 }
 

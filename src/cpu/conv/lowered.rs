@@ -3,6 +3,7 @@
 //! Forward: Z_s (OC × OHW) = W (OC × CKK) · col_s (CKK × OHW). Backward: dW += dZ_s · col_sᵀ
 //! (row dot products), dcol_s = Wᵀ · dZ_s, then col2im adds dcol_s into dX_s.
 
+use super::epilogue::{blocks, Epilogue, Outputs};
 use super::{ConvShape, Sample};
 use crate::cpu::gemm::{sgemm_packed_a_on, GemmScratch, Mat, MatMut};
 use crate::cpu::rowdot::rowdot;
@@ -33,13 +34,20 @@ fn padded_len(s: &ConvShape) -> usize {
     }
 }
 
-/// z_s (OC × OHW) ← W · im2col(x_s).
-pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[f32], z: &mut [f32]) {
+/// z_s (OC × OHW) ← W · im2col(x_s), block by block of output rows ([`blocks`]), each then
+/// through the epilogue.
+pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[f32], e: &Epilogue, out: &mut Outputs) {
     let s = p.shape;
     let (col, rest) = buf.split_at_mut(lowered_len(s));
     im2col(s, x, col, rest);
     let n = ohw(s);
-    sgemm_packed_a_on(gemm, n, 1.0, &p.weights.w, Mat { data: col, rs: n, cs: 1 }, 0.0, MatMut { data: z, rs: n, cs: 1 });
+    for block in blocks(s.out_channels, (s.oh(), s.ow())) {
+        out.prefetch(n, block.clone());
+        // columns `block` of col (CKK × OHW) into the same columns of z (OC × OHW)
+        let (b, z) = (Mat { data: &col[block.start..], rs: n, cs: 1 }, MatMut { data: &mut out.z[block.start..], rs: n, cs: 1 });
+        sgemm_packed_a_on(gemm, block.len(), 1.0, &p.weights.w, b, 0.0, z);
+        e.apply(n, out, block);
+    }
 }
 
 /// dW (OC × CKK) ← dZ_s · col_sᵀ (+= when `accumulate`); dx_s ← col2im(Wᵀ · dZ_s) when given.
@@ -89,13 +97,33 @@ impl Runs {
 /// col_row ← the runs of `plane` from `start` (im2col).
 pub(crate) fn copy_runs(r: Runs, col_row: &mut [f32], plane: &[f32], start: usize) {
     r.check(col_row.len(), plane.len(), start);
+    copy_rows((r.oh, r.ow), &plane[start..], r.wp, col_row, r.ow);
+}
+
+/// dst[y·dst_pitch..][..width] ← src[y·src_pitch..][..width] for y < rows, with 8-lane loads
+/// and stores where AVX2 is present and the rows are 8 or longer: a row is a few
+/// instructions, not a memcpy call. Panics unless every row lies inside both slices.
+pub(super) fn copy_rows((rows, width): (usize, usize), src: &[f32], src_pitch: usize, dst: &mut [f32], dst_pitch: usize) {
+    let reach = |pitch: usize| rows.checked_sub(1).map_or(0, |last| last * pitch + width);
+    assert!(reach(src_pitch) <= src.len() && reach(dst_pitch) <= dst.len(), "a row past its slice");
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::has_avx2_fma() && r.ow >= 8 {
+    if crate::cpu::has_avx2_fma() && width >= 8 {
         // SAFETY: extents checked above; AVX2 present.
-        return unsafe { avx2::copy_runs(r, col_row.as_mut_ptr(), plane[start..].as_ptr()) };
+        return unsafe { avx2::copy_rows((rows, width), src.as_ptr(), src_pitch, dst.as_mut_ptr(), dst_pitch) };
     }
-    for (y, out) in col_row.chunks_exact_mut(r.ow).take(r.oh).enumerate() {
-        out.copy_from_slice(&plane[start + y * r.wp..][..r.ow]);
+    for y in 0..rows {
+        dst[y * dst_pitch..][..width].copy_from_slice(&src[y * src_pitch..][..width]);
+    }
+}
+
+/// out[..C·(H + 2·ph)·(W + 2·pw)] ← x (C × H × W) inside a zero border: the input as the
+/// lowering and the direct route read it.
+pub(crate) fn pad_into(x: &[f32], channels: usize, (h, w): (usize, usize), (ph, pw): (usize, usize), out: &mut [f32]) {
+    let (hp, wp) = (h + 2 * ph, w + 2 * pw);
+    let out = &mut out[..channels * hp * wp];
+    out.fill(0.0);
+    for (plane, xc) in out.chunks_exact_mut(hp * wp).zip(x[..channels * h * w].chunks_exact(h * w)) {
+        copy_rows((h, w), xc, w, &mut plane[ph * wp + pw..], wp);
     }
 }
 
@@ -119,27 +147,30 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// # Safety
-    /// `dst` holds oh·ow values, `src` reaches (oh − 1)·wp + ow; ow ≥ 8; AVX2 present.
+    /// `src` reaches (rows − 1)·src_pitch + width values, `dst` (rows − 1)·dst_pitch + width;
+    /// width ≥ 8; AVX2 present.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn copy_runs(r: Runs, dst: *mut f32, src: *const f32) {
-        // SAFETY: run y < oh reads src[y·wp..][..ow] and writes dst[y·ow..][..ow] in blocks
-        // of 8 (ow ≥ 8, the last block ending at ow): inside the contract's extents.
+    pub unsafe fn copy_rows((rows, width): (usize, usize), src: *const f32, src_pitch: usize, dst: *mut f32, dst_pitch: usize) {
+        // SAFETY: row y < rows reads src[y·src_pitch..][..width] and writes
+        // dst[y·dst_pitch..][..width] in blocks of 8 (width ≥ 8, the last block ending at
+        // width): inside the contract's extents.
         unsafe {
-            for y in 0..r.oh {
-                let (d, s) = (dst.add(y * r.ow), src.add(y * r.wp));
+            for y in 0..rows {
+                let (d, s) = (dst.add(y * dst_pitch), src.add(y * src_pitch));
                 let mut x = 0;
-                while x + 8 < r.ow {
+                while x + 8 < width {
                     _mm256_storeu_ps(d.add(x), _mm256_loadu_ps(s.add(x)));
                     x += 8;
                 }
                 // the last 8, overlapping the previous block: the same values again
-                _mm256_storeu_ps(d.add(r.ow - 8), _mm256_loadu_ps(s.add(r.ow - 8)));
+                _mm256_storeu_ps(d.add(width - 8), _mm256_loadu_ps(s.add(width - 8)));
             }
         }
     }
 
     /// # Safety
-    /// As [`copy_runs`], with `dst` the plane and `src` the lowered row.
+    /// `dst` (the plane) reaches (oh − 1)·wp + ow values, `src` (the lowered row) oh·ow;
+    /// ow ≥ 8; AVX2 present.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn add_runs(r: Runs, dst: *mut f32, src: *const f32) {
         // SAFETY: run y < oh touches dst[y·wp..][..ow] and src[y·ow..][..ow], 8 at a time
@@ -166,15 +197,8 @@ fn padded_input<'a>(s: &ConvShape, x: &'a [f32], padded: &'a mut [f32]) -> &'a [
     if s.padding == (0, 0) {
         return x;
     }
-    let ((hp, wp), (ph, pw)) = (s.padded(), s.padding);
-    let padded = &mut padded[..padded_len(s)];
-    padded.fill(0.0);
-    for (c, plane) in padded.chunks_exact_mut(hp * wp).enumerate() {
-        for (iy, row) in x[c * s.height * s.width..][..s.height * s.width].chunks_exact(s.width).enumerate() {
-            plane[(iy + ph) * wp + pw..][..s.width].copy_from_slice(row);
-        }
-    }
-    padded
+    pad_into(x, s.in_channels, (s.height, s.width), s.padding, padded);
+    &padded[..padded_len(s)]
 }
 
 /// col (CKK × OHW) ← sample `x` (C, H, W), padding read as zero (`padded` holds the padded

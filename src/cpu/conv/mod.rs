@@ -1,11 +1,15 @@
 //! Convolution kernels: 2-D cross-correlation with zero padding, as PyTorch's `nn.Conv2d`,
-//! over a batch of samples (C, H, W) → (OC, OH, OW), without the bias (the layer adds it).
+//! over a batch of samples (C, H, W) → (OC, OH, OW):
 //!
 //!   z[oc, y, x] = Σ_{c,i,j} w[oc, c, i, j] · in[c, y·sh + i − ph, x·sw + j − pw]
 //!
-//! Two routes compute the same products, with one signature ([`forward`], [`backward`], each
-//! taking a [`ConvRoute`]), so that both can be timed on a layer's shape and the faster kept
-//! ([`choice`]):
+//! then, in the forward, an [`Epilogue`] on each block of output rows while it is in cache:
+//! the bias, or a batch norm's scale and shift, a residual block's input added, the
+//! activation.
+//!
+//! Three routes compute the same products, with one signature ([`forward`], [`backward`], each
+//! taking a [`ConvRoute`]), so that those that compute a layer ([`ConvRoute::serves`]) can be
+//! timed on its shape and the fastest kept ([`choice`]):
 //!
 //! - [`ConvRoute::Lowered`]: each sample lowered to a CKK × OHW matrix (im2col, CKK = C·kh·kw)
 //!   and multiplied by the packed weights; k² copies of the input per sample.
@@ -19,24 +23,32 @@
 //!   and padded by k − 1 − p, against the weights with in and out channels swapped and the
 //!   taps flipped; the weight gradient is dot products of the output gradient's rows with the
 //!   same windows ([`rowdot_at`]).
+//! - [`ConvRoute::Winograd`], forward only, kernels 3 wide at stride 1: each output row's
+//!   columns in pairs by F(2, 3), four products of the direct route's kind (on transformed
+//!   input rows, read in place) where it takes six, then sums (`winograd`).
 //!
-//! The weights are packed once ([`ConvWeights::pack`]) for every route and direction and
-//! repacked only after they change. Routes sum in different orders: their results agree to
-//! rounding, not in every bit. Each route gives the same bits on any number of threads.
+//! The weights are packed once ([`ConvWeights::pack`]) for the lowered and direct routes in
+//! both directions, and for the Winograd route ([`ConvWeights::pack_winograd`]) where it runs,
+//! and repacked only after they change. Routes sum in different orders: their results agree
+//! to rounding, not in every bit. Each route gives the same bits on any number of threads.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub(crate) mod choice;
 mod direct;
+mod epilogue;
 pub(crate) mod lowered;
 #[cfg(test)]
 mod tests;
+mod winograd;
 
 use super::gemm::{GemmWorkspace, PackedA};
 use super::isa::Isa;
 use super::pool::Pool;
 use super::{chunk_range, for_chunks, SharedMut};
 use crate::error::{zeros, Error, Result};
+pub(crate) use epilogue::Epilogue;
+use epilogue::Outputs;
 use std::time::Duration;
 
 /// The geometry of one convolution.
@@ -103,29 +115,50 @@ pub(crate) enum ConvRoute {
     Lowered,
     /// The GEMM reading shifted windows of the padded input in place.
     Direct,
+    /// F(2, 3) along the rows (`winograd`): forward only, kernels 3 wide at stride 1.
+    Winograd,
 }
 
 impl ConvRoute {
-    pub const ALL: [ConvRoute; 2] = [ConvRoute::Lowered, ConvRoute::Direct];
+    pub const ALL: [ConvRoute; 3] = [ConvRoute::Lowered, ConvRoute::Direct, ConvRoute::Winograd];
 
-    /// For reports: `lowered` or `direct`.
+    /// For reports: `lowered`, `direct` or `winograd`.
     pub fn name(self) -> &'static str {
         match self {
             ConvRoute::Lowered => "lowered",
             ConvRoute::Direct => "direct",
+            ConvRoute::Winograd => "winograd",
         }
+    }
+
+    /// Whether it computes `shape` in `direction`: the Winograd route forward alone, where its
+    /// kernel fits ([`winograd::fits`]); the others everything.
+    pub fn serves(self, shape: &ConvShape, direction: choice::Direction) -> bool {
+        match self {
+            ConvRoute::Lowered | ConvRoute::Direct => true,
+            ConvRoute::Winograd => direction == choice::Direction::Forward && winograd::fits(shape),
+        }
+    }
+
+    /// Whether a training pass runs it forward: all but the Winograd route, whose transformed
+    /// weights would be packed anew on every step (5 % of vgg_small's training step at batch 1
+    /// when they were, more than the route saved); inference packs them once a version.
+    pub fn trains(self) -> bool {
+        self != ConvRoute::Winograd
     }
 }
 
-/// The weights (OC, C, kh, kw) packed once in the three forms the routes read.
+/// The weights (OC, C, kh, kw) packed once in the forms the routes read.
 pub(crate) struct ConvWeights {
     shape: ConvShape,
-    /// W as OC × CKK (both forwards).
+    /// W as OC × CKK (the lowered and direct forwards).
     w: PackedA,
     /// Wᵀ, CKK × OC (the lowered input gradient, dcol = Wᵀ·dZ).
     w_t: PackedA,
     /// C × OC·kh·kw, element (c, (oc, i, j)) = w[oc, c, i, j] (the direct input gradient).
     w_swapped: PackedA,
+    /// The Winograd route's U_ξ, each OC × C·kh, where it serves the shape.
+    winograd: Option<[PackedA; 4]>,
 }
 
 impl ConvWeights {
@@ -133,11 +166,14 @@ impl ConvWeights {
     pub fn new(isa: Isa, shape: &ConvShape) -> Result<ConvWeights> {
         let (oc, c, ckk) = (shape.out_channels, shape.in_channels, shape.ckk());
         let kk = shape.kernel.0 * shape.kernel.1;
+        let u = || PackedA::new(isa, oc, c * shape.kernel.0);
+        let winograd = if winograd::fits(shape) { Some([u()?, u()?, u()?, u()?]) } else { None };
         Ok(ConvWeights {
             shape: *shape,
             w: PackedA::new(isa, oc, ckk)?,
             w_t: PackedA::new(isa, ckk, oc)?,
             w_swapped: PackedA::new(isa, c, oc * kk)?,
+            winograd,
         })
     }
 
@@ -149,13 +185,13 @@ impl ConvWeights {
     /// Every packed value set to NaN: a test that the kernels read what was packed last.
     #[cfg(test)]
     pub fn poison(&mut self) {
-        for packed in [&mut self.w, &mut self.w_t, &mut self.w_swapped] {
+        for packed in [&mut self.w, &mut self.w_t, &mut self.w_swapped].into_iter().chain(self.winograd.iter_mut().flatten()) {
             packed.poison();
         }
     }
 
-    /// Packs `w` ((OC, C, kh, kw), row-major) in; after every change of the weights. Panics
-    /// if `w` is not `shape.weights_len()` long.
+    /// Packs `w` ((OC, C, kh, kw), row-major) in for the lowered and direct routes; after every
+    /// change of the weights. Panics if `w` is not `shape.weights_len()` long.
     pub fn pack(&mut self, w: &[f32]) {
         let s = self.shape;
         assert_eq!(w.len(), s.weights_len(), "conv weights of {s:?}");
@@ -163,6 +199,27 @@ impl ConvWeights {
         self.w.pack(super::gemm::Mat { data: w, rs: ckk, cs: 1 });
         self.w_t.pack(super::gemm::Mat { data: w, rs: 1, cs: ckk });
         self.w_swapped.pack_with(|c, p| w[(p / kk) * ckk + c * kk + p % kk]);
+    }
+
+    /// Whether the shape has room for the Winograd route's weights ([`ConvRoute::Winograd`]
+    /// serves it).
+    #[cfg(test)]
+    pub fn has_winograd(&self) -> bool {
+        self.winograd.is_some()
+    }
+
+    /// Packs `w` in for the Winograd route: U_ξ[oc, (c, i)] from the kernel row w[oc, c, i, ·]
+    /// (3 wide). Panics as [`ConvWeights::pack`], or where the route does not serve the shape.
+    pub fn pack_winograd(&mut self, w: &[f32]) {
+        let (s, ckk) = (self.shape, self.shape.ckk());
+        assert_eq!(w.len(), s.weights_len(), "conv weights of {s:?}");
+        let u = self.winograd.as_mut().expect("the Winograd route serves the shape");
+        for (xi, u) in u.iter_mut().enumerate() {
+            u.pack_with(|oc, row| {
+                let at = oc * ckk + row * 3;
+                winograd::transformed_weight(xi, [w[at], w[at + 1], w[at + 2]])
+            });
+        }
     }
 }
 
@@ -187,6 +244,8 @@ pub(crate) struct ConvWorkspace {
     offsets: Vec<usize>,
     /// Offset of row (oc, i, j) in the gradient planes (direct input gradient).
     grad_offsets: Vec<usize>,
+    /// Offset of row (c, i) in a transformed input (the Winograd route), where it serves.
+    winograd_offsets: Vec<usize>,
     partials: Vec<f32>,
 }
 
@@ -197,7 +256,7 @@ impl ConvWorkspace {
     pub fn new(isa: Isa, shape: &ConvShape, threads: usize, capacity: usize) -> Result<ConvWorkspace> {
         isa.check()?;
         shape.out_size()?;
-        let per_thread = lowered::scratch_len(shape).max(direct::scratch_len(isa, shape));
+        let per_thread = lowered::scratch_len(shape).max(direct::scratch_len(isa, shape)).max(winograd::scratch_len(isa, shape));
         let scratch = zeros(threads.max(1).checked_mul(per_thread).ok_or_else(|| too_large(shape))?, || "convolution scratch".into())?;
         let partials_len = (wgrad_blocks(capacity) - 1).checked_mul(shape.weights_len()).ok_or_else(|| too_large(shape))?;
         let partials = if capacity == 0 { Vec::new() } else { zeros(partials_len, || "partial weight gradients".into())? };
@@ -208,6 +267,7 @@ impl ConvWorkspace {
             per_thread,
             offsets: direct::input_offsets(shape)?,
             grad_offsets: direct::grad_offsets(shape)?,
+            winograd_offsets: winograd::offsets(shape)?,
             partials,
         })
     }
@@ -233,6 +293,7 @@ struct Sample<'a> {
     weights: &'a ConvWeights,
     offsets: &'a [usize],
     grad_offsets: &'a [usize],
+    winograd_offsets: &'a [usize],
 }
 
 /// The scratch of worker `worker` in a run that alone uses `scratch`.
@@ -260,8 +321,11 @@ fn check(gemm: &GemmWorkspace, ws: &ConvWorkspace, weights: &ConvWeights, pool: 
     );
 }
 
-/// z (batch × OC·OH·OW) ← conv(x (batch × C·H·W)), without the bias, samples spread over the
-/// pool. Panics if a buffer is too short for `batch` samples or the workspaces do not match.
+/// z (batch × OC·OH·OW) ← conv(x (batch × C·H·W)) and the epilogue ([`Epilogue`]), y ← act(z)
+/// where `y` is given (else the activation in place in z), samples spread over the pool; each
+/// sample's output is computed a block of rows at a time, its epilogue run on each block while
+/// it is in cache. Panics if a buffer is too short for `batch` samples or the workspaces or the
+/// epilogue do not match the shape.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     route: ConvRoute,
@@ -271,23 +335,33 @@ pub(crate) fn forward(
     weights: &ConvWeights,
     batch: usize,
     x: &[f32],
+    epilogue: &Epilogue,
     z: &mut [f32],
+    y: Option<&mut [f32]>,
 ) {
     check(gemm, ws, weights, pool);
     let shape = ws.shape;
+    assert!(route.serves(&shape, choice::Direction::Forward), "conv forward: {route:?} does not compute {shape:?}");
     let (in_len, out_len) = (shape.in_len(), shape.out_len());
+    epilogue.check(shape.out_channels, out_len, batch);
     let (x, z) = (&x[..batch * in_len], SharedMut::new(&mut z[..batch * out_len]));
+    let y = y.map(|y| SharedMut::new(&mut y[..batch * out_len]));
     let per_thread = ws.per_thread;
     let scratch = SharedMut::new(&mut ws.scratch);
-    let sample = Sample { shape: &shape, weights, offsets: &ws.offsets, grad_offsets: &ws.grad_offsets };
+    let sample =
+        Sample { shape: &shape, weights, offsets: &ws.offsets, grad_offsets: &ws.grad_offsets, winograd_offsets: &ws.winograd_offsets };
     pool.run_with(batch, gemm.workers(), &|s, worker, gemm| {
+        let range = s * out_len..(s + 1) * out_len;
         // SAFETY: `worker` is this task's worker index in a run that alone uses `scratch`;
-        // sample s alone writes z[s·out_len..][..out_len].
-        let (buf, zs) = unsafe { (worker_scratch(&scratch, per_thread, worker), z.slice(s * out_len..(s + 1) * out_len)) };
+        // sample s alone writes z[s·out_len..][..out_len] and y's same range.
+        let (buf, zs, ys) =
+            unsafe { (worker_scratch(&scratch, per_thread, worker), z.slice(range.clone()), y.as_ref().map(|y| y.slice(range.clone()))) };
+        let mut out = Outputs { z: zs, y: ys, skip: epilogue.skip.map(|k| &k[range]) };
         let xs = &x[s * in_len..][..in_len];
         match route {
-            ConvRoute::Lowered => lowered::forward(gemm, buf, &sample, xs, zs),
-            ConvRoute::Direct => direct::forward(gemm, buf, &sample, xs, zs),
+            ConvRoute::Lowered => lowered::forward(gemm, buf, &sample, xs, epilogue, &mut out),
+            ConvRoute::Direct => direct::forward(gemm, buf, &sample, xs, epilogue, &mut out),
+            ConvRoute::Winograd => winograd::forward(gemm, buf, &sample, xs, epilogue, &mut out),
         }
     });
 }
@@ -315,6 +389,8 @@ pub(crate) fn backward(
 ) {
     check(gemm, ws, weights, pool);
     let shape = ws.shape;
+    let direction = choice::Direction::Backward { input_grad: dx.is_some() };
+    assert!(route.serves(&shape, direction), "conv backward: {route:?} does not compute {shape:?}");
     let (in_len, out_len, w_len) = (shape.in_len(), shape.out_len(), shape.weights_len());
     let blocks = wgrad_blocks(batch);
     assert!(
@@ -326,7 +402,8 @@ pub(crate) fn backward(
     let per_thread = ws.per_thread;
     let scratch = SharedMut::new(&mut ws.scratch);
     let (dw_shared, partials) = (SharedMut::new(&mut *dw), SharedMut::new(&mut ws.partials));
-    let sample = Sample { shape: &shape, weights, offsets: &ws.offsets, grad_offsets: &ws.grad_offsets };
+    let sample =
+        Sample { shape: &shape, weights, offsets: &ws.offsets, grad_offsets: &ws.grad_offsets, winograd_offsets: &ws.winograd_offsets };
     pool.run_with(blocks, gemm.workers(), &|block, worker, gemm| {
         // SAFETY: block b alone writes its dW buffer and the dX of its own samples; `worker`
         // is this task's worker index in a run that alone uses `scratch`.
@@ -341,6 +418,7 @@ pub(crate) fn backward(
             match route {
                 ConvRoute::Lowered => lowered::backward(gemm, buf, &sample, xs, dzs, acc, n > 0, dxs),
                 ConvRoute::Direct => direct::backward(gemm, buf, &sample, xs, dzs, acc, n > 0, dxs),
+                ConvRoute::Winograd => unreachable!("the Winograd route computes forwards alone"),
             }
         }
     });
@@ -359,14 +437,16 @@ pub(crate) fn backward(
 
 /// Each route's forward and backward (with the input gradient when `input_grad`) on `shape`,
 /// timed on `threads` threads with buffers of its own (uniform values): the fastest of `runs`
-/// calls each, the routes taking turns. For benches; layers choose through [`choice`].
+/// calls each, the routes taking turns; None where the route does not compute it. For benches;
+/// layers choose through [`choice`].
+#[allow(clippy::type_complexity)]
 pub(crate) fn route_times(
     shape: &ConvShape,
     batch: usize,
     threads: usize,
     runs: usize,
     input_grad: bool,
-) -> Result<Vec<(ConvRoute, Duration, Duration)>> {
+) -> Result<Vec<(ConvRoute, Option<Duration>, Option<Duration>)>> {
     let mut trial = choice::Trial::new(Isa::best(), shape, batch, threads)?;
     let forward = trial.times(choice::Direction::Forward, runs);
     let backward = trial.times(choice::Direction::Backward { input_grad }, runs);
