@@ -28,6 +28,7 @@ use super::driver_error;
 use super::timing::{time_calls, time_once};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
+use crate::loss::Loss;
 use std::fmt::Write;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -44,8 +45,10 @@ enum Choice {
     Pending,
     /// Not run: the input gradient of a layer that reads the model's inputs.
     NotNeeded,
-    /// The route chosen, and every route that fits with its time (NaN where timing it failed).
-    Chosen { route: Route, times: Vec<(Route, Timed)> },
+    /// The route chosen, the one fastest alone (another where whole steps chose otherwise: see
+    /// [`Routes::check_in_steps`]), and every route that fits with its time alone (NaN where
+    /// timing it failed).
+    Chosen { route: Route, alone: Route, times: Vec<(Route, Timed)> },
 }
 
 /// A dense layer's routes in a [`Table`], per direction ([`Dir`] order).
@@ -66,6 +69,11 @@ struct Table {
     layers: Vec<LayerRoutes>,
     /// Host time spent measuring its routes, in this cache.
     measuring: Duration,
+    /// Whether its backward routes were checked in whole steps yet ([`Routes::check_in_steps`]).
+    checked: bool,
+    /// A training step's forward and backward pass (µs) on the routes fastest alone, and on
+    /// those kept after the whole-step check (where this cache checked).
+    step_us: Option<(f32, f32)>,
 }
 
 /// A cache's dense routes: a table per bucket (and TF32 setting) that has run.
@@ -123,6 +131,74 @@ fn remember(problem: Problem, route: Route, time: Timed) -> Timed {
     }
 }
 
+/// How much faster (a fraction of the step) a whole step must be on a variant for
+/// [`Routes::check_in_steps`] to keep it: more than the noise of the median of a step's
+/// replays.
+const KEEP: f32 = 0.01;
+
+/// A route that fits every layer's weight gradient (or input gradient) is tried on all of them
+/// at once where it is at most this many times the fastest alone on each; a layer's own
+/// runners-up where they are at most this many times its fastest.
+const NEAR: f32 = 3.0;
+
+/// The runners-up of a direction of a layer tried one at a time, nearest first.
+const RUNNERS_UP: usize = 2;
+
+/// What a whole-step check is of: the device, the model's plan and loss, the bucket, TF32 and
+/// graphs.
+#[derive(PartialEq)]
+struct StepKey {
+    ordinal: usize,
+    plan: Plan,
+    loss: Loss,
+    bucket: usize,
+    tf32: bool,
+    graphs: bool,
+}
+
+/// Every whole-step check in this process, with the routes it changed ((layer in the table,
+/// direction, route)): the first check of a key is what every cache uses.
+type StepChanges = Vec<(usize, Dir, Route)>;
+static STEP_CHOICES: Mutex<Vec<(StepKey, StepChanges)>> = Mutex::new(Vec::new());
+
+/// The variants [`Routes::check_in_steps`] tries, in order, each a set of (layer in the table,
+/// direction, route): first, for each backward direction, each route that every layer with
+/// more than one route to choose from can take, near its fastest ([`NEAR`]), on all of those
+/// layers at once (so that, say, two weight gradients split over the batch go in one launch);
+/// then each layer's and direction's runners-up one at a time ([`RUNNERS_UP`]).
+fn variants(table: &Table) -> Vec<StepChanges> {
+    let near = |times: &[(Route, Timed)]| -> Vec<Route> {
+        let mut times: Vec<&(Route, Timed)> = times.iter().filter(|(_, t)| !t.one_call && t.us.is_finite()).collect();
+        times.sort_by(|a, b| a.1.us.total_cmp(&b.1.us));
+        let fastest = times.first().map_or(f32::INFINITY, |t| t.1.us);
+        times.iter().filter(|t| t.1.us <= NEAR * fastest).map(|t| t.0).collect()
+    };
+    let mut out = Vec::new();
+    for dir in [Dir::WeightGrad, Dir::InputGrad] {
+        let chosen: Vec<(usize, Route, Vec<Route>)> = (table.layers.iter().enumerate())
+            .filter_map(|(i, l)| match &l.choices[dir as usize] {
+                Choice::Chosen { route, times, .. } => Some((i, *route, near(times))),
+                Choice::Pending | Choice::NotNeeded => None,
+            })
+            .filter(|(_, _, near)| near.len() > 1)
+            .collect();
+        if chosen.len() > 1 {
+            let mut shared: Vec<Route> = chosen[0].2.clone();
+            shared.retain(|r| chosen.iter().all(|c| c.2.contains(r)));
+            for route in shared {
+                let variant: StepChanges = chosen.iter().filter(|c| c.1 != route).map(|c| (c.0, dir, route)).collect();
+                if !variant.is_empty() {
+                    out.push(variant);
+                }
+            }
+        }
+        for (layer, route, near) in &chosen {
+            out.extend(near.iter().filter(|r| *r != route).take(RUNNERS_UP).map(|&r| vec![(*layer, dir, r)]));
+        }
+    }
+    out
+}
+
 impl Routes {
     pub fn new() -> Routes {
         Routes { tables: Vec::new(), current: None }
@@ -135,6 +211,102 @@ impl Routes {
         match &table.layers.iter().find(|l| l.step == index)?.choices[dir as usize] {
             Choice::Chosen { route, .. } => Some(*route),
             Choice::Pending | Choice::NotNeeded => None,
+        }
+    }
+
+    /// Whether the backward routes of the table [`Routes::prepare`] last picked are measured
+    /// but not yet checked in whole steps.
+    pub fn unchecked(&self) -> bool {
+        self.current.is_some_and(|index| {
+            let table = &self.tables[index];
+            !table.checked && table.layers.iter().all(|l| !l.choices.contains(&Choice::Pending))
+        })
+    }
+
+    /// Checks the backward routes of the table [`Routes::prepare`] last picked in whole steps.
+    /// Timed alone, a route misses what runs beside it: a step's weight gradients run on a side
+    /// stream, beside the input gradients, and a route that is fastest alone may take the SMs
+    /// the other stream needed, or a layer's and the head's weight gradients may go in one
+    /// launch only where both take the same route (the split over the batch). So
+    /// `time_step` (the forward and backward pass of a training step on the routes given, µs a
+    /// step) times the routes fastest alone, then each variant in turn ([`variants`]: a route
+    /// every layer can take, on all of them; each backward direction's nearest runners-up), and
+    /// a variant is kept where the step is faster by more than [`KEEP`]. Once per process for a
+    /// (device, plan, loss, bucket, TF32, graphs): later caches take the same routes.
+    pub fn check_in_steps(
+        &mut self,
+        plan: &Plan,
+        loss: Loss,
+        graphs: bool,
+        ordinal: usize,
+        time_step: &dyn Fn(&Routes) -> Result<f32>,
+    ) -> Result<()> {
+        let index = self.current.expect("a table picked by prepare");
+        let table = &self.tables[index];
+        let key = StepKey { ordinal, plan: plan.clone(), loss, bucket: table.bucket, tf32: table.tf32, graphs };
+        let known = {
+            let all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
+            all.iter().find(|(k, _)| *k == key).map(|(_, changes)| changes.clone())
+        };
+        match known {
+            Some(changes) => {
+                self.set(index, &changes);
+            }
+            None => {
+                let start = Instant::now();
+                let alone = time_step(self)?;
+                let mut best = alone;
+                let mut changes = Vec::new();
+                for variant in variants(&self.tables[index]) {
+                    let before = self.set(index, &variant);
+                    let us = time_step(self)?;
+                    if us < best * (1.0 - KEEP) {
+                        best = us;
+                        changes.retain(|c: &(usize, Dir, Route)| !variant.iter().any(|v| (v.0, v.1) == (c.0, c.1)));
+                        changes.extend(variant);
+                    } else {
+                        self.set(index, &before);
+                    }
+                }
+                let table = &mut self.tables[index];
+                table.step_us = Some((alone, best));
+                table.measuring += start.elapsed();
+                let mut all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
+                match all.iter().find(|(k, _)| *k == key) {
+                    // another cache of the same model got there first: take its routes
+                    Some((_, first)) => {
+                        let first = first.clone();
+                        drop(all);
+                        let alone: Vec<_> = changes.iter().map(|&(layer, dir, _)| (layer, dir, self.alone(index, layer, dir))).collect();
+                        self.set(index, &alone);
+                        self.set(index, &first);
+                    }
+                    None => all.push((key, changes)),
+                }
+            }
+        }
+        self.tables[index].checked = true;
+        Ok(())
+    }
+
+    /// Sets the routes `changes` ((layer in the table, direction, route)) in table `index`;
+    /// the routes they replace.
+    fn set(&mut self, index: usize, changes: &[(usize, Dir, Route)]) -> Vec<(usize, Dir, Route)> {
+        let layers = &mut self.tables[index].layers;
+        changes
+            .iter()
+            .filter_map(|&(layer, dir, new)| match &mut layers[layer].choices[dir as usize] {
+                Choice::Chosen { route, .. } => Some((layer, dir, std::mem::replace(route, new))),
+                Choice::Pending | Choice::NotNeeded => None,
+            })
+            .collect()
+    }
+
+    /// The route of `dir` of the table's `layer` fastest alone.
+    fn alone(&self, index: usize, layer: usize, dir: Dir) -> Route {
+        match &self.tables[index].layers[layer].choices[dir as usize] {
+            Choice::Chosen { alone, .. } => *alone,
+            Choice::Pending | Choice::NotNeeded => Route::Cublas,
         }
     }
 
@@ -159,8 +331,10 @@ impl Routes {
             return Ok(());
         }
         let start = Instant::now();
-        let mut table =
-            std::mem::replace(&mut self.tables[index], Table { bucket, samples: 0, tf32, layers: Vec::new(), measuring: Duration::ZERO });
+        let mut table = std::mem::replace(
+            &mut self.tables[index],
+            Table { bucket, samples: 0, tf32, layers: Vec::new(), measuring: Duration::ZERO, checked: false, step_us: None },
+        );
         let outcome = (|| {
             for layer in &mut table.layers {
                 for &dir in dirs {
@@ -187,6 +361,9 @@ impl Routes {
             let sizes = if first >= table.samples { format!("{}", table.samples) } else { format!("{first}–{}", table.samples) };
             let ms = table.measuring.as_secs_f64() * 1e3;
             let _ = write!(out, "{}batch {sizes} {arith}: dense routes measured in {ms:.1} ms", if out.is_empty() { "" } else { "\n" });
+            if let Some((alone, kept)) = table.step_us {
+                let _ = write!(out, "; forward and backward {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept");
+            }
             for layer in &table.layers {
                 for dir in Dir::ALL {
                     let _ =
@@ -194,7 +371,7 @@ impl Routes {
                     match &layer.choices[dir as usize] {
                         Choice::Pending => out.push_str("not measured yet"),
                         Choice::NotNeeded => out.push_str("not needed"),
-                        Choice::Chosen { route, times } => {
+                        Choice::Chosen { route, alone, times } => {
                             let mut times = times.clone();
                             times.sort_by(|a, b| a.1.us.total_cmp(&b.1.us));
                             let us = |r: Route| times.iter().find(|t| t.0 == r).map_or(f32::NAN, |t| t.1.us);
@@ -202,6 +379,9 @@ impl Routes {
                             let time = |(r, t): &(Route, Timed)| {
                                 format!("{} {:.1}{}", r.name(), t.us, if t.one_call { " (one call)" } else { "" })
                             };
+                            if alone != route {
+                                let _ = write!(out, ", kept in whole steps over {} (fastest alone)", alone.name());
+                            }
                             let others: Vec<String> = times.iter().filter(|t| t.0 != *route).map(time).collect();
                             if !others.is_empty() {
                                 let _ = write!(out, " (others: {})", others.join(", "));
@@ -227,7 +407,7 @@ fn new_table(plan: &Plan, bucket: usize, capacity: usize, tf32: bool) -> Table {
             Some(LayerRoutes { step: index, label, choices: [Choice::Pending, Choice::Pending, Choice::Pending] })
         })
         .collect();
-    Table { bucket, samples: bucket.min(capacity), tf32, layers, measuring: Duration::ZERO }
+    Table { bucket, samples: bucket.min(capacity), tf32, layers, measuring: Duration::ZERO, checked: false, step_us: None }
 }
 
 /// Times every route of `dir` of dense step `step` that fits (at `samples` samples, as routes
@@ -290,7 +470,7 @@ fn choose(s: &StepRun, step: &Step, dir: Dir, bucket: usize, samples: usize) -> 
         run(best)?;
         stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
     }
-    Ok(Choice::Chosen { route: best, times })
+    Ok(Choice::Chosen { route: best, alone: best, times })
 }
 
 #[cfg(test)]
@@ -311,10 +491,11 @@ mod tests {
         let t = |us, one_call| Timed { us, one_call };
         let skinny = Route::Fused(Kernel::DenseSkinny4);
         table.layers[0].choices = [
-            Choice::Chosen { route: skinny, times: vec![(Route::Cublas, t(9.5, false)), (skinny, t(2.31, false))] },
+            Choice::Chosen { route: skinny, alone: skinny, times: vec![(Route::Cublas, t(9.5, false)), (skinny, t(2.31, false))] },
             Choice::NotNeeded,
             Choice::Chosen {
                 route: Route::Cublas,
+                alone: Route::Cublas,
                 times: vec![(Route::Fused(Kernel::DenseRow), t(80.0, true)), (Route::Cublas, t(4.0, false))],
             },
         ];
@@ -336,5 +517,67 @@ mod tests {
         assert_eq!(lines.len(), 14, "{report}");
         assert_eq!(lines[..9], want, "{report}");
         assert_eq!(routes.route(0, Dir::Forward), None, "no table picked yet");
+    }
+
+    /// A table of a 20-16-3 model whose two weight gradients are measured: the first fastest
+    /// alone on `first`, the second on `second`, both also on the split over the batch.
+    fn measured(first: Route, second: Route) -> Routes {
+        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let mut table = new_table(&plan, 128, 128, false);
+        let t = |us| Timed { us, one_call: false };
+        for (layer, alone) in [first, second].into_iter().enumerate() {
+            let times = vec![(alone, t(2.0)), (Route::Split, t(3.0)), (Route::Fused(Kernel::DenseRow), t(50.0))];
+            table.layers[layer].choices = [Choice::NotNeeded, Choice::NotNeeded, Choice::Chosen { route: alone, alone, times }];
+        }
+        Routes { tables: vec![table], current: Some(0) }
+    }
+
+    /// Whole steps keep a variant only where the step is faster on it: here both weight
+    /// gradients split over the batch (one launch), though each is slower so alone; a route far
+    /// slower alone (`NEAR`) is not tried; a second cache of the same model takes the first's
+    /// routes without timing.
+    #[test]
+    fn whole_steps_keep_the_faster_variant() {
+        let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
+        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let mut routes = measured(mma, panel);
+        assert!(routes.unchecked());
+        let tried = std::cell::RefCell::new(Vec::new());
+        let step = |r: &Routes| {
+            let now = (r.route(0, Dir::WeightGrad).unwrap(), r.route(1, Dir::WeightGrad).unwrap());
+            tried.borrow_mut().push(now);
+            assert!(now.0 != Route::Fused(Kernel::DenseRow) && now.1 != Route::Fused(Kernel::DenseRow), "{now:?}");
+            Ok(if now == (Route::Split, Route::Split) {
+                10.0
+            } else if now == (mma, panel) {
+                12.0
+            } else {
+                12.5
+            })
+        };
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &step).unwrap();
+        assert!(!routes.unchecked());
+        assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(Route::Split), Some(Route::Split)));
+        assert_eq!(tried.borrow()[..2], [(mma, panel), (Route::Split, Route::Split)], "the routes alone, then both split");
+        let report = routes.report();
+        assert!(report.contains("forward and backward 12.0 µs on the routes fastest alone, 10.0 µs on those kept"), "{report}");
+        assert!(
+            report.contains("weight gradient: weight_grad_split 3.0 µs, kept in whole steps over dense_mma_32x32_mn (fastest alone)"),
+            "{report}"
+        );
+
+        let mut second = measured(mma, panel);
+        let untimed = |_: &Routes| -> Result<f32> { panic!("the first cache's check is reused") };
+        second.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &untimed).unwrap();
+        assert_eq!(second.route(0, Dir::WeightGrad), Some(Route::Split));
+
+        // where no variant is faster, the routes fastest alone stay
+        let mut slower = measured(mma, panel);
+        slower
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9002, &|r: &Routes| {
+                Ok(if r.route(0, Dir::WeightGrad) == Some(mma) && r.route(1, Dir::WeightGrad) == Some(panel) { 12.0 } else { 12.05 })
+            })
+            .unwrap();
+        assert_eq!((slower.route(0, Dir::WeightGrad), slower.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
     }
 }

@@ -26,7 +26,9 @@ pub(crate) use super::nccl::Reduce;
 use super::ops::{loss_key, optim_kernel, LaunchArgs, FINISH_MAX};
 pub use super::options::{Convs, GpuOptions, Tuning};
 use super::pinned::Pinned;
+use super::routes::Routes;
 pub(crate) use super::serve::DevServer;
+use super::timing::time_calls;
 use crate::cache::{Cache, Grads};
 use crate::chain::Plan;
 use crate::device::Device;
@@ -329,9 +331,10 @@ impl DevModel {
         let run = StepRun { gpu: &self.gpu, blas: &dev.blas, stream: &self.stream, plan, f: &f, b: Some(&b), options: self.options };
         dev.dnn.prepare(&run)?;
         dev.routes.prepare(&run)?;
-        let f = Forward { dnn: Some(&dev.dnn), routes: Some(&dev.routes), ..f };
+        let f = Forward { dnn: Some(&dev.dnn), ..f };
+        let run = StepRun { f: &f, ..run };
         let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
-        let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
+        let (gpu, stream) = (&self.gpu, &self.stream);
         let side = Side {
             blas: &dg.side_blas,
             stream: &self.side,
@@ -352,23 +355,22 @@ impl DevModel {
             gpu.optim_call(rule, step, n, p, dg.grads.all(), s, opt.norm.all(), true, |kernel, grid, args| call(kernel, grid, args))
         };
         let function = update.map(|(rule, _, _)| gpu.function(optim_kernel(rule.config)));
-        let work = || {
+        let step_on = |routes: &Routes, copy_in: bool| {
             if copy_in {
                 // the host does not write the staging buffer until `copied[current]` has passed
                 copy_inputs_in(gpu, stream, f.acts, inputs_len, inputs_device)?;
             }
-            // the last dense layer, the loss and that layer's input gradient in one kernel where
-            // it takes them (src/cuda/head.rs)
-            let head = Head::of(gpu, plan, capacity, batch, loss, &self.options.tuning);
-            let upto = head.map_or(plan.steps.len(), |h| h.first());
-            let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto, Mode::Train)?;
-            // the head clears the gradients that split weight gradients add into
-            let cleared = head.as_ref().and_then(|_| exec::split_weight_grads(plan, &f));
-            match &head {
-                Some(h) => exec::head(gpu, stream, &f, &b, &l, loss, h, weights_early, cleared.clone())?,
-                None => exec::loss(gpu, stream, plan, &f, &b, &l, loss)?,
-            }
-            exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref().map(|h| (h, &l, loss)), cleared)?;
+            let f = Forward { routes: Some(routes), ..f };
+            let run = StepRun { f: &f, ..run };
+            backprop_pass(&run, &b, &l, &side, loss, copy_in)
+        };
+        if dev.routes.unchecked() {
+            // before the step's first capture, as measuring the routes was
+            let time = |routes: &Routes| time_calls(gpu, stream, self.options.graphs, &|| step_on(routes, false));
+            dev.routes.check_in_steps(plan, loss, self.options.graphs, gpu.ordinal(), &time)?;
+        }
+        let work = || {
+            step_on(&dev.routes, copy_in)?;
             if dropout::any(plan) {
                 // the next step draws new masks
                 layers::next_pass(gpu, stream, &self.draw)?;
@@ -498,4 +500,23 @@ pub(crate) fn draw_words(draw: Draw) -> [u32; 5] {
 fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
     // SAFETY: f32 and u32 have no padding and any byte view of them is valid to read.
     unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
+}
+
+/// The forward pass, the loss (or the head) and the backward pass of a training step on `r`'s
+/// buffers and routes, queued on `r.stream` (the inputs copied in already, `copied_in` says
+/// whether by this step: the forward pass then reads them without waiting).
+fn backprop_pass(r: &StepRun, b: &Backward, l: &LossBuffers, side: &Side, loss: Loss, copied_in: bool) -> Result<()> {
+    let StepRun { gpu, blas, stream, plan, f, options, .. } = *r;
+    // the last dense layer, the loss and that layer's input gradient in one kernel where it
+    // takes them (src/cuda/head.rs)
+    let head = Head::of(gpu, plan, f.capacity, f.batch, loss, &options.tuning);
+    let upto = head.map_or(plan.steps.len(), |h| h.first());
+    let weights_early = exec::forward(gpu, blas, stream, plan, f, copied_in, upto, Mode::Train)?;
+    // the head clears the gradients that split weight gradients add into
+    let cleared = head.as_ref().and_then(|_| exec::split_weight_grads(plan, f));
+    match &head {
+        Some(h) => exec::head(gpu, stream, f, b, l, loss, h, weights_early, cleared.clone())?,
+        None => exec::loss(gpu, stream, plan, f, b, l, loss)?,
+    }
+    exec::backward(gpu, blas, stream, plan, f, b, side, head.as_ref().map(|h| (h, l, loss)), cleared)
 }
