@@ -69,11 +69,12 @@ struct Table {
     layers: Vec<LayerRoutes>,
     /// Host time spent measuring its routes, in this cache.
     measuring: Duration,
-    /// Whether its backward routes were checked in whole steps yet ([`Routes::check_in_steps`]).
-    checked: bool,
+    /// Whether its routes were checked in whole passes yet ([`Routes::check_in_steps`]), per
+    /// [`Pass`].
+    checked: [bool; 2],
     /// A training step's forward and backward pass (µs) on the routes fastest alone, and on
-    /// those kept after the whole-step check (where this cache checked).
-    step_us: Option<(f32, f32)>,
+    /// those kept after the whole-step check (where this cache checked), per [`Pass`].
+    step_us: [Option<(f32, f32)>; 2],
 }
 
 /// A cache's dense routes: a table per bucket (and TF32 setting) that has run.
@@ -142,15 +143,44 @@ const KEEP: f32 = 0.01;
 const NEAR: f32 = 3.0;
 
 /// The runners-up of a direction of a layer tried one at a time, nearest first.
-const RUNNERS_UP: usize = 2;
+const RUNNERS_UP: usize = 3;
 
-/// What a whole-step check is of: the device, the model's plan and loss, the bucket, TF32 and
+/// Passes over the variants at most (a pass after one that kept nothing would keep nothing).
+const PASSES: usize = 3;
+
+/// What [`Routes::check_in_steps`] times: an inference's forward pass (the forward routes), or
+/// a training step's forward and backward pass (the backward routes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    Inference,
+    Training,
+}
+
+impl Pass {
+    /// The directions whose routes the pass checks.
+    fn dirs(self) -> &'static [Dir] {
+        match self {
+            Pass::Inference => &[Dir::Forward],
+            Pass::Training => &[Dir::WeightGrad, Dir::InputGrad],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Pass::Inference => "inference",
+            Pass::Training => "forward and backward",
+        }
+    }
+}
+
+/// What a whole-step check is of: the pass, the device, the model's plan and loss, the bucket, TF32 and
 /// graphs.
 #[derive(PartialEq)]
 struct StepKey {
+    pass: Pass,
     ordinal: usize,
     plan: Plan,
-    loss: Loss,
+    loss: Option<Loss>,
     bucket: usize,
     tf32: bool,
     graphs: bool,
@@ -162,38 +192,40 @@ type StepChanges = Vec<(usize, Dir, Route)>;
 static STEP_CHOICES: Mutex<Vec<(StepKey, StepChanges)>> = Mutex::new(Vec::new());
 
 /// The variants [`Routes::check_in_steps`] tries, in order, each a set of (layer in the table,
-/// direction, route): first, for each backward direction, each route that every layer with
-/// more than one route to choose from can take, near its fastest ([`NEAR`]), on all of those
-/// layers at once (so that, say, two weight gradients split over the batch go in one launch);
-/// then each layer's and direction's runners-up one at a time ([`RUNNERS_UP`]).
-fn variants(table: &Table) -> Vec<StepChanges> {
+/// direction, route): first, for each backward direction, each route near the fastest alone
+/// ([`NEAR`]) of two layers or more, on all of those at once (so that, say, two weight
+/// gradients split over the batch go in one launch); then each layer's and direction's
+/// runners-up one at a time, nearest first ([`RUNNERS_UP`]).
+fn variants(table: &Table, pass: Pass) -> Vec<StepChanges> {
     let near = |times: &[(Route, Timed)]| -> Vec<Route> {
         let mut times: Vec<&(Route, Timed)> = times.iter().filter(|(_, t)| !t.one_call && t.us.is_finite()).collect();
         times.sort_by(|a, b| a.1.us.total_cmp(&b.1.us));
         let fastest = times.first().map_or(f32::INFINITY, |t| t.1.us);
         times.iter().filter(|t| t.1.us <= NEAR * fastest).map(|t| t.0).collect()
     };
-    let mut out = Vec::new();
-    for dir in [Dir::WeightGrad, Dir::InputGrad] {
+    let mut out: Vec<StepChanges> = Vec::new();
+    for &dir in pass.dirs() {
         let chosen: Vec<(usize, Route, Vec<Route>)> = (table.layers.iter().enumerate())
             .filter_map(|(i, l)| match &l.choices[dir as usize] {
                 Choice::Chosen { route, times, .. } => Some((i, *route, near(times))),
                 Choice::Pending | Choice::NotNeeded => None,
             })
-            .filter(|(_, _, near)| near.len() > 1)
             .collect();
-        if chosen.len() > 1 {
-            let mut shared: Vec<Route> = chosen[0].2.clone();
-            shared.retain(|r| chosen.iter().all(|c| c.2.contains(r)));
-            for route in shared {
-                let variant: StepChanges = chosen.iter().filter(|c| c.1 != route).map(|c| (c.0, dir, route)).collect();
-                if !variant.is_empty() {
-                    out.push(variant);
-                }
+        let mut shared: Vec<Route> = chosen.iter().flat_map(|c| c.2.iter().copied()).collect();
+        shared.dedup();
+        for route in shared.iter().enumerate().filter(|(i, r)| !shared[..*i].contains(r)).map(|(_, r)| *r) {
+            let on: Vec<&(usize, Route, Vec<Route>)> = chosen.iter().filter(|c| c.2.contains(&route)).collect();
+            let variant: StepChanges = on.iter().filter(|c| c.1 != route).map(|c| (c.0, dir, route)).collect();
+            if on.len() > 1 && !variant.is_empty() && !out.contains(&variant) {
+                out.push(variant);
             }
         }
         for (layer, route, near) in &chosen {
-            out.extend(near.iter().filter(|r| *r != route).take(RUNNERS_UP).map(|&r| vec![(*layer, dir, r)]));
+            for r in near.iter().filter(|r| *r != route).take(RUNNERS_UP) {
+                if !out.contains(&vec![(*layer, dir, *r)]) {
+                    out.push(vec![(*layer, dir, *r)]);
+                }
+            }
         }
     }
     out
@@ -214,36 +246,39 @@ impl Routes {
         }
     }
 
-    /// Whether the backward routes of the table [`Routes::prepare`] last picked are measured
-    /// but not yet checked in whole steps.
-    pub fn unchecked(&self) -> bool {
+    /// Whether the routes `pass` chooses in the table [`Routes::prepare`] last picked are
+    /// measured but not yet checked in whole passes.
+    pub fn unchecked(&self, pass: Pass) -> bool {
         self.current.is_some_and(|index| {
             let table = &self.tables[index];
-            !table.checked && table.layers.iter().all(|l| !l.choices.contains(&Choice::Pending))
+            let measured = |l: &LayerRoutes| pass.dirs().iter().all(|&d| l.choices[d as usize] != Choice::Pending);
+            !table.checked[pass as usize] && table.layers.iter().all(measured)
         })
     }
 
-    /// Checks the backward routes of the table [`Routes::prepare`] last picked in whole steps.
-    /// Timed alone, a route misses what runs beside it: a step's weight gradients run on a side
-    /// stream, beside the input gradients, and a route that is fastest alone may take the SMs
-    /// the other stream needed, or a layer's and the head's weight gradients may go in one
-    /// launch only where both take the same route (the split over the batch). So
-    /// `time_step` (the forward and backward pass of a training step on the routes given, µs a
-    /// step) times the routes fastest alone, then each variant in turn ([`variants`]: a route
-    /// every layer can take, on all of them; each backward direction's nearest runners-up), and
-    /// a variant is kept where the step is faster by more than [`KEEP`]. Once per process for a
-    /// (device, plan, loss, bucket, TF32, graphs): later caches take the same routes.
+    /// Checks the routes `pass` chooses in the table [`Routes::prepare`] last picked, in whole
+    /// passes. Timed alone, a route misses what runs beside and around it: a step's weight
+    /// gradients run on a side stream, beside the input gradients, and a route that is fastest
+    /// alone may take the SMs the other stream needed; a layer's and the head's weight
+    /// gradients go in one launch only where both take the same route (the split over the
+    /// batch); a kernel's start overlaps the end of the one before it differently. So
+    /// `time_pass` (`pass` on the routes given, µs a pass) times the routes fastest alone, then
+    /// each variant in turn ([`variants`]: a route several layers can take, on all of them;
+    /// each direction's nearest runners-up), and a variant is kept where the pass is faster by
+    /// more than [`KEEP`]. Once per process for a (pass, device, plan, loss, bucket, TF32,
+    /// graphs): later caches take the same routes.
     pub fn check_in_steps(
         &mut self,
+        pass: Pass,
         plan: &Plan,
-        loss: Loss,
+        loss: Option<Loss>,
         graphs: bool,
         ordinal: usize,
-        time_step: &dyn Fn(&Routes) -> Result<f32>,
+        time_pass: &dyn Fn(&Routes) -> Result<f32>,
     ) -> Result<()> {
         let index = self.current.expect("a table picked by prepare");
         let table = &self.tables[index];
-        let key = StepKey { ordinal, plan: plan.clone(), loss, bucket: table.bucket, tf32: table.tf32, graphs };
+        let key = StepKey { pass, ordinal, plan: plan.clone(), loss, bucket: table.bucket, tf32: table.tf32, graphs };
         let known = {
             let all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
             all.iter().find(|(k, _)| *k == key).map(|(_, changes)| changes.clone())
@@ -254,22 +289,30 @@ impl Routes {
             }
             None => {
                 let start = Instant::now();
-                let alone = time_step(self)?;
+                let alone = time_pass(self)?;
                 let mut best = alone;
                 let mut changes = Vec::new();
-                for variant in variants(&self.tables[index]) {
-                    let before = self.set(index, &variant);
-                    let us = time_step(self)?;
-                    if us < best * (1.0 - KEEP) {
-                        best = us;
-                        changes.retain(|c: &(usize, Dir, Route)| !variant.iter().any(|v| (v.0, v.1) == (c.0, c.1)));
-                        changes.extend(variant);
-                    } else {
-                        self.set(index, &before);
+                // again from the routes kept while a pass keeps one (what is fastest beside
+                // the others depends on them), at most PASSES times
+                for _ in 0..PASSES {
+                    let mut kept = false;
+                    for variant in variants(&self.tables[index], pass) {
+                        let before = self.set(index, &variant);
+                        let us = time_pass(self)?;
+                        if us < best * (1.0 - KEEP) {
+                            (best, kept) = (us, true);
+                            changes.retain(|c: &(usize, Dir, Route)| !variant.iter().any(|v| (v.0, v.1) == (c.0, c.1)));
+                            changes.extend(variant);
+                        } else {
+                            self.set(index, &before);
+                        }
+                    }
+                    if !kept {
+                        break;
                     }
                 }
                 let table = &mut self.tables[index];
-                table.step_us = Some((alone, best));
+                table.step_us[pass as usize] = Some((alone, best));
                 table.measuring += start.elapsed();
                 let mut all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
                 match all.iter().find(|(k, _)| *k == key) {
@@ -285,7 +328,7 @@ impl Routes {
                 }
             }
         }
-        self.tables[index].checked = true;
+        self.tables[index].checked[pass as usize] = true;
         Ok(())
     }
 
@@ -333,7 +376,7 @@ impl Routes {
         let start = Instant::now();
         let mut table = std::mem::replace(
             &mut self.tables[index],
-            Table { bucket, samples: 0, tf32, layers: Vec::new(), measuring: Duration::ZERO, checked: false, step_us: None },
+            Table { bucket, samples: 0, tf32, layers: Vec::new(), measuring: Duration::ZERO, checked: [false; 2], step_us: [None; 2] },
         );
         let outcome = (|| {
             for layer in &mut table.layers {
@@ -361,8 +404,10 @@ impl Routes {
             let sizes = if first >= table.samples { format!("{}", table.samples) } else { format!("{first}–{}", table.samples) };
             let ms = table.measuring.as_secs_f64() * 1e3;
             let _ = write!(out, "{}batch {sizes} {arith}: dense routes measured in {ms:.1} ms", if out.is_empty() { "" } else { "\n" });
-            if let Some((alone, kept)) = table.step_us {
-                let _ = write!(out, "; forward and backward {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept");
+            for pass in [Pass::Inference, Pass::Training] {
+                if let Some((alone, kept)) = table.step_us[pass as usize] {
+                    let _ = write!(out, "; {} {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept", pass.name());
+                }
             }
             for layer in &table.layers {
                 for dir in Dir::ALL {
@@ -407,7 +452,7 @@ fn new_table(plan: &Plan, bucket: usize, capacity: usize, tf32: bool) -> Table {
             Some(LayerRoutes { step: index, label, choices: [Choice::Pending, Choice::Pending, Choice::Pending] })
         })
         .collect();
-    Table { bucket, samples: bucket.min(capacity), tf32, layers, measuring: Duration::ZERO, checked: false, step_us: None }
+    Table { bucket, samples: bucket.min(capacity), tf32, layers, measuring: Duration::ZERO, checked: [false; 2], step_us: [None; 2] }
 }
 
 /// Times every route of `dir` of dense step `step` that fits (at `samples` samples, as routes
@@ -527,7 +572,7 @@ mod tests {
         let t = |us| Timed { us, one_call: false };
         for (layer, alone) in [first, second].into_iter().enumerate() {
             let times = vec![(alone, t(2.0)), (Route::Split, t(3.0)), (Route::Fused(Kernel::DenseRow), t(50.0))];
-            table.layers[layer].choices = [Choice::NotNeeded, Choice::NotNeeded, Choice::Chosen { route: alone, alone, times }];
+            table.layers[layer].choices = [Choice::Pending, Choice::NotNeeded, Choice::Chosen { route: alone, alone, times }];
         }
         Routes { tables: vec![table], current: Some(0) }
     }
@@ -541,7 +586,7 @@ mod tests {
         let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
         let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
         let mut routes = measured(mma, panel);
-        assert!(routes.unchecked());
+        assert!(routes.unchecked(Pass::Training) && !routes.unchecked(Pass::Inference));
         let tried = std::cell::RefCell::new(Vec::new());
         let step = |r: &Routes| {
             let now = (r.route(0, Dir::WeightGrad).unwrap(), r.route(1, Dir::WeightGrad).unwrap());
@@ -555,8 +600,8 @@ mod tests {
                 12.5
             })
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &step).unwrap();
-        assert!(!routes.unchecked());
+        routes.check_in_steps(Pass::Training, &plan, Some(Loss::LogitCrossEntropy), true, 9001, &step).unwrap();
+        assert!(!routes.unchecked(Pass::Training));
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(Route::Split), Some(Route::Split)));
         assert_eq!(tried.borrow()[..2], [(mma, panel), (Route::Split, Route::Split)], "the routes alone, then both split");
         let report = routes.report();
@@ -568,13 +613,13 @@ mod tests {
 
         let mut second = measured(mma, panel);
         let untimed = |_: &Routes| -> Result<f32> { panic!("the first cache's check is reused") };
-        second.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &untimed).unwrap();
+        second.check_in_steps(Pass::Training, &plan, Some(Loss::LogitCrossEntropy), true, 9001, &untimed).unwrap();
         assert_eq!(second.route(0, Dir::WeightGrad), Some(Route::Split));
 
         // where no variant is faster, the routes fastest alone stay
         let mut slower = measured(mma, panel);
         slower
-            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9002, &|r: &Routes| {
+            .check_in_steps(Pass::Training, &plan, Some(Loss::LogitCrossEntropy), true, 9002, &|r: &Routes| {
                 Ok(if r.route(0, Dir::WeightGrad) == Some(mma) && r.route(1, Dir::WeightGrad) == Some(panel) { 12.0 } else { 12.05 })
             })
             .unwrap();

@@ -26,7 +26,7 @@ pub(crate) use super::nccl::Reduce;
 use super::ops::{loss_key, optim_kernel, LaunchArgs, FINISH_MAX};
 pub use super::options::{Convs, GpuOptions, Tuning};
 use super::pinned::Pinned;
-use super::routes::Routes;
+use super::routes::{Pass, Routes};
 pub(crate) use super::serve::DevServer;
 use super::timing::time_calls;
 use crate::cache::{Cache, Grads};
@@ -222,6 +222,16 @@ impl DevModel {
         let run = StepRun { gpu, blas, stream, plan, f: &f, b: None, options: self.options };
         dnn.prepare(&run)?;
         routes.prepare(&run)?;
+        if routes.unchecked(Pass::Inference) {
+            // before the pass's first capture, as measuring the routes was
+            let time = |routes: &Routes| {
+                let f = Forward { dnn: Some(dnn), routes: Some(routes), ..f };
+                time_calls(gpu, stream, self.options.graphs, &|| {
+                    exec::forward(gpu, blas, stream, plan, &f, false, plan.steps.len(), Mode::Infer).map(|_| ())
+                })
+            };
+            routes.check_in_steps(Pass::Inference, plan, None, self.options.graphs, gpu.ordinal(), &time)?;
+        }
         let f = Forward { dnn: Some(dnn), routes: Some(routes), ..f };
         let signal = out.len() <= FINISH_MAX;
         let (host_out_device, flag) = (outputs.device_ptr(), done.device_ptr());
@@ -364,10 +374,18 @@ impl DevModel {
             let run = StepRun { f: &f, ..run };
             backprop_pass(&run, &b, &l, &side, loss, copy_in)
         };
-        if dev.routes.unchecked() {
-            // before the step's first capture, as measuring the routes was
+        if dev.routes.unchecked(Pass::Training) {
+            // before the step's first capture, as measuring the routes was; a forward pass in
+            // training mode moves the running statistics in the buffers: they are put back
+            let saved = self.buffers.as_ref().map(|buffers| copy_of(gpu, stream, buffers)).transpose()?;
             let time = |routes: &Routes| time_calls(gpu, stream, self.options.graphs, &|| step_on(routes, false));
-            dev.routes.check_in_steps(plan, loss, self.options.graphs, gpu.ordinal(), &time)?;
+            let checked = dev.routes.check_in_steps(Pass::Training, plan, Some(loss), self.options.graphs, gpu.ordinal(), &time);
+            if let (Some(buffers), Some(saved)) = (&self.buffers, &saved) {
+                copy(stream, saved, buffers)?;
+                // the copy is done before its source is freed
+                stream.synchronize().map_err(|e| driver_error("waiting for the buffers' copy", e))?;
+            }
+            checked?;
         }
         let work = || {
             step_on(&dev.routes, copy_in)?;
@@ -519,4 +537,20 @@ fn backprop_pass(r: &StepRun, b: &Backward, l: &LossBuffers, side: &Side, loss: 
         None => exec::loss(gpu, stream, plan, f, b, l, loss)?,
     }
     exec::backward(gpu, blas, stream, plan, f, b, side, head.as_ref().map(|h| (h, l, loss)), cleared)
+}
+
+/// A new device buffer holding what `from` holds once the copy queued on `stream` has run.
+fn copy_of(gpu: &Arc<Gpu>, stream: &CudaStream, from: &DevBuf<f32>) -> Result<DevBuf<f32>> {
+    let to = DevBuf::zeros(gpu, stream, from.len())?;
+    copy(stream, from, &to)?;
+    Ok(to)
+}
+
+/// Queues a copy of `from` into `to` (of the same length) on `stream`.
+fn copy(stream: &CudaStream, from: &DevBuf<f32>, to: &DevBuf<f32>) -> Result<()> {
+    assert_eq!(from.len(), to.len(), "copies between buffers of one length");
+    let bytes = from.len() * std::mem::size_of::<f32>();
+    // SAFETY: two live allocations of `bytes` bytes each, of the current context; the copy is
+    // ordered on `stream` with every kernel that reads or writes them in a step.
+    unsafe { result::memcpy_dtod_async(to.ptr(), from.ptr(), bytes, stream.cu_stream()) }.map_err(|e| driver_error("copying buffers", e))
 }
