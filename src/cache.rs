@@ -226,9 +226,10 @@ impl Cache {
     /// weight gradient and the input gradient, the path chosen (`cudnn ALGO` or `own`, flatnn's
     /// kernels) and the time per call measured for both when the choice was made; then, for
     /// each batch size run so far, one line per GRU or LSTM layer giving, for inference and for
-    /// a training step's forward and backward, the route chosen (`cudnn`, cuDNN's RNN kernels,
-    /// or `per-step`, flatnn's) and the time per call of both (or one line saying why cuDNN is
-    /// not used for them). Empty on the CPU and for models with neither.
+    /// a training step's forward and backward, the route chosen (`cudnn ALGO`, cuDNN's RNN
+    /// kernels with that algorithm, or `per-step`, flatnn's) and the time per call of each route
+    /// and algorithm timed, with why cuDNN refused any (or one line saying why cuDNN is not used
+    /// for them). Empty on the CPU and for models with neither.
     ///
     /// `FLATNN_CUDNN`, read once per process (when the first cache is made): `0` flatnn's
     /// kernels only, `1` cuDNN wherever it has an algorithm, `auto` (default; also what a value
