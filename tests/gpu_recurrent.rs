@@ -182,7 +182,7 @@ fn each_cudnn_rnn_algorithm_matches_the_cpu() {
     let algo = std::env::var("FLATNN_RNN_ALGO").unwrap();
     let mut rng = Rng::new(21);
     for (name, chain, loss) in [
-        ("gru 1→64, sequence", Chain::new(Shape::sequence(24, 1)).gru(64, RnnOutput::Sequence).dense(1, Identity), Loss::Mse),
+        ("gru 1→64, sequence", Chain::new(Shape::sequence(24, 1)).gru(64, RnnOutput::Sequence).flatten().dense(1, Identity), Loss::Mse),
         (
             "lstm 5→128, last step",
             Chain::new(Shape::sequence(10, 5)).lstm(128, RnnOutput::LastStep).dense(3, Identity),

@@ -43,7 +43,7 @@ use super::options::Convs;
 use super::recurrent::{backward_steps, forward_steps, Ctx};
 use super::rnn_cudnn::{algos_allowed, rnn_functions_present, Algo, Descs};
 use super::rnn_route::{runs, LayerBufs, LayerTrain, Route, Run, Scratch};
-use super::timing::{add_note, time_calls, FirstMeasured};
+use super::timing::{add_note, time_calls, time_once, FirstMeasured, SLOW};
 use super::{device_wide, driver_error, guarded_result};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
@@ -117,6 +117,9 @@ struct Choice {
 }
 
 const ALGOS: usize = Algo::ALL.len();
+
+/// Work queued on a stream, as the timing functions take it.
+type Work<'a> = dyn Fn() -> Result<()> + 'a;
 
 impl Default for Choice {
     fn default() -> Self {
@@ -611,27 +614,37 @@ impl Inner {
             return Ok(None);
         }
         self.states_kept(ctx, step, d, || {
+            let own = || {
+                forward_steps(ctx, step, d)?;
+                if training {
+                    backward_steps(ctx, step, d)?;
+                }
+                Ok(())
+            };
+            let runs: Vec<_> = routes.iter().map(|route| move || route.run(ctx, step, d, training)).collect();
+            // (None: the per-step route, timed unless cuDNN is forced)
+            let mut candidates: Vec<(Option<Algo>, &Work)> = Vec::new();
             if self.convs == Convs::Measured {
-                let own = || {
-                    forward_steps(ctx, step, d)?;
-                    if training {
-                        backward_steps(ctx, step, d)?;
-                    }
-                    Ok(())
+                candidates.push((None, &own));
+            }
+            candidates.extend(routes.iter().zip(&runs).map(|(route, run)| (Some(route.descs.algo()), run as &Work)));
+            // a first look at each (one eager call); timed in full only near the fastest look
+            let looks: Vec<Result<f32>> = candidates.iter().map(|(_, run)| time_once(ctx.gpu, ctx.stream, *run)).collect();
+            let fastest = looks.iter().filter_map(|look| look.as_ref().ok()).fold(f32::INFINITY, |a, &b| a.min(b));
+            for ((algo, run), look) in candidates.into_iter().zip(looks) {
+                let us = match look {
+                    Ok(once) if once > SLOW * fastest => Ok(once),
+                    Ok(_) => time_calls(ctx.gpu, ctx.stream, graphs, run),
+                    Err(e) => Err(e),
                 };
-                match time_calls(ctx.gpu, ctx.stream, graphs, &own) {
-                    Ok(us) => m.own_us = us,
-                    Err(e) => {
+                match (algo, us) {
+                    (None, Ok(us)) => m.own_us = us,
+                    (None, Err(e)) => {
                         m.note = format!("timing the per-step route failed ({e}): per-step chosen");
                         return Ok(());
                     }
-                }
-            }
-            for route in &routes {
-                let algo = route.descs.algo();
-                match time_calls(ctx.gpu, ctx.stream, graphs, &|| route.run(ctx, step, d, training)) {
-                    Ok(us) => m.cudnn_us[algo.index()] = us,
-                    Err(e) => {
+                    (Some(algo), Ok(us)) => m.cudnn_us[algo.index()] = us,
+                    (Some(algo), Err(e)) => {
                         let sep = if m.note.is_empty() { "" } else { "; " };
                         let _ = write!(m.note, "{sep}cuDNN {} failed: {e}", algo.name());
                     }

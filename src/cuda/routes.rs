@@ -25,7 +25,7 @@ use super::dense::{Dir, Route};
 use super::dense_pass::{dense_shape, forward_on, input_grad_on, operands, problem, producer, producer_activation, weight_grad_on, On};
 use super::dnn::StepRun;
 use super::driver_error;
-use super::timing::{time_calls, time_once};
+use super::timing::{time_calls, time_once, SLOW};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::loss::Loss;
@@ -91,11 +91,6 @@ struct Timed {
     us: f32,
     one_call: bool,
 }
-
-/// A route whose first eager call takes more than this many times the fastest first call (or
-/// time) of the others is not timed further: it cannot win, and timing it in full would make
-/// the slowest routes (say a row a block over a thousand samples) most of the measuring time.
-const SLOW: f32 = 4.0;
 
 /// What a time is of: the device, the direction, the layer's (outputs, inputs), the bucket, TF32,
 /// graphs, and whether the epilogue does more than the product's least (a forward's activation

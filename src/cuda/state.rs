@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 use crate::layers::{dropout, Draw, Mode};
 use crate::loss::Loss;
 use crate::optim::{Clip, Update};
-use cudarc::driver::{result, sys, CudaStream};
+use cudarc::driver::{result, sys, CudaStream, DeviceRepr};
 use std::sync::Arc;
 
 /// A model's parameters on a device, and the stream its work runs on.
@@ -375,16 +375,19 @@ impl DevModel {
             backprop_pass(&run, &b, &l, &side, loss, copy_in)
         };
         if dev.routes.unchecked(Pass::Training) {
-            // before the step's first capture, as measuring the routes was; a forward pass in
-            // training mode moves the running statistics in the buffers: they are put back
-            let saved = self.buffers.as_ref().map(|buffers| copy_of(gpu, stream, buffers)).transpose()?;
+            // before the step's first capture, as measuring the routes was. The steps it times
+            // move what outlives a step (the running statistics in the buffers, the losses'
+            // sum and count): both are put back.
+            let buffers = self.buffers.as_ref().map(|buffers| copy_of(gpu, stream, buffers)).transpose()?;
+            let losses = copy_of(gpu, stream, &dg.loss)?;
             let time = |routes: &Routes| time_calls(gpu, stream, self.options.graphs, &|| step_on(routes, false));
             let checked = dev.routes.check_in_steps(Pass::Training, plan, Some(loss), self.options.graphs, gpu.ordinal(), &time);
-            if let (Some(buffers), Some(saved)) = (&self.buffers, &saved) {
-                copy(stream, saved, buffers)?;
-                // the copy is done before its source is freed
-                stream.synchronize().map_err(|e| driver_error("waiting for the buffers' copy", e))?;
+            if let (Some(to), Some(from)) = (&self.buffers, &buffers) {
+                copy(stream, from, to)?;
             }
+            copy(stream, &losses, &dg.loss)?;
+            // the copies are done before their sources are freed
+            stream.synchronize().map_err(|e| driver_error("waiting for a copy", e))?;
             checked?;
         }
         let work = || {
@@ -540,16 +543,16 @@ fn backprop_pass(r: &StepRun, b: &Backward, l: &LossBuffers, side: &Side, loss: 
 }
 
 /// A new device buffer holding what `from` holds once the copy queued on `stream` has run.
-fn copy_of(gpu: &Arc<Gpu>, stream: &CudaStream, from: &DevBuf<f32>) -> Result<DevBuf<f32>> {
+fn copy_of<T: DeviceRepr>(gpu: &Arc<Gpu>, stream: &CudaStream, from: &DevBuf<T>) -> Result<DevBuf<T>> {
     let to = DevBuf::zeros(gpu, stream, from.len())?;
     copy(stream, from, &to)?;
     Ok(to)
 }
 
 /// Queues a copy of `from` into `to` (of the same length) on `stream`.
-fn copy(stream: &CudaStream, from: &DevBuf<f32>, to: &DevBuf<f32>) -> Result<()> {
+fn copy<T>(stream: &CudaStream, from: &DevBuf<T>, to: &DevBuf<T>) -> Result<()> {
     assert_eq!(from.len(), to.len(), "copies between buffers of one length");
-    let bytes = from.len() * std::mem::size_of::<f32>();
+    let bytes = from.len() * std::mem::size_of::<T>();
     // SAFETY: two live allocations of `bytes` bytes each, of the current context; the copy is
     // ordered on `stream` with every kernel that reads or writes them in a step.
     unsafe { result::memcpy_dtod_async(to.ptr(), from.ptr(), bytes, stream.cu_stream()) }.map_err(|e| driver_error("copying buffers", e))
