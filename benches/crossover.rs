@@ -80,7 +80,7 @@ fn median_time(quick: bool, mut call: impl FnMut(bool)) -> Option<f64> {
 
 /// Median seconds per call at one configuration.
 fn measure(bench: &Bench, place: Place, task: Task, batch: usize, quick: bool) -> Result<Option<f64>> {
-    let options = GpuOptions { graphs: place.graphs, tf32: false };
+    let options = GpuOptions { graphs: place.graphs, tf32: false, ..GpuOptions::default() };
     let model = bench.chain.clone().build()?.init(Init::HeNormal, 1).with_threads(place.threads)?.with_gpu_options(options)?;
     let mut model = model.to(&place.device)?;
     let mut rng = Rng::new(7);

@@ -2,7 +2,7 @@
 //! (set_inputs + forward), median and p90 over repeated calls, on any device. Small enough to
 //! run under a profiler (`ncu`, `compute-sanitizer`).
 //!
-//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn]
+//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn|autoencoder|gelu_mlp|vgg_small]
 //!       [--task train|train-split|train-copy|train-host|backprop|forward|forward-resident|serve|serve-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
 //!       [--conv auto|cudnn|own]
@@ -15,9 +15,9 @@
 //! `serve` and `serve-resident` time the same call as `forward` and `forward-resident` through a
 //! [`Server`] (a resident kernel where the model allows one).
 //!
-//! `--conv` sets `FLATNN_CUDNN` (auto, 1, 0) for a model with convolutions on a GPU; the cache's
-//! report (which path each conv layer and direction took, both measured) is printed before the
-//! times.
+//! `--conv` sets `FLATNN_CUDNN` (auto, 1, 0) for a model with convolutions on a GPU. The cache's
+//! report (`Cache::routes`: which route each layer and direction took, and the others' times) is
+//! printed before the times.
 
 use flatnn::models;
 use flatnn::prelude::*;
@@ -63,7 +63,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "mlp" => (models::mlp(), Loss::LogitCrossEntropy),
         "simplenn" => (models::simplenns_mlp(), Loss::Mse),
         "lenet" => (models::lenet5(), Loss::LogitCrossEntropy),
-        _ => return Err(format!("--model must be mlp, lenet or simplenn, not {name:?}").into()),
+        "autoencoder" => (models::autoencoder(), Loss::Mse),
+        "gelu_mlp" => (models::gelu_mlp(), Loss::LogitCrossEntropy),
+        "vgg_small" => (models::vgg_small(), Loss::LogitCrossEntropy),
+        _ => return Err(format!("--model must be mlp, lenet, simplenn, autoencoder, gelu_mlp or vgg_small, not {name:?}").into()),
     };
     let tasks = ["train", "train-split", "train-copy", "train-host", "backprop", "forward", "forward-resident", "serve", "serve-resident"];
     if !tasks.contains(&task.as_str()) {
@@ -72,7 +75,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     if batch == 0 || calls == 0 {
         return Err("--batch and --calls must be at least 1".into());
     }
-    let options = GpuOptions { graphs, tf32: false };
+    let options = GpuOptions { graphs, tf32: false, ..GpuOptions::default() };
     let mut model = chain.build()?.init(Init::HeNormal, 1).with_threads(threads)?.with_gpu_options(options)?.to(&device)?;
     let mut rng = Rng::new(3);
     let inputs = rng.uniform(batch * model.input_shape().len());
@@ -151,9 +154,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         String::new()
     };
-    let backends = fwd.conv_backends();
-    if !backends.is_empty() {
-        println!("{backends}");
+    let routes = fwd.routes();
+    if !routes.is_empty() {
+        println!("{routes}");
     }
     report(&label(graphs), per_call, &times, &queue_time);
     Ok(())

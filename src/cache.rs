@@ -226,9 +226,10 @@ impl Cache {
     /// weight gradient and the input gradient, the path chosen (`cudnn ALGO` or `own`, flatnn's
     /// kernels) and the time per call measured for both when the choice was made; then, for
     /// each batch size run so far, one line per GRU or LSTM layer giving, for inference and for
-    /// a training step's forward and backward, the route chosen (`cudnn`, cuDNN's RNN kernels,
-    /// or `per-step`, flatnn's) and the time per call of both (or one line saying why cuDNN is
-    /// not used for them). Empty on the CPU and for models with neither.
+    /// a training step's forward and backward, the route chosen (`cudnn ALGO`, cuDNN's RNN
+    /// kernels with that algorithm, or `per-step`, flatnn's) and the time per call of each route
+    /// and algorithm timed, with why cuDNN refused any (or one line saying why cuDNN is not used
+    /// for them). Empty on the CPU and for models with neither.
     ///
     /// `FLATNN_CUDNN`, read once per process (when the first cache is made): `0` flatnn's
     /// kernels only, `1` cuDNN wherever it has an algorithm, `auto` (default; also what a value
@@ -264,8 +265,12 @@ impl Cache {
         self.one.times = Some((best[0], best[1]));
     }
 
-    /// Which kernel runs each layer, for logs and benchmarks. On a GPU: [`Cache::conv_backends`].
-    /// On the CPU: a first line with the instruction set of the kernels (see `FLATNN_ISA` in
+    /// Which kernel runs each layer, for logs and benchmarks. On a GPU: for each batch size
+    /// bucket run so far (the powers of two: a batch of 100 takes bucket 128's routes), one line
+    /// per dense layer and direction (forward, input gradient, weight gradient) with the route
+    /// chosen (a kernel of flatnn's, `weight_grad_split`, or `cublas`) and its time per call,
+    /// then every other route that fits and its time; each bucket is measured at its first call
+    /// (see the README's GPU section); then [`Cache::conv_backends`]'s lines. On the CPU: a first line with the instruction set of the kernels (see `FLATNN_ISA` in
     /// the README), the threads and the capacity, then one line per layer with weights: a
     /// dense layer multiplies by its weights packed once (again after each change of the
     /// parameters); a convolution gives, for batches of 1 and of 2 or more, the route of its
@@ -280,7 +285,7 @@ impl Cache {
     /// and so may another process, which times them again.
     pub fn routes(&self) -> String {
         match &self.dev {
-            Some(dev) => dev.conv_report(),
+            Some(dev) => dev.routes_report(),
             None => self.ws.report(&self.plan, self.capacity) + &self.one.report(self.threads),
         }
     }

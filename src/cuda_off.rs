@@ -9,12 +9,11 @@ use crate::error::{Error, Result};
 use crate::loss::Loss;
 use crate::optim::Update;
 
-/// How a model runs on the GPU (no effect in a build without the `cuda` feature).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GpuOptions {
-    pub graphs: bool,
-    pub tf32: bool,
-}
+// How a model runs on the GPU (no effect in a build without the `cuda` feature): the same
+// types as with it.
+#[path = "cuda/options.rs"]
+mod options;
+pub use options::{Convs, GpuOptions, Tuning};
 
 pub(crate) enum DevModel {}
 pub(crate) enum DevCache {}
@@ -106,6 +105,9 @@ impl DevCache {
         match *self {}
     }
     pub fn conv_report(&self) -> String {
+        match *self {}
+    }
+    pub fn routes_report(&self) -> String {
         match *self {}
     }
     pub fn inputs_host_mut(&mut self, _len: usize) -> Result<&mut [f32]> {

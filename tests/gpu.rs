@@ -60,7 +60,8 @@ fn training_on_the_gpu_matches_the_cpu() {
         let cpu_model = chain.build().unwrap().init(Init::HeNormal, 3).with_threads(1).unwrap();
         let (cpu_losses, cpu_trained) = train(cpu_model.to(&Device::Cpu).unwrap(), optim, loss, 20, 9);
         for graphs in [true, false] {
-            let gpu_model = cpu_model.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap();
+            let gpu_model =
+                cpu_model.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false, ..GpuOptions::default() }).unwrap();
             let gpu_model = gpu_model.to(&device).unwrap();
             assert_eq!(gpu_model.device(), device);
             let (gpu_losses, gpu_trained) = train(gpu_model, optim, loss, 20, 9);
@@ -84,7 +85,7 @@ fn train_step_matches_backprop_then_update() {
     let device = cuda_device();
     let optimisers = [Optim::adam(1e-3), Optim::adamw(1e-3, 0.1), Optim::sgd(0.05, 0.9), Optim::sgd(0.05, 0.0), Optim::rmsprop(1e-3)];
     for (optim, graphs) in optimisers.into_iter().flat_map(|o| [(o, true), (o, false)]) {
-        let options = GpuOptions { graphs, tf32: false };
+        let options = GpuOptions { graphs, tf32: false, ..GpuOptions::default() };
         let on_gpu = || mlp().build().unwrap().init(Init::HeNormal, 4).with_gpu_options(options).unwrap().to(&device).unwrap();
         let (mut split, mut joint) = (on_gpu(), on_gpu());
         let (mut split_fwd, mut split_bwd) = (split.preallocate(512).unwrap(), split.preallocate_grads(512).unwrap());
@@ -193,7 +194,13 @@ fn forward_matches_the_cpu_in_fp32_and_within_bound_in_tf32() {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 5).with_threads(1).unwrap();
         let mut cpu_fwd = cpu.preallocate(200).unwrap();
         for tf32 in [false, true] {
-            let gpu = cpu.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs: true, tf32 }).unwrap().to(&device).unwrap();
+            let gpu = cpu
+                .to(&Device::Cpu)
+                .unwrap()
+                .with_gpu_options(GpuOptions { graphs: true, tf32, ..GpuOptions::default() })
+                .unwrap()
+                .to(&device)
+                .unwrap();
             let mut gpu_fwd = gpu.preallocate(200).unwrap();
             // dense layers run on flatnn's kernels up to batch 128 (and up to 256 where k ≤ 256)
             // and on cuBLAS (where TF32 applies) above; convolutions on cuDNN or cuBLAS
@@ -335,7 +342,13 @@ fn forward_outputs_on_both_sides_of_the_flag_path_match_the_cpu() {
     let cpu = chain.build().unwrap().init(Init::GlorotUniform, 4).with_threads(1).unwrap();
     let mut rng = Rng::new(21);
     for graphs in [true, false] {
-        let gpu = cpu.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();
+        let gpu = cpu
+            .to(&Device::Cpu)
+            .unwrap()
+            .with_gpu_options(GpuOptions { graphs, tf32: false, ..GpuOptions::default() })
+            .unwrap()
+            .to(&device)
+            .unwrap();
         let (mut cpu_fwd, mut gpu_fwd) = (cpu.preallocate(420).unwrap(), gpu.preallocate(420).unwrap());
         // 40 outputs a sample: 409 samples are 16,360 values (flag), 410 are 16,400 (copy)
         for n in [1, 409, 410, 3, 420, 410, 409, 2] {

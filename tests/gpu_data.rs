@@ -234,7 +234,7 @@ fn training_from_device_data_matches_the_host_loader() {
     let data = dataset(200, 20, 10, 2);
     let (cpu_params, cpu_losses) = train(&mlp(), Kind::Host, &data, 30, 3);
     for graphs in [true, false] {
-        let model = mlp().with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();
+        let model = mlp().with_gpu_options(GpuOptions { graphs, tf32: false, ..GpuOptions::default() }).unwrap().to(&device).unwrap();
         let (want, want_losses) = train(&model, Kind::Host, &data, 30, 3);
         let err = rel_err(&want, &cpu_params);
         println!("graphs={graphs}: host loader on the GPU vs the CPU: parameters rel err {err:.2e}");

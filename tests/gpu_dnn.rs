@@ -89,7 +89,7 @@ fn on_gpu(cpu: &Model, device: &Device, options: GpuOptions) -> Model {
 }
 
 fn fp32(graphs: bool) -> GpuOptions {
-    GpuOptions { graphs, tf32: false }
+    GpuOptions { graphs, tf32: false, ..GpuOptions::default() }
 }
 
 /// Convolution directions the report says cuDNN runs.
@@ -151,7 +151,7 @@ fn cudnn_forward_and_training_match_the_cpu() {
             assert!(params_err <= 1e-4, "{name}: parameters differ by {params_err:e}");
         }
         // TF32: cuDNN runs each algorithm with the math type it was found and timed with
-        let gpu = on_gpu(&cpu, &device, GpuOptions { graphs: true, tf32: true });
+        let gpu = on_gpu(&cpu, &device, GpuOptions { graphs: true, tf32: true, ..GpuOptions::default() });
         let (got, report) = forwards(&gpu, 4);
         let (losses, _, train_report) = train(&gpu, 9);
         println!("{name} TF32:\n{report}\n{train_report}");

@@ -126,7 +126,8 @@ fn new_layers_train_on_the_gpu_as_on_the_cpu() {
         let cpu_losses = train(&mut cpu, &mut cpu_opt, sizes, 16, 9);
         let x = Rng::new(5).uniform(7 * start.input_shape().len());
         for graphs in [true, false] {
-            let gpu = start.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap();
+            let gpu =
+                start.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false, ..GpuOptions::default() }).unwrap();
             let mut gpu = gpu.to(&device).unwrap();
             let mut opt = Optimizer::new(&gpu, optim()).unwrap();
             let losses = train(&mut gpu, &mut opt, sizes, 16, 9);

@@ -66,7 +66,13 @@ fn the_new_layers_and_losses_train_on_the_gpu_as_on_the_cpu() {
         let cpu = chain.build().unwrap().init(Init::HeNormal, 3).with_threads(1).unwrap();
         let (cpu_losses, cpu_trained) = train(cpu.to(&Device::Cpu).unwrap(), loss, sizes, 12);
         for graphs in [true, false] {
-            let gpu = cpu.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();
+            let gpu = cpu
+                .to(&Device::Cpu)
+                .unwrap()
+                .with_gpu_options(GpuOptions { graphs, tf32: false, ..GpuOptions::default() })
+                .unwrap()
+                .to(&device)
+                .unwrap();
             let (gpu_losses, gpu_trained) = train(gpu, loss, sizes, 12);
             let params_err = rel_err(&gpu_trained.parameters().unwrap(), &cpu_trained.parameters().unwrap());
             let loss_err = rel_err(&gpu_losses, &cpu_losses);
@@ -76,7 +82,11 @@ fn the_new_layers_and_losses_train_on_the_gpu_as_on_the_cpu() {
             // inference with the CPU's trained parameters
             let n = sizes[0];
             let x = Rng::new(8).uniform(n * cpu.input_shape().len());
-            let gpu_same = cpu_trained.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap();
+            let gpu_same = cpu_trained
+                .to(&Device::Cpu)
+                .unwrap()
+                .with_gpu_options(GpuOptions { graphs, tf32: false, ..GpuOptions::default() })
+                .unwrap();
             let gpu_same = gpu_same.to(&device).unwrap();
             let (mut cpu_fwd, mut gpu_fwd) = (cpu_trained.preallocate(n).unwrap(), gpu_same.preallocate(n).unwrap());
             cpu_fwd.set_inputs(&x).unwrap();

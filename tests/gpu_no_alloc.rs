@@ -58,7 +58,8 @@ fn a_gpu_step_allocates_nothing_and_device_memory_stays_put() {
     for (name, chain, loss) in cases {
         for graphs in [true, false] {
             let model = chain.clone().build().unwrap().init(Init::HeNormal, 1);
-            let mut model = model.with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap().to(&device).unwrap();
+            let mut model =
+                model.with_gpu_options(GpuOptions { graphs, tf32: false, ..GpuOptions::default() }).unwrap().to(&device).unwrap();
             // 512 samples: the step ends in the head kernel (above 256, src/cuda/head.rs) and
             // the last two weight gradients run split over the batch (src/cuda/wgrad.rs); 63:
             // in the separate kernels

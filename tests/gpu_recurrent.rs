@@ -2,8 +2,9 @@
 //! states, gradients (the batch under and over the training head's lower bound, in a cache of a
 //! larger capacity after a batch of it), training steps in a graph, and a stream. Each test runs
 //! itself in a child process per route (`FLATNN_CUDNN=0`: the per-step route; `1`: cuDNN's RNN
-//! kernels; `auto`: whichever was measured faster), one at a time. `#[ignore]`d: `cargo test
-//! --test gpu_recurrent -- --include-ignored` runs them where there is a GPU.
+//! kernels; `auto`: whichever was measured faster), one at a time; one runs each of cuDNN's RNN
+//! algorithms alone (`FLATNN_RNN_ALGO`). `#[ignore]`d: `cargo test --test gpu_recurrent --
+//! --include-ignored` runs them where there is a GPU.
 #![cfg(feature = "cuda")]
 
 use flatnn::cuda::cudnn_version;
@@ -41,7 +42,9 @@ fn check_report(report: &str, mode: &str, what: &str) {
         _ => {
             assert!(!layers.is_empty(), "{what}: no recurrent layer reported: {report}");
             for line in layers {
-                assert!(!line.contains("NaN") && !line.contains("not measured"), "{what}: a route not timed: {line}");
+                // each mode: the per-step route's time and at least one cuDNN algorithm's
+                let timed = !line.contains("NaN") && !line.contains("not measured") && line.matches(" µs").count() >= 4;
+                assert!(timed, "{what}: a route not timed: {line}");
             }
         }
     }
@@ -87,6 +90,59 @@ fn states(model: &Model, batch: usize, rng: &mut Rng) -> Vec<(usize, Vec<f32>)> 
     out
 }
 
+/// Runs `batch` samples in caches of `capacity` samples of `cpu` and of it moved to `device`,
+/// each after a full batch of other values (so a batch below the capacity runs behind stale
+/// samples and states), and checks that the GPU's outputs, final states, loss and gradients are
+/// the CPU's; the GPU cache's report.
+fn forward_and_gradients_match(
+    cpu: &Model,
+    device: &Device,
+    loss: Loss,
+    (capacity, batch): (usize, usize),
+    rng: &mut Rng,
+    what: &str,
+) -> String {
+    let gpu = cpu.to(device).unwrap();
+    let outputs = cpu.output_shape().len();
+    let batch_of = |n: usize, rng: &mut Rng| {
+        let x = rng.uniform(n * cpu.input_shape().len());
+        let labels: Vec<u32> = (0..n).map(|_| rng.below(outputs.max(2)) as u32).collect();
+        Batch { x, labels, targets: rng.uniform(n * outputs), init: states(cpu, n, rng) }
+    };
+    let (full, this) = (batch_of(capacity, rng), batch_of(batch, rng));
+    let run = |model: &Model| {
+        let (mut fwd, mut bwd) = (model.preallocate(capacity).unwrap(), model.preallocate_grads(capacity).unwrap());
+        let mut pass = |Batch { x, labels, targets, init }: &Batch| {
+            for (layer, values) in init {
+                fwd.set_state(*layer, values).unwrap();
+            }
+            fwd.set_inputs(x).unwrap();
+            match loss {
+                Loss::LogitCrossEntropy => fwd.set_labels(labels).unwrap(),
+                _ => fwd.set_targets(targets).unwrap(),
+            }
+            let out = model.forward(&mut fwd).unwrap().to_vec();
+            let finals: Vec<Vec<f32>> = init.iter().map(|(layer, _)| fwd.final_state(*layer).unwrap()).collect();
+            model.backprop(&mut bwd, &mut fwd, loss).unwrap();
+            (out, finals, bwd.last_loss().unwrap(), bwd.gradients().unwrap().into_owned())
+        };
+        pass(&full);
+        let result = pass(&this);
+        (result, fwd.conv_backends())
+    };
+    let ((cpu_out, cpu_finals, cpu_loss, cpu_grads), _) = run(cpu);
+    let ((gpu_out, gpu_finals, gpu_loss, gpu_grads), report) = run(&gpu);
+    assert_close(&gpu_out, &cpu_out, 1e-5, 1e-4, &format!("{what}: outputs"));
+    for (g, c) in gpu_finals.iter().zip(&cpu_finals) {
+        assert_close(g, c, 1e-5, 1e-4, &format!("{what}: final states"));
+    }
+    assert!((gpu_loss - cpu_loss).abs() <= 1e-5 * cpu_loss.abs().max(1.0), "{what}: loss {gpu_loss} vs {cpu_loss}");
+    let err = rel_err(&gpu_grads, &cpu_grads);
+    println!("{what}: gradients rel err {err:.2e}");
+    assert!(err <= 1e-4, "{what}: gradients differ by {err:e}");
+    report
+}
+
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn recurrent_forward_and_gradients_on_the_gpu_match_the_cpu() {
@@ -95,52 +151,61 @@ fn recurrent_forward_and_gradients_on_the_gpu_match_the_cpu() {
     let mut rng = Rng::new(12);
     for (name, chain, loss) in models() {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 3).with_threads(1).unwrap();
-        let gpu = cpu.to(&device).unwrap();
         // 301: the last dense layer in the training head (above 256 samples); both odd
         for batch in [3, 301] {
-            // a cache of a larger capacity, which first runs a full batch of other values: the
-            // batch then runs below the capacity, behind stale samples and states
-            let capacity = batch + 4;
-            let outputs = cpu.output_shape().len();
-            let batch_of = |n: usize, rng: &mut Rng| {
-                let x = rng.uniform(n * cpu.input_shape().len());
-                let labels: Vec<u32> = (0..n).map(|_| rng.below(outputs.max(2)) as u32).collect();
-                Batch { x, labels, targets: rng.uniform(n * outputs), init: states(&cpu, n, rng) }
-            };
-            let (full, this) = (batch_of(capacity, &mut rng), batch_of(batch, &mut rng));
-            let run = |model: &Model| {
-                let (mut fwd, mut bwd) = (model.preallocate(capacity).unwrap(), model.preallocate_grads(capacity).unwrap());
-                let mut pass = |Batch { x, labels, targets, init }: &Batch| {
-                    for (layer, values) in init {
-                        fwd.set_state(*layer, values).unwrap();
-                    }
-                    fwd.set_inputs(x).unwrap();
-                    match loss {
-                        Loss::LogitCrossEntropy => fwd.set_labels(labels).unwrap(),
-                        _ => fwd.set_targets(targets).unwrap(),
-                    }
-                    let out = model.forward(&mut fwd).unwrap().to_vec();
-                    let finals: Vec<Vec<f32>> = init.iter().map(|(layer, _)| fwd.final_state(*layer).unwrap()).collect();
-                    model.backprop(&mut bwd, &mut fwd, loss).unwrap();
-                    (out, finals, bwd.last_loss().unwrap(), bwd.gradients().unwrap().into_owned())
-                };
-                pass(&full);
-                let result = pass(&this);
-                (result, fwd.conv_backends())
-            };
-            let ((cpu_out, cpu_finals, cpu_loss, cpu_grads), _) = run(&cpu);
-            let ((gpu_out, gpu_finals, gpu_loss, gpu_grads), report) = run(&gpu);
             let what = format!("{name}, batch {batch} (FLATNN_CUDNN={mode})");
+            let report = forward_and_gradients_match(&cpu, &device, loss, (batch + 4, batch), &mut rng, &what);
             check_report(&report, &mode, &what);
-            assert_close(&gpu_out, &cpu_out, 1e-5, 1e-4, &format!("{what}: outputs"));
-            for (g, c) in gpu_finals.iter().zip(&cpu_finals) {
-                assert_close(g, c, 1e-5, 1e-4, &format!("{what}: final states"));
-            }
-            assert!((gpu_loss - cpu_loss).abs() <= 1e-5 * cpu_loss.abs().max(1.0), "{what}: loss {gpu_loss} vs {cpu_loss}");
-            let err = rel_err(&gpu_grads, &cpu_grads);
-            println!("{what}: gradients rel err {err:.2e}");
-            assert!(err <= 1e-4, "{what}: gradients differ by {err:e}");
         }
+    }
+}
+
+/// cuDNN's RNN algorithms, as `FLATNN_RNN_ALGO` names them.
+const ALGOS: [&str; 4] = ["standard", "persist_static", "persist_static_small_h", "persist_dynamic"];
+
+/// Each of cuDNN's RNN algorithms alone (`FLATNN_CUDNN=1`, `FLATNN_RNN_ALGO` naming it), in a
+/// child process each, in layers of the zoo's sizes (a GRU of 64 units, an LSTM of 128): forward
+/// outputs, final states and gradients at the capacity and below it, and training steps in a
+/// graph, against the CPU. Where cuDNN refuses the algorithm the report must say why (and the
+/// per-step route runs the layer); the standard algorithm must run.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn each_cudnn_rnn_algorithm_matches_the_cpu() {
+    const TEST: &str = "each_cudnn_rnn_algorithm_matches_the_cpu";
+    let device = cuda_device();
+    if !in_child() {
+        for algo in ALGOS {
+            run_alone(TEST, &[("FLATNN_CUDNN", "1"), ("FLATNN_RNN_ALGO", algo)]);
+        }
+        return;
+    }
+    let algo = std::env::var("FLATNN_RNN_ALGO").unwrap();
+    let mut rng = Rng::new(21);
+    for (name, chain, loss) in [
+        ("gru 1→64, sequence", Chain::new(Shape::sequence(24, 1)).gru(64, RnnOutput::Sequence).flatten().dense(1, Identity), Loss::Mse),
+        (
+            "lstm 5→128, last step",
+            Chain::new(Shape::sequence(10, 5)).lstm(128, RnnOutput::LastStep).dense(3, Identity),
+            Loss::LogitCrossEntropy,
+        ),
+    ] {
+        let cpu = chain.build().unwrap().init(Init::GlorotUniform, 9).with_threads(1).unwrap();
+        for batch in [8, 3] {
+            let what = format!("{name}, batch {batch} of 8 ({algo})");
+            let report = forward_and_gradients_match(&cpu, &device, loss, (8, batch), &mut rng, &what);
+            println!("{what}: {report}");
+            if cudnn_version().is_none() {
+                assert!(report.contains("recurrent layers: cuDNN not used"), "{what}: {report}");
+                continue;
+            }
+            let line = report.lines().find(|l| l.starts_with(&format!("batch {batch} ")) && (l.contains("GRU") || l.contains("LSTM")));
+            let line = line.unwrap_or_else(|| panic!("{what}: no recurrent layer reported at this batch: {report}"));
+            let used = line.contains(&format!("inference cudnn {algo} ")) && line.contains(&format!("training cudnn {algo} "));
+            // not used: cuDNN refused it, at the descriptors, the sizes or a call
+            let refused = line.contains(&format!("{algo}: ")) || line.contains(&format!("cuDNN {algo} failed"));
+            assert!(used || (algo != "standard" && refused), "{what}: {algo} neither used nor refused: {line}");
+        }
+        training_steps_match(&cpu, &device, loss, &format!("{name} ({algo})"));
     }
 }
 
@@ -151,30 +216,36 @@ fn recurrent_training_steps_in_a_graph_match_the_cpu() {
     let Some(mode) = in_each_route("recurrent_training_steps_in_a_graph_match_the_cpu") else { return };
     for (name, chain, loss) in models() {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 5).with_threads(1).unwrap();
-        let mut trained = Vec::new();
-        for model in [cpu.to(&Device::Cpu).unwrap(), cpu.to(&device).unwrap()] {
-            let mut model = model;
-            let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
-            let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
-            let mut rng = Rng::new(2);
-            let mut losses = Vec::new();
-            for step in 0..12 {
-                let n = if step % 2 == 0 { 32 } else { 19 };
-                fwd.set_inputs(&rng.uniform(n * model.input_shape().len())).unwrap();
-                let outputs = model.output_shape().len();
-                match loss {
-                    Loss::LogitCrossEntropy => fwd.set_labels(&(0..n).map(|i| (i % outputs) as u32).collect::<Vec<_>>()).unwrap(),
-                    _ => fwd.set_targets(&rng.uniform(n * outputs)).unwrap(),
-                }
-                opt.train_step(&mut model, &mut bwd, &mut fwd, loss).unwrap();
-                losses.push(bwd.last_loss().unwrap());
-            }
-            trained.push((losses, model.parameters().unwrap().into_owned()));
-        }
-        let (losses_err, params_err) = (rel_err(&trained[1].0, &trained[0].0), rel_err(&trained[1].1, &trained[0].1));
-        println!("{name} (FLATNN_CUDNN={mode}): 12 steps, losses rel err {losses_err:.2e}, parameters rel err {params_err:.2e}");
-        assert!(losses_err <= 1e-4 && params_err <= 1e-4, "{name}: losses {:?} vs {:?}", trained[1].0, trained[0].0);
+        training_steps_match(&cpu, &device, loss, &format!("{name} (FLATNN_CUDNN={mode})"));
     }
+}
+
+/// 12 Adam steps of batches of 32 and 19 in caches of 32 samples, of `cpu` and of it moved to
+/// `device`: the losses and the parameters after must agree.
+fn training_steps_match(cpu: &Model, device: &Device, loss: Loss, what: &str) {
+    let mut trained = Vec::new();
+    for model in [cpu.to(&Device::Cpu).unwrap(), cpu.to(device).unwrap()] {
+        let mut model = model;
+        let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
+        let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+        let mut rng = Rng::new(2);
+        let mut losses = Vec::new();
+        for step in 0..12 {
+            let n = if step % 2 == 0 { 32 } else { 19 };
+            fwd.set_inputs(&rng.uniform(n * model.input_shape().len())).unwrap();
+            let outputs = model.output_shape().len();
+            match loss {
+                Loss::LogitCrossEntropy => fwd.set_labels(&(0..n).map(|i| (i % outputs) as u32).collect::<Vec<_>>()).unwrap(),
+                _ => fwd.set_targets(&rng.uniform(n * outputs)).unwrap(),
+            }
+            opt.train_step(&mut model, &mut bwd, &mut fwd, loss).unwrap();
+            losses.push(bwd.last_loss().unwrap());
+        }
+        trained.push((losses, model.parameters().unwrap().into_owned()));
+    }
+    let (losses_err, params_err) = (rel_err(&trained[1].0, &trained[0].0), rel_err(&trained[1].1, &trained[0].1));
+    println!("{what}: 12 steps, losses rel err {losses_err:.2e}, parameters rel err {params_err:.2e}");
+    assert!(losses_err <= 1e-4 && params_err <= 1e-4, "{what}: losses {:?} vs {:?}", trained[1].0, trained[0].0);
 }
 
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]

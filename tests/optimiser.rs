@@ -133,7 +133,7 @@ fn clipping_decay_and_schedules_on_the_gpu_match_the_cpu() {
         for graphs in [true, false] {
             let run = |device: &Device| {
                 let (model, fwd, bwd) = setup(1);
-                let model = model.with_gpu_options(GpuOptions { graphs, tf32: false }).unwrap();
+                let model = model.with_gpu_options(GpuOptions { graphs, tf32: false, ..GpuOptions::default() }).unwrap();
                 let (mut model, mut fwd, mut bwd) =
                     (model.to(device).unwrap(), fwd.to_device(device).unwrap(), bwd.to_device(device).unwrap());
                 let mut opt = Optimizer::new(&model, optim).unwrap();

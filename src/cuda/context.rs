@@ -2,6 +2,7 @@
 //! device with NVRTC, and every kernel's handle looked up once.
 
 use super::driver_error;
+use super::options::Tuning;
 use crate::activation::Activation;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -39,8 +40,8 @@ pub(crate) fn source_files() -> Vec<(&'static str, &'static str)> {
 pub(crate) const CARVEOUT_MAX_SHARED: i32 = 100;
 
 /// The kernels besides the tensor-core tiles (`ops::MMA_TILES`) that ask for
-/// [`CARVEOUT_MAX_SHARED`], unless `FLATNN_CARVEOUT=0` (read when the device is set up: for
-/// measuring against the driver's choice). Left to the driver, an SM's split between L1 and
+/// [`CARVEOUT_MAX_SHARED`], unless `Tuning::carveout` is off in the environment (read when the
+/// device is set up: for measuring against the driver's choice). Left to the driver, an SM's split between L1 and
 /// shared memory follows the kernels on it, and it must drain before the split changes: a
 /// kernel launched early beside the one ahead of it (dependent launch) then waits for that one to
 /// finish where their shared memory together needs a larger split. Measured on the H100 (same
@@ -156,25 +157,9 @@ pub struct Gpu {
     /// The same for `dense_head`, `dense_head_deep` and `dense_head_deep2` (src/cuda/head.rs),
     /// the smallest.
     head_shared_limit: usize,
-    /// Whether training steps end in `dense_head` where it takes the plan (unless
-    /// `FLATNN_HEAD=0`, read when the device is set up: for measuring against the separate
-    /// kernels).
-    head_enabled: bool,
-    /// Whether it may take the layer before the last too (a deep head; unless `FLATNN_HEAD` is
-    /// `0` or `1`, which keeps it to the last layer).
-    head_deep: bool,
-    /// Whether narrow layers' weight gradients may run split over the batch in clusters
-    /// (src/cuda/wgrad.rs; unless `FLATNN_SPLIT=0`, read when the device is set up: for
-    /// measuring against the other kernels).
-    split_enabled: bool,
-    /// Whether weight gradients on the tensor-core tiles over many samples may split each tile's
-    /// slices over two blocks (sm_90 and later, unless `FLATNN_MMA_SPLIT=0`, read
-    /// when the device is set up: for measuring against the tiles of one block;
-    /// [`Gpu::mma_split`]).
-    mma_split_enabled: bool,
     /// Kernels are launched as programmatic dependents of the kernel ahead of them (sm_90 and
-    /// later with a CUDA 12.3 or later driver, unless `FLATNN_DEPENDENT_LAUNCH=0`); see
-    /// [`super::launch::launch`].
+    /// later with a CUDA 12.3 or later driver, unless `Tuning::dependent_launch` is off in the
+    /// environment); see [`super::launch::launch`].
     pub(crate) dependent_launch: bool,
 }
 
@@ -226,10 +211,12 @@ impl Gpu {
                 unsafe { sys::cuFuncLoad(f.cu_function()) }.result().map_err(|e| driver_error("loading a kernel", e))?;
             }
         }
-        if std::env::var("FLATNN_CARVEOUT").map_or(true, |v| v != "0") {
+        // the device's switches, from the environment (a model's tuning cannot change them)
+        let tuning = Tuning::from_env();
+        if tuning.carveout {
             // The kernels that stage through dynamic shared memory ask for the most an SM can
             // give (the rest of its unified L1 stays cache): see SHARED_CARVEOUT_KERNELS.
-            let staged = SHARED_CARVEOUT_KERNELS.into_iter().chain(super::ops::MMA_TILES.iter().flat_map(|t| t.kernels()));
+            let staged = SHARED_CARVEOUT_KERNELS.into_iter().chain(super::dense::MMA_TILES.iter().flat_map(|t| t.kernels()));
             for kernel in staged {
                 // SAFETY: a function of the module loaded above; a percentage the driver takes.
                 unsafe {
@@ -248,23 +235,19 @@ impl Gpu {
             .into_iter()
             .map(|kernel| allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin))
             .try_fold(usize::MAX, |limit, l| l.map(|l| limit.min(l)))?;
-        let head_setting = std::env::var("FLATNN_HEAD").unwrap_or_default();
-        let (head_enabled, head_deep) = (head_setting != "0", head_setting != "0" && head_setting != "1");
-        let split_enabled = major >= 9 && std::env::var("FLATNN_SPLIT").map_or(true, |v| v != "0");
-        let mma_split_enabled = major >= 9 && std::env::var("FLATNN_MMA_SPLIT").map_or(true, |v| v != "0");
         if major >= 9 {
             // its staging buffers are dynamic shared memory (kernels/wgrad.cu)
             allow_dynamic_shared(functions[Kernel::WeightGradSplit as usize].cu_function(), shared_optin)?;
         }
         if major >= 8 {
             // the tensor-core tiles' slice buffers are dynamic shared memory (kernels/dense.cu)
-            for tile in super::ops::MMA_TILES {
+            for tile in super::dense::MMA_TILES {
                 for kernel in tile.kernels() {
                     allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin)?;
                 }
             }
         }
-        let dependent_launch = major >= 9 && driver_ok && std::env::var("FLATNN_DEPENDENT_LAUNCH").map_or(true, |v| v != "0");
+        let dependent_launch = major >= 9 && driver_ok && tuning.dependent_launch;
         Ok(Gpu {
             ctx,
             functions,
@@ -274,10 +257,6 @@ impl Gpu {
             multiprocessors: multiprocessors as u32,
             serve_shared_limit,
             head_shared_limit,
-            head_enabled,
-            head_deep,
-            split_enabled,
-            mma_split_enabled,
             dependent_launch,
         })
     }
@@ -309,26 +288,6 @@ impl Gpu {
     /// Bytes of dynamic shared memory a block of any of the head kernels may have.
     pub(crate) fn head_shared_limit(&self) -> usize {
         self.head_shared_limit
-    }
-
-    /// Whether training steps may end in `dense_head` (see the field).
-    pub(crate) fn head_enabled(&self) -> bool {
-        self.head_enabled
-    }
-
-    /// Whether the head may take the layer before the last too (see the field).
-    pub(crate) fn head_deep(&self) -> bool {
-        self.head_deep
-    }
-
-    /// Whether narrow layers' weight gradients may run split over the batch (see the field).
-    pub(crate) fn split_enabled(&self) -> bool {
-        self.split_enabled
-    }
-
-    /// Whether weight gradients on the tiles may split over two blocks (see the field).
-    pub(crate) fn mma_split_enabled(&self) -> bool {
-        self.mma_split_enabled
     }
 
     /// The handle of a kernel.

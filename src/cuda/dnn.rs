@@ -2,9 +2,9 @@
 //! (im2col + cuBLAS, in `exec.rs`); flatnn's kernels everywhere else, so a machine without
 //! cuDNN still runs every model on the GPU.
 //!
-//! `FLATNN_CUDNN`, read once per process (when the first cache is made): `0` flatnn's kernels
-//! only (cuDNN is not loaded), `1` cuDNN wherever it has an algorithm, `auto` (the default, and
-//! what a value not understood means; the report says so) cuDNN where it was faster.
+//! The model's `Tuning::convs` (`FLATNN_CUDNN`, read with the rest of the tuning): `0` flatnn's
+//! kernels only (cuDNN is not loaded), `1` cuDNN wherever it has an algorithm, `auto` (the
+//! default, and what a value not understood means; the report says so) cuDNN where it was faster.
 //!
 //! A cache with convolutions owns one cuDNN handle, bound to the stream of the model using the
 //! cache (as its cuBLAS handle is), and one workspace of [`WORKSPACE`] bytes, allocated with the
@@ -40,8 +40,8 @@ use super::conv::{conv_forward_own, conv_input_grad_own, conv_weight_grad_own};
 use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
 use super::exec::{Backward, Forward};
 use super::graph::Graphs;
+use super::options::{Convs, GpuOptions, Tuning};
 use super::rnn_dnn::RnnDnn;
-use super::state::GpuOptions;
 use super::timing::{add_note, time_calls, FirstMeasured};
 use super::{driver_error, guarded_result};
 use crate::chain::{Plan, Step};
@@ -50,7 +50,7 @@ use crate::layers::{conv, region};
 use cudarc::driver::CudaStream;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// The workspace of every cache with convolutions, whatever its capacity; Find considers only
 /// algorithms that fit in it. The same for all caches, so that the algorithm measured for a
@@ -62,40 +62,6 @@ const WORKSPACE: usize = 8 << 20;
 const SLOTS: usize = 2 * Graphs::SLOTS;
 /// cuDNN algorithms timed per layer and direction (the fastest by cuDNN's own measure).
 const CANDIDATES: usize = 3;
-
-/// What `FLATNN_CUDNN` asks for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Mode {
-    Own,
-    Cudnn,
-    Auto,
-}
-
-/// `FLATNN_CUDNN`, read once per process, so that every cache of a process takes the same
-/// paths: the mode, and the value where it was not understood (then it means `auto`).
-pub(super) fn mode() -> &'static (Mode, Option<String>) {
-    static MODE: OnceLock<(Mode, Option<String>)> = OnceLock::new();
-    MODE.get_or_init(|| {
-        let Some(value) = std::env::var_os("FLATNN_CUDNN") else { return (Mode::Auto, None) };
-        let value = value.to_string_lossy().into_owned();
-        match value.trim() {
-            "0" | "off" | "own" => (Mode::Own, None),
-            "1" | "on" | "cudnn" => (Mode::Cudnn, None),
-            "auto" | "" => (Mode::Auto, None),
-            _ => (Mode::Auto, Some(value)),
-        }
-    })
-}
-
-impl Mode {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Mode::Own => "0",
-            Mode::Cudnn => "1",
-            Mode::Auto => "auto",
-        }
-    }
-}
 
 /// The operands of `dir` for `step`'s first `f.batch` samples, each checked to lie inside its
 /// buffer (x: batch·C·H·W, y: batch·OC·OH·OW, w: OC·C·kh·kw values).
@@ -203,28 +169,28 @@ pub(crate) struct Dnn {
 unsafe impl Send for Dnn {}
 
 impl Dnn {
-    /// For a cache of `plan` (of any capacity), on `stream`. Never fails: where cuDNN is
-    /// missing, refused by `FLATNN_CUDNN`, or fails to set up, every convolution runs on
-    /// flatnn's kernels and the report says why.
-    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan) -> Dnn {
+    /// For a cache of `plan` (of any capacity), on `stream`, for models whose convolutions
+    /// take the routes `convs` allows. Never fails: where cuDNN is missing, refused by `convs`,
+    /// or fails to set up, every convolution runs on flatnn's kernels and the report says why.
+    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, convs: Convs) -> Dnn {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let (mode, not_understood) = mode();
+        let not_understood = Tuning::cudnn_not_understood().filter(|_| convs == Convs::Measured);
         let setting = match not_understood {
             Some(value) => format!("FLATNN_CUDNN={value:?} not understood, taken as auto"),
-            None => format!("FLATNN_CUDNN={}", mode.name()),
+            None => format!("FLATNN_CUDNN={}", convs.setting()),
         };
         let off = |why: &str| {
             let header = match not_understood {
                 Some(_) => format!("cuDNN not used ({why}; {setting}): flatnn's kernels"),
                 None => format!("cuDNN not used ({why}): flatnn's kernels"),
             };
-            Dnn { cudnn: None, header, id, rnn: RnnDnn::new(gpu, stream, plan) }
+            Dnn { cudnn: None, header, id, rnn: RnnDnn::new(gpu, stream, plan, convs) }
         };
         if conv::steps(plan).next().is_none() {
-            return Dnn { cudnn: None, header: String::new(), id, rnn: RnnDnn::new(gpu, stream, plan) };
+            return Dnn { cudnn: None, header: String::new(), id, rnn: RnnDnn::new(gpu, stream, plan, convs) };
         }
-        if *mode == Mode::Own {
+        if convs == Convs::Own {
             return off(&setting);
         }
         let Some(version) = cudnn_version() else { return off("no cuDNN 9 library found") };
@@ -233,7 +199,7 @@ impl Dnn {
                 let (major, minor, patch) = (version / 10000, version / 100 % 100, version % 100);
                 let kib = cudnn.workspace.len() / 1024;
                 let header = format!("cuDNN {major}.{minor}.{patch}, {setting}, workspace {kib} KiB");
-                Dnn { cudnn: Some(cudnn), header, id, rnn: RnnDnn::new(gpu, stream, plan) }
+                Dnn { cudnn: Some(cudnn), header, id, rnn: RnnDnn::new(gpu, stream, plan, convs) }
             }
             Err(e) => off(&format!("setting it up failed: {e}")),
         }
@@ -475,7 +441,7 @@ impl Cudnn {
             Some(m) => m,
             None => MEASURED.keep(key, self.measure(layer, dir, s)?),
         };
-        let mut use_cudnn = m.algo.is_some() && layer.descs.is_some() && (mode().0 == Mode::Cudnn || m.cudnn_us < m.own_us);
+        let mut use_cudnn = m.algo.is_some() && layer.descs.is_some() && (options.tuning.convs == Convs::Cudnn || m.cudnn_us < m.own_us);
         if let (Some(algo), Some(descs), true) = (m.algo, &layer.descs, use_cudnn) {
             // Run it eagerly before any capture (measuring did, in the cache that measured):
             // a new handle's first call may load modules or allocate, which would break a

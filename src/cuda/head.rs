@@ -10,12 +10,13 @@
 //! [`DEEP_PAIRS_MAX_BATCH`] samples): two kernels fewer again. The layers'
 //! weight gradients stay with the dense kernels (`exec::backward`).
 //!
-//! `FLATNN_HEAD` (read when the device is set up): `0` turns it off, `1` keeps it to the last
-//! layer, for measuring against the separate kernels.
+//! `Tuning::head` (`FLATNN_HEAD=0`) turns it off, `Tuning::deep_head` (`FLATNN_HEAD=1`) keeps it
+//! to the last layer, for measuring against the separate kernels.
 
 use super::context::{Gpu, Kernel};
 use super::launch::{int, kernel_args, BLOCK};
 use super::ops::{loss_scales, LOSS_BLOCKS};
+use super::options::Tuning;
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
 use crate::layers::region;
@@ -149,8 +150,8 @@ pub(crate) struct HeadBuffers {
 impl Head {
     /// The head of `plan`'s training step with `loss` on `gpu` at `batch` samples (buffers of
     /// `capacity`), or None where the kernel does not take it (see the module doc; of the losses
-    /// it computes cross-entropy and MSE, and refuses the others).
-    pub(crate) fn of(gpu: &Gpu, plan: &Plan, capacity: usize, batch: usize, loss: Loss) -> Option<Head> {
+    /// it computes cross-entropy and MSE, and refuses the others) or `tuning` turns it off.
+    pub(crate) fn of(gpu: &Gpu, plan: &Plan, capacity: usize, batch: usize, loss: Loss, tuning: &Tuning) -> Option<Head> {
         // the kernel computes these losses alone (its `xent` flag: cross-entropy, else MSE)
         if !matches!(loss, Loss::LogitCrossEntropy | Loss::Mse) {
             return None;
@@ -159,7 +160,7 @@ impl Head {
         let step = &plan.steps[step_index];
         let (k, n) = (step.input.len(), step.output.len());
         let dense = |s: &Step| matches!(s.layer, Layer::Dense(_));
-        if !gpu.head_enabled() || !dense(step) || n > MAX_OUTPUTS || k > MAX_INPUTS || batch <= MIN_BATCH || batch > MAX_BATCH {
+        if !tuning.head || !dense(step) || n > MAX_OUTPUTS || k > MAX_INPUTS || batch <= MIN_BATCH || batch > MAX_BATCH {
             return None;
         }
         let at = |r: usize| int(region(plan, r, capacity, batch).start).ok();
@@ -192,7 +193,7 @@ impl Head {
         let inner = step_index.checked_sub(1).filter(|&i| {
             let s = &plan.steps[i];
             let k0 = s.input.len();
-            gpu.head_deep()
+            tuning.deep_head
                 && batch <= DEEP_MAX_BATCH
                 && dense(s)
                 && s.output_region == step.input_region

@@ -13,10 +13,13 @@
 
 mod blas;
 mod buffer;
+mod caches;
 mod context;
 pub(crate) mod conv;
 mod cudnn;
 pub(crate) mod data;
+mod dense;
+mod dense_pass;
 mod dnn;
 pub(crate) mod exec;
 mod graph;
@@ -25,12 +28,14 @@ mod launch;
 pub(crate) mod layers;
 pub(crate) mod nccl;
 mod ops;
+mod options;
 pub(crate) mod pinned;
 pub(crate) mod recurrent;
 pub(crate) mod rendezvous;
 mod rnn_cudnn;
 mod rnn_dnn;
 mod rnn_route;
+mod routes;
 pub(crate) mod serve;
 pub(crate) mod state;
 #[cfg(test)]

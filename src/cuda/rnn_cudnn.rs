@@ -1,17 +1,29 @@
 //! The cuDNN RNN calls flatnn makes, over cudarc's raw bindings: one GRU or LSTM layer's
-//! descriptors for a batch size, where its tensors lie in cuDNN's weight space, the sizes of its
-//! work and reserve spaces, and the forward and backward calls. When to use them is
-//! `rnn_dnn.rs`'s business.
+//! descriptors for a batch size and an algorithm, where its tensors lie in cuDNN's weight space,
+//! the sizes of its work and reserve spaces, and the forward and backward calls. When to use them
+//! (and which algorithm) is `rnn_dnn.rs`'s business.
 //!
 //! The layer is cuDNN's one-layer, one-direction `CUDNN_GRU` or `CUDNN_LSTM` with both biases
 //! (`CUDNN_RNN_DOUBLE_BIAS`, so a GRU's n = tanh(W_in x + b_in + r ∘ (W_hn h + b_hn)), PyTorch's),
-//! FP32 data, the standard algorithm, and its inputs and outputs sequence-major, as PyTorch gives
-//! them (`CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED`, every sequence `steps` long, so packed is
-//! plain (steps, batch, ·), with padded I/O off): x (steps, batch, features), y (steps, batch,
-//! hidden); h and c packed (1, batch, hidden). The batch-major layout, flatnn's own, sent cuDNN
-//! down a path several times slower at small batches; the route transposes instead. Its gates, in
-//! cuDNN's linear-layer order, are PyTorch's: a GRU's r, z, n, an LSTM's i, f, g, o, and each
-//! gate's matrix is (hidden, inputs) row-major, as PyTorch's rows of that gate.
+//! FP32 data, and its inputs and outputs sequence-major, as PyTorch gives them: x (steps, batch,
+//! features), y (steps, batch, hidden); h and c packed (1, batch, hidden). Every sequence is
+//! `steps` long, so cuDNN's packed and unpacked sequence-major layouts are the same memory; the
+//! standard algorithm is given the packed one with padded I/O off, the persistent ones the
+//! unpacked one with padded I/O on (PyTorch's settings for each: the persistent algorithms take
+//! no sequences of different lengths, which the packed layout is for). The batch-major layout,
+//! flatnn's own, sent cuDNN down a path several times slower at small batches; the route
+//! transposes instead. Its gates, in cuDNN's linear-layer order, are PyTorch's: a GRU's r, z, n,
+//! an LSTM's i, f, g, o, and each gate's matrix is (hidden, inputs) row-major, as PyTorch's rows
+//! of that gate.
+//!
+//! The algorithms ([`Algo`]; cuDNN's `cudnnRNNAlgo_t`): standard (a sequence of operations per
+//! step), and three persistent ones, which keep the recurrent weights on chip across the steps
+//! and suit small batches: static, static for small hidden sizes, and dynamic (compiled by
+//! cuDNN with NVRTC for the descriptor's batch, `cudnnBuildRNNDynamic`, when the descriptors are
+//! made). Which of them cuDNN takes depends on the device, the sizes and the math type; one it
+//! refuses is not used. Each algorithm's descriptor gives its own offsets in the weight space
+//! (`Descs::weight_parts`), so the copies never assume the layouts agree; the sizes of the
+//! spaces are checked against those the buffers were made for.
 
 use super::cudnn::{cudnn_error, cudnn_version, Handle};
 use super::guarded_result;
@@ -25,7 +37,7 @@ use std::sync::OnceLock;
 
 /// The cuDNN functions the RNN route calls beyond those `cudnn.rs` checks: cudarc looks each up
 /// the first time it is called and panics where it is missing.
-const FUNCTIONS: [&str; 17] = [
+const FUNCTIONS: [&str; 18] = [
     "cudnnCreateRNNDescriptor",
     "cudnnSetRNNDescriptor_v8",
     "cudnnDestroyRNNDescriptor",
@@ -43,11 +55,89 @@ const FUNCTIONS: [&str; 17] = [
     "cudnnRNNForward",
     "cudnnRNNBackwardData_v8",
     "cudnnRNNBackwardWeights_v8",
+    "cudnnBuildRNNDynamic",
 ];
 
-/// `CUDNN_RNN_PADDED_IO_DISABLED` (cudnn_adv.h, a macro the bindings lack): no padding between
-/// sequences, which the packed layout has none of (PyTorch's setting for it).
+/// `CUDNN_RNN_PADDED_IO_DISABLED` and `_ENABLED` (cudnn_adv.h, macros the bindings lack): the
+/// packed layouts have no padding between sequences; the unpacked ones need padded I/O on.
 const PADDED_IO_DISABLED: u32 = 0;
+const PADDED_IO_ENABLED: u32 = 1;
+
+/// A cuDNN RNN algorithm (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Algo {
+    Standard,
+    PersistStatic,
+    PersistStaticSmallH,
+    PersistDynamic,
+}
+
+impl Algo {
+    pub const ALL: [Algo; 4] = [Algo::Standard, Algo::PersistStatic, Algo::PersistStaticSmallH, Algo::PersistDynamic];
+
+    /// Its place in [`Algo::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// cuDNN's name for it, less `CUDNN_RNN_ALGO_`, in lower case (the report's, and
+    /// `FLATNN_RNN_ALGO`'s).
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Standard => "standard",
+            Algo::PersistStatic => "persist_static",
+            Algo::PersistStaticSmallH => "persist_static_small_h",
+            Algo::PersistDynamic => "persist_dynamic",
+        }
+    }
+
+    fn raw(self) -> sys::cudnnRNNAlgo_t {
+        use sys::cudnnRNNAlgo_t::*;
+        match self {
+            Algo::Standard => CUDNN_RNN_ALGO_STANDARD,
+            Algo::PersistStatic => CUDNN_RNN_ALGO_PERSIST_STATIC,
+            Algo::PersistStaticSmallH => CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H,
+            Algo::PersistDynamic => CUDNN_RNN_ALGO_PERSIST_DYNAMIC,
+        }
+    }
+
+    /// The sequence-major layout and padded-I/O flag it is given (see the module docs).
+    fn layout(self) -> (sys::cudnnRNNDataLayout_t, u32) {
+        use sys::cudnnRNNDataLayout_t::*;
+        match self {
+            Algo::Standard => (CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, PADDED_IO_DISABLED),
+            _ => (CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, PADDED_IO_ENABLED),
+        }
+    }
+}
+
+/// The algorithms `FLATNN_RNN_ALGO` lets the recurrent layers' cuDNN route try (a list of
+/// [`Algo::name`]s, `,` between; unset or empty: all), read once per process, and the value where
+/// it names none (then all are tried).
+pub(super) fn algos_allowed() -> &'static (Vec<Algo>, Option<String>) {
+    static ALLOWED: OnceLock<(Vec<Algo>, Option<String>)> = OnceLock::new();
+    ALLOWED.get_or_init(|| {
+        let value = std::env::var("FLATNN_RNN_ALGO").unwrap_or_default();
+        match algos_named(&value) {
+            Some(algos) => (algos, None),
+            None => (Algo::ALL.to_vec(), Some(value)),
+        }
+    })
+}
+
+/// The algorithms a `FLATNN_RNN_ALGO` value names, in [`Algo::ALL`]'s order (none named: all);
+/// None where it names something else.
+fn algos_named(value: &str) -> Option<Vec<Algo>> {
+    let mut names: Vec<&str> = value.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let algos: Vec<Algo> = Algo::ALL.into_iter().filter(|a| names.contains(&a.name())).collect();
+    match names.len() == algos.len() {
+        true if names.is_empty() => Some(Algo::ALL.to_vec()),
+        true => Some(algos),
+        false => None,
+    }
+}
 
 /// Whether cuDNN 9 loads here with every function the RNN route calls. Probed once per
 /// process; never panics.
@@ -76,9 +166,10 @@ fn math_type(tf32: bool) -> sys::cudnnMathType_t {
     }
 }
 
-/// One recurrent layer's cuDNN descriptors for `batch` samples: the RNN (with a dropout
-/// descriptor of no dropout, which it refers to), x and y, and h (which c shares).
+/// One recurrent layer's cuDNN descriptors for `batch` samples and an algorithm: the RNN (with a
+/// dropout descriptor of no dropout, which it refers to), x and y, and h (which c shares).
 pub(super) struct Descs {
+    algo: Algo,
     rnn: sys::cudnnRNNDescriptor_t,
     dropout: sys::cudnnDropoutDescriptor_t,
     x: sys::cudnnRNNDataDescriptor_t,
@@ -92,10 +183,11 @@ fn dim(n: usize, what: &str) -> Result<i32, String> {
 }
 
 impl Descs {
-    /// The descriptors of layer `d` for `batch` samples (see the module docs), TF32 tensor
-    /// cores permitted where `tf32`. An error (for the report) where a dimension exceeds cuDNN's
-    /// `int` or cuDNN refuses a descriptor.
-    pub fn new(handle: &Handle, d: &Dims, batch: usize, tf32: bool) -> Result<Descs, String> {
+    /// The descriptors of layer `d` for `batch` samples and `algo` (see the module docs), TF32
+    /// tensor cores permitted where `tf32`; a dynamic persistent algorithm's kernels compiled for
+    /// the batch. An error (for the report) where a dimension exceeds cuDNN's `int` or cuDNN
+    /// refuses a descriptor or the compilation.
+    pub fn new(handle: &Handle, d: &Dims, batch: usize, tf32: bool, algo: Algo) -> Result<Descs, String> {
         use sys::cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
         let (n, steps, features, hidden) =
             (dim(batch, "batch")?, dim(d.steps, "steps")?, dim(d.features, "features")?, dim(d.hidden, "hidden")?);
@@ -106,6 +198,7 @@ impl Descs {
         };
         let refused = |call: &str, e: CudnnError| format!("cuDNN refused the RNN descriptors ({call}: {e:?})");
         let mut descs = Descs {
+            algo,
             rnn: std::ptr::null_mut(),
             dropout: std::ptr::null_mut(),
             x: std::ptr::null_mut(),
@@ -113,6 +206,7 @@ impl Descs {
             h: std::ptr::null_mut(),
         };
         let lengths = vec![steps; batch];
+        let (layout, padded_io) = algo.layout();
         // Each descriptor is created before it is set, and owned by `descs` from then on (an
         // error below destroys what was made).
         // SAFETY: live descriptors of this process; the host arrays outlive the calls that read them.
@@ -125,7 +219,7 @@ impl Descs {
             sys::cudnnCreateRNNDescriptor(&mut descs.rnn).result().map_err(|e| refused("cudnnCreateRNNDescriptor", e))?;
             sys::cudnnSetRNNDescriptor_v8(
                 descs.rnn,
-                sys::cudnnRNNAlgo_t::CUDNN_RNN_ALGO_STANDARD,
+                algo.raw(),
                 cell,
                 sys::cudnnRNNBiasMode_t::CUDNN_RNN_DOUBLE_BIAS,
                 sys::cudnnDirectionMode_t::CUDNN_UNIDIRECTIONAL,
@@ -138,11 +232,10 @@ impl Descs {
                 hidden,
                 1,
                 descs.dropout,
-                PADDED_IO_DISABLED,
+                padded_io,
             )
             .result()
             .map_err(|e| refused("cudnnSetRNNDescriptor_v8", e))?;
-            let layout = sys::cudnnRNNDataLayout_t::CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED;
             for (desc, width) in [(&mut descs.x, features), (&mut descs.y, hidden)] {
                 sys::cudnnCreateRNNDataDescriptor(desc).result().map_err(|e| refused("cudnnCreateRNNDataDescriptor", e))?;
                 sys::cudnnSetRNNDataDescriptor(*desc, F32, layout, steps, n, width, lengths.as_ptr(), std::ptr::null_mut())
@@ -155,8 +248,17 @@ impl Descs {
             sys::cudnnSetTensorNdDescriptor(descs.h, F32, 3, dims.as_ptr(), strides.as_ptr())
                 .result()
                 .map_err(|e| refused("cudnnSetTensorNdDescriptor", e))?;
+            if algo == Algo::PersistDynamic {
+                // the plan is kept in the descriptor and serves every later call of this batch
+                sys::cudnnBuildRNNDynamic(handle.raw(), descs.rnn, n).result().map_err(|e| refused("cudnnBuildRNNDynamic", e))?;
+            }
         }
         Ok(descs)
+    }
+
+    /// The algorithm the descriptors were made for.
+    pub fn algo(&self) -> Algo {
+        self.algo
     }
 
     /// Bytes of the weight space of the layer.
@@ -444,4 +546,26 @@ pub(super) unsafe fn backward_weights(
         )
     }
     .result()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rnn_algo_setting_names_algorithms() {
+        use Algo::*;
+        assert_eq!(algos_named(""), Some(Algo::ALL.to_vec()));
+        assert_eq!(algos_named(" , "), Some(Algo::ALL.to_vec()));
+        assert_eq!(algos_named("persist_static"), Some(vec![PersistStatic]));
+        assert_eq!(algos_named("persist_static_small_h"), Some(vec![PersistStaticSmallH]));
+        assert_eq!(algos_named("persist_dynamic, standard"), Some(vec![Standard, PersistDynamic]));
+        assert_eq!(algos_named("standard,standard"), Some(vec![Standard]));
+        assert_eq!(algos_named("standard,small_h"), None);
+        assert_eq!(algos_named("PERSIST_STATIC"), None);
+        for algo in Algo::ALL {
+            assert_eq!(Algo::ALL[algo.index()], algo);
+            assert_eq!(algos_named(algo.name()), Some(vec![algo]));
+        }
+    }
 }

@@ -14,30 +14,36 @@
 //! per layer the reserve space and the weight gradients' space, and for all layers in turn the
 //! sequence-major dx and dy, and zeros for the sequence gradient of a last-step layer. Nothing is
 //! allocated in a step. Where any of it cannot be had, the layers concerned take the per-step route.
+//! The spaces are the largest that any of cuDNN's RNN algorithms (`rnn_cudnn.rs`) allowed by
+//! `FLATNN_RNN_ALGO` and set up by cuDNN at the capacity needs; where that work space cannot be
+//! had, the largest the standard algorithm needs, and the algorithms needing more are not used.
 //!
 //! A cuDNN descriptor carries the batch, so for each (batch, TF32) that runs, the first time it
-//! does (before its graph is captured), a [`Setup`] is made: per layer its descriptors, where
+//! does (before its graph is captured), a [`Setup`] is made: per layer and algorithm cuDNN takes at
+//! that batch its descriptors (a dynamic persistent algorithm's kernels compiled then) and where
 //! cuDNN keeps each of its tensors (the copies between flatnn's flat parameters and cuDNN's
 //! weight space, merged where both sides are contiguous), and, for the mode (inference; or a
-//! training step's forward and backward together, which must take one route: cuDNN's backward
-//! reads what its forward kept in the reserve space), both routes timed as a step runs them
-//! (`timing.rs`), the faster kept. The timing runs on the cache's live buffers and writes only
-//! what the step overwrites; a stream's layer (whose forward writes its final state over its
-//! initial one) has its states put back after. A measurement is made once per process for a
-//! (device, layer shape, batch, TF32, mode) and reused by every later cache, as the
-//! convolutions' are.
+//! training step's forward and backward together, which must take one route and one algorithm:
+//! cuDNN's backward reads what its forward kept in the reserve space), the per-step route and
+//! each algorithm timed as a step runs them (`timing.rs`), the fastest kept. An algorithm cuDNN
+//! refuses, at the descriptors, the sizes or a call, is not a candidate (the report says why).
+//! The timing runs on the cache's live buffers and writes only what the step overwrites; a
+//! stream's layer (whose forward writes its final state over its initial one) has its states put
+//! back after. A measurement is made once per process for a (device, layer shape, batch, TF32,
+//! mode) and reused by every later cache, as the convolutions' are.
 //!
 //! What the cuDNN route queues in a step is `rnn_route.rs`'s.
 
 use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::cudnn::Handle;
-use super::dnn::{mode, Mode as DnnMode, StepRun};
+use super::dnn::StepRun;
 use super::exec::Raw;
+use super::options::Convs;
 use super::recurrent::{backward_steps, forward_steps, Ctx};
-use super::rnn_cudnn::{rnn_functions_present, Descs};
+use super::rnn_cudnn::{algos_allowed, rnn_functions_present, Algo, Descs};
 use super::rnn_route::{runs, LayerBufs, LayerTrain, Route, Run, Scratch};
-use super::timing::{add_note, time_calls, FirstMeasured};
+use super::timing::{add_note, time_calls, time_once, FirstMeasured, SLOW};
 use super::{device_wide, driver_error, guarded_result};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
@@ -69,6 +75,8 @@ struct Inner {
     handle: Handle,
     stream: Arc<CudaStream>,
     gpu: Arc<Gpu>,
+    /// Which routes the model's tuning allows (`FLATNN_CUDNN`, as for the convolutions).
+    convs: Convs,
 }
 
 impl Drop for Inner {
@@ -100,15 +108,22 @@ struct TrainBufs {
 #[derive(Clone, Copy, Debug)]
 struct Choice {
     decided: bool,
-    use_cudnn: bool,
+    /// The algorithm cuDNN runs the mode with; None: the per-step route.
+    cudnn: Option<Algo>,
     /// Per call, in a graph (or eager where the model's graphs are off); NaN where not measured.
     own_us: f32,
-    cudnn_us: f32,
+    /// Per algorithm, in [`Algo::ALL`]'s order.
+    cudnn_us: [f32; ALGOS],
 }
+
+const ALGOS: usize = Algo::ALL.len();
+
+/// Work queued on a stream, as the timing functions take it.
+type Work<'a> = dyn Fn() -> Result<()> + 'a;
 
 impl Default for Choice {
     fn default() -> Self {
-        Choice { decided: false, use_cudnn: false, own_us: f32::NAN, cudnn_us: f32::NAN }
+        Choice { decided: false, cudnn: None, own_us: f32::NAN, cudnn_us: [f32::NAN; ALGOS] }
     }
 }
 
@@ -121,26 +136,32 @@ struct Setup {
 }
 
 struct LayerSetup {
-    /// None where cuDNN refused the layer at this batch (`note` says why).
-    descs: Option<Descs>,
-    runs: Vec<Run>,
+    /// The algorithms cuDNN set the layer up with at this batch (none: `note` says why).
+    candidates: Vec<Candidate>,
     /// Inference, training.
     choices: [Choice; 2],
     note: String,
+}
+
+/// One algorithm's descriptors for a layer and batch, and the copies of the layer's tensors into
+/// its weight space.
+struct Candidate {
+    descs: Descs,
+    runs: Vec<Run>,
 }
 
 impl RnnDnn {
     /// For a cache of `plan` (of any capacity), on `stream`. Never fails: where cuDNN is
     /// missing, refused by `FLATNN_CUDNN` or fails to give a handle, every recurrent layer takes
     /// the per-step route and the report says why.
-    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan) -> RnnDnn {
+    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, convs: Convs) -> RnnDnn {
         let layers: Vec<(usize, Dims)> = plan.steps.iter().enumerate().filter_map(|(i, s)| Some((i, dims(s)?))).collect();
         let off = |why: String| RnnDnn { inner: None, note: why };
         if layers.is_empty() {
             return off(String::new());
         }
-        if mode().0 == DnnMode::Own {
-            return off(format!("FLATNN_CUDNN={}", DnnMode::Own.name()));
+        if convs == Convs::Own {
+            return off(format!("FLATNN_CUDNN={}", Convs::Own.setting()));
         }
         if !rnn_functions_present() {
             return off("no cuDNN 9 library with the RNN functions found".into());
@@ -160,6 +181,7 @@ impl RnnDnn {
                     handle,
                     stream: Arc::clone(stream),
                     gpu: Arc::clone(gpu),
+                    convs,
                 }),
                 note: String::new(),
             },
@@ -238,7 +260,10 @@ impl RnnDnn {
                 format!("recurrent layers: cuDNN not used ({}): per-step", self.note)
             };
         };
-        let mut out = String::new();
+        let mut out = match &algos_allowed().1 {
+            Some(value) => format!("recurrent layers: FLATNN_RNN_ALGO={value:?} not understood, every cuDNN algorithm tried"),
+            None => String::new(),
+        };
         for setup in &c.setups {
             for (&(index, d), layer) in c.layers.iter().zip(&setup.layers) {
                 let arith = if setup.tf32 { "TF32" } else { "FP32" };
@@ -248,10 +273,24 @@ impl RnnDnn {
                     let _ = write!(out, " {mode} ");
                     if !ch.decided {
                         out.push_str("not measured yet;");
-                    } else if ch.use_cudnn {
-                        let _ = write!(out, "cudnn {:.1} µs (per-step {:.1} µs);", ch.cudnn_us, ch.own_us);
-                    } else {
-                        let _ = write!(out, "per-step {:.1} µs (cudnn {:.1} µs);", ch.own_us, ch.cudnn_us);
+                        continue;
+                    }
+                    // the times of the algorithms that ran, but `chosen`
+                    let others = |chosen: Option<Algo>| {
+                        let ran = Algo::ALL.into_iter().filter(|&a| Some(a) != chosen && !ch.cudnn_us[a.index()].is_nan());
+                        ran.map(|a| format!("{} {:.1} µs", a.name(), ch.cudnn_us[a.index()])).collect::<Vec<_>>().join(", ")
+                    };
+                    match ch.cudnn {
+                        Some(a) => {
+                            let (us, rest) = (ch.cudnn_us[a.index()], others(Some(a)));
+                            let sep = if rest.is_empty() { "" } else { ", cudnn " };
+                            let _ = write!(out, "cudnn {} {us:.1} µs (per-step {:.1} µs{sep}{rest});", a.name(), ch.own_us);
+                        }
+                        None => {
+                            let ran = others(None);
+                            let ran = if ran.is_empty() { "not run".into() } else { ran };
+                            let _ = write!(out, "per-step {:.1} µs (cudnn {ran});", ch.own_us);
+                        }
                     }
                 }
                 if !layer.note.is_empty() {
@@ -284,18 +323,43 @@ impl Inner {
     /// where the device fails otherwise.
     fn allocate(&self, capacity: usize, tf32: bool) -> Result<Bufs> {
         self.gpu.bind()?;
-        let mut work_len = 0usize;
-        let mut layers = Vec::with_capacity(self.layers.len());
+        let (mut layers, mut needs) = (Vec::with_capacity(self.layers.len()), Vec::with_capacity(self.layers.len()));
         for (_, d) in &self.layers {
-            let layer = self.layer_bufs(d, capacity, tf32, &mut work_len);
-            layers.push(layer);
+            match self.layer_bufs(d, capacity, tf32) {
+                Ok((layer, work)) => {
+                    layers.push(Ok(layer));
+                    needs.push(work);
+                }
+                Err(why) => {
+                    layers.push(Err(why));
+                    needs.push([0; ALGOS]);
+                }
+            }
         }
-        // one work space, the largest any layer needs at the capacity in either mode
-        let work = DevBuf::zeros(&self.gpu, &self.stream, work_len);
+        // one work space, the largest any layer needs at the capacity in either mode with any of
+        // its algorithms; else the largest the standard algorithm needs
+        let most = |algos: &[Algo]| needs.iter().flat_map(|work| algos.iter().map(|a| work[a.index()])).max().unwrap_or(0);
+        let (all, standard) = (most(&Algo::ALL), most(&[Algo::Standard]));
+        let mut work = DevBuf::zeros(&self.gpu, &self.stream, all);
+        if let (Err(e), true) = (&work, standard < all) {
+            let why = format!("its work space ({all} bytes) could not be had: {e}");
+            work = DevBuf::zeros(&self.gpu, &self.stream, standard);
+            for (layer, need) in layers.iter_mut().zip(&needs) {
+                let Ok(l) = layer else { continue };
+                let dropped: Vec<Algo> = l.algos.iter().copied().filter(|a| need[a.index()] > standard).collect();
+                for a in dropped {
+                    l.algos.retain(|&b| b != a);
+                    add_note(&mut l.refused, a.name(), &why);
+                }
+                if l.algos.is_empty() {
+                    *layer = Err(l.refused.clone());
+                }
+            }
+        }
         let work = match work {
             Ok(work) => work,
             Err(e) => {
-                let why = format!("its work space ({work_len} bytes) could not be had: {e}");
+                let why = format!("its work space ({} bytes) could not be had: {e}", standard.min(all));
                 layers.iter_mut().for_each(|l| *l = Err(why.clone()));
                 DevBuf::zeros(&self.gpu, &self.stream, 0)?
             }
@@ -303,39 +367,66 @@ impl Inner {
         Ok(Bufs { capacity, layers, work, train: None })
     }
 
-    /// One layer's buffers for `capacity` samples; `work_len` raised to what it needs.
-    fn layer_bufs(&self, d: &Dims, capacity: usize, tf32: bool, work_len: &mut usize) -> std::result::Result<LayerBufs, String> {
+    /// One layer's buffers for `capacity` samples, and the work space each algorithm needs (in
+    /// `Algo::ALL`'s order; 0 for one cuDNN refused).
+    fn layer_bufs(&self, d: &Dims, capacity: usize, tf32: bool) -> std::result::Result<(LayerBufs, [usize; ALGOS]), String> {
         // the sizes at the capacity, with either math type (a cache may serve models of both)
-        let (mut weights_len, mut reserve_len) = (None, 0usize);
+        let (mut weights_len, mut reserve_len, mut work) = (None, 0usize, [0usize; ALGOS]);
+        let (mut algos, mut refused) = (Vec::new(), String::new());
         // cuDNN's first RNN calls load its library of RNN kernels
         let exclusive = device_wide();
-        for tf32 in [tf32, !tf32] {
-            let descs = Descs::new(&self.handle, d, capacity, tf32)?;
-            let space = descs.weight_space(&self.handle).map_err(|e| e.to_string())?;
-            if *weights_len.get_or_insert(space) != space {
-                return Err("cuDNN's weight space differs between math types".into());
+        for &algo in &algos_allowed().0 {
+            let mut why = String::new();
+            for tf32 in [tf32, !tf32] {
+                match self.sizes(d, capacity, tf32, algo) {
+                    Ok([space, w, reserve]) if *weights_len.get_or_insert(space) == space => {
+                        work[algo.index()] = work[algo.index()].max(w);
+                        reserve_len = reserve_len.max(reserve);
+                        if !algos.contains(&algo) {
+                            algos.push(algo);
+                        }
+                    }
+                    Ok([space, ..]) => {
+                        why = format!("its weight space ({space} bytes) is not the others' ({})", weights_len.unwrap_or(0));
+                    }
+                    Err(e) => why = e,
+                }
             }
-            for training in [false, true] {
-                let (work, reserve) = descs.temp_spaces(&self.handle, training).map_err(|e| e.to_string())?;
-                *work_len = (*work_len).max(work);
-                reserve_len = reserve_len.max(reserve);
+            if !algos.contains(&algo) {
+                add_note(&mut refused, algo.name(), &why);
             }
         }
         drop(exclusive);
+        if algos.is_empty() {
+            return Err(if refused.is_empty() { "FLATNN_RNN_ALGO allows no cuDNN algorithm".into() } else { refused });
+        }
         let cells = if d.cell == Cell::Lstm { 3 } else { 1 };
         let states = times(capacity, cells * d.hidden)?;
         let (xs, ys) = (times(capacity, d.steps * d.features)?, times(capacity, d.steps * d.hidden)?);
         let steps = i32::try_from(d.steps).map_err(|_| format!("{} steps exceed cuDNN's 32-bit integers", d.steps))?;
         let had = |what: &str, e: crate::error::Error| format!("its {what} could not be had: {e}");
         let (gpu, stream) = (&self.gpu, &self.stream);
-        Ok(LayerBufs {
+        let layer = LayerBufs {
             weights: DevBuf::zeros(gpu, stream, weights_len.unwrap_or(0)).map_err(|e| had("weight space", e))?,
             states: DevBuf::zeros(gpu, stream, states).map_err(|e| had("packed states", e))?,
             xs: DevBuf::zeros(gpu, stream, xs).map_err(|e| had("sequence-major input", e))?,
             ys: DevBuf::zeros(gpu, stream, ys).map_err(|e| had("sequence-major output", e))?,
             lengths: DevBuf::from_host(gpu, stream, &vec![steps; capacity]).map_err(|e| had("sequence lengths", e))?,
             reserve_len,
-        })
+            algos,
+            refused,
+        };
+        Ok((layer, work))
+    }
+
+    /// The bytes of the weight space, of the work space (the larger of the modes') and of the
+    /// reserve space layer `d` needs for `batch` samples with `algo` and the math type.
+    fn sizes(&self, d: &Dims, batch: usize, tf32: bool, algo: Algo) -> std::result::Result<[usize; 3], String> {
+        let descs = Descs::new(&self.handle, d, batch, tf32, algo)?;
+        let space = descs.weight_space(&self.handle).map_err(|e| e.to_string())?;
+        let (work, _) = descs.temp_spaces(&self.handle, false).map_err(|e| e.to_string())?;
+        let (train_work, reserve) = descs.temp_spaces(&self.handle, true).map_err(|e| e.to_string())?;
+        Ok([space, work.max(train_work), reserve])
     }
 
     /// The training buffers, at the first training step (see the module docs).
@@ -373,7 +464,8 @@ impl Inner {
 
     /// A new setup for (batch, tf32), nothing measured yet; its index.
     fn add_setup(&mut self, plan: &Plan, batch: usize, tf32: bool) -> usize {
-        // (as in `layer_bufs`; nothing here allocates device memory)
+        // (as in `layer_bufs`, and a dynamic persistent algorithm's kernels are compiled and
+        // loaded here; nothing here allocates device memory otherwise)
         let exclusive = device_wide();
         let layers = (0..self.layers.len()).map(|i| self.layer_setup(plan, i, batch, tf32)).collect();
         drop(exclusive);
@@ -389,51 +481,68 @@ impl Inner {
         }
     }
 
-    /// Layer `i`'s descriptors for `batch` and the copies of its tensors, checked against the
-    /// buffers made for the capacity; without descriptors (and a note) where cuDNN refuses it.
+    /// Layer `i`'s candidates for `batch`: for each algorithm set up at the capacity that cuDNN
+    /// also takes at this batch, its descriptors and the copies of its tensors, checked against
+    /// the buffers made for the capacity; the note says why the others are not candidates.
     fn layer_setup(&self, plan: &Plan, i: usize, batch: usize, tf32: bool) -> LayerSetup {
-        let refused = |note: String| LayerSetup { descs: None, runs: Vec::new(), choices: [Choice::default(); 2], note };
+        let mut setup = LayerSetup { candidates: Vec::new(), choices: [Choice::default(); 2], note: String::new() };
         let (index, d) = self.layers[i];
-        let Some(bufs) = &self.bufs else { return refused("no buffers".into()) };
+        let Some(bufs) = &self.bufs else {
+            setup.note = "no buffers".into();
+            return setup;
+        };
         let layer = match &bufs.layers[i] {
             Ok(layer) => layer,
-            Err(why) => return refused(why.clone()),
-        };
-        let descs = match Descs::new(&self.handle, &d, batch, tf32) {
-            Ok(descs) => descs,
-            Err(why) => return refused(why),
-        };
-        let checked = (|| {
-            let space = descs.weight_space(&self.handle)?;
-            let (work, _) = descs.temp_spaces(&self.handle, false)?;
-            let (train_work, reserve) = descs.temp_spaces(&self.handle, true)?;
-            if space != layer.weights.len() || work.max(train_work) > bufs.work.len() || reserve > layer.reserve_len {
-                return Err(crate::error::Error::Cuda {
-                    what: format!("at batch {batch} cuDNN needs spaces larger than at the capacity {}", bufs.capacity),
-                });
+            Err(why) => {
+                setup.note = why.clone();
+                return setup;
             }
-            let parts = descs.weight_parts(&self.handle, &d, layer.weights.ptr(), space)?;
-            Ok(runs(&plan.steps[index], &d, &parts))
-        })();
-        match checked {
-            Ok(runs) => LayerSetup { descs: Some(descs), runs, choices: [Choice::default(); 2], note: String::new() },
-            Err(e) => refused(e.to_string()),
+        };
+        setup.note = layer.refused.clone();
+        for &algo in &layer.algos {
+            match self.candidate(&plan.steps[index], &d, layer, bufs, (batch, tf32), algo) {
+                Ok(candidate) => setup.candidates.push(candidate),
+                Err(why) => add_note(&mut setup.note, algo.name(), &why),
+            }
         }
+        setup
+    }
+
+    /// The descriptors of `step`'s layer `d` (whose buffers are `layer`) for (batch, TF32) and
+    /// `algo`, and the copies of its tensors, where cuDNN takes them and the buffers made for the
+    /// capacity have the spaces it asks for.
+    fn candidate(
+        &self,
+        step: &Step,
+        d: &Dims,
+        layer: &LayerBufs,
+        bufs: &Bufs,
+        (batch, tf32): (usize, bool),
+        algo: Algo,
+    ) -> std::result::Result<Candidate, String> {
+        let descs = Descs::new(&self.handle, d, batch, tf32, algo)?;
+        let space = descs.weight_space(&self.handle).map_err(|e| e.to_string())?;
+        let (work, _) = descs.temp_spaces(&self.handle, false).map_err(|e| e.to_string())?;
+        let (train_work, reserve) = descs.temp_spaces(&self.handle, true).map_err(|e| e.to_string())?;
+        if space != layer.weights.len() || work.max(train_work) > bufs.work.len() || reserve > layer.reserve_len {
+            return Err(format!("at batch {batch} cuDNN asks for spaces the buffers made for the capacity {} lack", bufs.capacity));
+        }
+        let parts = descs.weight_parts(&self.handle, d, layer.weights.ptr(), space).map_err(|e| e.to_string())?;
+        Ok(Candidate { runs: runs(step, d, &parts), descs })
     }
 
     /// Layer `i`'s cuDNN route in `setup` for the mode, where it is chosen and set up.
     fn route<'a>(&'a self, setup: &'a Setup, i: usize, training: bool) -> Option<Route<'a>> {
         let layer = &setup.layers[i];
         let choice = layer.choices[training as usize];
-        if !(choice.decided && choice.use_cudnn) {
-            return None;
-        }
-        self.route_of(layer, i, training)
+        let algo = choice.cudnn.filter(|_| choice.decided)?;
+        self.route_of(layer, i, algo, training)
     }
 
-    /// Layer `i`'s cuDNN route with `layer`'s setup, whatever was chosen, where it is set up.
-    fn route_of<'a>(&'a self, layer: &'a LayerSetup, i: usize, training: bool) -> Option<Route<'a>> {
-        let descs = layer.descs.as_ref()?;
+    /// Layer `i`'s cuDNN route with `layer`'s setup and `algo`, whatever was chosen, where it is
+    /// set up.
+    fn route_of<'a>(&'a self, layer: &'a LayerSetup, i: usize, algo: Algo, training: bool) -> Option<Route<'a>> {
+        let candidate = layer.candidates.iter().find(|c| c.descs.algo() == algo)?;
         let bufs = self.bufs.as_ref()?;
         let layer_bufs = bufs.layers[i].as_ref().ok()?;
         let train = match training {
@@ -443,12 +552,13 @@ impl Inner {
             }
             false => None,
         };
-        Some(Route { handle: &self.handle, descs, runs: &layer.runs, bufs: layer_bufs, work: &bufs.work, train })
+        Some(Route { handle: &self.handle, descs: &candidate.descs, runs: &candidate.runs, bufs: layer_bufs, work: &bufs.work, train })
     }
 
     /// Records the route of layer `i` for the mode of `s`: as measured before in this process
-    /// for the same device, shape, batch, arithmetic and mode, else measured now. A failure of
-    /// cuDNN, or of timing either route, leaves the per-step route chosen (with a note).
+    /// for the same device, shape, batch, arithmetic and mode, else measured now; cuDNN's
+    /// fastest algorithm where it beat the per-step route (or `FLATNN_CUDNN=1`). A failure of
+    /// cuDNN, or of timing the per-step route, leaves the per-step route chosen (with a note).
     fn decide(&self, i: usize, layer: &mut LayerSetup, s: &StepRun) -> Result<()> {
         let (index, d) = self.layers[i];
         let training = s.b.is_some();
@@ -460,60 +570,85 @@ impl Inner {
             None => match self.measure(i, layer, &ctx, step, &d, s.options.graphs)? {
                 Some(m) => MEASURED.keep(key, m),
                 // not measured: nothing kept for other caches, which may have what this one lacks
-                None => Measured { own_us: f32::NAN, cudnn_us: f32::NAN, cudnn_ok: false, note: self.unavailable(training) },
+                None => Measured { own_us: f32::NAN, cudnn_us: [f32::NAN; ALGOS], note: self.unavailable(training) },
             },
         };
-        let mut use_cudnn = m.cudnn_ok && (mode().0 == DnnMode::Cudnn || m.cudnn_us < m.own_us);
-        if let (true, Some(route)) = (use_cudnn, self.route_of(layer, i, training)) {
+        // the fastest of this setup's algorithms that ran (a measurement kept by another cache
+        // may time algorithms this one lacks)
+        let timed = layer.candidates.iter().map(|c| (c.descs.algo(), m.cudnn_us[c.descs.algo().index()]));
+        let fastest = timed.filter(|(_, us)| !us.is_nan()).min_by(|a, b| a.1.total_cmp(&b.1));
+        let mut cudnn = fastest.filter(|&(_, us)| self.convs == Convs::Cudnn || us < m.own_us).map(|(algo, _)| algo);
+        if let Some(algo) = cudnn {
             // Run it eagerly before any capture (measuring did, in the cache that measured): a
             // new handle's first call may load modules or allocate, which would break a capture
             // running on another thread.
-            let ran = self.states_kept(&ctx, step, &d, || {
-                let _exclusive = device_wide();
-                route.run(&ctx, step, &d, training)?;
-                ctx.stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))
-            });
+            let ran = match self.route_of(layer, i, algo, training) {
+                Some(route) => self.states_kept(&ctx, step, &d, || {
+                    let _exclusive = device_wide();
+                    route.run(&ctx, step, &d, training)?;
+                    ctx.stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))
+                }),
+                None => Err(crate::error::Error::Cuda { what: "its buffers are missing".into() }),
+            };
             if let Err(e) = ran {
-                note(&mut layer.note, training, &format!("cuDNN failed: {e}"));
-                use_cudnn = false;
+                note(&mut layer.note, training, &format!("cuDNN {} failed: {e}", algo.name()));
+                cudnn = None;
             }
-        } else {
-            use_cudnn = false;
         }
-        layer.choices[training as usize] = Choice { decided: true, use_cudnn, own_us: m.own_us, cudnn_us: m.cudnn_us };
+        layer.choices[training as usize] = Choice { decided: true, cudnn, own_us: m.own_us, cudnn_us: m.cudnn_us };
         if !m.note.is_empty() {
             note(&mut layer.note, training, &m.note);
         }
         Ok(())
     }
 
-    /// Times the per-step route (unless `FLATNN_CUDNN=1`) and cuDNN's for layer `i` in the mode
-    /// of `ctx` (a training step's forward and backward together), as a step runs them; None
-    /// where this cache has no cuDNN route for the layer (its note, or `unavailable`, says why).
+    /// Times the per-step route (unless `FLATNN_CUDNN=1`) and each of cuDNN's algorithms set up
+    /// for layer `i` in the mode of `ctx` (a training step's forward and backward together), as
+    /// a step runs them; None where this cache has no cuDNN route for the layer (its note, or
+    /// `unavailable`, says why). An algorithm that fails is left untimed, with a note.
     fn measure(&self, i: usize, layer: &LayerSetup, ctx: &Ctx, step: &Step, d: &Dims, graphs: bool) -> Result<Option<Measured>> {
         let training = ctx.b.is_some();
-        let mut m = Measured { own_us: f32::NAN, cudnn_us: f32::NAN, cudnn_ok: false, note: String::new() };
-        let Some(route) = self.route_of(layer, i, training) else { return Ok(None) };
+        let mut m = Measured { own_us: f32::NAN, cudnn_us: [f32::NAN; ALGOS], note: String::new() };
+        let routes: Vec<Route> = layer.candidates.iter().filter_map(|c| self.route_of(layer, i, c.descs.algo(), training)).collect();
+        if routes.is_empty() {
+            return Ok(None);
+        }
         self.states_kept(ctx, step, d, || {
-            if mode().0 == DnnMode::Auto {
-                let own = || {
-                    forward_steps(ctx, step, d)?;
-                    if training {
-                        backward_steps(ctx, step, d)?;
-                    }
-                    Ok(())
+            let own = || {
+                forward_steps(ctx, step, d)?;
+                if training {
+                    backward_steps(ctx, step, d)?;
+                }
+                Ok(())
+            };
+            let runs: Vec<_> = routes.iter().map(|route| move || route.run(ctx, step, d, training)).collect();
+            // (None: the per-step route, timed unless cuDNN is forced)
+            let mut candidates: Vec<(Option<Algo>, &Work)> = Vec::new();
+            if self.convs == Convs::Measured {
+                candidates.push((None, &own));
+            }
+            candidates.extend(routes.iter().zip(&runs).map(|(route, run)| (Some(route.descs.algo()), run as &Work)));
+            // a first look at each (one eager call); timed in full only near the fastest look
+            let looks: Vec<Result<f32>> = candidates.iter().map(|(_, run)| time_once(ctx.gpu, ctx.stream, *run)).collect();
+            let fastest = looks.iter().filter_map(|look| look.as_ref().ok()).fold(f32::INFINITY, |a, &b| a.min(b));
+            for ((algo, run), look) in candidates.into_iter().zip(looks) {
+                let us = match look {
+                    Ok(once) if once > SLOW * fastest => Ok(once),
+                    Ok(_) => time_calls(ctx.gpu, ctx.stream, graphs, run),
+                    Err(e) => Err(e),
                 };
-                match time_calls(ctx.gpu, ctx.stream, graphs, &own) {
-                    Ok(us) => m.own_us = us,
-                    Err(e) => {
+                match (algo, us) {
+                    (None, Ok(us)) => m.own_us = us,
+                    (None, Err(e)) => {
                         m.note = format!("timing the per-step route failed ({e}): per-step chosen");
                         return Ok(());
                     }
+                    (Some(algo), Ok(us)) => m.cudnn_us[algo.index()] = us,
+                    (Some(algo), Err(e)) => {
+                        let sep = if m.note.is_empty() { "" } else { "; " };
+                        let _ = write!(m.note, "{sep}cuDNN {} failed: {e}", algo.name());
+                    }
                 }
-            }
-            match time_calls(ctx.gpu, ctx.stream, graphs, &|| route.run(ctx, step, d, training)) {
-                Ok(us) => (m.cudnn_us, m.cudnn_ok) = (us, true),
-                Err(e) => m.note = format!("cuDNN failed: {e}"),
             }
             Ok(())
         })?;
@@ -570,12 +705,12 @@ struct MeasureKey {
     training: bool,
 }
 
-/// Both routes timed (µs per call; NaN where not), and whether cuDNN ran.
+/// Both routes timed, cuDNN's per algorithm in [`Algo::ALL`]'s order (µs per call; NaN where
+/// not timed or where it failed).
 #[derive(Clone)]
 struct Measured {
     own_us: f32,
-    cudnn_us: f32,
-    cudnn_ok: bool,
+    cudnn_us: [f32; ALGOS],
     note: String,
 }
 

@@ -22,7 +22,7 @@ use super::driver_error;
 use super::exec::Raw;
 use super::launch::{blocks, int, kernel_args};
 use super::recurrent::Ctx;
-use super::rnn_cudnn::{self as rnn, Descs, Operands, Space};
+use super::rnn_cudnn::{self as rnn, Algo, Descs, Operands, Space};
 use crate::chain::Step;
 use crate::error::Result;
 use crate::layers::recurrent::{Cell, Dims, RnnOutput, STATE};
@@ -39,8 +39,12 @@ pub(super) struct LayerBufs {
     pub ys: DevBuf<f32>,
     /// `capacity` sequence lengths, each the layer's steps.
     pub lengths: DevBuf<i32>,
-    /// Bytes of reserve space the layer's training needs at the capacity.
+    /// Bytes of reserve space the layer's training needs at the capacity, with any of `algos`.
     pub reserve_len: usize,
+    /// The algorithms cuDNN set the layer up with at the capacity (the weight space the same
+    /// size with each), and why it refused the others.
+    pub algos: Vec<Algo>,
+    pub refused: String,
 }
 
 /// A layer's training buffers: its reserve space and its weight gradients' space.

@@ -1,5 +1,5 @@
-//! The GPU halves of a model, its caches, its gradients and its optimiser, and the steps that
-//! run on them.
+//! The GPU half of a model and the steps that run on it (the halves of its caches, gradients
+//! and optimiser are in src/cuda/caches.rs).
 //!
 //! A model on a GPU owns one stream; everything it runs (forward, backprop, the optimiser
 //! update) is queued there, in order, so a training loop never waits for the device. (Inside a
@@ -9,47 +9,35 @@
 //! gradient buffers and optimiser state are device memory that any model of the same plan on
 //! the same device may use: the first use by another model waits for the previous one's stream.
 //! The host waits only where a value comes back: `forward`'s outputs, the loss when asked for,
-//! parameters when downloaded.
+//! parameters when downloaded; and at the first call of a batch size bucket, whose routes are
+//! measured then (src/cuda/routes.rs and dnn.rs).
 
-use super::blas::Blas;
 use super::buffer::DevBuf;
+pub(crate) use super::caches::{DevCache, DevGrads, DevOptim};
 use super::context::Gpu;
-use super::dnn::{Dnn, StepRun};
+use super::dnn::StepRun;
 use super::driver_error;
 use super::exec::{self, Backward, Forward, LossBuffers, Side};
-use super::graph::{Graphs, Key};
+use super::graph::Key;
 use super::head::Head;
 use super::launch::ViewMut;
 use super::layers;
 pub(crate) use super::nccl::Reduce;
-use super::ops::{loss_key, optim_kernel, LaunchArgs, FINISH_MAX, NORM_SCRATCH};
-use super::pinned::{Event, Pinned};
+use super::ops::{loss_key, optim_kernel, LaunchArgs, FINISH_MAX};
+pub use super::options::{Convs, GpuOptions, Tuning};
+use super::pinned::Pinned;
+use super::routes::{Pass, Routes};
 pub(crate) use super::serve::DevServer;
+use super::timing::time_calls;
 use crate::cache::{Cache, Grads};
-use crate::chain::{batch_len, Plan};
+use crate::chain::Plan;
 use crate::device::Device;
-use crate::error::{zeros, Error, Result};
-use crate::layers::{conv, dropout, Draw, Mode};
+use crate::error::{Error, Result};
+use crate::layers::{dropout, Draw, Mode};
 use crate::loss::Loss;
 use crate::optim::{Clip, Update};
-use cudarc::driver::{result, sys, CudaStream};
+use cudarc::driver::{result, sys, CudaStream, DeviceRepr};
 use std::sync::Arc;
-
-/// How a model runs on the GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuOptions {
-    /// Capture each step as a CUDA graph and replay it (default). Off: the same launches, eager.
-    pub graphs: bool,
-    /// TF32 tensor-core products in cuBLAS (about 10 mantissa bits in each product; results
-    /// differ from FP32 by ~1e-3 relative). Off by default.
-    pub tf32: bool,
-}
-
-impl Default for GpuOptions {
-    fn default() -> Self {
-        GpuOptions { graphs: true, tf32: false }
-    }
-}
 
 /// A model's parameters on a device, and the stream its work runs on.
 pub(crate) struct DevModel {
@@ -73,74 +61,6 @@ pub(crate) struct DevModel {
     /// The replica's number dropout draws with: 0, or this GPU's rank in data-parallel training.
     replica: u32,
     pub options: GpuOptions,
-}
-
-/// The device half of a [`Cache`]: activations, lowered columns, the batch's targets, a host
-/// copy of the last outputs, and the captured forward passes.
-pub(crate) struct DevCache {
-    /// The stream of the model that used this cache last (work on the cache is queued there).
-    pub(super) stream: Arc<CudaStream>,
-    blas: Blas,
-    /// cuDNN for the convolutions it runs faster (see `dnn.rs`).
-    dnn: Dnn,
-    /// Region 0 (the inputs) is written by copies from the host or by the data loader's gather.
-    pub(super) acts: DevBuf<f32>,
-    cols: DevBuf<f32>,
-    pub(super) labels: DevBuf<u32>,
-    pub(super) targets: DevBuf<f32>,
-    /// Two page-locked buffers the host writes batches of inputs into, in turn, so that the
-    /// next batch is written while the copy of the last one may still be queued: `current` is
-    /// the one holding the batch; `pending[b]` says a copy from buffer b may not have run yet,
-    /// and `copied[b]` marks its end.
-    staging: [Pinned<f32>; 2],
-    current: usize,
-    pending: [bool; 2],
-    copied: [Event; 2],
-    /// The outputs of the last `forward`, `capacity × outputs`, page-locked.
-    outputs: Pinned<f32>,
-    /// How a forward pass with small outputs tells the host it is done (`finish_outputs` in
-    /// kernels/data.cu): the device counts such passes in `counter` and writes each new count to
-    /// the page-locked `done`; `signals` is the count the host expects there next.
-    done: Pinned<u32>,
-    counter: DevBuf<u32>,
-    signals: u32,
-    graphs: Graphs,
-}
-
-/// The device half of [`Grads`].
-pub(crate) struct DevGrads {
-    stream: Arc<CudaStream>,
-    /// cuBLAS on the model's side stream, the events that fork work to it and join it back, and
-    /// the event that joins the loss's stream back.
-    side_blas: Blas,
-    fork: Event,
-    join: Event,
-    loss_join: Event,
-    grads: DevBuf<f32>,
-    dacts: DevBuf<f32>,
-    dcols: DevBuf<f32>,
-    partials: DevBuf<f32>,
-    ones: DevBuf<f32>,
-    /// [last loss, sum since `mean_loss`, count since `mean_loss`].
-    loss: DevBuf<f64>,
-    /// The loss kernels' counter and partial sums.
-    loss_scratch: DevBuf<f64>,
-    graphs: Graphs,
-}
-
-/// The device half of an optimiser: its flat state, and where clipping by norm puts the norm.
-pub(crate) struct DevOptim {
-    stream: Arc<CudaStream>,
-    pub state: DevBuf<f32>,
-    /// ‖g‖₂ of the last update that clipped by norm (rounded to f32), then the scratch of its
-    /// sum (`Gpu::grad_norm`).
-    norm: DevBuf<f64>,
-}
-
-/// The longest lowered sample (CKK × OHW) of any convolution: the GPU lowers a whole batch, one
-/// such block per sample (the CPU's scratch, `conv::Geometry::col_len`, is laid out otherwise).
-fn max_lowered_len(plan: &Plan) -> usize {
-    conv::steps(plan).map(|s| conv::geometry(s).lowered_len()).max().unwrap_or(0)
 }
 
 /// Makes `bound` the model's stream, after the work queued on the one it held.
@@ -230,7 +150,7 @@ impl DevModel {
 
     /// The device half of a cache for `capacity` samples.
     pub fn new_cache(&self, plan: &Plan, capacity: usize) -> Result<DevCache> {
-        DevCache::new(&self.gpu, &self.stream, self.options.tf32, plan, capacity)
+        DevCache::new(&self.gpu, &self.stream, self.options, plan, capacity)
     }
 
     /// The device half of gradient buffers for `capacity` samples.
@@ -280,7 +200,7 @@ impl DevModel {
         let (capacity, batch) = (cache.capacity, cache.batch);
         let last = plan.steps.last().expect("a plan has steps").output_region;
         let out = crate::layers::region(plan, last, capacity, batch);
-        let DevCache { graphs, outputs, staging, acts, cols, blas, dnn, current, done, counter, signals, .. } =
+        let DevCache { graphs, outputs, staging, acts, cols, blas, dnn, routes, current, done, counter, signals, .. } =
             cache.dev.as_mut().expect("a GPU cache");
         let inputs = copy_in.then(|| &staging[*current].as_slice()[..batch * plan.input.len()]);
         let from = inputs.map_or(0, |s| s.as_ptr() as u64);
@@ -297,10 +217,22 @@ impl DevModel {
             reduce: 0,
         };
         let (buffers, draw) = (self.buffers.as_ref(), &self.draw);
-        let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None, buffers, draw };
+        let f = Forward { params: &self.params, acts, cols, capacity, batch, dnn: None, routes: None, buffers, draw };
         let (gpu, stream) = (&self.gpu, &self.stream);
-        dnn.prepare(&StepRun { gpu, blas, stream, plan, f: &f, b: None, options: self.options })?;
-        let f = Forward { dnn: Some(dnn), ..f };
+        let run = StepRun { gpu, blas, stream, plan, f: &f, b: None, options: self.options };
+        dnn.prepare(&run)?;
+        routes.prepare(&run)?;
+        if routes.unchecked(Pass::Inference) {
+            // before the pass's first capture, as measuring the routes was
+            let time = |routes: &Routes| {
+                let f = Forward { dnn: Some(dnn), routes: Some(routes), ..f };
+                time_calls(gpu, stream, self.options.graphs, &|| {
+                    exec::forward(gpu, blas, stream, plan, &f, false, plan.steps.len(), Mode::Infer).map(|_| ())
+                })
+            };
+            routes.check_in_steps(Pass::Inference, plan, None, self.options.graphs, gpu.ordinal(), &time)?;
+        }
+        let f = Forward { dnn: Some(dnn), routes: Some(routes), ..f };
         let signal = out.len() <= FINISH_MAX;
         let (host_out_device, flag) = (outputs.device_ptr(), done.device_ptr());
         let host_out = &mut outputs.as_mut_slice()[..out.len()];
@@ -404,13 +336,15 @@ impl DevModel {
             reduce: reduce.map_or(0, Reduce::id),
         };
         let (buffers, draw) = (self.buffers.as_ref(), &self.draw);
-        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None, buffers, draw };
+        let f = Forward { params: &self.params, acts: &dev.acts, cols: &dev.cols, capacity, batch, dnn: None, routes: None, buffers, draw };
         let b = Backward { dacts: &dg.dacts, grads: &dg.grads, dcols: &dg.dcols, partials: &dg.partials, ones: &dg.ones };
         let run = StepRun { gpu: &self.gpu, blas: &dev.blas, stream: &self.stream, plan, f: &f, b: Some(&b), options: self.options };
         dev.dnn.prepare(&run)?;
+        dev.routes.prepare(&run)?;
         let f = Forward { dnn: Some(&dev.dnn), ..f };
+        let run = StepRun { f: &f, ..run };
         let l = LossBuffers { labels: &dev.labels, targets: &dev.targets, loss: &dg.loss, scratch: &dg.loss_scratch };
-        let (gpu, blas, stream) = (&self.gpu, &dev.blas, &self.stream);
+        let (gpu, stream) = (&self.gpu, &self.stream);
         let side = Side {
             blas: &dg.side_blas,
             stream: &self.side,
@@ -431,23 +365,33 @@ impl DevModel {
             gpu.optim_call(rule, step, n, p, dg.grads.all(), s, opt.norm.all(), true, |kernel, grid, args| call(kernel, grid, args))
         };
         let function = update.map(|(rule, _, _)| gpu.function(optim_kernel(rule.config)));
-        let work = || {
+        let step_on = |routes: &Routes, copy_in: bool| {
             if copy_in {
                 // the host does not write the staging buffer until `copied[current]` has passed
                 copy_inputs_in(gpu, stream, f.acts, inputs_len, inputs_device)?;
             }
-            // the last dense layer, the loss and that layer's input gradient in one kernel where
-            // it takes them (src/cuda/head.rs)
-            let head = Head::of(gpu, plan, capacity, batch, loss);
-            let upto = head.map_or(plan.steps.len(), |h| h.first());
-            let weights_early = exec::forward(gpu, blas, stream, plan, &f, copy_in, upto, Mode::Train)?;
-            // the head clears the gradients that split weight gradients add into
-            let cleared = head.as_ref().and_then(|_| exec::split_weight_grads(gpu, plan, &f, &b));
-            match &head {
-                Some(h) => exec::head(gpu, stream, &f, &b, &l, loss, h, weights_early, cleared.clone())?,
-                None => exec::loss(gpu, stream, plan, &f, &b, &l, loss)?,
+            let f = Forward { routes: Some(routes), ..f };
+            let run = StepRun { f: &f, ..run };
+            backprop_pass(&run, &b, &l, &side, loss, copy_in)
+        };
+        if dev.routes.unchecked(Pass::Training) {
+            // before the step's first capture, as measuring the routes was. The steps it times
+            // move what outlives a step (the running statistics in the buffers, the losses'
+            // sum and count): both are put back.
+            let buffers = self.buffers.as_ref().map(|buffers| copy_of(gpu, stream, buffers)).transpose()?;
+            let losses = copy_of(gpu, stream, &dg.loss)?;
+            let time = |routes: &Routes| time_calls(gpu, stream, self.options.graphs, &|| step_on(routes, false));
+            let checked = dev.routes.check_in_steps(Pass::Training, plan, Some(loss), self.options.graphs, gpu.ordinal(), &time);
+            if let (Some(to), Some(from)) = (&self.buffers, &buffers) {
+                copy(stream, from, to)?;
             }
-            exec::backward(gpu, blas, stream, plan, &f, &b, &side, head.as_ref().map(|h| (h, &l, loss)), cleared)?;
+            copy(stream, &losses, &dg.loss)?;
+            // the copies are done before their sources are freed
+            stream.synchronize().map_err(|e| driver_error("waiting for a copy", e))?;
+            checked?;
+        }
+        let work = || {
+            step_on(&dev.routes, copy_in)?;
             if dropout::any(plan) {
                 // the next step draws new masks
                 layers::next_pass(gpu, stream, &self.draw)?;
@@ -507,225 +451,6 @@ impl DevModel {
         }
         let DevOptim { state, norm, .. } = opt;
         self.gpu.optim_step(&self.stream, update, step, n, self.params.all_mut(), dg.grads.all(), state.all_mut(), norm.all())
-    }
-}
-
-impl DevCache {
-    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<DevCache> {
-        // every size checked before the first allocation
-        let acts = plan.acts_len(capacity)?;
-        let cols = batch_len(capacity, max_lowered_len(plan), "lowered convolution inputs")?;
-        let (inputs, outputs) = (batch_len(capacity, plan.input.len(), "inputs")?, batch_len(capacity, plan.output().len(), "outputs")?);
-        Ok(DevCache {
-            stream: Arc::clone(stream),
-            blas: gpu.blas(stream, tf32)?,
-            dnn: Dnn::new(gpu, stream, plan),
-            acts: DevBuf::zeros(gpu, stream, acts)?,
-            cols: DevBuf::zeros(gpu, stream, cols)?,
-            labels: DevBuf::zeros(gpu, stream, capacity)?,
-            targets: DevBuf::zeros(gpu, stream, outputs)?,
-            staging: [Pinned::zeros(gpu, inputs)?, Pinned::zeros(gpu, inputs)?],
-            current: 0,
-            pending: [false; 2],
-            copied: [Event::new(gpu)?, Event::new(gpu)?],
-            outputs: Pinned::zeros(gpu, outputs)?,
-            done: Pinned::zeros(gpu, 1)?,
-            counter: DevBuf::zeros(gpu, stream, 1)?,
-            signals: 0,
-            graphs: Graphs::new(),
-        })
-    }
-
-    /// The staging buffer for the next batch's inputs, its first `len` values: the current
-    /// one if no copy from it is queued, else the other, after waiting (if need be) for the
-    /// copy queued from that one, which normally finished a step ago.
-    pub fn inputs_host_mut(&mut self, len: usize) -> Result<&mut [f32]> {
-        if self.pending[self.current] {
-            self.current ^= 1;
-            if self.pending[self.current] {
-                self.copied[self.current].wait()?;
-                self.pending[self.current] = false;
-            }
-        }
-        Ok(&mut self.staging[self.current].as_mut_slice()[..len])
-    }
-
-    /// The current batch's inputs as the host wrote them, the first `len` values.
-    pub fn inputs_host(&self, len: usize) -> &[f32] {
-        &self.staging[self.current].as_slice()[..len]
-    }
-
-    /// On CUDA device `ordinal`, not yet bound to a model's stream.
-    pub fn on(ordinal: usize, plan: &Plan, capacity: usize) -> Result<DevCache> {
-        let gpu = super::gpu(ordinal)?;
-        DevCache::new(&gpu, &gpu.new_stream()?, false, plan, capacity)
-    }
-
-    pub fn device(&self) -> Device {
-        Device::Cuda(self.acts.gpu().ordinal())
-    }
-
-    /// How the convolutions run: see `Cache::conv_backends`.
-    pub fn conv_report(&self) -> String {
-        self.dnn.report()
-    }
-
-    /// The first `len` outputs the last forward copied back.
-    pub fn outputs(&self, len: usize) -> &[f32] {
-        &self.outputs.as_slice()[..len]
-    }
-
-    /// The first `out.len()` labels on the device, after the work queued on the cache's stream.
-    pub fn download_labels(&self, out: &mut [u32]) -> Result<()> {
-        self.labels.download(&self.stream, out)
-    }
-
-    /// The first `out.len()` targets on the device, after the work queued on the cache's stream.
-    pub fn download_targets(&self, out: &mut [f32]) -> Result<()> {
-        self.targets.download(&self.stream, out)
-    }
-}
-
-impl DevGrads {
-    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, side: &Arc<CudaStream>, tf32: bool, plan: &Plan, capacity: usize) -> Result<DevGrads> {
-        let conv_w = conv::steps(plan).map(|s| s.weight_len()).max().unwrap_or(0);
-        // every size checked before the first allocation
-        let dacts = plan.acts_len(capacity)?;
-        let dcols = batch_len(capacity, max_lowered_len(plan), "lowered convolution gradients")?;
-        let partials = batch_len(capacity, conv_w, "partial weight gradients")?;
-        let ones = || -> Result<Vec<f32>> {
-            let mut ones = zeros(capacity, || format!("a host vector of {capacity} ones"))?;
-            ones.fill(1.0);
-            Ok(ones)
-        };
-        Ok(DevGrads {
-            stream: Arc::clone(stream),
-            side_blas: gpu.blas(side, tf32)?,
-            fork: Event::new(gpu)?,
-            join: Event::new(gpu)?,
-            loss_join: Event::new(gpu)?,
-            grads: DevBuf::zeros(gpu, stream, plan.param_len)?,
-            dacts: DevBuf::zeros(gpu, stream, dacts)?,
-            dcols: DevBuf::zeros(gpu, stream, dcols)?,
-            partials: DevBuf::zeros(gpu, stream, partials)?,
-            // made (and written) only once the device has held `dacts`, at least 2 values a
-            // sample: no larger than memory just granted
-            ones: DevBuf::from_host(gpu, stream, &ones()?)?,
-            loss: DevBuf::from_host(gpu, stream, &[f64::NAN, 0.0, 0.0])?,
-            loss_scratch: DevBuf::zeros(gpu, stream, super::LOSS_SCRATCH)?,
-            graphs: Graphs::new(),
-        })
-    }
-
-    /// On CUDA device `ordinal`, not yet bound to a model's stream.
-    pub fn on(ordinal: usize, plan: &Plan, capacity: usize) -> Result<DevGrads> {
-        let gpu = super::gpu(ordinal)?;
-        DevGrads::new(&gpu, &gpu.new_stream()?, &gpu.new_stream()?, false, plan, capacity)
-    }
-
-    pub fn device(&self) -> Device {
-        Device::Cuda(self.grads.gpu().ordinal())
-    }
-
-    /// [last, sum, count] of the losses, after the queued steps.
-    fn totals(&self) -> Result<[f64; 3]> {
-        let mut out = [0.0f64; 3];
-        self.loss.download(&self.stream, &mut out)?;
-        Ok(out)
-    }
-
-    /// The loss of the last step (waits for it).
-    pub fn last_loss(&self) -> Result<f32> {
-        Ok(self.totals()?[0] as f32)
-    }
-
-    /// The sum of the losses since the last `mean_loss` (waits for the queued steps).
-    pub fn loss_sum(&self) -> Result<f64> {
-        Ok(self.totals()?[1])
-    }
-
-    /// The mean loss since the last call (waits for the queued steps), and a new count.
-    pub fn mean_loss(&mut self) -> Result<f32> {
-        let [_, sum, count] = self.totals()?;
-        // SAFETY: the two totals (bytes 8..24) lie inside `loss`; queued in the stream's order.
-        unsafe { result::memset_d8_async(self.loss.ptr() + 8, 0, 16, self.stream.cu_stream()) }
-            .map_err(|e| driver_error("resetting the loss totals", e))?;
-        Ok((sum / count) as f32)
-    }
-
-    /// The parameter gradients, after the queued steps.
-    pub fn download(&self, out: &mut [f32]) -> Result<()> {
-        self.grads.download(&self.stream, out)
-    }
-
-    /// Queues `reduce` on the gradients and the loss totals, outside a step (to set up the
-    /// group's connections before the first step's capture).
-    pub(crate) fn queue_reduce(&self, reduce: &Reduce) -> Result<()> {
-        reduce.queue(&self.stream, &self.grads, &self.loss)
-    }
-
-    /// Queues a plain sum of the gradients over `comm`'s group (for measurements: the
-    /// gradients are left meaningless).
-    pub(crate) fn queue_sum(&self, comm: &super::nccl::Comm) -> Result<()> {
-        comm.sum(&self.stream, &self.grads)
-    }
-}
-
-impl DevOptim {
-    /// `values` copied to `gpu`, on `stream`; the norm NaN until a step clips by it.
-    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, values: &[f32]) -> Result<DevOptim> {
-        let mut norm = [0.0; NORM_SCRATCH];
-        norm[0] = f64::NAN;
-        Ok(DevOptim {
-            stream: Arc::clone(stream),
-            state: DevBuf::from_host(gpu, stream, values)?,
-            norm: DevBuf::from_host(gpu, stream, &norm)?,
-        })
-    }
-
-    /// `values` on CUDA device `ordinal`, not yet bound to a model's stream.
-    pub fn on(ordinal: usize, values: &[f32]) -> Result<DevOptim> {
-        let gpu = super::gpu(ordinal)?;
-        DevOptim::new(&gpu, &gpu.new_stream()?, values)
-    }
-
-    pub fn device(&self) -> Device {
-        Device::Cuda(self.state.gpu().ordinal())
-    }
-
-    /// The state, copied to the host after every queued step.
-    pub fn download(&self, out: &mut [f32]) -> Result<()> {
-        self.state.download(&self.stream, out)
-    }
-
-    /// The state replaced by `values`, after every queued step.
-    pub fn upload(&mut self, values: &[f32]) -> Result<()> {
-        self.state.upload(&self.stream, values)
-    }
-
-    /// The norm the last update that clipped by norm computed (waits for it).
-    pub fn norm(&self) -> Result<f32> {
-        let mut out = [0.0f64];
-        self.norm.download(&self.stream, &mut out)?;
-        Ok(out[0] as f32)
-    }
-
-    /// The norm's address where `clip` clips by norm (the step's graph then holds the norm's
-    /// kernel), else 0: part of a step graph's key.
-    fn norm_ptr(&self, clip: Clip) -> sys::CUdeviceptr {
-        match clip {
-            Clip::Norm(_) => self.norm.ptr(),
-            _ => 0,
-        }
-    }
-
-    /// Queues, on `stream`, ‖g‖₂ of the first `n` gradients of `grads` into `norm`, for the
-    /// update queued next.
-    fn queue_norm(&self, gpu: &Gpu, stream: &CudaStream, n: usize, grads: &DevBuf<f32>) -> Result<()> {
-        // SAFETY: the norm and its scratch are this optimiser's, written only by its updates,
-        // which are queued in one stream's order (the model's; `&mut` optimiser in its callers).
-        let norm = unsafe { ViewMut::from_raw(self.norm.ptr(), self.norm.len()) };
-        gpu.grad_norm(stream, n, grads.all(), norm)
     }
 }
 
@@ -798,15 +523,37 @@ fn as_bytes<T: Copy>(values: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
 }
 
-/// Waits for the stream that used an owner's buffers last, so that they can be freed. An error
-/// (a device already lost) leaves nothing better to do than to free anyway.
-macro_rules! wait_before_free {
-    ($($owner:ty),*) => {$(
-        impl Drop for $owner {
-            fn drop(&mut self) {
-                let _ = self.stream.synchronize();
-            }
-        }
-    )*};
+/// The forward pass, the loss (or the head) and the backward pass of a training step on `r`'s
+/// buffers and routes, queued on `r.stream` (the inputs copied in already, `copied_in` says
+/// whether by this step: the forward pass then reads them without waiting).
+fn backprop_pass(r: &StepRun, b: &Backward, l: &LossBuffers, side: &Side, loss: Loss, copied_in: bool) -> Result<()> {
+    let StepRun { gpu, blas, stream, plan, f, options, .. } = *r;
+    // the last dense layer, the loss and that layer's input gradient in one kernel where it
+    // takes them (src/cuda/head.rs)
+    let head = Head::of(gpu, plan, f.capacity, f.batch, loss, &options.tuning);
+    let upto = head.map_or(plan.steps.len(), |h| h.first());
+    let weights_early = exec::forward(gpu, blas, stream, plan, f, copied_in, upto, Mode::Train)?;
+    // the head clears the gradients that split weight gradients add into
+    let cleared = head.as_ref().and_then(|_| exec::split_weight_grads(plan, f));
+    match &head {
+        Some(h) => exec::head(gpu, stream, f, b, l, loss, h, weights_early, cleared.clone())?,
+        None => exec::loss(gpu, stream, plan, f, b, l, loss)?,
+    }
+    exec::backward(gpu, blas, stream, plan, f, b, side, head.as_ref().map(|h| (h, l, loss)), cleared)
 }
-wait_before_free!(DevModel, DevCache, DevGrads, DevOptim);
+
+/// A new device buffer holding what `from` holds once the copy queued on `stream` has run.
+fn copy_of<T: DeviceRepr>(gpu: &Arc<Gpu>, stream: &CudaStream, from: &DevBuf<T>) -> Result<DevBuf<T>> {
+    let to = DevBuf::zeros(gpu, stream, from.len())?;
+    copy(stream, from, &to)?;
+    Ok(to)
+}
+
+/// Queues a copy of `from` into `to` (of the same length) on `stream`.
+fn copy<T>(stream: &CudaStream, from: &DevBuf<T>, to: &DevBuf<T>) -> Result<()> {
+    assert_eq!(from.len(), to.len(), "copies between buffers of one length");
+    let bytes = from.len() * std::mem::size_of::<T>();
+    // SAFETY: two live allocations of `bytes` bytes each, of the current context; the copy is
+    // ordered on `stream` with every kernel that reads or writes them in a step.
+    unsafe { result::memcpy_dtod_async(to.ptr(), from.ptr(), bytes, stream.cu_stream()) }.map_err(|e| driver_error("copying buffers", e))
+}

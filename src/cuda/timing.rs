@@ -1,5 +1,5 @@
-//! Timing work on the GPU as a step runs it: used to choose between two ways of computing the
-//! same thing (cuDNN or flatnn's kernels, see `dnn.rs`).
+//! Timing work on the GPU as a step runs it: used to choose between ways of computing the same
+//! thing (cuDNN or flatnn's kernels, see `dnn.rs`; a dense layer's routes, see `routes.rs`).
 
 use super::context::Gpu;
 use super::{driver_error, graph};
@@ -9,6 +9,12 @@ use std::fmt::Write;
 use std::sync::{Mutex, PoisonError};
 
 /// Calls per captured graph (or eager run), and runs timed.
+/// A candidate (a route, an algorithm) whose first eager call takes more than this many times
+/// the fastest first call of the others is not timed further: it cannot win, and timing it in
+/// full would make the slowest candidates (say a row a block over a thousand samples, or a
+/// persistent RNN kernel far past its batch) most of the measuring time.
+pub(super) const SLOW: f32 = 4.0;
+
 const REPS: usize = 10;
 const SAMPLES: usize = 5;
 
@@ -18,12 +24,7 @@ const SAMPLES: usize = 5;
 /// `SAMPLES` replays after one more; without, the median of `SAMPLES` runs of `REPS` eager
 /// calls after one more. `work` must only enqueue on `stream`.
 pub(super) fn time_calls(gpu: &Gpu, stream: &CudaStream, graphs: bool, work: &dyn Fn() -> Result<()>) -> Result<f32> {
-    {
-        let _exclusive = super::device_wide();
-        work()?;
-        work()?;
-        stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
-    }
+    warm_up(stream, work)?;
     let exec = match graphs {
         true => Some(graph::capture(stream.cu_stream(), None, || (0..REPS).try_for_each(|_| work()))?),
         false => None,
@@ -47,6 +48,31 @@ pub(super) fn time_calls(gpu: &Gpu, stream: &CudaStream, graphs: bool, work: &dy
     }
     samples.sort_by(f32::total_cmp);
     Ok(samples[SAMPLES / 2])
+}
+
+/// `work` run twice eagerly under the device-wide lock (a first call may load modules or
+/// allocate, which would break another thread's capture), then waited for.
+fn warm_up(stream: &CudaStream, work: &dyn Fn() -> Result<()>) -> Result<()> {
+    let _exclusive = super::device_wide();
+    work()?;
+    work()?;
+    stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))
+}
+
+/// Microseconds of one eager call of `work` after [`warm_up`]'s two: a first look, much cheaper
+/// than [`time_calls`] for slow work, and an overestimate for short work (the launch's cost
+/// is in it). `work` must only enqueue on `stream`.
+pub(super) fn time_once(gpu: &Gpu, stream: &CudaStream, work: &dyn Fn() -> Result<()>) -> Result<f32> {
+    warm_up(stream, work)?;
+    gpu.bind()?;
+    let (start, end) = (TimingEvent::new()?, TimingEvent::new()?);
+    start.record(stream)?;
+    work()?;
+    end.record(stream)?;
+    // SAFETY: live events, both recorded on `stream`; the host waits for the second.
+    let ms = unsafe { driver::event::synchronize(end.0).and_then(|()| driver::event::elapsed(start.0, end.0)) }
+        .map_err(|e| driver_error("timing work on the device", e))?;
+    Ok(ms * 1000.0)
 }
 
 /// An event that records time (flatnn's other events do not).

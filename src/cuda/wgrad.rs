@@ -7,20 +7,13 @@
 //! up to two layers whose dZ are both written, such as a training step's last layer and the one
 //! before it after the head (src/cuda/head.rs).
 //!
-//! `exec::backward` runs it for weight gradients on the side stream only. Measured on the H100
-//! (same binary, `FLATNN_SPLIT=1` against `0`, two rounds, back to back): MLP step at 512
-//! 34.1–34.3 against 40.2–40.8 µs (there the side stream's cuBLAS products and bias gradients,
-//! four kernels that are not dependent launches, had become the step's critical path), 1024
-//! 47.6–47.7 against 49.6–49.7, 2048 75.3–77.7 against 76.3–79.3, 4096 126.7–127.5 against
-//! 129.2–129.3; 256 and the 100-200-1 unchanged. In-graph, both of the MLP's layers in one launch
-//! took 5.9 µs over 512 samples, 8.6 over 1024, 14.1 over 2048.
-//!
-//! `FLATNN_SPLIT=0` (read when the device is set up) turns it off, for measuring against the
-//! other kernels.
+//! It is one of a weight gradient's routes (src/cuda/dense.rs), measured against the others
+//! (src/cuda/routes.rs) where it fits: sm_90 and later (clusters), unless
+//! `Tuning::split_weight_grads` is off (`FLATNN_SPLIT=0`).
 
 use super::context::{Gpu, Kernel};
 use super::launch::{int, kernel_args, View, ViewMut, BLOCK};
-use super::ops::PANEL_MAX_K;
+use super::options::Tuning;
 use crate::error::Result;
 use cudarc::driver::CudaStream;
 
@@ -34,16 +27,6 @@ const COLS: usize = 128;
 const ROWS: usize = 2 * BLOCK as usize / (COLS / 4);
 /// Bytes of dynamic shared memory a block uses: the staging buffers, then its sums.
 const SHARED: usize = 4 * (STAGES * CHUNK * (ROWS + COLS) + ROWS * (COLS + 1));
-/// Batches from which it runs: from where the panels (`ops::PANEL_MAX_K`) give way to cuBLAS.
-const MIN_BATCH: usize = PANEL_MAX_K + 1;
-/// Nor past this: each block takes its share of the samples one after the other (MLP step at
-/// 16384: 360.9–362.1 against 340.2–341.5 µs).
-const MAX_BATCH: usize = 4096;
-/// Nor for a layer with fewer outputs than this (half a cluster's rows), where most of each
-/// block's sums are of zeros: the 100-200-1's last layer (one output) lost 2.6 µs of its step at
-/// 512 and 6.5 at 4096.
-const MIN_ROWS: usize = ROWS / 2;
-
 /// One layer's weight gradient: dW (`out × inp`, row-major) = dZᵀ · X and db = Σ dZ, dZ
 /// `batch × out` and X `batch × inp` (rows contiguous).
 pub(crate) struct Job<'a> {
@@ -75,24 +58,24 @@ fn clusters(out: usize, inp: usize) -> usize {
 
 impl Gpu {
     /// Whether [`Gpu::weight_grad_split`] takes the weight gradients of layers of these `(out,
-    /// inp)` together over `batch` samples: on sm_90 and later, from [`MIN_BATCH`] to
-    /// [`MAX_BATCH`] samples, where each layer has at least [`MIN_ROWS`] outputs and does not
-    /// run on the tensor-core tiles ([`Gpu::mma_tile`]), and the blocks fit on the GPU at once.
-    pub(crate) fn weight_grad_split_takes(&self, layers: &[(usize, usize)], batch: usize) -> bool {
+    /// inp)` together in one launch: one or two layers, on sm_90 and later (clusters) where
+    /// `tuning` allows it, whose blocks all fit on the GPU at once (no launch of more has been
+    /// checked against the plain loops).
+    pub(crate) fn weight_grad_split_fits(&self, layers: &[(usize, usize)], tuning: &Tuning) -> bool {
+        tuning.split_weight_grads && self.split_launch_fits(layers)
+    }
+
+    /// The launch limits of [`Gpu::weight_grad_split_fits`], whatever the tuning.
+    pub(crate) fn split_launch_fits(&self, layers: &[(usize, usize)]) -> bool {
         let blocks: usize = layers.iter().map(|&(out, inp)| SPLIT * clusters(out, inp)).sum();
-        let others = layers.iter().any(|&(out, inp)| out < MIN_ROWS || self.mma_tile(out, inp + 1, batch, true).is_some());
-        self.split_enabled()
-            && (1..=2).contains(&layers.len())
-            && (MIN_BATCH..=MAX_BATCH).contains(&batch)
-            && !others
-            && blocks <= self.multiprocessors() as usize
+        self.compute_capability().0 >= 9 && (1..=2).contains(&layers.len()) && blocks <= self.multiprocessors() as usize
     }
 
     /// Runs `jobs` (one or two) over `batch` samples in one launch, where
-    /// [`Gpu::weight_grad_split_takes`] says so.
+    /// [`Gpu::weight_grad_split_fits`] says they fit.
     pub(crate) fn weight_grad_split(&self, stream: &CudaStream, batch: usize, jobs: &[Job]) -> Result<()> {
         let shapes = [0, 1].map(|i| jobs.get(i).map_or((0, 0), |j| (j.out, j.inp)));
-        assert!(self.weight_grad_split_takes(&shapes[..jobs.len()], batch), "weight_grad_split: not for {shapes:?} over {batch}");
+        assert!(self.split_launch_fits(&shapes[..jobs.len()]), "weight_grad_split: not for {shapes:?} over {batch}");
         let raw = |job: Option<&Job>| -> Result<Raw> {
             let Some(j) = job else { return Ok(Raw { dz: 0, x: 0, dw: 0, db: 0, out: 0, inp: 0, clusters: 0 }) };
             assert!(

@@ -2,6 +2,8 @@
 //! (the runner counts it as ignored; `--include-ignored` runs it) and starts with `test_gpu()`,
 //! which fails the test, saying why, where CUDA is missing.
 
+mod dense;
+mod head;
 mod layers;
 mod ops;
 
@@ -269,7 +271,7 @@ fn staging_kernels_ask_for_the_largest_shared_memory_split() {
         unsafe { cudarc::driver::sys::cuFuncGetAttribute(&mut value, attribute, gpu.function(kernel)) }.result().unwrap();
         value
     };
-    let tiles = super::ops::MMA_TILES.iter().flat_map(|t| t.kernels());
+    let tiles = super::dense::MMA_TILES.iter().flat_map(|t| t.kernels());
     for kernel in SHARED_CARVEOUT_KERNELS.into_iter().chain(tiles) {
         assert_eq!(carveout(kernel), CARVEOUT_MAX_SHARED, "{kernel:?}");
     }

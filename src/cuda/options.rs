@@ -1,0 +1,134 @@
+//! How a model runs on a GPU ([`GpuOptions`]), and the switches that narrow the routes flatnn
+//! measures ([`Tuning`]), read from the environment in one place ([`Tuning::from_env`]).
+//!
+//! This file uses nothing of CUDA: a build without the `cuda` feature has the same types.
+
+use std::sync::OnceLock;
+
+/// How a model runs on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Capture each step as a CUDA graph and replay it (default). Off: the same launches, eager.
+    pub graphs: bool,
+    /// TF32 tensor-core products in cuBLAS (about 10 mantissa bits in each product; results
+    /// differ from FP32 by ~1e-3 relative). Off by default.
+    pub tf32: bool,
+    /// Which routes may be measured and chosen (default: [`Tuning::from_env`]).
+    pub tuning: Tuning,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions { graphs: true, tf32: false, tuning: Tuning::from_env() }
+    }
+}
+
+/// Switches that take candidates away from the measurement that chooses each GPU route (every
+/// one is on by default: all candidates that fit are timed, the fastest kept), for measuring one
+/// way against another. A switch never forces a route: what is left is still measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// A training step may end in one kernel for the last dense layer, the loss and that
+    /// layer's input gradient (the head). `FLATNN_HEAD=0` turns it off.
+    pub head: bool,
+    /// The head may take the dense layer before the last too (a deep head). `FLATNN_HEAD=1`
+    /// (or `0`) turns it off.
+    pub deep_head: bool,
+    /// Dense weight gradients may be measured split over the batch in clusters of blocks
+    /// (sm_90 and later). `FLATNN_SPLIT=0` turns it off.
+    pub split_weight_grads: bool,
+    /// Dense weight gradients may be measured on 32 × 32 tensor-core tiles whose slices are
+    /// split over two blocks (sm_90 and later). `FLATNN_MMA_SPLIT=0` turns it off.
+    pub split_tiles: bool,
+    /// Which convolution and recurrent (GRU, LSTM) routes are measured: `FLATNN_CUDNN`.
+    pub convs: Convs,
+    /// Kernels launch as programmatic dependents of the kernel ahead (sm_90 and later, CUDA 12.3
+    /// drivers on). `FLATNN_DEPENDENT_LAUNCH=0` turns it off. A device's setting: it is taken
+    /// from the environment when the process first sets the device up, whatever a model says.
+    pub dependent_launch: bool,
+    /// The kernels that stage through shared memory ask for the largest shared-memory carveout.
+    /// `FLATNN_CARVEOUT=0` leaves it to the driver. A device's setting, as `dependent_launch`.
+    pub carveout: bool,
+}
+
+/// Which convolution routes are measured (`FLATNN_CUDNN`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Convs {
+    /// flatnn's kernels and cuDNN's deterministic product algorithms, the fastest kept
+    /// (`auto`, the default; also what a value not understood means).
+    Measured,
+    /// flatnn's kernels alone; cuDNN is not loaded (`0`).
+    Own,
+    /// cuDNN wherever it has an algorithm for the layer, flatnn's kernels elsewhere (`1`).
+    Cudnn,
+}
+
+impl Convs {
+    /// The value of `FLATNN_CUDNN` that asks for this.
+    pub fn setting(self) -> &'static str {
+        match self {
+            Convs::Measured => "auto",
+            Convs::Own => "0",
+            Convs::Cudnn => "1",
+        }
+    }
+}
+
+impl Default for Tuning {
+    /// Every candidate measured: nothing taken away.
+    fn default() -> Self {
+        Tuning {
+            head: true,
+            deep_head: true,
+            split_weight_grads: true,
+            split_tiles: true,
+            convs: Convs::Measured,
+            dependent_launch: true,
+            carveout: true,
+        }
+    }
+}
+
+/// The environment's tuning, read once per process, and the value of `FLATNN_CUDNN` where it
+/// was not understood.
+fn from_env_once() -> &'static (Tuning, Option<String>) {
+    static ENV: OnceLock<(Tuning, Option<String>)> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let off = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "0");
+        let head = std::env::var("FLATNN_HEAD").unwrap_or_default();
+        let (convs, not_understood) = match std::env::var_os("FLATNN_CUDNN").map(|v| v.to_string_lossy().into_owned()) {
+            None => (Convs::Measured, None),
+            Some(value) => match value.trim() {
+                "0" | "off" | "own" => (Convs::Own, None),
+                "1" | "on" | "cudnn" => (Convs::Cudnn, None),
+                "auto" | "" => (Convs::Measured, None),
+                _ => (Convs::Measured, Some(value)),
+            },
+        };
+        let tuning = Tuning {
+            head: head.trim() != "0",
+            deep_head: !matches!(head.trim(), "0" | "1"),
+            split_weight_grads: !off("FLATNN_SPLIT"),
+            split_tiles: !off("FLATNN_MMA_SPLIT"),
+            convs,
+            dependent_launch: !off("FLATNN_DEPENDENT_LAUNCH"),
+            carveout: !off("FLATNN_CARVEOUT"),
+        };
+        (tuning, not_understood)
+    })
+}
+
+impl Tuning {
+    /// The tuning the environment asks for, read once per process (the first time this is
+    /// called: when the first model is built): each `FLATNN_*` switch above, `=0` to take its
+    /// candidates away; `FLATNN_CUDNN` as [`Convs`]. Unset, every candidate is measured.
+    pub fn from_env() -> Tuning {
+        from_env_once().0
+    }
+
+    /// The value of `FLATNN_CUDNN` where it was not understood (then taken as `auto`).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cudnn_not_understood() -> Option<&'static str> {
+        from_env_once().1.as_deref()
+    }
+}
