@@ -1,7 +1,7 @@
 //! Batch-1 inference of the dense zoo models against their memory floor, one thread.
 //!
 //!   cargo bench --bench floor -- [--models mlp,simplenn,autoencoder,gelu_mlp] [--rounds N]
-//!       [--quick] [--layers]
+//!       [--quick] [--layers] [--batch N]
 //!
 //! A batch-1 forward of a dense network reads each parameter once and does two FLOPs with it,
 //! so it can go no faster than its parameters stream from the cache level that holds them
@@ -25,6 +25,10 @@
 //! layer costs where the model's parameters fit the cache its layers' do; where they do not, it
 //! also holds what reading them from further away costs, as a layer alone reads its own from
 //! nearer. The kernels are those of `FLATNN_ISA` (the best the CPU has).
+//!
+//! `--batch N` (1) runs every forward and product on N samples: the floor is then only a
+//! reference (each parameter does 2·N FLOPs), and the layer table's products give their
+//! GFLOP/s (2·N·in·out per call): where a batch's time goes, product, bias and activation.
 
 #[path = "common/measure.rs"]
 mod measure;
@@ -52,10 +56,11 @@ struct Args {
     rounds: usize,
     quick: bool,
     layers: bool,
+    batch: usize,
 }
 
 fn parse_args() -> Result<Args> {
-    let mut args = Args { models: MODELS.to_vec(), rounds: 5, quick: false, layers: false };
+    let mut args = Args { models: MODELS.to_vec(), rounds: 5, quick: false, layers: false, batch: 1 };
     let mut rounds = None;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -76,6 +81,7 @@ fn parse_args() -> Result<Args> {
             "--rounds" => rounds = Some(value()?.parse::<usize>().map_err(|e| Error::Config(format!("--rounds: {e}")))?.max(1)),
             "--quick" => args.quick = true,
             "--layers" => args.layers = true,
+            "--batch" => args.batch = value()?.parse::<usize>().map_err(|e| Error::Config(format!("--batch: {e}")))?.max(1),
             other => return Err(Error::Config(format!("unknown argument {other:?}"))),
         }
     }
@@ -182,11 +188,11 @@ fn cache_bytes(level: u32) -> Option<usize> {
     })
 }
 
-/// A model on one thread with a cache for one sample, its inputs set as the zoo sets them.
-fn ready(model: Model) -> Result<(Model, Cache)> {
+/// A model on one thread with a cache for `batch` samples, its inputs set as the zoo sets them.
+fn ready(model: Model, batch: usize) -> Result<(Model, Cache)> {
     let model = model.with_threads(1)?;
-    let mut cache = model.preallocate(1)?;
-    cache.set_inputs(&Rng::new(SEED).uniform(model.input_shape().len()))?;
+    let mut cache = model.preallocate(batch)?;
+    cache.set_inputs(&Rng::new(SEED).uniform(batch * model.input_shape().len()))?;
     Ok((model, cache))
 }
 
@@ -217,10 +223,11 @@ struct DenseLayer {
     x: Vec<f32>,
     z: Vec<f32>,
     gemm: Gemm,
+    batch: usize,
 }
 
 impl DenseLayer {
-    fn of(model: &Model) -> Result<Vec<DenseLayer>> {
+    fn of(model: &Model, batch: usize) -> Result<Vec<DenseLayer>> {
         let params = model.parameters()?;
         let mut layers = Vec::new();
         for step in &model.plan().steps {
@@ -230,7 +237,7 @@ impl DenseLayer {
             let alone = |act: Activation| -> Result<(Model, Cache)> {
                 let mut m = Chain::new(Input::vector(inputs)).dense(outputs, act).build()?.init(Init::HeNormal, SEED);
                 m.set_parameters(values)?;
-                ready(m)
+                ready(m, batch)
             };
             let weights = values[..inputs * outputs].to_vec();
             let gemm = Gemm::new(1)?;
@@ -243,25 +250,26 @@ impl DenseLayer {
                 bytes: 4 * values.len(),
                 alone: [alone(activation)?, alone(Activation::Identity)?],
                 packed,
-                x: Rng::new(SEED).uniform(inputs),
-                z: vec![0.0; outputs],
+                x: Rng::new(SEED).uniform(batch * inputs),
+                z: vec![0.0; batch * outputs],
                 weights,
                 gemm,
+                batch,
             });
         }
         Ok(layers)
     }
 
-    /// Seconds per product z (1×out) = x·Wᵀ alone.
+    /// Seconds per product Z (batch×out) = X·Wᵀ alone.
     fn product_time(&mut self, sampling: Sampling) -> Result<f64> {
-        let DenseLayer { inputs, outputs, packed, weights, x, z, gemm, .. } = self;
+        let DenseLayer { inputs, outputs, packed, weights, x, z, gemm, batch, .. } = self;
         let x = Mat { data: x, rs: *inputs, cs: 1 };
         let mut failed = None;
         let seconds = sampling.per_call(|| {
             let z = MatMut { data: z, rs: *outputs, cs: 1 };
             let done = match packed {
-                Some(packed) => gemm.sgemm_packed(1, 1.0, x, packed, 0.0, z),
-                None => gemm.sgemm(1, *outputs, *inputs, 1.0, x, Mat { data: weights, rs: 1, cs: *inputs }, 0.0, z),
+                Some(packed) => gemm.sgemm_packed(*batch, 1.0, x, packed, 0.0, z),
+                None => gemm.sgemm(*batch, *outputs, *inputs, 1.0, x, Mat { data: weights, rs: 1, cs: *inputs }, 0.0, z),
             };
             if let Err(e) = done {
                 failed = Some(e);
@@ -300,9 +308,9 @@ fn main() -> Result<()> {
     let l2 = cache_bytes(2);
     let mut entries = Vec::new();
     for &(name, chain) in &args.models {
-        let (model, cache) = ready(chain().build()?.init(Init::HeNormal, SEED))?;
+        let (model, cache) = ready(chain().build()?.init(Init::HeNormal, SEED), args.batch)?;
         let bytes = 4 * model.parameters()?.len();
-        let layers = if args.layers { DenseLayer::of(&model)? } else { Vec::new() };
+        let layers = if args.layers { DenseLayer::of(&model, args.batch)? } else { Vec::new() };
         let layer_times = layers.iter().map(|_| Default::default()).collect();
         entries.push(Entry {
             name,
@@ -345,8 +353,8 @@ fn main() -> Result<()> {
         }
     }
     println!(
-        "\none thread, {kernels} kernels; the least of {} rounds' medians of process CPU time per call (read and forward alternating)\n",
-        args.rounds
+        "\none thread, {kernels} kernels, batch {}; the least of {} rounds' medians of process CPU time per call (read and forward alternating)\n",
+        args.batch, args.rounds
     );
     println!("| model | parameters | bytes | held in | read | floor | forward | forward / floor |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -369,7 +377,7 @@ fn main() -> Result<()> {
         );
     }
     if args.layers {
-        println!("\nby layer: its parameters' floor at the model's read rate; a model of the layer alone (its activation, then the identity); its product alone\n");
+        println!("\nby layer: its parameters' floor at the model's read rate; a model of the layer alone (its activation, then the identity); its product alone (GFLOP/s)\n");
         println!("| model | layer | bytes | floor | alone | alone, identity | product | forward − Σ alone |");
         println!("|---|---|---|---|---|---|---|---|");
         for e in &entries {
@@ -377,8 +385,9 @@ fn main() -> Result<()> {
             let sum_alone: f64 = e.layer_times.iter().map(|t| least(&t[0])).sum();
             for (i, (layer, t)) in e.layers.iter().zip(&e.layer_times).enumerate() {
                 let rest = if i == 0 { us(least(&e.forward) - sum_alone) } else { String::new() };
+                let gflops = 2.0 * (layer.batch * layer.inputs * layer.outputs) as f64 / least(&t[2]) / 1e9;
                 println!(
-                    "| {} | {}→{} {} | {:.1} KB | {} | {} | {} | {} | {rest} |",
+                    "| {} | {}→{} {} | {:.1} KB | {} | {} | {} | {} ({gflops:.0}) | {rest} |",
                     e.name,
                     layer.inputs,
                     layer.outputs,
