@@ -15,8 +15,9 @@
 //! sequence-major dx and dy, and zeros for the sequence gradient of a last-step layer. Nothing is
 //! allocated in a step. Where any of it cannot be had, the layers concerned take the per-step route.
 //! The spaces are the largest that any of cuDNN's RNN algorithms (`rnn_cudnn.rs`) allowed by
-//! `FLATNN_RNN_ALGO` and set up by cuDNN at the capacity needs; where that work space cannot be
-//! had, the largest the standard algorithm needs, and the algorithms needing more are not used.
+//! `Tuning::rnn_algos` (`FLATNN_RNN_ALGO`) and set up by cuDNN at the capacity needs; where that
+//! work space cannot be had, the largest the standard algorithm needs, and the algorithms needing
+//! more are not used.
 //!
 //! A cuDNN descriptor carries the batch, so for each (batch, TF32) that runs, the first time it
 //! does (before its graph is captured), a [`Setup`] is made: per layer and algorithm cuDNN takes at
@@ -39,9 +40,9 @@ use super::context::Gpu;
 use super::cudnn::Handle;
 use super::dnn::StepRun;
 use super::exec::Raw;
-use super::options::Convs;
+use super::options::{Convs, RnnAlgos, Tuning};
 use super::recurrent::{backward_steps, forward_steps, Ctx};
-use super::rnn_cudnn::{algos_allowed, rnn_functions_present, Algo, Descs};
+use super::rnn_cudnn::{rnn_functions_present, Algo, Descs};
 use super::rnn_route::{runs, LayerBufs, LayerTrain, Route, Run, Scratch};
 use super::timing::{add_note, time_calls, time_once, FirstMeasured, SLOW};
 use super::{device_wide, driver_error, guarded_result};
@@ -77,6 +78,8 @@ struct Inner {
     gpu: Arc<Gpu>,
     /// Which routes the model's tuning allows (`FLATNN_CUDNN`, as for the convolutions).
     convs: Convs,
+    /// Which of cuDNN's algorithms it allows (`FLATNN_RNN_ALGO`).
+    rnn_algos: RnnAlgos,
 }
 
 impl Drop for Inner {
@@ -151,10 +154,12 @@ struct Candidate {
 }
 
 impl RnnDnn {
-    /// For a cache of `plan` (of any capacity), on `stream`. Never fails: where cuDNN is
-    /// missing, refused by `FLATNN_CUDNN` or fails to give a handle, every recurrent layer takes
-    /// the per-step route and the report says why.
-    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, convs: Convs) -> RnnDnn {
+    /// For a cache of `plan` (of any capacity), on `stream`, for models whose recurrent layers
+    /// take the routes `tuning` allows. Never fails: where cuDNN is missing, refused by
+    /// `FLATNN_CUDNN` or fails to give a handle, every recurrent layer takes the per-step route and
+    /// the report says why.
+    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, tuning: Tuning) -> RnnDnn {
+        let convs = tuning.convs;
         let layers: Vec<(usize, Dims)> = plan.steps.iter().enumerate().filter_map(|(i, s)| Some((i, dims(s)?))).collect();
         let off = |why: String| RnnDnn { inner: None, note: why };
         if layers.is_empty() {
@@ -182,6 +187,7 @@ impl RnnDnn {
                     stream: Arc::clone(stream),
                     gpu: Arc::clone(gpu),
                     convs,
+                    rnn_algos: tuning.rnn_algos,
                 }),
                 note: String::new(),
             },
@@ -260,7 +266,8 @@ impl RnnDnn {
                 format!("recurrent layers: cuDNN not used ({}): per-step", self.note)
             };
         };
-        let mut out = match &algos_allowed().1 {
+        let not_understood = Tuning::rnn_algo_not_understood().filter(|_| c.rnn_algos == RnnAlgos::ALL);
+        let mut out = match not_understood {
             Some(value) => format!("recurrent layers: FLATNN_RNN_ALGO={value:?} not understood, every cuDNN algorithm tried"),
             None => String::new(),
         };
@@ -375,7 +382,7 @@ impl Inner {
         let (mut algos, mut refused) = (Vec::new(), String::new());
         // cuDNN's first RNN calls load its library of RNN kernels
         let exclusive = device_wide();
-        for &algo in &algos_allowed().0 {
+        for algo in Algo::ALL.into_iter().filter(|a| self.rnn_algos.allows(a.index())) {
             let mut why = String::new();
             for tf32 in [tf32, !tf32] {
                 match self.sizes(d, capacity, tf32, algo) {
