@@ -13,7 +13,7 @@ use crate::optim::Update;
 // types as with it.
 #[path = "cuda/options.rs"]
 mod options;
-pub use options::{Convs, GpuOptions, Tuning};
+pub use options::{Convs, GpuOptions, RnnAlgos, Tuning};
 
 pub(crate) enum DevModel {}
 pub(crate) enum DevCache {}

@@ -174,7 +174,7 @@ pub mod testutil;
 pub use activation::Activation::{self, Elu, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Silu, Softplus, Tanh};
 pub use cache::{Cache, Grads};
 pub use chain::{Chain, ConvOptions, Input, Layer, Plan, Shape};
-pub use dev::{Convs, GpuOptions, Tuning};
+pub use dev::{Convs, GpuOptions, RnnAlgos, Tuning};
 pub use device::{cpu, device, gpu, gpu_or_cpu, Device, ToDevice};
 pub use error::{Error, Result};
 pub use init::Init;

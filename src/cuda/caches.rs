@@ -102,7 +102,7 @@ impl DevCache {
         Ok(DevCache {
             stream: Arc::clone(stream),
             blas: gpu.blas(stream, options.tf32)?,
-            dnn: Dnn::new(gpu, stream, plan, options.tuning.convs),
+            dnn: Dnn::new(gpu, stream, plan, options.tuning),
             routes: Routes::new(),
             acts: DevBuf::zeros(gpu, stream, acts)?,
             cols: DevBuf::zeros(gpu, stream, cols)?,

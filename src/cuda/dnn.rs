@@ -169,10 +169,12 @@ pub(crate) struct Dnn {
 unsafe impl Send for Dnn {}
 
 impl Dnn {
-    /// For a cache of `plan` (of any capacity), on `stream`, for models whose convolutions
-    /// take the routes `convs` allows. Never fails: where cuDNN is missing, refused by `convs`,
-    /// or fails to set up, every convolution runs on flatnn's kernels and the report says why.
-    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, convs: Convs) -> Dnn {
+    /// For a cache of `plan` (of any capacity), on `stream`, for models whose convolutions and
+    /// recurrent layers take the routes `tuning` allows. Never fails: where cuDNN is missing,
+    /// refused by `tuning.convs`, or fails to set up, every convolution runs on flatnn's kernels
+    /// and the report says why.
+    pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, tuning: Tuning) -> Dnn {
+        let convs = tuning.convs;
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let not_understood = Tuning::cudnn_not_understood().filter(|_| convs == Convs::Measured);
@@ -185,10 +187,10 @@ impl Dnn {
                 Some(_) => format!("cuDNN not used ({why}; {setting}): flatnn's kernels"),
                 None => format!("cuDNN not used ({why}): flatnn's kernels"),
             };
-            Dnn { cudnn: None, header, id, rnn: RnnDnn::new(gpu, stream, plan, convs) }
+            Dnn { cudnn: None, header, id, rnn: RnnDnn::new(gpu, stream, plan, tuning) }
         };
         if conv::steps(plan).next().is_none() {
-            return Dnn { cudnn: None, header: String::new(), id, rnn: RnnDnn::new(gpu, stream, plan, convs) };
+            return Dnn { cudnn: None, header: String::new(), id, rnn: RnnDnn::new(gpu, stream, plan, tuning) };
         }
         if convs == Convs::Own {
             return off(&setting);
@@ -199,7 +201,7 @@ impl Dnn {
                 let (major, minor, patch) = (version / 10000, version / 100 % 100, version % 100);
                 let kib = cudnn.workspace.len() / 1024;
                 let header = format!("cuDNN {major}.{minor}.{patch}, {setting}, workspace {kib} KiB");
-                Dnn { cudnn: Some(cudnn), header, id, rnn: RnnDnn::new(gpu, stream, plan, convs) }
+                Dnn { cudnn: Some(cudnn), header, id, rnn: RnnDnn::new(gpu, stream, plan, tuning) }
             }
             Err(e) => off(&format!("setting it up failed: {e}")),
         }

@@ -1,5 +1,6 @@
 //! How a model runs on a GPU ([`GpuOptions`]), and the switches that narrow the routes flatnn
-//! measures ([`Tuning`]), read from the environment in one place ([`Tuning::from_env`]).
+//! measures ([`Tuning`], with [`Convs`] and [`RnnAlgos`]): every `FLATNN_*` tuning switch, read
+//! from the environment in one place ([`Tuning::from_env`]).
 //!
 //! This file uses nothing of CUDA: a build without the `cuda` feature has the same types.
 
@@ -42,6 +43,9 @@ pub struct Tuning {
     pub split_tiles: bool,
     /// Which convolution and recurrent (GRU, LSTM) routes are measured: `FLATNN_CUDNN`.
     pub convs: Convs,
+    /// Which of cuDNN's RNN algorithms the recurrent layers' cuDNN route may measure:
+    /// `FLATNN_RNN_ALGO`, a list of [`RnnAlgos::NAMES`] (`,` between; unset or empty: all).
+    pub rnn_algos: RnnAlgos,
     /// Kernels launch as programmatic dependents of the kernel ahead (sm_90 and later, CUDA 12.3
     /// drivers on). `FLATNN_DEPENDENT_LAUNCH=0` turns it off. A device's setting: it is taken
     /// from the environment when the process first sets the device up, whatever a model says.
@@ -74,6 +78,41 @@ impl Convs {
     }
 }
 
+/// A set of cuDNN's RNN algorithms (`FLATNN_RNN_ALGO`), by their places in [`RnnAlgos::NAMES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RnnAlgos {
+    allowed: [bool; RnnAlgos::NAMES.len()],
+}
+
+impl RnnAlgos {
+    /// cuDNN's RNN algorithms as `FLATNN_RNN_ALGO` (and the route report) names them: cuDNN's
+    /// `CUDNN_RNN_ALGO_*` less the prefix, in lower case.
+    pub const NAMES: [&'static str; 4] = ["standard", "persist_static", "persist_static_small_h", "persist_dynamic"];
+
+    /// Every algorithm (the default).
+    pub const ALL: RnnAlgos = RnnAlgos { allowed: [true; RnnAlgos::NAMES.len()] };
+
+    /// The algorithms `value` names (a list of [`RnnAlgos::NAMES`], `,` between; none named:
+    /// all); None where it names something else.
+    pub fn named(value: &str) -> Option<RnnAlgos> {
+        let mut allowed = [false; RnnAlgos::NAMES.len()];
+        for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let index = RnnAlgos::NAMES.iter().position(|&known| known == name)?;
+            allowed[index] = true;
+        }
+        match allowed.contains(&true) {
+            true => Some(RnnAlgos { allowed }),
+            false => Some(RnnAlgos::ALL),
+        }
+    }
+
+    /// Whether the algorithm `RnnAlgos::NAMES[index]` is in the set.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn allows(self, index: usize) -> bool {
+        self.allowed.get(index).copied().unwrap_or(false)
+    }
+}
+
 impl Default for Tuning {
     /// Every candidate measured: nothing taken away.
     fn default() -> Self {
@@ -83,20 +122,30 @@ impl Default for Tuning {
             split_weight_grads: true,
             split_tiles: true,
             convs: Convs::Measured,
+            rnn_algos: RnnAlgos::ALL,
             dependent_launch: true,
             carveout: true,
         }
     }
 }
 
-/// The environment's tuning, read once per process, and the value of `FLATNN_CUDNN` where it
-/// was not understood.
-fn from_env_once() -> &'static (Tuning, Option<String>) {
-    static ENV: OnceLock<(Tuning, Option<String>)> = OnceLock::new();
+/// The environment's tuning, read once per process, and the values of its settings that were
+/// not understood (which the GPU's route reports alone read).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Env {
+    tuning: Tuning,
+    /// `FLATNN_CUDNN`'s, where not understood (then taken as `auto`).
+    cudnn_not_understood: Option<String>,
+    /// `FLATNN_RNN_ALGO`'s, where it names something else (then every algorithm is allowed).
+    rnn_algo_not_understood: Option<String>,
+}
+
+fn from_env_once() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
     ENV.get_or_init(|| {
         let off = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "0");
         let head = std::env::var("FLATNN_HEAD").unwrap_or_default();
-        let (convs, not_understood) = match std::env::var_os("FLATNN_CUDNN").map(|v| v.to_string_lossy().into_owned()) {
+        let (convs, cudnn_not_understood) = match std::env::var_os("FLATNN_CUDNN").map(|v| v.to_string_lossy().into_owned()) {
             None => (Convs::Measured, None),
             Some(value) => match value.trim() {
                 "0" | "off" | "own" => (Convs::Own, None),
@@ -105,30 +154,71 @@ fn from_env_once() -> &'static (Tuning, Option<String>) {
                 _ => (Convs::Measured, Some(value)),
             },
         };
+        let rnn_algo = std::env::var("FLATNN_RNN_ALGO").unwrap_or_default();
+        let (rnn_algos, rnn_algo_not_understood) = match RnnAlgos::named(&rnn_algo) {
+            Some(algos) => (algos, None),
+            None => (RnnAlgos::ALL, Some(rnn_algo)),
+        };
         let tuning = Tuning {
             head: head.trim() != "0",
             deep_head: !matches!(head.trim(), "0" | "1"),
             split_weight_grads: !off("FLATNN_SPLIT"),
             split_tiles: !off("FLATNN_MMA_SPLIT"),
             convs,
+            rnn_algos,
             dependent_launch: !off("FLATNN_DEPENDENT_LAUNCH"),
             carveout: !off("FLATNN_CARVEOUT"),
         };
-        (tuning, not_understood)
+        Env { tuning, cudnn_not_understood, rnn_algo_not_understood }
     })
 }
 
 impl Tuning {
     /// The tuning the environment asks for, read once per process (the first time this is
     /// called: when the first model is built): each `FLATNN_*` switch above, `=0` to take its
-    /// candidates away; `FLATNN_CUDNN` as [`Convs`]. Unset, every candidate is measured.
+    /// candidates away; `FLATNN_CUDNN` as [`Convs`]; `FLATNN_RNN_ALGO` as [`RnnAlgos::named`].
+    /// Unset, every candidate is measured.
     pub fn from_env() -> Tuning {
-        from_env_once().0
+        from_env_once().tuning
     }
 
     /// The value of `FLATNN_CUDNN` where it was not understood (then taken as `auto`).
     #[cfg(feature = "cuda")]
     pub(crate) fn cudnn_not_understood() -> Option<&'static str> {
-        from_env_once().1.as_deref()
+        from_env_once().cudnn_not_understood.as_deref()
+    }
+
+    /// The value of `FLATNN_RNN_ALGO` where it names something else (then every algorithm is
+    /// allowed).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn rnn_algo_not_understood() -> Option<&'static str> {
+        from_env_once().rnn_algo_not_understood.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RnnAlgos;
+
+    /// The set of the algorithms at `indices` in [`RnnAlgos::NAMES`].
+    fn set(indices: &[usize]) -> RnnAlgos {
+        let mut allowed = [false; RnnAlgos::NAMES.len()];
+        indices.iter().for_each(|&i| allowed[i] = true);
+        RnnAlgos { allowed }
+    }
+
+    #[test]
+    fn rnn_algo_setting_names_algorithms() {
+        assert_eq!(RnnAlgos::named(""), Some(RnnAlgos::ALL));
+        assert_eq!(RnnAlgos::named(" , "), Some(RnnAlgos::ALL));
+        assert_eq!(RnnAlgos::named("persist_static"), Some(set(&[1])));
+        assert_eq!(RnnAlgos::named("persist_static_small_h"), Some(set(&[2])));
+        assert_eq!(RnnAlgos::named("persist_dynamic, standard"), Some(set(&[0, 3])));
+        assert_eq!(RnnAlgos::named("standard,standard"), Some(set(&[0])));
+        assert_eq!(RnnAlgos::named("standard,small_h"), None);
+        assert_eq!(RnnAlgos::named("PERSIST_STATIC"), None);
+        for (i, name) in RnnAlgos::NAMES.into_iter().enumerate() {
+            assert_eq!(RnnAlgos::named(name), Some(set(&[i])));
+        }
     }
 }

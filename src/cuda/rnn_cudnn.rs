@@ -27,6 +27,7 @@
 
 use super::cudnn::{cudnn_error, cudnn_version, Handle};
 use super::guarded_result;
+use super::options::RnnAlgos;
 use crate::error::{Error, Result};
 use crate::layers::recurrent::{Cell, Dims};
 use cudarc::cudnn::result::CudnnError;
@@ -81,14 +82,9 @@ impl Algo {
     }
 
     /// cuDNN's name for it, less `CUDNN_RNN_ALGO_`, in lower case (the report's, and
-    /// `FLATNN_RNN_ALGO`'s).
+    /// `FLATNN_RNN_ALGO`'s: [`RnnAlgos::NAMES`], in [`Algo::ALL`]'s order).
     pub fn name(self) -> &'static str {
-        match self {
-            Algo::Standard => "standard",
-            Algo::PersistStatic => "persist_static",
-            Algo::PersistStaticSmallH => "persist_static_small_h",
-            Algo::PersistDynamic => "persist_dynamic",
-        }
+        RnnAlgos::NAMES[self.index()]
     }
 
     fn raw(self) -> sys::cudnnRNNAlgo_t {
@@ -108,34 +104,6 @@ impl Algo {
             Algo::Standard => (CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, PADDED_IO_DISABLED),
             _ => (CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, PADDED_IO_ENABLED),
         }
-    }
-}
-
-/// The algorithms `FLATNN_RNN_ALGO` lets the recurrent layers' cuDNN route try (a list of
-/// [`Algo::name`]s, `,` between; unset or empty: all), read once per process, and the value where
-/// it names none (then all are tried).
-pub(super) fn algos_allowed() -> &'static (Vec<Algo>, Option<String>) {
-    static ALLOWED: OnceLock<(Vec<Algo>, Option<String>)> = OnceLock::new();
-    ALLOWED.get_or_init(|| {
-        let value = std::env::var("FLATNN_RNN_ALGO").unwrap_or_default();
-        match algos_named(&value) {
-            Some(algos) => (algos, None),
-            None => (Algo::ALL.to_vec(), Some(value)),
-        }
-    })
-}
-
-/// The algorithms a `FLATNN_RNN_ALGO` value names, in [`Algo::ALL`]'s order (none named: all);
-/// None where it names something else.
-fn algos_named(value: &str) -> Option<Vec<Algo>> {
-    let mut names: Vec<&str> = value.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
-    names.sort_unstable();
-    names.dedup();
-    let algos: Vec<Algo> = Algo::ALL.into_iter().filter(|a| names.contains(&a.name())).collect();
-    match names.len() == algos.len() {
-        true if names.is_empty() => Some(Algo::ALL.to_vec()),
-        true => Some(algos),
-        false => None,
     }
 }
 
@@ -553,19 +521,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rnn_algo_setting_names_algorithms() {
-        use Algo::*;
-        assert_eq!(algos_named(""), Some(Algo::ALL.to_vec()));
-        assert_eq!(algos_named(" , "), Some(Algo::ALL.to_vec()));
-        assert_eq!(algos_named("persist_static"), Some(vec![PersistStatic]));
-        assert_eq!(algos_named("persist_static_small_h"), Some(vec![PersistStaticSmallH]));
-        assert_eq!(algos_named("persist_dynamic, standard"), Some(vec![Standard, PersistDynamic]));
-        assert_eq!(algos_named("standard,standard"), Some(vec![Standard]));
-        assert_eq!(algos_named("standard,small_h"), None);
-        assert_eq!(algos_named("PERSIST_STATIC"), None);
+    fn algorithms_are_named_as_the_setting() {
+        let names: Vec<&str> = Algo::ALL.iter().map(|a| a.name()).collect();
+        assert_eq!(names, ["standard", "persist_static", "persist_static_small_h", "persist_dynamic"]);
         for algo in Algo::ALL {
             assert_eq!(Algo::ALL[algo.index()], algo);
-            assert_eq!(algos_named(algo.name()), Some(vec![algo]));
+            let named = RnnAlgos::named(algo.name()).map(|set| Algo::ALL.map(|a| set.allows(a.index())));
+            assert_eq!(named, Some(Algo::ALL.map(|a| a == algo)));
         }
     }
 }

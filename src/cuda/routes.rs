@@ -20,6 +20,12 @@
 //! take another route, whose results differ in the last bits. A
 //! measurement writes only what the step it precedes overwrites (the layer's z and y, its
 //! input gradient or its producer's dz, its weight gradient).
+//!
+//! The routes fastest alone are then checked in whole passes (`routes/check.rs`).
+
+mod check;
+
+pub(crate) use check::Pass;
 
 use super::dense::{Dir, Route};
 use super::dense_pass::{dense_shape, forward_on, input_grad_on, operands, problem, producer, producer_activation, weight_grad_on, On};
@@ -28,7 +34,6 @@ use super::driver_error;
 use super::timing::{time_calls, time_once, SLOW};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
-use crate::loss::Loss;
 use std::fmt::Write;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -127,105 +132,6 @@ fn remember(problem: Problem, route: Route, time: Timed) -> Timed {
     }
 }
 
-/// How much faster (a fraction of the step) a whole step must be on a variant for
-/// [`Routes::check_in_steps`] to keep it: more than the noise of the median of a step's
-/// replays.
-const KEEP: f32 = 0.01;
-
-/// A route that fits every layer's weight gradient (or input gradient) is tried on all of them
-/// at once where it is at most this many times the fastest alone on each; a layer's own
-/// runners-up where they are at most this many times its fastest.
-const NEAR: f32 = 3.0;
-
-/// The runners-up of a direction of a layer tried one at a time, nearest first.
-const RUNNERS_UP: usize = 3;
-
-/// Passes over the variants at most (a pass after one that kept nothing would keep nothing).
-const PASSES: usize = 3;
-
-/// What [`Routes::check_in_steps`] times: an inference's forward pass (the forward routes), or
-/// a training step's forward and backward pass (the backward routes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Pass {
-    Inference,
-    Training,
-}
-
-impl Pass {
-    /// The directions whose routes the pass checks.
-    fn dirs(self) -> &'static [Dir] {
-        match self {
-            Pass::Inference => &[Dir::Forward],
-            Pass::Training => &[Dir::WeightGrad, Dir::InputGrad],
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Pass::Inference => "inference",
-            Pass::Training => "forward and backward",
-        }
-    }
-}
-
-/// What a whole-step check is of: the pass, the device, the model's plan and loss, the bucket, TF32 and
-/// graphs.
-#[derive(PartialEq)]
-struct StepKey {
-    pass: Pass,
-    ordinal: usize,
-    plan: Plan,
-    loss: Option<Loss>,
-    bucket: usize,
-    tf32: bool,
-    graphs: bool,
-}
-
-/// Every whole-step check in this process, with the routes it changed ((layer in the table,
-/// direction, route)): the first check of a key is what every cache uses.
-type StepChanges = Vec<(usize, Dir, Route)>;
-static STEP_CHOICES: Mutex<Vec<(StepKey, StepChanges)>> = Mutex::new(Vec::new());
-
-/// The variants [`Routes::check_in_steps`] tries, in order, each a set of (layer in the table,
-/// direction, route): first, for each backward direction, each route near the fastest alone
-/// ([`NEAR`]) of two layers or more, on all of those at once (so that, say, two weight
-/// gradients split over the batch go in one launch); then each layer's and direction's
-/// runners-up one at a time, nearest first ([`RUNNERS_UP`]).
-fn variants(table: &Table, pass: Pass) -> Vec<StepChanges> {
-    let near = |times: &[(Route, Timed)]| -> Vec<Route> {
-        let mut times: Vec<&(Route, Timed)> = times.iter().filter(|(_, t)| !t.one_call && t.us.is_finite()).collect();
-        times.sort_by(|a, b| a.1.us.total_cmp(&b.1.us));
-        let fastest = times.first().map_or(f32::INFINITY, |t| t.1.us);
-        times.iter().filter(|t| t.1.us <= NEAR * fastest).map(|t| t.0).collect()
-    };
-    let mut out: Vec<StepChanges> = Vec::new();
-    for &dir in pass.dirs() {
-        let chosen: Vec<(usize, Route, Vec<Route>)> = (table.layers.iter().enumerate())
-            .filter_map(|(i, l)| match &l.choices[dir as usize] {
-                Choice::Chosen { route, times, .. } => Some((i, *route, near(times))),
-                Choice::Pending | Choice::NotNeeded => None,
-            })
-            .collect();
-        let mut shared: Vec<Route> = chosen.iter().flat_map(|c| c.2.iter().copied()).collect();
-        shared.dedup();
-        for route in shared.iter().enumerate().filter(|(i, r)| !shared[..*i].contains(r)).map(|(_, r)| *r) {
-            let on: Vec<&(usize, Route, Vec<Route>)> = chosen.iter().filter(|c| c.2.contains(&route)).collect();
-            let variant: StepChanges = on.iter().filter(|c| c.1 != route).map(|c| (c.0, dir, route)).collect();
-            if on.len() > 1 && !variant.is_empty() && !out.contains(&variant) {
-                out.push(variant);
-            }
-        }
-        for (layer, route, near) in &chosen {
-            for r in near.iter().filter(|r| *r != route).take(RUNNERS_UP) {
-                if !out.contains(&vec![(*layer, dir, *r)]) {
-                    out.push(vec![(*layer, dir, *r)]);
-                }
-            }
-        }
-    }
-    out
-}
-
 impl Routes {
     pub fn new() -> Routes {
         Routes { tables: Vec::new(), current: None }
@@ -238,113 +144,6 @@ impl Routes {
         match &table.layers.iter().find(|l| l.step == index)?.choices[dir as usize] {
             Choice::Chosen { route, .. } => Some(*route),
             Choice::Pending | Choice::NotNeeded => None,
-        }
-    }
-
-    /// Whether the routes `pass` chooses in the table [`Routes::prepare`] last picked are
-    /// measured but not yet checked in whole passes.
-    pub fn unchecked(&self, pass: Pass) -> bool {
-        self.current.is_some_and(|index| {
-            let table = &self.tables[index];
-            let measured = |l: &LayerRoutes| pass.dirs().iter().all(|&d| l.choices[d as usize] != Choice::Pending);
-            !table.checked[pass as usize] && table.layers.iter().all(measured)
-        })
-    }
-
-    /// Checks the routes `pass` chooses in the table [`Routes::prepare`] last picked, in whole
-    /// passes. Timed alone, a route misses what runs beside and around it: a step's weight
-    /// gradients run on a side stream, beside the input gradients, and a route that is fastest
-    /// alone may take the SMs the other stream needed; a layer's and the head's weight
-    /// gradients go in one launch only where both take the same route (the split over the
-    /// batch); a kernel's start overlaps the end of the one before it differently. So
-    /// `time_pass` (`pass` on the routes given, µs a pass) times the routes fastest alone, then
-    /// each variant in turn ([`variants`]: a route several layers can take, on all of them;
-    /// each direction's nearest runners-up), and a variant is kept where the pass is faster by
-    /// more than [`KEEP`]. Once per process for a (pass, device, plan, loss, bucket, TF32,
-    /// graphs): later caches take the same routes.
-    pub fn check_in_steps(
-        &mut self,
-        pass: Pass,
-        plan: &Plan,
-        loss: Option<Loss>,
-        graphs: bool,
-        ordinal: usize,
-        time_pass: &dyn Fn(&Routes) -> Result<f32>,
-    ) -> Result<()> {
-        let index = self.current.expect("a table picked by prepare");
-        let table = &self.tables[index];
-        let key = StepKey { pass, ordinal, plan: plan.clone(), loss, bucket: table.bucket, tf32: table.tf32, graphs };
-        let known = {
-            let all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
-            all.iter().find(|(k, _)| *k == key).map(|(_, changes)| changes.clone())
-        };
-        match known {
-            Some(changes) => {
-                self.set(index, &changes);
-            }
-            None => {
-                let start = Instant::now();
-                let alone = time_pass(self)?;
-                let mut best = alone;
-                let mut changes = Vec::new();
-                // again from the routes kept while a pass keeps one (what is fastest beside
-                // the others depends on them), at most PASSES times
-                for _ in 0..PASSES {
-                    let mut kept = false;
-                    for variant in variants(&self.tables[index], pass) {
-                        let before = self.set(index, &variant);
-                        let us = time_pass(self)?;
-                        if us < best * (1.0 - KEEP) {
-                            (best, kept) = (us, true);
-                            changes.retain(|c: &(usize, Dir, Route)| !variant.iter().any(|v| (v.0, v.1) == (c.0, c.1)));
-                            changes.extend(variant);
-                        } else {
-                            self.set(index, &before);
-                        }
-                    }
-                    if !kept {
-                        break;
-                    }
-                }
-                let table = &mut self.tables[index];
-                table.step_us[pass as usize] = Some((alone, best));
-                table.measuring += start.elapsed();
-                let mut all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
-                match all.iter().find(|(k, _)| *k == key) {
-                    // another cache of the same model got there first: take its routes
-                    Some((_, first)) => {
-                        let first = first.clone();
-                        drop(all);
-                        let alone: Vec<_> = changes.iter().map(|&(layer, dir, _)| (layer, dir, self.alone(index, layer, dir))).collect();
-                        self.set(index, &alone);
-                        self.set(index, &first);
-                    }
-                    None => all.push((key, changes)),
-                }
-            }
-        }
-        self.tables[index].checked[pass as usize] = true;
-        Ok(())
-    }
-
-    /// Sets the routes `changes` ((layer in the table, direction, route)) in table `index`;
-    /// the routes they replace.
-    fn set(&mut self, index: usize, changes: &[(usize, Dir, Route)]) -> Vec<(usize, Dir, Route)> {
-        let layers = &mut self.tables[index].layers;
-        changes
-            .iter()
-            .filter_map(|&(layer, dir, new)| match &mut layers[layer].choices[dir as usize] {
-                Choice::Chosen { route, .. } => Some((layer, dir, std::mem::replace(route, new))),
-                Choice::Pending | Choice::NotNeeded => None,
-            })
-            .collect()
-    }
-
-    /// The route of `dir` of the table's `layer` fastest alone.
-    fn alone(&self, index: usize, layer: usize, dir: Dir) -> Route {
-        match &self.tables[index].layers[layer].choices[dir as usize] {
-            Choice::Chosen { alone, .. } => *alone,
-            Choice::Pending | Choice::NotNeeded => Route::Cublas,
         }
     }
 
@@ -557,67 +356,5 @@ mod tests {
         assert_eq!(lines.len(), 14, "{report}");
         assert_eq!(lines[..9], want, "{report}");
         assert_eq!(routes.route(0, Dir::Forward), None, "no table picked yet");
-    }
-
-    /// A table of a 20-16-3 model whose two weight gradients are measured: the first fastest
-    /// alone on `first`, the second on `second`, both also on the split over the batch.
-    fn measured(first: Route, second: Route) -> Routes {
-        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
-        let mut table = new_table(&plan, 128, 128, false);
-        let t = |us| Timed { us, one_call: false };
-        for (layer, alone) in [first, second].into_iter().enumerate() {
-            let times = vec![(alone, t(2.0)), (Route::Split, t(3.0)), (Route::Fused(Kernel::DenseRow), t(50.0))];
-            table.layers[layer].choices = [Choice::Pending, Choice::NotNeeded, Choice::Chosen { route: alone, alone, times }];
-        }
-        Routes { tables: vec![table], current: Some(0) }
-    }
-
-    /// Whole steps keep a variant only where the step is faster on it: here both weight
-    /// gradients split over the batch (one launch), though each is slower so alone; a route far
-    /// slower alone (`NEAR`) is not tried; a second cache of the same model takes the first's
-    /// routes without timing.
-    #[test]
-    fn whole_steps_keep_the_faster_variant() {
-        let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
-        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
-        let mut routes = measured(mma, panel);
-        assert!(routes.unchecked(Pass::Training) && !routes.unchecked(Pass::Inference));
-        let tried = std::cell::RefCell::new(Vec::new());
-        let step = |r: &Routes| {
-            let now = (r.route(0, Dir::WeightGrad).unwrap(), r.route(1, Dir::WeightGrad).unwrap());
-            tried.borrow_mut().push(now);
-            assert!(now.0 != Route::Fused(Kernel::DenseRow) && now.1 != Route::Fused(Kernel::DenseRow), "{now:?}");
-            Ok(if now == (Route::Split, Route::Split) {
-                10.0
-            } else if now == (mma, panel) {
-                12.0
-            } else {
-                12.5
-            })
-        };
-        routes.check_in_steps(Pass::Training, &plan, Some(Loss::LogitCrossEntropy), true, 9001, &step).unwrap();
-        assert!(!routes.unchecked(Pass::Training));
-        assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(Route::Split), Some(Route::Split)));
-        assert_eq!(tried.borrow()[..2], [(mma, panel), (Route::Split, Route::Split)], "the routes alone, then both split");
-        let report = routes.report();
-        assert!(report.contains("forward and backward 12.0 µs on the routes fastest alone, 10.0 µs on those kept"), "{report}");
-        assert!(
-            report.contains("weight gradient: weight_grad_split 3.0 µs, kept in whole steps over dense_mma_32x32_mn (fastest alone)"),
-            "{report}"
-        );
-
-        let mut second = measured(mma, panel);
-        let untimed = |_: &Routes| -> Result<f32> { panic!("the first cache's check is reused") };
-        second.check_in_steps(Pass::Training, &plan, Some(Loss::LogitCrossEntropy), true, 9001, &untimed).unwrap();
-        assert_eq!(second.route(0, Dir::WeightGrad), Some(Route::Split));
-
-        // where no variant is faster, the routes fastest alone stay
-        let mut slower = measured(mma, panel);
-        slower
-            .check_in_steps(Pass::Training, &plan, Some(Loss::LogitCrossEntropy), true, 9002, &|r: &Routes| {
-                Ok(if r.route(0, Dir::WeightGrad) == Some(mma) && r.route(1, Dir::WeightGrad) == Some(panel) { 12.0 } else { 12.05 })
-            })
-            .unwrap();
-        assert_eq!((slower.route(0, Dir::WeightGrad), slower.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
     }
 }

@@ -24,7 +24,7 @@ use super::launch::ViewMut;
 use super::layers;
 pub(crate) use super::nccl::Reduce;
 use super::ops::{loss_key, optim_kernel, LaunchArgs, FINISH_MAX};
-pub use super::options::{Convs, GpuOptions, Tuning};
+pub use super::options::{Convs, GpuOptions, RnnAlgos, Tuning};
 use super::pinned::Pinned;
 use super::routes::{Pass, Routes};
 pub(crate) use super::serve::DevServer;

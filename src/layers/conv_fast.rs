@@ -10,13 +10,18 @@
 //! (`batch_norm::inference_affine`), and a residual block's sum right after that, with the
 //! block's activation; those steps then do not run, and only the last one's output is written
 //! (no step reads the others'). Training runs every step: a batch norm needs the batch's
-//! statistics of the convolution's output.
+//! statistics of the convolution's output. Which steps a convolution takes in, and the tests of
+//! that inference against the steps one by one: `conv_fast/fused.rs`.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod fused;
+
+use fused::Fused;
+
 use super::conv::{geometry, packed, Geometry};
 use super::lowering::{backward, forward, Scratch};
-use super::{batch_norm, split2, BackPass, Layer, Mode, Pass};
+use super::{batch_norm, split2, BackPass, Mode, Pass};
 use crate::activation::Activation;
 use crate::chain::{Plan, Step};
 use crate::cpu::conv::choice::{self, Bucket, Choice, Direction};
@@ -132,42 +137,6 @@ fn backward_direction(step: &Step) -> Direction {
     Direction::Backward { input_grad: step.input_region != 0 }
 }
 
-/// The steps after a convolution that an inference pass runs in the convolution's epilogue: a
-/// batch norm right after it, and a residual block's Add right after that (or after the
-/// convolution). A step is taken in where the one before it has no activation of its own and
-/// its output is read by that step alone.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Fused {
-    pub batch_norm: Option<usize>,
-    pub add: Option<usize>,
-}
-
-impl Fused {
-    /// What convolution step `index` of `plan` takes in.
-    pub fn of(plan: &Plan, index: usize) -> Fused {
-        // step `next` is of the kind `is`, reads step `from`'s output, which nothing else reads
-        // and which is `from`'s z (no activation)
-        let takes = |from: usize, is: fn(&Layer) -> bool| {
-            let (a, next) = (&plan.steps[from], from + 1);
-            let reads = plan.steps.get(next).is_some_and(|b| is(&b.layer) && b.input_region == a.output_region);
-            (reads && a.z_region == a.output_region && plan.consumers[a.output_region] == 1).then_some(next)
-        };
-        let batch_norm = takes(index, |l| matches!(l, Layer::BatchNorm(_)));
-        let add = takes(batch_norm.unwrap_or(index), |l| matches!(l, Layer::Add(_)));
-        Fused { batch_norm, add }
-    }
-
-    /// The last step it runs: the convolution's `index`, or one it takes in.
-    pub fn last(&self, index: usize) -> usize {
-        self.add.or(self.batch_norm).unwrap_or(index)
-    }
-
-    /// Whether it takes in step `index`.
-    pub fn takes(&self, index: usize) -> bool {
-        self.batch_norm == Some(index) || self.add == Some(index)
-    }
-}
-
 /// What a convolution keeps in a cache: its weights packed for every route and direction (the
 /// Winograd route's packed by the first inference pass of a version that runs it, with that
 /// version), its forward scratch, the forward route of each batch bucket ([`Bucket`] as index)
@@ -280,8 +249,8 @@ mod tests {
     use super::*;
     use crate::chain::{Chain, Shape};
     use crate::layers::conv::{backward_spec, forward_spec};
-    use crate::layers::Mode;
     use crate::layers::{backward as run_backward, forward as run_forward, region, Buffers, Draw, GradWorkspace, StepCache, Workspace};
+    use crate::layers::{Layer, Mode};
     use crate::testutil::{poisoned, Rng};
 
     /// A dilated 1-D convolution runs through the lowering (no packed weights nor routes:
@@ -412,56 +381,9 @@ mod tests {
         }
     }
 
-    /// Chains whose convolutions take in a batch norm (2-D and 1-D), a batch norm and a residual
-    /// sum, or a residual sum alone, with ReLU, tanh or no activation after; and where they take
-    /// nothing in: an activation of their own, an output a residual block also reads. With each,
-    /// what its convolution steps take in.
-    fn fusing_chains() -> Vec<(Chain, Vec<(usize, Fused)>)> {
-        let same = crate::ConvOptions { stride: (1, 1), padding: (1, 1) };
-        let padded = crate::Conv1dOptions { stride: 1, padding: 1, dilation: 1 };
-        let fused = |batch_norm: Option<usize>, add: Option<usize>| Fused { batch_norm, add };
-        let (identity, relu, tanh) = (Activation::Identity, Activation::Relu, Activation::Tanh);
-        let images = Chain::new(Shape::image(3, 7, 9))
-            .conv_with(5, (3, 3), identity, same)
-            .batch_norm_with(relu)
-            .residual_with(relu, |c| {
-                c.conv_with(5, (3, 3), identity, same).batch_norm_with(tanh).conv_with(5, (3, 3), identity, same).batch_norm()
-            })
-            .residual_with(tanh, |c| c.conv_with(5, (3, 3), identity, same))
-            .conv_with(4, (2, 2), relu, crate::ConvOptions::default())
-            .batch_norm()
-            .global_avg_pool()
-            .dense(3, identity);
-        let signals = Chain::new(Shape::signal(2, 40))
-            .conv1d(6, 5, identity)
-            .batch_norm_with(relu)
-            .residual(|c| c.conv1d_with(6, 3, identity, padded).batch_norm())
-            .flatten()
-            .dense(3, identity);
-        let shared = Chain::new(Shape::image(2, 6, 6))
-            .conv_with(3, (3, 3), identity, same)
-            .residual(|c| c.batch_norm())
-            .flatten()
-            .dense(2, identity);
-        vec![
-            (
-                images,
-                vec![
-                    (0, fused(Some(1), None)),
-                    (3, fused(Some(4), None)),
-                    (5, fused(Some(6), Some(7))),
-                    (9, fused(None, Some(10))),
-                    (11, Fused::default()),
-                ],
-            ),
-            (signals, vec![(0, fused(Some(1), None)), (3, fused(Some(4), Some(5)))]),
-            (shared, vec![(0, Fused::default())]),
-        ]
-    }
-
     /// A model of `chain` with parameters and running statistics drawn from `seed` (variances
     /// in [0.5, 1.5)), as a batch norm has them after training.
-    fn drawn(chain: Chain, seed: u64, threads: usize) -> crate::Model {
+    pub(super) fn drawn(chain: Chain, seed: u64, threads: usize) -> crate::Model {
         let mut model = chain.build().unwrap().with_threads(threads).unwrap();
         let mut rng = Rng::new(seed);
         let params = rng.uniform(model.plan.param_len);
@@ -473,102 +395,6 @@ mod tests {
         }
         model.set_buffers(&buffers).unwrap();
         model
-    }
-
-    /// Inference with the steps each convolution takes in, against the plain loops running every
-    /// step (f32, the batch norm's own formula): the output of every step that runs, or of the
-    /// last it takes in, within rounding, on 1 and 3 threads, a batch of 3 in buffers for 5,
-    /// everything poisoned first; nothing past the batch written, nor the regions the taken-in
-    /// steps would have written but their last. The steps taken in are the ones listed.
-    #[test]
-    fn inference_with_steps_taken_in_matches_the_steps_one_by_one() {
-        let (capacity, batch) = (5, 3);
-        for (seed, (chain, want)) in fusing_chains().into_iter().enumerate() {
-            let model = drawn(chain, 40 + seed as u64, 1);
-            let plan = model.plan.clone();
-            let buffers = model.buffers().unwrap().to_vec();
-            let x = Rng::new(50 + seed as u64).uniform(batch * plan.input.len());
-            let len = plan.acts_len(capacity).unwrap();
-            let mut spec = poisoned(len);
-            spec[..x.len()].copy_from_slice(&x);
-            crate::layers::spec::forward(&plan, &model.params, &mut spec, capacity, batch, &mut buffers.clone(), DRAW, Mode::Infer);
-            for threads in [1, 3] {
-                let pool = crate::cpu::pool::Pool::new(threads).unwrap();
-                let mut ws = Workspace::new(&plan, capacity, threads).unwrap();
-                let got: Vec<(usize, Fused)> = (ws.steps.iter().enumerate())
-                    .filter_map(|(i, c)| if let StepCache::Conv(c) = c { Some((i, c.fused)) } else { None })
-                    .collect();
-                assert_eq!(got, want, "{:?}", plan.steps[0].layer);
-                let mut fast = poisoned(len);
-                fast[..x.len()].copy_from_slice(&x);
-                run_forward(
-                    &plan,
-                    (&model.params, model.version),
-                    &mut fast,
-                    capacity,
-                    batch,
-                    &pool,
-                    &mut ws,
-                    Buffers::Read(&buffers),
-                    DRAW,
-                    Mode::Infer,
-                );
-                // a step in a group (a convolution and what it takes in) writes its output if it is the last
-                let writes = |i: usize| want.iter().find(|(c, f)| *c == i || f.takes(i)).is_none_or(|(c, f)| f.last(*c) == i);
-                for (index, step) in plan.steps.iter().enumerate().filter(|(_, s)| !s.layer.is_view()) {
-                    let (r, what) = (step.output_region, format!("{threads} threads, step {index} {:?}", step.layer));
-                    let (mine, all) = (region(&plan, r, capacity, batch), region(&plan, r, capacity, capacity));
-                    if writes(index) {
-                        crate::testutil::assert_close(&fast[mine.clone()], &spec[mine.clone()], 1e-5, 1e-5, &what);
-                    } else {
-                        assert!(fast[mine.clone()].iter().all(|v| v.is_nan()), "{what}: written, though in a group");
-                    }
-                    assert!(fast[mine.end..all.end].iter().all(|v| v.is_nan()), "{what}: written past the batch");
-                }
-            }
-        }
-    }
-
-    /// The scale and shift a batch norm folds into are computed on every inference pass from
-    /// the values of that moment: after training steps (which move the running statistics and
-    /// the parameters) and after a write of the batch norm's parameters alone, a cache that
-    /// served inference before gives the same bits as a new one, and those agree with the
-    /// steps one by one.
-    #[test]
-    fn steps_taken_in_follow_their_parameters_and_running_statistics() {
-        let (chain, _) = fusing_chains().swap_remove(0);
-        let mut model = drawn(chain, 60, 2);
-        let plan = model.plan.clone();
-        let batch = 4;
-        let x = Rng::new(61).uniform(batch * plan.input.len());
-        let mut cache = model.preallocate(batch).unwrap();
-        cache.set_inputs(&x).unwrap();
-        let check = |model: &crate::Model, cache: &mut crate::Cache, what: &str| {
-            let got = model.forward(cache).unwrap().to_vec();
-            let mut fresh = model.preallocate(batch).unwrap();
-            fresh.set_inputs(&x).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(model.forward(&mut fresh).unwrap()), "{what}: not a new cache's bits");
-            let mut spec = vec![0.0; plan.acts_len(batch).unwrap()];
-            spec[..x.len()].copy_from_slice(&x);
-            let mut buffers = model.buffers().unwrap().to_vec();
-            crate::layers::spec::forward(&plan, &model.params, &mut spec, batch, batch, &mut buffers, DRAW, Mode::Infer);
-            let out = region(&plan, plan.steps.last().unwrap().output_region, batch, batch);
-            crate::testutil::assert_close(&got, &spec[out], 1e-5, 1e-5, what);
-            got
-        };
-        let before = check(&model, &mut cache, "before");
-        let mut grads = model.preallocate_grads(batch).unwrap();
-        let mut opt = crate::Optimizer::new(&model, crate::Optim::sgd(0.05, 0.0)).unwrap();
-        cache.set_labels(&[0, 1, 2, 1]).unwrap();
-        for _ in 0..3 {
-            opt.train_step(&mut model, &mut grads, &mut cache, crate::Loss::LogitCrossEntropy).unwrap();
-        }
-        let trained = check(&model, &mut cache, "after training");
-        assert_ne!(trained, before);
-        let bn = plan.steps[1].tensors[0].range.clone();
-        model.parameters_mut().unwrap()[bn].iter_mut().for_each(|g| *g *= -2.0);
-        assert_ne!(check(&model, &mut cache, "after a write of a batch norm's γ"), trained);
     }
 
     /// The Winograd route's weights, forced into inference, are packed by the first inference
@@ -606,5 +432,5 @@ mod tests {
         check(&model, &mut cache, "after parameters_mut");
     }
 
-    const DRAW: Draw = Draw { seed: 0, pass: 0, replica: 0 };
+    pub(super) const DRAW: Draw = Draw { seed: 0, pass: 0, replica: 0 };
 }

@@ -518,8 +518,18 @@ mod tests {
                 assert!(root.join("kernels").join(file).is_file(), "{}: no kernels/{file}", kind.kind);
             }
         }
-        let engine =
-            ["mod.rs", "kind.rs", "lowering.rs", "recurrent.rs", "recurrent", "spec.rs", "gradcheck.rs", "conv_fast.rs", "workspace.rs"];
+        let engine = [
+            "mod.rs",
+            "kind.rs",
+            "lowering.rs",
+            "recurrent.rs",
+            "recurrent",
+            "spec.rs",
+            "gradcheck.rs",
+            "conv_fast.rs",
+            "conv_fast",
+            "workspace.rs",
+        ];
         for entry in std::fs::read_dir(root.join("src/layers")).unwrap() {
             let name = entry.unwrap().file_name().into_string().unwrap();
             let registered = REGISTRY.iter().any(|kind| name == format!("{}.rs", kind.room));
