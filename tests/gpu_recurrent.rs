@@ -161,7 +161,7 @@ fn recurrent_forward_and_gradients_on_the_gpu_match_the_cpu() {
 }
 
 /// cuDNN's RNN algorithms, as `FLATNN_RNN_ALGO` names them.
-const ALGOS: [&str; 4] = ["standard", "persist_static", "persist_static_small_h", "persist_dynamic"];
+const ALGOS: [&str; 2] = ["standard", "persist_static_small_h"];
 
 /// Each of cuDNN's RNN algorithms alone (`FLATNN_CUDNN=1`, `FLATNN_RNN_ALGO` naming it), in a
 /// child process each, in layers of the zoo's sizes (a GRU of 64 units, an LSTM of 128): forward

@@ -87,7 +87,7 @@ pub struct RnnAlgos {
 impl RnnAlgos {
     /// cuDNN's RNN algorithms as `FLATNN_RNN_ALGO` (and the route report) names them: cuDNN's
     /// `CUDNN_RNN_ALGO_*` less the prefix, in lower case.
-    pub const NAMES: [&'static str; 4] = ["standard", "persist_static", "persist_static_small_h", "persist_dynamic"];
+    pub const NAMES: [&'static str; 2] = ["standard", "persist_static_small_h"];
 
     /// Every algorithm (the default).
     pub const ALL: RnnAlgos = RnnAlgos { allowed: [true; RnnAlgos::NAMES.len()] };
@@ -211,9 +211,9 @@ mod tests {
     fn rnn_algo_setting_names_algorithms() {
         assert_eq!(RnnAlgos::named(""), Some(RnnAlgos::ALL));
         assert_eq!(RnnAlgos::named(" , "), Some(RnnAlgos::ALL));
-        assert_eq!(RnnAlgos::named("persist_static"), Some(set(&[1])));
-        assert_eq!(RnnAlgos::named("persist_static_small_h"), Some(set(&[2])));
-        assert_eq!(RnnAlgos::named("persist_dynamic, standard"), Some(set(&[0, 3])));
+        assert_eq!(RnnAlgos::named("persist_static_small_h"), Some(set(&[1])));
+        assert_eq!(RnnAlgos::named("persist_static_small_h, standard"), Some(set(&[0, 1])));
+        assert_eq!(RnnAlgos::named("persist_static"), None);
         assert_eq!(RnnAlgos::named("standard,standard"), Some(set(&[0])));
         assert_eq!(RnnAlgos::named("standard,small_h"), None);
         assert_eq!(RnnAlgos::named("PERSIST_STATIC"), None);

@@ -8,7 +8,7 @@
 //! FP32 data, and its inputs and outputs sequence-major, as PyTorch gives them: x (steps, batch,
 //! features), y (steps, batch, hidden); h and c packed (1, batch, hidden). Every sequence is
 //! `steps` long, so cuDNN's packed and unpacked sequence-major layouts are the same memory; the
-//! standard algorithm is given the packed one with padded I/O off, the persistent ones the
+//! standard algorithm is given the packed one with padded I/O off, the persistent one the
 //! unpacked one with padded I/O on (PyTorch's settings for each: the persistent algorithms take
 //! no sequences of different lengths, which the packed layout is for). The batch-major layout,
 //! flatnn's own, sent cuDNN down a path several times slower at small batches; the route
@@ -17,11 +17,13 @@
 //! of that gate.
 //!
 //! The algorithms ([`Algo`]; cuDNN's `cudnnRNNAlgo_t`): standard (a sequence of operations per
-//! step), and three persistent ones, which keep the recurrent weights on chip across the steps
-//! and suit small batches: static, static for small hidden sizes, and dynamic (compiled by
-//! cuDNN with NVRTC for the descriptor's batch, `cudnnBuildRNNDynamic`, when the descriptors are
-//! made). Which of them cuDNN takes depends on the device, the sizes and the math type; one it
-//! refuses is not used. Each algorithm's descriptor gives its own offsets in the weight space
+//! step), and the persistent one for small hidden sizes (up to 192 units in inference, 128 in
+//! training for a GRU or LSTM, by PyTorch's rule), which keeps the recurrent weights on chip
+//! across the steps (the one PyTorch picks for FP32). cuDNN's other persistent algorithms,
+//! static and dynamic, were candidates too and never won: 4 to 50 times slower than the small
+//! one in every layer the GPU tests measure (H200, cuDNN 9.14), and the dynamic one, compiled by
+//! cuDNN with NVRTC per batch, took seconds of a first call. Which algorithm cuDNN takes depends
+//! on the device, the sizes and the math type; one it refuses is not used. Each algorithm's descriptor gives its own offsets in the weight space
 //! (`Descs::weight_parts`), so the copies never assume the layouts agree; the sizes of the
 //! spaces are checked against those the buffers were made for.
 
@@ -38,7 +40,7 @@ use std::sync::OnceLock;
 
 /// The cuDNN functions the RNN route calls beyond those `cudnn.rs` checks: cudarc looks each up
 /// the first time it is called and panics where it is missing.
-const FUNCTIONS: [&str; 18] = [
+const FUNCTIONS: [&str; 17] = [
     "cudnnCreateRNNDescriptor",
     "cudnnSetRNNDescriptor_v8",
     "cudnnDestroyRNNDescriptor",
@@ -56,7 +58,6 @@ const FUNCTIONS: [&str; 18] = [
     "cudnnRNNForward",
     "cudnnRNNBackwardData_v8",
     "cudnnRNNBackwardWeights_v8",
-    "cudnnBuildRNNDynamic",
 ];
 
 /// `CUDNN_RNN_PADDED_IO_DISABLED` and `_ENABLED` (cudnn_adv.h, macros the bindings lack): the
@@ -68,13 +69,11 @@ const PADDED_IO_ENABLED: u32 = 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Algo {
     Standard,
-    PersistStatic,
     PersistStaticSmallH,
-    PersistDynamic,
 }
 
 impl Algo {
-    pub const ALL: [Algo; 4] = [Algo::Standard, Algo::PersistStatic, Algo::PersistStaticSmallH, Algo::PersistDynamic];
+    pub const ALL: [Algo; 2] = [Algo::Standard, Algo::PersistStaticSmallH];
 
     /// Its place in [`Algo::ALL`].
     pub fn index(self) -> usize {
@@ -91,9 +90,7 @@ impl Algo {
         use sys::cudnnRNNAlgo_t::*;
         match self {
             Algo::Standard => CUDNN_RNN_ALGO_STANDARD,
-            Algo::PersistStatic => CUDNN_RNN_ALGO_PERSIST_STATIC,
             Algo::PersistStaticSmallH => CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H,
-            Algo::PersistDynamic => CUDNN_RNN_ALGO_PERSIST_DYNAMIC,
         }
     }
 
@@ -102,7 +99,7 @@ impl Algo {
         use sys::cudnnRNNDataLayout_t::*;
         match self {
             Algo::Standard => (CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, PADDED_IO_DISABLED),
-            _ => (CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, PADDED_IO_ENABLED),
+            Algo::PersistStaticSmallH => (CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED, PADDED_IO_ENABLED),
         }
     }
 }
@@ -152,9 +149,8 @@ fn dim(n: usize, what: &str) -> Result<i32, String> {
 
 impl Descs {
     /// The descriptors of layer `d` for `batch` samples and `algo` (see the module docs), TF32
-    /// tensor cores permitted where `tf32`; a dynamic persistent algorithm's kernels compiled for
-    /// the batch. An error (for the report) where a dimension exceeds cuDNN's `int` or cuDNN
-    /// refuses a descriptor or the compilation.
+    /// tensor cores permitted where `tf32`. An error (for the report) where a dimension exceeds
+    /// cuDNN's `int` or cuDNN refuses a descriptor.
     pub fn new(handle: &Handle, d: &Dims, batch: usize, tf32: bool, algo: Algo) -> Result<Descs, String> {
         use sys::cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
         let (n, steps, features, hidden) =
@@ -216,10 +212,6 @@ impl Descs {
             sys::cudnnSetTensorNdDescriptor(descs.h, F32, 3, dims.as_ptr(), strides.as_ptr())
                 .result()
                 .map_err(|e| refused("cudnnSetTensorNdDescriptor", e))?;
-            if algo == Algo::PersistDynamic {
-                // the plan is kept in the descriptor and serves every later call of this batch
-                sys::cudnnBuildRNNDynamic(handle.raw(), descs.rnn, n).result().map_err(|e| refused("cudnnBuildRNNDynamic", e))?;
-            }
         }
         Ok(descs)
     }
@@ -523,7 +515,7 @@ mod tests {
     #[test]
     fn algorithms_are_named_as_the_setting() {
         let names: Vec<&str> = Algo::ALL.iter().map(|a| a.name()).collect();
-        assert_eq!(names, ["standard", "persist_static", "persist_static_small_h", "persist_dynamic"]);
+        assert_eq!(names, ["standard", "persist_static_small_h"]);
         for algo in Algo::ALL {
             assert_eq!(Algo::ALL[algo.index()], algo);
             let named = RnnAlgos::named(algo.name()).map(|set| Algo::ALL.map(|a| set.allows(a.index())));

@@ -21,7 +21,7 @@
 //!
 //! A cuDNN descriptor carries the batch, so for each (batch, TF32) that runs, the first time it
 //! does (before its graph is captured), a [`Setup`] is made: per layer and algorithm cuDNN takes at
-//! that batch its descriptors (a dynamic persistent algorithm's kernels compiled then) and where
+//! that batch its descriptors and where
 //! cuDNN keeps each of its tensors (the copies between flatnn's flat parameters and cuDNN's
 //! weight space, merged where both sides are contiguous). Then each layer's route for the mode is
 //! measured (`rnn_dnn/measure.rs`, which also writes the report). An algorithm cuDNN refuses, at
@@ -399,8 +399,8 @@ impl Inner {
 
     /// A new setup for (batch, tf32), nothing measured yet; its index.
     fn add_setup(&mut self, plan: &Plan, batch: usize, tf32: bool) -> usize {
-        // (as in `layer_bufs`, and a dynamic persistent algorithm's kernels are compiled and
-        // loaded here; nothing here allocates device memory otherwise)
+        // (as in `layer_bufs`: cuDNN may load modules here; nothing here allocates device
+        // memory otherwise)
         let exclusive = device_wide();
         let layers = (0..self.layers.len()).map(|i| self.layer_setup(plan, i, batch, tf32)).collect();
         drop(exclusive);
