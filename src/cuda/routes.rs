@@ -7,25 +7,25 @@
 //! Batches are measured by size bucket, the powers of two: a batch of `b` samples takes the
 //! routes of bucket `b.next_power_of_two()`, measured at that many samples (at the capacity
 //! where that is less). A bucket is measured the first time a batch of its sizes runs, before
-//! its graph is captured (the forward direction by `forward`, the other two by the first
-//! training step): that call waits for the device; once every bucket in use is measured, steps
-//! and forward passes queue their graphs without waiting. (A cache's backward buffers come with
-//! `preallocate_grads`, apart from `preallocate`, so nothing is measured when they are made.)
+//! its graph is captured (the forward direction by `forward` or a training step, whichever
+//! comes first; the other two by the first training step): that call waits for the device;
+//! once every bucket in use is measured, steps and forward passes queue their graphs without
+//! waiting. (A cache's backward buffers come with `preallocate_grads`, apart from `preallocate`,
+//! so nothing is measured when they are made.)
 //!
 //! Each route is timed once per process for a (device, direction, layer shape, bucket, TF32,
 //! graphs, epilogue) and every later cache reuses the time, so the models of one process take
 //! the same routes and compute the same bits (where the same routes fit: the tensor-core tiles
 //! need 16-byte aligned operands, and where a layer's inputs start in the activations depends
 //! on the capacity). Every route is deterministic; another process may measure otherwise and
-//! take another route, whose results differ in the last bits. A
-//! measurement writes only what the step it precedes overwrites (the layer's z and y, its
-//! input gradient or its producer's dz, its weight gradient).
+//! take another route, whose results differ in the last bits. A measurement writes only what
+//! the step it precedes overwrites (the layer's z and y, its input gradient or its producer's
+//! dz, its weight gradient).
 //!
-//! The routes fastest alone are then checked in whole passes (`routes/check.rs`).
+//! A training step's backward routes fastest alone are then checked in whole steps
+//! (`routes/check.rs`).
 
 mod check;
-
-pub(crate) use check::Pass;
 
 use super::dense::{Dir, Route};
 use super::dense_pass::{dense_shape, forward_on, input_grad_on, operands, problem, producer, producer_activation, weight_grad_on, On};
@@ -74,12 +74,11 @@ struct Table {
     layers: Vec<LayerRoutes>,
     /// Host time spent measuring its routes, in this cache.
     measuring: Duration,
-    /// Whether its routes were checked in whole passes yet ([`Routes::check_in_steps`]), per
-    /// [`Pass`].
-    checked: [bool; 2],
+    /// Whether its backward routes were checked in whole steps yet ([`Routes::check_in_steps`]).
+    checked: bool,
     /// A training step's forward and backward pass (µs) on the routes fastest alone, and on
-    /// those kept after the whole-step check (where this cache checked), per [`Pass`].
-    step_us: [Option<(f32, f32)>; 2],
+    /// those kept after the whole-step check (where this cache checked).
+    step_us: Option<(f32, f32)>,
 }
 
 /// A cache's dense routes: a table per bucket (and TF32 setting) that has run.
@@ -170,7 +169,7 @@ impl Routes {
         let start = Instant::now();
         let mut table = std::mem::replace(
             &mut self.tables[index],
-            Table { bucket, samples: 0, tf32, layers: Vec::new(), measuring: Duration::ZERO, checked: [false; 2], step_us: [None; 2] },
+            Table { bucket, samples: 0, tf32, layers: Vec::new(), measuring: Duration::ZERO, checked: false, step_us: None },
         );
         let outcome = (|| {
             for layer in &mut table.layers {
@@ -198,10 +197,8 @@ impl Routes {
             let sizes = if first >= table.samples { format!("{}", table.samples) } else { format!("{first}–{}", table.samples) };
             let ms = table.measuring.as_secs_f64() * 1e3;
             let _ = write!(out, "{}batch {sizes} {arith}: dense routes measured in {ms:.1} ms", if out.is_empty() { "" } else { "\n" });
-            for pass in [Pass::Inference, Pass::Training] {
-                if let Some((alone, kept)) = table.step_us[pass as usize] {
-                    let _ = write!(out, "; {} {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept", pass.name());
-                }
+            if let Some((alone, kept)) = table.step_us {
+                let _ = write!(out, "; forward and backward {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept");
             }
             for layer in &table.layers {
                 for dir in Dir::ALL {
@@ -246,7 +243,7 @@ fn new_table(plan: &Plan, bucket: usize, capacity: usize, tf32: bool) -> Table {
             Some(LayerRoutes { step: index, label, choices: [Choice::Pending, Choice::Pending, Choice::Pending] })
         })
         .collect();
-    Table { bucket, samples: bucket.min(capacity), tf32, layers, measuring: Duration::ZERO, checked: [false; 2], step_us: [None; 2] }
+    Table { bucket, samples: bucket.min(capacity), tf32, layers, measuring: Duration::ZERO, checked: false, step_us: None }
 }
 
 /// Times every route of `dir` of dense step `step` that fits (at `samples` samples, as routes

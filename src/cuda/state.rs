@@ -26,7 +26,7 @@ pub(crate) use super::nccl::Reduce;
 use super::ops::{loss_key, optim_kernel, LaunchArgs, FINISH_MAX};
 pub use super::options::{Convs, GpuOptions, RnnAlgos, Tuning};
 use super::pinned::Pinned;
-use super::routes::{Pass, Routes};
+use super::routes::Routes;
 pub(crate) use super::serve::DevServer;
 use super::timing::time_calls;
 use crate::cache::{Cache, Grads};
@@ -222,16 +222,6 @@ impl DevModel {
         let run = StepRun { gpu, blas, stream, plan, f: &f, b: None, options: self.options };
         dnn.prepare(&run)?;
         routes.prepare(&run)?;
-        if routes.unchecked(Pass::Inference) {
-            // before the pass's first capture, as measuring the routes was
-            let time = |routes: &Routes| {
-                let f = Forward { dnn: Some(dnn), routes: Some(routes), ..f };
-                time_calls(gpu, stream, self.options.graphs, &|| {
-                    exec::forward(gpu, blas, stream, plan, &f, false, plan.steps.len(), Mode::Infer).map(|_| ())
-                })
-            };
-            routes.check_in_steps(Pass::Inference, plan, None, self.options.graphs, gpu.ordinal(), &time)?;
-        }
         let f = Forward { dnn: Some(dnn), routes: Some(routes), ..f };
         let signal = out.len() <= FINISH_MAX;
         let (host_out_device, flag) = (outputs.device_ptr(), done.device_ptr());
@@ -374,21 +364,28 @@ impl DevModel {
             let run = StepRun { f: &f, ..run };
             backprop_pass(&run, &b, &l, &side, loss, copy_in)
         };
-        if dev.routes.unchecked(Pass::Training) {
+        if dev.routes.unchecked() {
             // before the step's first capture, as measuring the routes was. The steps it times
             // move what outlives a step (the running statistics in the buffers, the losses'
             // sum and count): both are put back.
+            let wait = || stream.synchronize().map_err(|e| driver_error("waiting for a copy", e));
             let buffers = self.buffers.as_ref().map(|buffers| copy_of(gpu, stream, buffers)).transpose()?;
-            let losses = copy_of(gpu, stream, &dg.loss)?;
+            let losses = copy_of(gpu, stream, &dg.loss).inspect_err(|_| {
+                // the buffers' copy is done before it is freed
+                let _ = wait();
+            })?;
             let time = |routes: &Routes| time_calls(gpu, stream, self.options.graphs, &|| step_on(routes, false));
-            let checked = dev.routes.check_in_steps(Pass::Training, plan, Some(loss), self.options.graphs, gpu.ordinal(), &time);
-            if let (Some(to), Some(from)) = (&self.buffers, &buffers) {
-                copy(stream, from, to)?;
-            }
-            copy(stream, &losses, &dg.loss)?;
-            // the copies are done before their sources are freed
-            stream.synchronize().map_err(|e| driver_error("waiting for a copy", e))?;
+            let checked = dev.routes.check_in_steps(plan, loss, self.options.graphs, gpu.ordinal(), &time);
+            let restored = match (&self.buffers, &buffers) {
+                (Some(to), Some(from)) => copy(stream, from, to),
+                _ => Ok(()),
+            };
+            let restored = restored.and_then(|()| copy(stream, &losses, &dg.loss));
+            // the copies are done before their sources are freed, whatever failed
+            let waited = wait();
             checked?;
+            restored?;
+            waited?;
         }
         let work = || {
             step_on(&dev.routes, copy_in)?;

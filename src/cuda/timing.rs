@@ -8,13 +8,13 @@ use cudarc::driver::{result as driver, sys as driver_sys, CudaStream};
 use std::fmt::Write;
 use std::sync::{Mutex, PoisonError};
 
-/// Calls per captured graph (or eager run), and runs timed.
 /// A candidate (a route, an algorithm) whose first eager call takes more than this many times
 /// the fastest first call of the others is not timed further: it cannot win, and timing it in
 /// full would make the slowest candidates (say a row a block over a thousand samples, or a
 /// persistent RNN kernel far past its batch) most of the measuring time.
 pub(super) const SLOW: f32 = 4.0;
 
+/// Calls per captured graph (or eager run), and runs timed.
 const REPS: usize = 10;
 const SAMPLES: usize = 5;
 

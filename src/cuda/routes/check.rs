@@ -1,9 +1,14 @@
-//! The dense routes chosen alone, checked in whole passes ([`Routes::check_in_steps`]): an
-//! inference's forward pass, or a training step's forward and backward pass, timed on the
-//! routes fastest alone and on variants of them, a variant kept where the pass is faster. Once
-//! per process for a (pass, device, plan, loss, bucket, TF32, graphs).
+//! The dense routes chosen alone, checked in whole training steps ([`Routes::check_in_steps`]):
+//! a step's forward and backward pass timed on the routes fastest alone and on variants of the
+//! backward routes, a variant kept where the pass is faster. Once per process for a (device,
+//! plan, loss, bucket, TF32, graphs).
+//!
+//! Inference is not checked: a forward pass runs its layers one after another on one stream, as
+//! they were timed alone, and checking it in whole passes would change forward routes that a
+//! training step's graph had captured (two caches of one model would then compute other bits
+//! depending on whether one ran `forward` first) and run a stream's carried state on.
 
-use super::{Choice, LayerRoutes, Routes, Table, Timed};
+use super::{Choice, Routes, Table, Timed};
 use crate::chain::Plan;
 use crate::cuda::dense::{Dir, Route};
 use crate::error::Result;
@@ -16,8 +21,8 @@ use std::time::Instant;
 /// replays.
 const KEEP: f32 = 0.01;
 
-/// A route that fits every layer's weight gradient (or input gradient) is tried on all of them
-/// at once where it is at most this many times the fastest alone on each; a layer's own
+/// A route that fits several layers' weight gradients (or input gradients) is tried on all of
+/// them at once where it is at most this many times the fastest alone on each; a layer's own
 /// runners-up where they are at most this many times its fastest.
 const NEAR: f32 = 3.0;
 
@@ -27,46 +32,25 @@ const RUNNERS_UP: usize = 3;
 /// Passes over the variants at most (a pass after one that kept nothing would keep nothing).
 const PASSES: usize = 3;
 
-/// What [`Routes::check_in_steps`] times: an inference's forward pass (the forward routes), or
-/// a training step's forward and backward pass (the backward routes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Pass {
-    Inference,
-    Training,
-}
+/// The directions a training step's check varies: those of the backward pass, whose weight
+/// gradients run on a second stream beside the input gradients.
+const DIRS: [Dir; 2] = [Dir::WeightGrad, Dir::InputGrad];
 
-impl Pass {
-    /// The directions whose routes the pass checks.
-    fn dirs(self) -> &'static [Dir] {
-        match self {
-            Pass::Inference => &[Dir::Forward],
-            Pass::Training => &[Dir::WeightGrad, Dir::InputGrad],
-        }
-    }
-
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Pass::Inference => "inference",
-            Pass::Training => "forward and backward",
-        }
-    }
-}
-
-/// What a whole-step check is of: the pass, the device, the model's plan and loss, the bucket, TF32 and
+/// What a whole-step check is of: the device, the model's plan and loss, the bucket, TF32 and
 /// graphs.
 #[derive(PartialEq)]
 struct StepKey {
-    pass: Pass,
     ordinal: usize,
     plan: Plan,
-    loss: Option<Loss>,
+    loss: Loss,
     bucket: usize,
     tf32: bool,
     graphs: bool,
 }
 
 /// Every whole-step check in this process, with the routes it changed ((layer in the table,
-/// direction, route)): the first check of a key is what every cache uses.
+/// direction, route)): the first check of a key is what every cache uses, where those routes fit
+/// it (see [`Routes::set`]).
 type StepChanges = Vec<(usize, Dir, Route)>;
 static STEP_CHOICES: Mutex<Vec<(StepKey, StepChanges)>> = Mutex::new(Vec::new());
 
@@ -75,7 +59,7 @@ static STEP_CHOICES: Mutex<Vec<(StepKey, StepChanges)>> = Mutex::new(Vec::new())
 /// ([`NEAR`]) of two layers or more, on all of those at once (so that, say, two weight
 /// gradients split over the batch go in one launch); then each layer's and direction's
 /// runners-up one at a time, nearest first ([`RUNNERS_UP`]).
-fn variants(table: &Table, pass: Pass) -> Vec<StepChanges> {
+fn variants(table: &Table) -> Vec<StepChanges> {
     let near = |times: &[(Route, Timed)]| -> Vec<Route> {
         let mut times: Vec<&(Route, Timed)> = times.iter().filter(|(_, t)| !t.one_call && t.us.is_finite()).collect();
         times.sort_by(|a, b| a.1.us.total_cmp(&b.1.us));
@@ -83,7 +67,7 @@ fn variants(table: &Table, pass: Pass) -> Vec<StepChanges> {
         times.iter().filter(|t| t.1.us <= NEAR * fastest).map(|t| t.0).collect()
     };
     let mut out: Vec<StepChanges> = Vec::new();
-    for &dir in pass.dirs() {
+    for dir in DIRS {
         let chosen: Vec<(usize, Route, Vec<Route>)> = (table.layers.iter().enumerate())
             .filter_map(|(i, l)| match &l.choices[dir as usize] {
                 Choice::Chosen { route, times, .. } => Some((i, *route, near(times))),
@@ -111,39 +95,42 @@ fn variants(table: &Table, pass: Pass) -> Vec<StepChanges> {
 }
 
 impl Routes {
-    /// Whether the routes `pass` chooses in the table [`Routes::prepare`] last picked are
-    /// measured but not yet checked in whole passes.
-    pub fn unchecked(&self, pass: Pass) -> bool {
+    /// Whether the backward routes of the table [`Routes::prepare`] last picked are measured but
+    /// not yet checked in whole steps.
+    pub fn unchecked(&self) -> bool {
         self.current.is_some_and(|index| {
             let table = &self.tables[index];
-            let measured = |l: &LayerRoutes| pass.dirs().iter().all(|&d| l.choices[d as usize] != Choice::Pending);
-            !table.checked[pass as usize] && table.layers.iter().all(measured)
+            let measured = table.layers.iter().all(|l| DIRS.iter().all(|&d| l.choices[d as usize] != Choice::Pending));
+            !table.checked && measured
         })
     }
 
-    /// Checks the routes `pass` chooses in the table [`Routes::prepare`] last picked, in whole
-    /// passes. Timed alone, a route misses what runs beside and around it: a step's weight
+    /// Checks the backward routes of the table [`Routes::prepare`] last picked, in whole
+    /// training steps. Timed alone, a route misses what runs beside it: a step's weight
     /// gradients run on a side stream, beside the input gradients, and a route that is fastest
     /// alone may take the SMs the other stream needed; a layer's and the head's weight
     /// gradients go in one launch only where both take the same route (the split over the
-    /// batch); a kernel's start overlaps the end of the one before it differently. So
-    /// `time_pass` (`pass` on the routes given, µs a pass) times the routes fastest alone, then
-    /// each variant in turn ([`variants`]: a route several layers can take, on all of them;
-    /// each direction's nearest runners-up), and a variant is kept where the pass is faster by
-    /// more than [`KEEP`]. Once per process for a (pass, device, plan, loss, bucket, TF32,
-    /// graphs): later caches take the same routes.
+    /// batch). So `time_step` (a training step's forward and backward pass on the routes given,
+    /// µs a step) times the routes fastest alone, then each variant in turn ([`variants`]),
+    /// and a variant is kept where the step is faster by more than [`KEEP`]; one whose timing
+    /// fails is put back and not kept. Nothing is timed where there is no variant. Once per
+    /// process for a (device, plan, loss, bucket, TF32, graphs): later caches take the same
+    /// routes where they fit them.
     pub fn check_in_steps(
         &mut self,
-        pass: Pass,
         plan: &Plan,
-        loss: Option<Loss>,
+        loss: Loss,
         graphs: bool,
         ordinal: usize,
-        time_pass: &dyn Fn(&Routes) -> Result<f32>,
+        time_step: &dyn Fn(&Routes) -> Result<f32>,
     ) -> Result<()> {
         let index = self.current.expect("a table picked by prepare");
         let table = &self.tables[index];
-        let key = StepKey { pass, ordinal, plan: plan.clone(), loss, bucket: table.bucket, tf32: table.tf32, graphs };
+        if variants(table).is_empty() {
+            self.tables[index].checked = true;
+            return Ok(());
+        }
+        let key = StepKey { ordinal, plan: plan.clone(), loss, bucket: table.bucket, tf32: table.tf32, graphs };
         let known = {
             let all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
             all.iter().find(|(k, _)| *k == key).map(|(_, changes)| changes.clone())
@@ -154,22 +141,24 @@ impl Routes {
             }
             None => {
                 let start = Instant::now();
-                let alone = time_pass(self)?;
+                let alone = time_step(self)?;
                 let mut best = alone;
                 let mut changes = Vec::new();
                 // again from the routes kept while a pass keeps one (what is fastest beside
                 // the others depends on them), at most PASSES times
                 for _ in 0..PASSES {
                     let mut kept = false;
-                    for variant in variants(&self.tables[index], pass) {
+                    for variant in variants(&self.tables[index]) {
                         let before = self.set(index, &variant);
-                        let us = time_pass(self)?;
-                        if us < best * (1.0 - KEEP) {
-                            (best, kept) = (us, true);
-                            changes.retain(|c: &(usize, Dir, Route)| !variant.iter().any(|v| (v.0, v.1) == (c.0, c.1)));
-                            changes.extend(variant);
-                        } else {
-                            self.set(index, &before);
+                        match time_step(self) {
+                            Ok(us) if us < best * (1.0 - KEEP) => {
+                                (best, kept) = (us, true);
+                                changes.retain(|c: &(usize, Dir, Route)| !variant.iter().any(|v| (v.0, v.1) == (c.0, c.1)));
+                                changes.extend(variant);
+                            }
+                            Ok(_) | Err(_) => {
+                                self.set(index, &before);
+                            }
                         }
                     }
                     if !kept {
@@ -177,11 +166,12 @@ impl Routes {
                     }
                 }
                 let table = &mut self.tables[index];
-                table.step_us[pass as usize] = Some((alone, best));
+                table.step_us = Some((alone, best));
                 table.measuring += start.elapsed();
                 let mut all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
                 match all.iter().find(|(k, _)| *k == key) {
-                    // another cache of the same model got there first: take its routes
+                    // another cache of the same model got there first: take its routes (the
+                    // times this cache measured stay in its report)
                     Some((_, first)) => {
                         let first = first.clone();
                         drop(all);
@@ -193,19 +183,23 @@ impl Routes {
                 }
             }
         }
-        self.tables[index].checked[pass as usize] = true;
+        self.tables[index].checked = true;
         Ok(())
     }
 
-    /// Sets the routes `changes` ((layer in the table, direction, route)) in table `index`;
-    /// the routes they replace.
+    /// Sets the routes `changes` ((layer in the table, direction, route)) in table `index`, each
+    /// where it is one of the routes that fit that layer and direction in this cache (the tiles'
+    /// alignment depends on the capacity: another cache of the model may have kept a route that
+    /// does not fit this one); the routes they replace.
     fn set(&mut self, index: usize, changes: &[(usize, Dir, Route)]) -> Vec<(usize, Dir, Route)> {
         let layers = &mut self.tables[index].layers;
         changes
             .iter()
             .filter_map(|&(layer, dir, new)| match &mut layers[layer].choices[dir as usize] {
-                Choice::Chosen { route, .. } => Some((layer, dir, std::mem::replace(route, new))),
-                Choice::Pending | Choice::NotNeeded => None,
+                Choice::Chosen { route, times, .. } if times.iter().any(|t| t.0 == new) => {
+                    Some((layer, dir, std::mem::replace(route, new)))
+                }
+                Choice::Chosen { .. } | Choice::Pending | Choice::NotNeeded => None,
             })
             .collect()
     }
@@ -249,7 +243,7 @@ mod tests {
         let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
         let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
         let mut routes = measured(mma, panel);
-        assert!(routes.unchecked(Pass::Training) && !routes.unchecked(Pass::Inference));
+        assert!(routes.unchecked());
         let tried = std::cell::RefCell::new(Vec::new());
         let step = |r: &Routes| {
             let now = (r.route(0, Dir::WeightGrad).unwrap(), r.route(1, Dir::WeightGrad).unwrap());
@@ -263,8 +257,8 @@ mod tests {
                 12.5
             })
         };
-        routes.check_in_steps(Pass::Training, &plan, Some(Loss::LogitCrossEntropy), true, 9001, &step).unwrap();
-        assert!(!routes.unchecked(Pass::Training));
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &step).unwrap();
+        assert!(!routes.unchecked());
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(Route::Split), Some(Route::Split)));
         assert_eq!(tried.borrow()[..2], [(mma, panel), (Route::Split, Route::Split)], "the routes alone, then both split");
         let report = routes.report();
@@ -276,16 +270,66 @@ mod tests {
 
         let mut second = measured(mma, panel);
         let untimed = |_: &Routes| -> Result<f32> { panic!("the first cache's check is reused") };
-        second.check_in_steps(Pass::Training, &plan, Some(Loss::LogitCrossEntropy), true, 9001, &untimed).unwrap();
+        second.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &untimed).unwrap();
         assert_eq!(second.route(0, Dir::WeightGrad), Some(Route::Split));
 
         // where no variant is faster, the routes fastest alone stay
         let mut slower = measured(mma, panel);
         slower
-            .check_in_steps(Pass::Training, &plan, Some(Loss::LogitCrossEntropy), true, 9002, &|r: &Routes| {
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9002, &|r: &Routes| {
                 Ok(if r.route(0, Dir::WeightGrad) == Some(mma) && r.route(1, Dir::WeightGrad) == Some(panel) { 12.0 } else { 12.05 })
             })
             .unwrap();
         assert_eq!((slower.route(0, Dir::WeightGrad), slower.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
+    }
+
+    /// A variant whose timing fails is put back and not kept (the routes fastest alone stay,
+    /// and the check completes); a route another cache kept is taken only where it fits this
+    /// cache's layer (is among its routes timed); a table with nothing to vary times nothing.
+    #[test]
+    fn a_failed_variant_is_put_back_and_a_route_that_does_not_fit_is_not_taken() {
+        let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
+        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let mut routes = measured(mma, panel);
+        routes
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9003, &|r: &Routes| {
+                let now = (r.route(0, Dir::WeightGrad).unwrap(), r.route(1, Dir::WeightGrad).unwrap());
+                match now == (Route::Split, Route::Split) {
+                    true => Err(crate::Error::Cuda { what: "a variant failed to run".into() }),
+                    false => Ok(12.0),
+                }
+            })
+            .unwrap();
+        assert!(!routes.unchecked());
+        assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
+
+        // a cache of the model whose first layer cannot take the split (another capacity)
+        let mut kept = measured(mma, panel);
+        kept.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9004, &|r: &Routes| {
+            Ok(if r.route(0, Dir::WeightGrad) == Some(Route::Split) && r.route(1, Dir::WeightGrad) == Some(Route::Split) {
+                10.0
+            } else {
+                12.0
+            })
+        })
+        .unwrap();
+        let mut other = measured(mma, panel);
+        if let Choice::Chosen { times, .. } = &mut other.tables[0].layers[0].choices[Dir::WeightGrad as usize] {
+            times.retain(|t| t.0 != Route::Split);
+        }
+        other
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9004, &|_: &Routes| panic!("the first cache's check is reused"))
+            .unwrap();
+        assert_eq!((other.route(0, Dir::WeightGrad), other.route(1, Dir::WeightGrad)), (Some(mma), Some(Route::Split)));
+
+        // one route to choose from in every direction: nothing to vary, nothing timed
+        let mut single = measured(mma, panel);
+        for layer in &mut single.tables[0].layers {
+            if let Choice::Chosen { route, times, .. } = &mut layer.choices[Dir::WeightGrad as usize] {
+                times.retain(|t| t.0 == *route);
+            }
+        }
+        single.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9005, &|_: &Routes| panic!("nothing to time")).unwrap();
+        assert!(!single.unchecked());
     }
 }
