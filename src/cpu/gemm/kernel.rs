@@ -55,6 +55,33 @@ impl Panel for Packed {
     }
 }
 
+/// Panels read where they lie in a B whose rows are contiguous: row p at `ptr + p·rs`, the
+/// next panel NR values on.
+#[derive(Clone, Copy)]
+pub(super) struct InPlace {
+    pub ptr: *const f32,
+    pub rs: usize,
+}
+
+impl Panel for InPlace {
+    #[inline(always)]
+    unsafe fn row(self, p: usize, _nr: usize) -> *const f32 {
+        // SAFETY: the caller's promise (row p of this panel).
+        unsafe { self.ptr.add(p * self.rs) }
+    }
+
+    #[inline(always)]
+    fn gap(self, nr: usize) -> usize {
+        nr / 2
+    }
+
+    #[inline(always)]
+    unsafe fn next(self, q: usize, nr: usize) -> Self {
+        // SAFETY: the caller's promise (panel q exists).
+        InPlace { ptr: unsafe { self.ptr.add(q * nr) }, ..self }
+    }
+}
+
 /// Rows read in place from one buffer, each at its own offset: row p of the panel at
 /// `base + offsets[p]`, the next panel NR values on. (A convolution's input, each row a
 /// shifted window of the same planes: no lowered copy.)

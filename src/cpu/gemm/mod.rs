@@ -3,6 +3,9 @@
 //! The loop nest is the GotoBLAS/BLIS one, written once (`nest.rs`) and generic over a
 //! micro-kernel: B is packed into KC×NC blocks of NR-wide panels, A into MC×KC blocks of row
 //! panels at most MR tall, and the micro-kernel computes a tile of C from one panel of each.
+//! Where A's rows are one block and B's rows are contiguous, B's full panels are read where
+//! they lie if their rows spread over L1's sets (each panel then serves one sweep, and
+//! packing it would be a pass of its own).
 //! The kernel is chosen at run time ([`Isa`]): AVX-512 (12×32 tiles), AVX2 + FMA (6×16), or
 //! portable Rust (6×16). Packing buffers live in a [`GemmWorkspace`] allocated once, so a call
 //! never allocates. Single-row problems with a plain B (batch-1 training) skip packing.
@@ -447,9 +450,10 @@ pub(crate) fn sgemm_packed_b(pool: &Pool, ws: &mut GemmWorkspace, m: usize, alph
 }
 
 /// C (m×n) ← α·A·B (k×n) + β·C through the blocked nest, both operands packed here as the
-/// call goes (never transposed, never row by row), split over the pool's threads: the bits
-/// [`sgemm_packed_b`] and [`sgemm_packed_a`] give with either operand packed once, for a first
-/// product that cannot yet tell whether packing once would be repaid. Panics as [`sgemm`].
+/// call goes (B's panels perhaps read in place; never transposed, never row by row), split
+/// over the pool's threads: the bits [`sgemm_packed_b`] and [`sgemm_packed_a`] give with
+/// either operand packed once, for a first product that cannot yet tell whether packing once
+/// would be repaid. Panics as [`sgemm`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sgemm_blocked(
     pool: &Pool,

@@ -1,6 +1,6 @@
 //! The blocked loop nest, written once for every kernel and every form of the operands.
 
-use super::kernel::{panels_for, Kernel, Packed, Panel, Runs, Shifted, ShiftedRuns};
+use super::kernel::{panels_for, InPlace, Kernel, Packed, Panel, Runs, Shifted, ShiftedRuns};
 use super::pack::{pack_a, pack_b, row_panels};
 use super::packed::{AView, BView};
 use super::{Product, View, ViewMut, KC, MC, NC};
@@ -56,6 +56,9 @@ pub(super) unsafe fn blocked<K: Kernel>(scratch: &mut [f32], p: &Product) {
             // extent; bpack holds KC·NC values.
             unsafe {
                 match p.b {
+                    BOp::View(b) if p.m <= MC && b.cs == 1 && in_place_fits_l1(b.at(pc, jc).ptr as usize, kc, K::NR, b.rs) => {
+                        in_place::<K>(apack, bpack, p, pc, kc, jc, nc, b, beta)
+                    }
                     BOp::View(b) => {
                         pack_b(K::NR, kc, nc, b.at(pc, jc), bpack);
                         row_blocks::<K, _>(apack, p, pc, kc, jc, nc, Packed { ptr: bpack.as_ptr(), stride: kc * K::NR }, beta);
@@ -102,6 +105,80 @@ unsafe fn row_blocks<K: Kernel, B: Panel>(apack: &mut [f32], p: &Product, pc: us
             tiles::<K, B>(mc, nc, kc, a, b, p.alpha, beta, p.c.at(ic, jc));
         }
     }
+}
+
+/// As [`row_blocks`] for m ≤ MC (one block of A's rows) and B's rows contiguous: the full
+/// panels read where they lie, the last (narrower) one packed. With one block of rows each
+/// B panel serves a single sweep down them, which packing would precede with a pass of its
+/// own over the block (written out to L2 and read back).
+///
+/// # Safety
+/// As [`row_blocks`], for `b` the strided B with cs = 1; m ≤ MC; bpack holds KC·NC values.
+#[allow(clippy::too_many_arguments)]
+unsafe fn in_place<K: Kernel>(
+    apack: &mut [f32],
+    bpack: &mut [f32],
+    p: &Product,
+    pc: usize,
+    kc: usize,
+    jc: usize,
+    nc: usize,
+    b: View,
+    beta: f32,
+) {
+    debug_assert!(p.m <= MC && b.cs == 1);
+    // SAFETY: rows 0..m, columns pc..pc + kc ≤ k of A (apack holds MC·KC); rows pc..pc + kc
+    // and columns jc..jc + nc of B, the full panels' rows NR contiguous values each (cs = 1);
+    // bpack holds KC·NC values; (0, jc) and (0, jc + full) are elements of C and each tile
+    // lies inside m × nc from (0, jc).
+    unsafe {
+        let a = match p.a {
+            AOp::View(a) => {
+                pack_a(K::MR, p.m, kc, a.at(0, pc), apack);
+                apack.as_ptr()
+            }
+            AOp::Packed(a) => a.block(0, pc),
+        };
+        let full = nc - nc % K::NR;
+        if full > 0 {
+            tiles::<K, _>(p.m, full, kc, a, InPlace { ptr: b.at(pc, jc).ptr, rs: b.rs }, p.alpha, beta, p.c.at(0, jc));
+        }
+        if full < nc {
+            pack_b(K::NR, kc, nc - full, b.at(pc, jc + full), bpack);
+            let panels = Packed { ptr: bpack.as_ptr(), stride: kc * K::NR };
+            tiles::<K, _>(p.m, nc - full, kc, a, panels, p.alpha, beta, p.c.at(0, jc + full));
+        }
+    }
+}
+
+/// Sets of an L1 data cache: 64 on every x86 core (virtually indexed by the 4 KiB page
+/// offset, lines of 64 bytes).
+const L1_SETS: usize = 64;
+/// Ways of each set: 8 on the cores with the fewest (12 on some newer ones).
+const L1_WAYS: usize = 8;
+
+/// Whether the kc rows of a B panel, nr values each, `rs` values apart from address `first`,
+/// stay in L1 while the row panels sweep past it: no set holds more than L1_WAYS − 1 of their
+/// lines, so that the A panels and C's tiles streaming past find a way in every set without
+/// evicting the panel (which would then come back from L2 on every sweep). A stride of a
+/// multiple of 256 values puts every row in the same few sets, where the packed panel,
+/// contiguous, spreads over all of them; a long panel (kc·nr values near L1's size) fills
+/// every set. Panels further right lie whole lines further on and fill the same pattern of
+/// sets.
+pub(super) fn in_place_fits_l1(first: usize, kc: usize, nr: usize, rs: usize) -> bool {
+    let mut lines = [0usize; L1_SETS];
+    for p in 0..kc {
+        let row = first.wrapping_add(p.wrapping_mul(rs).wrapping_mul(size_of::<f32>()));
+        let (first_line, last_line) = (row / 64, row.wrapping_add(nr * size_of::<f32>() - 1) / 64);
+        for line in first_line..=last_line {
+            let set = &mut lines[line % L1_SETS];
+            *set += 1;
+            if *set >= L1_WAYS {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// The tiles of an mc×nc block of C from a packed A block (row panels of `row_panels`) and

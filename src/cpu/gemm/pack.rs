@@ -86,13 +86,11 @@ unsafe fn copy_runs(h: usize, src: *const f32, stride: usize, dst: &mut [f32]) {
 /// # Safety
 /// `b` covers kc×nc elements; nr is a multiple of 8.
 pub(super) unsafe fn pack_b(nr: usize, kc: usize, nc: usize, b: View, out: &mut [f32]) {
-    let mut done = 0;
     if b.cs == 1 {
-        done = nc / nr;
-        // SAFETY: the first nc / nr full panels of kc rows, contiguous (cs = 1).
-        unsafe { pack_b_by_rows(nr, kc, done, b, out) };
+        // SAFETY: kc rows of nc contiguous values (cs = 1).
+        return unsafe { pack_b_by_rows(nr, kc, nc, b, out) };
     }
-    for (panel, j0) in (0..nc).step_by(nr).enumerate().skip(done) {
+    for (panel, j0) in (0..nc).step_by(nr).enumerate() {
         let cols = nr.min(nc - j0);
         let dst = &mut out[panel * nr * kc..][..nr * kc];
         if b.rs == 1 && cols == nr {
@@ -149,24 +147,42 @@ unsafe fn pack_lanes(width: usize, lanes: usize, kc: usize, src: *const f32, lan
 /// Rows of B packed together (see `pack_b_by_rows`).
 const PACK_ROWS: usize = 8;
 
-/// The first `panels` full panels of row-major B (X in dW = dZᵀ·X, B in 1024³), PACK_ROWS rows
-/// at a time across all panels: B is read in address order, each line once, where packing a
-/// panel at a time walks down columns, a row stride apart (one L1 set when the stride is 4 KiB)
-/// and reads every line twice when rows are not 64-byte aligned.
+/// The panels of row-major B (X in dW = dZᵀ·X, B in 1024³), the last zero-padded, PACK_ROWS
+/// rows at a time across all panels: B is read in address order, each line once, where packing
+/// a panel at a time walks down columns, a row stride apart (one L1 set when the stride is
+/// 4 KiB) and reads every line twice when rows are not 64-byte aligned.
 ///
 /// # Safety
-/// `b` covers kc rows of panels·nr contiguous values (cs = 1).
-unsafe fn pack_b_by_rows(nr: usize, kc: usize, panels: usize, b: View, out: &mut [f32]) {
+/// `b` covers kc rows of nc contiguous values (cs = 1); nr is a multiple of 8.
+unsafe fn pack_b_by_rows(nr: usize, kc: usize, nc: usize, b: View, out: &mut [f32]) {
     for p0 in (0..kc).step_by(PACK_ROWS) {
         let rows = PACK_ROWS.min(kc - p0);
-        for panel in 0..panels {
+        for (panel, j0) in (0..nc).step_by(nr).enumerate() {
             let dst = &mut out[panel * nr * kc + p0 * nr..][..rows * nr];
             for (r, d) in dst.chunks_exact_mut(nr).enumerate() {
-                // SAFETY: row p0 + r < kc, columns panel·nr.. + nr ≤ panels·nr (the contract).
-                d.copy_from_slice(unsafe { std::slice::from_raw_parts(b.ptr.add((p0 + r) * b.rs + panel * nr), nr) });
+                // SAFETY: row p0 + r < kc, columns j0..j0 + min(nr, nc − j0) ≤ nc (the contract).
+                let src = unsafe { std::slice::from_raw_parts(b.ptr.add((p0 + r) * b.rs + j0), nr.min(nc - j0)) };
+                copy_padded(src, d);
             }
         }
     }
+}
+
+/// dst ← src, then zeros: in runs of 8 values, a length known when compiled (a copy of a
+/// length known only at run time is a call to memcpy, which costs more than a panel row of
+/// 16 or 32 values).
+fn copy_padded(src: &[f32], dst: &mut [f32]) {
+    let (runs, tail) = src.as_chunks::<8>();
+    let (dst_runs, _) = dst.as_chunks_mut::<8>();
+    for (d, s) in dst_runs.iter_mut().zip(runs) {
+        *d = *s;
+    }
+    let rest = &mut dst[runs.len() * 8..];
+    let (head, zeros) = rest.split_at_mut(tail.len());
+    for (d, &s) in head.iter_mut().zip(tail) {
+        *d = s;
+    }
+    zeros.fill(0.0);
 }
 
 /// dst[p·dst_stride + i] = src[i·stride + p] for i < h, p < kc: h strided rows (h ≤ 8) become

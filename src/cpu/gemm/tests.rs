@@ -285,3 +285,42 @@ fn products_on_one_pool_from_two_threads_each_with_its_workspace_are_exact() {
         }
     });
 }
+
+#[test]
+fn b_panels_read_in_place_have_the_bits_of_packed_ones() {
+    // dW = dZᵀ·X of a layer 784 → 128 over 32 and 300 samples (k = 300 crosses KC: a block
+    // of 256 rows packed, one of 44 read in place), and a narrow last panel, on uniform
+    // values so that the bits show the order of the sums
+    let mut rng = Rng::new(31);
+    for (m, n, k) in [(128, 784, 32), (128, 784, 300), (37, 100, 9)] {
+        let (dz, x) = (rng.uniform(k * m), rng.uniform(k * n));
+        let (a, b) = (Mat { data: &dz, rs: 1, cs: m }, Mat { data: &x, rs: n, cs: 1 });
+        for isa in Isa::runnable() {
+            let (pool, mut ws) = (Pool::new(1).unwrap(), GemmWorkspace::with_isa(1, isa).unwrap());
+            let last = (k - 1) / KC * KC;
+            let fits = nest::in_place_fits_l1(x[last * n..].as_ptr() as usize, k - last, tile_shape(isa).1, n);
+            assert!(fits, "{isa:?} {m}×{n}×{k}: the last block of B is packed, not read in place");
+            let (mut in_place, mut packed) = (poisoned(m * n), poisoned(m * n));
+            sgemm(&pool, &mut ws, m, n, k, 1.0, a, b, 0.0, MatMut { data: &mut in_place, rs: n, cs: 1 });
+            let mut pb = PackedB::new(isa, k, n).unwrap();
+            pb.pack(b);
+            sgemm_packed_b(&pool, &mut ws, m, 1.0, a, &pb, 0.0, MatMut { data: &mut packed, rs: n, cs: 1 });
+            assert!(in_place.iter().all(|v| v.is_finite()), "{isa:?} {m}×{n}×{k}: not every element written");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&in_place) == bits(&packed), "{isa:?} {m}×{n}×{k}: in place and packed differ");
+        }
+    }
+}
+
+#[test]
+fn b_panels_are_read_in_place_where_their_rows_spread_over_l1() {
+    // X of 784 columns (rows 49 lines apart: each in the next sets), 32 rows of 32 values
+    assert!(nest::in_place_fits_l1(0, 32, 32, 784));
+    // W of 128 columns (rows 8 lines apart share 8 sets), 64 rows of 16
+    assert!(!nest::in_place_fits_l1(0, 64, 16, 128));
+    // rows 4 KiB apart: the same two sets; 7 rows leave a way, 8 fill them
+    assert!(nest::in_place_fits_l1(0, 7, 32, 1024));
+    assert!(!nest::in_place_fits_l1(0, 8, 32, 1024));
+    // 256 rows of 32 values fill every set, however spread
+    assert!(!nest::in_place_fits_l1(0, 256, 32, 784));
+}
