@@ -41,6 +41,30 @@ pub fn batch(rng: &mut Rng, model: &crate::Model, n: usize) -> (Vec<f32>, Vec<u3
     (x, labels)
 }
 
+/// `steps` training steps of `model` (on its device) with `optim` and `loss`, alternating a full
+/// batch of 32 and a partial one of 17 from `seed`'s data; the losses, and the trained model.
+pub fn train_alternating(model: crate::Model, optim: crate::Optim, loss: crate::Loss, steps: usize, seed: u64) -> (Vec<f32>, crate::Model) {
+    let mut model = model;
+    let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
+    let mut opt = crate::Optimizer::new(&model, optim).unwrap();
+    let mut rng = Rng::new(seed);
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        let n = if step % 2 == 0 { 32 } else { 17 };
+        let (x, labels) = batch(&mut rng, &model, n);
+        fwd.set_inputs(&x).unwrap();
+        if loss.takes_labels() {
+            fwd.set_labels(&labels).unwrap()
+        } else {
+            fwd.set_targets(&rng.uniform(n * model.output_shape().len())).unwrap()
+        }
+        model.backprop(&mut bwd, &mut fwd, loss).unwrap();
+        losses.push(bwd.last_loss().unwrap());
+        opt.update(&mut model, &bwd).unwrap();
+    }
+    (losses, model)
+}
+
 /// Set in the child processes [`run_alone`] starts.
 const CHILD: &str = "FLATNN_TEST_CHILD";
 

@@ -9,7 +9,7 @@
 
 use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
-use flatnn::testutil::{batch, cuda_device, rel_err, Rng};
+use flatnn::testutil::{batch, cuda_device, rel_err, train_alternating, Rng};
 
 /// An odd little net touching every layer kind, activation and option the GPU runs.
 fn mixed() -> Chain {
@@ -21,29 +21,6 @@ fn mixed() -> Chain {
         .dense(11, Sigmoid)
         .dense(5, LeakyRelu(0.1))
         .dense(3, Identity)
-}
-
-/// `steps` training steps, alternating a full and a partial batch; the losses, and the model.
-fn train(model: Model, optim: Optim, loss: Loss, steps: usize, seed: u64) -> (Vec<f32>, Model) {
-    let mut model = model;
-    let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
-    let mut opt = Optimizer::new(&model, optim).unwrap();
-    let mut rng = Rng::new(seed);
-    let mut losses = Vec::new();
-    for step in 0..steps {
-        let n = if step % 2 == 0 { 32 } else { 17 };
-        let (x, labels) = batch(&mut rng, &model, n);
-        fwd.set_inputs(&x).unwrap();
-        if loss.takes_labels() {
-            fwd.set_labels(&labels).unwrap()
-        } else {
-            fwd.set_targets(&rng.uniform(n * model.output_shape().len())).unwrap()
-        }
-        model.backprop(&mut bwd, &mut fwd, loss).unwrap();
-        losses.push(bwd.last_loss().unwrap());
-        opt.update(&mut model, &bwd).unwrap();
-    }
-    (losses, model)
 }
 
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
@@ -60,13 +37,13 @@ fn training_on_the_gpu_matches_the_cpu() {
     ];
     for (name, chain, optim, loss) in cases {
         let cpu_model = chain.build().unwrap().init(Init::HeNormal, 3).with_threads(1).unwrap();
-        let (cpu_losses, cpu_trained) = train(cpu_model.to(&Device::Cpu).unwrap(), optim, loss, 20, 9);
+        let (cpu_losses, cpu_trained) = train_alternating(cpu_model.to(&Device::Cpu).unwrap(), optim, loss, 20, 9);
         for graphs in [true, false] {
             let gpu_model =
                 cpu_model.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false, ..GpuOptions::default() }).unwrap();
             let gpu_model = gpu_model.to(&device).unwrap();
             assert_eq!(gpu_model.device(), device);
-            let (gpu_losses, gpu_trained) = train(gpu_model, optim, loss, 20, 9);
+            let (gpu_losses, gpu_trained) = train_alternating(gpu_model, optim, loss, 20, 9);
             let params_err = rel_err(&gpu_trained.parameters().unwrap(), &cpu_trained.parameters().unwrap());
             let loss_err = rel_err(&gpu_losses, &cpu_losses);
             println!("{name} graphs={graphs}: 20 steps, parameters rel err {params_err:.2e}, losses rel err {loss_err:.2e}");

@@ -10,38 +10,14 @@
 use flatnn::cuda;
 use flatnn::models::{lenet5, mlp};
 use flatnn::prelude::*;
-use flatnn::testutil::{batch, cuda_device, rel_err, Rng};
-
-/// `steps` training steps, alternating a full and a partial batch; the losses, and the model
-/// (tests/gpu.rs trains so too).
-fn train(model: Model, optim: Optim, loss: Loss, steps: usize, seed: u64) -> (Vec<f32>, Model) {
-    let mut model = model;
-    let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
-    let mut opt = Optimizer::new(&model, optim).unwrap();
-    let mut rng = Rng::new(seed);
-    let mut losses = Vec::new();
-    for step in 0..steps {
-        let n = if step % 2 == 0 { 32 } else { 17 };
-        let (x, labels) = batch(&mut rng, &model, n);
-        fwd.set_inputs(&x).unwrap();
-        if loss.takes_labels() {
-            fwd.set_labels(&labels).unwrap()
-        } else {
-            fwd.set_targets(&rng.uniform(n * model.output_shape().len())).unwrap()
-        }
-        model.backprop(&mut bwd, &mut fwd, loss).unwrap();
-        losses.push(bwd.last_loss().unwrap());
-        opt.update(&mut model, &bwd).unwrap();
-    }
-    (losses, model)
-}
+use flatnn::testutil::{batch, cuda_device, rel_err, train_alternating, Rng};
 
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn saved_on_the_gpu_loads_on_the_cpu() {
     let device = cuda_device();
     let model = mlp().build().unwrap().init(Init::HeNormal, 1).to(&device).unwrap();
-    let (_, trained) = train(model, Optim::adam(1e-3), Loss::LogitCrossEntropy, 5, 2);
+    let (_, trained) = train_alternating(model, Optim::adam(1e-3), Loss::LogitCrossEntropy, 5, 2);
     let path = std::env::temp_dir().join(format!("flatnn-gpu-save-{}.safetensors", std::process::id()));
     trained.save(&path).unwrap();
     let loaded = Model::load(&path).unwrap();
@@ -66,7 +42,7 @@ fn saved_on_the_gpu_loads_on_the_cpu() {
 fn train_moving(stops: &[Device]) -> f64 {
     let optim = Optim::sgd(0.05, 0.9);
     let model = mlp().build().unwrap().init(Init::HeNormal, 8).with_threads(1).unwrap();
-    let (_, reference) = train(model.to(&Device::Cpu).unwrap(), optim, Loss::LogitCrossEntropy, 3 * stops.len(), 4);
+    let (_, reference) = train_alternating(model.to(&Device::Cpu).unwrap(), optim, Loss::LogitCrossEntropy, 3 * stops.len(), 4);
     let (fwd, bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
     let opt = Optimizer::new(&model, optim).unwrap();
     let mut set = (model, opt, fwd, bwd);
@@ -139,7 +115,7 @@ fn a_device_error_is_an_err_and_the_device_stays_usable() {
         Err(e) => panic!("oversized cache gave {e}"),
         Ok(_) => panic!("an oversized cache was allocated"),
     }
-    let (losses, _) = train(model, Optim::adam(1e-3), Loss::LogitCrossEntropy, 3, 1);
+    let (losses, _) = train_alternating(model, Optim::adam(1e-3), Loss::LogitCrossEntropy, 3, 1);
     assert!(losses.iter().all(|l| l.is_finite()), "the device is still usable: {losses:?}");
 }
 
@@ -206,13 +182,19 @@ fn several_models_on_several_threads_match_one_at_a_time() {
     let device = cuda_device();
     let model = |seed| lenet5().build().unwrap().init(Init::HeNormal, seed).to(&device).unwrap();
     let alone: Vec<Vec<f32>> = (0..4)
-        .map(|seed| train(model(seed), Optim::adam(1e-3), Loss::LogitCrossEntropy, 10, seed).1.parameters().unwrap().into_owned())
+        .map(|seed| {
+            train_alternating(model(seed), Optim::adam(1e-3), Loss::LogitCrossEntropy, 10, seed).1.parameters().unwrap().into_owned()
+        })
         .collect();
     let together: Vec<Vec<f32>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
             .map(|seed| {
                 s.spawn(move || {
-                    train(model(seed), Optim::adam(1e-3), Loss::LogitCrossEntropy, 10, seed).1.parameters().unwrap().into_owned()
+                    train_alternating(model(seed), Optim::adam(1e-3), Loss::LogitCrossEntropy, 10, seed)
+                        .1
+                        .parameters()
+                        .unwrap()
+                        .into_owned()
                 })
             })
             .collect();
