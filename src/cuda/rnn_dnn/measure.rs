@@ -1,8 +1,9 @@
 //! How each recurrent layer's route is chosen for a mode (inference; or a training step's
 //! forward and backward together, which must take one route and one algorithm: cuDNN's backward
 //! reads what its forward kept in the reserve space), and the report of what was chosen: the
-//! per-step route and each of cuDNN's algorithms set up for the batch are timed as a step runs
-//! them (`timing.rs`), the fastest kept. The timing runs on the cache's live buffers and writes
+//! per-step route and each of cuDNN's algorithms set up for the batch get a first look (one eager
+//! call), those within `SLOW` times the fastest look are timed as a step runs them (`timing.rs`),
+//! and the fastest is kept (a candidate only looked at reports its one call). The timing runs on the cache's live buffers and writes
 //! only what the step overwrites; a stream's layer (whose forward writes its final state over
 //! its initial one) has its states put back after. A measurement is made once per process for a
 //! (device, layer shape, batch, TF32, mode) and reused by every later cache, as the
