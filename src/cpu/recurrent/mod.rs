@@ -104,10 +104,19 @@ pub(crate) const GROUP: usize = 12;
 /// a GRU's, three of an LSTM's), each weight vector loaded once for all of them; each sample's
 /// values are summed in the same order whatever the group.
 pub(crate) fn forward_group(d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
-    debug_assert!(group.len() <= GROUP);
-    match Isa::best() {
+    // SAFETY: `Isa::best` is an instruction set this CPU has.
+    unsafe { forward_group_on(Isa::best(), d, w, group, keep) }
+}
+
+/// [`forward_group`] on the kernels of `isa`.
+///
+/// # Safety
+/// This CPU has `isa` ([`Isa::available`]).
+pub(super) unsafe fn forward_group_on(isa: Isa, d: &Dims, w: &Weights, group: &mut [Sample], keep: bool) {
+    debug_assert!(group.len() <= GROUP && isa.available());
+    match isa {
         Isa::Portable => portable::forward(d, w, group, keep),
-        // SAFETY: this CPU has the instruction set (`Isa::best` checked).
+        // SAFETY: this CPU has the instruction set (the caller's contract).
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::forward(d, w, group, keep) },
         // SAFETY: as above.
@@ -123,10 +132,19 @@ pub(crate) fn forward_group(d: &Dims, w: &Weights, group: &mut [Sample], keep: b
 /// rows padded (G·H × padded). Each sample's values are summed in the same order whatever the
 /// group.
 pub(crate) fn backward_group(d: &Dims, rows: &[f32], group: &mut [BackSample]) {
-    debug_assert!(group.len() <= GROUP);
-    match Isa::best() {
+    // SAFETY: `Isa::best` is an instruction set this CPU has.
+    unsafe { backward_group_on(Isa::best(), d, rows, group) }
+}
+
+/// [`backward_group`] on the kernels of `isa`.
+///
+/// # Safety
+/// This CPU has `isa` ([`Isa::available`]).
+pub(super) unsafe fn backward_group_on(isa: Isa, d: &Dims, rows: &[f32], group: &mut [BackSample]) {
+    debug_assert!(group.len() <= GROUP && isa.available());
+    match isa {
         Isa::Portable => backward::<f32, 16>(d, rows, group),
-        // SAFETY: this CPU has the instruction set (`Isa::best` checked).
+        // SAFETY: this CPU has the instruction set (the caller's contract).
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { avx2::backward(d, rows, group) },
         // SAFETY: as above.

@@ -24,17 +24,8 @@ fn run(isa: Isa, group: usize, d: &Dims, packed: &[f32], rows: &[f32], inputs: &
         .map(|(([out, gates, hprev, state], cprev), (x, _, _))| Sample { x, out, gates, hprev, state, cprev })
         .collect();
     for group in samples.chunks_mut(group) {
-        match isa {
-            Isa::Portable => portable::forward(d, &w, group, true),
-            // SAFETY: asked for only where this CPU has it (`Isa::available`).
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { avx2::forward(d, &w, group, true) },
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { avx512::forward(d, &w, group, true) },
-            #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx512 => unreachable!(),
-        }
+        // SAFETY: asked for only where this CPU has it (`Isa::available`).
+        unsafe { forward_group_on(isa, d, &w, group, true) }
     }
     drop(samples);
     let mut grads: Vec<[Vec<f32>; 4]> = cprevs
@@ -59,17 +50,8 @@ fn run(isa: Isa, group: usize, d: &Dims, packed: &[f32], rows: &[f32], inputs: &
         })
         .collect();
     for group in samples.chunks_mut(group) {
-        match isa {
-            Isa::Portable => backward::<f32, 16>(d, rows, group),
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { avx2::backward(d, rows, group) },
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { avx512::backward(d, rows, group) },
-            #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2 | Isa::Avx512 => unreachable!(),
-        }
+        // SAFETY: as above.
+        unsafe { backward_group_on(isa, d, rows, group) }
     }
     drop(samples);
     // the units of each kept row (padding lanes hold what the lanes' arithmetic left there)
