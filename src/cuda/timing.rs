@@ -14,37 +14,45 @@ use std::sync::{Mutex, PoisonError};
 /// persistent RNN kernel far past its batch) most of the measuring time.
 pub(super) const SLOW: f32 = 4.0;
 
-/// Calls per captured graph (or eager run), and runs timed.
+/// Calls per captured graph (or eager run) at most, and runs timed.
 const REPS: usize = 10;
 const SAMPLES: usize = 5;
 
+/// A run of `REPS` calls is cut to as many as take about this many microseconds (one at least,
+/// by a first eager call): longer runs add nothing to a timing's precision (the events' and a
+/// graph launch's few microseconds are then under 1 %), and measuring a step of a large batch
+/// (milliseconds a call) would take seconds of its first call.
+const RUN_US: f32 = 200.0;
+
 /// Microseconds per call of `work` as a step runs it: `work` run twice eagerly under the
 /// device-wide lock (a first call may load modules or allocate, which would break another
-/// thread's capture); then, with `graphs`, captured `REPS` times into a graph and the median of
-/// `SAMPLES` replays after one more; without, the median of `SAMPLES` runs of `REPS` eager
-/// calls after one more. `work` must only enqueue on `stream`.
+/// thread's capture) and once more timed ([`time_once`]), which sets the calls of a run
+/// (`REPS`, fewer for work over [`RUN_US`] / `REPS`); then, with `graphs`, a run captured into a
+/// graph and the median of `SAMPLES` replays after one more; without, the median of `SAMPLES`
+/// eager runs after one more. `work` must only enqueue on `stream`.
 pub(super) fn time_calls(gpu: &Gpu, stream: &CudaStream, graphs: bool, work: &dyn Fn() -> Result<()>) -> Result<f32> {
-    warm_up(stream, work)?;
+    let once = time_once(gpu, stream, work)?;
+    let calls = ((RUN_US / once).ceil() as usize).clamp(1, REPS);
     let exec = match graphs {
-        true => Some(graph::capture(stream.cu_stream(), None, || (0..REPS).try_for_each(|_| work()))?),
+        true => Some(graph::capture(stream.cu_stream(), None, || (0..calls).try_for_each(|_| work()))?),
         false => None,
     };
-    let reps = || match &exec {
+    let run = || match &exec {
         Some(exec) => exec.launch(stream),
-        None => (0..REPS).try_for_each(|_| work()),
+        None => (0..calls).try_for_each(|_| work()),
     };
-    reps()?;
+    run()?;
     gpu.bind()?;
     let (start, end) = (TimingEvent::new()?, TimingEvent::new()?);
     let mut samples = [0f32; SAMPLES];
     for sample in &mut samples {
         start.record(stream)?;
-        reps()?;
+        run()?;
         end.record(stream)?;
         // SAFETY: live events, both recorded on `stream`; the host waits for the second.
         let ms = unsafe { driver::event::synchronize(end.0).and_then(|()| driver::event::elapsed(start.0, end.0)) }
             .map_err(|e| driver_error("timing work on the device", e))?;
-        *sample = ms * 1000.0 / REPS as f32;
+        *sample = ms * 1000.0 / calls as f32;
     }
     samples.sort_by(f32::total_cmp);
     Ok(samples[SAMPLES / 2])
