@@ -7,7 +7,8 @@
 //! caller passes the workspace.
 
 use super::buffer::DevBuf;
-use super::guarded_result;
+use super::context::Gpu;
+use super::{driver_error, guarded_result};
 use crate::chain::Step;
 use crate::error::{Error, Result};
 use crate::layers::conv;
@@ -15,7 +16,7 @@ use cudarc::cudnn::result::{self as dnn, CudnnError};
 use cudarc::cudnn::sys;
 use cudarc::driver::{sys as driver_sys, CudaStream};
 use std::ffi::c_void;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// Every cuDNN function flatnn calls: cudarc looks each up the first time it is called and
 /// panics where it is missing, so their presence is checked before cuDNN is used at all.
@@ -367,6 +368,19 @@ impl Handle {
     pub fn set_stream(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: a live handle and a live stream.
         unsafe { dnn::set_stream(self.0, stream.cu_stream() as _) }.map_err(|e| cudnn_error("binding the stream", e))
+    }
+
+    /// Moves the handle, bound to `*bound` of `gpu`, to `stream` after the work queued on
+    /// `*bound`, and makes `stream` its `*bound`; a no-op when it is there already.
+    pub fn move_to(&self, gpu: &Gpu, bound: &mut Arc<CudaStream>, stream: &Arc<CudaStream>) -> Result<()> {
+        if Arc::ptr_eq(bound, stream) {
+            return Ok(());
+        }
+        bound.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
+        gpu.bind()?;
+        self.set_stream(stream)?;
+        *bound = Arc::clone(stream);
+        Ok(())
     }
 
     /// cuDNN's `count` fastest usable algorithms for `dir` (see [`Perf::usable`]), fastest

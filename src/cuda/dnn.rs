@@ -219,14 +219,8 @@ impl Dnn {
     pub fn rebind(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.rnn.rebind(stream)?;
         match &mut self.cudnn {
-            Some(c) if !Arc::ptr_eq(&c.stream, stream) => {
-                c.stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
-                c.gpu.bind()?;
-                c.handle.set_stream(stream)?;
-                c.stream = Arc::clone(stream);
-                Ok(())
-            }
-            _ => Ok(()),
+            Some(c) => c.handle.move_to(&c.gpu, &mut c.stream, stream),
+            None => Ok(()),
         }
     }
 

@@ -39,7 +39,7 @@ use super::options::{Convs, RnnAlgos, Tuning};
 use super::rnn_cudnn::{rnn_functions_present, Algo, Descs};
 use super::rnn_route::{runs, LayerBufs, LayerTrain, Route, Run, Scratch};
 use super::timing::add_note;
-use super::{device_wide, driver_error, guarded_result};
+use super::{device_wide, guarded_result};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::layers::recurrent::{dims, Cell, Dims, RnnOutput};
@@ -189,14 +189,8 @@ impl RnnDnn {
     /// there.
     pub fn rebind(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         match &mut self.inner {
-            Some(c) if !Arc::ptr_eq(&c.stream, stream) => {
-                c.stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
-                c.gpu.bind()?;
-                c.handle.set_stream(stream)?;
-                c.stream = Arc::clone(stream);
-                Ok(())
-            }
-            _ => Ok(()),
+            Some(c) => c.handle.move_to(&c.gpu, &mut c.stream, stream),
+            None => Ok(()),
         }
     }
 
