@@ -375,7 +375,9 @@ impl DevModel {
                 let _ = wait();
             })?;
             let time = |routes: &Routes| time_calls(gpu, stream, self.options.graphs, &|| step_on(routes, false));
-            let checked = dev.routes.check_in_steps(plan, loss, self.options.graphs, gpu.ordinal(), &time);
+            let head = Head::of(gpu, plan, capacity, batch, loss, &self.options.tuning);
+            let in_head = |step: usize| head.as_ref().is_some_and(|h| h.runs(step));
+            let checked = dev.routes.check_in_steps(plan, loss, self.options.graphs, gpu.ordinal(), &in_head, &time);
             let restored = match (&self.buffers, &buffers) {
                 (Some(to), Some(from)) => copy(stream, from, to),
                 _ => Ok(()),
