@@ -2,9 +2,10 @@
 //! (set_inputs + forward), median and p90 over repeated calls, on any device. Small enough to
 //! run under a profiler (`ncu`, `compute-sanitizer`).
 //!
-//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn|autoencoder|gelu_mlp|vgg_small]
+//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn|autoencoder|gelu_mlp|vgg_small|resnet_small|ts_conv1d]
 //!       [--task train|train-split|train-copy|train-host|backprop|forward|forward-resident|serve|serve-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
+//!       [--profile N]
 //!       [--conv auto|cudnn|own]
 //!
 //! `train-copy` sets the inputs from the host before every step, `train-host` the labels (or
@@ -15,6 +16,8 @@
 //! `serve` and `serve-resident` time the same call as `forward` and `forward-resident` through a
 //! [`Server`] (a resident kernel where the model allows one).
 //!
+//! `--profile N` runs N more calls, each waited for, between the CUDA profiler's start and stop
+//! (`ncu --profile-from-start off` then profiles those alone, not the first calls' measuring).
 //! `--conv` sets `FLATNN_CUDNN` (auto, 1, 0) for a model with convolutions on a GPU. The cache's
 //! report (`Cache::routes`: which route each layer and direction took, and the others' times) is
 //! printed before the times.
@@ -34,6 +37,7 @@ fn main() {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (mut name, mut task, mut batch, mut calls, mut device, mut graphs, mut threads) =
         ("mlp".to_string(), "train".to_string(), 128usize, 1000usize, Device::Cpu, true, 1usize);
+    let mut profile = 0usize;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -44,6 +48,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--batch" => batch = number(&value)?,
             "--calls" => calls = number(&value)?,
             "--threads" => threads = number(&value)?,
+            "--profile" => profile = number(&value)?,
             "--device" => device = Device::parse(&value)?,
             "--graphs" => graphs = value == "on",
             "--conv" => {
@@ -66,7 +71,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "autoencoder" => (models::autoencoder(), Loss::Mse),
         "gelu_mlp" => (models::gelu_mlp(), Loss::LogitCrossEntropy),
         "vgg_small" => (models::vgg_small(), Loss::LogitCrossEntropy),
-        _ => return Err(format!("--model must be mlp, lenet, simplenn, autoencoder, gelu_mlp or vgg_small, not {name:?}").into()),
+        "resnet_small" => (models::resnet_small(), Loss::LogitCrossEntropy),
+        "ts_conv1d" => (models::ts_conv1d(), Loss::LogitCrossEntropy),
+        _ => {
+            let names = "mlp, lenet, simplenn, autoencoder, gelu_mlp, vgg_small, resnet_small or ts_conv1d";
+            return Err(format!("--model must be {names}, not {name:?}").into());
+        }
     };
     let tasks = ["train", "train-split", "train-copy", "train-host", "backprop", "forward", "forward-resident", "serve", "serve-resident"];
     if !tasks.contains(&task.as_str()) {
@@ -154,12 +164,34 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         String::new()
     };
+    if profile > 0 {
+        profiled(profile, &mut call)?;
+    }
     let routes = fwd.routes();
     if !routes.is_empty() {
         println!("{routes}");
     }
     report(&label(graphs), per_call, &times, &queue_time);
     Ok(())
+}
+
+/// `calls` more calls, each waited for, between the driver's profiler start and stop: with
+/// `ncu --profile-from-start off` only these are profiled, not the measuring of routes and
+/// algorithms that the first calls did (which the profiler's replays would distort).
+#[cfg(feature = "cuda")]
+fn profiled(calls: usize, call: &mut impl FnMut(bool) -> flatnn::Result<()>) -> Result<(), Box<dyn std::error::Error>> {
+    use cudarc::driver::sys;
+    // SAFETY: no arguments; the calls below made the context current on this thread.
+    unsafe { sys::cuProfilerStart() }.result()?;
+    (0..calls).try_for_each(|_| call(true))?;
+    // SAFETY: as above.
+    unsafe { sys::cuProfilerStop() }.result()?;
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn profiled(_: usize, _: &mut impl FnMut(bool) -> flatnn::Result<()>) -> Result<(), Box<dyn std::error::Error>> {
+    Err("--profile needs the cuda feature".into())
 }
 
 /// Times `call` (its argument: whether the host waits for the result): `calls` calls back to
