@@ -101,6 +101,16 @@ fn variants(table: &Table, in_head: &dyn Fn(usize) -> bool) -> Vec<StepChanges> 
     out
 }
 
+/// µs a step the routes chosen for the backward directions of `table`'s layers take, each as
+/// timed alone.
+fn backward_us(table: &Table) -> f32 {
+    let chosen = |choice: &Choice| match choice {
+        Choice::Chosen { route, times, .. } => times.iter().find(|t| t.0 == *route).map_or(0.0, |t| t.1.us),
+        Choice::Pending | Choice::NotNeeded => 0.0,
+    };
+    table.layers.iter().flat_map(|l| DIRS.map(|d| chosen(&l.choices[d as usize]))).sum()
+}
+
 impl Routes {
     /// Whether the backward routes of the table [`Routes::prepare`] last picked are measured but
     /// not yet checked in whole steps.
@@ -120,8 +130,10 @@ impl Routes {
     /// batch). So `time_step` (a training step's forward and backward pass on the routes given,
     /// µs a step) times the routes fastest alone, then each variant in turn ([`variants`]),
     /// and a variant is kept where the step is faster by more than [`KEEP`] (and stays where
-    /// timed again so, [`Routes::confirm`]); one whose timing fails is put back and not kept. Nothing is timed where there is no variant. `in_head`
-    /// says which steps (of `plan`) the step's head kernel runs. Once per process for a
+    /// timed again so, [`Routes::confirm`]); one whose timing fails is put back and not kept.
+    /// Nothing is timed where there is no variant, nor past the first step where the dense
+    /// layers' backward routes take under [`KEEP`] of it. `in_head` says which steps (of
+    /// `plan`) the step's head kernel runs. Once per process for a
     /// (device, plan, loss, bucket, TF32, graphs): later caches take the same routes where they
     /// fit them.
     #[allow(clippy::too_many_arguments)]
@@ -154,9 +166,14 @@ impl Routes {
                 let alone = time_step(self)?;
                 let mut best = alone;
                 let mut changes = Vec::new();
+                // A variant can save at most the time its routes took: where the backward
+                // routes of the dense layers take (alone) under KEEP of the step, as beside the
+                // convolutions of a large batch, no variant could be kept, and timing them
+                // would cost seconds.
+                let passes = if backward_us(&self.tables[index]) < KEEP * alone { 0 } else { PASSES };
                 // again from the routes kept while a pass keeps one (what is fastest beside
                 // the others depends on them), at most PASSES times
-                for _ in 0..PASSES {
+                for _ in 0..passes {
                     let mut kept = false;
                     for variant in variants(&self.tables[index], in_head) {
                         let before = self.set(index, &variant);
@@ -424,5 +441,22 @@ mod tests {
         assert!(!lucky.get(), "the split was timed");
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
         assert!(routes.report().contains("forward and backward 12.0 µs on the routes fastest alone, 12.0 µs on those kept"));
+    }
+    /// Where the dense layers' backward routes take under `KEEP` of the step (a small head
+    /// behind large convolutions), the step is timed once and no variant is tried.
+    #[test]
+    fn no_variant_is_timed_where_the_dense_layers_are_a_sliver_of_the_step() {
+        let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
+        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let mut routes = measured(mma, panel);
+        let timed = std::cell::Cell::new(0);
+        let step = |_: &Routes| {
+            timed.set(timed.get() + 1);
+            Ok(1000.0)
+        };
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9008, &|_| false, &step).unwrap();
+        assert_eq!(timed.get(), 1);
+        assert!(!routes.unchecked());
+        assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
     }
 }
