@@ -96,8 +96,10 @@ impl BackSample<'_> {
     }
 }
 
-/// Most samples [`forward_group`] takes.
-pub(crate) const GROUP: usize = 12;
+/// Most samples [`forward_group`] and [`backward_group`] take: a multiple of the 8 an LSTM step
+/// takes at once with AVX-512 (and of a GRU's 4), so that a batch of 16 or more leaves no
+/// smaller tile.
+pub(crate) const GROUP: usize = 16;
 
 /// The forward pass over a group of up to [`GROUP`] samples (independent sequences), with the
 /// weights in the packed layout: the outputs (and, with `keep`, every step's gates) and the final
