@@ -170,7 +170,7 @@ pub(super) fn fast_matches_spec(model: &Model, seed: u64, name: &str) {
     grads.dacts.fill(f32::NAN);
     grads.grads.fill(f32::NAN);
     cache.ws.cols.fill(f32::NAN);
-    cache.ws.rnn.fill(f32::NAN);
+    cache.ws.poison_rnn();
     // the recurrent layers' initial states are inputs, zero as in the spec's buffers
     cache.reset_states().unwrap();
     grads.gws.dcols.fill(f32::NAN);

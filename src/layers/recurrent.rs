@@ -44,6 +44,7 @@ use crate::io::Words;
 pub(crate) use packed::SpecWeights;
 pub(crate) use packed::{pack, Weights};
 pub(crate) use passes::{backward, forward};
+use std::ops::Range;
 
 /// Which time steps a recurrent layer outputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,13 +192,13 @@ impl Dims {
         self.gates() * self.hidden * self.padded
     }
 
-    /// Workspace values the fast passes need: the packed weights, then W_hh's padded rows for the
-    /// backward pass (a stream's model reads its parameters as they are, and is not trained).
-    pub fn workspace_len(&self) -> usize {
+    /// Values of the workspace this step's packed weights take: none where the parameters are
+    /// in the packed layout already (a stream's model, which is not trained).
+    pub fn packed_room(&self) -> usize {
         if self.packed {
             0
         } else {
-            self.packed_len().max(self.rows_len())
+            self.packed_len()
         }
     }
 }
@@ -285,9 +286,44 @@ pub(crate) fn summary(cell: Cell, hidden: usize, output: RnnOutput, input: Shape
     format!("{}({features} → {hidden}, {which})", cell.name())
 }
 
-/// Workspace values the fast passes of `plan`'s recurrent steps need (the largest).
+/// Workspace values the fast passes of `plan`'s recurrent steps need: each step's packed weights
+/// ([`packed_at`]), kept between passes of one parameter version, then W_hh's padded rows for
+/// the backward pass of any of them ([`rows_at`]). (Saturating: a sum past memory fails the
+/// allocation.)
 pub(crate) fn workspace_len(plan: &Plan) -> usize {
-    plan.steps.iter().filter_map(dims).map(|d| d.workspace_len()).max().unwrap_or(0)
+    let rows = plan.steps.iter().filter_map(dims).map(|d| d.rows_len()).max().unwrap_or(0);
+    packed_end(plan, plan.steps.len()).saturating_add(rows)
+}
+
+/// Where in the workspace step `index`'s packed weights lie.
+pub(crate) fn packed_at(plan: &Plan, index: usize) -> Range<usize> {
+    let start = packed_end(plan, index);
+    start..start + dims(&plan.steps[index]).map_or(0, |d| d.packed_room())
+}
+
+/// Where in the workspace W_hh's padded rows lie for step `index`'s backward pass.
+pub(crate) fn rows_at(plan: &Plan, index: usize) -> Range<usize> {
+    let start = packed_end(plan, plan.steps.len());
+    start..start + dims(&plan.steps[index]).map_or(0, |d| d.rows_len())
+}
+
+/// The packed weights of the steps before `index`: where step `index`'s begin.
+fn packed_end(plan: &Plan, index: usize) -> usize {
+    plan.steps[..index].iter().filter_map(dims).fold(0, |sum, d| sum.saturating_add(d.packed_room()))
+}
+
+/// Every recurrent step's weights from `params` (the model's, in PyTorch's layout) in the packed
+/// layout, into its place in `ws` (at least [`workspace_len`] values; a GPU cache's empty
+/// workspace is left alone).
+pub(crate) fn pack_all(plan: &Plan, params: &[f32], ws: &mut [f32]) {
+    if ws.len() < workspace_len(plan) {
+        return;
+    }
+    for (index, step) in plan.steps.iter().enumerate() {
+        if let Some(d) = dims(step).filter(|d| !d.packed) {
+            pack(&d, &params[step.params.clone()], &mut ws[packed_at(plan, index)]);
+        }
+    }
 }
 
 /// A recurrent step's sizes; None for other layers.

@@ -33,8 +33,10 @@ pub(crate) struct Workspace {
     conv_version: u64,
     last_version: u64,
     version: u64,
-    /// A recurrent layer's weights as its fast passes read them (`recurrent::Dims::workspace_len`).
+    /// The recurrent layers' weights as their fast passes read them (`recurrent::workspace_len`).
     pub rnn: Vec<f32>,
+    /// The parameter version the recurrent layers' packed weights come from (0: none).
+    rnn_version: u64,
     /// Samples an inference pass runs through every step at a time ([`Workspace::block`]).
     block: usize,
 }
@@ -69,14 +71,25 @@ impl Workspace {
             });
         }
         let block = inference_block(plan, threads);
-        Ok(Workspace { gemm, cols, col_len, rnn, steps, conv_version: 0, last_version: 0, version: 0, block })
+        Ok(Workspace { gemm, cols, col_len, rnn, rnn_version: 0, steps, conv_version: 0, last_version: 0, version: 0, block })
     }
 
     /// No scratch: for a cache whose steps run on a GPU.
     pub fn none() -> Workspace {
         let (cols, steps) = (Vec::new(), Vec::new());
         let (conv_version, last_version, version, block) = (0, 0, 0, usize::MAX);
-        Workspace { gemm: GemmWorkspace::none(), cols, col_len: 0, rnn: Vec::new(), steps, conv_version, last_version, version, block }
+        Workspace {
+            gemm: GemmWorkspace::none(),
+            cols,
+            col_len: 0,
+            rnn: Vec::new(),
+            rnn_version: 0,
+            steps,
+            conv_version,
+            last_version,
+            version,
+            block,
+        }
     }
 
     /// Samples an inference pass runs through every step at a time (`layers::forward`): as
@@ -94,9 +107,10 @@ impl Workspace {
         before.iter().any(|cache| matches!(cache, StepCache::Conv(conv) if conv.fused.takes(index)))
     }
 
-    /// Readies a pass in `mode` on the parameters `params` of `version`: the convolutions'
-    /// weights packed unless they come from `version` (for the Winograd route, on an inference
-    /// pass that runs it), and on a second pass of a version the dense layers' weights. The
+    /// Readies a pass in `mode` on the parameters `params` of `version`: the convolutions' and
+    /// the recurrent layers' weights packed unless they come from `version` (for the Winograd
+    /// route, on an inference pass that runs it), and on a second pass of a version the dense
+    /// layers' weights. The
     /// steps share the pool's threads. Allocates nothing; nothing is handed to the pool when nothing
     /// needs packing.
     pub(super) fn prepare(&mut self, plan: &Plan, params: &[f32], version: u64, pool: &Pool, mode: Mode) {
@@ -131,7 +145,19 @@ impl Workspace {
                 }
             });
         }
+        if self.rnn_version != version {
+            recurrent::pack_all(plan, params, &mut self.rnn);
+            self.rnn_version = version;
+        }
         (self.conv_version, self.last_version, self.version) = (version, version, version);
+    }
+
+    /// The recurrent layers' workspace set to NaN, their packed weights marked stale: a test
+    /// that passes write what they read of it.
+    #[cfg(test)]
+    pub fn poison_rnn(&mut self) {
+        self.rnn.fill(f32::NAN);
+        self.rnn_version = 0;
     }
 
     /// Every packed weight set to NaN, the version kept: a test that passes read what was

@@ -2,7 +2,7 @@
 //! gradients, then ∂L/∂h_{t−1}'s product with W_hh for several samples at once.
 
 use super::BackSample;
-use crate::cpu::vmath::kernels::tanh;
+use crate::cpu::vmath::kernels::gate_tanh;
 use crate::cpu::vmath::lanes::Lanes;
 use crate::layers::recurrent::{Cell, Dims, RnnOutput};
 
@@ -61,7 +61,7 @@ fn gate_gradients<V: Lanes>(d: &Dims, t: usize, s: &mut BackSample) {
         let (dc_done, dc_next) = dcprev.split_at_mut((t + 1) * p);
         for u in (0..h).step_by(l) {
             let (i, f, gg, o) = (V::load(&g[u..]), V::load(&g[p + u..]), V::load(&g[2 * p + u..]), V::load(&g[3 * p + u..]));
-            let tc = tanh(V::load(&c[u..]));
+            let tc = gate_tanh(V::load(&c[u..]));
             let carried = if last { V::splat(0.0) } else { V::load(&dc_next[u..]) };
             let dh_u = V::load(&dh[u..]);
             let dc = carried + dh_u * o * (one - tc * tc);

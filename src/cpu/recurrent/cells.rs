@@ -4,7 +4,7 @@
 
 use super::sequence::Row;
 use super::PANEL;
-use crate::cpu::vmath::kernels::{sigmoid, tanh};
+use crate::cpu::vmath::kernels::{gate_sigmoid, gate_tanh};
 use crate::cpu::vmath::lanes::Lanes;
 use crate::layers::recurrent::{Dims, Weights};
 
@@ -102,9 +102,9 @@ fn gru_vector<V: Lanes, const P: usize, const R: usize>(d: &Dims, w: &Weights, r
         for n in 0..P {
             let c = (q0 + n) * PANEL + v * V::LANES;
             let g = &mut *s.g;
-            let rg = sigmoid(V::load(&g[c..]) + a[0][n][r]);
-            let z = sigmoid(V::load(&g[p + c..]) + a[1][n][r]);
-            let nn = tanh(rg.mul_add(a[2][n][r], V::load(&g[2 * p + c..])));
+            let rg = gate_sigmoid(V::load(&g[c..]) + a[0][n][r]);
+            let z = gate_sigmoid(V::load(&g[p + c..]) + a[1][n][r]);
+            let nn = gate_tanh(rg.mul_add(a[2][n][r], V::load(&g[2 * p + c..])));
             z.mul_add(V::load(&s.h[c..]) - nn, nn).store(&mut s.h_out[c..]);
             if keep {
                 rg.store(&mut g[c..]);
@@ -194,13 +194,13 @@ fn lstm_gates<V: Lanes>(d: &Dims, s: &mut Row, keep: bool) {
     let p = d.padded;
     for u in (0..p).step_by(V::LANES) {
         let g = &mut *s.g;
-        let ig = sigmoid(V::load(&g[u..]));
-        let fg = sigmoid(V::load(&g[p + u..]));
-        let gg = tanh(V::load(&g[2 * p + u..]));
-        let og = sigmoid(V::load(&g[3 * p + u..]));
+        let ig = gate_sigmoid(V::load(&g[u..]));
+        let fg = gate_sigmoid(V::load(&g[p + u..]));
+        let gg = gate_tanh(V::load(&g[2 * p + u..]));
+        let og = gate_sigmoid(V::load(&g[3 * p + u..]));
         let ct = fg.mul_add(V::load(&s.c[u..]), ig * gg);
         ct.store(&mut s.c_out[u..]);
-        (og * tanh(ct)).store(&mut s.h_out[u..]);
+        (og * gate_tanh(ct)).store(&mut s.h_out[u..]);
         if keep {
             ig.store(&mut g[u..]);
             fg.store(&mut g[p + u..]);
@@ -220,13 +220,13 @@ fn lstm_vector<V: Lanes, const P: usize, const R: usize>(d: &Dims, w: &Weights, 
         for n in 0..P {
             let u = (q0 + n) * PANEL + v * V::LANES;
             let g = &mut *s.g;
-            let ig = sigmoid(V::load(&g[u..]) + a[0][n][r]);
-            let fg = sigmoid(V::load(&g[p + u..]) + a[1][n][r]);
-            let gg = tanh(V::load(&g[2 * p + u..]) + a[2][n][r]);
-            let og = sigmoid(V::load(&g[3 * p + u..]) + a[3][n][r]);
+            let ig = gate_sigmoid(V::load(&g[u..]) + a[0][n][r]);
+            let fg = gate_sigmoid(V::load(&g[p + u..]) + a[1][n][r]);
+            let gg = gate_tanh(V::load(&g[2 * p + u..]) + a[2][n][r]);
+            let og = gate_sigmoid(V::load(&g[3 * p + u..]) + a[3][n][r]);
             let ct = fg.mul_add(V::load(&s.c[u..]), ig * gg);
             ct.store(&mut s.c_out[u..]);
-            (og * tanh(ct)).store(&mut s.h_out[u..]);
+            (og * gate_tanh(ct)).store(&mut s.h_out[u..]);
             if keep {
                 ig.store(&mut g[u..]);
                 fg.store(&mut g[p + u..]);

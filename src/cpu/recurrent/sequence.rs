@@ -13,15 +13,23 @@ pub(super) fn forward<V: Lanes, const VPP: usize, const LSTM: bool>(d: &Dims, w:
     debug_assert_eq!(VPP * V::LANES, PANEL);
     let (steps, f, p, row) = (d.steps, d.features, d.padded, d.row());
     let lstm = d.cell == Cell::Lstm;
+    // steps whose input products are summed at once: a panel's accumulators for each (with
+    // AVX-512, a vector of each gate: four LSTM steps make 16 chains of fused multiply-adds, not
+    // the 4 that one step's F-long chains would leave the FMA units waiting on)
+    let at_once = if VPP == 1 { 4 } else { 1 };
     for s in group.iter_mut() {
         // the input products of every step: W_ih·x_t + b_ih, G blocks of `padded`
-        for t in 0..steps {
-            let (x, g) = (&s.x[t * f..][..f], &mut s.gates[t * row..][..row]);
-            if lstm {
-                input_product::<V, VPP, 4>(d, w, x, g);
-            } else {
-                input_product::<V, VPP, 3>(d, w, x, g);
+        let mut t = 0;
+        while t < steps {
+            let n = if t + at_once <= steps { at_once } else { 1 };
+            let (x, g) = (&s.x[t * f..][..n * f], &mut s.gates[t * row..][..n * row]);
+            match (lstm, n) {
+                (true, 4) => input_products::<V, VPP, 4, 4>(d, w, x, g),
+                (true, _) => input_products::<V, VPP, 4, 1>(d, w, x, g),
+                (false, 4) => input_products::<V, VPP, 3, 4>(d, w, x, g),
+                (false, _) => input_products::<V, VPP, 3, 1>(d, w, x, g),
             }
+            t += n;
         }
         copy::<V>(&s.state[..p], &mut s.hprev[..p]);
         if lstm {
@@ -106,31 +114,43 @@ pub(super) fn row<'a>(d: &Dims, s: &'a mut Sample, t: usize) -> Row<'a> {
     Row { h: &h_done[t * p..][..p], g: &mut gates[t * d.row()..][..d.row()], h_out, c, c_out }
 }
 
-/// g[gate·p + u] = b_ih[gate·p + u] + Σ_j x[j]·W_ih[gate·H + u, j] for every unit (the `G` gates'
-/// blocks of `g`), a panel at a time.
+/// g_s[gate·p + u] = b_ih[gate·p + u] + Σ_j x_s[j]·W_ih[gate·H + u, j] for every unit (the `G`
+/// gates' blocks of `g_s`) of each of `S` steps s (x: S rows of F, g: S rows of `Dims::row`), a
+/// panel at a time: each step's sums in the order of one step alone, each weight vector loaded
+/// once for the S steps.
 #[inline(always)]
-#[allow(clippy::needless_range_loop)] // gate and vector indices of the accumulators
-fn input_product<V: Lanes, const VPP: usize, const G: usize>(d: &Dims, w: &Weights, x: &[f32], g: &mut [f32]) {
-    let (p, l, width) = (d.padded, V::LANES, G * PANEL);
+#[allow(clippy::needless_range_loop)] // step, gate and vector indices of the accumulators
+fn input_products<V: Lanes, const VPP: usize, const G: usize, const S: usize>(d: &Dims, w: &Weights, x: &[f32], g: &mut [f32]) {
+    let (p, l, width, f, row) = (d.padded, V::LANES, G * PANEL, d.features, d.row());
+    debug_assert!(x.len() == S * f && g.len() == S * row);
+    let xs: [&[f32]; S] = std::array::from_fn(|s| &x[s * f..][..f]);
     for q in 0..p / PANEL {
-        let panel = &w.ih[q * x.len() * width..][..x.len() * width];
-        let mut acc = [[V::splat(0.0); VPP]; G];
+        let panel = &w.ih[q * f * width..][..f * width];
+        let mut acc = [[[V::splat(0.0); VPP]; G]; S];
         for gate in 0..G {
             for v in 0..VPP {
-                acc[gate][v] = V::load(&w.b_ih[gate * p + q * PANEL + v * l..]);
+                acc[0][gate][v] = V::load(&w.b_ih[gate * p + q * PANEL + v * l..]);
             }
         }
-        for (&xj, row) in x.iter().zip(panel.chunks_exact(width)) {
-            let xj = V::splat(xj);
+        for s in 1..S {
+            acc[s] = acc[0];
+        }
+        for (j, wrow) in panel.chunks_exact(width).enumerate() {
+            let xj: [V; S] = std::array::from_fn(|s| V::splat(xs[s][j]));
             for gate in 0..G {
                 for v in 0..VPP {
-                    acc[gate][v] = xj.mul_add(V::load(&row[gate * PANEL + v * l..]), acc[gate][v]);
+                    let wv = V::load(&wrow[gate * PANEL + v * l..]);
+                    for s in 0..S {
+                        acc[s][gate][v] = xj[s].mul_add(wv, acc[s][gate][v]);
+                    }
                 }
             }
         }
-        for gate in 0..G {
-            for v in 0..VPP {
-                acc[gate][v].store(&mut g[gate * p + q * PANEL + v * l..]);
+        for s in 0..S {
+            for gate in 0..G {
+                for v in 0..VPP {
+                    acc[s][gate][v].store(&mut g[s * row + gate * p + q * PANEL + v * l..]);
+                }
             }
         }
     }

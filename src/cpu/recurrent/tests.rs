@@ -90,7 +90,8 @@ fn every_instruction_set_and_group_gives_the_same_bits() {
                     dst[..hidden].copy_from_slice(src);
                 }
                 // a group of five (the forward pass with AVX-512 takes a GRU's four and one, an
-                // LSTM's three and two; the backward four and one), and each sample alone
+                // LSTM's five at once, with AVX2 four and one; the backward four and one), and
+                // each sample alone
                 let inputs: Vec<Inputs> =
                     (0..5).map(|_| (rng.uniform(steps * features), rng.uniform(d.state_len()), rng.uniform(d.out_len()))).collect();
                 let want = run(isas[0], 1, &d, &packed, &rows, &inputs);

@@ -24,7 +24,9 @@
 //! - SiLU x·σ(x): 1.5 ulp (1.2e-7);
 //! - SiLU′ = σ(x)·(1 + x·σ(−x)), which crosses zero: 2.6 ulp of the larger of σ(x) and
 //!   |x|·σ(x)·σ(−x) (1.9e-7 of it);
-//! - softplus ln(1 + e^x): 2.0 ulp (1.8e-7).
+//! - softplus ln(1 + e^x): 2.0 ulp (1.8e-7);
+//! - the recurrent gates' tanh and sigmoid (`kernels::gate_tanh`, `kernels::gate_sigmoid`, fewer
+//!   operations and divisions): 1.55 ulp (1.6e-7) and 2.45 ulp (1.8e-7).
 //!
 //! The relative figures are for normal results; subnormal ones are within the ulp bounds in
 //! units of 2⁻¹⁴⁹.

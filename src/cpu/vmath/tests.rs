@@ -1,7 +1,7 @@
 //! The kernels against f64 references over the whole f32 range, the paths against each other
 //! bit for bit, special values, and the slice loops on odd lengths with poisoned outputs.
 
-use super::kernels::Erf;
+use super::kernels::{Erf, GateSigmoid, GateTanh};
 use super::*;
 use std::f64::consts::{PI, SQRT_2};
 
@@ -82,7 +82,7 @@ fn softplus_ref(x: f64) -> f64 {
     x.max(0.0) + (-x.abs()).exp().ln_1p()
 }
 
-fn cases() -> [Case; 10] {
+fn cases() -> [Case; 12] {
     [
         Case { name: "exp", run: unary::<Exp>, reference: |x| (x.exp(), x.exp()), bound: 0.8, relative: 6.2e-8 },
         Case { name: "tanh", run: unary::<Tanh>, reference: |x| (x.tanh(), x.tanh()), bound: 1.35, relative: 1.5e-7 },
@@ -118,6 +118,14 @@ fn cases() -> [Case; 10] {
             relative: 1.9e-7,
         },
         Case { name: "softplus", run: unary::<Softplus>, reference: |x| (softplus_ref(x), softplus_ref(x)), bound: 2.0, relative: 1.8e-7 },
+        Case { name: "gate tanh", run: unary::<GateTanh>, reference: |x| (x.tanh(), x.tanh()), bound: 1.55, relative: 1.6e-7 },
+        Case {
+            name: "gate sigmoid",
+            run: unary::<GateSigmoid>,
+            reference: |x| (sigmoid_ref(x), sigmoid_ref(x)),
+            bound: 2.45,
+            relative: 1.8e-7,
+        },
     ]
 }
 
@@ -294,7 +302,7 @@ fn special_values_give_the_limits() {
     let nans = [f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001), f32::from_bits(0xffc0_1234)];
     let ln2 = std::f32::consts::LN_2;
     #[rustfmt::skip]
-    let table: [(&str, &[(f32, f32)]); 10] = [
+    let table: [(&str, &[(f32, f32)]); 12] = [
         ("exp", &[(inf, inf), (-inf, 0.0), (0.0, 1.0), (-0.0, 1.0), (89.0, inf), (-104.0, 0.0), (max, inf), (-max, 0.0)]),
         ("tanh", &[(inf, 1.0), (-inf, -1.0), (0.0, 0.0), (-0.0, -0.0), (max, 1.0), (-max, -1.0), (tiny, tiny), (-tiny, -tiny)]),
         ("sigmoid", &[(inf, 1.0), (-inf, 0.0), (0.0, 0.5), (-0.0, 0.5), (max, 1.0), (-max, 0.0)]),
@@ -305,6 +313,8 @@ fn special_values_give_the_limits() {
         ("silu", &[(inf, inf), (-inf, -0.0), (0.0, 0.0), (-0.0, -0.0), (max, max), (-max, -0.0)]),
         ("silu'", &[(inf, 1.0), (-inf, -0.0), (0.0, 0.5), (-0.0, 0.5), (max, 1.0), (-max, -0.0)]),
         ("softplus", &[(inf, inf), (-inf, 0.0), (0.0, ln2), (-0.0, ln2), (max, max), (-max, 0.0), (20.0, 20.0), (-104.0, 0.0)]),
+        ("gate tanh", &[(inf, 1.0), (-inf, -1.0), (0.0, 0.0), (-0.0, -0.0), (max, 1.0), (-max, -1.0), (tiny, tiny), (-tiny, -tiny)]),
+        ("gate sigmoid", &[(inf, 1.0), (-inf, 0.0), (0.0, 0.5), (-0.0, 0.5), (max, 1.0), (-max, 0.0)]),
     ];
     for isa in available() {
         for (case, (name, pairs)) in cases().iter().zip(table) {

@@ -2,8 +2,8 @@
 //! of the pool (`cpu::recurrent`), then, backward, the weight, bias and input gradients over all
 //! B·T steps at once as products.
 
-use super::packed::{pack, pack_rows, Weights};
-use super::{Cell, Dims, CPREV, GATES, HPREV, STATE};
+use super::packed::{pack_rows, Weights};
+use super::{packed_at, rows_at, Cell, Dims, CPREV, GATES, HPREV, STATE};
 use crate::chain::Step;
 use crate::cpu::gemm::{sgemm, Mat, MatMut};
 use crate::cpu::recurrent::{backward_group, forward_group, BackSample, Sample, GROUP};
@@ -50,13 +50,8 @@ fn part(range: &Range<usize>, s: usize, len: usize) -> Range<usize> {
 pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
     let r = Regions::of(d, step, |i| pass.region(i));
     let params = &pass.params[step.params.clone()];
-    let weights = if d.packed {
-        Weights::of(d, params)
-    } else {
-        let packed = &mut pass.ws.rnn[..d.packed_len()];
-        pack(d, params, packed);
-        Weights::of(d, packed)
-    };
+    // (the workspace's were packed for this parameter version by `Workspace::prepare`)
+    let weights = if d.packed { Weights::of(d, params) } else { Weights::of(d, &pass.ws.rnn[packed_at(pass.plan, pass.index)]) };
     let (t, f, p) = (d.steps, d.features, d.padded);
     let keep = mode == Mode::Train;
     let acts = SharedMut::new(&mut *pass.acts);
@@ -95,7 +90,7 @@ pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
 pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass, need_dx: bool) {
     let r = Regions::of(d, step, |i| pass.region(i));
     let params = &pass.params[step.params.clone()];
-    let rows = &mut pass.ws.rnn[..d.rows_len()];
+    let rows = &mut pass.ws.rnn[rows_at(pass.plan, pass.index)];
     pack_rows(d, params, rows);
     let rows = &*rows;
     let (t, p) = (d.steps, d.padded);
@@ -240,6 +235,26 @@ mod tests {
         let err = rel_err(dx, &values(&file, "grad.x"));
         println!("{kind}: d loss / d x rel err {err:.1e}");
         assert!(err <= 1e-5, "{kind}: d loss / d x differs from PyTorch's by {err:e}");
+    }
+
+    /// A cache keeps the recurrent layers' packed weights between passes and repacks them when
+    /// the parameters change: after new parameters, its outputs are a fresh cache's, bit for bit.
+    #[test]
+    fn new_parameters_are_repacked() {
+        let chain = Chain::new(Shape::sequence(3, 2)).gru(5, RnnOutput::Sequence).lstm(17, RnnOutput::LastStep);
+        let mut model = chain.build().unwrap().with_threads(1).unwrap();
+        let mut rng = crate::testutil::Rng::new(4);
+        let x = rng.uniform(2 * 3 * 2);
+        let mut cache = model.preallocate(2).unwrap();
+        cache.set_inputs(&x).unwrap();
+        let before = model.forward(&mut cache).unwrap().to_vec();
+        let params = rng.uniform(model.params.len());
+        model.set_parameters(&params).unwrap();
+        let after = model.forward(&mut cache).unwrap().to_vec();
+        let mut fresh = model.preallocate(2).unwrap();
+        fresh.set_inputs(&x).unwrap();
+        let want = model.forward(&mut fresh).unwrap();
+        assert!(before != after && after.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{after:?} vs {want:?}");
     }
 
     #[test]
