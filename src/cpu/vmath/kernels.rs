@@ -180,7 +180,8 @@ fn exp_nonpositive<V: Lanes>(x: V) -> V {
 
 /// The recurrent layers' gates' logistic sigmoid: num/(1 + e), e = e^−|x| and num = 1 for x ≥ 0,
 /// e for x < 0, one rounded quotient: fewer operations and one division where [`sigmoid`] has
-/// two (it corrects the quotient by its residual), for a few tenths of an ulp more error.
+/// two (it corrects the quotient by its residual), for a few tenths of an ulp more error: within
+/// 2.45 ulp (and 1.8e-7 relative) of the f64 function, as the tests check over the float range.
 #[inline(always)]
 pub(crate) fn gate_sigmoid<V: Lanes>(x: V) -> V {
     let e = exp_nonpositive(-abs(x));
@@ -190,7 +191,8 @@ pub(crate) fn gate_sigmoid<V: Lanes>(x: V) -> V {
 
 /// The recurrent layers' gates' tanh: a + a³·P(a²) for a = |x| < 0.625 (as [`tanh`]), else
 /// (1 − e)/(1 + e) with e = e^−2a (≤ 0.29, so that 1 − e does not cancel); the sign of x
-/// restored. Fewer operations than [`tanh`], whose e^2a is formed to 0.8 ulp.
+/// restored. Fewer operations than [`tanh`], whose e^2a is formed to 0.8 ulp: within 1.55 ulp
+/// (and 1.6e-7 relative) of the f64 function, as the tests check over the float range.
 #[inline(always)]
 pub(crate) fn gate_tanh<V: Lanes>(x: V) -> V {
     let a = abs(x);
