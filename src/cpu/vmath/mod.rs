@@ -38,7 +38,6 @@ mod tests;
 
 use kernels::{Binary, Exp, Expm1, Gelu, GeluBackward, Sigmoid, SigmoidTimes, Silu, SiluBackward, Softplus, Tanh, Unary};
 use lanes::Lanes;
-use std::sync::OnceLock;
 
 /// An instruction set the kernels are compiled for (also the recurrent layers', `cpu::recurrent`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,10 +48,13 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The widest this CPU runs, detected once.
+    /// The widest this CPU runs, capped by `FLATNN_ISA` as the GEMM's is ([`crate::cpu::isa`]).
     pub(crate) fn best() -> Isa {
-        static BEST: OnceLock<Isa> = OnceLock::new();
-        *BEST.get_or_init(|| [Isa::Avx512, Isa::Avx2].into_iter().find(|isa| isa.available()).unwrap_or(Isa::Portable))
+        match crate::cpu::isa::Isa::best() {
+            crate::cpu::isa::Isa::Portable => Isa::Portable,
+            crate::cpu::isa::Isa::Avx2 => Isa::Avx2,
+            crate::cpu::isa::Isa::Avx512 => Isa::Avx512,
+        }
     }
 
     /// Whether this CPU runs it.
