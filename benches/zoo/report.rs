@@ -284,7 +284,9 @@ pub fn csv(res: &Results) -> String {
                         (Some(s), Some(t)) => format!("{:.4}", s / t),
                         _ => String::new(),
                     };
-                    let opt = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.9}"));
+                    // the shortest decimal that reads back as the same f64: a table rebuilt from
+                    // the CSV rounds its cells as the run did
+                    let opt = |v: Option<f64>| v.map_or_else(String::new, |v| v.to_string());
                     let _ = writeln!(
                         out,
                         "{place},{task},{},{},{},{},{},{},{ratio},{},{}",
