@@ -70,7 +70,7 @@ impl fmt::Display for Task {
 pub const FLATNN: &str = "flatnn";
 
 /// One measured (or skipped) point of one runner.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Figure {
     pub model: String,
     pub place: Place,

@@ -4,7 +4,10 @@
 //!
 //!   cargo bench --bench zoo -- [--models a,b] [--tasks train,infer,latency]
 //!       [--devices cpu1,cpu,gpu,gpu-tf32] [--batches 1,8,64] [--peers|--no-peers] [--compile]
-//!       [--quick] [--cpu1-clock wall|cpu] [--out DIR] [--python PATH] [--check]
+//!       [--quick] [--cpu1-clock wall|cpu] [--out DIR] [--python PATH] [--check] [--from FILE.csv]
+//!
+//! `--from FILE.csv` measures nothing: it writes `zoo.txt` and `zoo.svg` again from a CSV the zoo
+//! wrote, for the models, devices, tasks and batches chosen (all of the file's by default).
 //!
 //! See BENCHMARKS.md, "Zoo", for what each task includes on each side and how points are timed.
 
@@ -12,12 +15,14 @@ mod check;
 mod engine;
 mod figures;
 mod peers;
+mod replot;
 mod report;
 mod svg;
 mod timing;
 
 use crate::engine::{ZooModel, ZOO};
 use crate::figures::{Figure, Place, Task};
+use crate::replot::{Replot, Selection};
 use crate::report::Results;
 use crate::timing::Timing;
 use ::flatnn::prelude::*;
@@ -46,10 +51,24 @@ struct Args {
     cpu1_cpu_clock: bool,
     out: PathBuf,
     python: String,
+    /// A CSV to write the tables and plot from, instead of measuring.
+    from: Option<PathBuf>,
+    /// Which of `--models`, `--tasks`, `--devices`, `--batches` were given.
+    chosen: Chosen,
+}
+
+#[derive(Default)]
+struct Chosen {
+    models: bool,
+    tasks: bool,
+    places: bool,
+    batches: bool,
 }
 
 const USAGE: &str = "cargo bench --bench zoo -- [--models a,b] [--tasks train,infer,latency] [--devices cpu1,cpu,gpu,gpu-tf32] \
-[--batches 1,8,64] [--peers|--no-peers] [--compile] [--quick] [--cpu1-clock wall|cpu] [--out DIR] [--python PATH] [--check]";
+[--batches 1,8,64] [--peers|--no-peers] [--compile] [--quick] [--cpu1-clock wall|cpu] [--out DIR] [--python PATH] [--check] \
+[--from FILE.csv]\n--from FILE.csv: measure nothing; write zoo.txt and zoo.svg again from a CSV the zoo wrote \
+(add --quick where that run was quick: the CSV does not hold its per-call limit)";
 
 fn list<T>(text: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>> {
     text.split(',').filter(|s| !s.is_empty()).map(|s| parse(s).ok_or_else(|| Error::Config(format!("unknown {what} {s:?}")))).collect()
@@ -72,16 +91,24 @@ fn parse_args() -> Result<Args> {
         cpu1_cpu_clock: false,
         out: manifest_dir().join("target/flatnn-bench"),
         python: "python3".into(),
+        from: None,
+        chosen: Chosen::default(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or_else(|| Error::Config(format!("{arg} needs a value; usage: {USAGE}")));
         match arg.as_str() {
             "--bench" | "--" => {}
-            "--models" => args.models = list(&value()?, "model", |s| ZOO.iter().find(|m| m.name == s))?,
-            "--tasks" => args.tasks = list(&value()?, "task", |s| Task::ALL.into_iter().find(|t| t.label() == s))?,
-            "--devices" => args.places = list(&value()?, "device", |s| Place::ALL.into_iter().find(|p| p.label() == s))?,
-            "--batches" => args.batches = list(&value()?, "batch", |s| s.parse().ok().filter(|&b: &usize| b > 0))?,
+            "--models" => (args.models, args.chosen.models) = (list(&value()?, "model", |s| ZOO.iter().find(|m| m.name == s))?, true),
+            "--tasks" => {
+                (args.tasks, args.chosen.tasks) = (list(&value()?, "task", |s| Task::ALL.into_iter().find(|t| t.label() == s))?, true)
+            }
+            "--devices" => {
+                (args.places, args.chosen.places) = (list(&value()?, "device", |s| Place::ALL.into_iter().find(|p| p.label() == s))?, true)
+            }
+            "--batches" => {
+                (args.batches, args.chosen.batches) = (list(&value()?, "batch", |s| s.parse().ok().filter(|&b: &usize| b > 0))?, true)
+            }
             "--peers" => args.peers = true,
             "--no-peers" => args.peers = false,
             "--compile" => args.compile = true,
@@ -96,6 +123,7 @@ fn parse_args() -> Result<Args> {
             }
             "--out" => args.out = PathBuf::from(value()?),
             "--python" => args.python = value()?,
+            "--from" => args.from = Some(PathBuf::from(value()?)),
             "--help" | "-h" => {
                 println!("{USAGE}\nmodels: {}", ZOO.iter().map(|m| m.name).collect::<Vec<_>>().join(", "));
                 std::process::exit(0);
@@ -169,11 +197,32 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<()> {
     Ok(())
 }
 
+/// `--from`: the tables and plot of the CSV's figures, as a run that measured them would write them.
+fn replot(args: &Args, path: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_owned(), source })?;
+    let names: Vec<&str> = args.models.iter().map(|m| m.name).collect();
+    let chosen = Selection {
+        models: args.chosen.models.then_some(&names[..]),
+        places: args.chosen.places.then_some(&args.places[..]),
+        tasks: args.chosen.tasks.then_some(&args.tasks[..]),
+        batches: args.chosen.batches.then_some(&args.batches[..]),
+    };
+    let replot = Replot::new(replot::parse(&text, path)?, &chosen);
+    let title = format!("flatnn zoo, tables rebuilt from {}", path.display());
+    let (tables, plot) = replot.files(&title, Timing::new(args.quick).limit_s);
+    println!("{tables}");
+    write(&args.out, "zoo.txt", &tables)?;
+    write(&args.out, "zoo.svg", &plot)
+}
+
 fn main() -> Result<()> {
     let started = Instant::now();
     let args = parse_args()?;
     let script = manifest_dir().join("benches/peers/zoo.py");
     std::fs::create_dir_all(&args.out).map_err(|source| Error::Io { path: args.out.clone(), source })?;
+    if let Some(path) = &args.from {
+        return replot(&args, path);
+    }
     if args.check {
         let ok = check::run(&args.models, &args.out.join("check"), &args.python, &script)?;
         println!("check: {}", if ok { "every output and loss agrees" } else { "MISMATCH (see above)" });
@@ -282,18 +331,7 @@ fn main() -> Result<()> {
         peers_failed: peers_failed.as_deref(),
         limit_s: timing.limit_s,
     };
-    let mut text = header.clone();
-    for &place in &places {
-        for &task in &args.tasks {
-            report::summary(&mut text, &results, place, task);
-        }
-    }
-    for &place in &places {
-        for &task in &args.tasks {
-            report::full(&mut text, &results, place, task);
-        }
-    }
-    report::compile_times(&mut text, &results);
+    let text = header.clone() + &report::tables(&results);
     println!("{}", &text[header.len()..]);
     println!("{}", header.lines().last().unwrap_or_default());
     write(&args.out, "zoo.txt", &text)?;

@@ -163,7 +163,7 @@ fn cell(f: Option<&Figure>, notes: &mut Notes, who: &str, limit_s: f64, missing:
 }
 
 /// The summary table of one place and task.
-pub fn summary(out: &mut String, res: &Results, place: Place, task: Task) {
+fn summary(out: &mut String, res: &Results, place: Place, task: Task) {
     let rows = res.rows(place, task);
     if rows.is_empty() {
         return;
@@ -217,7 +217,7 @@ pub fn summary(out: &mut String, res: &Results, place: Place, task: Task) {
 }
 
 /// Every runner's figure for one place and task.
-pub fn full(out: &mut String, res: &Results, place: Place, task: Task) {
+fn full(out: &mut String, res: &Results, place: Place, task: Task) {
     let rows = res.rows(place, task);
     let mut runners: Vec<&str> = rows.iter().flat_map(|r| r.peers.iter().map(|f| f.runner.as_str())).collect();
     runners.sort_unstable();
@@ -244,9 +244,27 @@ pub fn full(out: &mut String, res: &Results, place: Place, task: Task) {
     notes.write(out);
 }
 
+/// Every table of `zoo.txt` after its header: the summaries, then every runner's figures, then
+/// the compiles.
+pub fn tables(res: &Results) -> String {
+    let mut out = String::new();
+    for &place in res.places {
+        for &task in res.tasks {
+            summary(&mut out, res, place, task);
+        }
+    }
+    for &place in res.places {
+        for &task in res.tasks {
+            full(&mut out, res, place, task);
+        }
+    }
+    compile_times(&mut out, res);
+    out
+}
+
 /// The compiled peers' notes (how long each compile and capture took, and how many of its
 /// graphs inductor's cache held), one line per point they measured.
-pub fn compile_times(out: &mut String, res: &Results) {
+fn compile_times(out: &mut String, res: &Results) {
     let lines: Vec<String> = res
         .figures
         .iter()
@@ -270,10 +288,13 @@ fn csv_field(s: &str) -> String {
     }
 }
 
+/// The CSV's columns, its first line.
+pub const CSV_COLUMNS: &str = "device,task,model,batch,runner,seconds,p99_seconds,calls,ratio_to_flatnn,best_peer,note";
+
 /// One line per figure: every runner, every point; the ratio to flatnn's figure and which peer
 /// was the best at the point.
 pub fn csv(res: &Results) -> String {
-    let mut out = String::from("device,task,model,batch,runner,seconds,p99_seconds,calls,ratio_to_flatnn,best_peer,note\n");
+    let mut out = format!("{CSV_COLUMNS}\n");
     for &place in res.places {
         for &task in res.tasks {
             for row in res.rows(place, task) {
@@ -284,7 +305,9 @@ pub fn csv(res: &Results) -> String {
                         (Some(s), Some(t)) => format!("{:.4}", s / t),
                         _ => String::new(),
                     };
-                    let opt = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.9}"));
+                    // the shortest decimal that reads back as the same f64: a table rebuilt from
+                    // the CSV rounds its cells as the run did
+                    let opt = |v: Option<f64>| v.map_or_else(String::new, |v| v.to_string());
                     let _ = writeln!(
                         out,
                         "{place},{task},{},{},{},{},{},{},{ratio},{},{}",
