@@ -194,7 +194,7 @@ impl Routes {
                 }
                 let (alone, best) = match changes.is_empty() {
                     true => (alone, best),
-                    false => self.confirm(index, &mut changes, time_step),
+                    false => self.confirm(index, alone, &mut changes, time_step),
                 };
                 let table = &mut self.tables[index];
                 table.step_us = Some((alone, best));
@@ -222,15 +222,25 @@ impl Routes {
     /// ([`CONFIRM`] times, alternating with the routes fastest alone): the fastest of many
     /// variants owes part of its lead to the luck of its timing. They stay where the median is
     /// still faster by more than [`KEEP`]; else (or where a timing fails) the routes fastest
-    /// alone are put back and `changes` emptied. The medians, alone and as left.
-    fn confirm(&mut self, index: usize, changes: &mut Vec<(usize, Dir, Route)>, time_step: &dyn Fn(&Routes) -> Result<f32>) -> (f32, f32) {
+    /// alone are put back and `changes` emptied. The medians, alone and as left (`first`, the
+    /// step's first timing on the routes fastest alone, where a timing failed).
+    fn confirm(
+        &mut self,
+        index: usize,
+        first: f32,
+        changes: &mut Vec<(usize, Dir, Route)>,
+        time_step: &dyn Fn(&Routes) -> Result<f32>,
+    ) -> (f32, f32) {
         let alone: Vec<_> = changes.iter().map(|&(layer, dir, _)| (layer, dir, self.alone(index, layer, dir))).collect();
         let (mut on_alone, mut on_kept) = ([0f32; CONFIRM], [0f32; CONFIRM]);
+        // in turns, which of the two goes first alternating, so that a drift of the clocks
+        // favours neither
         let timed = (0..CONFIRM).try_for_each(|i| {
-            self.set(index, &alone);
-            on_alone[i] = time_step(self)?;
-            self.set(index, changes);
-            on_kept[i] = time_step(self)?;
+            for kept in [i % 2 == 1, i % 2 == 0] {
+                let (routes, times) = if kept { (&changes[..], &mut on_kept) } else { (&alone[..], &mut on_alone) };
+                self.set(index, routes);
+                times[i] = time_step(self)?;
+            }
             Ok::<(), crate::Error>(())
         });
         let median = |times: &mut [f32; CONFIRM]| {
@@ -243,6 +253,8 @@ impl Routes {
         }
         self.set(index, &alone);
         changes.clear();
+        // where a timing failed, the step's first timing (the others may be unfilled)
+        let alone_us = if timed.is_ok() { alone_us } else { first };
         (alone_us, alone_us)
     }
 
@@ -458,5 +470,30 @@ mod tests {
         assert_eq!(timed.get(), 1);
         assert!(!routes.unchecked());
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
+    }
+    /// Where a timing fails while the kept routes are timed again, the routes fastest alone
+    /// are put back and the report gives the step's first timing, not an unfilled one.
+    #[test]
+    fn a_failed_confirmation_puts_the_routes_back_and_reports_the_first_timing() {
+        let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
+        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let mut routes = measured(mma, panel);
+        let split_timings = std::cell::Cell::new(0);
+        let step = |r: &Routes| {
+            let split = r.route(0, Dir::WeightGrad) == Some(Route::Split) && r.route(1, Dir::WeightGrad) == Some(Route::Split);
+            if !split {
+                return Ok(12.0);
+            }
+            split_timings.set(split_timings.get() + 1);
+            match split_timings.get() {
+                1 => Ok(10.0),
+                _ => Err(crate::Error::Cuda { what: "a timing failed".into() }),
+            }
+        };
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9009, &|_| false, &step).unwrap();
+        assert!(split_timings.get() >= 2, "the split was timed again");
+        assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
+        let report = routes.report();
+        assert!(report.contains("forward and backward 12.0 µs on the routes fastest alone, 12.0 µs on those kept"), "{report}");
     }
 }
