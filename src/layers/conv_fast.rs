@@ -25,6 +25,7 @@ use super::{batch_norm, split2, BackPass, Mode, Pass};
 use crate::activation::Activation;
 use crate::chain::{Plan, Step};
 use crate::cpu::conv::choice::{self, Bucket, Choice, Direction};
+use crate::cpu::conv::split::Splits;
 use crate::cpu::conv::{ConvRoute, ConvShape, ConvWeights, ConvWorkspace, Epilogue};
 use crate::cpu::isa::Isa;
 use crate::cpu::SharedMut;
@@ -58,8 +59,10 @@ pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pa
         let (zs, ys) = own[..y.end - z.start].split_at_mut(z.len());
         let ys = (z != y).then(move || &mut ys[y.start - z.end..]);
         let epilogue = Epilogue { scale: None, shift: Some(bias), skip: None, act: activation };
-        let (weights, cws) = (&cache.weights, &mut cache.ws);
-        return crate::cpu::conv::forward(route, pool, gemm, cws, weights, *batch, &before[x], &epilogue, zs, ys);
+        let (weights, cws, shape, xs, mut ys) = (&cache.weights, &mut cache.ws, conv_shape(step), &before[x], ys);
+        return cache.splits[0].run(&shape, *batch, pool.threads(), |parts| {
+            crate::cpu::conv::forward(route, pool, gemm, cws, weights, (*batch, parts), xs, &epilogue, zs, ys.as_deref_mut())
+        });
     }
     // inference: the output of the last step taken in, alone, the activation in place
     let fused = cache.fused;
@@ -77,7 +80,10 @@ pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pa
     };
     let (before, skip) = (&*before, skip.map(|r| &before[r]));
     let epilogue = Epilogue { scale, shift: Some(shift), skip, act: last.layer.activation() };
-    crate::cpu::conv::forward(route, pool, gemm, &mut cache.ws, &cache.weights, *batch, &before[x], &epilogue, &mut own[..out.len()], None);
+    let (weights, cws, shape, xs, out) = (&cache.weights, &mut cache.ws, conv_shape(step), &before[x], &mut own[..out.len()]);
+    cache.splits[1].run(&shape, *batch, pool.threads(), |parts| {
+        crate::cpu::conv::forward(route, pool, gemm, cws, weights, (*batch, parts), xs, &epilogue, out, None)
+    });
 }
 
 /// A convolution step's fast backward: dZ, dW, db and (where needed) dX, on the same path as
@@ -147,6 +153,8 @@ pub(crate) struct ConvCache {
     pub ws: ConvWorkspace,
     pub routes: [ConvRoute; 2],
     pub infer_routes: [ConvRoute; 2],
+    /// The parts of each sample's rows, per batch size, in training and in inference.
+    pub splits: [Splits; 2],
     pub fused: Fused,
     folded: Vec<f32>,
     winograd_version: u64,
@@ -165,6 +173,7 @@ impl ConvCache {
             ws: ConvWorkspace::new(isa, &shape, threads, 0)?,
             routes: routes(isa, &shape, Direction::Forward, capacity, ConvRoute::trains)?,
             infer_routes: routes(isa, &shape, Direction::Forward, capacity, |_| true)?,
+            splits: [Splits::new(capacity)?, Splits::new(capacity)?],
             fused,
             folded: zeros(folded, || "a batch norm's scale and shift".into())?,
             winograd_version: 0,
@@ -430,6 +439,33 @@ mod tests {
         assert!(model.forward(&mut cache).unwrap().iter().all(|v| v.is_nan()), "repacked with nothing changed");
         model.parameters_mut().unwrap()[0] += 0.25;
         check(&model, &mut cache, "after parameters_mut");
+    }
+
+    /// Inference on 1, 2 and 3 threads gives the same bits at batches below the thread count,
+    /// whichever parts of a sample's rows the first call timed faster (each call after it runs
+    /// the choice), the batch norm and residual sums in the epilogue included.
+    #[test]
+    fn inference_gives_the_same_bits_whatever_the_split() {
+        for chain in [crate::models::resnet_small, crate::models::vgg_small] {
+            for batch in [1, 2] {
+                let x = Rng::new(72).uniform(batch * 3 * 32 * 32);
+                let mut first: Option<Vec<u32>> = None;
+                for threads in 1..=3 {
+                    let model = chain().build().unwrap().init(crate::Init::HeNormal, 5).with_threads(threads).unwrap();
+                    let mut cache = model.preallocate(batch).unwrap();
+                    cache.set_inputs(&x).unwrap();
+                    for call in 0..2 {
+                        let got: Vec<u32> = model.forward(&mut cache).unwrap().iter().map(|v| v.to_bits()).collect();
+                        let want = first.get_or_insert_with(|| got.clone());
+                        assert!(
+                            *want == got,
+                            "batch {batch}, {threads} threads, call {call}: bits differ from 1 thread's\n{}",
+                            cache.routes()
+                        );
+                    }
+                }
+            }
+        }
     }
 
     pub(super) const DRAW: Draw = Draw { seed: 0, pass: 0, replica: 0 };
