@@ -36,6 +36,8 @@ struct Shared {
     sleepers: AtomicUsize,
     /// Workers that have started (finished the thread's own start-up, which allocates).
     started: AtomicUsize,
+    /// Tasks run by the workers (not the caller) since the pool started.
+    helped: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     lock: Mutex<()>,
@@ -84,6 +86,7 @@ impl Pool {
             generation: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             started: AtomicUsize::new(0),
+            helped: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             lock: Mutex::new(()),
@@ -110,6 +113,13 @@ impl Pool {
     /// Number of threads, the caller included.
     pub fn threads(&self) -> usize {
         self.workers.len() + 1
+    }
+
+    /// Tasks the workers (not the callers of [`Pool::run`]) have run since the pool started: a
+    /// run that did not move it ran on its caller alone (the workers were busy elsewhere, or
+    /// descheduled by the OS), so timing it says nothing about spreading work over the pool.
+    pub fn helped(&self) -> usize {
+        self.shared.helped.load(Relaxed)
     }
 
     /// Runs `f(task, worker)` for every `task in 0..tasks` and returns when all have finished.
@@ -186,6 +196,9 @@ fn take_tasks(s: &Shared, f: &Task<'_>, worker: usize) {
             return;
         }
         f(task, worker);
+        if worker != 0 {
+            s.helped.fetch_add(1, Relaxed);
+        }
     }
 }
 
@@ -297,6 +310,8 @@ mod tests {
                 }
                 assert!(hits.iter().all(|h| h.load(Relaxed) == 50));
             }
+            // the workers' share of the 50 runs of 110 tasks: none without workers
+            assert!(pool.helped() <= 50 * 110 && (threads > 1 || pool.helped() == 0), "{} helped", pool.helped());
         }
     }
 

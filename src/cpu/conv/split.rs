@@ -8,17 +8,22 @@
 //! The parts never change the bits (see [`super::forward`]), so neither does the choice.
 
 use super::ConvShape;
+use crate::cpu::pool::Pool;
 use crate::error::{Error, Result};
 use std::time::{Duration, Instant};
 
 /// Calls of each candidate timed at the first call of a batch, at least, after one warm-up
-/// call each, the candidates taking turns; and at least [`SPAN`] of them. The fastest of each
-/// is kept: a split timed while another process holds a core runs all its tasks on the caller
-/// and saves nothing, so the calls are spread over a scheduler's time slice or two, to find
-/// the cores free for at least one call of it where they ever are.
+/// call each, the candidates taking turns, over at least [`SPAN`]; the fastest of each is
+/// kept. A call of the split counts only where the pool's workers ran some of its tasks
+/// ([`Pool::helped`]): while another process holds the cores, the caller runs them all, and
+/// the call times one part with the split's overhead. So the timing goes on until it has
+/// this many calls of the split that were spread, or for [`MAX_SPAN`] (then one part: the
+/// workers never came).
 const RUNS: usize = 10;
-/// The least time the calls of a timing span.
+/// The least time the calls of a timing span: a scheduler's time slice or two.
 const SPAN: Duration = Duration::from_millis(10);
+/// The most.
+const MAX_SPAN: Duration = Duration::from_millis(100);
 
 /// The parts that fill a pool of `threads` with `batch` samples: ⌈threads / batch⌉, at most OH
 /// (1 where the samples alone fill it).
@@ -43,27 +48,30 @@ impl Splits {
         Ok(Splits { chosen })
     }
 
-    /// Runs `forward(parts)` once with the parts chosen for `batch` samples on a pool of
-    /// `threads` — the first time, after timing one part against [`filling`]'s split with
-    /// calls of `forward` itself (which must write the same values on every call). Allocates
-    /// nothing. Panics if `batch` is past the capacity.
-    pub fn run(&mut self, shape: &ConvShape, batch: usize, threads: usize, mut forward: impl FnMut(usize)) {
-        let wide = filling(shape, batch, threads);
+    /// Runs `forward(parts)` once with the parts chosen for `batch` samples on `pool` — the
+    /// first time, after timing one part against [`filling`]'s split with calls of `forward`
+    /// itself (which must write the same values on every call, on `pool`). Allocates nothing.
+    /// Panics if `batch` is past the capacity.
+    pub fn run(&mut self, shape: &ConvShape, batch: usize, pool: &Pool, mut forward: impl FnMut(usize)) {
+        let wide = filling(shape, batch, pool.threads());
         let (timed, parts) = &mut self.chosen[batch];
         if wide == 1 {
             return forward(1);
         }
         if *timed != wide {
-            let (mut best, began) = ([Duration::MAX; 2], Instant::now());
+            let (mut best, mut spread, began) = ([Duration::MAX; 2], 0, Instant::now());
             for round in 0.. {
                 for (candidate, best) in [1, wide].into_iter().zip(&mut best) {
-                    let start = Instant::now();
+                    let (helped, start) = (pool.helped(), Instant::now());
                     forward(candidate);
-                    if round > 0 {
-                        *best = (*best).min(start.elapsed());
+                    let elapsed = start.elapsed();
+                    if round > 0 && (candidate == 1 || pool.helped() > helped) {
+                        *best = (*best).min(elapsed);
+                        spread += usize::from(candidate > 1);
                     }
                 }
-                if round >= RUNS && began.elapsed() >= SPAN {
+                let span = began.elapsed();
+                if (round >= RUNS && spread >= RUNS && span >= SPAN) || span >= MAX_SPAN {
                     break;
                 }
             }
@@ -90,10 +98,14 @@ mod tests {
         ConvShape { in_channels: 2, height, width: 6, out_channels: 3, kernel: (3, 3), stride: (1, 1), padding: (1, 1) }
     }
 
-    /// The parts asked for, call by call.
+    /// The parts asked for, call by call, each call running that many tasks on a pool of
+    /// `threads`.
     fn calls(splits: &mut Splits, shape: &ConvShape, batch: usize, threads: usize) -> Vec<usize> {
-        let mut asked = Vec::new();
-        splits.run(shape, batch, threads, |parts| asked.push(parts));
+        let (pool, mut asked) = (Pool::new(threads).unwrap(), Vec::new());
+        splits.run(shape, batch, &pool, |parts| {
+            pool.run(parts, &|_, _| std::thread::sleep(Duration::from_micros(20)));
+            asked.push(parts)
+        });
         asked
     }
 
