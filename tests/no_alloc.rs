@@ -187,7 +187,8 @@ fn a_step_allocates_nothing() {
     let mut report = Vec::new();
     let xent = Loss::LogitCrossEntropy;
     for threads in [1, 2] {
-        for (name, chain, batch) in [("mlp", mlp(), 32), ("cnn", simplenns_cnn(), 8), ("norm", norm(), 8)] {
+        // ("cnn" at batches of 2 and 1: below the thread count, a sample's rows in parts)
+        for (name, chain, batch) in [("mlp", mlp(), 32), ("cnn", simplenns_cnn(), 8), ("cnn", simplenns_cnn(), 2), ("norm", norm(), 8)] {
             for (optim, clip) in optims {
                 let counts = count(chain.clone(), threads, batch, optim, clip, xent);
                 report.push((name, threads, optim, clip, xent, counts));
