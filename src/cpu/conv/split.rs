@@ -12,13 +12,15 @@ use crate::cpu::pool::Pool;
 use crate::error::{Error, Result};
 use std::time::{Duration, Instant};
 
-/// Calls of each candidate timed at the first call of a batch, at least, after one warm-up
-/// call each, the candidates taking turns, over at least [`SPAN`]; the fastest of each is
-/// kept. A call of the split counts only where the pool's workers ran some of its tasks
-/// ([`Pool::helped`]): while another process holds the cores, the caller runs them all, and
-/// the call times one part with the split's overhead. So the timing goes on until it has
-/// this many calls of the split that were spread, or for [`MAX_SPAN`] (then one part: the
-/// workers never came).
+/// Calls of each candidate that must count before the timing at the first call of a batch
+/// ends, the candidates taking turns, over at least [`SPAN`]; the fastest of each is kept. A
+/// candidate's first call warms it up and is not timed, unless it alone took a [`SPAN`] (a
+/// call that long is its own warm-up). A call of the split counts only where the pool's
+/// workers ran some of its tasks ([`Pool::helped`]): while another process holds the cores,
+/// the caller runs them all, and the call times one part with the split's overhead. So the
+/// timing goes on until each candidate has this many calls that count, or, once each has had
+/// a timed call, for [`MAX_SPAN`] (then the faster of what counted; one part where the split
+/// never did: the workers never came).
 const RUNS: usize = 10;
 /// The least time the calls of a timing span: a scheduler's time slice or two.
 const SPAN: Duration = Duration::from_millis(10);
@@ -59,19 +61,23 @@ impl Splits {
             return forward(1);
         }
         if *timed != wide {
-            let (mut best, mut spread, began) = ([Duration::MAX; 2], 0, Instant::now());
+            // per candidate: the fastest call that counts, how many counted, whether one was timed
+            let (mut best, mut counted, mut tried, began) = ([Duration::MAX; 2], [0; 2], [false; 2], Instant::now());
             for round in 0.. {
-                for (candidate, best) in [1, wide].into_iter().zip(&mut best) {
+                for (i, candidate) in [1, wide].into_iter().enumerate() {
                     let (helped, start) = (pool.helped(), Instant::now());
                     forward(candidate);
                     let elapsed = start.elapsed();
-                    if round > 0 && (candidate == 1 || pool.helped() > helped) {
-                        *best = (*best).min(elapsed);
-                        spread += usize::from(candidate > 1);
+                    if round > 0 || elapsed >= SPAN {
+                        tried[i] = true;
+                        if candidate == 1 || pool.helped() > helped {
+                            best[i] = best[i].min(elapsed);
+                            counted[i] += 1;
+                        }
                     }
                 }
                 let span = began.elapsed();
-                if (round >= RUNS && spread >= RUNS && span >= SPAN) || span >= MAX_SPAN {
+                if (counted.iter().all(|&n| n >= RUNS) && span >= SPAN) || (tried.iter().all(|&t| t) && span >= MAX_SPAN) {
                     break;
                 }
             }
@@ -93,20 +99,39 @@ impl Splits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
     fn shape(height: usize) -> ConvShape {
         ConvShape { in_channels: 2, height, width: 6, out_channels: 3, kernel: (3, 3), stride: (1, 1), padding: (1, 1) }
     }
 
-    /// The parts asked for, call by call, each call running that many tasks on a pool of
-    /// `threads`.
-    fn calls(splits: &mut Splits, shape: &ConvShape, batch: usize, threads: usize) -> Vec<usize> {
+    /// The parts asked for, call by call, each call running `batch × parts` tasks on a pool of
+    /// `threads`, each task sleeping `sleep(parts)`; where there are several, the caller's first
+    /// waits for a worker to take one, so that every call is spread over the pool (a worker
+    /// woken late on a busy machine would otherwise leave the caller all the tasks, and the call
+    /// would not count).
+    fn calls(splits: &mut Splits, shape: &ConvShape, (batch, threads): (usize, usize), sleep: fn(usize) -> Duration) -> Vec<usize> {
         let (pool, mut asked) = (Pool::new(threads).unwrap(), Vec::new());
         splits.run(shape, batch, &pool, |parts| {
-            pool.run(parts, &|_, _| std::thread::sleep(Duration::from_micros(20)));
+            let helped = AtomicBool::new(false);
+            pool.run(batch * parts, &|_, worker| {
+                if worker > 0 {
+                    helped.store(true, Relaxed);
+                }
+                while worker == 0 && batch * parts > 1 && !helped.load(Relaxed) {
+                    std::thread::yield_now();
+                }
+                std::thread::sleep(sleep(parts))
+            });
             asked.push(parts)
         });
         asked
+    }
+
+    /// One part sleeps 4 ms, the split 200 µs a task (each call of it ~0.3-1.3 ms on a busy
+    /// 2-core machine, most of it waiting for a sleeping worker to wake).
+    fn split_fast(parts: usize) -> Duration {
+        Duration::from_micros(if parts == 1 { 4000 } else { 200 })
     }
 
     #[test]
@@ -114,17 +139,33 @@ mod tests {
         let (s, mut splits) = (shape(10), Splits::new(8).unwrap());
         assert_eq!((filling(&s, 1, 4), filling(&s, 3, 4), filling(&s, 4, 4), filling(&s, 1, 64)), (4, 2, 1, 10));
         // samples enough for the pool: one call, one part, nothing timed
-        assert_eq!(calls(&mut splits, &s, 4, 4), [1]);
+        assert_eq!(calls(&mut splits, &s, (4, 4), split_fast), [1]);
         assert_eq!(splits.chosen(4), None);
-        // the first call at a batch times both, taking turns; later calls run the choice alone
-        let first = calls(&mut splits, &s, 1, 4);
+        // the first call at a batch times both, taking turns, a warm-up call each and RUNS
+        // more at least; later calls run the faster alone
+        let first = calls(&mut splits, &s, (1, 4), split_fast);
         assert!(first.len() >= 2 * (RUNS + 1) && first.chunks(2).all(|turn| turn == [1, 4]), "{first:?}");
-        let (timed, parts) = splits.chosen(1).expect("a choice for batch 1");
-        assert!(timed == 4 && [1, 4].contains(&parts), "{timed} {parts}");
-        assert_eq!(calls(&mut splits, &s, 1, 4), [parts]);
+        assert_eq!(splits.chosen(1), Some((4, 4)));
+        assert_eq!(calls(&mut splits, &s, (1, 4), split_fast), [4]);
         // another pool's split is timed anew; another batch has its own choice
-        let again = calls(&mut splits, &s, 1, 2);
+        let again = calls(&mut splits, &s, (1, 2), split_fast);
         assert!(again.len() >= 2 * (RUNS + 1) && again.chunks(2).all(|turn| turn == [1, 2]), "{again:?}");
+        assert_eq!(splits.chosen(1), Some((2, 2)));
         assert_eq!(splits.chosen(3), None);
+    }
+
+    /// Calls past [`MAX_SPAN`] on their own are timed, not spent on warming up: the faster
+    /// candidate is kept, one call of each after its first at most.
+    #[test]
+    fn a_slow_call_is_timed_on_its_own() {
+        let s = shape(10);
+        let one_slow = |parts: usize| Duration::from_micros(if parts == 1 { 120_000 } else { 10_000 });
+        let split_slow = |parts: usize| Duration::from_micros(if parts == 1 { 20 } else { 120_000 });
+        for (sleep, chosen) in [(one_slow as fn(usize) -> Duration, 4), (split_slow, 1)] {
+            let mut splits = Splits::new(1).unwrap();
+            let asked = calls(&mut splits, &s, (1, 4), sleep);
+            assert_eq!(splits.chosen(1), Some((4, chosen)), "{asked:?}");
+            assert!(asked.len() <= 4, "{asked:?}");
+        }
     }
 }
