@@ -60,7 +60,7 @@ pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pa
         let ys = (z != y).then(move || &mut ys[y.start - z.end..]);
         let epilogue = Epilogue { scale: None, shift: Some(bias), skip: None, act: activation };
         let (weights, cws, shape, xs, mut ys) = (&cache.weights, &mut cache.ws, conv_shape(step), &before[x], ys);
-        return cache.splits[0].run(&shape, *batch, pool, |parts| {
+        return cache.splits[0].run(&shape, *batch, pool.threads(), |parts| {
             crate::cpu::conv::forward(route, pool, gemm, cws, weights, (*batch, parts), xs, &epilogue, zs, ys.as_deref_mut())
         });
     }
@@ -81,7 +81,7 @@ pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pa
     let (before, skip) = (&*before, skip.map(|r| &before[r]));
     let epilogue = Epilogue { scale, shift: Some(shift), skip, act: last.layer.activation() };
     let (weights, cws, shape, xs, out) = (&cache.weights, &mut cache.ws, conv_shape(step), &before[x], &mut own[..out.len()]);
-    cache.splits[1].run(&shape, *batch, pool, |parts| {
+    cache.splits[1].run(&shape, *batch, pool.threads(), |parts| {
         crate::cpu::conv::forward(route, pool, gemm, cws, weights, (*batch, parts), xs, &epilogue, out, None)
     });
 }

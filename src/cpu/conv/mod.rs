@@ -329,8 +329,9 @@ fn check(gemm: &GemmWorkspace, ws: &ConvWorkspace, weights: &ConvWeights, pool: 
 /// stride 1 on the direct and Winograd routes, the padded rows they reach; else all of the
 /// sample's). Each range is computed a block of rows at a time, its epilogue run on each block
 /// while it is in cache. Every output value is the same chain of multiply-adds whatever the
-/// parts, so the bits do not depend on them. Panics if a buffer is too short for `batch`
-/// samples, `parts` is 0 or above OH, or the workspaces or the epilogue do not match the shape.
+/// parts, so the bits do not depend on them. Returns how many of the tasks the pool's workers
+/// ran ([`Pool::run`]). Panics if a buffer is too short for `batch` samples, `parts` is 0 or
+/// above OH, or the workspaces or the epilogue do not match the shape.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     route: ConvRoute,
@@ -343,7 +344,7 @@ pub(crate) fn forward(
     epilogue: &Epilogue,
     z: &mut [f32],
     y: Option<&mut [f32]>,
-) {
+) -> usize {
     check(gemm, ws, weights, pool);
     let shape = ws.shape;
     assert!(route.serves(&shape, choice::Direction::Forward), "conv forward: {route:?} does not compute {shape:?}");
@@ -372,7 +373,7 @@ pub(crate) fn forward(
                 ConvRoute::Winograd => winograd::forward(gemm, buf, &sample, xs, epilogue, &out, rows),
             }
         }
-    });
+    })
 }
 
 /// dW ← Σ_s dZ_s ⋆ X_s (the weight gradient, overwritten) and, when `dx` is given, dX ← the

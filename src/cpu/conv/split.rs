@@ -8,7 +8,6 @@
 //! The parts never change the bits (see [`super::forward`]), so neither does the choice.
 
 use super::ConvShape;
-use crate::cpu::pool::Pool;
 use crate::error::{Error, Result};
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,7 @@ use std::time::{Duration, Instant};
 /// ends, the candidates taking turns, over at least [`SPAN`]; the fastest of each is kept. A
 /// candidate's first call warms it up and is not timed, unless it alone took a [`SPAN`] (a
 /// call that long is its own warm-up). A call of the split counts only where the pool's
-/// workers ran some of its tasks ([`Pool::helped`]): while another process holds the cores,
+/// workers ran some of its tasks (as the call reports): while another process holds the cores,
 /// the caller runs them all, and the call times one part with the split's overhead. So the
 /// timing goes on until each candidate has this many calls that count, or, once each has had
 /// a timed call, for [`MAX_SPAN`] (then the faster of what counted; one part where the split
@@ -50,27 +49,29 @@ impl Splits {
         Ok(Splits { chosen })
     }
 
-    /// Runs `forward(parts)` once with the parts chosen for `batch` samples on `pool` — the
-    /// first time, after timing one part against [`filling`]'s split with calls of `forward`
-    /// itself (which must write the same values on every call, on `pool`). Allocates nothing.
-    /// Panics if `batch` is past the capacity.
-    pub fn run(&mut self, shape: &ConvShape, batch: usize, pool: &Pool, mut forward: impl FnMut(usize)) {
-        let wide = filling(shape, batch, pool.threads());
+    /// Runs `forward(parts)` once with the parts chosen for `batch` samples on a pool of
+    /// `threads` — the first time, after timing one part against [`filling`]'s split with
+    /// calls of `forward` itself, which must write the same values on every call and return
+    /// how many of its tasks the pool's workers ran ([`crate::cpu::pool::Pool::run`]).
+    /// Allocates nothing. Panics if `batch` is past the capacity.
+    pub fn run(&mut self, shape: &ConvShape, batch: usize, threads: usize, mut forward: impl FnMut(usize) -> usize) {
+        let wide = filling(shape, batch, threads);
         let (timed, parts) = &mut self.chosen[batch];
         if wide == 1 {
-            return forward(1);
+            forward(1);
+            return;
         }
         if *timed != wide {
             // per candidate: the fastest call that counts, how many counted, whether one was timed
             let (mut best, mut counted, mut tried, began) = ([Duration::MAX; 2], [0; 2], [false; 2], Instant::now());
             for round in 0.. {
                 for (i, candidate) in [1, wide].into_iter().enumerate() {
-                    let (helped, start) = (pool.helped(), Instant::now());
-                    forward(candidate);
+                    let start = Instant::now();
+                    let helped = forward(candidate);
                     let elapsed = start.elapsed();
                     if round > 0 || elapsed >= SPAN {
                         tried[i] = true;
-                        if candidate == 1 || pool.helped() > helped {
+                        if candidate == 1 || helped > 0 {
                             best[i] = best[i].min(elapsed);
                             counted[i] += 1;
                         }
@@ -85,7 +86,7 @@ impl Splits {
             // the last call wrote the output (every candidate writes the same values)
             return;
         }
-        forward(*parts)
+        forward(*parts);
     }
 
     /// The split timed against one part for `batch` samples and the parts chosen (None where
@@ -99,6 +100,7 @@ impl Splits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::pool::Pool;
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
     fn shape(height: usize) -> ConvShape {
@@ -112,8 +114,9 @@ mod tests {
     /// would not count).
     fn calls(splits: &mut Splits, shape: &ConvShape, (batch, threads): (usize, usize), sleep: fn(usize) -> Duration) -> Vec<usize> {
         let (pool, mut asked) = (Pool::new(threads).unwrap(), Vec::new());
-        splits.run(shape, batch, &pool, |parts| {
+        splits.run(shape, batch, threads, |parts| {
             let helped = AtomicBool::new(false);
+            asked.push(parts);
             pool.run(batch * parts, &|_, worker| {
                 if worker > 0 {
                     helped.store(true, Relaxed);
@@ -122,8 +125,7 @@ mod tests {
                     std::thread::yield_now();
                 }
                 std::thread::sleep(sleep(parts))
-            });
-            asked.push(parts)
+            })
         });
         asked
     }
@@ -152,6 +154,18 @@ mod tests {
         assert!(again.len() >= 2 * (RUNS + 1) && again.chunks(2).all(|turn| turn == [1, 2]), "{again:?}");
         assert_eq!(splits.chosen(1), Some((2, 2)));
         assert_eq!(splits.chosen(3), None);
+    }
+
+    /// A split whose tasks the workers never ran (each call reporting none) is never kept,
+    /// however fast it timed: after [`MAX_SPAN`], one part.
+    #[test]
+    fn a_split_the_workers_never_ran_is_not_kept() {
+        let mut splits = Splits::new(1).unwrap();
+        splits.run(&shape(10), 1, 4, |parts| {
+            std::thread::sleep(split_fast(parts));
+            0
+        });
+        assert_eq!(splits.chosen(1), Some((4, 1)));
     }
 
     /// Calls past [`MAX_SPAN`] on their own are timed, not spent on warming up: the faster
