@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 /// Calls of each candidate that must count before the timing at the first call of a batch
 /// ends, the candidates taking turns, over at least [`SPAN`]; the fastest of each is kept. A
 /// candidate's first call warms it up and is not timed, unless it alone took a [`SPAN`] (a
-/// call that long is its own warm-up). A call of the split counts only where the pool's
-/// workers ran some of its tasks (as the call reports): while another process holds the cores,
-/// the caller runs them all, and the call times one part with the split's overhead. So the
-/// timing goes on until each candidate has this many calls that count, or, once each has had
-/// a timed call, for [`MAX_SPAN`] (then the faster of what counted; one part where the split
-/// never did: the workers never came).
+/// call that long is its own warm-up). A call of more than one task (the split's; one part's
+/// at a batch of several) counts only where the pool's workers ran some of them (as the call
+/// reports): while another process holds the cores, the caller runs them all, and the call
+/// times one thread, which would favour one part against a split or, at a batch of several,
+/// the split against one part. So the timing goes on until each candidate has this many calls
+/// that count, or, once each has had a timed call, for [`MAX_SPAN`] (then the faster of those
+/// that counted; one part where neither did: the workers never came).
 const RUNS: usize = 10;
 /// The least time the calls of a timing span: a scheduler's time slice or two.
 const SPAN: Duration = Duration::from_millis(10);
@@ -71,7 +72,7 @@ impl Splits {
                     let elapsed = start.elapsed();
                     if round > 0 || elapsed >= SPAN {
                         tried[i] = true;
-                        if candidate == 1 || helped > 0 {
+                        if batch * candidate == 1 || helped > 0 {
                             best[i] = best[i].min(elapsed);
                             counted[i] += 1;
                         }
@@ -166,6 +167,18 @@ mod tests {
             0
         });
         assert_eq!(splits.chosen(1), Some((4, 1)));
+    }
+
+    /// At a batch of several, one part's calls count only where the workers ran some of its
+    /// tasks too: one part, faster but never spread, loses to a split that was.
+    #[test]
+    fn one_part_of_several_samples_counts_only_where_the_workers_helped() {
+        let mut splits = Splits::new(2).unwrap();
+        splits.run(&shape(10), 2, 4, |parts| {
+            std::thread::sleep(Duration::from_micros(if parts == 1 { 200 } else { 4000 }));
+            usize::from(parts > 1)
+        });
+        assert_eq!(splits.chosen(2), Some((2, 2)));
     }
 
     /// Calls past [`MAX_SPAN`] on their own are timed, not spent on warming up: the faster
