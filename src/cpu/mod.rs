@@ -36,6 +36,11 @@ impl<'a, T> SharedMut<'a, T> {
         SharedMut { ptr: slice.as_mut_ptr(), len: slice.len(), _borrow: PhantomData }
     }
 
+    /// Elements of the borrowed slice.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     /// The address of element `at` (at most the length), for views that write through raw
     /// pointers (under the same rule as [`SharedMut::slice`]).
     pub fn ptr_at(&self, at: usize) -> *mut T {

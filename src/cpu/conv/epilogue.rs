@@ -77,8 +77,12 @@ pub(super) struct Outputs<'a> {
 }
 
 impl<'a> Outputs<'a> {
-    /// Values `at..at + len` of z and y (a sample), with the sample's skip.
+    /// Values `at..at + len` of z and y (a sample), with the sample's skip. Panics unless z and
+    /// y hold them: the products write through pointers up to `at + len` ([`Outputs::z_matrix`]).
     pub fn new(z: &'a SharedMut<'a, f32>, y: Option<&'a SharedMut<'a, f32>>, (at, len): (usize, usize), skip: Option<&'a [f32]>) -> Self {
+        let end = at.checked_add(len);
+        let holds = |v: &SharedMut<f32>| end.is_some_and(|end| end <= v.len());
+        assert!(holds(z) && y.is_none_or(holds), "conv outputs: values {at}.. ({len}) outside z or y");
         Outputs { z, y, at, len, skip }
     }
 
@@ -247,4 +251,22 @@ fn relu(z: &mut [f32]) {
         Isa::Portable => {}
     }
     loops(z)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    /// A sample's outputs past the end of z or y, or whose end overflows, are refused.
+    #[test]
+    fn outputs_must_lie_in_z_and_y() {
+        let (mut z, mut y) = (vec![0.0; 12], vec![0.0; 8]);
+        let (z, y) = (SharedMut::new(&mut z), SharedMut::new(&mut y));
+        let _ = Outputs::new(&z, Some(&y), (4, 4), None);
+        for (at, len, y) in [(8, 5, None), (4, 5, Some(&y)), (1, usize::MAX, None)] {
+            let made = catch_unwind(AssertUnwindSafe(|| _ = Outputs::new(&z, y, (at, len), None)));
+            assert!(made.is_err(), "values {at}.. ({len}) of z (12) and y (8): {}", y.is_some());
+        }
+    }
 }
