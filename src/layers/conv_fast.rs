@@ -153,7 +153,8 @@ pub(crate) struct ConvCache {
     pub ws: ConvWorkspace,
     pub routes: [ConvRoute; 2],
     pub infer_routes: [ConvRoute; 2],
-    /// The parts of each sample's rows, per batch size, in training and in inference.
+    /// The parts of each sample's rows, per batch size below the thread count, in training and
+    /// in inference.
     pub splits: [Splits; 2],
     pub fused: Fused,
     folded: Vec<f32>,
@@ -173,7 +174,7 @@ impl ConvCache {
             ws: ConvWorkspace::new(isa, &shape, threads, 0)?,
             routes: routes(isa, &shape, Direction::Forward, capacity, ConvRoute::trains)?,
             infer_routes: routes(isa, &shape, Direction::Forward, capacity, |_| true)?,
-            splits: [Splits::new(capacity)?, Splits::new(capacity)?],
+            splits: [Splits::new(capacity, threads)?, Splits::new(capacity, threads)?],
             fused,
             folded: zeros(folded, || "a batch norm's scale and shift".into())?,
             winograd_version: 0,

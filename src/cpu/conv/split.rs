@@ -33,16 +33,18 @@ pub(crate) fn filling(shape: &ConvShape, batch: usize, threads: usize) -> usize 
     threads.div_ceil(batch.max(1)).clamp(1, shape.oh().max(1))
 }
 
-/// A convolution's choice of parts for each batch size of a cache, made on first use.
+/// A convolution's choice of parts for each batch size of a cache below its thread count (the
+/// batches that may split), made on first use.
 pub(crate) struct Splits {
-    /// Per batch size 0..=capacity: the split timed (0: none yet) and the parts chosen.
+    /// Per batch size 0..=min(capacity, threads − 1): the split timed (0: none yet) and the
+    /// parts chosen.
     chosen: Vec<(usize, usize)>,
 }
 
 impl Splits {
-    /// Room for batches of up to `capacity` samples.
-    pub fn new(capacity: usize) -> Result<Splits> {
-        let len = capacity.saturating_add(1);
+    /// Room for batches of up to `capacity` samples on pools of up to `threads`.
+    pub fn new(capacity: usize, threads: usize) -> Result<Splits> {
+        let len = capacity.min(threads.saturating_sub(1)).saturating_add(1);
         let mut chosen = Vec::new();
         let bytes = len.saturating_mul(size_of::<(usize, usize)>());
         chosen.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { what: "convolution splits".into(), bytes })?;
@@ -54,14 +56,16 @@ impl Splits {
     /// `threads` — the first time, after timing one part against [`filling`]'s split with
     /// calls of `forward` itself, which must write the same values on every call and return
     /// how many of its tasks the pool's workers ran ([`crate::cpu::pool::Pool::run`]).
-    /// Allocates nothing. Panics if `batch` is past the capacity.
+    /// Allocates nothing. Panics if `batch` is below `threads` and past the room made by
+    /// [`Splits::new`].
     pub fn run(&mut self, shape: &ConvShape, batch: usize, threads: usize, mut forward: impl FnMut(usize) -> usize) {
         let wide = filling(shape, batch, threads);
-        let (timed, parts) = &mut self.chosen[batch];
         if wide == 1 {
             forward(1);
             return;
         }
+        // (wide > 1: batch < threads)
+        let (timed, parts) = &mut self.chosen[batch];
         if *timed != wide {
             // per candidate: the fastest call that counts, how many counted, whether one was timed
             let (mut best, mut counted, mut tried, began) = ([Duration::MAX; 2], [0; 2], [false; 2], Instant::now());
@@ -139,10 +143,13 @@ mod tests {
 
     #[test]
     fn the_split_that_fills_the_pool_is_timed_once_a_batch_against_one_part() {
-        let (s, mut splits) = (shape(10), Splits::new(8).unwrap());
+        let (s, mut splits) = (shape(10), Splits::new(8, 4).unwrap());
         assert_eq!((filling(&s, 1, 4), filling(&s, 3, 4), filling(&s, 4, 4), filling(&s, 1, 64)), (4, 2, 1, 10));
+        // room for the batches below the thread count alone (and batch 0)
+        assert_eq!([(8, 4), (1, 4), (8, 1), (0, 4)].map(|(c, t)| Splits::new(c, t).unwrap().chosen.len()), [4, 2, 1, 1]);
         // samples enough for the pool: one call, one part, nothing timed
         assert_eq!(calls(&mut splits, &s, (4, 4), split_fast), [1]);
+        assert_eq!(calls(&mut splits, &s, (7, 4), split_fast), [1]);
         assert_eq!(splits.chosen(4), None);
         // the first call at a batch times both, taking turns, a warm-up call each and RUNS
         // more at least; later calls run the faster alone
@@ -161,7 +168,7 @@ mod tests {
     /// however fast it timed: after [`MAX_SPAN`], one part.
     #[test]
     fn a_split_the_workers_never_ran_is_not_kept() {
-        let mut splits = Splits::new(1).unwrap();
+        let mut splits = Splits::new(1, 4).unwrap();
         splits.run(&shape(10), 1, 4, |parts| {
             std::thread::sleep(split_fast(parts));
             0
@@ -173,7 +180,7 @@ mod tests {
     /// tasks too: one part, faster but never spread, loses to a split that was.
     #[test]
     fn one_part_of_several_samples_counts_only_where_the_workers_helped() {
-        let mut splits = Splits::new(2).unwrap();
+        let mut splits = Splits::new(2, 4).unwrap();
         splits.run(&shape(10), 2, 4, |parts| {
             std::thread::sleep(Duration::from_micros(if parts == 1 { 200 } else { 4000 }));
             usize::from(parts > 1)
@@ -189,7 +196,7 @@ mod tests {
         let one_slow = |parts: usize| Duration::from_micros(if parts == 1 { 120_000 } else { 10_000 });
         let split_slow = |parts: usize| Duration::from_micros(if parts == 1 { 20 } else { 120_000 });
         for (sleep, chosen) in [(one_slow as fn(usize) -> Duration, 4), (split_slow, 1)] {
-            let mut splits = Splits::new(1).unwrap();
+            let mut splits = Splits::new(1, 4).unwrap();
             let asked = calls(&mut splits, &s, (1, 4), sleep);
             assert_eq!(splits.chosen(1), Some((4, chosen)), "{asked:?}");
             assert!(asked.len() <= 4, "{asked:?}");
