@@ -199,7 +199,9 @@ impl ConvCache {
     }
 
     /// Each direction's route per batch bucket, with the times that chose it; the backward's
-    /// where gradient buffers have been made for this shape.
+    /// where gradient buffers have been made for this shape. Then a line for each pass and
+    /// batch whose split of a sample's rows was timed (batches below the thread count, at
+    /// their first call): the parts kept and their fastest call, and the other's.
     pub fn report(&self, step: &Step, capacity: usize) -> String {
         let (shape, isa) = (conv_shape(step), self.weights.isa());
         let mut parts = Vec::new();
@@ -232,7 +234,13 @@ impl ConvCache {
         if !taken.is_empty() {
             parts.push(format!("inference: {} in its epilogue", taken.join(" and ")));
         }
-        parts.join("; ")
+        let mut report = parts.join("; ");
+        for (pass, splits) in ["training", "inference"].into_iter().zip(&self.splits) {
+            for (batch, split) in splits.timed() {
+                report.push_str(&format!("\n  batch {batch} {pass}, a sample's rows in {}", split.describe()));
+            }
+        }
+        report
     }
 }
 
@@ -466,6 +474,28 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// On 2 threads, each convolution reports the split of a sample's rows at batch 1 that its
+    /// first call timed (inference's in `preallocate`, training's at the first training pass),
+    /// on a line of its own below its step's; on 1 thread nothing splits, and no such line.
+    #[test]
+    fn the_routes_report_shows_each_split_timed() {
+        let count = |report: &str, pass: &str| {
+            let line = format!("  batch 1 {pass}, a sample's rows in ");
+            report.lines().filter(|l| l.starts_with(&line) && l.contains(" part") && l.contains(" µs")).count()
+        };
+        for threads in [1, 2] {
+            let model = crate::models::lenet5().build().unwrap().init(crate::Init::HeNormal, 1).with_threads(threads).unwrap();
+            let (mut cache, mut grads) = (model.preallocate(4).unwrap(), model.preallocate_grads(4).unwrap());
+            let (convs, report) = (2 * (threads - 1), cache.routes());
+            assert_eq!((count(&report, "inference"), count(&report, "training")), (convs, 0), "{report}");
+            cache.set_inputs(&Rng::new(3).uniform(model.input_shape().len())).unwrap();
+            cache.set_labels(&[1]).unwrap();
+            model.backprop(&mut grads, &mut cache, crate::Loss::LogitCrossEntropy).unwrap();
+            let report = cache.routes();
+            assert_eq!((count(&report, "inference"), count(&report, "training")), (convs, convs), "{report}");
         }
     }
 

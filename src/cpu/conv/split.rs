@@ -33,12 +33,33 @@ pub(crate) fn filling(shape: &ConvShape, batch: usize, threads: usize) -> usize 
     threads.div_ceil(batch.max(1)).clamp(1, shape.oh().max(1))
 }
 
+/// The choice of parts for one batch size, and the timing that made it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Split {
+    /// The split timed against one part ([`filling`]'s).
+    pub wide: usize,
+    /// The fastest call of one part and of the split that counted (None where none did).
+    pub times: [Option<Duration>; 2],
+    /// The parts kept: 1 or `wide`.
+    pub parts: usize,
+}
+
 /// A convolution's choice of parts for each batch size of a cache below its thread count (the
 /// batches that may split), made on first use.
 pub(crate) struct Splits {
-    /// Per batch size 0..=min(capacity, threads − 1): the split timed (0: none yet) and the
-    /// parts chosen.
-    chosen: Vec<(usize, usize)>,
+    /// Per batch size 0..=min(capacity, threads − 1), once a call at that batch timed a split.
+    chosen: Vec<Option<Split>>,
+}
+
+impl Split {
+    /// For reports: the parts kept and their time, then the other's.
+    pub fn describe(&self) -> String {
+        let parts = |n: usize| if n == 1 { "1 part".to_string() } else { format!("{n} parts") };
+        let time = |t: Option<Duration>| t.map_or("no call counted".into(), |t| format!("{:.1} µs", t.as_secs_f64() * 1e6));
+        let (kept, other) = if self.parts == 1 { (0, 1) } else { (1, 0) };
+        let count = [1, self.wide];
+        format!("{}, {} ({} {})", parts(count[kept]), time(self.times[kept]), parts(count[other]), time(self.times[other]))
+    }
 }
 
 impl Splits {
@@ -46,9 +67,9 @@ impl Splits {
     pub fn new(capacity: usize, threads: usize) -> Result<Splits> {
         let len = capacity.min(threads.saturating_sub(1)).saturating_add(1);
         let mut chosen = Vec::new();
-        let bytes = len.saturating_mul(size_of::<(usize, usize)>());
+        let bytes = len.saturating_mul(size_of::<Option<Split>>());
         chosen.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { what: "convolution splits".into(), bytes })?;
-        chosen.resize(len, (0, 1));
+        chosen.resize(len, None);
         Ok(Splits { chosen })
     }
 
@@ -65,41 +86,52 @@ impl Splits {
             return;
         }
         // (wide > 1: batch < threads)
-        let (timed, parts) = &mut self.chosen[batch];
-        if *timed != wide {
-            // per candidate: the fastest call that counts, how many counted, whether one was timed
-            let (mut best, mut counted, mut tried, began) = ([Duration::MAX; 2], [0; 2], [false; 2], Instant::now());
-            for round in 0.. {
-                for (i, candidate) in [1, wide].into_iter().enumerate() {
-                    let start = Instant::now();
-                    let helped = forward(candidate);
-                    let elapsed = start.elapsed();
-                    if round > 0 || elapsed >= SPAN {
-                        tried[i] = true;
-                        if batch * candidate == 1 || helped > 0 {
-                            best[i] = best[i].min(elapsed);
-                            counted[i] += 1;
-                        }
-                    }
-                }
-                let span = began.elapsed();
-                if (counted.iter().all(|&n| n >= RUNS) && span >= SPAN) || (tried.iter().all(|&t| t) && span >= MAX_SPAN) {
-                    break;
-                }
-            }
-            (*timed, *parts) = (wide, if best[1] < best[0] { wide } else { 1 });
-            // the last call wrote the output (every candidate writes the same values)
-            return;
+        let chosen = &mut self.chosen[batch];
+        match chosen {
+            Some(split) if split.wide == wide => _ = forward(split.parts),
+            _ => *chosen = Some(time(batch, wide, forward)),
         }
-        forward(*parts);
+    }
+
+    /// The batches whose split was timed, with its choice.
+    pub fn timed(&self) -> impl Iterator<Item = (usize, &Split)> {
+        self.chosen.iter().enumerate().filter_map(|(batch, split)| split.as_ref().map(|s| (batch, s)))
     }
 
     /// The split timed against one part for `batch` samples and the parts chosen (None where
     /// no call at that batch has timed one).
     #[cfg(test)]
     pub fn chosen(&self, batch: usize) -> Option<(usize, usize)> {
-        self.chosen.get(batch).copied().filter(|&(timed, _)| timed > 0)
+        self.chosen.get(batch).copied().flatten().map(|s| (s.wide, s.parts))
     }
+}
+
+/// One part against `wide` parts for `batch` samples, timed as [`RUNS`] says with calls of
+/// `forward` (see [`Splits::run`]); the last call wrote the output (every call writes the same
+/// values).
+fn time(batch: usize, wide: usize, mut forward: impl FnMut(usize) -> usize) -> Split {
+    // per candidate: the fastest call that counts, how many counted, whether one was timed
+    let (mut best, mut counted, mut tried, began) = ([Duration::MAX; 2], [0; 2], [false; 2], Instant::now());
+    for round in 0.. {
+        for (i, candidate) in [1, wide].into_iter().enumerate() {
+            let start = Instant::now();
+            let helped = forward(candidate);
+            let elapsed = start.elapsed();
+            if round > 0 || elapsed >= SPAN {
+                tried[i] = true;
+                if batch * candidate == 1 || helped > 0 {
+                    best[i] = best[i].min(elapsed);
+                    counted[i] += 1;
+                }
+            }
+        }
+        let span = began.elapsed();
+        if (counted.iter().all(|&n| n >= RUNS) && span >= SPAN) || (tried.iter().all(|&t| t) && span >= MAX_SPAN) {
+            break;
+        }
+    }
+    let times = best.map(|t| Some(t).filter(|&t| t < Duration::MAX));
+    Split { wide, times, parts: if best[1] < best[0] { wide } else { 1 } }
 }
 
 #[cfg(test)]
