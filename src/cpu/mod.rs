@@ -36,6 +36,19 @@ impl<'a, T> SharedMut<'a, T> {
         SharedMut { ptr: slice.as_mut_ptr(), len: slice.len(), _borrow: PhantomData }
     }
 
+    /// Elements of the borrowed slice.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The address of element `at` (at most the length), for views that write through raw
+    /// pointers (under the same rule as [`SharedMut::slice`]).
+    pub fn ptr_at(&self, at: usize) -> *mut T {
+        assert!(at <= self.len, "element {at} outside 0..={}", self.len);
+        // SAFETY: at most one past the end of the borrowed slice.
+        unsafe { self.ptr.add(at) }
+    }
+
     /// # Safety
     /// No two live results may overlap.
     #[allow(clippy::mut_from_ref)]

@@ -36,6 +36,9 @@ struct Shared {
     sleepers: AtomicUsize,
     /// Workers that have started (finished the thread's own start-up, which allocates).
     started: AtomicUsize,
+    /// Tasks of the current run that the workers (not the caller) ran: each adds its count
+    /// once, as it leaves the run.
+    helped: AtomicUsize,
     panicked: AtomicBool,
     shutdown: AtomicBool,
     lock: Mutex<()>,
@@ -84,6 +87,7 @@ impl Pool {
             generation: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             started: AtomicUsize::new(0),
+            helped: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             lock: Mutex::new(()),
@@ -119,16 +123,20 @@ impl Pool {
     /// worker index names scratch only for buffers borrowed by this run alone: see
     /// [`Pool::run_with`]. Tasks are handed out dynamically: results must not depend on which
     /// worker ran a task. Allocates nothing. A panic in a task is re-raised here.
-    pub fn run(&self, tasks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    ///
+    /// Returns how many of the tasks the workers ran (not the caller): 0 where the run went
+    /// serial, or where the workers never came (busy elsewhere, or descheduled by the OS), so
+    /// that timing such a run says nothing about spreading work over the pool.
+    pub fn run(&self, tasks: usize, f: &(dyn Fn(usize, usize) + Sync)) -> usize {
         if tasks == 0 {
-            return;
+            return 0;
         }
         if self.workers.is_empty() || tasks == 1 || self.busy.swap(true, Acquire) {
             // Serial: one thread, a single task, or a nested/concurrent call.
             for task in 0..tasks {
                 f(task, 0);
             }
-            return;
+            return 0;
         }
         let s = &*self.shared;
         // SAFETY: the erased lifetime is never observed past this call: we close the run and
@@ -138,6 +146,7 @@ impl Pool {
         unsafe { *s.job.get() = Some(erased) };
         s.tasks.store(tasks, Relaxed);
         s.next_task.store(0, Relaxed);
+        s.helped.store(0, Relaxed);
         // open (fetch_and, not store: a worker backing off a closed run may hold a count)
         s.state.fetch_and(!CLOSED, Release);
         s.generation.fetch_add(1, SeqCst);
@@ -156,16 +165,20 @@ impl Pool {
             }
             std::hint::spin_loop();
         }
+        // (every worker's count was added before it left: the Acquire above sees it)
+        let helped = s.helped.load(Relaxed);
         self.busy.store(false, Release);
         if mine.is_err() || s.panicked.swap(false, AcqRel) {
             panic!("a flatnn pool task panicked");
         }
+        helped
     }
 
     /// [`Pool::run`] with one value per worker: `f(task, worker, &mut per_worker[worker])`.
     /// The values are borrowed for this run alone, so a task has its worker's value to itself.
-    /// Panics, before any task runs, if there are fewer values than threads.
-    pub fn run_with<T: Send>(&self, tasks: usize, per_worker: &mut [T], f: &(dyn Fn(usize, usize, &mut T) + Sync)) {
+    /// Panics, before any task runs, if there are fewer values than threads. Returns what
+    /// [`Pool::run`] does.
+    pub fn run_with<T: Send>(&self, tasks: usize, per_worker: &mut [T], f: &(dyn Fn(usize, usize, &mut T) + Sync)) -> usize {
         assert!(per_worker.len() >= self.threads(), "{} per-worker values for {} threads", per_worker.len(), self.threads());
         let values = SharedMut::new(per_worker);
         self.run(tasks, &|task, worker| {
@@ -174,18 +187,20 @@ impl Pool {
             // no two live `&mut` reach the same value.
             let value = unsafe { &mut values.slice(worker..worker + 1)[0] };
             f(task, worker, value);
-        });
+        })
     }
 }
 
-fn take_tasks(s: &Shared, f: &Task<'_>, worker: usize) {
-    let tasks = s.tasks.load(Relaxed);
+/// Runs tasks of the current run until none is left; returns how many it ran.
+fn take_tasks(s: &Shared, f: &Task<'_>, worker: usize) -> usize {
+    let (tasks, mut ran) = (s.tasks.load(Relaxed), 0);
     loop {
         let task = s.next_task.fetch_add(1, Relaxed);
         if task >= tasks {
-            return;
+            return ran;
         }
         f(task, worker);
+        ran += 1;
     }
 }
 
@@ -220,8 +235,9 @@ fn worker_loop(s: &Shared, worker: usize) {
             // SAFETY: see above; the pointee lives on the stack of the thread inside `run`,
             // which waits for us to leave.
             let f = unsafe { &*job };
-            if catch_unwind(AssertUnwindSafe(|| take_tasks(s, f, worker))).is_err() {
-                s.panicked.store(true, Release);
+            match catch_unwind(AssertUnwindSafe(|| take_tasks(s, f, worker))) {
+                Ok(ran) => _ = s.helped.fetch_add(ran, Relaxed),
+                Err(_) => s.panicked.store(true, Release),
             }
         }
         s.state.fetch_sub(1, Release);
@@ -282,6 +298,7 @@ pub fn physical_cores() -> usize {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
+    use std::time::Duration;
 
     #[test]
     fn runs_every_task_once() {
@@ -297,6 +314,26 @@ mod tests {
                 }
                 assert!(hits.iter().all(|h| h.load(Relaxed) == 50));
             }
+        }
+    }
+
+    /// A run reports the tasks its workers ran: none on one thread or nested in a task, and on
+    /// more threads some in at least one of 50 runs (each task sleeps, so the workers have
+    /// time to come), never more than the run's tasks.
+    #[test]
+    fn a_run_reports_the_tasks_its_workers_ran() {
+        for threads in 1..=3 {
+            let pool = Pool::new(threads).unwrap();
+            let helped: Vec<usize> = (0..50).map(|_| pool.run(110, &|_, _| std::thread::sleep(Duration::from_micros(10)))).collect();
+            assert!(helped.iter().all(|&h| h <= 110), "{threads} threads: {helped:?}");
+            assert_eq!(helped.iter().any(|&h| h > 0), threads > 1, "{threads} threads: {helped:?}");
+            let nested = AtomicUsize::new(usize::MAX);
+            pool.run(2, &|task, _| {
+                if task == 0 {
+                    nested.store(pool.run(110, &|_, _| {}), Relaxed);
+                }
+            });
+            assert_eq!(nested.load(Relaxed), 0, "{threads} threads: a nested run goes serial");
         }
     }
 

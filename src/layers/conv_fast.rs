@@ -25,6 +25,7 @@ use super::{batch_norm, split2, BackPass, Mode, Pass};
 use crate::activation::Activation;
 use crate::chain::{Plan, Step};
 use crate::cpu::conv::choice::{self, Bucket, Choice, Direction};
+use crate::cpu::conv::split::Splits;
 use crate::cpu::conv::{ConvRoute, ConvShape, ConvWeights, ConvWorkspace, Epilogue};
 use crate::cpu::isa::Isa;
 use crate::cpu::SharedMut;
@@ -58,8 +59,10 @@ pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pa
         let (zs, ys) = own[..y.end - z.start].split_at_mut(z.len());
         let ys = (z != y).then(move || &mut ys[y.start - z.end..]);
         let epilogue = Epilogue { scale: None, shift: Some(bias), skip: None, act: activation };
-        let (weights, cws) = (&cache.weights, &mut cache.ws);
-        return crate::cpu::conv::forward(route, pool, gemm, cws, weights, *batch, &before[x], &epilogue, zs, ys);
+        let (weights, cws, shape, xs, mut ys) = (&cache.weights, &mut cache.ws, conv_shape(step), &before[x], ys);
+        return cache.splits[0].run(&shape, *batch, pool.threads(), |parts| {
+            crate::cpu::conv::forward(route, pool, gemm, cws, weights, (*batch, parts), xs, &epilogue, zs, ys.as_deref_mut())
+        });
     }
     // inference: the output of the last step taken in, alone, the activation in place
     let fused = cache.fused;
@@ -77,7 +80,10 @@ pub(crate) fn step_forward(g: &Geometry, activation: Activation, step: &Step, pa
     };
     let (before, skip) = (&*before, skip.map(|r| &before[r]));
     let epilogue = Epilogue { scale, shift: Some(shift), skip, act: last.layer.activation() };
-    crate::cpu::conv::forward(route, pool, gemm, &mut cache.ws, &cache.weights, *batch, &before[x], &epilogue, &mut own[..out.len()], None);
+    let (weights, cws, shape, xs, out) = (&cache.weights, &mut cache.ws, conv_shape(step), &before[x], &mut own[..out.len()]);
+    cache.splits[1].run(&shape, *batch, pool.threads(), |parts| {
+        crate::cpu::conv::forward(route, pool, gemm, cws, weights, (*batch, parts), xs, &epilogue, out, None)
+    });
 }
 
 /// A convolution step's fast backward: dZ, dW, db and (where needed) dX, on the same path as
@@ -147,6 +153,9 @@ pub(crate) struct ConvCache {
     pub ws: ConvWorkspace,
     pub routes: [ConvRoute; 2],
     pub infer_routes: [ConvRoute; 2],
+    /// The parts of each sample's rows, per batch size below the thread count, in training and
+    /// in inference.
+    pub splits: [Splits; 2],
     pub fused: Fused,
     folded: Vec<f32>,
     winograd_version: u64,
@@ -165,6 +174,7 @@ impl ConvCache {
             ws: ConvWorkspace::new(isa, &shape, threads, 0)?,
             routes: routes(isa, &shape, Direction::Forward, capacity, ConvRoute::trains)?,
             infer_routes: routes(isa, &shape, Direction::Forward, capacity, |_| true)?,
+            splits: [Splits::new(capacity, threads)?, Splits::new(capacity, threads)?],
             fused,
             folded: zeros(folded, || "a batch norm's scale and shift".into())?,
             winograd_version: 0,
@@ -189,7 +199,9 @@ impl ConvCache {
     }
 
     /// Each direction's route per batch bucket, with the times that chose it; the backward's
-    /// where gradient buffers have been made for this shape.
+    /// where gradient buffers have been made for this shape. Then a line for each pass and
+    /// batch whose split of a sample's rows was timed (batches below the thread count, at
+    /// their first call): the parts kept and their fastest call, and the other's.
     pub fn report(&self, step: &Step, capacity: usize) -> String {
         let (shape, isa) = (conv_shape(step), self.weights.isa());
         let mut parts = Vec::new();
@@ -222,7 +234,13 @@ impl ConvCache {
         if !taken.is_empty() {
             parts.push(format!("inference: {} in its epilogue", taken.join(" and ")));
         }
-        parts.join("; ")
+        let mut report = parts.join("; ");
+        for (pass, splits) in ["training", "inference"].into_iter().zip(&self.splits) {
+            for (batch, split) in splits.timed() {
+                report.push_str(&format!("\n  batch {batch} {pass}, a sample's rows in {}", split.describe()));
+            }
+        }
+        report
     }
 }
 
@@ -430,6 +448,55 @@ mod tests {
         assert!(model.forward(&mut cache).unwrap().iter().all(|v| v.is_nan()), "repacked with nothing changed");
         model.parameters_mut().unwrap()[0] += 0.25;
         check(&model, &mut cache, "after parameters_mut");
+    }
+
+    /// Inference on 1, 2 and 3 threads gives the same bits at batches below the thread count,
+    /// whichever parts of a sample's rows the first call timed faster (each call after it runs
+    /// the choice), the batch norm and residual sums in the epilogue included.
+    #[test]
+    fn inference_gives_the_same_bits_whatever_the_split() {
+        for chain in [crate::models::resnet_small, crate::models::vgg_small] {
+            for batch in [1, 2] {
+                let x = Rng::new(72).uniform(batch * 3 * 32 * 32);
+                let mut first: Option<Vec<u32>> = None;
+                for threads in 1..=3 {
+                    let model = chain().build().unwrap().init(crate::Init::HeNormal, 5).with_threads(threads).unwrap();
+                    let mut cache = model.preallocate(batch).unwrap();
+                    cache.set_inputs(&x).unwrap();
+                    for call in 0..2 {
+                        let got: Vec<u32> = model.forward(&mut cache).unwrap().iter().map(|v| v.to_bits()).collect();
+                        let want = first.get_or_insert_with(|| got.clone());
+                        assert!(
+                            *want == got,
+                            "batch {batch}, {threads} threads, call {call}: bits differ from 1 thread's\n{}",
+                            cache.routes()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// On 2 threads, each convolution reports the split of a sample's rows at batch 1 that its
+    /// first call timed (inference's in `preallocate`, training's at the first training pass),
+    /// on a line of its own below its step's; on 1 thread nothing splits, and no such line.
+    #[test]
+    fn the_routes_report_shows_each_split_timed() {
+        let count = |report: &str, pass: &str| {
+            let line = format!("  batch 1 {pass}, a sample's rows in ");
+            report.lines().filter(|l| l.starts_with(&line) && l.contains(" part") && l.contains(" µs")).count()
+        };
+        for threads in [1, 2] {
+            let model = crate::models::lenet5().build().unwrap().init(crate::Init::HeNormal, 1).with_threads(threads).unwrap();
+            let (mut cache, mut grads) = (model.preallocate(4).unwrap(), model.preallocate_grads(4).unwrap());
+            let (convs, report) = (2 * (threads - 1), cache.routes());
+            assert_eq!((count(&report, "inference"), count(&report, "training")), (convs, 0), "{report}");
+            cache.set_inputs(&Rng::new(3).uniform(model.input_shape().len())).unwrap();
+            cache.set_labels(&[1]).unwrap();
+            model.backprop(&mut grads, &mut cache, crate::Loss::LogitCrossEntropy).unwrap();
+            let report = cache.routes();
+            assert_eq!((count(&report, "inference"), count(&report, "training")), (convs, convs), "{report}");
+        }
     }
 
     pub(super) const DRAW: Draw = Draw { seed: 0, pass: 0, replica: 0 };

@@ -199,7 +199,7 @@ impl Trial {
     fn run(&mut self, route: ConvRoute, direction: Direction) {
         let Trial { pool, gemm, ws, weights, batch, x, z, dw, dx } = self;
         match direction {
-            Direction::Forward => forward(route, pool, gemm, ws, weights, *batch, x, &Epilogue::NONE, z, None),
+            Direction::Forward => _ = forward(route, pool, gemm, ws, weights, (*batch, 1), x, &Epilogue::NONE, z, None),
             Direction::Backward { input_grad } => {
                 // z holds the output gradient: its values are the forward's output length
                 let dx = input_grad.then_some(&mut dx[..]);

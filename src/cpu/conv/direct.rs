@@ -22,12 +22,13 @@
 //! out in the forward's flat rows (zeros at x ≥ OW): dot products of rows, read in place.
 
 use super::epilogue::{blocks, Epilogue, Outputs};
-use super::lowered::{copy_rows, pad_into};
+use super::lowered::{copy_rows, pad_rows_into};
 use super::{ConvShape, Sample};
-use crate::cpu::gemm::{sgemm_shifted_on, shifted_runs_fit, shifted_slack, GemmScratch, MatMut};
+use crate::cpu::gemm::{sgemm_shifted_into, sgemm_shifted_on, shifted_runs_fit, shifted_slack, GemmScratch, MatMut};
 use crate::cpu::isa::Isa;
 use crate::cpu::rowdot::rowdot_at;
 use crate::error::{Error, Result};
+use std::ops::Range;
 
 /// Sizes of the planes and flat rows, from the shape.
 #[derive(Clone, Copy)]
@@ -99,23 +100,39 @@ pub(super) fn grad_offsets(s: &ConvShape) -> Result<Vec<usize>> {
     })
 }
 
-/// z_s (OC × OH·OW) ← W · B (see the module's documentation), block by block of output rows
-/// ([`blocks`]), each then through the epilogue.
-pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[f32], e: &Epilogue, out: &mut Outputs) {
+/// Output rows `rows` of z_s (OC × OH·OW) ← W · B (see the module's documentation), block by
+/// block of output rows ([`blocks`]), each then through the epilogue.
+///
+/// # Safety
+/// The calling task alone writes output rows `rows` of `out` during the call.
+pub(super) unsafe fn forward(
+    gemm: &mut GemmScratch,
+    buf: &mut [f32],
+    p: &Sample,
+    x: &[f32],
+    e: &Epilogue,
+    out: &Outputs,
+    rows: Range<usize>,
+) {
     let (s, g, isa) = (p.shape, Planes::of(p.shape), p.weights.w.isa());
     let (planes, rest) = buf.split_at_mut(g.len + shifted_slack(isa));
-    input_planes(s, &g, x, &mut planes[..g.len]);
+    // at stride 1, output rows y read the planes' rows y..y + kh − 1 alone (and, past each
+    // run's end, values of the product's dropped columns)
+    let needed = if s.stride == (1, 1) { rows.start..rows.end - 1 + s.kernel.0 } else { 0..g.hpp };
+    input_planes(s, &g, x, needed, &mut planes[..g.len]);
     let (oc, oh, ow) = (s.out_channels, s.oh(), s.ow());
     let ohw = oh * ow;
     // (the runs of a block fit where those of the whole output do: the same widths and pitch)
     let runs_fit = shifted_runs_fit(isa, ohw, ow, g.wpp);
-    for block in blocks(oc, (oh, ow)) {
+    for block in blocks(oc, (oh, ow), rows) {
         out.prefetch(ohw, block.clone());
         // B's columns from output (y0, x0): x0 > 0 only in a part of a single row
         let base = block.start / ow * g.wpp + block.start % ow;
         if runs_fit {
-            let z = MatMut { data: &mut out.z[block.start..], rs: ohw, cs: 1 };
-            sgemm_shifted_on(gemm, block.len(), 1.0, &p.weights.w, &planes[base..], p.offsets, (ow, g.wpp), 0.0, z);
+            let z = out.z_matrix(block.start, ohw);
+            // SAFETY: the product writes positions `block` of each channel, in `rows`: the
+            // calling task's alone (the contract).
+            unsafe { sgemm_shifted_into(gemm, block.len(), 1.0, &p.weights.w, &planes[base..], p.offsets, (ow, g.wpp), 0.0, z) };
         } else {
             // whole rows (a single row's runs always fit): the flat columns from the block's
             // first row to the end of its last, those x ≥ OW of each row dropped
@@ -125,10 +142,12 @@ pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[
             let flat_z = MatMut { data: &mut *flat, rs: n, cs: 1 };
             sgemm_shifted_on(gemm, n, 1.0, &p.weights.w, &planes[base..], p.offsets, (n, n), 0.0, flat_z);
             for (c, src) in flat.chunks_exact(n).enumerate() {
-                copy_rows((rows, ow), src, g.wpp, &mut out.z[c * ohw + block.start..], ow);
+                // SAFETY: positions `block` of channel c, in `rows` (the contract).
+                copy_rows((rows, ow), src, g.wpp, unsafe { out.z(c * ohw + block.start..c * ohw + block.end) }, ow);
             }
         }
-        e.apply(ohw, out, block);
+        // SAFETY: as above.
+        unsafe { e.apply(ohw, out, block) };
     }
 }
 
@@ -149,7 +168,7 @@ pub(super) fn backward(
     let (planes, rest) = buf.split_at_mut(g.len + slack);
     let (grad_planes, rest) = rest.split_at_mut(g.grad_len + slack);
     let (dz_flat, flat_dx) = rest.split_at_mut(oc * g.n);
-    input_planes(s, &g, x, &mut planes[..g.len]);
+    input_planes(s, &g, x, 0..g.hpp, &mut planes[..g.len]);
     let dz_rows: &[f32] = if g.wpp == ow {
         &dz[..oc * g.n]
     } else {
@@ -170,13 +189,15 @@ pub(super) fn backward(
     to_rows(flat, g.ng, g.wg, (s.height, s.width), dx);
 }
 
-/// out (all input planes, `g.len` values) ← the stride phases of x inside a zero border.
-fn input_planes(s: &ConvShape, g: &Planes, x: &[f32], out: &mut [f32]) {
+/// out (all input planes, `g.len` values) ← the stride phases of x inside a zero border: at
+/// stride 1 rows `rows` of each plane alone, else every row (`rows` all of them).
+fn input_planes(s: &ConvShape, g: &Planes, x: &[f32], rows: Range<usize>, out: &mut [f32]) {
     let ((h, w), (sh, sw), (ph, pw), channels) = ((s.height, s.width), s.stride, s.padding, s.in_channels);
     if (sh, sw) == (1, 1) {
         // one phase, (H + 2·ph) × (W + 2·pw)
-        return pad_into(x, channels, (h, w), (ph, pw), out);
+        return pad_rows_into(x, channels, (h, w), (ph, pw), rows, out);
     }
+    debug_assert!(rows == (0..g.hpp));
     out.fill(0.0);
     // plane (a, b, c)[u, v] = x[c, u·sh + a − ph, v·sw + b − pw]
     let planes = out.chunks_exact_mut(g.hpp * g.wpp);

@@ -5,8 +5,10 @@
 //! of L2) for each of the bias, a batch norm, a residual sum and an activation.
 
 use crate::activation::Activation;
+use crate::cpu::gemm::OutPtr;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::isa::Isa;
+use crate::cpu::SharedMut;
 use std::ops::Range;
 
 /// Per output channel oc and value v of its product:
@@ -41,15 +43,19 @@ impl Epilogue<'_> {
 
     /// Positions `range` of every channel of one sample's outputs, whose planes hold `plane`
     /// values each.
-    pub(super) fn apply(&self, plane: usize, out: &mut Outputs, range: Range<usize>) {
-        let channels = out.z.len() / plane;
+    ///
+    /// # Safety
+    /// Positions `range` are the calling task's alone (see [`Outputs`]).
+    pub(super) unsafe fn apply(&self, plane: usize, out: &Outputs, range: Range<usize>) {
+        let channels = out.len / plane;
         for oc in 0..channels {
             let r = oc * plane + range.start..oc * plane + range.end;
-            let z = &mut out.z[r.clone()];
+            // SAFETY: positions `range` of channel oc are the calling task's (the contract).
+            let (z, y) = unsafe { (out.z(r.clone()), out.y(r.clone())) };
             let (scale, shift) = (self.scale.map(|s| s[oc]), self.shift.map(|s| s[oc]));
-            affine(z, scale, shift, out.skip.map(|s| &s[r.clone()]));
-            match out.y.as_deref_mut() {
-                Some(y) => self.act.apply_slice(z, &mut y[r]),
+            affine(z, scale, shift, out.skip.map(|s| &s[r]));
+            match y {
+                Some(y) => self.act.apply_slice(z, y),
                 None => act_in_place(self.act, z),
             }
         }
@@ -57,14 +63,64 @@ impl Epilogue<'_> {
 }
 
 /// One sample's outputs as the forward writes them: z, and y = act(z) where given (else the
-/// activation in place in z); and the sample's part of the epilogue's skip.
+/// activation in place in z); and the sample's part of the epilogue's skip. The tasks of one
+/// sample share its z and y, each writing the positions of its own output rows in every
+/// channel (interleaved with the others' over the channels), so they are held by pointer and
+/// each access covers the calling task's positions alone.
 pub(super) struct Outputs<'a> {
-    pub z: &'a mut [f32],
-    pub y: Option<&'a mut [f32]>,
+    z: &'a SharedMut<'a, f32>,
+    y: Option<&'a SharedMut<'a, f32>>,
+    /// The sample's first value in z and y, and its number of values.
+    at: usize,
+    pub len: usize,
     pub skip: Option<&'a [f32]>,
 }
 
-impl Outputs<'_> {
+impl<'a> Outputs<'a> {
+    /// Values `at..at + len` of z and y (a sample), with the sample's skip. Panics unless z and
+    /// y hold them: the products write through pointers up to `at + len` ([`Outputs::z_matrix`]).
+    pub fn new(z: &'a SharedMut<'a, f32>, y: Option<&'a SharedMut<'a, f32>>, (at, len): (usize, usize), skip: Option<&'a [f32]>) -> Self {
+        let end = at.checked_add(len);
+        let holds = |v: &SharedMut<f32>| end.is_some_and(|end| end <= v.len());
+        assert!(holds(z) && y.is_none_or(holds), "conv outputs: values {at}.. ({len}) outside z or y");
+        Outputs { z, y, at, len, skip }
+    }
+
+    /// Whether y is written apart from z.
+    pub fn has_y(&self) -> bool {
+        self.y.is_some()
+    }
+
+    /// Values `range` of the sample's z.
+    ///
+    /// # Safety
+    /// `range` lies in the calling task's positions, and no other live slice from these
+    /// outputs overlaps it.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn z(&self, range: Range<usize>) -> &mut [f32] {
+        assert!(range.end <= self.len, "conv outputs: {range:?} outside a sample of {}", self.len);
+        // SAFETY: inside the sample (checked); the rest is the contract.
+        unsafe { self.z.slice(self.at + range.start..self.at + range.end) }
+    }
+
+    /// Values `range` of the sample's y, where it has one.
+    ///
+    /// # Safety
+    /// As [`Outputs::z`].
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn y(&self, range: Range<usize>) -> Option<&mut [f32]> {
+        assert!(range.end <= self.len, "conv outputs: {range:?} outside a sample of {}", self.len);
+        // SAFETY: inside the sample (checked); the rest is the contract.
+        self.y.map(|y| unsafe { y.slice(self.at + range.start..self.at + range.end) })
+    }
+
+    /// z from position `start` of channel 0 as a matrix by pointer: a row per channel, `plane`
+    /// values apart, for a product that writes the calling task's positions alone.
+    pub fn z_matrix(&self, start: usize, plane: usize) -> OutPtr {
+        assert!(start <= self.len, "conv outputs: position {start} outside a sample of {}", self.len);
+        OutPtr { ptr: self.z.ptr_at(self.at + start), len: self.len - start, rs: plane, cs: 1 }
+    }
+
     /// Asks for the skip values of positions `range` of each channel (planes of `plane` values)
     /// to be brought into L2 before the block's product is computed, so that they arrive
     /// meanwhile: in a batch larger than L2 the skip was written several layers before and is
@@ -94,13 +150,15 @@ fn prefetch_l2(values: &[f32]) {
 /// block, its skip and its y within L1.
 const BLOCK_VALUES: usize = 16384;
 
-/// The blocks of output positions p = y·OW + x (of each channel) a sample's output is computed
-/// in, in order: whole rows, as many as hold at most [`BLOCK_VALUES`] (one at least); a single
-/// row (OH = 1, a 1-D convolution) in parts of a multiple of 64 columns.
-pub(super) fn blocks(channels: usize, (oh, ow): (usize, usize)) -> impl Iterator<Item = Range<usize>> {
-    let n = oh * ow;
+/// The blocks of output positions p = y·OW + x (of each channel) that output rows `rows` of a
+/// sample are computed in, in order: whole rows, as many as hold at most [`BLOCK_VALUES`] (one
+/// at least); a single row (OH = 1, a 1-D convolution, `rows` = 0..1) in parts of a multiple of
+/// 64 columns.
+pub(super) fn blocks(channels: usize, (oh, ow): (usize, usize), rows: Range<usize>) -> impl Iterator<Item = Range<usize>> {
+    debug_assert!(rows.end <= oh);
+    let (start, end) = (rows.start * ow, rows.end * ow);
     let step = if oh == 1 { (BLOCK_VALUES / channels / 64).max(1) * 64 } else { (BLOCK_VALUES / (channels * ow)).max(1) * ow };
-    (0..n).step_by(step.max(1)).map(move |p| p..(p + step).min(n))
+    (start..end).step_by(step.max(1)).map(move |p| p..(p + step).min(end))
 }
 
 /// z ← z·scale + shift (or z + shift), then + skip, as [`Epilogue`] says; on the widest vectors
@@ -193,4 +251,22 @@ fn relu(z: &mut [f32]) {
         Isa::Portable => {}
     }
     loops(z)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    /// A sample's outputs past the end of z or y, or whose end overflows, are refused.
+    #[test]
+    fn outputs_must_lie_in_z_and_y() {
+        let (mut z, mut y) = (vec![0.0; 12], vec![0.0; 8]);
+        let (z, y) = (SharedMut::new(&mut z), SharedMut::new(&mut y));
+        let _ = Outputs::new(&z, Some(&y), (4, 4), None);
+        for (at, len, y) in [(8, 5, None), (4, 5, Some(&y)), (1, usize::MAX, None)] {
+            let made = catch_unwind(AssertUnwindSafe(|| _ = Outputs::new(&z, y, (at, len), None)));
+            assert!(made.is_err(), "values {at}.. ({len}) of z (12) and y (8): {}", y.is_some());
+        }
+    }
 }

@@ -5,8 +5,9 @@
 
 use super::epilogue::{blocks, Epilogue, Outputs};
 use super::{ConvShape, Sample};
-use crate::cpu::gemm::{sgemm_packed_a_on, GemmScratch, Mat, MatMut};
+use crate::cpu::gemm::{sgemm_packed_a_into, sgemm_packed_a_on, GemmScratch, Mat, MatMut};
 use crate::cpu::rowdot::rowdot;
+use std::ops::Range;
 
 /// Scratch one thread needs: a lowered sample, the padded input (or padded gradient sum),
 /// and a lowered gradient.
@@ -34,19 +35,34 @@ fn padded_len(s: &ConvShape) -> usize {
     }
 }
 
-/// z_s (OC × OHW) ← W · im2col(x_s), block by block of output rows ([`blocks`]), each then
-/// through the epilogue.
-pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[f32], e: &Epilogue, out: &mut Outputs) {
+/// Output rows `rows` of z_s (OC × OHW) ← W · im2col(x_s), block by block of output rows
+/// ([`blocks`]), each then through the epilogue.
+///
+/// # Safety
+/// The calling task alone writes output rows `rows` of `out` during the call.
+pub(super) unsafe fn forward(
+    gemm: &mut GemmScratch,
+    buf: &mut [f32],
+    p: &Sample,
+    x: &[f32],
+    e: &Epilogue,
+    out: &Outputs,
+    rows: Range<usize>,
+) {
     let s = p.shape;
     let (col, rest) = buf.split_at_mut(lowered_len(s));
     im2col(s, x, col, rest);
     let n = ohw(s);
-    for block in blocks(s.out_channels, (s.oh(), s.ow())) {
+    for block in blocks(s.out_channels, (s.oh(), s.ow()), rows) {
         out.prefetch(n, block.clone());
         // columns `block` of col (CKK × OHW) into the same columns of z (OC × OHW)
-        let (b, z) = (Mat { data: &col[block.start..], rs: n, cs: 1 }, MatMut { data: &mut out.z[block.start..], rs: n, cs: 1 });
-        sgemm_packed_a_on(gemm, block.len(), 1.0, &p.weights.w, b, 0.0, z);
-        e.apply(n, out, block);
+        let (b, z) = (Mat { data: &col[block.start..], rs: n, cs: 1 }, out.z_matrix(block.start, n));
+        // SAFETY: the product and the epilogue write positions `block` of each channel, in
+        // `rows`: the calling task's alone (the contract).
+        unsafe {
+            sgemm_packed_a_into(gemm, block.len(), 1.0, &p.weights.w, b, 0.0, z);
+            e.apply(n, out, block);
+        }
     }
 }
 
@@ -119,11 +135,28 @@ pub(super) fn copy_rows((rows, width): (usize, usize), src: &[f32], src_pitch: u
 /// out[..C·(H + 2·ph)·(W + 2·pw)] ← x (C × H × W) inside a zero border: the input as the
 /// lowering and the direct route read it.
 pub(crate) fn pad_into(x: &[f32], channels: usize, (h, w): (usize, usize), (ph, pw): (usize, usize), out: &mut [f32]) {
+    pad_rows_into(x, channels, (h, w), (ph, pw), 0..h + 2 * ph, out)
+}
+
+/// Rows `rows` (of the H + 2·ph) of each channel's plane in out[..C·(H + 2·ph)·(W + 2·pw)] as
+/// [`pad_into`] writes them; the other rows untouched.
+pub(crate) fn pad_rows_into(
+    x: &[f32],
+    channels: usize,
+    (h, w): (usize, usize),
+    (ph, pw): (usize, usize),
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     let (hp, wp) = (h + 2 * ph, w + 2 * pw);
-    let out = &mut out[..channels * hp * wp];
-    out.fill(0.0);
-    for (plane, xc) in out.chunks_exact_mut(hp * wp).zip(x[..channels * h * w].chunks_exact(h * w)) {
-        copy_rows((h, w), xc, w, &mut plane[ph * wp + pw..], wp);
+    assert!(rows.start <= rows.end && rows.end <= hp, "padded rows {rows:?} of {hp}");
+    for (plane, xc) in out[..channels * hp * wp].chunks_exact_mut(hp * wp).zip(x[..channels * h * w].chunks_exact(h * w)) {
+        plane[rows.start * wp..rows.end * wp].fill(0.0);
+        // the padded rows that hold input rows (padded row r is input row r − ph)
+        let (first, end) = (rows.start.max(ph), rows.end.min(ph + h));
+        if first < end {
+            copy_rows((end - first, w), &xc[(first - ph) * w..], w, &mut plane[first * wp + pw..], wp);
+        }
     }
 }
 

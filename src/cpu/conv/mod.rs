@@ -38,6 +38,7 @@ pub(crate) mod choice;
 mod direct;
 mod epilogue;
 pub(crate) mod lowered;
+pub(crate) mod split;
 #[cfg(test)]
 mod tests;
 mod winograd;
@@ -322,10 +323,15 @@ fn check(gemm: &GemmWorkspace, ws: &ConvWorkspace, weights: &ConvWeights, pool: 
 }
 
 /// z (batch × OC·OH·OW) ← conv(x (batch × C·H·W)) and the epilogue ([`Epilogue`]), y ← act(z)
-/// where `y` is given (else the activation in place in z), samples spread over the pool; each
-/// sample's output is computed a block of rows at a time, its epilogue run on each block while
-/// it is in cache. Panics if a buffer is too short for `batch` samples or the workspaces or the
-/// epilogue do not match the shape.
+/// where `y` is given (else the activation in place in z), spread over the pool as `batch ×
+/// parts` tasks: each sample's output rows cut into `parts` near-equal ranges (at most OH;
+/// [`split::Splits`] chooses it), each task preparing the input its rows read for itself (at
+/// stride 1 on the direct and Winograd routes, the padded rows they reach; else all of the
+/// sample's). Each range is computed a block of rows at a time, its epilogue run on each block
+/// while it is in cache. Every output value is the same chain of multiply-adds whatever the
+/// parts, so the bits do not depend on them. Returns how many of the tasks the pool's workers
+/// ran ([`Pool::run`]). Panics if a buffer is too short for `batch` samples, `parts` is 0 or
+/// above OH, or the workspaces or the epilogue do not match the shape.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     route: ConvRoute,
@@ -333,12 +339,12 @@ pub(crate) fn forward(
     gemm: &mut GemmWorkspace,
     ws: &mut ConvWorkspace,
     weights: &ConvWeights,
-    batch: usize,
+    (batch, parts): (usize, usize),
     x: &[f32],
     epilogue: &Epilogue,
     z: &mut [f32],
     y: Option<&mut [f32]>,
-) {
+) -> usize {
     check(gemm, ws, weights, pool);
     let shape = ws.shape;
     assert!(route.serves(&shape, choice::Direction::Forward), "conv forward: {route:?} does not compute {shape:?}");
@@ -350,20 +356,24 @@ pub(crate) fn forward(
     let scratch = SharedMut::new(&mut ws.scratch);
     let sample =
         Sample { shape: &shape, weights, offsets: &ws.offsets, grad_offsets: &ws.grad_offsets, winograd_offsets: &ws.winograd_offsets };
-    pool.run_with(batch, gemm.workers(), &|s, worker, gemm| {
-        let range = s * out_len..(s + 1) * out_len;
-        // SAFETY: `worker` is this task's worker index in a run that alone uses `scratch`;
-        // sample s alone writes z[s·out_len..][..out_len] and y's same range.
-        let (buf, zs, ys) =
-            unsafe { (worker_scratch(&scratch, per_thread, worker), z.slice(range.clone()), y.as_ref().map(|y| y.slice(range.clone()))) };
-        let mut out = Outputs { z: zs, y: ys, skip: epilogue.skip.map(|k| &k[range]) };
+    let oh = shape.oh();
+    assert!((1..=oh).contains(&parts), "conv forward: {parts} parts of {oh} output rows");
+    pool.run_with(batch * parts, gemm.workers(), &|task, worker, gemm| {
+        let (s, rows) = (task / parts, chunk_range(oh, parts, task % parts));
+        // SAFETY: `worker` is this task's worker index in a run that alone uses `scratch`.
+        let buf = unsafe { worker_scratch(&scratch, per_thread, worker) };
+        let out = Outputs::new(&z, y.as_ref(), (s * out_len, out_len), epilogue.skip.map(|k| &k[s * out_len..][..out_len]));
         let xs = &x[s * in_len..][..in_len];
-        match route {
-            ConvRoute::Lowered => lowered::forward(gemm, buf, &sample, xs, epilogue, &mut out),
-            ConvRoute::Direct => direct::forward(gemm, buf, &sample, xs, epilogue, &mut out),
-            ConvRoute::Winograd => winograd::forward(gemm, buf, &sample, xs, epilogue, &mut out),
+        // SAFETY: this task alone writes output rows `rows` of sample s (the tasks of a sample
+        // take disjoint ranges of rows, and every task one sample).
+        unsafe {
+            match route {
+                ConvRoute::Lowered => lowered::forward(gemm, buf, &sample, xs, epilogue, &out, rows),
+                ConvRoute::Direct => direct::forward(gemm, buf, &sample, xs, epilogue, &out, rows),
+                ConvRoute::Winograd => winograd::forward(gemm, buf, &sample, xs, epilogue, &out, rows),
+            }
         }
-    });
+    })
 }
 
 /// dW ← Σ_s dZ_s ⋆ X_s (the weight gradient, overwritten) and, when `dx` is given, dX ← the

@@ -105,11 +105,14 @@ fn every_route_matches_the_plain_loops_on_odd_shapes() {
                 let weights = packed(isa, &s, &w);
                 for route in ConvRoute::ALL.into_iter().filter(|r| r.serves(&s, Direction::Forward)) {
                     let what = format!("{route:?} {isa:?} {threads} threads, batch {batch}, {s:?}");
-                    ws.scratch.fill(f32::NAN);
-                    let mut z = poisoned(batch * s.out_len() + 3);
-                    forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &Epilogue::NONE, &mut z, None);
-                    assert_eq!(&z[..batch * s.out_len()], &z_want[..], "forward {what}");
-                    assert!(z[batch * s.out_len()..].iter().all(|v| v.is_nan()), "forward {what}: wrote past the batch");
+                    // each sample's rows whole, in 2 parts, and a part a row
+                    for parts in [1, 2, s.oh()].into_iter().filter(|&p| p <= s.oh()) {
+                        ws.scratch.fill(f32::NAN);
+                        let mut z = poisoned(batch * s.out_len() + 3);
+                        forward(route, &pool, &mut gemm, &mut ws, &weights, (batch, parts), &x, &Epilogue::NONE, &mut z, None);
+                        assert_eq!(&z[..batch * s.out_len()], &z_want[..], "forward {what} in {parts} parts");
+                        assert!(z[batch * s.out_len()..].iter().all(|v| v.is_nan()), "forward {what}: wrote past the batch");
+                    }
                     if !route.serves(&s, Direction::Backward { input_grad: true }) {
                         continue;
                     }
@@ -131,8 +134,8 @@ fn every_route_matches_the_plain_loops_on_odd_shapes() {
 /// activation in place) on every route against the spec's z and the formula, value by value:
 /// small integers make the products, scales, shifts and sums exact, and the activation is
 /// `apply_slice` of the spec's values, so `==` holds. The shapes add outputs of several blocks
-/// (2-D, and a single row in parts) to the odd ones, on both of the direct route's paths; y
-/// past the batch is never written.
+/// (2-D, and a single row in parts) to the odd ones, on both of the direct route's paths, each
+/// sample's rows whole and in parts; y past the batch is never written.
 #[test]
 fn the_epilogue_matches_the_formula_on_every_route() {
     let mut rng = Rng::new(34);
@@ -175,12 +178,17 @@ fn the_epilogue_matches_the_formula_on_every_route() {
             let mut want_y = vec![0.0; want_z.len()];
             act.apply_slice(&want_z, &mut want_y);
             let epilogue = Epilogue { scale, shift, skip, act };
-            for route in ConvRoute::ALL.into_iter().filter(|r| r.serves(&s, Direction::Forward)) {
-                let what = format!("{route:?} {act:?}, scale {}, skip {}, y apart {apart}, {s:?}", scale.is_some(), skip.is_some());
+            let routes = ConvRoute::ALL.into_iter().filter(|r| r.serves(&s, Direction::Forward));
+            for (route, parts) in routes.flat_map(|r| [(r, 1), (r, 3.min(s.oh()))]) {
+                let what = format!(
+                    "{route:?} in {parts} parts, {act:?}, scale {}, skip {}, y apart {apart}, {s:?}",
+                    scale.is_some(),
+                    skip.is_some()
+                );
                 ws.scratch.fill(f32::NAN);
                 let (mut z, mut y) = (poisoned(batch * out_len + 3), poisoned(batch * out_len + 3));
                 let y_out = apart.then_some(&mut y[..]);
-                forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &epilogue, &mut z, y_out);
+                forward(route, &pool, &mut gemm, &mut ws, &weights, (batch, parts), &x, &epilogue, &mut z, y_out);
                 let (z, y) = if apart { (&z, &y) } else { (&y, &z) };
                 if apart {
                     assert_eq!(&z[..batch * out_len], &want_z[..], "z of {what}");
@@ -194,8 +202,10 @@ fn the_epilogue_matches_the_formula_on_every_route() {
     }
 }
 
+/// Real values: each route's bits are the same on 1 to 4 threads, with each sample's rows whole
+/// or in parts (as many as fill the pool, and one a row).
 #[test]
-fn each_route_gives_the_same_bits_on_any_thread_count() {
+fn each_route_gives_the_same_bits_on_any_thread_count_and_split() {
     let mut rng = Rng::new(32);
     let shapes = [
         shape(6, 14, 14, 16, (5, 5), (1, 1), (0, 0)),
@@ -206,20 +216,28 @@ fn each_route_gives_the_same_bits_on_any_thread_count() {
         let batch = 7;
         let (w, x, dz) = (rng.uniform(s.weights_len()), rng.uniform(batch * s.in_len()), rng.uniform(batch * s.out_len()));
         for route in ConvRoute::ALL.into_iter().filter(|r| r.serves(&s, Direction::Forward)) {
-            let mut first: Option<(Vec<u32>, Vec<u32>, Vec<u32>)> = None;
+            // the bits of the first run, at batches of 1 and 7 samples
+            type Bits = (Vec<u32>, Vec<u32>, Vec<u32>);
+            let mut first: [Option<Bits>; 2] = [None, None];
             for threads in 1..=4 {
                 let (isa, pool) = (Isa::best(), Pool::new(threads).unwrap());
                 let (mut gemm, mut ws) =
                     (GemmWorkspace::with_isa(threads, isa).unwrap(), ConvWorkspace::new(isa, &s, threads, batch).unwrap());
                 let weights = packed(isa, &s, &w);
-                let (mut z, mut dw, mut dx) = (poisoned(batch * s.out_len()), poisoned(w.len()), poisoned(x.len()));
-                forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &Epilogue::NONE, &mut z, None);
+                let (mut dw, mut dx) = (poisoned(w.len()), poisoned(x.len()));
                 if route.serves(&s, Direction::Backward { input_grad: true }) {
                     backward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &dz, &mut dw, Some(&mut dx));
                 }
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                let got = (bits(&z), bits(&dw), bits(&dx));
-                assert!(*first.get_or_insert_with(|| got.clone()) == got, "{route:?} {s:?}: bits differ on {threads} threads");
+                for (samples, parts) in [1, 7].into_iter().flat_map(|b| [(b, 1), (b, split::filling(&s, b, threads)), (b, s.oh())]) {
+                    let mut z = poisoned(batch * s.out_len());
+                    forward(route, &pool, &mut gemm, &mut ws, &weights, (samples, parts), &x, &Epilogue::NONE, &mut z, None);
+                    let got = (bits(&z[..samples * s.out_len()]), bits(&dw), bits(&dx));
+                    let what = format!("{route:?} {s:?}, {samples} samples in {parts} parts");
+                    assert!(z[..samples * s.out_len()].iter().all(|v| !v.is_nan()), "{what}: a value not written");
+                    let first = first[usize::from(samples > 1)].get_or_insert_with(|| got.clone());
+                    assert!(*first == got, "{what}: bits differ from 1 thread's, one part a sample, on {threads} threads");
+                }
             }
         }
     }
@@ -237,7 +255,7 @@ fn routes_agree_on_real_values() {
     let mut out = Vec::new();
     for route in [ConvRoute::Lowered, ConvRoute::Direct] {
         let (mut z, mut dw, mut dx) = (poisoned(batch * s.out_len()), poisoned(w.len()), poisoned(x.len()));
-        forward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &Epilogue::NONE, &mut z, None);
+        forward(route, &pool, &mut gemm, &mut ws, &weights, (batch, 1), &x, &Epilogue::NONE, &mut z, None);
         backward(route, &pool, &mut gemm, &mut ws, &weights, batch, &x, &dz, &mut dw, Some(&mut dx));
         out.push((z, dw, dx));
     }
@@ -246,7 +264,7 @@ fn routes_agree_on_real_values() {
     crate::testutil::assert_close(&a.1, &b.1, 1e-4, 1e-5, "dW");
     crate::testutil::assert_close(&a.2, &b.2, 1e-5, 1e-5, "dX");
     let mut z = poisoned(batch * s.out_len());
-    forward(ConvRoute::Winograd, &pool, &mut gemm, &mut ws, &weights, batch, &x, &Epilogue::NONE, &mut z, None);
+    forward(ConvRoute::Winograd, &pool, &mut gemm, &mut ws, &weights, (batch, 1), &x, &Epilogue::NONE, &mut z, None);
     crate::testutil::assert_close(&z, &a.0, 1e-5, 1e-5, "Winograd z");
 }
 
@@ -259,7 +277,7 @@ fn weights_packed_for_another_kernel_are_refused() {
     let weights = ConvWeights::new(other, &s).unwrap();
     let (x, mut z) = (vec![0.0; s.in_len()], poisoned(s.out_len()));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        forward(ConvRoute::Direct, &pool, &mut gemm, &mut ws, &weights, 1, &x, &Epilogue::NONE, &mut z, None)
+        forward(ConvRoute::Direct, &pool, &mut gemm, &mut ws, &weights, (1, 1), &x, &Epilogue::NONE, &mut z, None)
     }));
     let msg = r.expect_err("a mismatch must panic").downcast::<String>().expect("a message");
     assert!(msg.contains("packed for another kernel"), "{msg}");

@@ -80,7 +80,7 @@ pub(super) fn scratch_len(isa: Isa, s: &ConvShape) -> usize {
         return 0;
     }
     let t = Tiles::of(s);
-    let most = blocks(s.out_channels, (s.oh(), s.ow())).map(|b| pairs(s, &t, &b).len()).max().unwrap_or(0);
+    let most = blocks(s.out_channels, (s.oh(), s.ow()), 0..s.oh()).map(|b| pairs(s, &t, &b).len()).max().unwrap_or(0);
     4 * (t.len + shifted_slack(isa)) + 4 * s.out_channels * most
 }
 
@@ -97,18 +97,32 @@ pub(super) fn offsets(s: &ConvShape) -> Result<Vec<usize>> {
     Ok(out)
 }
 
-/// z_s (OC × OH·OW) ← conv(x_s) (see the module's documentation), block by block of output
-/// rows ([`blocks`]), each then through the epilogue: on AVX-512, an epilogue with no y apart
-/// and no activation or a ReLU runs in the sums' loop, each value stored once.
-pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[f32], e: &Epilogue, out: &mut Outputs) {
+/// Output rows `rows` of z_s (OC × OH·OW) ← conv(x_s) (see the module's documentation), block
+/// by block of output rows ([`blocks`]), each then through the epilogue: on AVX-512, an
+/// epilogue with no y apart and no activation or a ReLU runs in the sums' loop, each value
+/// stored once.
+///
+/// # Safety
+/// The calling task alone writes output rows `rows` of `out` during the call.
+pub(super) unsafe fn forward(
+    gemm: &mut GemmScratch,
+    buf: &mut [f32],
+    p: &Sample,
+    x: &[f32],
+    e: &Epilogue,
+    out: &Outputs,
+    rows: Range<usize>,
+) {
     let (s, t) = (p.shape, Tiles::of(p.shape));
     let u = p.weights.winograd.as_ref().expect("weights packed for the Winograd route");
     let slack = shifted_slack(u[0].isa());
     let (v, m) = buf.split_at_mut(4 * (t.len + slack));
-    transform_input(s, &t, x, v);
+    // output rows y read the padded rows y..y + kh − 1 alone (and, past each run's end, values
+    // of the product's dropped columns)
+    transform_input(s, &t, x, rows.start..rows.end - 1 + s.kernel.0, v);
     let (oc, ohw) = (s.out_channels, s.oh() * s.ow());
-    let in_sums = Isa::best() == Isa::Avx512 && out.y.is_none() && matches!(e.act, Activation::Identity | Activation::Relu);
-    for block in blocks(oc, (s.oh(), s.ow())) {
+    let in_sums = Isa::best() == Isa::Avx512 && !out.has_y() && matches!(e.act, Activation::Identity | Activation::Relu);
+    for block in blocks(oc, (s.oh(), s.ow()), rows) {
         out.prefetch(ohw, block.clone());
         let cols = pairs(s, &t, &block);
         let n = cols.len();
@@ -117,27 +131,33 @@ pub(super) fn forward(gemm: &mut GemmScratch, buf: &mut [f32], p: &Sample, x: &[
             sgemm_shifted_on(gemm, n, 1.0, u, &v[cols.start..], p.winograd_offsets, (n, n), 0.0, m);
         }
         let epilogue = if in_sums { e } else { &Epilogue::NONE };
-        transform_output(s, &t, &m[..4 * oc * n], &cols, block.clone(), epilogue, out);
+        // SAFETY: positions `block` of each channel, in `rows` (the contract).
+        unsafe { transform_output(s, &t, &m[..4 * oc * n], &cols, block.clone(), epilogue, out) };
         if !in_sums {
-            e.apply(ohw, out, block);
+            // SAFETY: as above.
+            unsafe { e.apply(ohw, out, block) };
         }
     }
 }
 
-/// v (the four V_ξ, each `t.len` values then the slack) ← the transform of each padded row of
-/// the sample x: the pairs' d0 − d2, d1 + d2, d2 − d1 and d1 − d3, zero where the row is
-/// padding.
-fn transform_input(s: &ConvShape, t: &Tiles, x: &[f32], v: &mut [f32]) {
+/// v (the four V_ξ, each `t.len` values then the slack) ← the transform of padded rows `rows`
+/// of the sample x (the other rows untouched): the pairs' d0 − d2, d1 + d2, d2 − d1 and d1 −
+/// d3, zero where the row is padding.
+fn transform_input(s: &ConvShape, t: &Tiles, x: &[f32], rows: Range<usize>, v: &mut [f32]) {
     let ((h, w), n, stride) = ((s.height, s.width), t.pairs, v.len() / 4);
     assert!(x.len() >= s.in_len() && stride >= t.len, "winograd: transform buffers too short");
     let (v0, rest) = v.split_at_mut(stride);
     let (v1, rest) = rest.split_at_mut(stride);
     let (v2, v3) = rest.split_at_mut(stride);
-    let plane = t.rows * n;
+    assert!(rows.start <= rows.end && rows.end <= t.rows, "winograd: padded rows {rows:?} of {}", t.rows);
+    let (plane, ph) = (t.rows * n, s.padding.0);
+    // padded row r is input row r − ph: the rows from `rows.start` are those of the input from
+    // row rows.start − ph (padding above it where that is negative)
+    let (skip, ph) = (rows.start.saturating_sub(ph).min(h), ph.saturating_sub(rows.start));
     for c in 0..s.in_channels {
-        let at = c * plane..(c + 1) * plane;
+        let at = c * plane + rows.start * n..c * plane + rows.end * n;
         let v = [&mut v0[at.clone()], &mut v1[at.clone()], &mut v2[at.clone()], &mut v3[at]];
-        transform_plane(&x[c * h * w..][..h * w], (h, w), s.padding, n, v);
+        transform_plane(&x[(c * h + skip) * w..(c + 1) * h * w], (h - skip, w), (ph, s.padding.1), n, v);
     }
 }
 
@@ -169,7 +189,10 @@ fn transform_plane(x: &[f32], (h, w): (usize, usize), (ph, pw): (usize, usize), 
 /// four M_ξ of its pairs `cols` (each OC × cols.len()): z[2t] = m0 + m1 + m2, z[2t + 1] = m1 −
 /// m2 − m3, then `e` where it is not [`Epilogue::NONE`] (on AVX-512 only, with no y and no
 /// activation or a ReLU: [`forward`] says which).
-fn transform_output(s: &ConvShape, t: &Tiles, m: &[f32], cols: &Range<usize>, block: Range<usize>, e: &Epilogue, out: &mut Outputs) {
+///
+/// # Safety
+/// Positions `block` of `out` are the calling task's alone.
+unsafe fn transform_output(s: &ConvShape, t: &Tiles, m: &[f32], cols: &Range<usize>, block: Range<usize>, e: &Epilogue, out: &Outputs) {
     let (oc, ow, ohw, n) = (s.out_channels, s.ow(), s.oh() * s.ow(), cols.len());
     let (m0, rest) = m.split_at(oc * n);
     let (m1, rest) = rest.split_at(oc * n);
@@ -184,7 +207,8 @@ fn transform_output(s: &ConvShape, t: &Tiles, m: &[f32], cols: &Range<usize>, bl
         let tail = Tail { scale: e.scale.map(|v| v[c]), shift: e.shift.map(|v| v[c]), relu: e.act == Activation::Relu };
         // (the sample's skip where the epilogue adds it)
         let at = c * ohw + block.start..c * ohw + block.end;
-        pair_out(m, rows, &mut out.z[at.clone()], e.skip.and(out.skip).map(|k| &k[at]), &tail);
+        // SAFETY: positions `block` of channel oc (the contract).
+        pair_out(m, rows, unsafe { out.z(at.clone()) }, e.skip.and(out.skip).map(|k| &k[at]), &tail);
     }
 }
 

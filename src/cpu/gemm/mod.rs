@@ -152,6 +152,25 @@ pub struct MatMut<'a> {
     pub cs: usize,
 }
 
+/// An output matrix by pointer: element (i, j) at `ptr + i·rs + j·cs`, `len` values from `ptr`.
+/// For a product whose C other threads write other elements of meanwhile (a convolution's
+/// output rows shared out among tasks, each task's C interleaved with the others' over the
+/// channels), which no `&mut` slice may then cover.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OutPtr {
+    pub ptr: *mut f32,
+    pub len: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl MatMut<'_> {
+    /// The same matrix by pointer (borrowed exclusively: no other thread writes it).
+    fn out(self) -> OutPtr {
+        OutPtr { ptr: self.data.as_mut_ptr(), len: self.data.len(), rs: self.rs, cs: self.cs }
+    }
+}
+
 /// Raw views used inside the loop nest, after the extents were checked.
 #[derive(Clone, Copy)]
 struct View {
@@ -311,8 +330,8 @@ impl Product {
     /// A product through the blocked nest (never transposed), or C ← β·C where k = 0; the
     /// operands packed once, or packed as it goes.
     #[allow(clippy::too_many_arguments)]
-    fn packed(isa: Isa, m: usize, n: usize, k: usize, alpha: f32, a: AOp, b: BOp, beta: f32, c: MatMut) -> Product {
-        let c = ViewMut { ptr: c.data.as_mut_ptr(), rs: c.rs, cs: c.cs };
+    fn packed(isa: Isa, m: usize, n: usize, k: usize, alpha: f32, a: AOp, b: BOp, beta: f32, c: OutPtr) -> Product {
+        let c = ViewMut { ptr: c.ptr, rs: c.rs, cs: c.cs };
         let route = if k == 0 { Route::Scale } else { Route::Blocked };
         Product { m, n, k, alpha, a, b, beta, c, route, isa }
     }
@@ -444,7 +463,7 @@ pub(crate) fn sgemm_packed_b(pool: &Pool, ws: &mut GemmWorkspace, m: usize, alph
     check_extent("A", a.data.len(), m, k, a.rs, a.cs).and_then(|_| check_c(m, n, &c)).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(b.isa(), ws.isa(), "B packed for another kernel than the workspace's");
     let a = AOp::View(View { ptr: a.data.as_ptr(), rs: a.rs, cs: a.cs });
-    let p = Product::packed(b.isa(), m, n, k, alpha, a, BOp::Packed(b.view()), beta, c);
+    let p = Product::packed(b.isa(), m, n, k, alpha, a, BOp::Packed(b.view()), beta, c.out());
     // SAFETY: checked above (B by its construction); C is borrowed exclusively for this call.
     unsafe { p.run_on(pool, ws) }
 }
@@ -469,7 +488,7 @@ pub(crate) fn sgemm_blocked(
 ) {
     check_operands(m, n, k, &a, &b, &c).unwrap_or_else(|e| panic!("{e}"));
     let (a, b) = (View { ptr: a.data.as_ptr(), rs: a.rs, cs: a.cs }, View { ptr: b.data.as_ptr(), rs: b.rs, cs: b.cs });
-    let p = Product::packed(ws.isa(), m, n, k, alpha, AOp::View(a), BOp::View(b), beta, c);
+    let p = Product::packed(ws.isa(), m, n, k, alpha, AOp::View(a), BOp::View(b), beta, c.out());
     // SAFETY: checked above; C is borrowed exclusively for this call; the workspace's kernel
     // was one this CPU runs when it was made.
     unsafe { p.run_on(pool, ws) }
@@ -478,11 +497,21 @@ pub(crate) fn sgemm_blocked(
 /// C (m×n) ← α·A·B (k×n) + β·C with A (m×k) packed once ([`PackedA`]), on the calling thread.
 /// Panics as [`sgemm_packed_b`] does.
 pub(crate) fn sgemm_packed_a_on(scratch: &mut GemmScratch, n: usize, alpha: f32, a: &PackedA, b: Mat, beta: f32, c: MatMut) {
+    // SAFETY: C is borrowed exclusively for this call.
+    unsafe { sgemm_packed_a_into(scratch, n, alpha, a, b, beta, c.out()) }
+}
+
+/// [`sgemm_packed_a_on`] into a C given by pointer.
+///
+/// # Safety
+/// The `c.len` values from `c.ptr` are valid to read and write (the extent is checked here),
+/// and no other thread reads or writes C's m×n elements during the call.
+pub(crate) unsafe fn sgemm_packed_a_into(scratch: &mut GemmScratch, n: usize, alpha: f32, a: &PackedA, b: Mat, beta: f32, c: OutPtr) {
     let (m, k) = (a.m(), a.k());
-    check_extent("B", b.data.len(), k, n, b.rs, b.cs).and_then(|_| check_c(m, n, &c)).unwrap_or_else(|e| panic!("{e}"));
+    check_extent("B", b.data.len(), k, n, b.rs, b.cs).and_then(|_| check_out(m, n, &c)).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(a.isa(), scratch.isa, "A packed for another kernel than the scratch's");
     let b = BOp::View(View { ptr: b.data.as_ptr(), rs: b.rs, cs: b.cs });
-    // SAFETY: checked above (A by its construction); C is borrowed exclusively for this call.
+    // SAFETY: checked above (A by its construction); C's elements are ours alone (the contract).
     unsafe { Product::packed(a.isa(), m, n, k, alpha, AOp::Packed(a.view()), b, beta, c).run(scratch) }
 }
 
@@ -502,9 +531,29 @@ pub(crate) fn sgemm_shifted_on(
     a: &PackedA,
     rows: &[f32],
     offsets: &[usize],
-    (width, pitch): (usize, usize),
+    runs: (usize, usize),
     beta: f32,
     c: MatMut,
+) {
+    // SAFETY: C is borrowed exclusively for this call.
+    unsafe { sgemm_shifted_into(scratch, n, alpha, a, rows, offsets, runs, beta, c.out()) }
+}
+
+/// [`sgemm_shifted_on`] into a C given by pointer.
+///
+/// # Safety
+/// As [`sgemm_packed_a_into`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm_shifted_into(
+    scratch: &mut GemmScratch,
+    n: usize,
+    alpha: f32,
+    a: &PackedA,
+    rows: &[f32],
+    offsets: &[usize],
+    (width, pitch): (usize, usize),
+    beta: f32,
+    c: OutPtr,
 ) {
     let (m, k) = (a.m(), a.k());
     assert_eq!(offsets.len(), k, "gemm: {k} rows of B need as many offsets");
@@ -515,11 +564,11 @@ pub(crate) fn sgemm_shifted_on(
     let reach = n.checked_sub(1).map_or(0, |last| runs.at(last) + 1 + shifted_slack(a.isa()));
     let fits = |&o: &usize| o.checked_add(reach).is_some_and(|end| end <= rows.len());
     assert!(n == 0 || offsets.iter().all(fits), "gemm: a row of B reaches past its {} values", rows.len());
-    check_c(m, n, &c).unwrap_or_else(|e| panic!("{e}"));
+    check_out(m, n, &c).unwrap_or_else(|e| panic!("{e}"));
     let b = BOp::Shifted { base: rows.as_ptr(), offsets: offsets.as_ptr(), runs };
     // SAFETY: checked above: every row p < k holds its runs and the slack from its offset,
-    // and each half panel lies in one run; A by its construction; C is borrowed exclusively
-    // for this call.
+    // and each half panel lies in one run; A by its construction; C's elements are ours alone
+    // (the contract).
     unsafe { Product::packed(a.isa(), m, n, k, alpha, AOp::Packed(a.view()), b, beta, c).run(scratch) }
 }
 
@@ -537,6 +586,12 @@ pub(crate) fn shifted_slack(isa: Isa) -> usize {
 /// C's extent and the distinctness of its elements.
 pub(crate) fn check_c(m: usize, n: usize, c: &MatMut) -> Result<()> {
     check_extent("C", c.data.len(), m, n, c.rs, c.cs)?;
+    check_distinct(m, n, c.rs, c.cs)
+}
+
+/// As [`check_c`], for a C given by pointer.
+fn check_out(m: usize, n: usize, c: &OutPtr) -> Result<()> {
+    check_extent("C", c.len, m, n, c.rs, c.cs)?;
     check_distinct(m, n, c.rs, c.cs)
 }
 
