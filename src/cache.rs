@@ -270,19 +270,23 @@ impl Cache {
     /// per dense layer and direction (forward, input gradient, weight gradient) with the route
     /// chosen (a kernel of flatnn's, `weight_grad_split`, or `cublas`) and its time per call,
     /// then every other route that fits and its time; each bucket is measured at its first call
-    /// (see the README's GPU section); then [`Cache::conv_backends`]'s lines. On the CPU: a first line with the instruction set of the kernels (see `FLATNN_ISA` in
+    /// (see the README's GPU section); then [`Cache::conv_backends`]'s lines. On the CPU: a
+    /// first line with the instruction set of the kernels (see `FLATNN_ISA` in
     /// the README), the threads and the capacity, then one line per layer with weights: a
     /// dense layer multiplies by its weights packed once (again after each change of the
     /// parameters); a convolution gives, for batches of 1 and of 2 or more, the route of its
     /// forward and backward passes (`lowered`: im2col and a GEMM; `direct`: a GEMM on shifted
     /// windows of the padded input) and the time per call of both routes when they were timed
-    /// (the backward's once gradient buffers were made for the layer's shape).
+    /// (the backward's once gradient buffers were made for the layer's shape); under it, an
+    /// indented line per pass and batch below the thread count where this cache timed splitting
+    /// a sample's output rows over the threads (the parts kept, and both times).
     ///
     /// The routes are timed once per process for each layer shape and bucket, and every later
     /// cache, whatever its thread count, takes the same: in one process the same inputs and
     /// parameters give the same bits. They round differently from each other, so the outputs
     /// of a batch of 1 and of the same sample in a larger batch may differ in the last bits,
-    /// and so may another process, which times them again.
+    /// and so may another process, which times them again. (A convolution's split of a
+    /// sample's rows is timed per cache; it changes no bits.)
     pub fn routes(&self) -> String {
         match &self.dev {
             Some(dev) => dev.routes_report(),
