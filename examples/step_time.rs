@@ -85,6 +85,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     if batch == 0 || calls == 0 {
         return Err("--batch and --calls must be at least 1".into());
     }
+    if profile > 0 && device == Device::Cpu {
+        return Err("--profile profiles CUDA calls: it needs --device cuda".into());
+    }
     let options = GpuOptions { graphs, tf32: false, ..GpuOptions::default() };
     let mut model = chain.build()?.init(Init::HeNormal, 1).with_threads(threads)?.with_gpu_options(options)?.to(&device)?;
     let mut rng = Rng::new(3);
