@@ -293,11 +293,15 @@ mod tests {
     use crate::cuda::context::Kernel;
     use crate::{Identity, Relu};
 
-    /// A table of a 20-16-3 model whose two weight gradients are measured: the first fastest
+    /// The plan of the tests' 20-16-3 model.
+    fn plan() -> Plan {
+        Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone()
+    }
+
+    /// A table of the 20-16-3 model whose two weight gradients are measured: the first fastest
     /// alone on `first`, the second on `second`, both also on the split over the batch.
     fn measured(first: Route, second: Route) -> Routes {
-        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
-        let mut table = new_table(&plan, 128, 128, false);
+        let mut table = new_table(&plan(), 128, 128, false);
         let t = |us| Timed { us, one_call: false };
         for (layer, alone) in [first, second].into_iter().enumerate() {
             let times = vec![(alone, t(2.0)), (Route::Split, t(3.0)), (Route::Fused(Kernel::DenseRow), t(50.0))];
@@ -313,7 +317,7 @@ mod tests {
     #[test]
     fn whole_steps_keep_the_faster_variant() {
         let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
-        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let plan = plan();
         let mut routes = measured(mma, panel);
         assert!(routes.unchecked());
         let tried = std::cell::RefCell::new(Vec::new());
@@ -361,7 +365,7 @@ mod tests {
     #[test]
     fn a_failed_variant_is_put_back_and_a_route_that_does_not_fit_is_not_taken() {
         let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
-        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let plan = plan();
         let mut routes = measured(mma, panel);
         routes
             .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9003, &|_| false, &|r: &Routes| {
@@ -415,7 +419,7 @@ mod tests {
         let fastest = k(Kernel::DenseMma32x32Mn);
         let order =
             [Kernel::DenseMma16x16Mn, Kernel::DenseMma32x16Mn, Kernel::DenseMma16x32Mn, Kernel::DensePanel, Kernel::DenseMma32x32Mn2];
-        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let plan = plan();
         let mut table = new_table(&plan, 128, 128, false);
         let t = |us| Timed { us, one_call: false };
         let mut times = vec![(fastest, t(7.0))];
@@ -443,7 +447,7 @@ mod tests {
     #[test]
     fn a_variant_faster_once_is_not_kept() {
         let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
-        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let plan = plan();
         let mut routes = measured(mma, panel);
         let lucky = std::cell::Cell::new(true);
         let step = |r: &Routes| {
@@ -460,7 +464,7 @@ mod tests {
     #[test]
     fn no_variant_is_timed_where_the_dense_layers_are_a_sliver_of_the_step() {
         let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
-        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let plan = plan();
         let mut routes = measured(mma, panel);
         let timed = std::cell::Cell::new(0);
         let step = |_: &Routes| {
@@ -477,7 +481,7 @@ mod tests {
     #[test]
     fn a_failed_confirmation_puts_the_routes_back_and_reports_the_first_timing() {
         let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
-        let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
+        let plan = plan();
         let mut routes = measured(mma, panel);
         let split_timings = std::cell::Cell::new(0);
         let step = |r: &Routes| {
