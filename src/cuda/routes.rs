@@ -76,8 +76,9 @@ struct Table {
     measuring: Duration,
     /// Whether its backward routes were checked in whole steps yet ([`Routes::check_in_steps`]).
     checked: bool,
-    /// A training step's forward and backward pass (µs) on the routes fastest alone, and on
-    /// those kept after the whole-step check (where this cache checked).
+    /// A training step (µs: forward, backward and the update where there is one) on the
+    /// routes fastest alone, and on those kept after the whole-step check (where this cache
+    /// checked).
     step_us: Option<(f32, f32)>,
 }
 
@@ -198,7 +199,7 @@ impl Routes {
             let ms = table.measuring.as_secs_f64() * 1e3;
             let _ = write!(out, "{}batch {sizes} {arith}: dense routes measured in {ms:.1} ms", if out.is_empty() { "" } else { "\n" });
             if let Some((alone, kept)) = table.step_us {
-                let _ = write!(out, "; forward and backward {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept");
+                let _ = write!(out, "; whole steps {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept");
             }
             for layer in &table.layers {
                 for dir in Dir::ALL {

@@ -364,25 +364,36 @@ impl DevModel {
             let run = StepRun { f: &f, ..run };
             backprop_pass(&run, &b, &l, &side, loss, copy_in)
         };
+        let queue_update = || match update {
+            Some((rule, step, opt)) => {
+                if let Clip::Norm(_) = rule.clip {
+                    opt.queue_norm(gpu, stream, n, &dg.grads)?;
+                }
+                update_args(rule, step, opt, &mut |kernel, grid, args| gpu.launch_args(stream, kernel, (grid, 1), 0, args))
+            }
+            None => Ok(()),
+        };
         if dev.routes.unchecked() {
-            // before the step's first capture, as measuring the routes was. The steps it times
-            // move what outlives a step (the running statistics in the buffers, the losses'
-            // sum and count): both are put back.
+            // before the step's first capture, as measuring the routes was. It times the step
+            // as it runs, the update included (the kernels after the backward pass decide what
+            // of its tail overlaps the next step), so what the timed steps move is put back:
+            // the parameters and the optimiser's state, the running statistics in the
+            // buffers, the losses' sum and count.
             let wait = || stream.synchronize().map_err(|e| driver_error("waiting for a copy", e));
-            let buffers = self.buffers.as_ref().map(|buffers| copy_of(gpu, stream, buffers)).transpose()?;
-            let losses = copy_of(gpu, stream, &dg.loss).inspect_err(|_| {
-                // the buffers' copy is done before it is freed
-                let _ = wait();
-            })?;
-            let time = |routes: &Routes| time_calls(gpu, stream, self.options.graphs, &|| step_on(routes, false));
+            let mut kept32: Vec<&DevBuf<f32>> = vec![&self.params];
+            kept32.extend(&self.buffers);
+            kept32.extend(update.map(|(_, _, opt)| &opt.state));
+            let mut kept64: Vec<&DevBuf<f64>> = vec![&dg.loss];
+            kept64.extend(update.map(|(_, _, opt)| &opt.norm));
+            let saved32 = copies_of(gpu, stream, &kept32)?;
+            let saved64 = copies_of(gpu, stream, &kept64).inspect_err(|_| drop(wait()))?;
+            let time =
+                |routes: &Routes| time_calls(gpu, stream, self.options.graphs, &|| step_on(routes, false).and_then(|()| queue_update()));
             let head = Head::of(gpu, plan, capacity, batch, loss, &self.options.tuning);
             let in_head = |step: usize| head.as_ref().is_some_and(|h| h.runs(step));
             let checked = dev.routes.check_in_steps(plan, loss, self.options.graphs, gpu.ordinal(), &in_head, &time);
-            let restored = match (&self.buffers, &buffers) {
-                (Some(to), Some(from)) => copy(stream, from, to),
-                _ => Ok(()),
-            };
-            let restored = restored.and_then(|()| copy(stream, &losses, &dg.loss));
+            let restored = (saved32.iter().zip(&kept32).try_for_each(|(from, to)| copy(stream, from, to)))
+                .and_then(|()| saved64.iter().zip(&kept64).try_for_each(|(from, to)| copy(stream, from, to)));
             // the copies are done before their sources are freed, whatever failed
             let waited = wait();
             checked?;
@@ -400,15 +411,7 @@ impl DevModel {
                 // by its share of the batch, before the norm and the update read them
                 reduce.queue(stream, &dg.grads, &dg.loss)?;
             }
-            match update {
-                Some((rule, step, opt)) => {
-                    if let Clip::Norm(_) = rule.clip {
-                        opt.queue_norm(gpu, stream, n, &dg.grads)?;
-                    }
-                    update_args(rule, step, opt, &mut |kernel, grid, args| gpu.launch_args(stream, kernel, (grid, 1), 0, args))
-                }
-                None => Ok(()),
-            }
+            queue_update()
         };
         if let Some(reduce) = reduce {
             // the group's replicas capture (or launch) their steps together
@@ -546,6 +549,22 @@ fn copy_of<T: DeviceRepr>(gpu: &Arc<Gpu>, stream: &CudaStream, from: &DevBuf<T>)
     let to = DevBuf::zeros(gpu, stream, from.len())?;
     copy(stream, from, &to)?;
     Ok(to)
+}
+
+/// Copies of `from`, queued on `stream`; after an error, once the copies queued are done.
+fn copies_of<T: DeviceRepr>(gpu: &Arc<Gpu>, stream: &CudaStream, from: &[&DevBuf<T>]) -> Result<Vec<DevBuf<T>>> {
+    let mut out = Vec::with_capacity(from.len());
+    for buf in from {
+        match copy_of(gpu, stream, buf) {
+            Ok(copy) => out.push(copy),
+            Err(e) => {
+                // the copies made are done before they are freed
+                let _ = stream.synchronize();
+                return Err(e);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Queues a copy of `from` into `to` (of the same length) on `stream`.

@@ -1,7 +1,7 @@
 //! The dense routes chosen alone, checked in whole training steps ([`Routes::check_in_steps`]):
-//! a step's forward and backward pass timed on the routes fastest alone and on variants of the
-//! backward routes, a variant kept where the pass is faster. Once per process for a (device,
-//! plan, loss, bucket, TF32, graphs).
+//! a step (forward, backward and the optimiser's update, as it runs) timed on the routes
+//! fastest alone and on variants of the backward routes, a variant kept where the step is
+//! faster. Once per process for a (device, plan, loss, bucket, TF32, graphs).
 //!
 //! Inference is not checked: a forward pass runs its layers one after another on one stream, as
 //! they were timed alone, and checking it in whole passes would change forward routes that a
@@ -128,10 +128,10 @@ impl Routes {
     /// gradients run on a side stream, beside the input gradients, and a route that is fastest
     /// alone may take the SMs the other stream needed; a layer's and the head's weight
     /// gradients go in one launch only where both take the same route (the split over the
-    /// batch). So `time_step` (a training step's forward and backward pass on the routes given,
-    /// µs a step) times the routes fastest alone, then each variant in turn ([`variants`]),
-    /// and a variant is kept where the step is faster by more than [`KEEP`] (and stays where
-    /// timed again so, [`Routes::confirm`]); one whose timing fails is put back and not kept.
+    /// batch). So `time_step` (a training step on the routes given, its update included, µs a
+    /// step) times the routes fastest alone, then each variant in turn ([`variants`]), and a
+    /// variant is kept where the step is faster by more than [`KEEP`] (and stays where timed
+    /// again so, [`Routes::confirm`]); one whose timing fails is put back and not kept.
     /// Nothing is timed where there is no variant, nor past the first step where the dense
     /// layers' backward routes take under [`KEEP`] of it. `in_head` says which steps (of
     /// `plan`) the step's head kernel runs. Once per process for a
@@ -338,7 +338,7 @@ mod tests {
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(Route::Split), Some(Route::Split)));
         assert_eq!(tried.borrow()[..2], [(mma, panel), (Route::Split, Route::Split)], "the routes alone, then both split");
         let report = routes.report();
-        assert!(report.contains("forward and backward 12.0 µs on the routes fastest alone, 10.0 µs on those kept"), "{report}");
+        assert!(report.contains("whole steps 12.0 µs on the routes fastest alone, 10.0 µs on those kept"), "{report}");
         assert!(
             report.contains("weight gradient: weight_grad_split 3.0 µs, kept in whole steps over dense_mma_32x32_mn (fastest alone)"),
             "{report}"
@@ -457,7 +457,7 @@ mod tests {
         routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9007, &|_| false, &step).unwrap();
         assert!(!lucky.get(), "the split was timed");
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
-        assert!(routes.report().contains("forward and backward 12.0 µs on the routes fastest alone, 12.0 µs on those kept"));
+        assert!(routes.report().contains("whole steps 12.0 µs on the routes fastest alone, 12.0 µs on those kept"));
     }
     /// Where the dense layers' backward routes take under `KEEP` of the step (a small head
     /// behind large convolutions), the step is timed once and no variant is tried.
@@ -499,6 +499,6 @@ mod tests {
         assert!(split_timings.get() >= 2, "the split was timed again");
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
         let report = routes.report();
-        assert!(report.contains("forward and backward 12.0 µs on the routes fastest alone, 12.0 µs on those kept"), "{report}");
+        assert!(report.contains("whole steps 12.0 µs on the routes fastest alone, 12.0 µs on those kept"), "{report}");
     }
 }
