@@ -35,9 +35,16 @@ extern "C" __global__ void copy_from_host(const float* src, float* dst, int n) {
 // host memory (mapped into the device's address space), then sets the host's flag to the next
 // value of the cache's counter, so the host, spinning on the flag, sees the outputs without
 // waiting on the stream.
+//
+// Each store crosses the bus as a write of its own: 16-byte stores (where src and host_dst are
+// 16-byte aligned) move four values a write instead of one (ncu, H200: 16,384 values one at a
+// time took 28.9 µs).
 extern "C" __global__ void finish_outputs(const float* src, float* host_dst, int n, unsigned int* counter, unsigned int* host_flag) {
     after_prior();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) host_dst[i] = src[i];
+    int n4 = ((reinterpret_cast<unsigned long long>(src) | reinterpret_cast<unsigned long long>(host_dst)) & 15) == 0 ? n / 4 : 0;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x)
+        reinterpret_cast<float4*>(host_dst)[i] = reinterpret_cast<const float4*>(src)[i];
+    for (int i = n4 * 4 + threadIdx.x; i < n; i += blockDim.x) host_dst[i] = src[i];
     // The barrier orders every thread's copies before thread 0's fence, and the fence (which
     // is cumulative) orders them, for the whole system, before the flag.
     __syncthreads();
