@@ -76,10 +76,19 @@ struct Table {
     measuring: Duration,
     /// Whether its backward routes were checked in whole steps yet ([`Routes::check_in_steps`]).
     checked: bool,
-    /// A training step (µs: forward, backward and the update where there is one) on the
-    /// routes fastest alone, and on those kept after the whole-step check (where this cache
-    /// checked).
-    step_us: Option<(f32, f32)>,
+    /// The training steps the whole-step check timed (where this cache checked).
+    step_us: Option<StepUs>,
+}
+
+/// A training step's time (µs) on the routes fastest alone and on those kept after the
+/// whole-step check, and whether the step timed was whole (the optimiser's update included)
+/// or its forward and backward passes alone (where the call was `backprop`, or the copies that
+/// put the parameters and the optimiser's state back could not be had).
+#[derive(Clone, Copy, Debug)]
+struct StepUs {
+    alone: f32,
+    kept: f32,
+    with_update: bool,
 }
 
 /// A cache's dense routes: a table per bucket (and TF32 setting) that has run.
@@ -198,8 +207,9 @@ impl Routes {
             let sizes = if first >= table.samples { format!("{}", table.samples) } else { format!("{first}–{}", table.samples) };
             let ms = table.measuring.as_secs_f64() * 1e3;
             let _ = write!(out, "{}batch {sizes} {arith}: dense routes measured in {ms:.1} ms", if out.is_empty() { "" } else { "\n" });
-            if let Some((alone, kept)) = table.step_us {
-                let _ = write!(out, "; whole steps {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept");
+            if let Some(StepUs { alone, kept, with_update }) = table.step_us {
+                let what = if with_update { "whole steps" } else { "forward and backward" };
+                let _ = write!(out, "; {what} {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept");
             }
             for layer in &table.layers {
                 for dir in Dir::ALL {

@@ -391,7 +391,7 @@ impl DevModel {
                 |routes: &Routes| time_calls(gpu, stream, self.options.graphs, &|| step_on(routes, false).and_then(|()| queue_update()));
             let head = Head::of(gpu, plan, capacity, batch, loss, &self.options.tuning);
             let in_head = |step: usize| head.as_ref().is_some_and(|h| h.runs(step));
-            let checked = dev.routes.check_in_steps(plan, loss, self.options.graphs, gpu.ordinal(), &in_head, &time);
+            let checked = dev.routes.check_in_steps(plan, loss, self.options.graphs, gpu.ordinal(), &in_head, update.is_some(), &time);
             let restored = (saved32.iter().zip(&kept32).try_for_each(|(from, to)| copy(stream, from, to)))
                 .and_then(|()| saved64.iter().zip(&kept64).try_for_each(|(from, to)| copy(stream, from, to)));
             // the copies are done before their sources are freed, whatever failed

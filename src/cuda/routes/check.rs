@@ -1,14 +1,14 @@
 //! The dense routes chosen alone, checked in whole training steps ([`Routes::check_in_steps`]):
-//! a step (forward, backward and the optimiser's update, as it runs) timed on the routes
-//! fastest alone and on variants of the backward routes, a variant kept where the step is
-//! faster. Once per process for a (device, plan, loss, bucket, TF32, graphs).
+//! a step (forward, backward and, in a `train_step`, the optimiser's update, as it runs) timed
+//! on the routes fastest alone and on variants of the backward routes, a variant kept where the
+//! step is faster. Once per process for a (device, plan, loss, bucket, TF32, graphs).
 //!
 //! Inference is not checked: a forward pass runs its layers one after another on one stream, as
 //! they were timed alone, and checking it in whole passes would change forward routes that a
 //! training step's graph had captured (two caches of one model would then compute other bits
 //! depending on whether one ran `forward` first) and run a stream's carried state on.
 
-use super::{Choice, Routes, Table, Timed};
+use super::{Choice, Routes, StepUs, Table, Timed};
 use crate::chain::Plan;
 use crate::cuda::dense::{Dir, Route};
 use crate::error::Result;
@@ -128,10 +128,11 @@ impl Routes {
     /// gradients run on a side stream, beside the input gradients, and a route that is fastest
     /// alone may take the SMs the other stream needed; a layer's and the head's weight
     /// gradients go in one launch only where both take the same route (the split over the
-    /// batch). So `time_step` (a training step on the routes given, its update included, µs a
-    /// step) times the routes fastest alone, then each variant in turn ([`variants`]), and a
-    /// variant is kept where the step is faster by more than [`KEEP`] (and stays where timed
-    /// again so, [`Routes::confirm`]); one whose timing fails is put back and not kept.
+    /// batch). So `time_step` (a training step on the routes given, µs a step; its update
+    /// included where `with_update` says so, as the report then says) times the routes fastest
+    /// alone, then each variant in turn ([`variants`]), and a variant is kept where the step is
+    /// faster by more than [`KEEP`] (and stays where timed again so, [`Routes::confirm`]); one
+    /// whose timing fails is put back and not kept.
     /// Nothing is timed where there is no variant, nor past the first step where the dense
     /// layers' backward routes take under [`KEEP`] of it. `in_head` says which steps (of
     /// `plan`) the step's head kernel runs. Once per process for a
@@ -145,6 +146,7 @@ impl Routes {
         graphs: bool,
         ordinal: usize,
         in_head: &dyn Fn(usize) -> bool,
+        with_update: bool,
         time_step: &dyn Fn(&Routes) -> Result<f32>,
     ) -> Result<()> {
         let index = self.current.expect("a table picked by prepare");
@@ -198,7 +200,7 @@ impl Routes {
                     false => self.confirm(index, alone, &mut changes, time_step),
                 };
                 let table = &mut self.tables[index];
-                table.step_us = Some((alone, best));
+                table.step_us = Some(StepUs { alone, kept: best, with_update });
                 table.measuring += start.elapsed();
                 let mut all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
                 match all.iter().find(|(k, _)| *k == key) {
@@ -333,7 +335,7 @@ mod tests {
                 12.5
             })
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false, &step).unwrap();
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false, true, &step).unwrap();
         assert!(!routes.unchecked());
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(Route::Split), Some(Route::Split)));
         assert_eq!(tried.borrow()[..2], [(mma, panel), (Route::Split, Route::Split)], "the routes alone, then both split");
@@ -346,13 +348,13 @@ mod tests {
 
         let mut second = measured(mma, panel);
         let untimed = |_: &Routes| -> Result<f32> { panic!("the first cache's check is reused") };
-        second.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false, &untimed).unwrap();
+        second.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false, true, &untimed).unwrap();
         assert_eq!(second.route(0, Dir::WeightGrad), Some(Route::Split));
 
         // where no variant is faster, the routes fastest alone stay
         let mut slower = measured(mma, panel);
         slower
-            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9002, &|_| false, &|r: &Routes| {
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9002, &|_| false, true, &|r: &Routes| {
                 Ok(if r.route(0, Dir::WeightGrad) == Some(mma) && r.route(1, Dir::WeightGrad) == Some(panel) { 12.0 } else { 12.05 })
             })
             .unwrap();
@@ -368,7 +370,7 @@ mod tests {
         let plan = plan();
         let mut routes = measured(mma, panel);
         routes
-            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9003, &|_| false, &|r: &Routes| {
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9003, &|_| false, true, &|r: &Routes| {
                 let now = (r.route(0, Dir::WeightGrad).unwrap(), r.route(1, Dir::WeightGrad).unwrap());
                 match now == (Route::Split, Route::Split) {
                     true => Err(crate::Error::Cuda { what: "a variant failed to run".into() }),
@@ -381,7 +383,7 @@ mod tests {
 
         // a cache of the model whose first layer cannot take the split (another capacity)
         let mut kept = measured(mma, panel);
-        kept.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9004, &|_| false, &|r: &Routes| {
+        kept.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9004, &|_| false, true, &|r: &Routes| {
             Ok(if r.route(0, Dir::WeightGrad) == Some(Route::Split) && r.route(1, Dir::WeightGrad) == Some(Route::Split) {
                 10.0
             } else {
@@ -394,7 +396,7 @@ mod tests {
             times.retain(|t| t.0 != Route::Split);
         }
         other
-            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9004, &|_| false, &|_: &Routes| {
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9004, &|_| false, true, &|_: &Routes| {
                 panic!("the first cache's check is reused")
             })
             .unwrap();
@@ -407,7 +409,9 @@ mod tests {
                 times.retain(|t| t.0 == *route);
             }
         }
-        single.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9005, &|_| false, &|_: &Routes| panic!("nothing to time")).unwrap();
+        single
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9005, &|_| false, true, &|_: &Routes| panic!("nothing to time"))
+            .unwrap();
         assert!(!single.unchecked());
     }
     /// Every runner-up near the fastest alone is tried, however many rank ahead of it (here
@@ -439,7 +443,7 @@ mod tests {
             assert_eq!(r.route(1, Dir::InputGrad), Some(panel), "the head's input gradient varied");
             Ok(if r.route(0, Dir::WeightGrad) == Some(k(Kernel::DenseMma32x32Mn2)) { 10.0 } else { 12.0 })
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9006, &|s| s == head_step, &step).unwrap();
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9006, &|s| s == head_step, true, &step).unwrap();
         assert_eq!(routes.route(0, Dir::WeightGrad), Some(k(Kernel::DenseMma32x32Mn2)));
     }
     /// A variant that was faster only in its one timing (the luck of many tries) is timed
@@ -454,7 +458,7 @@ mod tests {
             let split = r.route(0, Dir::WeightGrad) == Some(Route::Split) && r.route(1, Dir::WeightGrad) == Some(Route::Split);
             Ok(if split && lucky.replace(false) { 10.0 } else { 12.0 })
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9007, &|_| false, &step).unwrap();
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9007, &|_| false, true, &step).unwrap();
         assert!(!lucky.get(), "the split was timed");
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
         assert!(routes.report().contains("whole steps 12.0 µs on the routes fastest alone, 12.0 µs on those kept"));
@@ -471,13 +475,15 @@ mod tests {
             timed.set(timed.get() + 1);
             Ok(1000.0)
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9008, &|_| false, &step).unwrap();
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9008, &|_| false, true, &step).unwrap();
         assert_eq!(timed.get(), 1);
         assert!(!routes.unchecked());
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
     }
     /// Where a timing fails while the kept routes are timed again, the routes fastest alone
-    /// are put back and the report gives the step's first timing, not an unfilled one.
+    /// are put back and the report gives the step's first timing, not an unfilled one (of a
+    /// step timed without its update, as after `backprop`: "forward and backward", not "whole
+    /// steps").
     #[test]
     fn a_failed_confirmation_puts_the_routes_back_and_reports_the_first_timing() {
         let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
@@ -495,10 +501,10 @@ mod tests {
                 _ => Err(crate::Error::Cuda { what: "a timing failed".into() }),
             }
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9009, &|_| false, &step).unwrap();
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9009, &|_| false, false, &step).unwrap();
         assert!(split_timings.get() >= 2, "the split was timed again");
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
         let report = routes.report();
-        assert!(report.contains("whole steps 12.0 µs on the routes fastest alone, 12.0 µs on those kept"), "{report}");
+        assert!(report.contains("forward and backward 12.0 µs on the routes fastest alone, 12.0 µs on those kept"), "{report}");
     }
 }
