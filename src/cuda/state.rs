@@ -374,28 +374,43 @@ impl DevModel {
             None => Ok(()),
         };
         if dev.routes.unchecked() {
-            // before the step's first capture, as measuring the routes was. It times the step
-            // as it runs, the update included (the kernels after the backward pass decide what
-            // of its tail overlaps the next step), so what the timed steps move is put back:
-            // the parameters and the optimiser's state, the running statistics in the
-            // buffers, the losses' sum and count.
-            let wait = || stream.synchronize().map_err(|e| driver_error("waiting for a copy", e));
-            let mut kept32: Vec<&DevBuf<f32>> = vec![&self.params];
-            kept32.extend(&self.buffers);
-            kept32.extend(update.map(|(_, _, opt)| &opt.state));
-            let mut kept64: Vec<&DevBuf<f64>> = vec![&dg.loss];
-            kept64.extend(update.map(|(_, _, opt)| &opt.norm));
-            let saved32 = copies_of(gpu, stream, &kept32)?;
-            let saved64 = copies_of(gpu, stream, &kept64).inspect_err(|_| drop(wait()))?;
-            let time =
-                |routes: &Routes| time_calls(gpu, stream, self.options.graphs, &|| step_on(routes, false).and_then(|()| queue_update()));
+            // before the step's first capture, as measuring the routes was
             let head = Head::of(gpu, plan, capacity, batch, loss, &self.options.tuning);
             let in_head = |step: usize| head.as_ref().is_some_and(|h| h.runs(step));
-            let checked = dev.routes.check_in_steps(plan, loss, self.options.graphs, gpu.ordinal(), &in_head, update.is_some(), &time);
-            let restored = (saved32.iter().zip(&kept32).try_for_each(|(from, to)| copy(stream, from, to)))
-                .and_then(|()| saved64.iter().zip(&kept64).try_for_each(|(from, to)| copy(stream, from, to)));
+            let (graphs, ordinal) = (self.options.graphs, gpu.ordinal());
+            // The steps it times move what outlives a step, put back after them: the running
+            // statistics in the buffers, the losses' sum and count, and, where they time the
+            // update (as the step runs it: the kernels after the backward pass decide what of
+            // its tail overlaps the next step), the parameters, the optimiser's state and the
+            // norm. Copies only where a step will be timed; and the update is timed only where
+            // its copies (as much memory again as the parameters and the state) can be had, so
+            // that a step that fits the device does not fail for want of memory for its check.
+            let timing = dev.routes.will_time(plan, loss, graphs, ordinal, &in_head);
+            let saved = match timing {
+                true => Some(Saved::take(gpu, stream, &Vec::from_iter(&self.buffers), &[&dg.loss])?),
+                false => None,
+            };
+            let saved_update = match (timing, update) {
+                (true, Some((_, _, opt))) => Saved::take(gpu, stream, &[&self.params, &opt.state], &[&opt.norm]).ok(),
+                _ => None,
+            };
+            let with_update = saved_update.is_some();
+            let time = |routes: &Routes| match saved {
+                Some(_) => time_calls(gpu, stream, graphs, &|| {
+                    step_on(routes, false)?;
+                    if with_update {
+                        queue_update()
+                    } else {
+                        Ok(())
+                    }
+                }),
+                // will_time said that nothing would be timed, and nothing was saved
+                None => Err(Error::Cuda { what: "the whole-step check timed a step it had not saved the state of".into() }),
+            };
+            let checked = dev.routes.check_in_steps(plan, loss, graphs, ordinal, &in_head, with_update, &time);
+            let restored = [&saved, &saved_update].into_iter().flatten().try_for_each(|s| s.restore(stream));
             // the copies are done before their sources are freed, whatever failed
-            let waited = wait();
+            let waited = stream.synchronize().map_err(|e| driver_error("waiting for a copy", e));
             checked?;
             restored?;
             waited?;
@@ -551,20 +566,44 @@ fn copy_of<T: DeviceRepr>(gpu: &Arc<Gpu>, stream: &CudaStream, from: &DevBuf<T>)
     Ok(to)
 }
 
-/// Copies of `from`, queued on `stream`; after an error, once the copies queued are done.
-fn copies_of<T: DeviceRepr>(gpu: &Arc<Gpu>, stream: &CudaStream, from: &[&DevBuf<T>]) -> Result<Vec<DevBuf<T>>> {
-    let mut out = Vec::with_capacity(from.len());
-    for buf in from {
-        match copy_of(gpu, stream, buf) {
-            Ok(copy) => out.push(copy),
+/// Copies of buffers that timed steps move, to put them back after ([`Saved::restore`]):
+/// (buffer, copy).
+struct Saved<'a> {
+    f32s: Vec<(&'a DevBuf<f32>, DevBuf<f32>)>,
+    f64s: Vec<(&'a DevBuf<f64>, DevBuf<f64>)>,
+}
+
+impl<'a> Saved<'a> {
+    /// Copies of `f32s` and `f64s`, queued on `stream`; after an error, none, once the copies
+    /// queued are done.
+    fn take(gpu: &Arc<Gpu>, stream: &CudaStream, f32s: &[&'a DevBuf<f32>], f64s: &[&'a DevBuf<f64>]) -> Result<Saved<'a>> {
+        fn push<'a, T: DeviceRepr>(
+            gpu: &Arc<Gpu>,
+            stream: &CudaStream,
+            from: &[&'a DevBuf<T>],
+            to: &mut Vec<(&'a DevBuf<T>, DevBuf<T>)>,
+        ) -> Result<()> {
+            for &buf in from {
+                to.push((buf, copy_of(gpu, stream, buf)?));
+            }
+            Ok(())
+        }
+        let mut saved = Saved { f32s: Vec::new(), f64s: Vec::new() };
+        match push(gpu, stream, f32s, &mut saved.f32s).and_then(|()| push(gpu, stream, f64s, &mut saved.f64s)) {
+            Ok(()) => Ok(saved),
             Err(e) => {
                 // the copies made are done before they are freed
                 let _ = stream.synchronize();
-                return Err(e);
+                Err(e)
             }
         }
     }
-    Ok(out)
+
+    /// Queues, on `stream`, the copy of each buffer's saved values back into it.
+    fn restore(&self, stream: &CudaStream) -> Result<()> {
+        self.f32s.iter().try_for_each(|(to, from)| copy(stream, from, to))?;
+        self.f64s.iter().try_for_each(|(to, from)| copy(stream, from, to))
+    }
 }
 
 /// Queues a copy of `from` into `to` (of the same length) on `stream`.

@@ -59,6 +59,14 @@ struct StepKey {
 type StepChanges = Vec<(usize, Dir, Route)>;
 static STEP_CHOICES: Mutex<Vec<(StepKey, StepChanges)>> = Mutex::new(Vec::new());
 
+/// What checking a table takes: nothing (no variant to try), the routes a check of the same
+/// key kept, or timing steps (the check's key).
+enum ToCheck {
+    Nothing,
+    Known(StepChanges),
+    Time(StepKey),
+}
+
 /// The variants [`Routes::check_in_steps`] tries, in order, each a set of (layer in the table,
 /// direction, route): first, for each backward direction, each route near the fastest alone
 /// ([`NEAR`]) of two layers or more, on all of those at once (so that, say, two weight
@@ -123,6 +131,28 @@ impl Routes {
         })
     }
 
+    /// Whether [`Routes::check_in_steps`], called now with these arguments, would time a step
+    /// (and so move what a step moves): not where there is no variant to try, nor where the
+    /// check of the same key was made already (by another cache of the model). Another cache
+    /// may still make it meanwhile; then nothing is timed after all.
+    pub fn will_time(&self, plan: &Plan, loss: Loss, graphs: bool, ordinal: usize, in_head: &dyn Fn(usize) -> bool) -> bool {
+        self.current.is_some_and(|index| matches!(self.to_check(index, plan, loss, graphs, ordinal, in_head), ToCheck::Time(_)))
+    }
+
+    /// What checking table `index` takes ([`ToCheck`]).
+    fn to_check(&self, index: usize, plan: &Plan, loss: Loss, graphs: bool, ordinal: usize, in_head: &dyn Fn(usize) -> bool) -> ToCheck {
+        let table = &self.tables[index];
+        if variants(table, in_head).is_empty() {
+            return ToCheck::Nothing;
+        }
+        let key = StepKey { ordinal, plan: plan.clone(), loss, bucket: table.bucket, tf32: table.tf32, graphs };
+        let all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
+        match all.iter().find(|(k, _)| *k == key) {
+            Some((_, changes)) => ToCheck::Known(changes.clone()),
+            None => ToCheck::Time(key),
+        }
+    }
+
     /// Checks the backward routes of the table [`Routes::prepare`] last picked, in whole
     /// training steps. Timed alone, a route misses what runs beside it: a step's weight
     /// gradients run on a side stream, beside the input gradients, and a route that is fastest
@@ -132,12 +162,11 @@ impl Routes {
     /// included where `with_update` says so, as the report then says) times the routes fastest
     /// alone, then each variant in turn ([`variants`]), and a variant is kept where the step is
     /// faster by more than [`KEEP`] (and stays where timed again so, [`Routes::confirm`]); one
-    /// whose timing fails is put back and not kept.
-    /// Nothing is timed where there is no variant, nor past the first step where the dense
-    /// layers' backward routes take under [`KEEP`] of it. `in_head` says which steps (of
-    /// `plan`) the step's head kernel runs. Once per process for a
-    /// (device, plan, loss, bucket, TF32, graphs): later caches take the same routes where they
-    /// fit them.
+    /// whose timing fails is put back and not kept. Nothing is timed where there is no variant
+    /// ([`Routes::will_time`] says beforehand), nor past the first step where the dense layers'
+    /// backward routes take under [`KEEP`] of it. `in_head` says which steps (of `plan`) the
+    /// step's head kernel runs. Once per process for a (device, plan, loss, bucket, TF32,
+    /// graphs): later caches take the same routes where they fit them.
     #[allow(clippy::too_many_arguments)]
     pub fn check_in_steps(
         &mut self,
@@ -150,21 +179,12 @@ impl Routes {
         time_step: &dyn Fn(&Routes) -> Result<f32>,
     ) -> Result<()> {
         let index = self.current.expect("a table picked by prepare");
-        let table = &self.tables[index];
-        if variants(table, in_head).is_empty() {
-            self.tables[index].checked = true;
-            return Ok(());
-        }
-        let key = StepKey { ordinal, plan: plan.clone(), loss, bucket: table.bucket, tf32: table.tf32, graphs };
-        let known = {
-            let all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
-            all.iter().find(|(k, _)| *k == key).map(|(_, changes)| changes.clone())
-        };
-        match known {
-            Some(changes) => {
+        match self.to_check(index, plan, loss, graphs, ordinal, in_head) {
+            ToCheck::Nothing => {}
+            ToCheck::Known(changes) => {
                 self.set(index, &changes);
             }
-            None => {
+            ToCheck::Time(key) => {
                 let start = Instant::now();
                 let alone = time_step(self)?;
                 let mut best = alone;
@@ -322,6 +342,7 @@ mod tests {
         let plan = plan();
         let mut routes = measured(mma, panel);
         assert!(routes.unchecked());
+        assert!(routes.will_time(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false));
         let tried = std::cell::RefCell::new(Vec::new());
         let step = |r: &Routes| {
             let now = (r.route(0, Dir::WeightGrad).unwrap(), r.route(1, Dir::WeightGrad).unwrap());
@@ -347,6 +368,7 @@ mod tests {
         );
 
         let mut second = measured(mma, panel);
+        assert!(!second.will_time(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false), "the first cache's check is reused");
         let untimed = |_: &Routes| -> Result<f32> { panic!("the first cache's check is reused") };
         second.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false, true, &untimed).unwrap();
         assert_eq!(second.route(0, Dir::WeightGrad), Some(Route::Split));
@@ -409,6 +431,7 @@ mod tests {
                 times.retain(|t| t.0 == *route);
             }
         }
+        assert!(!single.will_time(&plan, Loss::LogitCrossEntropy, true, 9005, &|_| false));
         single
             .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9005, &|_| false, true, &|_: &Routes| panic!("nothing to time"))
             .unwrap();
