@@ -408,10 +408,15 @@ impl DevModel {
                 None => Err(Error::Cuda { what: "the whole-step check timed a step it had not saved the state of".into() }),
             };
             let checked = dev.routes.check_in_steps(plan, loss, graphs, ordinal, &in_head, with_update, &time);
-            let restored = [&saved, &saved_update].into_iter().flatten().try_for_each(|s| s.restore(stream));
+            let wait = |s: &CudaStream| s.synchronize().map_err(|e| driver_error("waiting for the whole-step check", e));
+            // a failed timing may leave work on the side streams that never joined back (the
+            // loss's sum writes the losses): done before the losses are put back
+            let sides = wait(&self.side).and(wait(&self.loss_side));
+            let restored = [&saved, &saved_update].into_iter().flatten().map(|s| s.restore(stream)).fold(Ok(()), Result::and);
             // the copies are done before their sources are freed, whatever failed
-            let waited = stream.synchronize().map_err(|e| driver_error("waiting for a copy", e));
+            let waited = wait(stream);
             checked?;
+            sides?;
             restored?;
             waited?;
         }
@@ -599,10 +604,12 @@ impl<'a> Saved<'a> {
         }
     }
 
-    /// Queues, on `stream`, the copy of each buffer's saved values back into it.
+    /// Queues, on `stream`, the copy of each buffer's saved values back into it: every one,
+    /// where one fails too (the first error).
     fn restore(&self, stream: &CudaStream) -> Result<()> {
-        self.f32s.iter().try_for_each(|(to, from)| copy(stream, from, to))?;
-        self.f64s.iter().try_for_each(|(to, from)| copy(stream, from, to))
+        let f32s = self.f32s.iter().map(|(to, from)| copy(stream, from, to));
+        let f64s = self.f64s.iter().map(|(to, from)| copy(stream, from, to));
+        f32s.chain(f64s).fold(Ok(()), Result::and)
     }
 }
 
