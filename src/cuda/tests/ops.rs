@@ -502,6 +502,42 @@ fn copy_from_host_copies_exactly_n_values() {
     }
 }
 
+/// A forward pass's outputs to mapped page-locked memory and the flag after them: every value
+/// exact, from outputs at any offset in the activations (0 to 3 values past a 16-byte
+/// boundary) into the page-aligned buffer (and, one value in, unaligned), nothing past `n`
+/// written, the flag and the counter the counter's next value.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn finish_outputs_copies_exactly_n_values_then_the_flag() {
+    let gpu = test_gpu();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(32);
+    let mut host = crate::cuda::pinned::Pinned::<f32>::zeros(&gpu, crate::cuda::ops::FINISH_MAX + 5).unwrap();
+    let mut flag = crate::cuda::pinned::Pinned::<u32>::zeros(&gpu, 1).unwrap();
+    for n in [0, 1, 3, 5, 17, 16_383, 16_384] {
+        let acts = rng.uniform(n + 3);
+        let acts_dev = upload(&stream, &acts);
+        for (offset, host_offset) in [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (3, 1)] {
+            let what = format!("finish_outputs n={n} src+{offset} host+{host_offset}");
+            host.as_mut_slice().fill(f32::NAN);
+            flag.as_mut_slice()[0] = 0;
+            let count = (7 * n + 2 * offset + host_offset) as u32;
+            let mut counter = upload(&stream, &[count]);
+            let src = View::of(&acts_dev).slice(offset..offset + n);
+            let host_dst = host.device_ptr() + (4 * host_offset) as u64;
+            gpu.finish_outputs(&stream, n, src, host_dst, ViewMut::of(&mut counter), flag.device_ptr()).unwrap();
+            assert_eq!(download(&stream, &counter), [count + 1], "{what}: counter");
+            assert_eq!(flag.as_slice()[0], count + 1, "{what}: flag");
+            let (got, want) = (&host.as_slice()[host_offset..host_offset + n], &acts[offset..offset + n]);
+            let bad = got.iter().zip(want).position(|(a, b)| a.to_bits() != b.to_bits());
+            assert!(bad.is_none(), "{what}: value {bad:?} differs");
+            let untouched = |v: &f32| v.is_nan();
+            assert!(host.as_slice()[..host_offset].iter().all(untouched), "{what}: wrote before the start");
+            assert!(host.as_slice()[host_offset + n..].iter().all(untouched), "{what}: wrote past n");
+        }
+    }
+}
+
 /// Times a convolution's bias gradient, one block a channel against the sum in parts, at the
 /// shapes of the zoo's convolutions (LeNet-5's two, vgg_small's first and third) at batches
 /// 256 and 1024 (a timing print, not a test: run with --ignored --nocapture).
