@@ -4,7 +4,7 @@
 //!
 //!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn|autoencoder|gelu_mlp|vgg_small|resnet_small|ts_conv1d]
 //!       [--task train|train-split|train-copy|train-host|backprop|forward|forward-resident|serve|serve-resident]
-//!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--threads N]
+//!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--tf32 on|off] [--threads N]
 //!       [--profile N]
 //!       [--conv auto|cudnn|own]
 //!
@@ -37,7 +37,7 @@ fn main() {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (mut name, mut task, mut batch, mut calls, mut device, mut graphs, mut threads) =
         ("mlp".to_string(), "train".to_string(), 128usize, 1000usize, Device::Cpu, true, 1usize);
-    let mut profile = 0usize;
+    let (mut profile, mut tf32) = (0usize, false);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -51,6 +51,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--profile" => profile = number(&value)?,
             "--device" => device = Device::parse(&value)?,
             "--graphs" => graphs = value == "on",
+            "--tf32" => tf32 = value == "on",
             "--conv" => {
                 let mode = match value.as_str() {
                     "auto" => "auto",
@@ -88,7 +89,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     if profile > 0 && device == Device::Cpu {
         return Err("--profile profiles CUDA calls: it needs --device cuda".into());
     }
-    let options = GpuOptions { graphs, tf32: false, ..GpuOptions::default() };
+    let options = GpuOptions { graphs, tf32, ..GpuOptions::default() };
     let mut model = chain.build()?.init(Init::HeNormal, 1).with_threads(threads)?.with_gpu_options(options)?.to(&device)?;
     let mut rng = Rng::new(3);
     let inputs = rng.uniform(batch * model.input_shape().len());

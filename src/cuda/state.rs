@@ -28,7 +28,7 @@ pub use super::options::{Convs, GpuOptions, RnnAlgos, Tuning};
 use super::pinned::Pinned;
 use super::routes::Routes;
 pub(crate) use super::serve::DevServer;
-use super::timing::time_calls;
+use super::timing::time_steps;
 use crate::cache::{Cache, Grads};
 use crate::chain::Plan;
 use crate::device::Device;
@@ -396,7 +396,7 @@ impl DevModel {
             };
             let with_update = saved_update.is_some();
             let time = |routes: &Routes| match saved {
-                Some(_) => time_calls(gpu, stream, graphs, &|| {
+                Some(_) => time_steps(gpu, stream, graphs, &|| {
                     step_on(routes, false)?;
                     if with_update {
                         queue_update()

@@ -24,6 +24,11 @@ const SAMPLES: usize = 5;
 /// (milliseconds a call) would take seconds of its first call.
 const RUN_US: f32 = 200.0;
 
+/// Whole training steps a run of [`time_steps`] holds at most, and about how many microseconds
+/// of them it holds.
+const STEPS: usize = 40;
+const STEP_RUN_US: f32 = 1000.0;
+
 /// Microseconds per call of `work` as a step runs it: `work` run twice eagerly under the
 /// device-wide lock (a first call may load modules or allocate, which would break another
 /// thread's capture) and once more timed ([`time_once`]), which sets the calls of a run
@@ -37,10 +42,37 @@ pub(super) fn time_calls(gpu: &Gpu, stream: &CudaStream, graphs: bool, work: &dy
         true => Some(graph::capture(stream.cu_stream(), None, || (0..calls).try_for_each(|_| work()))?),
         false => None,
     };
-    let run = || match &exec {
+    median_run(gpu, stream, calls, &|| match &exec {
         Some(exec) => exec.launch(stream),
         None => (0..calls).try_for_each(|_| work()),
+    })
+}
+
+/// Microseconds per step of `step` (a whole training step) as a training loop runs it: with
+/// `graphs`, one step captured into a graph and that graph launched back to back, as
+/// `train_step` launches its step's graph; without, eager steps. A graph of several steps
+/// ([`time_calls`]) is not that: measured on the H200, the MLP's step at 512 took 31.6 µs a
+/// step in a graph of four and 24.9 µs launched back to back, and the variants' order was not
+/// the same. A run holds as many steps as take about [`STEP_RUN_US`] (from [`STEPS`] down to
+/// one), so that the first step's start from an idle device is a small part of it.
+pub(super) fn time_steps(gpu: &Gpu, stream: &CudaStream, graphs: bool, step: &dyn Fn() -> Result<()>) -> Result<f32> {
+    let once = time_once(gpu, stream, step)?;
+    let steps = ((STEP_RUN_US / once).ceil() as usize).clamp(1, STEPS);
+    let exec = match graphs {
+        true => Some(graph::capture(stream.cu_stream(), None, step)?),
+        false => None,
     };
+    median_run(gpu, stream, steps, &|| {
+        (0..steps).try_for_each(|_| match &exec {
+            Some(exec) => exec.launch(stream),
+            None => step(),
+        })
+    })
+}
+
+/// The median over `SAMPLES` timed runs of `run` (after one untimed), in microseconds per
+/// call of the `calls` a run makes.
+fn median_run(gpu: &Gpu, stream: &CudaStream, calls: usize, run: &dyn Fn() -> Result<()>) -> Result<f32> {
     run()?;
     gpu.bind()?;
     let (start, end) = (TimingEvent::new()?, TimingEvent::new()?);
