@@ -8,6 +8,7 @@
 
 use super::buffer::DevBuf;
 use super::context::Gpu;
+use super::options::GpuOptions;
 use super::{driver_error, guarded_result};
 use crate::chain::Step;
 use crate::error::{Error, Result};
@@ -178,16 +179,21 @@ const _: () = {
 const PERFS: usize = 8;
 
 impl Perf {
-    /// Succeeded, fits in `workspace` bytes, deterministic, a product-based algorithm, and of a
-    /// math type flatnn accepts (see [`math_type`]). flatnn promises the same bits for the same
-    /// inputs and choice (atomics would break it) and FP32 accuracy (FFT and Winograd algorithms
-    /// were measured to move 20 LeNet training steps ~1e-3 away from the CPU's, against ~1e-7).
-    fn usable(&self, dir: Dir, workspace: usize, tf32: bool) -> bool {
+    /// Succeeded, fits in `workspace` bytes, a product-based algorithm, of a math type flatnn
+    /// accepts (see [`math_type`]), and deterministic where `deterministic`. With it, flatnn
+    /// promises the same bits for the same inputs and choice (atomics would break it); either
+    /// way FP32 accuracy (FFT and Winograd algorithms were measured to move 20 LeNet training
+    /// steps ~1e-3 away from the CPU's, against ~1e-7).
+    fn usable(&self, dir: Dir, workspace: usize, tf32: bool, deterministic: bool) -> bool {
         self.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS as u32
             && dir.exact(self.algo)
             && self.memory <= workspace
-            && self.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC as u32
+            && (!deterministic || self.is_deterministic())
             && math_type(self.math_type, tf32).is_some()
+    }
+
+    fn is_deterministic(&self) -> bool {
+        self.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC as u32
     }
 }
 
@@ -206,21 +212,27 @@ fn math_type(value: u32, tf32: bool) -> Option<sys::cudnnMathType_t> {
 }
 
 /// A cuDNN algorithm of one direction and the math type it was found (and timed) with, which
-/// [`Handle::run`] sets on the convolution descriptor, so that the kernel run is the one timed.
+/// [`Handle::run`] sets on the convolution descriptor, so that the kernel run is the one timed;
+/// and whether cuDNN reported it deterministic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Algo {
     pub id: u32,
     pub math: sys::cudnnMathType_t,
+    pub deterministic: bool,
 }
 
 impl Algo {
-    /// The algorithm's name (see [`Dir::algo_name`]), and its math type where it is not FMA.
+    /// The algorithm's name (see [`Dir::algo_name`]), its math type where it is not FMA, and
+    /// "(non-deterministic)" where it is not deterministic.
     pub fn name(self, dir: Dir) -> String {
-        let name = dir.algo_name(self.id);
-        match self.math {
-            sys::cudnnMathType_t::CUDNN_FMA_MATH => name,
-            math => format!("{name} ({})", format!("{math:?}").trim_start_matches("CUDNN_")),
+        let mut name = dir.algo_name(self.id);
+        if self.math != sys::cudnnMathType_t::CUDNN_FMA_MATH {
+            name = format!("{name} ({})", format!("{:?}", self.math).trim_start_matches("CUDNN_"));
         }
+        if !self.deterministic {
+            name.push_str(" (non-deterministic)");
+        }
+        name
     }
 }
 
@@ -383,9 +395,10 @@ impl Handle {
         Ok(())
     }
 
-    /// cuDNN's `count` fastest usable algorithms for `dir` (see [`Perf::usable`]), fastest
-    /// first, as measured by cuDNN on the operands (which it overwrites: y, dw or dx), within
-    /// `workspace`. Waits for the device.
+    /// cuDNN's `count` fastest usable algorithms for `dir` (see [`Perf::usable`]: TF32 and
+    /// non-deterministic algorithms where `options` allow them), fastest first, as measured by
+    /// cuDNN on the operands (which it overwrites: y, dw or dx), within `workspace`. Waits for
+    /// the device.
     ///
     /// # Safety
     /// `d` live and made for the operands' shapes; `p` inside live buffers of the handle's
@@ -396,7 +409,7 @@ impl Handle {
         d: &Descs,
         p: Ptrs,
         workspace: &DevBuf<u8>,
-        tf32: bool,
+        options: &GpuOptions,
         count: usize,
     ) -> Result<Vec<Algo>, CudnnError> {
         let (h, ws, ws_len) = (self.0, workspace.ptr() as *mut c_void, workspace.len());
@@ -424,8 +437,10 @@ impl Handle {
         }
         let n = (n.max(0) as usize).min(PERFS);
         // sorted fastest first
-        let usable = perf[..n].iter().filter(|r| r.usable(dir, ws_len, tf32));
-        Ok(usable.filter_map(|r| Some(Algo { id: r.algo, math: math_type(r.math_type, tf32)? })).take(count).collect())
+        let (tf32, deterministic) = (options.tf32, options.deterministic);
+        let usable = perf[..n].iter().filter(|r| r.usable(dir, ws_len, tf32, deterministic));
+        let algo = |r: &Perf| Some(Algo { id: r.algo, math: math_type(r.math_type, tf32)?, deterministic: r.is_deterministic() });
+        Ok(usable.filter_map(algo).take(count).collect())
     }
 
     /// Queues `dir` with `algo` (and its math type) on the handle's stream: α = 1, β = 0 (the
@@ -449,5 +464,109 @@ impl Handle {
                 Dir::Input => dnn::convolution_backward_data(h, alpha, d.w, w, d.y, y, d.conv, data_algo(algo), ws, ws_len, beta, d.x, x),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Algo, Dir, Perf};
+    use cudarc::cudnn::sys;
+    use sys::cudnnConvolutionBwdDataAlgo_t as D;
+    use sys::cudnnConvolutionBwdFilterAlgo_t as W;
+    use sys::cudnnConvolutionFwdAlgo_t as F;
+    use sys::cudnnMathType_t as M;
+
+    const WORKSPACE: usize = 1 << 20;
+    const DETERMINISTIC: u32 = sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC as u32;
+    const NON_DETERMINISTIC: u32 = sys::cudnnDeterminism_t::CUDNN_NON_DETERMINISTIC as u32;
+
+    /// A successful result of `algo` in `memory` bytes.
+    fn perf(algo: u32, determinism: u32, math: u32, memory: usize) -> Perf {
+        let status = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS as u32;
+        Perf { algo, status, time: 0.5, memory, determinism, math_type: math, reserved: [0; 3] }
+    }
+
+    /// Whether `r` is usable with each of (tf32, deterministic) = (off, on), (off, off), (on, on),
+    /// (on, off).
+    fn usable(dir: Dir, r: Perf) -> [bool; 4] {
+        [(false, true), (false, false), (true, true), (true, false)].map(|(tf32, det)| r.usable(dir, WORKSPACE, tf32, det))
+    }
+
+    #[test]
+    fn usable_follows_the_deterministic_and_tf32_options() {
+        let (fma, default, tensor_op) = (M::CUDNN_FMA_MATH as u32, M::CUDNN_DEFAULT_MATH as u32, M::CUDNN_TENSOR_OP_MATH as u32);
+        let conversion = M::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION as u32;
+        let (wgrad0, wgrad1, wgrad3) = (
+            W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 as u32,
+            W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 as u32,
+            W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3 as u32,
+        );
+        let (dgrad0, dgrad1) = (D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 as u32, D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 as u32);
+        let gemm = F::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM as u32;
+        // usable with (tf32, deterministic) = (off, on), (off, off), (on, on), (on, off)
+        let cases: [(Dir, Perf, [bool; 4]); 17] = [
+            // deterministic, plain FP32: always
+            (Dir::Weight, perf(wgrad1, DETERMINISTIC, fma, 0), [true; 4]),
+            (Dir::Input, perf(dgrad1, DETERMINISTIC, fma, WORKSPACE), [true; 4]),
+            (Dir::Forward, perf(gemm, DETERMINISTIC, fma, 64), [true; 4]),
+            // the atomic algorithms: only with the option off
+            (Dir::Weight, perf(wgrad0, NON_DETERMINISTIC, fma, 0), [false, true, false, true]),
+            (Dir::Weight, perf(wgrad3, NON_DETERMINISTIC, fma, 0), [false, true, false, true]),
+            (Dir::Input, perf(dgrad0, NON_DETERMINISTIC, fma, 0), [false, true, false, true]),
+            // the same algorithm reported deterministic (cuDNN's record decides)
+            (Dir::Weight, perf(wgrad0, DETERMINISTIC, fma, 0), [true; 4]),
+            // TF32 math types: only with TF32, and then as the determinism allows
+            (Dir::Weight, perf(wgrad1, DETERMINISTIC, tensor_op, 0), [false, false, true, true]),
+            (Dir::Weight, perf(wgrad0, NON_DETERMINISTIC, default, 0), [false, false, false, true]),
+            (Dir::Input, perf(dgrad0, NON_DETERMINISTIC, tensor_op, 0), [false, false, false, true]),
+            // never: conversions to FP16, an unknown math type, FFT, Winograd, too large, failed
+            (Dir::Weight, perf(wgrad0, NON_DETERMINISTIC, conversion, 0), [false; 4]),
+            (Dir::Weight, perf(wgrad1, DETERMINISTIC, 99, 0), [false; 4]),
+            (Dir::Weight, perf(W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT as u32, DETERMINISTIC, fma, 0), [false; 4]),
+            (Dir::Input, perf(D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED as u32, NON_DETERMINISTIC, fma, 0), [false; 4]),
+            (Dir::Forward, perf(F::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD as u32, DETERMINISTIC, fma, 0), [false; 4]),
+            (Dir::Weight, perf(wgrad0, NON_DETERMINISTIC, fma, WORKSPACE + 1), [false; 4]),
+            (
+                Dir::Weight,
+                Perf { status: sys::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED as u32, ..perf(wgrad0, NON_DETERMINISTIC, fma, 0) },
+                [false; 4],
+            ),
+        ];
+        for (dir, r, want) in cases {
+            assert_eq!(usable(dir, r), want, "{} {r:?}", dir.name());
+        }
+    }
+
+    #[test]
+    fn turning_determinism_off_adds_exactly_the_non_deterministic_results() {
+        let maths = [M::CUDNN_FMA_MATH, M::CUDNN_DEFAULT_MATH, M::CUDNN_TENSOR_OP_MATH, M::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION];
+        let mut added = 0;
+        for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
+            for algo in 0..dir.count() {
+                for determinism in [DETERMINISTIC, NON_DETERMINISTIC] {
+                    for math in maths.map(|m| m as u32) {
+                        for tf32 in [false, true] {
+                            let r = perf(algo, determinism, math, 0);
+                            let (on, off) = (r.usable(dir, WORKSPACE, tf32, true), r.usable(dir, WORKSPACE, tf32, false));
+                            assert!(!on || off, "{} {r:?}: usable deterministic only", dir.name());
+                            assert_eq!(on, off && determinism == DETERMINISTIC, "{} {r:?} tf32 {tf32}", dir.name());
+                            added += usize::from(off && !on);
+                        }
+                    }
+                }
+            }
+        }
+        // the exact algorithms (4 forward, 3 weight, 2 input), FMA without TF32, FMA, DEFAULT and
+        // TENSOR_OP with it
+        assert_eq!(added, (4 + 3 + 2) * (1 + 3));
+    }
+
+    #[test]
+    fn a_non_deterministic_algorithm_says_so_in_its_name() {
+        let algo = Algo { id: W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 as u32, math: M::CUDNN_FMA_MATH, deterministic: false };
+        assert_eq!(algo.name(Dir::Weight), "BWD_FILTER_ALGO_0 (non-deterministic)");
+        assert_eq!(Algo { deterministic: true, ..algo }.name(Dir::Weight), "BWD_FILTER_ALGO_0");
+        let tf32 = Algo { math: M::CUDNN_TENSOR_OP_MATH, ..algo };
+        assert_eq!(tf32.name(Dir::Weight), "BWD_FILTER_ALGO_0 (TENSOR_OP_MATH) (non-deterministic)");
     }
 }

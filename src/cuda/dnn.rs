@@ -10,26 +10,27 @@
 //! cache (as its cuBLAS handle is), and one workspace of [`WORKSPACE`] bytes, allocated with the
 //! cache, whatever its capacity. cuDNN never allocates during a step.
 //!
-//! A cuDNN tensor descriptor carries the batch N, and an algorithm (and how fast it is) depends
-//! on N, so descriptors for the capacity cannot serve a smaller batch: they would run over the
-//! stale samples behind it, and the weight gradient would sum them. So for each (batch, TF32)
-//! that runs, the first time it does (when its graph is captured), a [`Setup`] is made: per
-//! conv layer its descriptors, then per direction (forward; weight gradient and input gradient
-//! at the first training step) cuDNN's best few algorithms by `cudnnFind*AlgorithmEx` within
-//! the workspace, and these and flatnn's kernels timed as steps run them (in a CUDA graph, or
-//! eagerly where the model's graphs are off; see `timing.rs`). Where timing flatnn's kernels
-//! fails (a capture refused), they are chosen and the report says why. The choice is kept for
-//! that batch size and reported by [`Dnn::report`]. The timing runs on the cache's live buffers: it
-//! writes only what the step it precedes overwrites (a layer's z, weight gradient, input
-//! gradient, scratch).
+//! A cuDNN tensor descriptor carries the batch N, and an algorithm (and how fast it is) depends on
+//! N, so descriptors for the capacity cannot serve a smaller batch: they would run over the stale
+//! samples behind it, and the weight gradient would sum them. So for each (batch, TF32,
+//! determinism) that runs, the first time it does (when its graph is captured), a [`Setup`] is
+//! made: per conv layer its descriptors, then per direction (forward; weight gradient and input
+//! gradient at the first training step) cuDNN's best few algorithms by `cudnnFind*AlgorithmEx`
+//! within the workspace, and these and flatnn's kernels timed as steps run them (in a CUDA graph,
+//! or eagerly where the model's graphs are off; see `timing.rs`). Where timing flatnn's kernels
+//! fails (a capture refused), they are chosen and the report says why. The choice is kept for that
+//! batch size and reported by [`Dnn::report`]. The timing runs on the cache's live buffers: it
+//! writes only what the step it precedes overwrites (a layer's z, weight gradient, input gradient,
+//! scratch).
 //!
-//! Same inputs, same bits: only deterministic, product-based cuDNN algorithms are considered
-//! (no atomics, FFT or Winograd; see `Perf::usable`), and a measurement is made once per
-//! process for a (device, layer shape, batch, TF32, direction) and reused by every later cache,
-//! so that models trained side by side compute exactly as one trained alone. (Every cache has
-//! the same workspace, so an algorithm found in one fits all.) Under `auto`,
-//! another process may measure otherwise and take the other path (results then differ in the
-//! last bits); `FLATNN_CUDNN=0` or `1` fixes the path.
+//! Same inputs, same bits: only deterministic, product-based cuDNN algorithms are considered (no
+//! atomics, FFT or Winograd; see `Perf::usable`) unless the model's `GpuOptions::deterministic` is
+//! off (then atomics too, never FFT or Winograd, and the report marks each such algorithm chosen),
+//! and a measurement is made once per process for a (device, layer shape, batch, TF32, determinism,
+//! direction) and reused by every later cache, so that models trained side by side compute exactly
+//! as one trained alone. (Every cache has the same workspace, so an algorithm found in one fits
+//! all.) Under `auto`, another process may measure otherwise and take the other path (results then
+//! differ in the last bits); `FLATNN_CUDNN=0` or `1` fixes the path.
 //!
 //! Bias, activation and bias gradient stay flatnn's kernels on both paths.
 
@@ -54,11 +55,11 @@ use std::sync::Arc;
 
 /// The workspace of every cache with convolutions, whatever its capacity; Find considers only
 /// algorithms that fit in it. The same for all caches, so that the algorithm measured for a
-/// (device, layer shape, batch, TF32, direction) fits every cache that reuses it. The
-/// deterministic product algorithms LeNet's layers take needed ~1 KiB on the H100.
+/// (device, layer shape, batch, TF32, determinism, direction) fits every cache that reuses it.
+/// The deterministic product algorithms LeNet's layers take needed ~1 KiB on the H100.
 const WORKSPACE: usize = 8 << 20;
-/// (batch, TF32) setups a cache keeps: more than the graphs it keeps (a forward and a training
-/// graph per batch size), so that a replayed graph's batch size is never set up again.
+/// (batch, TF32, determinism) setups a cache keeps: more than the graphs it keeps (a forward and
+/// a training graph per batch size), so that a replayed graph's batch size is never set up again.
 const SLOTS: usize = 2 * Graphs::SLOTS;
 /// cuDNN algorithms timed per layer and direction (the fastest by cuDNN's own measure).
 const CANDIDATES: usize = 3;
@@ -111,10 +112,12 @@ struct LayerSetup {
     note: String,
 }
 
-/// The conv layers' descriptors and choices for one batch size and arithmetic.
+/// The conv layers' descriptors and choices for one batch size, arithmetic and determinism
+/// (whether non-deterministic algorithms were candidates).
 struct Setup {
     batch: usize,
     tf32: bool,
+    deterministic: bool,
     layers: Vec<LayerSetup>,
 }
 
@@ -225,18 +228,18 @@ impl Dnn {
     }
 
     /// Readies the convolutions of a step on `f.batch` samples (and their backward with `b`):
-    /// the first time a batch size (or TF32 setting) runs, makes its descriptors and measures
-    /// both paths (in graphs where `options.graphs`, else eagerly); later, only picks that
+    /// the first time a batch size (or TF32 or determinism setting) runs, makes its descriptors
+    /// and measures both paths (in graphs where `options.graphs`, else eagerly); later, only picks that
     /// setup. Call it before the step is run or captured, on the model's stream (after
     /// [`Dnn::rebind`]); it may wait for the device.
     pub fn prepare(&mut self, s: &StepRun) -> Result<()> {
         self.rnn.prepare(s)?;
         let StepRun { plan, f, b, options, .. } = *s;
-        let tf32 = options.tf32;
+        let (tf32, deterministic) = (options.tf32, options.deterministic);
         let Some(c) = &mut self.cudnn else { return Ok(()) };
-        let index = match c.setups.iter().position(|s| s.batch == f.batch && s.tf32 == tf32) {
+        let index = match c.setups.iter().position(|s| s.batch == f.batch && s.tf32 == tf32 && s.deterministic == deterministic) {
             Some(index) => index,
-            None => c.add_setup(plan, f.batch, tf32),
+            None => c.add_setup(plan, f.batch, tf32, deterministic),
         };
         c.current = Some(index);
         let pending = |s: &Setup, dir: Dir| s.layers.iter().any(|l| !l.choices[dir as usize].decided);
@@ -326,7 +329,7 @@ impl Dnn {
         let Some(c) = &self.cudnn else { return out };
         for setup in &c.setups {
             for layer in &setup.layers {
-                let arith = if setup.tf32 { "TF32" } else { "FP32" };
+                let arith = super::options::arithmetic(setup.tf32, setup.deterministic);
                 let _ = write!(out, "\nbatch {} {arith}, {}:", setup.batch, layer.label);
                 for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
                     let ch = layer.choices[dir as usize];
@@ -367,8 +370,8 @@ impl Cudnn {
         })
     }
 
-    /// A new setup for (batch, tf32), nothing measured yet; its index.
-    fn add_setup(&mut self, plan: &Plan, batch: usize, tf32: bool) -> usize {
+    /// A new setup for (batch, tf32, deterministic), nothing measured yet; its index.
+    fn add_setup(&mut self, plan: &Plan, batch: usize, tf32: bool, deterministic: bool) -> usize {
         let layers = plan
             .steps
             .iter()
@@ -397,7 +400,7 @@ impl Cudnn {
                 LayerSetup { step: index, label, descs, choices: [Choice::default(); 3], note }
             })
             .collect();
-        let setup = Setup { batch, tf32, layers };
+        let setup = Setup { batch, tf32, deterministic, layers };
         if self.setups.len() < SLOTS {
             self.setups.push(setup);
             self.setups.len() - 1
@@ -410,9 +413,9 @@ impl Cudnn {
     }
 
     /// Records the path for `dir` of `layer`: as measured before in this process for the same
-    /// device, shape, batch and arithmetic (so that every model of a process computes alike),
-    /// else measured now. A failure of cuDNN, or of timing either path, leaves flatnn's kernels
-    /// chosen (with a note).
+    /// device, shape, batch, arithmetic and determinism (so that every model of a process computes
+    /// alike), else measured now. A failure of cuDNN, or of timing either path, leaves flatnn's
+    /// kernels chosen (with a note).
     fn decide(&self, layer: &mut LayerSetup, dir: Dir, s: &StepRun) -> Result<()> {
         let StepRun { gpu, stream, plan, f, b, options, .. } = *s;
         let step = &plan.steps[layer.step];
@@ -432,7 +435,8 @@ impl Cudnn {
             dilation.0,
             dilation.1,
         ];
-        let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32: options.tf32, dir };
+        let (tf32, deterministic) = (options.tf32, options.deterministic);
+        let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32, deterministic, dir };
         let m = match MEASURED.get(&key) {
             Some(m) => m,
             None => MEASURED.keep(key, self.measure(layer, dir, s)?),
@@ -484,8 +488,9 @@ impl Cudnn {
         let p = ptrs(dir, plan, step, f, b);
         gpu.bind()?;
         // SAFETY: descriptors of this layer and batch; operands inside their buffers.
-        match unsafe { self.handle.find(dir, descs, p, &self.workspace, options.tf32, CANDIDATES) } {
-            Ok(algos) if algos.is_empty() => m.note = "no deterministic product algorithm fits".into(),
+        match unsafe { self.handle.find(dir, descs, p, &self.workspace, &options, CANDIDATES) } {
+            Ok(algos) if algos.is_empty() && options.deterministic => m.note = "no deterministic product algorithm fits".into(),
+            Ok(algos) if algos.is_empty() => m.note = "no product algorithm fits".into(),
             Ok(algos) => {
                 for algo in algos {
                     // SAFETY: as above, with an algorithm cuDNN found for them.
@@ -504,13 +509,15 @@ impl Cudnn {
 }
 
 /// What a measurement is of: the device, the layer's shape (C, H, W, OC, kh, kw, sh, sw, ph,
-/// pw, dh, dw), the batch, the arithmetic and the direction.
+/// pw, dh, dw), the batch, the arithmetic, whether non-deterministic algorithms were candidates,
+/// and the direction.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct MeasureKey {
     ordinal: usize,
     shape: [usize; 12],
     batch: usize,
     tf32: bool,
+    deterministic: bool,
     dir: Dir,
 }
 

@@ -19,6 +19,8 @@ pub(crate) struct Key {
     pub capacity: usize,
     pub batch: usize,
     pub tf32: bool,
+    /// `GpuOptions::deterministic`: the cuDNN algorithms a graph runs may differ with it.
+    pub deterministic: bool,
     /// The cache's number, unique in the process (`Dnn::id`): its buffers, cuBLAS and cuDNN
     /// handles and workspaces are baked into the graph, and a new cache may be given a freed
     /// cache's addresses, so addresses alone could replay a graph against freed memory.

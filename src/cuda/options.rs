@@ -14,13 +14,34 @@ pub struct GpuOptions {
     /// TF32 tensor-core products in cuBLAS (about 10 mantissa bits in each product; results
     /// differ from FP32 by ~1e-3 relative). Off by default.
     pub tf32: bool,
+    /// Only cuDNN's deterministic convolution algorithms are measured (default): the same
+    /// model, inputs, batch size and options give the same bits run after run. Off, cuDNN's
+    /// non-deterministic ones are measured too (the weight-gradient and input-gradient
+    /// algorithms that sum with atomics, in an order that changes from run to run), and kept
+    /// where faster: results then differ from run to run in the last bits (20 LeNet training
+    /// steps were measured 3e-4 to 8e-4 from the CPU's, against ~1e-7). FFT and Winograd
+    /// algorithms stay out either way (accuracy); flatnn's own kernels and the dense and
+    /// recurrent routes are the same either way (none of them has a non-deterministic variant).
+    pub deterministic: bool,
     /// Which routes may be measured and chosen (default: [`Tuning::from_env`]).
     pub tuning: Tuning,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { graphs: true, tf32: false, tuning: Tuning::from_env() }
+        GpuOptions { graphs: true, tf32: false, deterministic: true, tuning: Tuning::from_env() }
+    }
+}
+
+/// How the route reports name the options a setup or table of routes was made for: "FP32" or
+/// "TF32", then "(non-deterministic allowed)" where [`GpuOptions::deterministic`] is off.
+#[cfg(feature = "cuda")]
+pub(crate) fn arithmetic(tf32: bool, deterministic: bool) -> &'static str {
+    match (tf32, deterministic) {
+        (false, true) => "FP32",
+        (true, true) => "TF32",
+        (false, false) => "FP32 (non-deterministic allowed)",
+        (true, false) => "TF32 (non-deterministic allowed)",
     }
 }
 
@@ -58,7 +79,8 @@ pub struct Tuning {
 /// Which convolution routes are measured (`FLATNN_CUDNN`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Convs {
-    /// flatnn's kernels and cuDNN's deterministic product algorithms, the fastest kept
+    /// flatnn's kernels and cuDNN's product algorithms (deterministic ones only unless
+    /// [`GpuOptions::deterministic`] is off), the fastest kept
     /// (`auto`, the default; also what a value not understood means).
     Measured,
     /// flatnn's kernels alone; cuDNN is not loaded (`0`).

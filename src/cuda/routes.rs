@@ -64,13 +64,16 @@ struct LayerRoutes {
     choices: [Choice; 3],
 }
 
-/// The routes of one bucket and arithmetic.
+/// The routes of one bucket, arithmetic and determinism: dense routes are the same either way,
+/// but the whole-step check times them beside the convolutions, whose routes are not.
 #[derive(Clone, Debug)]
 struct Table {
     bucket: usize,
     /// The samples it was measured at: the bucket, or the capacity where that is less.
     samples: usize,
     tf32: bool,
+    /// `GpuOptions::deterministic` of the models it was made for.
+    deterministic: bool,
     layers: Vec<LayerRoutes>,
     /// Host time spent measuring its routes, in this cache.
     measuring: Duration,
@@ -91,7 +94,7 @@ struct StepUs {
     with_update: bool,
 }
 
-/// A cache's dense routes: a table per bucket (and TF32 setting) that has run.
+/// A cache's dense routes: a table per bucket (and TF32 and determinism setting) that has run.
 pub(crate) struct Routes {
     tables: Vec<Table>,
     /// The table the last `prepare` picked: the one the calls of the step being run use.
@@ -162,11 +165,11 @@ impl Routes {
     /// the model's stream; it may wait for the device.
     pub fn prepare(&mut self, s: &StepRun) -> Result<()> {
         let StepRun { plan, f, b, options, .. } = *s;
-        let (bucket, tf32) = (bucket(f.batch), options.tf32);
-        let index = match self.tables.iter().position(|t| t.bucket == bucket && t.tf32 == tf32) {
+        let (bucket, tf32, deterministic) = (bucket(f.batch), options.tf32, options.deterministic);
+        let index = match self.tables.iter().position(|t| t.bucket == bucket && t.tf32 == tf32 && t.deterministic == deterministic) {
             Some(index) => index,
             None => {
-                self.tables.push(new_table(plan, bucket, f.capacity, tf32));
+                self.tables.push(new_table(plan, bucket, f.capacity, tf32, deterministic));
                 self.tables.len() - 1
             }
         };
@@ -179,7 +182,7 @@ impl Routes {
         let start = Instant::now();
         let mut table = std::mem::replace(
             &mut self.tables[index],
-            Table { bucket, samples: 0, tf32, layers: Vec::new(), measuring: Duration::ZERO, checked: false, step_us: None },
+            Table { bucket, samples: 0, tf32, deterministic, layers: Vec::new(), measuring: Duration::ZERO, checked: false, step_us: None },
         );
         let outcome = (|| {
             for layer in &mut table.layers {
@@ -202,7 +205,7 @@ impl Routes {
     pub fn report(&self) -> String {
         let mut out = String::new();
         for table in self.tables.iter().filter(|t| !t.layers.is_empty()) {
-            let arith = if table.tf32 { "TF32" } else { "FP32" };
+            let arith = super::options::arithmetic(table.tf32, table.deterministic);
             let first = table.bucket / 2 + 1;
             let sizes = if first >= table.samples { format!("{}", table.samples) } else { format!("{first}–{}", table.samples) };
             let ms = table.measuring.as_secs_f64() * 1e3;
@@ -243,7 +246,7 @@ impl Routes {
 }
 
 /// A table for `bucket`, nothing measured yet: every dense step of `plan`.
-fn new_table(plan: &Plan, bucket: usize, capacity: usize, tf32: bool) -> Table {
+fn new_table(plan: &Plan, bucket: usize, capacity: usize, tf32: bool, deterministic: bool) -> Table {
     let layers = plan
         .steps
         .iter()
@@ -254,7 +257,8 @@ fn new_table(plan: &Plan, bucket: usize, capacity: usize, tf32: bool) -> Table {
             Some(LayerRoutes { step: index, label, choices: [Choice::Pending, Choice::Pending, Choice::Pending] })
         })
         .collect();
-    Table { bucket, samples: bucket.min(capacity), tf32, layers, measuring: Duration::ZERO, checked: false, step_us: None }
+    let samples = bucket.min(capacity);
+    Table { bucket, samples, tf32, deterministic, layers, measuring: Duration::ZERO, checked: false, step_us: None }
 }
 
 /// Times every route of `dir` of dense step `step` that fits (at `samples` samples, as routes
@@ -334,7 +338,7 @@ mod tests {
     #[test]
     fn the_report_names_each_layer_and_direction() {
         let plan = Chain::new(Input::vector(20)).dense(16, Relu).dense(3, Identity).build().unwrap().plan().clone();
-        let mut table = new_table(&plan, 128, 100, false);
+        let mut table = new_table(&plan, 128, 100, false, true);
         let t = |us, one_call| Timed { us, one_call };
         let skinny = Route::Fused(Kernel::DenseSkinny4);
         table.layers[0].choices = [
@@ -347,7 +351,7 @@ mod tests {
             },
         ];
         table.measuring = Duration::from_micros(12_340);
-        let routes = Routes { tables: vec![table, new_table(&plan, 1, 100, true)], current: None };
+        let routes = Routes { tables: vec![table, new_table(&plan, 1, 100, true, false)], current: None };
         let want = [
             "batch 65–100 FP32: dense routes measured in 12.3 ms",
             "batch 65–100 FP32, step 0 dense 20→16, forward: dense_skinny4 2.3 µs (others: cublas 9.5)",
@@ -356,8 +360,8 @@ mod tests {
             "batch 65–100 FP32, step 1 dense 16→3, forward: not measured yet",
             "batch 65–100 FP32, step 1 dense 16→3, input gradient: not measured yet",
             "batch 65–100 FP32, step 1 dense 16→3, weight gradient: not measured yet",
-            "batch 1 TF32: dense routes measured in 0.0 ms",
-            "batch 1 TF32, step 0 dense 20→16, forward: not measured yet",
+            "batch 1 TF32 (non-deterministic allowed): dense routes measured in 0.0 ms",
+            "batch 1 TF32 (non-deterministic allowed), step 0 dense 20→16, forward: not measured yet",
         ];
         let report = routes.report();
         let lines: Vec<&str> = report.lines().collect();

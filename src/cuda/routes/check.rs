@@ -1,7 +1,9 @@
 //! The dense routes chosen alone, checked in whole training steps ([`Routes::check_in_steps`]):
 //! a step (forward, backward and, in a `train_step`, the optimiser's update, as it runs) timed
 //! on the routes fastest alone and on variants of the backward routes, a variant kept where the
-//! step is faster. Once per process for a (device, plan, loss, bucket, TF32, graphs).
+//! step is faster. Once per process for a (device, plan, loss, bucket, TF32, determinism, graphs):
+//! the convolutions beside the dense layers may take other routes with non-deterministic
+//! algorithms allowed, and a deterministic model must not take routes checked beside those.
 //!
 //! Inference is not checked: a forward pass runs its layers one after another on one stream, as
 //! they were timed alone, and checking it in whole passes would change forward routes that a
@@ -41,8 +43,8 @@ const PASSES: usize = 3;
 /// gradients run on a second stream beside the input gradients.
 const DIRS: [Dir; 2] = [Dir::WeightGrad, Dir::InputGrad];
 
-/// What a whole-step check is of: the device, the model's plan and loss, the bucket, TF32 and
-/// graphs.
+/// What a whole-step check is of: the device, the model's plan and loss, the bucket, TF32,
+/// determinism (`GpuOptions::deterministic`) and graphs.
 #[derive(PartialEq)]
 struct StepKey {
     ordinal: usize,
@@ -50,6 +52,7 @@ struct StepKey {
     loss: Loss,
     bucket: usize,
     tf32: bool,
+    deterministic: bool,
     graphs: bool,
 }
 
@@ -145,7 +148,8 @@ impl Routes {
         if variants(table, in_head).is_empty() {
             return ToCheck::Nothing;
         }
-        let key = StepKey { ordinal, plan: plan.clone(), loss, bucket: table.bucket, tf32: table.tf32, graphs };
+        let (bucket, tf32, deterministic) = (table.bucket, table.tf32, table.deterministic);
+        let key = StepKey { ordinal, plan: plan.clone(), loss, bucket, tf32, deterministic, graphs };
         let all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
         match all.iter().find(|(k, _)| *k == key) {
             Some((_, changes)) => ToCheck::Known(changes.clone()),
@@ -166,7 +170,7 @@ impl Routes {
     /// ([`Routes::will_time`] says beforehand), nor past the first step where the dense layers'
     /// backward routes take under [`KEEP`] of it. `in_head` says which steps (of `plan`) the
     /// step's head kernel runs. Once per process for a (device, plan, loss, bucket, TF32,
-    /// graphs): later caches take the same routes where they fit them.
+    /// determinism, graphs): later caches take the same routes where they fit them.
     #[allow(clippy::too_many_arguments)]
     pub fn check_in_steps(
         &mut self,
@@ -323,7 +327,7 @@ mod tests {
     /// A table of the 20-16-3 model whose two weight gradients are measured: the first fastest
     /// alone on `first`, the second on `second`, both also on the split over the batch.
     fn measured(first: Route, second: Route) -> Routes {
-        let mut table = new_table(&plan(), 128, 128, false);
+        let mut table = new_table(&plan(), 128, 128, false, true);
         let t = |us| Timed { us, one_call: false };
         for (layer, alone) in [first, second].into_iter().enumerate() {
             let times = vec![(alone, t(2.0)), (Route::Split, t(3.0)), (Route::Fused(Kernel::DenseRow), t(50.0))];
@@ -447,7 +451,7 @@ mod tests {
         let order =
             [Kernel::DenseMma16x16Mn, Kernel::DenseMma32x16Mn, Kernel::DenseMma16x32Mn, Kernel::DensePanel, Kernel::DenseMma32x32Mn2];
         let plan = plan();
-        let mut table = new_table(&plan, 128, 128, false);
+        let mut table = new_table(&plan, 128, 128, false, true);
         let t = |us| Timed { us, one_call: false };
         let mut times = vec![(fastest, t(7.0))];
         times.extend(order.iter().enumerate().map(|(i, &kernel)| (k(kernel), t(7.5 + i as f32))));

@@ -335,6 +335,7 @@ fn a_failed_capture_is_an_err_and_the_stream_goes_on() {
         capacity: 1,
         batch: 1,
         tf32: false,
+        deterministic: true,
         cache: u64::MAX,
         buffers: [zp, 0, 0, 0],
         model: [0, 0],
