@@ -109,8 +109,8 @@
 //! stream, its steps are queued there and the host waits only where a value comes back.
 //! [`device()`], [`gpu_or_cpu()`], [`gpu()`] and [`cpu()`] pick or move; [`ToDevice`] moves a
 //! model, its optimiser and caches (and tuples, `Vec`s and `Option`s of them) together;
-//! [`GpuOptions`] turns CUDA graphs and TF32 on or off. CUDA is loaded at run time: the crate
-//! builds, and runs on the CPU, with no CUDA installed. Several GPUs train one model through
+//! [`GpuOptions`] turns CUDA graphs, TF32 and cuDNN's non-deterministic algorithms on or off.
+//! CUDA is loaded at run time: the crate builds, and runs on the CPU, with no CUDA installed. Several GPUs train one model through
 //! [`DataParallel`] (a replica a GPU, the gradients averaged by NCCL inside each step's graph;
 //! one process for all GPUs, or one process a GPU on one host or several).
 //!
