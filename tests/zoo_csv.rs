@@ -96,6 +96,41 @@ fn figures_written_to_csv_read_back_the_same() {
     assert_eq!(report::csv(&results(&back.figures, &names, &back.places, &back.tasks)), written);
 }
 
+/// `--nondeterministic`'s devices: written as `gpu-nd` and `gpu-tf32-nd`, read back as such, and
+/// every table of theirs says what flatnn gave up.
+#[test]
+fn nondeterministic_devices_are_named_in_the_csv_and_every_title() {
+    let figures: Vec<Figure> = measured()
+        .into_iter()
+        .filter(|f| f.place == Place::Gpu)
+        .flat_map(|f| [Figure { place: Place::GpuNd, ..f.clone() }, Figure { place: Place::GpuTf32Nd, ..f }])
+        .collect();
+    let (models, places, tasks) = (["lenet5", "mlp"], [Place::GpuNd, Place::GpuTf32Nd], [Task::Train, Task::Latency]);
+    let written = report::csv(&results(&figures, &models, &places, &tasks));
+    assert!(written.contains("\ngpu-nd,train,") && written.contains("\ngpu-tf32-nd,latency,"), "{written}");
+    assert!(!written.contains("\ngpu,"), "{written}");
+    let back = Replot::new(replot::parse(&written, Path::new("zoo.csv")).expect("the CSV just written"), &Selection::default());
+    assert_eq!(back.places, places);
+    assert_eq!(back.figures.len(), figures.len());
+    assert!(back.figures.iter().all(|f| f.place.nondeterministic()));
+    let tables = report::tables(&results(&figures, &models, &places, &tasks));
+    let titles: Vec<&str> = tables.lines().filter(|l| l.starts_with("== ") && !l.starts_with("== torch.compile")).collect();
+    // a summary and an every-runner table per device and task (and the compile notes)
+    assert_eq!(titles.len(), 2 * 2 * 2, "{tables}");
+    for title in titles {
+        assert!(title.contains("-nd ") && title.contains("GpuOptions::deterministic off"), "{title}");
+    }
+    // the deterministic devices' titles are as before
+    let plain = report::tables(&results(&measured(), &models, &[Place::Gpu], &tasks));
+    assert!(
+        plain
+            .lines()
+            .filter(|l| l.starts_with("== ") && !l.starts_with("== torch.compile"))
+            .all(|l| l.starts_with("== gpu ") && !l.contains("deterministic")),
+        "{plain}"
+    );
+}
+
 #[test]
 fn selection_keeps_the_chosen_points_in_the_chosen_order() {
     let written = report::csv(&results(&measured(), &["lenet5", "mlp"], &[Place::Cpu, Place::Gpu], &[Task::Train, Task::Latency]));

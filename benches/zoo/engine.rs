@@ -37,8 +37,9 @@ pub fn build(zoo: &ZooModel, place: Place, gpu: Option<Device>) -> Result<Model>
     match (place, gpu) {
         (Place::Cpu1, _) => model.with_threads(1),
         (Place::Cpu, _) => Ok(model),
-        (Place::Gpu | Place::GpuTf32, Some(device)) => {
-            let options = GpuOptions { tf32: place == Place::GpuTf32, ..GpuOptions::default() };
+        (Place::Gpu | Place::GpuTf32 | Place::GpuNd | Place::GpuTf32Nd, Some(device)) => {
+            let tf32 = matches!(place, Place::GpuTf32 | Place::GpuTf32Nd);
+            let options = GpuOptions { tf32, deterministic: !place.nondeterministic(), ..GpuOptions::default() };
             model.with_gpu_options(options)?.to(&device)
         }
         (_, None) => Err(Error::Config("no CUDA device".into())),

@@ -13,10 +13,19 @@ pub enum Place {
     Gpu,
     /// CUDA device 0, TF32 allowed (peers: PyTorch's defaults, and TF32 on everywhere).
     GpuTf32,
+    /// `Gpu` with flatnn's `GpuOptions::deterministic` off (`--nondeterministic`): cuDNN's
+    /// non-deterministic convolution algorithms allowed, as the peers' `cudnn.benchmark` allows
+    /// them (the peers as on `Gpu`).
+    GpuNd,
+    /// `GpuTf32` with `GpuOptions::deterministic` off (the peers as on `GpuTf32`).
+    GpuTf32Nd,
 }
 
 impl Place {
+    /// The devices a run measures unless `--devices` says otherwise.
     pub const ALL: [Place; 4] = [Place::Cpu1, Place::Cpu, Place::Gpu, Place::GpuTf32];
+    /// Every device a run (or its CSV) may name.
+    pub const NAMED: [Place; 6] = [Place::Cpu1, Place::Cpu, Place::Gpu, Place::GpuTf32, Place::GpuNd, Place::GpuTf32Nd];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -24,11 +33,46 @@ impl Place {
             Place::Cpu => "cpu",
             Place::Gpu => "gpu",
             Place::GpuTf32 => "gpu-tf32",
+            Place::GpuNd => "gpu-nd",
+            Place::GpuTf32Nd => "gpu-tf32-nd",
         }
     }
 
     pub fn is_gpu(self) -> bool {
-        matches!(self, Place::Gpu | Place::GpuTf32)
+        matches!(self, Place::Gpu | Place::GpuTf32 | Place::GpuNd | Place::GpuTf32Nd)
+    }
+
+    /// Whether flatnn runs with `GpuOptions::deterministic` off here.
+    pub fn nondeterministic(self) -> bool {
+        matches!(self, Place::GpuNd | Place::GpuTf32Nd)
+    }
+
+    /// The place `--nondeterministic` measures instead of this one: a GPU's twin with
+    /// `GpuOptions::deterministic` off; the CPUs unchanged.
+    pub fn without_determinism(self) -> Place {
+        match self {
+            Place::Gpu => Place::GpuNd,
+            Place::GpuTf32 => Place::GpuTf32Nd,
+            other => other,
+        }
+    }
+
+    /// The place whose peers this one is compared with (the peers' determinism does not change).
+    pub fn peers(self) -> Place {
+        match self {
+            Place::GpuNd => Place::Gpu,
+            Place::GpuTf32Nd => Place::GpuTf32,
+            other => other,
+        }
+    }
+
+    /// How the tables' titles name it: the label, and for `gpu-nd` and `gpu-tf32-nd` what
+    /// flatnn gave up.
+    pub fn title(self) -> String {
+        match self.nondeterministic() {
+            true => format!("{} (flatnn: GpuOptions::deterministic off, cuDNN's non-deterministic algorithms allowed)", self.label()),
+            false => self.label().to_string(),
+        }
     }
 }
 

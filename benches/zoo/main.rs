@@ -5,6 +5,11 @@
 //!   cargo bench --bench zoo -- [--models a,b] [--tasks train,infer,latency]
 //!       [--devices cpu1,cpu,gpu,gpu-tf32] [--batches 1,8,64] [--peers|--no-peers] [--compile]
 //!       [--quick] [--cpu1-clock wall|cpu] [--out DIR] [--python PATH] [--check] [--from FILE.csv]
+//!       [--nondeterministic]
+//!
+//! `--nondeterministic` runs the GPU devices with `GpuOptions::deterministic` off (cuDNN's
+//! non-deterministic convolution algorithms allowed, as the peers' `cudnn.benchmark` allows
+//! them), named `gpu-nd` and `gpu-tf32-nd` in the tables and the CSV.
 //!
 //! `--from FILE.csv` measures nothing: it writes `zoo.txt` and `zoo.svg` again from a CSV the zoo
 //! wrote, for the models, devices, tasks and batches chosen (all of the file's by default).
@@ -67,8 +72,10 @@ struct Chosen {
 
 const USAGE: &str = "cargo bench --bench zoo -- [--models a,b] [--tasks train,infer,latency] [--devices cpu1,cpu,gpu,gpu-tf32] \
 [--batches 1,8,64] [--peers|--no-peers] [--compile] [--quick] [--cpu1-clock wall|cpu] [--out DIR] [--python PATH] [--check] \
-[--from FILE.csv]\n--from FILE.csv: measure nothing; write zoo.txt and zoo.svg again from a CSV the zoo wrote \
-(add --quick where that run was quick: the CSV does not hold its per-call limit)";
+[--from FILE.csv] [--nondeterministic]\n--from FILE.csv: measure nothing; write zoo.txt and zoo.svg again from a CSV the zoo wrote \
+(add --quick where that run was quick: the CSV does not hold its per-call limit)\n--nondeterministic: flatnn's GPU devices with \
+GpuOptions::deterministic off (cuDNN's non-deterministic algorithms allowed), named gpu-nd and gpu-tf32-nd \
+(also accepted by --devices)";
 
 fn list<T>(text: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>> {
     text.split(',').filter(|s| !s.is_empty()).map(|s| parse(s).ok_or_else(|| Error::Config(format!("unknown {what} {s:?}")))).collect()
@@ -94,6 +101,7 @@ fn parse_args() -> Result<Args> {
         from: None,
         chosen: Chosen::default(),
     };
+    let mut nondeterministic = false;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or_else(|| Error::Config(format!("{arg} needs a value; usage: {USAGE}")));
@@ -104,7 +112,8 @@ fn parse_args() -> Result<Args> {
                 (args.tasks, args.chosen.tasks) = (list(&value()?, "task", |s| Task::ALL.into_iter().find(|t| t.label() == s))?, true)
             }
             "--devices" => {
-                (args.places, args.chosen.places) = (list(&value()?, "device", |s| Place::ALL.into_iter().find(|p| p.label() == s))?, true)
+                (args.places, args.chosen.places) =
+                    (list(&value()?, "device", |s| Place::NAMED.into_iter().find(|p| p.label() == s))?, true)
             }
             "--batches" => {
                 (args.batches, args.chosen.batches) = (list(&value()?, "batch", |s| s.parse().ok().filter(|&b: &usize| b > 0))?, true)
@@ -124,6 +133,7 @@ fn parse_args() -> Result<Args> {
             "--out" => args.out = PathBuf::from(value()?),
             "--python" => args.python = value()?,
             "--from" => args.from = Some(PathBuf::from(value()?)),
+            "--nondeterministic" => nondeterministic = true,
             "--help" | "-h" => {
                 println!("{USAGE}\nmodels: {}", ZOO.iter().map(|m| m.name).collect::<Vec<_>>().join(", "));
                 std::process::exit(0);
@@ -139,6 +149,16 @@ fn parse_args() -> Result<Args> {
     }
     args.batches.sort_unstable();
     args.batches.dedup();
+    if nondeterministic {
+        let mut places = Vec::new();
+        for place in args.places.iter().map(|p| p.without_determinism()) {
+            if !places.contains(&place) {
+                places.push(place);
+            }
+        }
+        // under --from, the figures of these devices alone, as a run with the flag measures
+        (args.places, args.chosen.places) = (places, true);
+    }
     Ok(args)
 }
 
@@ -236,6 +256,14 @@ fn main() -> Result<()> {
     match &gpu {
         Some(Ok(device)) => {
             let _ = writeln!(header, "GPU (flatnn): {}", device.name()?);
+            let nd: Vec<&str> = places.iter().filter(|p| p.nondeterministic()).map(|p| p.label()).collect();
+            if !nd.is_empty() {
+                let _ = writeln!(
+                    header,
+                    "{}: flatnn with GpuOptions::deterministic off (cuDNN's non-deterministic algorithms allowed); the peers as on gpu, gpu-tf32",
+                    nd.join(", ")
+                );
+            }
         }
         Some(Err(why)) => {
             let skipped: Vec<&str> = args.places.iter().filter(|p| p.is_gpu()).map(|p| p.label()).collect();

@@ -99,23 +99,25 @@ impl Peer {
     }
 
     /// The peers' figures for `tasks` of `model` at `batch` on `place` (timed by the process's
-    /// CPU time where `cpu_clock`).
+    /// CPU time where `cpu_clock`): those of `place.peers()`, recorded as `place`'s.
     pub fn point(&mut self, model: &str, place: Place, batch: usize, tasks: &[Task], cpu_clock: bool) -> Result<Vec<Figure>, String> {
         let start = Instant::now();
         let tasks: Vec<&str> = tasks.iter().map(|t| t.label()).collect();
-        let request =
-            serde_json::json!({ "model": model, "device": place.label(), "batch": batch, "tasks": tasks, "cpu_clock": cpu_clock });
+        let asked = place.peers().label();
+        let request = serde_json::json!({ "model": model, "device": asked, "batch": batch, "tasks": tasks, "cpu_clock": cpu_clock });
         writeln!(self.input, "{request}").and_then(|()| self.input.flush()).map_err(|e| format!("writing to the peer script: {e}"))?;
         let reply = self.receive()?;
         self.seconds += start.elapsed().as_secs_f64();
         for m in reply["missing"].as_array().into_iter().flatten() {
-            let entry = (string(&m["device"]), string(&m["task"]), string(&m["peer"]), string(&m["why"]));
+            let device = if m["device"].as_str() == Some(asked) { place.label().to_string() } else { string(&m["device"]) };
+            let entry = (device, string(&m["task"]), string(&m["peer"]), string(&m["why"]));
             if !self.missing.contains(&entry) {
                 self.missing.push(entry);
             }
         }
         self.onnx_source = pairs(&reply["onnx_source"]);
-        Ok(reply["results"].as_array().into_iter().flatten().filter_map(figure).collect())
+        let figures = reply["results"].as_array().into_iter().flatten().filter_map(figure);
+        Ok(figures.map(|f| if f.place == place.peers() { Figure { place, ..f } } else { f }).collect())
     }
 
     /// Closes the script's input (it exits) and waits for it.

@@ -85,7 +85,7 @@ fn figure(fields: &[String]) -> std::result::Result<Figure, String> {
         s => Ok(s.to_string()),
     };
     let count = |i: usize, name: &str| fields[i].parse::<usize>().map_err(|_| format!("{name} {:?}: expected a count", fields[i]));
-    let place = Place::ALL.into_iter().find(|p| p.label() == fields[0]).ok_or_else(|| format!("unknown device {:?}", fields[0]))?;
+    let place = Place::NAMED.into_iter().find(|p| p.label() == fields[0]).ok_or_else(|| format!("unknown device {:?}", fields[0]))?;
     let task = Task::ALL.into_iter().find(|t| t.label() == fields[1]).ok_or_else(|| format!("unknown task {:?}", fields[1]))?;
     let batch = count(3, "batch").and_then(|b| if b > 0 { Ok(b) } else { Err("batch 0".into()) })?;
     Ok(Figure {

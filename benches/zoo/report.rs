@@ -170,7 +170,7 @@ fn summary(out: &mut String, res: &Results, place: Place, task: Task) {
     }
     let latency = task == Task::Latency;
     let what = if latency { "p50 and p99 of single calls; ratio of the p50s" } else { "median per call" };
-    let _ = writeln!(out, "\n== {place} {task}: {what}; ratio = best peer / flatnn (> 1: flatnn faster)");
+    let _ = writeln!(out, "\n== {} {task}: {what}; ratio = best peer / flatnn (> 1: flatnn faster)", place.title());
     let mut notes = Notes::default();
     let mut table = vec![if latency {
         ["model", "batch", "flatnn p50", "p99", "best peer p50", "p99", "peer", "ratio"].map(String::from).to_vec()
@@ -226,7 +226,7 @@ fn full(out: &mut String, res: &Results, place: Place, task: Task) {
         return;
     }
     let what = if task == Task::Latency { "p50 of single calls" } else { "median per call" };
-    let _ = writeln!(out, "\n== {place} {task}, every runner ({what})");
+    let _ = writeln!(out, "\n== {} {task}, every runner ({what})", place.title());
     let mut notes = Notes::default();
     let mut header = vec!["model".to_string(), "batch".into(), FLATNN.into()];
     header.extend(runners.iter().map(|r| r.to_string()));
