@@ -165,6 +165,13 @@ fn cudnn_forward_and_training_match_the_cpu() {
         assert!(lines_at(&report, 64, "TF32").iter().all(|l| l.contains("forward cudnn")), "{report}");
         assert!(!report.contains("ALLOW_CONVERSION") && !train_report.contains("ALLOW_CONVERSION"), "{report}");
         assert!(!train_report.contains("non-deterministic"), "{name} TF32: deterministic algorithms only: {train_report}");
+        // TF32 searches FP32's algorithms too: every direction FP32 ran through cuDNN has one
+        for n in [32, 17] {
+            let lines = lines_at(&train_report, n, "TF32");
+            assert_eq!(lines.len(), convs, "{name} TF32 batch {n}: {train_report}");
+            assert!(lines.iter().all(|l| l.contains("forward cudnn") && l.contains("weight grad cudnn")), "{name} TF32: {train_report}");
+        }
+        assert!(train_report.contains("input grad cudnn"), "{name} TF32: no input gradient through cuDNN: {train_report}");
         let (err, loss_err) = (rel_err(&got, &want), rel_err(&losses, &cpu_losses));
         println!("{name} TF32: forward rel err {err:.2e}, 20-step losses {loss_err:.2e}");
         assert!(err <= 5e-3 && loss_err <= 5e-3, "{name} TF32: forward {err:e}, losses {loss_err:e}");

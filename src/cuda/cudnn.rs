@@ -195,6 +195,25 @@ impl Perf {
     fn is_deterministic(&self) -> bool {
         self.determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC as u32
     }
+
+    /// The result as the report names it where nothing was usable: the algorithm, and what
+    /// of status, determinism, math type and workspace kept it out.
+    fn describe(&self, dir: Dir, workspace: usize) -> String {
+        let mut out = dir.algo_name(self.algo);
+        if self.status != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS as u32 {
+            out.push_str(&format!(" status {}", self.status));
+        }
+        if !self.is_deterministic() {
+            out.push_str(" non-deterministic");
+        }
+        if self.math_type != sys::cudnnMathType_t::CUDNN_FMA_MATH as u32 {
+            out.push_str(&format!(" math {}", self.math_type));
+        }
+        if self.memory > workspace {
+            out.push_str(&format!(" {} KiB", self.memory.div_ceil(1024)));
+        }
+        out
+    }
 }
 
 /// The math type a perf result reports, where flatnn runs it: FMA (plain FP32) always; with
@@ -251,16 +270,14 @@ pub(super) struct Descs {
     y: sys::cudnnTensorDescriptor_t,
     w: sys::cudnnFilterDescriptor_t,
     conv: sys::cudnnConvolutionDescriptor_t,
-    /// The math type Find searches with: DEFAULT with TF32, else FMA.
-    find_math: sys::cudnnMathType_t,
 }
 
 impl Descs {
-    /// The descriptors of conv layer `step` for `batch` samples; Find will search with TF32
-    /// tensor cores permitted where `tf32`, else with FMA (plain FP32) only. An error (for the
-    /// report) where a dimension exceeds cuDNN's i32, where cuDNN refuses a descriptor, or where
-    /// cuDNN's output shape is not the plan's.
-    pub fn new(step: &Step, batch: usize, tf32: bool) -> Result<Descs, String> {
+    /// The descriptors of conv layer `step` for `batch` samples (the math type is set per call:
+    /// [`Handle::find`], [`Handle::run`]). An error (for the report) where a dimension exceeds
+    /// cuDNN's i32, where cuDNN refuses a descriptor, or where cuDNN's output shape is not the
+    /// plan's.
+    pub fn new(step: &Step, batch: usize) -> Result<Descs, String> {
         use sys::cudnnDataType_t::CUDNN_DATA_FLOAT as F32;
         use sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW as NCHW;
         let g = conv::geometry(step);
@@ -292,10 +309,8 @@ impl Descs {
         }
         let [n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw] = int;
         let refused = |e: CudnnError| format!("cuDNN refused the descriptors: {e:?}");
-        let find_math = if tf32 { sys::cudnnMathType_t::CUDNN_DEFAULT_MATH } else { sys::cudnnMathType_t::CUDNN_FMA_MATH };
         // Owned from here, so that an error below destroys what was made.
-        let mut d =
-            Descs { x: std::ptr::null_mut(), y: std::ptr::null_mut(), w: std::ptr::null_mut(), conv: std::ptr::null_mut(), find_math };
+        let mut d = Descs { x: std::ptr::null_mut(), y: std::ptr::null_mut(), w: std::ptr::null_mut(), conv: std::ptr::null_mut() };
         let mut out = [0i32; 4];
         // SAFETY: each descriptor is created before it is set, and owned by `d`.
         unsafe {
@@ -308,7 +323,7 @@ impl Descs {
             d.conv = dnn::create_convolution_descriptor().map_err(refused)?;
             let mode = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
             dnn::set_convolution2d_descriptor(d.conv, ph, pw, sh, sw, dh, dw, mode, F32).map_err(refused)?;
-            dnn::set_convolution_math_type(d.conv, find_math).map_err(refused)?;
+            dnn::set_convolution_math_type(d.conv, sys::cudnnMathType_t::CUDNN_FMA_MATH).map_err(refused)?;
             let [dn, dc, dh, dw] = &mut out;
             sys::cudnnGetConvolution2dForwardOutputDim(d.conv, d.x, d.w, dn, dc, dh, dw).result().map_err(refused)?;
         }
@@ -397,8 +412,13 @@ impl Handle {
 
     /// cuDNN's `count` fastest usable algorithms for `dir` (see [`Perf::usable`]: TF32 and
     /// non-deterministic algorithms where `options` allow them), fastest first, as measured by
-    /// cuDNN on the operands (which it overwrites: y, dw or dx), within `workspace`. Waits for
-    /// the device.
+    /// cuDNN on the operands (which it overwrites: y, dw or dx), within `workspace`; and, where
+    /// none is usable, what cuDNN offered (for the report). Waits for the device.
+    ///
+    /// With TF32, Find searches twice, with DEFAULT math (TF32 tensor cores permitted) and with
+    /// FMA: on the H200 (cuDNN 9.14), a DEFAULT search of every weight and input gradient of
+    /// vgg_small and resnet_small offered no deterministic product algorithm, so that TF32 ran
+    /// those directions on flatnn's kernels and its steps were 5–17 % slower than FP32's.
     ///
     /// # Safety
     /// `d` live and made for the operands' shapes; `p` inside live buffers of the handle's
@@ -411,14 +431,52 @@ impl Handle {
         workspace: &DevBuf<u8>,
         options: &GpuOptions,
         count: usize,
-    ) -> Result<Vec<Algo>, CudnnError> {
+    ) -> Result<(Vec<Algo>, String), CudnnError> {
+        use sys::cudnnMathType_t::{CUDNN_DEFAULT_MATH as DEFAULT, CUDNN_FMA_MATH as FMA};
+        let ws_len = workspace.len();
+        let (tf32, deterministic) = (options.tf32, options.deterministic);
+        let mut found: Vec<Perf> = Vec::new();
+        for math in if tf32 { &[DEFAULT, FMA][..] } else { &[FMA][..] } {
+            // SAFETY: the caller's contract.
+            found.extend(unsafe { self.find_with(dir, d, p, workspace, *math) }?);
+        }
+        // fastest first; an algorithm offered by both searches under the same math type once
+        found.sort_by(|a, b| a.time.total_cmp(&b.time));
+        let mut algos: Vec<Algo> = Vec::new();
+        for r in found.iter().filter(|r| r.usable(dir, ws_len, tf32, deterministic)) {
+            let Some(math) = math_type(r.math_type, tf32) else { continue };
+            let algo = Algo { id: r.algo, math, deterministic: r.is_deterministic() };
+            if !algos.iter().any(|a| a.id == algo.id && a.math == algo.math) {
+                algos.push(algo);
+            }
+        }
+        algos.truncate(count);
+        let offered = match algos.is_empty() {
+            true => found.iter().map(|r| r.describe(dir, ws_len)).collect::<Vec<_>>().join(", "),
+            false => String::new(),
+        };
+        Ok((algos, offered))
+    }
+
+    /// One Find search for `dir` with `math` set on the convolution: cuDNN's results, fastest
+    /// first.
+    ///
+    /// # Safety
+    /// As [`Handle::find`].
+    unsafe fn find_with(
+        &self,
+        dir: Dir,
+        d: &Descs,
+        p: Ptrs,
+        workspace: &DevBuf<u8>,
+        math: sys::cudnnMathType_t,
+    ) -> Result<Vec<Perf>, CudnnError> {
         let (h, ws, ws_len) = (self.0, workspace.ptr() as *mut c_void, workspace.len());
         let (x, w, y) = (p.x as *mut c_void, p.w as *mut c_void, p.y as *mut c_void);
         let mut perf = [Perf::default(); PERFS];
         let mut n = 0i32;
         let (out, requested) = (perf.as_mut_ptr(), PERFS as i32);
-        // a run may have left another math type set
-        d.set_math(d.find_math)?;
+        d.set_math(math)?;
         // Find* runs every algorithm and waits for the device.
         let _exclusive = super::device_wide();
         // SAFETY: the caller's contract; `perf` has room for `requested` results of this
@@ -436,11 +494,7 @@ impl Handle {
             .result()?;
         }
         let n = (n.max(0) as usize).min(PERFS);
-        // sorted fastest first
-        let (tf32, deterministic) = (options.tf32, options.deterministic);
-        let usable = perf[..n].iter().filter(|r| r.usable(dir, ws_len, tf32, deterministic));
-        let algo = |r: &Perf| Some(Algo { id: r.algo, math: math_type(r.math_type, tf32)?, deterministic: r.is_deterministic() });
-        Ok(usable.filter_map(algo).take(count).collect())
+        Ok(perf[..n].to_vec())
     }
 
     /// Queues `dir` with `algo` (and its math type) on the handle's stream: α = 1, β = 0 (the

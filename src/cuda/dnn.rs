@@ -393,7 +393,7 @@ impl Cudnn {
                     g.height,
                     g.width
                 );
-                let (descs, note) = match Descs::new(step, batch, tf32) {
+                let (descs, note) = match Descs::new(step, batch) {
                     Ok(d) => (Some(d), String::new()),
                     Err(why) => (None, why),
                 };
@@ -489,9 +489,11 @@ impl Cudnn {
         gpu.bind()?;
         // SAFETY: descriptors of this layer and batch; operands inside their buffers.
         match unsafe { self.handle.find(dir, descs, p, &self.workspace, &options, CANDIDATES) } {
-            Ok(algos) if algos.is_empty() && options.deterministic => m.note = "no deterministic product algorithm fits".into(),
-            Ok(algos) if algos.is_empty() => m.note = "no product algorithm fits".into(),
-            Ok(algos) => {
+            Ok((algos, offered)) if algos.is_empty() => {
+                let which = if options.deterministic { "deterministic product" } else { "product" };
+                m.note = format!("no {which} algorithm fits (cuDNN offered: {offered})");
+            }
+            Ok((algos, _)) => {
                 for algo in algos {
                     // SAFETY: as above, with an algorithm cuDNN found for them.
                     let run = || unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) }.map_err(|e| cudnn_error(dir.name(), e));
