@@ -45,3 +45,62 @@ extern "C" __global__ void col2im(const float* dcol, float* dx, int channels, in
         dx[idx] = acc;
     }
 }
+
+// One value of a convolution's inference epilogue (conv_epilogue): v = z + b; with a batch norm,
+// v = ((v − m)·r)·g + be (batch_norm_apply's expression, in its order); with a residual sum,
+// v = v + s (residual_add's body output + block input); then act(v). Each operation rounds
+// once (--fmad=false), so each step's value has the bits the separate kernels give it.
+__device__ __forceinline__ float conv_epilogue_value(float v, float s, float b, bool bn, float m, float r, float g, float be, bool add,
+                                                     int act, float slope) {
+    v = v + b;
+    if (bn) v = (v - m) * r * g + be;
+    if (add) v = v + s;
+    return act_apply(act, slope, v);
+}
+
+// A convolution's inference epilogue (src/cuda/conv.rs; the steps it takes in:
+// src/layers/conv_fast/fused.rs), over z's batch·channels planes of `pixels` values (plane q is
+// of channel c = q mod channels):
+//   y = act(v),  v = z + bias[c], then with a batch norm (mean non-null)
+//   v = ((v − mean[c])·r)·gamma[c] + beta[c], r = 1/√(var[c] + eps) (the running statistics),
+//   then with a residual sum (skip non-null) v = v + skip.
+// A plane is run by a row of `row` threads (a power of two dividing the block), which loads its
+// channel's constants once: a block holds blockDim.x / row planes along x; y splits a plane's
+// values into chunks of `row`, grid-strided. With `vec4` (pixels a multiple of 4; z, skip and y
+// 16-byte aligned) a thread moves float4s, else single values.
+extern "C" __global__ void conv_epilogue(const float* __restrict__ z, const float* __restrict__ bias, const float* __restrict__ mean,
+                                         const float* __restrict__ var, const float* __restrict__ gamma, const float* __restrict__ beta,
+                                         const float* __restrict__ skip, float* __restrict__ y, int act, float slope, int channels,
+                                         int pixels, int planes, int row, int vec4, float eps) {
+    after_prior();
+    int plane = blockIdx.x * (blockDim.x / row) + threadIdx.x / row;
+    if (plane >= planes) return;
+    int lane = threadIdx.x % row, stride = gridDim.y * row, c = plane % channels;
+    bool bn = mean != nullptr, add = skip != nullptr;
+    float b = bias[c], m = 0.0f, r = 0.0f, g = 0.0f, be = 0.0f;
+    if (bn) {
+        m = mean[c];
+        r = 1.0f / sqrtf(var[c] + eps);
+        g = gamma[c];
+        be = beta[c];
+    }
+    long long at = (long long)plane * pixels;
+    if (vec4) {
+        const float4* z4 = reinterpret_cast<const float4*>(z + at);
+        const float4* s4 = add ? reinterpret_cast<const float4*>(skip + at) : nullptr;
+        float4* y4 = reinterpret_cast<float4*>(y + at);
+        for (int i = blockIdx.y * row + lane; i < pixels / 4; i += stride) {
+            float4 v = z4[i], s = add ? s4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v.x = conv_epilogue_value(v.x, s.x, b, bn, m, r, g, be, add, act, slope);
+            v.y = conv_epilogue_value(v.y, s.y, b, bn, m, r, g, be, add, act, slope);
+            v.z = conv_epilogue_value(v.z, s.z, b, bn, m, r, g, be, add, act, slope);
+            v.w = conv_epilogue_value(v.w, s.w, b, bn, m, r, g, be, add, act, slope);
+            y4[i] = v;
+        }
+    } else {
+        for (int i = blockIdx.y * row + lane; i < pixels; i += stride) {
+            float s = add ? skip[at + i] : 0.0f;
+            y[at + i] = conv_epilogue_value(z[at + i], s, b, bn, m, r, g, be, add, act, slope);
+        }
+    }
+}

@@ -270,7 +270,9 @@ impl Cache {
     /// per dense layer and direction (forward, input gradient, weight gradient) with the route
     /// chosen (a kernel of flatnn's, `weight_grad_split`, or `cublas`) and its time per call,
     /// then every other route that fits and its time; each bucket is measured at its first call
-    /// (see the README's GPU section); then [`Cache::conv_backends`]'s lines. On the CPU: a
+    /// (see the README's GPU section); then [`Cache::conv_backends`]'s lines; then a line for
+    /// each convolution whose inference runs the steps after it in its epilogue (as on the
+    /// CPU, below), naming them. On the CPU: a
     /// first line with the instruction set of the kernels (see `FLATNN_ISA` in
     /// the README), the threads and the capacity, then one line per layer with weights: a
     /// dense layer multiplies by its weights packed once (again after each change of the
@@ -289,7 +291,7 @@ impl Cache {
     /// sample's rows is timed per cache; it changes no bits.)
     pub fn routes(&self) -> String {
         match &self.dev {
-            Some(dev) => dev.routes_report(),
+            Some(dev) => dev.routes_report(&self.plan),
             None => self.ws.report(&self.plan, self.capacity) + &self.one.report(self.threads),
         }
     }

@@ -107,7 +107,7 @@ impl DevCache {
     pub fn conv_report(&self) -> String {
         match *self {}
     }
-    pub fn routes_report(&self) -> String {
+    pub fn routes_report(&self, _plan: &Plan) -> String {
         match *self {}
     }
     pub fn inputs_host_mut(&mut self, _len: usize) -> Result<&mut [f32]> {

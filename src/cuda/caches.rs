@@ -154,14 +154,10 @@ impl DevCache {
         self.dnn.report()
     }
 
-    /// How the dense layers and the convolutions run: see `Cache::routes`.
-    pub fn routes_report(&self) -> String {
-        let (dense, convs) = (self.routes.report(), self.dnn.report());
-        match (dense.is_empty(), convs.is_empty()) {
-            (_, true) => dense,
-            (true, false) => convs,
-            (false, false) => dense + "\n" + &convs,
-        }
+    /// How the dense layers and the convolutions of `plan` run: see `Cache::routes`.
+    pub fn routes_report(&self, plan: &Plan) -> String {
+        let parts = [self.routes.report(), self.dnn.report(), super::conv::epilogue_report(plan)];
+        parts.into_iter().filter(|part| !part.is_empty()).collect::<Vec<_>>().join("\n")
     }
 
     /// The first `len` outputs the last forward copied back.

@@ -102,6 +102,7 @@ kernels! {
     DenseMma32x32Mn2 = "dense_mma_32x32_mn2",
     Im2col = "im2col",
     Col2im = "col2im",
+    ConvEpilogue = "conv_epilogue",
     Sgd = "sgd",
     SgdMomentum = "sgd_momentum",
     Adam = "adam",

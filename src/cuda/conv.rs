@@ -1,25 +1,125 @@
 //! A convolution run on the GPU: its forward and backward launches, through cuDNN where the
 //! cache chose it for a direction (`dnn.rs`), else flatnn's kernels (im2col, cuBLAS products,
 //! col2im), with flatnn's bias, activation and bias-gradient kernels on both paths.
+//!
+//! In inference a convolution may take in the steps after it (`layers::Fused`, as on the CPU: a
+//! batch norm right after it, a residual block's sum right after that): its product is written
+//! to z as in training, then one kernel ([`Gpu::conv_epilogue`], kernels/conv.cu) adds the bias,
+//! normalises by the running statistics, adds the block's input and applies the last step's
+//! activation, writing the last step's output alone (no step reads the others', as on the CPU),
+//! where the steps one by one would make a pass over the values each. `exec::forward` then skips
+//! the steps taken in. Training runs every step: a batch norm needs the batch's statistics.
 
 use super::blas::{Blas, DevMat, DevMatMut};
-use super::context::Gpu;
+use super::context::{Gpu, Kernel};
 use super::exec::{activation_backward, bias_act, Backward, Forward, GpuBackward, GpuForward, Raw};
+use super::launch::{int, kernel_args, View, ViewMut, BLOCK};
 use crate::activation::Activation;
 use crate::chain::{Plan, Step};
 use crate::error::Result;
-use crate::layers::{conv, region};
+use crate::layers::{batch_norm, conv, region, Fused};
 use cudarc::driver::CudaStream;
 use std::ops::Range;
 
 /// A convolution step's forward: Z without the bias through cuDNN where it was chosen, else
-/// flatnn's kernels; then + b and Y = act(Z), `layout` = (channels, pixels per channel).
+/// flatnn's kernels; then + b and Y = act(Z), or in inference the steps it takes in
+/// ([`GpuForward::fused`]) in one pass ([`epilogue`]); `layout` = (channels, pixels per channel).
 pub(crate) fn conv_forward(pass: &GpuForward, step: &Step, activation: Activation, layout: (usize, usize)) -> Result<()> {
     let GpuForward { gpu, blas, stream, plan, f, index, .. } = *pass;
     if !f.dnn.map_or(Ok(false), |d| d.forward(index, plan, f))? {
         conv_forward_own(gpu, blas, stream, plan, step, f)?;
     }
-    bias_act(pass, step, activation, step.weight_and_bias().1, layout)
+    if pass.fused.is_empty() {
+        return bias_act(pass, step, activation, step.weight_and_bias().1, layout);
+    }
+    epilogue(pass, step, layout)
+}
+
+/// The steps a convolution's inference takes in, in one pass over its z (which holds the
+/// product): the last one's output = act(((z + b − μ)·r)·γ + β + skip), by the batch norm's
+/// running statistics and parameters and the residual block's input where those are taken in,
+/// the last step's activation; `layout` = (channels, pixels per channel).
+fn epilogue(pass: &GpuForward, step: &Step, (channels, pixels): (usize, usize)) -> Result<()> {
+    let GpuForward { gpu, stream, plan, f, index, fused, .. } = *pass;
+    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
+    let norm = fused.batch_norm.map(|bn| {
+        let (bn, buffers) = (&plan.steps[bn], Raw::of(f.buffers.expect("a model with batch norm has buffers")));
+        let [gamma, beta] = batch_norm::tensors(bn);
+        let [mean, var] = [0, 1].map(|i| buffers.at(bn.buffers[i].range.clone()));
+        Norm { mean, var, gamma: params.at(gamma), beta: params.at(beta) }
+    });
+    let skip = fused.add.map(|add| acts.at(pass.region(plan.steps[add].skip.expect("an Add has its block input"))));
+    let last = &plan.steps[fused.last(index)];
+    let (z, y, bias) =
+        (acts.at(pass.region(step.z_region)), acts.at_mut(pass.region(last.output_region)), params.at(step.weight_and_bias().1));
+    gpu.conv_epilogue(stream, (channels, pixels, f.batch), z, bias, norm, skip, last.layer.activation(), y)
+}
+
+/// A line for each convolution of `plan` that takes steps in on an inference pass, as the CPU's
+/// routes report says it: "step 0 conv …: inference: the batch norm of step 1 in its epilogue".
+pub(crate) fn epilogue_report(plan: &Plan) -> String {
+    let lines = plan.steps.iter().enumerate().filter_map(|(index, step)| {
+        let taken = Fused::of(plan, index).describe()?;
+        Some(format!("step {index} {}: inference: {taken} in its epilogue", step.layer.summary(step.input)))
+    });
+    lines.collect::<Vec<_>>().join("\n")
+}
+
+/// A batch norm's running mean and variance and its γ and β, a value a channel each.
+pub(crate) struct Norm<'a> {
+    pub mean: View<'a, f32>,
+    pub var: View<'a, f32>,
+    pub gamma: View<'a, f32>,
+    pub beta: View<'a, f32>,
+}
+
+/// How `conv_epilogue` covers `planes` planes of `pixels` values, `vec4` whether it moves
+/// float4s: a row of threads a plane, as many as the plane's loads up to the block (a power of
+/// two), the block's rows on consecutive planes; the grid (planes, chunks of a plane) and the
+/// row's length.
+fn epilogue_grid(planes: usize, pixels: usize, vec4: bool) -> ((u32, u32), u32) {
+    let loads = if vec4 { pixels / 4 } else { pixels };
+    let row = loads.next_power_of_two().min(BLOCK as usize);
+    let rows = BLOCK as usize / row;
+    let grid = (planes.div_ceil(rows), loads.div_ceil(row).min(u16::MAX as usize));
+    ((grid.0 as u32, grid.1 as u32), row as u32)
+}
+
+impl Gpu {
+    /// `conv_epilogue`: y[s, c, p] = act(v) for `batch` samples of `channels × pixels`, with
+    /// v = z + bias[c], then v = ((v − μ[c])·r)·γ[c] + β[c], r = 1/√(var[c] + ε), with `norm`
+    /// (a batch norm's inference), then v + skip with `skip` (a residual block's sum); each step
+    /// rounded as its own kernel rounds it. z, skip and y are distinct regions.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn conv_epilogue(
+        &self,
+        stream: &CudaStream,
+        (channels, pixels, batch): (usize, usize, usize),
+        z: View<f32>,
+        bias: View<f32>,
+        norm: Option<Norm>,
+        skip: Option<View<f32>>,
+        act: Activation,
+        y: ViewMut<f32>,
+    ) -> Result<()> {
+        let (planes, len) = (batch * channels, batch * channels * pixels);
+        assert!(z.len() >= len && y.len() >= len && skip.is_none_or(|s| s.len() >= len), "conv_epilogue: short z, skip or y");
+        let short = norm.as_ref().is_some_and(|n| [n.mean, n.var, n.gamma, n.beta].iter().any(|v| v.len() < channels));
+        assert!(bias.len() >= channels && !short, "conv_epilogue: short bias or batch norm");
+        if len == 0 {
+            return Ok(());
+        }
+        let (z, y, skip) = (z.ptr(), y.ptr(), skip.map_or(0, |s| s.ptr()));
+        let vec4 = pixels % 4 == 0 && [z, y, skip].iter().all(|p| p % 16 == 0);
+        let (grid, row) = epilogue_grid(planes, pixels, vec4);
+        let [mean, var, gamma, beta] = norm.map_or([0; 4], |n| [n.mean.ptr(), n.var.ptr(), n.gamma.ptr(), n.beta.ptr()]);
+        let ((code, slope), bias, eps) = (act.gpu_code(), bias.ptr(), batch_norm::EPS);
+        // the values' count an `int` as every kernel's (the kernel indexes within a plane as int)
+        int(len)?;
+        let (channels, pixels, planes, row, vec4) = (int(channels)?, int(pixels)?, int(planes)?, int(row as usize)?, i32::from(vec4));
+        let args = kernel_args![z, bias, mean, var, gamma, beta, skip, y, code, slope, channels, pixels, planes, row, vec4, eps];
+        self.run_blocks(stream, Kernel::ConvEpilogue, grid, 0, args)
+    }
 }
 
 /// A convolution step's backward: its dz (unless written), db, then dW and (where needed) dX,

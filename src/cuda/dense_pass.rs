@@ -191,7 +191,7 @@ fn route_of(f: &Forward, index: usize, dir: Dir) -> Route {
 /// A dense step's forward (`out_features` and `activation` are the step's layer's).
 pub(crate) fn dense_forward(pass: &GpuForward, step: &Step, out_features: usize, activation: Activation) -> Result<()> {
     debug_assert_eq!((dense_shape(step).map(|s| s.0), step.layer.activation()), (Some(out_features), activation));
-    let GpuForward { gpu, blas, stream, plan, f, index, weights_early } = *pass;
+    let GpuForward { gpu, blas, stream, plan, f, index, weights_early, .. } = *pass;
     forward_on(&On { gpu, blas, stream, plan, f }, step, route_of(f, index, Dir::Forward), weights_early)
 }
 

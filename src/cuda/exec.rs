@@ -4,6 +4,10 @@
 //!
 //! Everything here only enqueues work on one stream (kernels and cuBLAS calls), so it can be
 //! captured into a CUDA graph; nothing allocates, copies from the host or synchronises.
+//!
+//! An inference pass skips the steps a convolution takes in (`layers::Fused`, as the CPU's
+//! `Workspace::taken_in`: a batch norm after it, a residual sum after that), which its forward
+//! runs in one pass after its product (`conv.rs`); a training pass runs every step.
 
 use super::blas::Blas;
 use super::buffer::DevBuf;
@@ -17,7 +21,7 @@ use super::routes::Routes;
 use crate::activation::Activation;
 use crate::chain::{Plan, Step};
 use crate::error::Result;
-use crate::layers::{region, Mode};
+use crate::layers::{region, Fused, Mode};
 use crate::loss::Loss;
 use cudarc::driver::{sys, CudaStream};
 use std::ops::Range;
@@ -117,6 +121,9 @@ pub(crate) struct GpuForward<'a> {
     /// The kernel ahead of the step's first launch writes no weights, so that launch may read
     /// its weights before waiting for it (see [`forward`]).
     pub weights_early: bool,
+    /// The steps after this one that its forward runs too (a convolution's in inference, those
+    /// of them the pass runs; none otherwise).
+    pub fused: Fused,
 }
 
 impl GpuForward<'_> {
@@ -136,8 +143,9 @@ impl GpuForward<'_> {
     }
 }
 
-/// Steps `0..upto`'s outputs for the first `f.batch` samples (as `layers::forward`); returns
-/// whether the kernel after them may read weights before waiting for the one ahead of it.
+/// Steps `0..upto`'s outputs for the first `f.batch` samples (as `layers::forward`: in
+/// inference, of the steps a convolution takes in, only the last one's output); returns whether
+/// the kernel after them may read weights before waiting for the one ahead of it.
 ///
 /// `after_copy`: the kernel ahead of the pass in `stream` is the copy of its inputs (which
 /// writes no weights), so even the first layer reads its weights before waiting for it; else
@@ -153,11 +161,21 @@ pub(crate) fn forward(
     upto: usize,
     mode: Mode,
 ) -> Result<bool> {
-    let mut pass = GpuForward { gpu, blas, stream, plan, f, index: 0, weights_early: after_copy };
+    let mut pass = GpuForward { gpu, blas, stream, plan, f, index: 0, weights_early: after_copy, fused: Fused::default() };
     // whether the kernel ahead writes no weights: after the pass's own first launch it never does
     let mut early_next = after_copy;
+    // the first step not yet run: those before it were run or taken in
+    let mut next = 0;
     for (index, step) in plan.steps[..upto].iter().enumerate() {
-        (pass.index, pass.weights_early) = (index, early_next);
+        if index < next {
+            continue;
+        }
+        let fused = match mode {
+            Mode::Infer => Fused::of(plan, index).before(upto),
+            Mode::Train => Fused::default(),
+        };
+        next = fused.last(index) + 1;
+        (pass.index, pass.weights_early, pass.fused) = (index, early_next, fused);
         early_next |= !step.layer.is_view();
         step.layer.gpu_forward(step, &pass, mode)?;
     }

@@ -17,7 +17,7 @@
 
 mod fused;
 
-use fused::Fused;
+pub(crate) use fused::Fused;
 
 use super::conv::{geometry, packed, Geometry};
 use super::lowering::{backward, forward, Scratch};
@@ -225,14 +225,8 @@ impl ConvCache {
                 if self.infer_routes[b] == self.routes[b] { String::new() } else { format!(", inference {}", self.infer_routes[b].name()) };
             parts.push(format!("batch {}: {fwd}{infer}, {bwd}", bucket.label()));
         }
-        let Fused { batch_norm, add } = self.fused;
-        let taken: Vec<String> =
-            [batch_norm.map(|i| format!("the batch norm of step {i}")), add.map(|i| format!("the residual sum of step {i}"))]
-                .into_iter()
-                .flatten()
-                .collect();
-        if !taken.is_empty() {
-            parts.push(format!("inference: {} in its epilogue", taken.join(" and ")));
+        if let Some(taken) = self.fused.describe() {
+            parts.push(format!("inference: {taken} in its epilogue"));
         }
         let mut report = parts.join("; ");
         for (pass, splits) in ["training", "inference"].into_iter().zip(&self.splits) {

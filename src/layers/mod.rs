@@ -80,6 +80,8 @@ use crate::activation::Activation;
 use crate::chain::{Plan, Step};
 use crate::cpu::pool::Pool;
 use crate::cpu::{for_chunks, SharedMut};
+#[cfg(feature = "cuda")]
+pub(crate) use conv_fast::Fused;
 pub(crate) use dropout::Draw;
 use kind::layers;
 pub(crate) use kind::{Buffers, Kept, Mode, TensorSpec};

@@ -1,6 +1,6 @@
 //! Which steps after a convolution its inference pass runs in the convolution's epilogue
-//! ([`Fused`], read by `conv_fast.rs`'s forward pass), and the tests of that inference against
-//! the steps one by one.
+//! ([`Fused`], read by `conv_fast.rs`'s forward pass and by the GPU's, `cuda/conv.rs`), and the
+//! tests of that inference against the steps one by one.
 
 use crate::chain::Plan;
 use crate::layers::Layer;
@@ -16,8 +16,11 @@ pub(crate) struct Fused {
 }
 
 impl Fused {
-    /// What convolution step `index` of `plan` takes in.
+    /// What step `index` of `plan` takes in: nothing unless it is a convolution (2-D or 1-D).
     pub fn of(plan: &Plan, index: usize) -> Fused {
+        if !crate::layers::conv::is_conv(&plan.steps[index].layer) {
+            return Fused::default();
+        }
         // step `next` is of the kind `is`, reads step `from`'s output, which nothing else reads
         // and which is `from`'s z (no activation)
         let takes = |from: usize, is: fn(&Layer) -> bool| {
@@ -38,6 +41,27 @@ impl Fused {
     /// Whether it takes in step `index`.
     pub fn takes(&self, index: usize) -> bool {
         self.batch_norm == Some(index) || self.add == Some(index)
+    }
+
+    /// Whether it takes in no step.
+    #[cfg(any(test, feature = "cuda"))]
+    pub fn is_empty(&self) -> bool {
+        *self == Fused::default()
+    }
+
+    /// What it takes in of a pass that runs steps `0..upto` alone: the steps before `upto` (a
+    /// batch norm's Add is after it, so never an Add without its batch norm).
+    #[cfg(any(test, feature = "cuda"))]
+    pub fn before(self, upto: usize) -> Fused {
+        Fused { batch_norm: self.batch_norm.filter(|&i| i < upto), add: self.add.filter(|&i| i < upto) }
+    }
+
+    /// The steps it takes in, for the routes reports ("the batch norm of step 1 and the residual
+    /// sum of step 2"); None where it takes in none.
+    pub fn describe(&self) -> Option<String> {
+        let bn = self.batch_norm.map(|i| format!("the batch norm of step {i}"));
+        let taken: Vec<String> = [bn, self.add.map(|i| format!("the residual sum of step {i}"))].into_iter().flatten().collect();
+        (!taken.is_empty()).then(|| taken.join(" and "))
     }
 }
 
@@ -95,6 +119,28 @@ mod tests {
             (signals, vec![(0, fused(Some(1), None)), (3, fused(Some(4), Some(5)))]),
             (shared, vec![(0, Fused::default())]),
         ]
+    }
+
+    /// Only a convolution takes steps in: a dense layer before a batch norm, or before a residual
+    /// block's sum, takes none. A pass that stops inside a group (steps `0..upto`) takes in the
+    /// steps before its end alone. The reports name what is taken in.
+    #[test]
+    fn only_convolutions_take_steps_in_and_only_those_a_pass_runs() {
+        let identity = Activation::Identity;
+        let dense = Chain::new(Shape::vector(6)).dense(4, identity).batch_norm().residual(|c| c.dense(4, identity)).dense(2, identity);
+        let plan = dense.build().unwrap().plan;
+        assert!((0..plan.steps.len()).all(|i| Fused::of(&plan, i).is_empty()), "{:?}", plan.steps);
+        let (images, want) = fusing_chains().swap_remove(0);
+        let plan = images.build().unwrap().plan;
+        let (both, bn) = (Fused::of(&plan, 5), Fused { batch_norm: Some(6), add: None });
+        assert_eq!(both, want[2].1);
+        assert_eq!(both.before(plan.steps.len()), both);
+        assert_eq!((both.before(8), both.before(7), both.before(6)), (both, bn, Fused::default()));
+        assert!(Fused::default().is_empty() && !bn.is_empty() && !both.is_empty());
+        assert_eq!(both.describe().as_deref(), Some("the batch norm of step 6 and the residual sum of step 7"));
+        assert_eq!(Fused::of(&plan, 9).describe().as_deref(), Some("the residual sum of step 10"));
+        assert_eq!(bn.describe().as_deref(), Some("the batch norm of step 6"));
+        assert_eq!(Fused::default().describe(), None);
     }
 
     /// Inference with the steps each convolution takes in, against the plain loops running every
