@@ -2,8 +2,9 @@
 //! (dropout draws the CPU's masks, so the two runs follow one trajectory), the running
 //! statistics, inference by them, the fusions that read a region's readers (a residual block
 //! after an activated layer; a dense layer, and the training head, after a batch norm with an
-//! activation), and checkpoints resumed on the GPU. `#[ignore]`d: `cargo test --
-//! --include-ignored` runs them where there is a GPU.
+//! activation; in inference, a convolution's batch norm and residual sum in its epilogue), and
+//! checkpoints resumed on the GPU. `#[ignore]`d: `cargo test -- --include-ignored` runs them
+//! where there is a GPU.
 #![cfg(feature = "cuda")]
 
 use flatnn::prelude::*;
@@ -147,6 +148,121 @@ fn new_layers_train_on_the_gpu_as_on_the_cpu() {
             }
             assert_eq!(gpu.train_passes(), 16, "{what}: passes counted");
             assert!(cpu.buffers().unwrap().is_empty() || gpu.buffers().unwrap() != start.buffers().unwrap(), "{what}: statistics moved");
+        }
+    }
+}
+
+/// Inputs that poison every activation they reach (NaN inputs are refused): products overflow
+/// to infinities and NaN, so what a later pass leaves unwritten cannot pass for a right value.
+const POISON: f32 = f32::MAX;
+
+/// What a chain's convolutions take in on an inference pass: (the convolution's step, its batch
+/// norm's, its residual sum's) for each that takes a step in.
+type Taken = Vec<(usize, Option<usize>, Option<usize>)>;
+
+/// Chains whose convolutions take steps in on an inference pass, with what each takes in (the
+/// convolution's step, its batch norm's, its residual sum's): batch norms with and without an
+/// activation after 2-D and 1-D convolutions (a dilated one among them, which the CPU runs one
+/// step at a time), residual sums with ReLU, tanh and no activation after a batch norm or right
+/// after the convolution, planes of odd and of multiple-of-4 lengths; a convolution with its own
+/// activation, and one whose output a residual block also reads, which take nothing in;
+/// resnet_small. Each ends in 10 outputs, for `train`'s labels.
+fn fusing_chains() -> Vec<(&'static str, Chain, Taken)> {
+    let padded = Conv1dOptions { stride: 1, padding: 1, dilation: 1 };
+    let dilated = Conv1dOptions { stride: 1, padding: 2, dilation: 2 };
+    let images = Chain::new(Input::image(3, 7, 9))
+        .conv_with(5, (3, 3), Identity, same())
+        .batch_norm_with(Relu)
+        .residual_with(Relu, |c| {
+            c.conv_with(5, (3, 3), Identity, same()).batch_norm_with(Tanh).conv_with(5, (3, 3), Identity, same()).batch_norm()
+        })
+        .residual_with(Tanh, |c| c.conv_with(5, (3, 3), Identity, same()))
+        .conv_with(4, (2, 2), Relu, ConvOptions::default())
+        .batch_norm()
+        .global_avg_pool()
+        .dense(10, Identity);
+    let signals = Chain::new(Input::signal(2, 40))
+        .conv1d(6, 5, Identity)
+        .batch_norm_with(Relu)
+        .residual(|c| c.conv1d_with(6, 3, Identity, padded).batch_norm())
+        .flatten()
+        .dense(10, Identity);
+    let odd_signals = Chain::new(Input::signal(3, 23))
+        .conv1d_with(4, 3, Identity, dilated)
+        .batch_norm_with(Tanh)
+        .residual_with(Relu, |c| c.conv1d_with(4, 3, Identity, padded))
+        .flatten()
+        .dense(10, Identity);
+    let shared =
+        Chain::new(Input::image(2, 6, 6)).conv_with(3, (3, 3), Identity, same()).residual(|c| c.batch_norm()).flatten().dense(10, Identity);
+    vec![
+        ("images", images, vec![(0, Some(1), None), (3, Some(4), None), (5, Some(6), Some(7)), (9, None, Some(10))]),
+        ("signals", signals, vec![(0, Some(1), None), (3, Some(4), Some(5))]),
+        ("odd signals", odd_signals, vec![(0, Some(1), None), (3, None, Some(4))]),
+        ("shared", shared, vec![]),
+        (
+            "resnet_small",
+            flatnn::models::resnet_small(),
+            vec![
+                (0, Some(1), None),
+                (3, Some(4), None),
+                (5, Some(6), Some(7)),
+                (9, Some(10), None),
+                (11, Some(12), Some(13)),
+                (15, Some(16), None),
+                (17, Some(18), Some(19)),
+            ],
+        ),
+    ]
+}
+
+/// How the routes report names what a convolution takes in.
+fn described(norm: Option<usize>, add: Option<usize>) -> String {
+    let norm = norm.map(|i| format!("the batch norm of step {i}"));
+    let add = add.map(|i| format!("the residual sum of step {i}"));
+    [norm, add].into_iter().flatten().collect::<Vec<_>>().join(" and ")
+}
+
+/// Inference on the GPU, where convolutions take the steps after them in (one kernel after the
+/// product), against the CPU's on the same parameters and running statistics (moved from their
+/// start by three training steps): within 1e-5 at batches 1, 5 and 16 of a capacity of 16,
+/// graphs on and off, each pass after one on poison inputs. The GPU's routes report names what
+/// each convolution takes in, and nothing for the others.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn inference_with_steps_in_a_convolutions_epilogue_matches_the_cpu() {
+    let device = cuda_device();
+    for (name, chain, taken) in fusing_chains() {
+        let mut cpu = chain.build().unwrap().init(Init::HeNormal, 3).with_threads(1).unwrap();
+        let start = cpu.buffers().unwrap().into_owned();
+        let mut opt = Optimizer::new(&cpu, Optim::sgd(0.01, 0.9)).unwrap();
+        train(&mut cpu, &mut opt, &[8], 3, 11);
+        assert_ne!(cpu.buffers().unwrap().into_owned(), start, "{name}: running statistics moved");
+        let inputs = cpu.input_shape().len();
+        for graphs in [true, false] {
+            let gpu = cpu.to(&Device::Cpu).unwrap().with_gpu_options(GpuOptions { graphs, tf32: false, ..GpuOptions::default() }).unwrap();
+            let gpu = gpu.to(&device).unwrap();
+            let (mut fwd, mut want) = (gpu.preallocate(16).unwrap(), cpu.preallocate(16).unwrap());
+            let mut rng = Rng::new(21);
+            for n in [1, 5, 16] {
+                let what = format!("{name}, graphs {graphs}, batch {n}");
+                fwd.set_inputs(&vec![POISON; n * inputs]).unwrap();
+                gpu.forward(&mut fwd).unwrap();
+                let x = rng.uniform(n * inputs);
+                fwd.set_inputs(&x).unwrap();
+                want.set_inputs(&x).unwrap();
+                let got = gpu.forward(&mut fwd).unwrap().to_vec();
+                let err = rel_err(&got, cpu.forward(&mut want).unwrap());
+                println!("{what}: rel err {err:.2e}");
+                assert!(err <= 1e-5, "{what}: outputs differ by {err:e}");
+            }
+            let report = fwd.routes();
+            let lines: Vec<&str> = report.lines().filter(|l| l.ends_with(" in its epilogue")).collect();
+            assert_eq!(lines.len(), taken.len(), "{name}: {report}");
+            for &(step, norm, add) in &taken {
+                let line = lines.iter().find(|l| l.starts_with(&format!("step {step} "))).unwrap_or_else(|| panic!("{name}: {report}"));
+                assert!(line.ends_with(&format!(": inference: {} in its epilogue", described(norm, add))), "{name}: {line}");
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! (the runner counts it as ignored; `--include-ignored` runs it) and starts with `test_gpu()`,
 //! which fails the test, saying why, where CUDA is missing.
 
+mod conv;
 mod dense;
 mod head;
 mod layers;
