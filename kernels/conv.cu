@@ -4,20 +4,33 @@
 // Input pixel of (c, i, j) at (oy, ox): (iy, ix) = (oy·sh + i·dh − ph, ox·sw + j·dw − pw), zero
 // outside; the dilation (dh, dw) is 1 but for a 1-D convolution (height 1, src/layers/conv1d.rs).
 
-// col[s, r, p] ← x[s, c, iy, ix] or 0 (padding); one thread per col value.
+// col[s, r, p] ← x[s, c, iy, ix] or 0 (padding). A row (s, r) of col is one tap (c, i, j) of one
+// sample over every output pixel: a block's threads go in groups of `lanes` (the power of two
+// ≥ OHW, at most the block), a group along one row at a time (grid-stride over the batch × CKK
+// rows), so that a row's channel and tap are worked out once, a pixel's coordinates with one
+// division, and the writes are contiguous. One thread per col value, each working out all six
+// coordinates (integer divisions), ran at ~0.4 TB/s (H200, resnet_small's 16×32×32 convolutions
+// at batch 64: 98 µs each).
 extern "C" __global__ void im2col(const float* x, float* col, int channels, int height, int width, int kh, int kw, int sh, int sw, int ph,
                                   int pw, int dh, int dw, int out_h, int out_w, int batch) {
     after_prior();
     int ohw = out_h * out_w, ckk = channels * kh * kw;
-    int n = batch * ckk * ohw;
-    GRID_STRIDE(idx, n) {
-        int p = idx % ohw, r = (idx / ohw) % ckk, s = idx / (ohw * ckk);
-        int ox = p % out_w, oy = p / out_w;
+    int lanes = 1;
+    while (lanes < ohw && lanes < (int)blockDim.x) lanes <<= 1;
+    int groups = blockDim.x / lanes, lane = threadIdx.x % lanes;
+    long long rows = (long long)batch * ckk;
+    for (long long row = (long long)blockIdx.x * groups + threadIdx.x / lanes; row < rows; row += (long long)gridDim.x * groups) {
+        int r = (int)(row % ckk);
+        long long s = row / ckk;
         int j = r % kw, i = (r / kw) % kh, c = r / (kw * kh);
-        int iy = oy * sh + i * dh - ph, ix = ox * sw + j * dw - pw;
-        float v = 0.0f;
-        if (iy >= 0 && iy < height && ix >= 0 && ix < width) v = x[((long long)s * channels + c) * height * width + iy * width + ix];
-        col[idx] = v;
+        const float* plane = x + (s * channels + c) * height * width;
+        float* out = col + row * ohw;
+        int y0 = i * dh - ph, x0 = j * dw - pw;
+        for (int p = lane; p < ohw; p += lanes) {
+            int oy = p / out_w, ox = p - oy * out_w;
+            int iy = oy * sh + y0, ix = ox * sw + x0;
+            out[p] = (iy >= 0 && iy < height && ix >= 0 && ix < width) ? plane[iy * width + ix] : 0.0f;
+        }
     }
 }
 

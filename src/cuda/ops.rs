@@ -365,7 +365,10 @@ impl Gpu {
         let (x, col) = (x.ptr(), col.ptr());
         let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b] = conv_dims(g, batch)?;
         let args = kernel_args![x, col, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b];
-        self.run(stream, Kernel::Im2col, blocks(batch * g.lowered_len()), args)
+        // a block takes BLOCK / lanes rows at a time, lanes the power of two ≥ OHW (at most BLOCK)
+        let lanes = g.ohw().next_power_of_two().min(BLOCK as usize);
+        let rows = batch * g.in_channels * g.kernel.0 * g.kernel.1;
+        self.run(stream, Kernel::Im2col, blocks(rows * lanes), args)
     }
 
     /// dx (batch, C, H, W) ← col2im(dcol), overwritten: each pixel the sum of the lowered
