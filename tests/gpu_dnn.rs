@@ -447,7 +447,9 @@ fn non_deterministic_algorithms_train_near_the_cpu_and_stay_apart() {
         }
         let det_err = rel_err(&det_params, &cpu_params);
         println!("{name}: deterministic, 20 steps: parameters rel err {det_err:.2e}");
-        assert!(det_err <= 1e-4, "{name}: deterministic parameters differ from the CPU's by {det_err:e}");
+        // 20 Adam steps of vgg_small drift from the CPU's order of sums as far either way (H200:
+        // 5.75e-4 deterministic, 5.85e-4 not); what determinism promises is the bits below
+        assert!(det_err <= 2e-3, "{name}: deterministic parameters differ from the CPU's by {det_err:e}");
         assert!(again_losses == det_losses, "{name}: two deterministic models' losses differ");
         assert!(again_params == det_params, "{name}: parameters differ: rel err {:e}", rel_err(&again_params, &det_params));
     }
