@@ -5,12 +5,12 @@
 // outside; the dilation (dh, dw) is 1 but for a 1-D convolution (height 1, src/layers/conv1d.rs).
 
 // col[s, r, p] ← x[s, c, iy, ix] or 0 (padding). A row (s, r) of col is one tap (c, i, j) of one
-// sample over every output pixel: a block's threads go in groups of `lanes` (the power of two
-// ≥ OHW, at most the block), a group along one row at a time (grid-stride over the batch × CKK
-// rows), so that a row's channel and tap are worked out once, a pixel's coordinates with one
-// division, and the writes are contiguous. One thread per col value, each working out all six
-// coordinates (integer divisions), ran at ~0.4 TB/s (H200, resnet_small's 16×32×32 convolutions
-// at batch 64: 98 µs each).
+// sample over every output pixel: blockIdx.y walks the samples, and a block's threads go in
+// groups of `lanes` (the power of two ≥ OHW, at most the block), a group along one row at a
+// time (grid-stride over the CKK taps), so that a row's channel and tap are worked out once
+// (32-bit divisions), a pixel's coordinates with one division, and the writes are contiguous.
+// One thread per col value, each working out all six coordinates, ran at ~0.4 TB/s (H200,
+// resnet_small's 16×32×32 convolutions at batch 64: 98 µs each).
 extern "C" __global__ void im2col(const float* x, float* col, int channels, int height, int width, int kh, int kw, int sh, int sw, int ph,
                                   int pw, int dh, int dw, int out_h, int out_w, int batch) {
     after_prior();
@@ -18,18 +18,17 @@ extern "C" __global__ void im2col(const float* x, float* col, int channels, int 
     int lanes = 1;
     while (lanes < ohw && lanes < (int)blockDim.x) lanes <<= 1;
     int groups = blockDim.x / lanes, lane = threadIdx.x % lanes;
-    long long rows = (long long)batch * ckk;
-    for (long long row = (long long)blockIdx.x * groups + threadIdx.x / lanes; row < rows; row += (long long)gridDim.x * groups) {
-        int r = (int)(row % ckk);
-        long long s = row / ckk;
-        int j = r % kw, i = (r / kw) % kh, c = r / (kw * kh);
-        const float* plane = x + (s * channels + c) * height * width;
-        float* out = col + row * ohw;
-        int y0 = i * dh - ph, x0 = j * dw - pw;
-        for (int p = lane; p < ohw; p += lanes) {
-            int oy = p / out_w, ox = p - oy * out_w;
-            int iy = oy * sh + y0, ix = ox * sw + x0;
-            out[p] = (iy >= 0 && iy < height && ix >= 0 && ix < width) ? plane[iy * width + ix] : 0.0f;
+    for (int s = blockIdx.y; s < batch; s += gridDim.y) {
+        for (int r = blockIdx.x * groups + threadIdx.x / lanes; r < ckk; r += gridDim.x * groups) {
+            int j = r % kw, i = (r / kw) % kh, c = r / (kw * kh);
+            const float* plane = x + ((long long)s * channels + c) * height * width;
+            float* out = col + ((long long)s * ckk + r) * ohw;
+            int y0 = i * dh - ph, x0 = j * dw - pw;
+            for (int p = lane; p < ohw; p += lanes) {
+                int oy = p / out_w, ox = p - oy * out_w;
+                int iy = oy * sh + y0, ix = ox * sw + x0;
+                out[p] = (iy >= 0 && iy < height && ix >= 0 && ix < width) ? plane[iy * width + ix] : 0.0f;
+            }
         }
     }
 }

@@ -365,10 +365,11 @@ impl Gpu {
         let (x, col) = (x.ptr(), col.ptr());
         let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b] = conv_dims(g, batch)?;
         let args = kernel_args![x, col, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b];
-        // a block takes BLOCK / lanes rows at a time, lanes the power of two ≥ OHW (at most BLOCK)
+        // a block takes BLOCK / lanes taps of a sample at a time, lanes the power of two ≥ OHW
+        // (at most BLOCK); the grid's y the samples
         let lanes = g.ohw().next_power_of_two().min(BLOCK as usize);
-        let rows = batch * g.in_channels * g.kernel.0 * g.kernel.1;
-        self.run(stream, Kernel::Im2col, blocks(rows * lanes), args)
+        let grid = (blocks(g.ckk() * lanes), batch.clamp(1, 65_535) as u32);
+        self.run_grid(stream, Kernel::Im2col, grid, args)
     }
 
     /// dx (batch, C, H, W) ← col2im(dcol), overwritten: each pixel the sum of the lowered
