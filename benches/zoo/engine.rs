@@ -101,12 +101,14 @@ pub struct Runner {
     place: Place,
     model: std::result::Result<Model, String>,
     series: Vec<(Task, Series)>,
+    /// Each batch's `Cache::routes` after its tasks ran (what every layer ran on, and why).
+    pub routes: String,
 }
 
 impl Runner {
     pub fn new(zoo: &'static ZooModel, place: Place, gpu: Option<Device>) -> Runner {
         let model = build(zoo, place, gpu).map_err(|e| failure(&e));
-        Runner { zoo, place, model, series: Task::ALL.iter().map(|&t| (t, Series::default())).collect() }
+        Runner { zoo, place, model, series: Task::ALL.iter().map(|&t| (t, Series::default())).collect(), routes: String::new() }
     }
 
     fn figure(&self, task: Task, batch: usize, result: std::result::Result<Measured, String>) -> Figure {
@@ -140,6 +142,8 @@ impl Runner {
             };
             results.push((task, result));
         }
+        let tasks: Vec<String> = tasks.iter().map(|t| t.to_string()).collect();
+        self.routes += &format!("== {} {place} batch {batch} ({})\n{}\n", zoo.name, tasks.join(", "), cache.routes());
         let figures: Vec<Figure> = results.into_iter().map(|(task, result)| self.figure(task, batch, result)).collect();
         for f in &figures {
             let shown = f.seconds.map_or_else(|| f.note.clone().unwrap_or_default(), crate::figures::fmt_seconds);

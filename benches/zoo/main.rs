@@ -1,6 +1,8 @@
 //! The model zoo against PyTorch and ONNX Runtime, in one run: flatnn's figures, then the peers'
 //! (`benches/peers/zoo.py`, one process), then one table per device and task with the ratio
-//! best peer / flatnn, a table with every peer, a CSV and an SVG plot.
+//! best peer / flatnn, a table with every peer, a CSV and an SVG plot; and `routes.txt`, each
+//! flatnn point's `Cache::routes` (what every layer ran on, with the others' times), from which
+//! one can tell which routes ever win.
 //!
 //!   cargo bench --bench zoo -- [--models a,b] [--tasks train,infer,latency]
 //!       [--devices cpu1,cpu,gpu,gpu-tf32] [--batches 1,8,64] [--peers|--no-peers] [--compile]
@@ -306,7 +308,7 @@ fn main() -> Result<()> {
     }
     let load_before = load_average();
     let device = gpu.and_then(Result::ok);
-    let mut figures: Vec<Figure> = Vec::new();
+    let (mut figures, mut routes): (Vec<Figure>, String) = (Vec::new(), String::new());
     for &zoo in &args.models {
         for &place in &places {
             let mut runner = engine::Runner::new(zoo, place, device);
@@ -325,6 +327,7 @@ fn main() -> Result<()> {
                     Err(why) => peers_failed = Some(why),
                 }
             }
+            routes += &runner.routes;
         }
     }
     let _ = writeln!(header, "load average (1, 5, 15 min) before: {load_before}; after: {}", load_average());
@@ -364,6 +367,7 @@ fn main() -> Result<()> {
     println!("{}", header.lines().last().unwrap_or_default());
     write(&args.out, "zoo.txt", &text)?;
     write(&args.out, "zoo.csv", &report::csv(&results))?;
+    write(&args.out, "routes.txt", &routes)?;
     let title = header.lines().take(2).collect::<Vec<_>>().join(" — ");
     write(&args.out, "zoo.svg", &svg::plot(&results, &title))?;
     Ok(())
