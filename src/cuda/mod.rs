@@ -36,6 +36,7 @@ mod rnn_cudnn;
 mod rnn_dnn;
 mod rnn_route;
 mod routes;
+mod saved;
 pub(crate) mod serve;
 pub(crate) mod state;
 #[cfg(test)]
