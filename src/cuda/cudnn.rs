@@ -436,9 +436,17 @@ impl Handle {
         let ws_len = workspace.len();
         let (tf32, deterministic) = (options.tf32, options.deterministic);
         let mut found: Vec<Perf> = Vec::new();
+        let mut failed = None;
         for math in if tf32 { &[DEFAULT, FMA][..] } else { &[FMA][..] } {
             // SAFETY: the caller's contract.
-            found.extend(unsafe { self.find_with(dir, d, p, workspace, *math) }?);
+            match unsafe { self.find_with(dir, d, p, workspace, *math) } {
+                Ok(results) => found.extend(results),
+                // one search failing leaves the other's results
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let (true, Some(e)) = (found.is_empty(), failed) {
+            return Err(e);
         }
         // fastest first; an algorithm offered by both searches under the same math type once
         found.sort_by(|a, b| a.time.total_cmp(&b.time));

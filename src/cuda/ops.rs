@@ -361,7 +361,8 @@ impl Gpu {
         if batch * g.lowered_len() == 0 {
             return Ok(());
         }
-        let _ = int(batch * in_len)?;
+        // the kernel's 32-bit sizes: a sample's input, taps (CKK) and output pixels (OHW)
+        let _ = (int(batch * in_len)?, int(g.ckk())?, int(g.ohw())?);
         let (x, col) = (x.ptr(), col.ptr());
         let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b] = conv_dims(g, batch)?;
         let args = kernel_args![x, col, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, b];

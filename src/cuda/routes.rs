@@ -79,8 +79,9 @@ struct Table {
     measuring: Duration,
     /// Whether its backward routes were checked in whole steps yet ([`Routes::check_in_steps`]).
     checked: bool,
-    /// The training steps the whole-step check timed (where this cache checked).
-    step_us: Option<StepUs>,
+    /// The training steps the whole-step check timed (where this cache checked), or why it
+    /// could not time the first one (the routes fastest alone then stay).
+    step_us: Option<std::result::Result<StepUs, String>>,
 }
 
 /// A training step's time (µs) on the routes fastest alone and on those kept after the
@@ -210,9 +211,15 @@ impl Routes {
             let sizes = if first >= table.samples { format!("{}", table.samples) } else { format!("{first}–{}", table.samples) };
             let ms = table.measuring.as_secs_f64() * 1e3;
             let _ = write!(out, "{}batch {sizes} {arith}: dense routes measured in {ms:.1} ms", if out.is_empty() { "" } else { "\n" });
-            if let Some(StepUs { alone, kept, with_update }) = table.step_us {
-                let what = if with_update { "whole steps" } else { "forward and backward" };
-                let _ = write!(out, "; {what} {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept");
+            match &table.step_us {
+                Some(Ok(StepUs { alone, kept, with_update })) => {
+                    let what = if *with_update { "whole steps" } else { "forward and backward" };
+                    let _ = write!(out, "; {what} {alone:.1} µs on the routes fastest alone, {kept:.1} µs on those kept");
+                }
+                Some(Err(why)) => {
+                    let _ = write!(out, "; whole steps not timed ({why}): the routes fastest alone");
+                }
+                None => {}
             }
             for layer in &table.layers {
                 for dir in Dir::ALL {

@@ -386,8 +386,10 @@ impl DevModel {
             // update (as the step runs it: the kernels after the backward pass decide what of
             // its tail overlaps the next step), the parameters, the optimiser's state and the
             // norm. Copies only where a step will be timed; and the update is timed only where
-            // its copies (as much memory again as the parameters and the state) can be had, so
-            // that a step that fits the device does not fail for want of memory for its check.
+            // its copies (as much memory again as the parameters and the state) can be had and
+            // its first timing goes through, so that a step that fits the device does not fail
+            // for want of memory for its check (nor does a check that cannot time any step:
+            // `check_in_steps` then keeps the routes fastest alone).
             let timing = dev.routes.will_time(plan, loss, graphs, ordinal, &in_head);
             let saved = match timing {
                 true => Some(Saved::take(gpu, stream, &Vec::from_iter(&self.buffers), &[&dg.loss])?),
@@ -397,20 +399,35 @@ impl DevModel {
                 (true, Some((_, _, opt))) => Saved::take(gpu, stream, &[&self.params, &opt.state], &[&opt.norm]).ok(),
                 _ => None,
             };
-            let with_update = saved_update.is_some();
-            let time = |routes: &Routes| match saved {
-                Some(_) => time_steps(gpu, stream, graphs, &|| {
+            let with_update = std::cell::Cell::new(saved_update.is_some());
+            let timed = std::cell::Cell::new(false);
+            let time_with = |routes: &Routes, update: bool| {
+                time_steps(gpu, stream, graphs, &|| {
                     step_on(routes, false)?;
-                    if with_update {
+                    if update {
                         queue_update()
                     } else {
                         Ok(())
                     }
-                }),
+                })
+            };
+            let time = |routes: &Routes| match saved {
+                Some(_) => {
+                    let first = !timed.replace(true);
+                    match time_with(routes, with_update.get()) {
+                        // the first step with the update failed (its graph may find no memory
+                        // beside the copies): every step of the check is timed without it
+                        Err(_) if first && with_update.get() => {
+                            with_update.set(false);
+                            time_with(routes, false)
+                        }
+                        timing => timing,
+                    }
+                }
                 // will_time said that nothing would be timed, and nothing was saved
                 None => Err(Error::Cuda { what: "the whole-step check timed a step it had not saved the state of".into() }),
             };
-            let checked = dev.routes.check_in_steps(plan, loss, graphs, ordinal, &in_head, with_update, &time);
+            let checked = dev.routes.check_in_steps(plan, loss, graphs, ordinal, &in_head, &|| with_update.get(), &time);
             let wait = |s: &CudaStream| s.synchronize().map_err(|e| driver_error("waiting for the whole-step check", e));
             // a failed timing may leave work on the side streams that never joined back (the
             // loss's sum writes the losses): done before the losses are put back

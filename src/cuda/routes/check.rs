@@ -163,7 +163,7 @@ impl Routes {
     /// alone may take the SMs the other stream needed; a layer's and the head's weight
     /// gradients go in one launch only where both take the same route (the split over the
     /// batch). So `time_step` (a training step on the routes given, µs a step; its update
-    /// included where `with_update` says so, as the report then says) times the routes fastest
+    /// included where `with_update` says so once the steps are timed, as the report then says) times the routes fastest
     /// alone, then each variant in turn ([`variants`]), and a variant is kept where the step is
     /// faster by more than [`KEEP`] (and stays where timed again so, [`Routes::confirm`]); one
     /// whose timing fails is put back and not kept. Nothing is timed where there is no variant
@@ -179,7 +179,7 @@ impl Routes {
         graphs: bool,
         ordinal: usize,
         in_head: &dyn Fn(usize) -> bool,
-        with_update: bool,
+        with_update: &dyn Fn() -> bool,
         time_step: &dyn Fn(&Routes) -> Result<f32>,
     ) -> Result<()> {
         let index = self.current.expect("a table picked by prepare");
@@ -190,7 +190,22 @@ impl Routes {
             }
             ToCheck::Time(key) => {
                 let start = Instant::now();
-                let alone = time_step(self)?;
+                let alone = match time_step(self) {
+                    Ok(us) => us,
+                    Err(e) => {
+                        // the routes fastest alone stay, for this key in every cache of the
+                        // process: a check that cannot time a step (say, for want of memory
+                        // for its graph) must not fail every training call after it
+                        let table = &mut self.tables[index];
+                        (table.step_us, table.checked) = (Some(Err(e.to_string())), true);
+                        table.measuring += start.elapsed();
+                        let mut all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
+                        if !all.iter().any(|(k, _)| *k == key) {
+                            all.push((key, Vec::new()));
+                        }
+                        return Ok(());
+                    }
+                };
                 let mut best = alone;
                 let mut changes = Vec::new();
                 // A variant can save at most the time its routes took: where the backward
@@ -224,7 +239,7 @@ impl Routes {
                     false => self.confirm(index, alone, &mut changes, time_step),
                 };
                 let table = &mut self.tables[index];
-                table.step_us = Some(StepUs { alone, kept: best, with_update });
+                table.step_us = Some(Ok(StepUs { alone, kept: best, with_update: with_update() }));
                 table.measuring += start.elapsed();
                 let mut all = STEP_CHOICES.lock().unwrap_or_else(PoisonError::into_inner);
                 match all.iter().find(|(k, _)| *k == key) {
@@ -360,7 +375,7 @@ mod tests {
                 12.5
             })
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false, true, &step).unwrap();
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false, &|| true, &step).unwrap();
         assert!(!routes.unchecked());
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(Route::Split), Some(Route::Split)));
         assert_eq!(tried.borrow()[..2], [(mma, panel), (Route::Split, Route::Split)], "the routes alone, then both split");
@@ -374,13 +389,13 @@ mod tests {
         let mut second = measured(mma, panel);
         assert!(!second.will_time(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false), "the first cache's check is reused");
         let untimed = |_: &Routes| -> Result<f32> { panic!("the first cache's check is reused") };
-        second.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false, true, &untimed).unwrap();
+        second.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9001, &|_| false, &|| true, &untimed).unwrap();
         assert_eq!(second.route(0, Dir::WeightGrad), Some(Route::Split));
 
         // where no variant is faster, the routes fastest alone stay
         let mut slower = measured(mma, panel);
         slower
-            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9002, &|_| false, true, &|r: &Routes| {
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9002, &|_| false, &|| true, &|r: &Routes| {
                 Ok(if r.route(0, Dir::WeightGrad) == Some(mma) && r.route(1, Dir::WeightGrad) == Some(panel) { 12.0 } else { 12.05 })
             })
             .unwrap();
@@ -396,7 +411,7 @@ mod tests {
         let plan = plan();
         let mut routes = measured(mma, panel);
         routes
-            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9003, &|_| false, true, &|r: &Routes| {
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9003, &|_| false, &|| true, &|r: &Routes| {
                 let now = (r.route(0, Dir::WeightGrad).unwrap(), r.route(1, Dir::WeightGrad).unwrap());
                 match now == (Route::Split, Route::Split) {
                     true => Err(crate::Error::Cuda { what: "a variant failed to run".into() }),
@@ -409,7 +424,7 @@ mod tests {
 
         // a cache of the model whose first layer cannot take the split (another capacity)
         let mut kept = measured(mma, panel);
-        kept.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9004, &|_| false, true, &|r: &Routes| {
+        kept.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9004, &|_| false, &|| true, &|r: &Routes| {
             Ok(if r.route(0, Dir::WeightGrad) == Some(Route::Split) && r.route(1, Dir::WeightGrad) == Some(Route::Split) {
                 10.0
             } else {
@@ -422,7 +437,7 @@ mod tests {
             times.retain(|t| t.0 != Route::Split);
         }
         other
-            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9004, &|_| false, true, &|_: &Routes| {
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9004, &|_| false, &|| true, &|_: &Routes| {
                 panic!("the first cache's check is reused")
             })
             .unwrap();
@@ -437,7 +452,7 @@ mod tests {
         }
         assert!(!single.will_time(&plan, Loss::LogitCrossEntropy, true, 9005, &|_| false));
         single
-            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9005, &|_| false, true, &|_: &Routes| panic!("nothing to time"))
+            .check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9005, &|_| false, &|| true, &|_: &Routes| panic!("nothing to time"))
             .unwrap();
         assert!(!single.unchecked());
     }
@@ -470,7 +485,7 @@ mod tests {
             assert_eq!(r.route(1, Dir::InputGrad), Some(panel), "the head's input gradient varied");
             Ok(if r.route(0, Dir::WeightGrad) == Some(k(Kernel::DenseMma32x32Mn2)) { 10.0 } else { 12.0 })
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9006, &|s| s == head_step, true, &step).unwrap();
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9006, &|s| s == head_step, &|| true, &step).unwrap();
         assert_eq!(routes.route(0, Dir::WeightGrad), Some(k(Kernel::DenseMma32x32Mn2)));
     }
     /// A variant that was faster only in its one timing (the luck of many tries) is timed
@@ -485,7 +500,7 @@ mod tests {
             let split = r.route(0, Dir::WeightGrad) == Some(Route::Split) && r.route(1, Dir::WeightGrad) == Some(Route::Split);
             Ok(if split && lucky.replace(false) { 10.0 } else { 12.0 })
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9007, &|_| false, true, &step).unwrap();
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9007, &|_| false, &|| true, &step).unwrap();
         assert!(!lucky.get(), "the split was timed");
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
         assert!(routes.report().contains("whole steps 12.0 µs on the routes fastest alone, 12.0 µs on those kept"));
@@ -502,7 +517,7 @@ mod tests {
             timed.set(timed.get() + 1);
             Ok(1000.0)
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9008, &|_| false, true, &step).unwrap();
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9008, &|_| false, &|| true, &step).unwrap();
         assert_eq!(timed.get(), 1);
         assert!(!routes.unchecked());
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
@@ -528,10 +543,30 @@ mod tests {
                 _ => Err(crate::Error::Cuda { what: "a timing failed".into() }),
             }
         };
-        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9009, &|_| false, false, &step).unwrap();
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9009, &|_| false, &|| false, &step).unwrap();
         assert!(split_timings.get() >= 2, "the split was timed again");
         assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
         let report = routes.report();
         assert!(report.contains("forward and backward 12.0 µs on the routes fastest alone, 12.0 µs on those kept"), "{report}");
+    }
+
+    /// A first step that cannot be timed (say, its graph finds no memory beside the check's
+    /// copies) leaves the routes fastest alone, checked, and says so; another cache of the
+    /// same key times nothing and takes them too: training goes on.
+    #[test]
+    fn a_step_that_cannot_be_timed_leaves_the_routes_alone_and_training_goes_on() {
+        let (mma, panel) = (Route::Fused(Kernel::DenseMma32x32Mn), Route::Fused(Kernel::DensePanel));
+        let plan = plan();
+        let mut routes = measured(mma, panel);
+        let failing = |_: &Routes| Err(crate::Error::Cuda { what: "out of memory".into() });
+        routes.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9010, &|_| false, &|| true, &failing).unwrap();
+        assert!(!routes.unchecked());
+        assert_eq!((routes.route(0, Dir::WeightGrad), routes.route(1, Dir::WeightGrad)), (Some(mma), Some(panel)));
+        let report = routes.report();
+        assert!(report.contains("whole steps not timed (") && report.contains("out of memory"), "{report}");
+        let mut second = measured(mma, panel);
+        assert!(!second.will_time(&plan, Loss::LogitCrossEntropy, true, 9010, &|_| false));
+        second.check_in_steps(&plan, Loss::LogitCrossEntropy, true, 9010, &|_| false, &|| true, &|_: &Routes| panic!("known")).unwrap();
+        assert!(!second.unchecked());
     }
 }
