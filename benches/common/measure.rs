@@ -1,5 +1,5 @@
-//! What the one-thread CPU benches (`gemm`, `floor`) share: time per call by the process's CPU
-//! time, and a line naming the machine and its load.
+//! What the one-thread CPU benches (`gemm`, `floor`) and `examples/layer_times` share: time per
+//! call by the process's CPU time (or another clock), and a line naming the machine and its load.
 //!
 //! The development machine is shared with other jobs, so a wall clock there measures them too.
 //! CPU time leaves out the time this process waits for a core; it still includes what their
@@ -31,23 +31,29 @@ pub struct Sampling {
 
 impl Sampling {
     /// The median over the samples of the CPU seconds per call of `call`.
-    pub fn per_call(self, mut call: impl FnMut()) -> f64 {
-        let (start, mut calls) = (cpu_seconds(), 0usize);
+    pub fn per_call(self, call: impl FnMut()) -> f64 {
+        self.per_call_on(cpu_seconds, call)
+    }
+
+    /// The median over the samples of the seconds per call of `call` by `clock` (seconds from
+    /// any fixed start): the warm-up and the samples' lengths are measured by it too.
+    pub fn per_call_on(self, clock: fn() -> f64, mut call: impl FnMut()) -> f64 {
+        let (start, mut calls) = (clock(), 0usize);
         let once = loop {
-            let s = cpu_seconds();
+            let s = clock();
             call();
             calls += 1;
-            let last = cpu_seconds() - s;
-            if calls >= 2 && cpu_seconds() - start >= self.warmup.as_secs_f64() {
+            let last = clock() - s;
+            if calls >= 2 && clock() - start >= self.warmup.as_secs_f64() {
                 break last.max(1e-9);
             }
         };
         let per_sample = ((self.sample.as_secs_f64() / once).ceil() as usize).max(1);
         let mut times: Vec<f64> = (0..self.samples.max(1))
             .map(|_| {
-                let s = cpu_seconds();
+                let s = clock();
                 (0..per_sample).for_each(|_| call());
-                (cpu_seconds() - s) / per_sample as f64
+                (clock() - s) / per_sample as f64
             })
             .collect();
         times.sort_by(f64::total_cmp);
