@@ -141,23 +141,7 @@ class Peers:
         if name not in self.onnx_files:
             import zoo_onnx
 
-            if self.torch:
-                self.torch.manual_seed(SEED)
-                model = zoo_models.torch_twin(name).eval()
-                with tempfile.TemporaryDirectory() as tmp:
-                    path = os.path.join(tmp, f"{name}.onnx")
-                    try:
-                        self.onnx_source[name] = zoo_onnx.export_torch(model, name, path)
-                        with open(path, "rb") as f:
-                            self.onnx_files[name] = f.read()
-                    except Exception as e:
-                        weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-                        self.onnx_files[name] = zoo_onnx.build(name, weights).SerializeToString()
-                        self.onnx_source[name] = f"onnx.helper (torch export failed: {str(e)[:300]})"
-            else:
-                weights = zoo_onnx.random_weights(name, SEED)
-                self.onnx_files[name] = zoo_onnx.build(name, weights).SerializeToString()
-                self.onnx_source[name] = "onnx.helper"
+            self.onnx_files[name], self.onnx_source[name] = zoo_onnx.model_bytes(name, SEED, self.torch)
         return self.onnx_files[name]
 
     def ort_call(self, name, batch, device, task):

@@ -8,7 +8,9 @@ writes nn.GELU() (x * 0.5 * (1 + erf(x / sqrt 2))), which ONNX Runtime fuses int
 
 import json
 import math
+import os
 import struct
+import tempfile
 
 import numpy as np
 
@@ -187,6 +189,25 @@ def recurrent(module, layer, x, nodes, fresh, init, helper):
     nodes.append(helper.make_node("Squeeze", [y, axis], [squeezed]))
     nodes.append(helper.make_node("Transpose", [squeezed], [out], perm=[1, 0, 2]))
     return out
+
+
+def model_bytes(name, seed, torch=None):
+    """The network `name` as ONNX bytes, and how they were made: with `torch` (the module), the
+    export of the twin PyTorch initialises after manual_seed(seed), or, where the export fails,
+    onnx.helper's graph of the twin's weights; without, onnx.helper's of random_weights(name, seed)."""
+    if torch is None:
+        return build(name, random_weights(name, seed)).SerializeToString(), "onnx.helper"
+    torch.manual_seed(seed)
+    model = zoo_models.torch_twin(name).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{name}.onnx")
+        try:
+            source = export_torch(model, name, path)
+            with open(path, "rb") as f:
+                return f.read(), source
+        except Exception as e:  # fall back to the same weights through onnx.helper
+            weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+            return build(name, weights).SerializeToString(), f"onnx.helper (torch export failed: {str(e)[:300]})"
 
 
 def export_torch(model, name, path):

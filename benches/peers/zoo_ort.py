@@ -9,12 +9,17 @@ import numpy as np
 import onnxruntime as ort
 
 
-def session(model_bytes, threads):
+def session(model_bytes, threads, profile_prefix=None):
+    """A session on `threads` threads; with `profile_prefix`, profiling every node of every run
+    into a JSON file of that prefix (`end_profiling` closes it and gives its path)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
 
 
