@@ -6,8 +6,11 @@ use flatnn::models;
 use flatnn::prelude::*;
 use flatnn::Result;
 
+/// A zoo model's name and its chain.
+pub type Named = (&'static str, fn() -> Chain);
+
 /// The zoo's models, named as in `benches/zoo/engine.rs` (`ZOO`); the test checks the names.
-pub const MODELS: [(&str, fn() -> Chain); 10] = [
+pub const MODELS: [Named; 10] = [
     ("mlp", models::mlp),
     ("lenet5", models::lenet5),
     ("simplenn", models::simplenns_mlp),
@@ -28,7 +31,7 @@ pub enum Part {
     /// `Chain::new(step.input).layer(step.layer)`: the step's layer (its activation included)
     /// alone on the step's input shape, with the whole model's values of the step's parameters
     /// and its thread count.
-    Alone(Model),
+    Alone(Box<Model>),
     /// A step that cannot run as a model of its own, and why.
     Not(&'static str),
 }
@@ -70,7 +73,7 @@ pub fn split(model: &Model) -> Result<Vec<Part>> {
             return Err(mismatch("the model's buffers are not at their starting values, which a model alone starts at"));
         }
         alone.set_parameters(&params[step.params.clone()])?;
-        parts.push(Part::Alone(alone));
+        parts.push(Part::Alone(Box::new(alone)));
     }
     Ok(parts)
 }

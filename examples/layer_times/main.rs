@@ -173,7 +173,7 @@ fn run() -> Result<()> {
     let mut steps: Vec<std::result::Result<Timed, &str>> = parts
         .into_iter()
         .map(|part| match part {
-            Part::Alone(m) => Timed::new(m, args.batch).map(Ok),
+            Part::Alone(m) => Timed::new(*m, args.batch).map(Ok),
             Part::Not(why) => Ok(Err(why)),
         })
         .collect::<Result<_>>()?;
