@@ -37,7 +37,7 @@ mod alone;
 use alone::{Part, MODELS, SEED};
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
-use flatnn::Result;
+use flatnn::{Plan, Result};
 use measure::{least, Sampling};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -142,6 +142,61 @@ fn taken_in_by(routes: &str, index: usize) -> Option<usize> {
     routes.lines().find(|l| l.starts_with("step ") && l.contains(&needle))?.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The table of the steps, and the whole model's time against the sum of its parts'.
+fn print_table(plan: &Plan, whole: &Timed, steps: &[std::result::Result<Timed, &str>], routes: &str) {
+    let whole_s = least(&whole.seconds);
+    println!("| step | layer | shape | µs alone | share of the whole |");
+    println!("|---|---|---|---|---|");
+    // the parts alone, and those of them the whole model does not run in a convolution's epilogue
+    let (mut sum, mut apart, mut taken) = (0.0, 0.0, false);
+    for (index, (step, t)) in plan.steps.iter().zip(steps).enumerate() {
+        let taken_in = taken_in_by(routes, index);
+        taken |= taken_in.is_some();
+        let fused = taken_in.map_or(String::new(), |k| format!(" (in the whole model, in step {k}'s epilogue)"));
+        let (alone, share) = match t {
+            Ok(t) => {
+                let s = least(&t.seconds);
+                sum += s;
+                if taken_in.is_none() {
+                    apart += s;
+                }
+                (us(s), format!("{:.1} %{fused}", 100.0 * s / whole_s))
+            }
+            Err(why) => ("—".into(), format!("does not run alone: {why}{fused}")),
+        };
+        println!("| {index} | {:?} | {} → {} | {alone} | {share} |", step.layer, step.input, step.output);
+    }
+    let parts = |what: &str, s: f64| {
+        format!("{what}: {} µs ({:.1} % of the whole; whole − parts {} µs)", us(s), 100.0 * s / whole_s, us(whole_s - s))
+    };
+    println!("\nwhole model: {} µs; {}", us(whole_s), parts("the parts alone", sum));
+    if taken {
+        println!("{}", parts("the parts alone less those the whole model runs in an epilogue", apart));
+    }
+}
+
+/// The whole model's `Cache::routes` lines: the first, each step's in order, those of no step.
+fn print_routes(plan: &Plan, routes: &str) {
+    println!("\nroutes of the whole model (Cache::routes):");
+    println!("{}", routes.lines().next().unwrap_or_default());
+    let mut missing = Vec::new();
+    for index in 0..plan.steps.len() {
+        let lines = route_lines(routes, index);
+        if lines.is_empty() {
+            missing.push(index.to_string());
+        }
+        for line in lines {
+            println!("{line}");
+        }
+    }
+    if !missing.is_empty() {
+        println!("(steps with no line: {})", missing.join(", "));
+    }
+    for line in routes.lines().skip(1).filter(|l| !l.starts_with("step ") && !l.starts_with(' ') && !l.is_empty()) {
+        println!("{line}");
+    }
+}
+
 fn us(seconds: f64) -> String {
     format!("{:.1}", seconds * 1e6)
 }
@@ -193,62 +248,10 @@ fn run() -> Result<()> {
         eprintln!("round {round}: whole {} µs", us(whole.seconds[round]));
     }
     let routes = whole.cache.routes();
-    let whole_s = least(&whole.seconds);
-    let sum: f64 = steps.iter().flatten().map(|t| least(&t.seconds)).sum();
-    println!(
-        "\n{}, batch {}, {threads} thread{}; {clock_name}, the least of {} rounds' medians of 7 samples of ≥ 10 ms\n",
-        args.name,
-        args.batch,
-        if threads == 1 { "" } else { "s" },
-        args.rounds
-    );
-    println!("| step | layer | shape | µs alone | share of the whole |");
-    println!("|---|---|---|---|---|");
-    // the parts alone, less those the whole model runs in a convolution's epilogue
-    let mut apart = 0.0;
-    for (index, (step, t)) in plan.steps.iter().zip(&steps).enumerate() {
-        let taken_in = taken_in_by(&routes, index);
-        let fused = taken_in.map_or(String::new(), |k| format!(" (in the whole model, in step {k}'s epilogue)"));
-        let (alone, share) = match t {
-            Ok(t) => {
-                let s = least(&t.seconds);
-                if taken_in.is_none() {
-                    apart += s;
-                }
-                (us(s), format!("{:.1} %{fused}", 100.0 * s / whole_s))
-            }
-            Err(why) => ("—".into(), format!("does not run alone: {why}{fused}")),
-        };
-        println!("| {index} | {:?} | {} → {} | {alone} | {share} |", step.layer, step.input, step.output);
-    }
-    println!(
-        "\nwhole model: {} µs; the parts alone: {} µs ({:.1} % of the whole), whole − parts {} µs; less those in an epilogue: {} µs ({:.1} %), whole − parts {} µs",
-        us(whole_s),
-        us(sum),
-        100.0 * sum / whole_s,
-        us(whole_s - sum),
-        us(apart),
-        100.0 * apart / whole_s,
-        us(whole_s - apart)
-    );
-    println!("\nroutes of the whole model (Cache::routes):");
-    println!("{}", routes.lines().next().unwrap_or_default());
-    let mut missing = Vec::new();
-    for index in 0..plan.steps.len() {
-        let lines = route_lines(&routes, index);
-        if lines.is_empty() {
-            missing.push(index.to_string());
-        }
-        for line in lines {
-            println!("{line}");
-        }
-    }
-    if !missing.is_empty() {
-        println!("(no line for steps {})", missing.join(", "));
-    }
-    for line in routes.lines().skip(1).filter(|l| !l.starts_with("step ") && !l.starts_with(' ') && !l.is_empty()) {
-        println!("{line}");
-    }
+    let what = format!("{}, batch {}, {threads} thread{}", args.name, args.batch, if threads == 1 { "" } else { "s" });
+    println!("\n{what}; {clock_name}, the least of {} rounds' medians of 7 samples of ≥ 10 ms\n", args.rounds);
+    print_table(&plan, &whole, &steps, &routes);
+    print_routes(&plan, &routes);
     println!("\nload average at the end: {}", measure::load());
     Ok(())
 }
