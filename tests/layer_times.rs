@@ -75,3 +75,21 @@ fn the_tools_models_are_the_zoos() {
     let names: Vec<&str> = zoo.split("name: \"").skip(1).filter_map(|rest| rest.split('"').next()).collect();
     assert_eq!(names, MODELS.map(|m| m.0));
 }
+
+/// A model whose batch norm's running statistics moved (one training pass) is refused: its
+/// parts would start from other statistics than its own.
+#[test]
+fn a_model_whose_buffers_moved_is_not_split() {
+    let model = Chain::new(Input::vector(4)).dense(4, Relu).batch_norm().dense(2, Identity).build().unwrap();
+    let model = model.init(Init::HeNormal, SEED).with_threads(1).unwrap();
+    assert_eq!(alone::split(&model).unwrap().len(), 3);
+    let (mut cache, mut grads) = (model.preallocate(2).unwrap(), model.preallocate_grads(2).unwrap());
+    cache.set_inputs(&Rng::new(5).uniform(8)).unwrap();
+    cache.set_targets(&[0.5, -0.5, 1.0, 0.0]).unwrap();
+    model.backprop(&mut grads, &mut cache, Loss::Mse).unwrap();
+    match alone::split(&model) {
+        Err(Error::Mismatch(why)) => assert!(why.contains("step 1 (BatchNorm") && why.contains("buffers"), "{why}"),
+        Err(e) => panic!("expected a mismatch, got {e}"),
+        Ok(_) => panic!("a model with moved running statistics was split"),
+    }
+}
