@@ -200,11 +200,14 @@ impl Perf {
     /// of status, determinism, math type and workspace kept it out.
     fn describe(&self, dir: Dir, workspace: usize) -> String {
         let mut out = dir.algo_name(self.algo);
+        if !dir.exact(self.algo) {
+            out.push_str(" (not a product)");
+        }
         if self.status != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS as u32 {
             out.push_str(&format!(" status {}", self.status));
         }
         if !self.is_deterministic() {
-            out.push_str(" non-deterministic");
+            out.push_str(" atomic");
         }
         if self.math_type != sys::cudnnMathType_t::CUDNN_FMA_MATH as u32 {
             out.push_str(&format!(" math {}", self.math_type));
@@ -410,10 +413,9 @@ impl Handle {
         Ok(())
     }
 
-    /// cuDNN's `count` fastest usable algorithms for `dir` (see [`Perf::usable`]: TF32 and
-    /// non-deterministic algorithms where `options` allow them), fastest first, as measured by
-    /// cuDNN on the operands (which it overwrites: y, dw or dx), within `workspace`; and, where
-    /// none is usable, what cuDNN offered (for the report). Waits for the device.
+    /// cuDNN's `count` fastest usable algorithms for `dir` and what the report says of the
+    /// others ([`choose`]), as measured by cuDNN on the operands (which it overwrites: y, dw or
+    /// dx), within `workspace`. Waits for the device.
     ///
     /// With TF32, Find searches twice, with DEFAULT math (TF32 tensor cores permitted) and with
     /// FMA: on the H200 (cuDNN 9.14), a DEFAULT search of every weight and input gradient of
@@ -433,11 +435,9 @@ impl Handle {
         count: usize,
     ) -> Result<(Vec<Algo>, String), CudnnError> {
         use sys::cudnnMathType_t::{CUDNN_DEFAULT_MATH as DEFAULT, CUDNN_FMA_MATH as FMA};
-        let ws_len = workspace.len();
-        let (tf32, deterministic) = (options.tf32, options.deterministic);
         let mut found: Vec<Perf> = Vec::new();
         let mut failed = None;
-        for math in if tf32 { &[DEFAULT, FMA][..] } else { &[FMA][..] } {
+        for math in if options.tf32 { &[DEFAULT, FMA][..] } else { &[FMA][..] } {
             // SAFETY: the caller's contract.
             match unsafe { self.find_with(dir, d, p, workspace, *math) } {
                 Ok(results) => found.extend(results),
@@ -448,22 +448,7 @@ impl Handle {
         if let (true, Some(e)) = (found.is_empty(), failed) {
             return Err(e);
         }
-        // fastest first; an algorithm offered by both searches under the same math type once
-        found.sort_by(|a, b| a.time.total_cmp(&b.time));
-        let mut algos: Vec<Algo> = Vec::new();
-        for r in found.iter().filter(|r| r.usable(dir, ws_len, tf32, deterministic)) {
-            let Some(math) = math_type(r.math_type, tf32) else { continue };
-            let algo = Algo { id: r.algo, math, deterministic: r.is_deterministic() };
-            if !algos.iter().any(|a| a.id == algo.id && a.math == algo.math) {
-                algos.push(algo);
-            }
-        }
-        algos.truncate(count);
-        let offered = match algos.is_empty() {
-            true => found.iter().map(|r| r.describe(dir, ws_len)).collect::<Vec<_>>().join(", "),
-            false => String::new(),
-        };
-        Ok((algos, offered))
+        Ok(choose(found, dir, workspace.len(), options, count))
     }
 
     /// One Find search for `dir` with `math` set on the convolution: cuDNN's results, fastest
@@ -527,6 +512,43 @@ impl Handle {
             }
         }
     }
+}
+
+/// Of the results of cuDNN's searches (`found`), the `count` fastest usable ones (see
+/// [`Perf::usable`]), fastest first, an algorithm offered by both searches under one math type
+/// once; and, for the report, what cuDNN offered where none is usable, else the fastest result
+/// it timed faster than every usable one (an atomic or FFT algorithm, one needing more
+/// workspace), if any.
+fn choose(mut found: Vec<Perf>, dir: Dir, ws_len: usize, options: &GpuOptions, count: usize) -> (Vec<Algo>, String) {
+    let (tf32, deterministic) = (options.tf32, options.deterministic);
+    // fastest first; an algorithm offered by both searches under the same math type once
+    found.sort_by(|a, b| a.time.total_cmp(&b.time));
+    let mut algos: Vec<Algo> = Vec::new();
+    for r in found.iter().filter(|r| r.usable(dir, ws_len, tf32, deterministic)) {
+        let Some(math) = math_type(r.math_type, tf32) else { continue };
+        let algo = Algo { id: r.algo, math, deterministic: r.is_deterministic() };
+        if !algos.iter().any(|a| a.id == algo.id && a.math == algo.math) {
+            algos.push(algo);
+        }
+    }
+    algos.truncate(count);
+    let usable = |r: &Perf| r.usable(dir, ws_len, tf32, deterministic);
+    let offered = match algos.is_empty() {
+        true => found.iter().map(|r| r.describe(dir, ws_len)).collect::<Vec<_>>().join(", "),
+        // the fastest result that ran but is not taken, where cuDNN timed it faster than
+        // every usable one (what the rules cost here: a report that says why a cell is red)
+        false => {
+            let best = found.iter().find(|r| usable(r)).map_or(f32::INFINITY, |r| r.time);
+            let success = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS as u32;
+            match found.iter().find(|r| r.status == success && !usable(r) && r.time < best) {
+                Some(r) => {
+                    format!("{} {:.1} µs in cuDNN's search, the fastest taken {:.1}", r.describe(dir, ws_len), r.time * 1e3, best * 1e3)
+                }
+                None => String::new(),
+            }
+        }
+    };
+    (algos, offered)
 }
 
 #[cfg(test)]

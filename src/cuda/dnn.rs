@@ -493,7 +493,10 @@ impl Cudnn {
                 let which = if options.deterministic { "deterministic product" } else { "product" };
                 m.note = format!("no {which} algorithm fits (cuDNN offered: {offered})");
             }
-            Ok((algos, _)) => {
+            Ok((algos, refused)) => {
+                if !refused.is_empty() {
+                    m.note = format!("refused: {refused}");
+                }
                 for algo in algos {
                     // SAFETY: as above, with an algorithm cuDNN found for them.
                     let run = || unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) }.map_err(|e| cudnn_error(dir.name(), e));

@@ -1,7 +1,8 @@
 //! The choice of cuDNN's results flatnn takes ([`super::Perf::usable`]) and how the report
 //! names them, on synthetic perf records: no device needed.
 
-use super::{Algo, Dir, Perf};
+use super::{choose, Algo, Dir, Perf};
+use crate::cuda::options::GpuOptions;
 use cudarc::cudnn::sys;
 use sys::cudnnConvolutionBwdDataAlgo_t as D;
 use sys::cudnnConvolutionBwdFilterAlgo_t as W;
@@ -100,4 +101,46 @@ fn a_non_deterministic_algorithm_says_so_in_its_name() {
     assert_eq!(Algo { deterministic: true, ..algo }.name(Dir::Weight), "BWD_FILTER_ALGO_0");
     let tf32 = Algo { math: M::CUDNN_TENSOR_OP_MATH, ..algo };
     assert_eq!(tf32.name(Dir::Weight), "BWD_FILTER_ALGO_0 (TENSOR_OP_MATH) (non-deterministic)");
+}
+
+/// Of two searches' results (TF32 on: the DEFAULT and the FMA search), the usable ones are
+/// taken fastest first, one algorithm under one math type once, at most `count`; the report
+/// names the fastest result cuDNN timed faster than every one taken, with why it was not
+/// taken; and where none is usable, everything cuDNN offered.
+#[test]
+fn the_searches_results_are_merged_fastest_first_and_the_faster_refused_named() {
+    let (fma, default) = (M::CUDNN_FMA_MATH as u32, M::CUDNN_DEFAULT_MATH as u32);
+    let (wgrad0, wgrad1, wgrad3) = (
+        W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 as u32,
+        W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 as u32,
+        W::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3 as u32,
+    );
+    let timed = |algo, det, math, memory, ms| Perf { time: ms, ..perf(algo, det, math, memory) };
+    let found = vec![
+        timed(wgrad1, DETERMINISTIC, fma, 0, 0.9),
+        timed(wgrad0, NON_DETERMINISTIC, fma, 0, 0.3),
+        timed(wgrad1, DETERMINISTIC, default, 0, 0.7),
+        timed(wgrad3, DETERMINISTIC, fma, 2 * WORKSPACE, 0.5),
+        timed(wgrad1, DETERMINISTIC, fma, 0, 0.8),
+    ];
+    let tf32 = GpuOptions { tf32: true, ..GpuOptions::default() };
+    let (algos, refused) = choose(found.clone(), Dir::Weight, WORKSPACE, &tf32, 3);
+    let ids: Vec<(u32, u32)> = algos.iter().map(|a| (a.id, a.math as u32)).collect();
+    assert_eq!(ids, [(wgrad1, default), (wgrad1, fma)], "fastest first, (algorithm, math) once");
+    assert!(refused.starts_with("BWD_FILTER_ALGO_0 atomic 300.0 µs"), "{refused}");
+    assert!(refused.ends_with("the fastest taken 700.0"), "{refused}");
+    let (algos, _) = choose(found.clone(), Dir::Weight, WORKSPACE, &tf32, 1);
+    assert_eq!(algos.len(), 1);
+
+    // FP32, non-deterministic allowed: the atomic one is taken first, and the only faster
+    // result refused is none (ALGO_3 needs more workspace but is slower than ALGO_0)
+    let any_order = GpuOptions { deterministic: false, ..GpuOptions::default() };
+    let (algos, refused) = choose(found.clone(), Dir::Weight, WORKSPACE, &any_order, 3);
+    assert_eq!(algos.iter().map(|a| a.id).collect::<Vec<_>>(), [wgrad0, wgrad1]);
+    assert!(refused.is_empty(), "{refused}");
+
+    // nothing usable: all that cuDNN offered, each with why
+    let (algos, offered) = choose(vec![found[1], found[3]], Dir::Weight, WORKSPACE, &GpuOptions::default(), 3);
+    assert!(algos.is_empty());
+    assert_eq!(offered, "BWD_FILTER_ALGO_0 atomic, BWD_FILTER_ALGO_3 2048 KiB");
 }
