@@ -418,9 +418,9 @@ impl Handle {
     /// dx), within `workspace`. Waits for the device.
     ///
     /// With TF32, Find searches twice, with DEFAULT math (TF32 tensor cores permitted) and with
-    /// FMA: on the H200 (cuDNN 9.14), a DEFAULT search of every weight and input gradient of
-    /// vgg_small and resnet_small offered no deterministic product algorithm, so that TF32 ran
-    /// those directions on flatnn's kernels and its steps were 5–17 % slower than FP32's.
+    /// FMA: a DEFAULT search may offer no deterministic product algorithm for a direction that
+    /// FP32 has one for (cuDNN 9.14: every weight and input gradient of vgg_small and
+    /// resnet_small), which TF32 would then run on flatnn's kernels, slower than FP32.
     ///
     /// # Safety
     /// `d` live and made for the operands' shapes; `p` inside live buffers of the handle's

@@ -51,9 +51,8 @@ pub(super) fn time_calls(gpu: &Gpu, stream: &CudaStream, graphs: bool, work: &dy
 /// Microseconds per step of `step` (a whole training step) as a training loop runs it: with
 /// `graphs`, one step captured into a graph and that graph launched back to back, as
 /// `train_step` launches its step's graph; without, eager steps. A graph of several steps
-/// ([`time_calls`]) is not that: measured on the H200, the MLP's step at 512 took 31.6 µs a
-/// step in a graph of four and 24.9 µs launched back to back, and the variants' order was not
-/// the same. A run holds as many steps as take about [`STEP_RUN_US`] (from [`STEPS`] down to
+/// ([`time_calls`]) is not that: its steps overlap otherwise than a loop's, so it times
+/// another step than the one a loop runs, and ranks the variants otherwise. A run holds as many steps as take about [`STEP_RUN_US`] (from [`STEPS`] down to
 /// one), so that the first step's start from an idle device is a small part of it.
 pub(super) fn time_steps(gpu: &Gpu, stream: &CudaStream, graphs: bool, step: &dyn Fn() -> Result<()>) -> Result<f32> {
     let once = time_once(gpu, stream, step)?;
