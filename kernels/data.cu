@@ -22,8 +22,8 @@ extern "C" __global__ void gather_labels(const unsigned int* labels, const unsig
 }
 
 // Inputs from page-locked host memory (mapped into the device's address space) into device
-// memory, by a kernel reading over the bus: in a graph, a copy node costs ~7 µs more than a
-// kernel node on the H100 (`example launch_floor`). n values; src and dst 16-byte aligned.
+// memory, by a kernel reading over the bus: in a graph, a copy node costs more than a kernel
+// node (`example launch_floor`). n values; src and dst 16-byte aligned.
 extern "C" __global__ void copy_from_host(const float* src, float* dst, int n) {
     after_prior();
     int n4 = n / 4;

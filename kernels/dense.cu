@@ -307,7 +307,7 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
 // and db with atomic adds, which the host has cleared (src/cuda/head.rs, DenseEpilogue): two
 // addends to a zero give the same bits in either order, so the result does not depend on which
 // block lands first. (Exchanging the halves through a cluster's shared memory instead, a pull
-// after cluster barriers, cost ~3.3 µs a block at the end.)
+// after cluster barriers, was slower: the barriers cost each block time at its end.)
 #define MMA_THREADS 256  // the host's BLOCK
 #define MMA_KC 64
 #define MMA_STAGES 4
@@ -413,10 +413,9 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
     static_assert(WK * BM * (BN + 1) <= MMA_STAGES * STAGE, "the warps' sums fit in the buffers");
     static_assert(SPLIT == 1 || SPLIT == 2, "one block or two a tile");
     // The epilogue follows from the layout (the host checks), known when compiled, not read
-    // from `mode`: measured on the H100 against that, the MLP's step went 30.3–30.4 → 29.8–29.9
-    // µs at 1024, 23.4–23.5 → 22.3 at 512, 24.2 → 23.4–23.5 at 128 (with the mode read at run
-    // time, merely storing the split tile's sums through the general call cost 0.6 µs at 1024;
-    // with it known, that one call for every tile measures as the two did).
+    // from `mode`: so the MLP's step was faster at every batch measured (with the mode read at
+    // run time, merely storing the split tile's sums through the general call was slower; with
+    // it known, that one call for every tile costs what the two did).
     constexpr int mode = AK ? DENSE_FORWARD : DENSE_WEIGHT_GRAD;
     extern __shared__ __align__(16) float smem[];
     unsigned dyn;

@@ -41,18 +41,16 @@ pub(crate) const CARVEOUT_MAX_SHARED: i32 = 100;
 
 /// The kernels besides the tensor-core tiles (`ops::MMA_TILES`) that ask for
 /// [`CARVEOUT_MAX_SHARED`], unless `Tuning::carveout` is off in the environment (read when the
-/// device is set up: for measuring against the driver's choice). Left to the driver, an SM's split between L1 and
-/// shared memory follows the kernels on it, and it must drain before the split changes: a
-/// kernel launched early beside the one ahead of it (dependent launch) then waits for that one to
-/// finish where their shared memory together needs a larger split. Measured on the H100 (same
-/// binary, `FLATNN_CARVEOUT=0` against these, two rounds, µs): MLP step at 640 31.0–31.2 → 30.3,
-/// 768 32.1–32.3 → 31.3–31.5, 512, 1024 and 2048 within ±0.1; 100-200-1 at 512 17.0 → 17.2–17.3,
-/// 1024 and 2048 within ±0.2; LeNet inference at 1024 with its inputs in host memory 583–593 →
-/// 624–636 in one call, 515–520 → 514–545 in another (that path is mostly the host's copy;
-/// with the inputs on the device unchanged). The shallow head (`dense_head`) is not among them: with it, the 100-200-1 at 2048 took
-/// 37.0–37.1 against 34.5–34.6. On an H200, with the deep head's shared
-/// memory padded by 50 KB (MLP at 1024): 37.6 µs with the driver's choice, 33.8 with every
-/// kernel at the most (33.7 unpadded).
+/// device is set up: for measuring against the driver's choice). Left to the driver, an SM's
+/// split between L1 and shared memory follows the kernels on it, and it must drain before the
+/// split changes: a kernel launched early beside the one ahead of it (dependent launch) then
+/// waits for that one to finish where their shared memory together needs a larger split.
+/// Against the driver's choice (`FLATNN_CARVEOUT=0`), the most shared memory for these made the
+/// MLP's step faster at 640 and 768 samples and left the other steps measured about even
+/// (LeNet's inference from host memory, mostly the host's copy, varied either way from call to
+/// call); with the deep head's shared memory padded by 50 KB, the driver's choice made the MLP's
+/// step much slower, and the most for these gave back the unpadded time. The shallow head
+/// (`dense_head`) is not among them: with it, the 100-200-1's step at 2048 was slower.
 pub(crate) const SHARED_CARVEOUT_KERNELS: [Kernel; 4] =
     [Kernel::DenseHeadDeep, Kernel::DenseHeadDeep2, Kernel::WeightGradSplit, Kernel::ServeDense];
 

@@ -367,8 +367,8 @@ pub(crate) fn backward(
     };
     if let Some((h, l, loss)) = head {
         // the loss's value from the head's terms, on a stream of its own beside the weight
-        // gradients: behind those on the side stream it came last (the MLP step at 1024 took
-        // 32.3 µs that way against 30.9–31.0), and ahead of them it would delay them
+        // gradients: behind those on the side stream it finished last and made the step slower,
+        // and ahead of them it would delay them
         side.fork.record(stream)?;
         side.fork.wait_in(side.loss_stream)?;
         head_loss(gpu, side.loss_stream, f, l, loss, h)?;

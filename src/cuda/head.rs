@@ -2,13 +2,12 @@
 //! (kernels/head.cu), where the layer has at most [`MAX_OUTPUTS`] outputs and at most
 //! [`MAX_INPUTS`] inputs, for batches above [`MIN_BATCH`] and up to [`MAX_BATCH`]. Run
 //! separately, those are three kernels on a training step's critical path (the layer's forward,
-//! the loss, the layer's input gradient), each a kernel boundary and a round of loads after it
-//! (≥ ~1.5 µs each in-graph on the H100); here one warp takes a sample through all three, with
-//! the layer's weights staged into shared memory while the kernel ahead still runs. Where the
-//! dense layer before it is small enough ([`MAX_INNER_WEIGHTS`]), that layer's forward and
-//! input gradient join it (the head is then "deep", and takes a sample by two warps up to
-//! [`DEEP_PAIRS_MAX_BATCH`] samples): two kernels fewer again. The layers'
-//! weight gradients stay with the dense kernels (`exec::backward`).
+//! the loss, the layer's input gradient), each a kernel boundary and a round of loads after it;
+//! here one warp takes a sample through all three, with the layer's weights staged into shared
+//! memory while the kernel ahead still runs. Where the dense layer before it is small enough
+//! ([`MAX_INNER_WEIGHTS`]), that layer's forward and input gradient join it (the head is then
+//! "deep", and takes a sample by two warps up to [`DEEP_PAIRS_MAX_BATCH`] samples): two kernels
+//! fewer again. The layers' weight gradients stay with the dense kernels (`exec::backward`).
 //!
 //! `Tuning::head` (`FLATNN_HEAD=0`) turns it off, `Tuning::deep_head` (`FLATNN_HEAD=1`) keeps it
 //! to the last layer, for measuring against the separate kernels.
@@ -29,34 +28,24 @@ pub(crate) const MAX_INPUTS: usize = 1024;
 /// Samples a block takes at a time, a warp each (HEAD_WARPS).
 const WARPS: usize = BLOCK as usize / 32;
 
-/// Batches up to this run the separate kernels: there the loss kernel is one block, while the
-/// head's loss was summed across its blocks (a warp a sample), through a fence, a counter and the
-/// last block (`finish_loss` in kernels/loss.cu), which took back what the fusion saved.
-/// Measured on the H100 (same binary, `FLATNN_HEAD=1` against `0`, two rounds, back to back):
-/// MLP step at 1 15.2 against 16.6 µs, 64 21.9–22.1 against 20.6–20.7, 128 25.0 against 25.9,
-/// 160 28.3 against 27.3, 200 29.6 against 28.3–28.5, 256 30.6–30.8 against 29.9, 512 40.4–40.5
-/// against 41.0–41.2, 1024 49.5–49.6 against 53.1–53.3; 100-200-1 at 1 11.9–12.1 against 11.5,
-/// 128 16.3 against 15.6–15.7, 1024 30.3 against 32.8. With the loss summed beside the rest of
-/// the step (`Gpu::loss_sum`, twentieth session; that run summed it ahead of the side stream's
-/// weight gradients) the head still lost below 257 samples: MLP step at 16 17.1 against 16.5
-/// µs, 64 20.1 against 19.3, 160 27.3 against 25.5, 256 31.0 against 27.5.
+/// Batches up to this run the separate kernels, where the loss kernel is one block: the head
+/// leaves a partial sum a warp for `Gpu::loss_sum` to add beside the rest of the step, and below
+/// 257 samples the step was still slower with the head than without (`FLATNN_HEAD=1` against
+/// `0`), as it was when the head's last block summed them through a fence and a counter.
 const MIN_BATCH: usize = BLOCK as usize;
-/// Nor past this: at 4096 samples (4 a warp) the step lost (MLP 133.2–134.2 against 129.1–129.6
-/// µs, 100-200-1 57.2–57.6 against 53.3–53.5; same run), at 2048 it gained ~0.5 µs, at 16384 it
-/// gained (331.3–331.9 against 342.4–344.2), not traced.
+/// Nor past this: at 4096 samples (four a warp) both the MLP's and the 100-200-1's steps were
+/// slower with the head, though at 16384 it gained again (why, not traced).
 const MAX_BATCH: usize = 2048;
 /// Most weights the layer before may have for a deep head: every block stages them, and a lane
 /// computes its outputs one after another (sums of k0 terms), so that a large layer is better
 /// left to the dense kernels, which spread it over the whole GPU.
 pub(crate) const MAX_INNER_WEIGHTS: usize = 16_384;
 /// Nor for batches past this: one sample a warp of the most blocks the kernel runs on. With two
-/// a warp the MLP's step at 2048 took 81.7–81.8 µs against 66.9–67.0 with the last layer
-/// alone (H100, same binary, two rounds).
+/// a warp the MLP's step at 2048 was far slower than with the last layer alone.
 const DEEP_MAX_BATCH: usize = LOSS_BLOCKS * WARPS;
 /// Up to this batch a deep head takes a sample by two warps (`dense_head_deep2`), over at most
-/// half a warp a scheduler otherwise. Measured on the H100 (MLP step, against a warp a sample,
-/// two rounds): 257 25.7–25.8 → 24.8–25.0 µs, 384 26.3 → 25.1–25.2, 512 26.0 → 25.5; but at 768
-/// (on 192 blocks) 32.1–32.2 → 33.7–33.8 and 1024 34.6 → 35.7–35.8.
+/// half a warp a scheduler otherwise: against a warp a sample, that made the MLP's step faster
+/// from 257 to 512 samples, and slower from 768 (on 192 blocks).
 pub(crate) const DEEP_PAIRS_MAX_BATCH: usize = 512;
 
 /// How one step's head runs: where its buffers are and the launch's shape.

@@ -20,8 +20,8 @@
 //! step), and the persistent one for small hidden sizes (up to 192 units in inference, 128 in
 //! training for a GRU or LSTM, by PyTorch's rule), which keeps the recurrent weights on chip
 //! across the steps (the one PyTorch picks for FP32). cuDNN's other persistent algorithms,
-//! static and dynamic, were candidates too and never won: 4 to 50 times slower than the small
-//! one in every layer the GPU tests measure (H200, cuDNN 9.14), and the dynamic one, compiled by
+//! static and dynamic, were candidates too and never won: many times slower than the small
+//! one in every layer the GPU tests measure (cuDNN 9.14), and the dynamic one, compiled by
 //! cuDNN with NVRTC per batch, took seconds of a first call. Which algorithm cuDNN takes depends
 //! on the device, the sizes and the math type; one it refuses is not used. Each algorithm's descriptor gives its own offsets in the weight space
 //! (`Descs::weight_parts`), so the copies never assume the layouts agree; the sizes of the

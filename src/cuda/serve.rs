@@ -1,16 +1,15 @@
 //! A small dense model's inference answered by a kernel that stays on the GPU between calls
 //! (kernels/serve.cu), for [`crate::Server`]: no launch per call, so a call costs less than the
-//! driver's floor for a graph (`example launch_floor` on the H100: a doorbell answered by a
-//! resident kernel 3.7 µs, a graph of one kernel with a flag 5.2–5.9 µs).
+//! driver's floor for a graph (`example launch_floor` times a doorbell answered by a resident
+//! kernel against a graph of one kernel with a flag).
 //!
 //! Each block carries `rows` samples through every layer, with the weights copied into its
 //! shared memory when the kernel starts. The host writes the call into page-locked memory and
 //! rings a doorbell there; block 0 polls it and passes the call on to the others through device
 //! memory; the last block to finish writes the call's number to a page-locked word the host
-//! spins on. Measured on the H100 (100-200-1 at batch 128, inputs on the device, p50): every
-//! block polling the doorbell itself ~700 µs a call; block 0 passing it on 12.5 µs; with the
-//! layer table in shared memory 8.1 µs; one answer (the last block's) instead of one a block
-//! 6.1 µs.
+//! spins on. Every block polling the doorbell itself made a call many times slower than block 0
+//! passing it on; the layer table in shared memory, and one answer (the last block's) instead
+//! of one a block, each made it faster again.
 //!
 //! The kernel leaves when the server is dropped, and by itself after [`IDLE`] without a call;
 //! a call that finds it has run [`LIFE`] ends it first. A call after that relaunches it (one

@@ -189,11 +189,11 @@ impl DevModel {
 
     /// Forward on the cache's batch, then the outputs copied back (the host waits for them).
     /// The copy of new inputs from the page-locked staging buffer (by a kernel reading it over
-    /// the bus: a copy node in a graph can cost ~7 µs more on the H100), the layers and the copy of
+    /// the bus: in a graph a copy node costs more than a kernel node), the layers and the copy of
     /// the outputs to page-locked memory are one graph: one launch and one wait per call.
     /// Outputs of at most [`FINISH_MAX`] values are written to the host by a kernel that then
-    /// sets a page-locked flag, which the host spins on (about 1.6 µs sooner than a stream wait
-    /// on the H100: `example launch_floor`); larger ones by the copy engine and a stream wait.
+    /// sets a page-locked flag, which the host spins on (it sees them sooner than a stream wait
+    /// does: `example launch_floor`); larger ones by the copy engine and a stream wait.
     pub fn forward<'c>(&self, plan: &Plan, cache: &'c mut Cache) -> Result<&'c [f32]> {
         // cleared once the copy is queued: after an error the next call copies the inputs again
         let copy_in = cache.inputs_dirty;

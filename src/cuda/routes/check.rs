@@ -28,8 +28,7 @@ const KEEP: f32 = 0.01;
 /// runners-up where they are at most this many times its fastest. Every such runner-up is
 /// tried, not the nearest few: how a route ranks alone says little of how it runs in a step (at
 /// 512 samples the MLP's first weight gradient on the tile that splits the batch in two ranks
-/// fifth alone, 36 % slower than the fastest, and it is the one in a step 8 % faster, that of
-/// the hand-set thresholds this check replaced; BENCHMARKS.md, "GPU: MLP step").
+/// only fifth alone, yet it is the one in the faster step; BENCHMARKS.md, "GPU: MLP step").
 const NEAR: f32 = 3.0;
 
 /// Whole steps on the routes kept, and on those fastest alone, timed again before they are
