@@ -357,7 +357,7 @@ const LANES: usize = 8;
 
 /// Up to `LANES` windows of one row pair: copied into fixed-size lanes, so the rule below runs
 /// as vector compares and blends. (With a variable trip count LLVM leaves a scalar remainder
-/// and turns its selects into branches, which mispredict on real data: 10× slower.)
+/// and turns its selects into branches, which mispredict on real data: many times slower.)
 fn backward_2x2_lanes(x0: &[f32], x1: &[f32], dy: &[f32], d0: &mut [f32], d1: &mut [f32]) {
     let n = dy.len();
     let ([mut a, mut b, mut c, mut d], mut grad) = ([[0.0f32; LANES]; 4], [0.0f32; LANES]);

@@ -250,8 +250,8 @@ impl Geometry {
     }
 
     /// [`Geometry::argmax`] with the window's taps inside the signal found first and the
-    /// running maximum kept by selects, not branches (the winner is unpredictable on real data:
-    /// a mispredicted branch a tap cost about 7 ns an output); the same index.
+    /// running maximum kept by selects, not branches (the winner is unpredictable on real data,
+    /// so a branch a tap mispredicts often); the same index.
     #[inline(always)]
     fn argmax_fast(&self, row: &[f32], o: usize) -> usize {
         let (start, d, p) = (o * self.stride, self.dilation, self.padding);

@@ -216,10 +216,10 @@ impl Workspace {
 
 /// What a block of an inference pass may read and write in one step, a thread: half of a
 /// 1 MiB L2 (Zen 4; 2 MiB on recent Xeon cores), the rest left to the weights and the
-/// convolutions' scratch. A blocking size, as the GEMM's KC, MC and NC are: measured on the
-/// zoo's 64-sample inference (one thread), a block of 2 samples of resnet_small (192 KB of
-/// activations a step) took 18.0 ms where the whole batch took 21.7, vgg_small's of 4 (128 KB)
-/// 7.9 ms where 8.9, and blocks of 8 or more changed the dense models by under 2 %.
+/// convolutions' scratch. A blocking size, as the GEMM's KC, MC and NC are: on the zoo's
+/// 64-sample inference (one thread), blocks of 2 samples of resnet_small (192 KB of activations
+/// a step) and of 4 of vgg_small (128 KB) ran faster than the whole batch at once, and blocks of
+/// 8 or more left the dense models about even.
 const BLOCK_BYTES: usize = 512 * 1024;
 
 /// [`Workspace::block`] for `plan` on `threads` threads.

@@ -142,8 +142,8 @@ impl ConvRoute {
     }
 
     /// Whether a training pass runs it forward: all but the Winograd route, whose transformed
-    /// weights would be packed anew on every step (5 % of vgg_small's training step at batch 1
-    /// when they were, more than the route saved); inference packs them once a version.
+    /// weights would be packed anew on every step (which, where they were, cost vgg_small's
+    /// training step more than the route saved); inference packs them once a version.
     pub fn trains(self) -> bool {
         self != ConvRoute::Winograd
     }

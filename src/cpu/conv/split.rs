@@ -167,8 +167,8 @@ mod tests {
         asked
     }
 
-    /// One part sleeps 4 ms, the split 200 µs a task (each call of it ~0.3-1.3 ms on a busy
-    /// 2-core machine, most of it waiting for a sleeping worker to wake).
+    /// One part sleeps 4 ms, the split 200 µs a task: a margin that keeps the split faster on a
+    /// busy machine, where most of its call is waiting for a sleeping worker to wake.
     fn split_fast(parts: usize) -> Duration {
         Duration::from_micros(if parts == 1 { 4000 } else { 200 })
     }
