@@ -1,6 +1,6 @@
 //! The AVX2 + FMA micro-kernel: 6×16 tiles, 12 accumulator registers of 8 lanes.
 
-use super::kernel::{blend_fma, through_stack, Kernel, Panel};
+use super::kernel::{blend_fma, through_stack, Kernel, Panel, Rows};
 use super::ViewMut;
 use std::arch::x86_64::*;
 
@@ -11,7 +11,7 @@ impl Kernel for Avx2 {
     const NR: usize = 16;
 
     #[inline(always)]
-    unsafe fn tile<B: Panel>(height: usize, panels: usize, kc: usize, a: *const f32, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize) {
+    unsafe fn tile<A: Rows, B: Panel>(height: usize, panels: usize, kc: usize, a: A, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize) {
         let width = panels * 16;
         if cols < width {
             // SAFETY: the same contract, for a full tile on the stack.
@@ -24,17 +24,17 @@ impl Kernel for Avx2 {
         // SAFETY: the same contract; (height, panels) is one the contract allows.
         unsafe {
             match (height, panels) {
-                (1, 1) => tile::<1, 1, B>(kc, a, b, alpha, beta, c),
-                (1, 2) => tile::<1, 2, B>(kc, a, b, alpha, beta, c),
-                (1, 3) => tile::<1, 3, B>(kc, a, b, alpha, beta, c),
-                (1, _) => tile::<1, 4, B>(kc, a, b, alpha, beta, c),
-                (2, 1) => tile::<2, 1, B>(kc, a, b, alpha, beta, c),
-                (2, _) => tile::<2, 2, B>(kc, a, b, alpha, beta, c),
-                (3, 1) => tile::<3, 1, B>(kc, a, b, alpha, beta, c),
-                (3, _) => tile::<3, 2, B>(kc, a, b, alpha, beta, c),
-                (4, _) => tile::<4, 1, B>(kc, a, b, alpha, beta, c),
-                (5, _) => tile::<5, 1, B>(kc, a, b, alpha, beta, c),
-                _ => tile::<6, 1, B>(kc, a, b, alpha, beta, c),
+                (1, 1) => tile::<1, 1, A, B>(kc, a, b, alpha, beta, c),
+                (1, 2) => tile::<1, 2, A, B>(kc, a, b, alpha, beta, c),
+                (1, 3) => tile::<1, 3, A, B>(kc, a, b, alpha, beta, c),
+                (1, _) => tile::<1, 4, A, B>(kc, a, b, alpha, beta, c),
+                (2, 1) => tile::<2, 1, A, B>(kc, a, b, alpha, beta, c),
+                (2, _) => tile::<2, 2, A, B>(kc, a, b, alpha, beta, c),
+                (3, 1) => tile::<3, 1, A, B>(kc, a, b, alpha, beta, c),
+                (3, _) => tile::<3, 2, A, B>(kc, a, b, alpha, beta, c),
+                (4, _) => tile::<4, 1, A, B>(kc, a, b, alpha, beta, c),
+                (5, _) => tile::<5, 1, A, B>(kc, a, b, alpha, beta, c),
+                _ => tile::<6, 1, A, B>(kc, a, b, alpha, beta, c),
             }
         }
     }
@@ -50,7 +50,7 @@ impl Kernel for Avx2 {
 /// # Safety
 /// As [`Kernel::tile`] with height M, P panels and every column stored; AVX2 and FMA present.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const M: usize, const P: usize, B: Panel>(kc: usize, a: *const f32, b: B, alpha: f32, beta: f32, c: ViewMut) {
+unsafe fn tile<const M: usize, const P: usize, A: Rows, B: Panel>(kc: usize, a: A, b: B, alpha: f32, beta: f32, c: ViewMut) {
     // SAFETY: `Kernel::tile`'s contract: every load is in the A panel or in row p < kc of
     // one of the P panels, every prefetch and store in the M rows of 16·P contiguous values
     // of the C tile.
@@ -72,7 +72,7 @@ unsafe fn tile<const M: usize, const P: usize, B: Panel>(kc: usize, a: *const f3
                 let row = panel.row(p, 16);
                 let (b0, b1) = (_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(panel.gap(16))));
                 for (i, acc_i) in acc.iter_mut().enumerate() {
-                    let ai = _mm256_broadcast_ss(&*a.add(p * M + i));
+                    let ai = _mm256_broadcast_ss(&*a.at(i, p, M));
                     acc_i[q][0] = _mm256_fmadd_ps(ai, b0, acc_i[q][0]);
                     acc_i[q][1] = _mm256_fmadd_ps(ai, b1, acc_i[q][1]);
                 }

@@ -6,7 +6,7 @@
 //! last panel of 16 columns or fewer) computes that half alone, one vector a row: the FMAs on
 //! the zero padding would be half the tile's.
 
-use super::kernel::{blend_fma, Kernel, Panel};
+use super::kernel::{blend_fma, Kernel, Panel, Rows};
 use super::ViewMut;
 use std::arch::x86_64::*;
 
@@ -17,44 +17,44 @@ impl Kernel for Avx512 {
     const NR: usize = 32;
 
     #[inline(always)]
-    unsafe fn tile<B: Panel>(height: usize, panels: usize, kc: usize, a: *const f32, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize) {
+    unsafe fn tile<A: Rows, B: Panel>(height: usize, panels: usize, kc: usize, a: A, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize) {
         // SAFETY: the same contract; (height, panels) is one the contract allows.
         unsafe {
             if panels == 1 && cols <= 16 {
                 // the stored columns lie in the panel's first half: its second is not computed
                 return match height {
-                    1 => tile::<1, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    2 => tile::<2, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    3 => tile::<3, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    4 => tile::<4, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    5 => tile::<5, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    6 => tile::<6, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    7 => tile::<7, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    8 => tile::<8, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    9 => tile::<9, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    10 => tile::<10, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    11 => tile::<11, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
-                    _ => tile::<12, 1, 1, B>(kc, a, b, alpha, beta, c, cols),
+                    1 => tile::<1, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    2 => tile::<2, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    3 => tile::<3, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    4 => tile::<4, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    5 => tile::<5, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    6 => tile::<6, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    7 => tile::<7, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    8 => tile::<8, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    9 => tile::<9, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    10 => tile::<10, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    11 => tile::<11, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
+                    _ => tile::<12, 1, 1, A, B>(kc, a, b, alpha, beta, c, cols),
                 };
             }
             match (height, panels) {
-                (1, 1) => tile::<1, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (1, 2) => tile::<1, 2, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (1, 3) => tile::<1, 3, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (1, _) => tile::<1, 4, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (2, 1) => tile::<2, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (2, _) => tile::<2, 2, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (3, 1) => tile::<3, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (3, _) => tile::<3, 2, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (4, _) => tile::<4, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (5, _) => tile::<5, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (6, _) => tile::<6, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (7, _) => tile::<7, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (8, _) => tile::<8, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (9, _) => tile::<9, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (10, _) => tile::<10, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                (11, _) => tile::<11, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
-                _ => tile::<12, 1, 2, B>(kc, a, b, alpha, beta, c, cols),
+                (1, 1) => tile::<1, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (1, 2) => tile::<1, 2, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (1, 3) => tile::<1, 3, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (1, _) => tile::<1, 4, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (2, 1) => tile::<2, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (2, _) => tile::<2, 2, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (3, 1) => tile::<3, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (3, _) => tile::<3, 2, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (4, _) => tile::<4, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (5, _) => tile::<5, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (6, _) => tile::<6, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (7, _) => tile::<7, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (8, _) => tile::<8, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (9, _) => tile::<9, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (10, _) => tile::<10, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                (11, _) => tile::<11, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
+                _ => tile::<12, 1, 2, A, B>(kc, a, b, alpha, beta, c, cols),
             }
         }
     }
@@ -81,9 +81,9 @@ fn lanes(cols: usize, v: usize) -> __mmask16 {
 /// As [`Kernel::tile`] with height M and P panels, and cols ≤ 16·V where V = 1; AVX-512F,
 /// AVX2 and FMA present.
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn tile<const M: usize, const P: usize, const V: usize, B: Panel>(
+unsafe fn tile<const M: usize, const P: usize, const V: usize, A: Rows, B: Panel>(
     kc: usize,
-    a: *const f32,
+    a: A,
     b: B,
     alpha: f32,
     beta: f32,
@@ -114,7 +114,7 @@ unsafe fn tile<const M: usize, const P: usize, const V: usize, B: Panel>(
                     bv[V - 1] = _mm512_loadu_ps(row.add(panel.gap(32)));
                 }
                 for (i, acc_i) in acc.iter_mut().enumerate() {
-                    let ai = _mm512_set1_ps(*a.add(p * M + i));
+                    let ai = _mm512_set1_ps(*a.at(i, p, M));
                     for (acc_v, &b_v) in acc_i[q].iter_mut().zip(&bv) {
                         *acc_v = _mm512_fmadd_ps(ai, b_v, *acc_v);
                     }

@@ -1,4 +1,4 @@
-//! The micro-kernels: a tile of C ← α·(packed A panel)·(B panels) + β·C, one version per
+//! The micro-kernels: a tile of C ← α·(A panel)·(B panels) + β·C, one version per
 //! instruction set ([`Portable`] here, `Avx2` and `Avx512` beside it).
 //!
 //! A tile is `height` rows (≤ MR) by `panels` B panels of NR columns side by side. Each
@@ -7,6 +7,66 @@
 //! an element's bits: AVX2 and AVX-512 agree exactly.
 
 use super::ViewMut;
+
+/// How the values of an A panel (a tile's `height` ≤ MR rows, kc columns) are found. (The
+/// height is passed in, a constant where the kernels call these, so it folds away.)
+pub(super) trait Rows: Copy {
+    /// Value (i, p) of the panel, i < height, p < kc.
+    ///
+    /// # Safety
+    /// (i, p) lies in the panel of an operand the caller checked.
+    unsafe fn at(self, i: usize, p: usize, height: usize) -> *const f32;
+
+    /// The panel whose first row is row `ir` of this one's block (of kc columns).
+    ///
+    /// # Safety
+    /// That row exists in the checked operand.
+    unsafe fn down(self, ir: usize, kc: usize) -> Self;
+}
+
+/// A block packed into row panels (`pack_a`): the panel from row ir at `ptr + ir·kc`, k-major,
+/// value (i, p) at `p·height + i`.
+#[derive(Clone, Copy)]
+pub(super) struct PackedRows {
+    pub ptr: *const f32,
+}
+
+impl Rows for PackedRows {
+    #[inline(always)]
+    unsafe fn at(self, i: usize, p: usize, height: usize) -> *const f32 {
+        // SAFETY: the caller's promise ((i, p) in the panel).
+        unsafe { self.ptr.add(p * height + i) }
+    }
+
+    #[inline(always)]
+    unsafe fn down(self, ir: usize, kc: usize) -> PackedRows {
+        // SAFETY: the caller's promise (row ir exists; the panels above hold ir rows of kc).
+        PackedRows { ptr: unsafe { self.ptr.add(ir * kc) } }
+    }
+}
+
+/// A block read where it lies in an A whose rows are contiguous (X in Z = X·Wᵀ): value (i, p)
+/// at `ptr + i·rs + p`. The kernels broadcast each value, so they read a row panel as well
+/// from its rows as from a packed copy, and the copy is a pass of its own over A.
+#[derive(Clone, Copy)]
+pub(super) struct RowsInPlace {
+    pub ptr: *const f32,
+    pub rs: usize,
+}
+
+impl Rows for RowsInPlace {
+    #[inline(always)]
+    unsafe fn at(self, i: usize, p: usize, _height: usize) -> *const f32 {
+        // SAFETY: the caller's promise ((i, p) in the panel).
+        unsafe { self.ptr.add(i * self.rs + p) }
+    }
+
+    #[inline(always)]
+    unsafe fn down(self, ir: usize, _kc: usize) -> RowsInPlace {
+        // SAFETY: the caller's promise (row ir exists).
+        RowsInPlace { ptr: unsafe { self.ptr.add(ir * self.rs) }, ..self }
+    }
+}
 
 /// How the kc rows of a B panel are found: row p (p < kc) is NR contiguous values. (NR is
 /// passed in, a constant where the kernels call these, so it folds away.)
@@ -219,12 +279,12 @@ pub(super) trait Kernel {
     /// are stored (cols ≤ panels·NR, the rest computed and dropped).
     ///
     /// # Safety
-    /// 1 ≤ height ≤ MR and 1 ≤ panels ≤ `panels_for(height)`; `a` holds kc columns of
-    /// `height` values; `b`'s panels hold kc rows of NR readable values each; `c` covers
+    /// 1 ≤ height ≤ MR and 1 ≤ panels ≤ `panels_for(height)`; `a`'s panel holds `height`
+    /// rows of kc values; `b`'s panels hold kc rows of NR readable values each; `c` covers
     /// height×cols elements that no other thread touches during the call; the CPU runs the
     /// kernel's instruction set.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<B: Panel>(height: usize, panels: usize, kc: usize, a: *const f32, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize);
+    unsafe fn tile<A: Rows, B: Panel>(height: usize, panels: usize, kc: usize, a: A, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize);
 
     /// α·v + β·c (β ≠ 0) for one element, rounded as `tile` rounds its stores, so that a
     /// tile computed with α = 1, β = 0 and blended here has a full tile's bits.
@@ -282,7 +342,7 @@ impl Kernel for Portable {
     const MR: usize = 6;
     const NR: usize = 16;
 
-    unsafe fn tile<B: Panel>(height: usize, panels: usize, kc: usize, a: *const f32, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize) {
+    unsafe fn tile<A: Rows, B: Panel>(height: usize, panels: usize, kc: usize, a: A, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize) {
         // SAFETY: panel q < panels exists and its columns q·NR.. lie in the tile (the contract);
         // a panel past `cols` is not computed.
         unsafe {
@@ -293,12 +353,12 @@ impl Kernel for Portable {
                     break;
                 }
                 match height {
-                    1 => portable_tile::<1, B>(kc, a, bq, alpha, beta, cq, width),
-                    2 => portable_tile::<2, B>(kc, a, bq, alpha, beta, cq, width),
-                    3 => portable_tile::<3, B>(kc, a, bq, alpha, beta, cq, width),
-                    4 => portable_tile::<4, B>(kc, a, bq, alpha, beta, cq, width),
-                    5 => portable_tile::<5, B>(kc, a, bq, alpha, beta, cq, width),
-                    _ => portable_tile::<6, B>(kc, a, bq, alpha, beta, cq, width),
+                    1 => portable_tile::<1, A, B>(kc, a, bq, alpha, beta, cq, width),
+                    2 => portable_tile::<2, A, B>(kc, a, bq, alpha, beta, cq, width),
+                    3 => portable_tile::<3, A, B>(kc, a, bq, alpha, beta, cq, width),
+                    4 => portable_tile::<4, A, B>(kc, a, bq, alpha, beta, cq, width),
+                    5 => portable_tile::<5, A, B>(kc, a, bq, alpha, beta, cq, width),
+                    _ => portable_tile::<6, A, B>(kc, a, bq, alpha, beta, cq, width),
                 }
             }
         }
@@ -315,14 +375,14 @@ impl Kernel for Portable {
 /// As [`Kernel::tile`] for one panel, `cols` ≤ 16.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn portable_tile<const M: usize, B: Panel>(kc: usize, a: *const f32, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize) {
+unsafe fn portable_tile<const M: usize, A: Rows, B: Panel>(kc: usize, a: A, b: B, alpha: f32, beta: f32, c: ViewMut, cols: usize) {
     let mut acc = [[0.0f32; 16]; M];
     for p in 0..kc {
         // SAFETY: column p < kc of the A panel and row p of the B panel (the contract).
         let (ap, lo, hi) = unsafe {
             let row = b.row(p, 16);
             (
-                std::slice::from_raw_parts(a.add(p * M), M),
+                std::array::from_fn::<f32, M, _>(|i| *a.at(i, p, M)),
                 std::slice::from_raw_parts(row, 8),
                 std::slice::from_raw_parts(row.add(b.gap(16)), 8),
             )

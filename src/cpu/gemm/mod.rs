@@ -5,7 +5,10 @@
 //! panels at most MR tall, and the micro-kernel computes a tile of C from one panel of each.
 //! Where A's rows are one block and B's rows are contiguous, B's full panels are read where
 //! they lie if their rows spread over L1's sets (each panel then serves one sweep, and
-//! packing it would be a pass of its own).
+//! packing it would be a pass of its own). Where A's rows are contiguous (X in Z = X·Wᵀ) and
+//! a column of a tile's rows spreads over L1's sets beside the B panel, A is read where it
+//! lies: the kernel broadcasts each value of A, so a panel's rows serve as well as a packed
+//! copy, which would be a pass of its own over A.
 //! The kernel is chosen at run time ([`Isa`]): AVX-512 (12×32 tiles), AVX2 + FMA (6×16), or
 //! portable Rust (6×16). Packing buffers live in a [`GemmWorkspace`] allocated once, so a call
 //! never allocates. Single-row problems with a plain B (batch-1 training) skip packing.

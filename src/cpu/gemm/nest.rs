@@ -1,11 +1,12 @@
 //! The blocked loop nest, written once for every kernel and every form of the operands.
 
-use super::kernel::{panels_for, InPlace, Kernel, Packed, Panel, Runs, Shifted, ShiftedRuns};
+use super::kernel::{panels_for, InPlace, Kernel, Packed, PackedRows, Panel, Rows, RowsInPlace, Runs, Shifted, ShiftedRuns};
 use super::pack::{pack_a, pack_b, row_panels};
 use super::packed::{AView, BView};
 use super::{Product, View, ViewMut, KC, MC, NC};
 
-/// The A operand: strided (packed here, block by block) or packed once.
+/// The A operand: strided (read in place or packed here, block by block: [`ARead`]) or packed
+/// once.
 #[derive(Clone, Copy)]
 pub(super) enum AOp {
     View(View),
@@ -26,6 +27,27 @@ pub(super) enum BOp {
     },
 }
 
+/// How the nest reads A, decided once per product: a strided A's blocks read where they lie
+/// where its rows are contiguous and a column of a tile's rows spreads over L1's sets
+/// ([`column_fits_l1`]), else packed block by block; or packed once.
+#[derive(Clone, Copy)]
+enum ARead {
+    InPlace(View),
+    Pack(View),
+    Packed(AView),
+}
+
+impl ARead {
+    /// How `K`'s nest reads `a`, an operand of m×k.
+    fn of<K: Kernel>(a: AOp, m: usize, k: usize) -> ARead {
+        match a {
+            AOp::View(a) if a.cs == 1 && column_fits_l1(K::MR.min(m), a.rs, k.min(KC) * K::NR) => ARead::InPlace(a),
+            AOp::View(a) => ARead::Pack(a),
+            AOp::Packed(a) => ARead::Packed(a),
+        }
+    }
+}
+
 // SAFETY: `Shifted`'s rows and offsets are slices borrowed for the whole product and only
 // read; the other variants are Send and Sync themselves.
 unsafe impl Send for BOp {}
@@ -41,6 +63,7 @@ unsafe impl Sync for BOp {}
 /// packed operand was packed for.
 pub(super) unsafe fn blocked<K: Kernel>(scratch: &mut [f32], p: &Product) {
     let (apack, bpack) = scratch.split_at_mut(MC * KC);
+    let a = ARead::of::<K>(p.a, p.m, p.k);
     // Column blocks end where a packed B's blocks end: at multiples of NC from its column 0.
     let col0 = match p.b {
         BOp::Packed(b) => b.col0,
@@ -57,24 +80,24 @@ pub(super) unsafe fn blocked<K: Kernel>(scratch: &mut [f32], p: &Product) {
             unsafe {
                 match p.b {
                     BOp::View(b) if p.m <= MC && b.cs == 1 && in_place_fits_l1(b.at(pc, jc).ptr as usize, kc, K::NR, b.rs) => {
-                        in_place::<K>(apack, bpack, p, pc, kc, jc, nc, b, beta)
+                        in_place::<K>(apack, bpack, p, a, pc, kc, jc, nc, b, beta)
                     }
                     BOp::View(b) => {
                         pack_b(K::NR, kc, nc, b.at(pc, jc), bpack);
-                        row_blocks::<K, _>(apack, p, pc, kc, jc, nc, Packed { ptr: bpack.as_ptr(), stride: kc * K::NR }, beta);
+                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, Packed { ptr: bpack.as_ptr(), stride: kc * K::NR }, beta);
                     }
                     BOp::Packed(b) => {
                         let panels = Packed { ptr: b.block(K::NR, jc, pc), stride: kc * K::NR };
-                        row_blocks::<K, _>(apack, p, pc, kc, jc, nc, panels, beta);
+                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, panels, beta);
                     }
                     // one run (contiguous columns) with the plainer panel
                     BOp::Shifted { base, offsets, runs } if runs.width == runs.pitch || runs.n <= runs.width => {
                         let rows = Shifted { base: base.add(jc), offsets: offsets.add(pc) };
-                        row_blocks::<K, _>(apack, p, pc, kc, jc, nc, rows, beta);
+                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, rows, beta);
                     }
                     BOp::Shifted { base, offsets, runs } => {
                         let rows = ShiftedRuns::at(base, offsets.add(pc), runs, jc, K::NR);
-                        row_blocks::<K, _>(apack, p, pc, kc, jc, nc, rows, beta);
+                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, rows, beta);
                     }
                 }
             }
@@ -84,25 +107,39 @@ pub(super) unsafe fn blocked<K: Kernel>(scratch: &mut [f32], p: &Product) {
 }
 
 /// Rows pc..pc + kc of the B block whose columns jc..jc + nc start at `b`, against each MC
-/// block of A's rows; C ← α·A·B + β·C there.
+/// block of A's rows (A read as `a` says); C ← α·A·B + β·C there.
 ///
 /// # Safety
-/// As [`blocked`], for that block; `b`'s panels hold its kc rows.
+/// As [`blocked`], for that block; `b`'s panels hold its kc rows; `a` is `p`'s A.
 #[allow(clippy::too_many_arguments)]
-unsafe fn row_blocks<K: Kernel, B: Panel>(apack: &mut [f32], p: &Product, pc: usize, kc: usize, jc: usize, nc: usize, b: B, beta: f32) {
+unsafe fn row_blocks<K: Kernel, B: Panel>(
+    apack: &mut [f32],
+    p: &Product,
+    a: ARead,
+    pc: usize,
+    kc: usize,
+    jc: usize,
+    nc: usize,
+    b: B,
+    beta: f32,
+) {
     for ic in (0..p.m).step_by(MC) {
         let mc = MC.min(p.m - ic);
         // SAFETY: rows ic..ic + mc ≤ m, columns pc..pc + kc ≤ k of A; apack holds MC·KC;
         // (ic, jc) is an element of C.
         unsafe {
-            let a = match p.a {
-                AOp::View(a) => {
-                    pack_a(K::MR, mc, kc, a.at(ic, pc), apack);
-                    apack.as_ptr()
+            let c = p.c.at(ic, jc);
+            match a {
+                ARead::InPlace(a) => {
+                    let rows = RowsInPlace { ptr: a.at(ic, pc).ptr, rs: a.rs };
+                    tiles::<K, _, B>(mc, nc, kc, rows, b, p.alpha, beta, c)
                 }
-                AOp::Packed(a) => a.block(ic, pc),
-            };
-            tiles::<K, B>(mc, nc, kc, a, b, p.alpha, beta, p.c.at(ic, jc));
+                ARead::Pack(a) => {
+                    pack_a(K::MR, mc, kc, a.at(ic, pc), apack);
+                    tiles::<K, _, B>(mc, nc, kc, PackedRows { ptr: apack.as_ptr() }, b, p.alpha, beta, c)
+                }
+                ARead::Packed(a) => tiles::<K, _, B>(mc, nc, kc, PackedRows { ptr: a.block(ic, pc) }, b, p.alpha, beta, c),
+            }
         }
     }
 }
@@ -119,6 +156,7 @@ unsafe fn in_place<K: Kernel>(
     apack: &mut [f32],
     bpack: &mut [f32],
     p: &Product,
+    a: ARead,
     pc: usize,
     kc: usize,
     jc: usize,
@@ -127,26 +165,50 @@ unsafe fn in_place<K: Kernel>(
     beta: f32,
 ) {
     debug_assert!(p.m <= MC && b.cs == 1);
-    // SAFETY: rows 0..m, columns pc..pc + kc ≤ k of A (apack holds MC·KC); rows pc..pc + kc
-    // and columns jc..jc + nc of B, the full panels' rows NR contiguous values each (cs = 1);
-    // bpack holds KC·NC values; (0, jc) and (0, jc + full) are elements of C and each tile
-    // lies inside m × nc from (0, jc).
+    // SAFETY: rows 0..m, columns pc..pc + kc ≤ k of A; apack holds MC·KC values.
     unsafe {
-        let a = match p.a {
-            AOp::View(a) => {
-                pack_a(K::MR, p.m, kc, a.at(0, pc), apack);
-                apack.as_ptr()
+        match a {
+            ARead::InPlace(a) => {
+                let rows = RowsInPlace { ptr: a.at(0, pc).ptr, rs: a.rs };
+                in_place_tiles::<K, _>(bpack, p, pc, kc, jc, nc, b, beta, rows)
             }
-            AOp::Packed(a) => a.block(0, pc),
-        };
+            ARead::Pack(a) => {
+                pack_a(K::MR, p.m, kc, a.at(0, pc), apack);
+                in_place_tiles::<K, _>(bpack, p, pc, kc, jc, nc, b, beta, PackedRows { ptr: apack.as_ptr() })
+            }
+            ARead::Packed(a) => in_place_tiles::<K, _>(bpack, p, pc, kc, jc, nc, b, beta, PackedRows { ptr: a.block(0, pc) }),
+        }
+    }
+}
+
+/// The tiles of [`in_place`] from `a`, A's block of rows 0..m and columns pc..pc + kc.
+///
+/// # Safety
+/// As [`in_place`]; `a` is that block.
+#[allow(clippy::too_many_arguments)]
+unsafe fn in_place_tiles<K: Kernel, A: Rows>(
+    bpack: &mut [f32],
+    p: &Product,
+    pc: usize,
+    kc: usize,
+    jc: usize,
+    nc: usize,
+    b: View,
+    beta: f32,
+    a: A,
+) {
+    // SAFETY: rows pc..pc + kc and columns jc..jc + nc of B, the full panels' rows NR
+    // contiguous values each (cs = 1); bpack holds KC·NC values; (0, jc) and (0, jc + full)
+    // are elements of C and each tile lies inside m × nc from (0, jc).
+    unsafe {
         let full = nc - nc % K::NR;
         if full > 0 {
-            tiles::<K, _>(p.m, full, kc, a, InPlace { ptr: b.at(pc, jc).ptr, rs: b.rs }, p.alpha, beta, p.c.at(0, jc));
+            tiles::<K, _, _>(p.m, full, kc, a, InPlace { ptr: b.at(pc, jc).ptr, rs: b.rs }, p.alpha, beta, p.c.at(0, jc));
         }
         if full < nc {
             pack_b(K::NR, kc, nc - full, b.at(pc, jc + full), bpack);
             let panels = Packed { ptr: bpack.as_ptr(), stride: kc * K::NR };
-            tiles::<K, _>(p.m, nc - full, kc, a, panels, p.alpha, beta, p.c.at(0, jc + full));
+            tiles::<K, _, _>(p.m, nc - full, kc, a, panels, p.alpha, beta, p.c.at(0, jc + full));
         }
     }
 }
@@ -181,15 +243,50 @@ pub(super) fn in_place_fits_l1(first: usize, kc: usize, nr: usize, rs: usize) ->
     true
 }
 
-/// The tiles of an mc×nc block of C from a packed A block (row panels of `row_panels`) and
+/// Whether the lines that hold one column of `rows` rows, `rs` values apart, fit beside a
+/// B panel of `panel` contiguous values in every L1 set, whatever the column, with a way to
+/// spare for C and the streams. A tile read in place keeps those lines, one per row, in L1
+/// while it sweeps a line's 16 columns, and the B panel stays in L1 while it serves the row
+/// panels, spread evenly over the sets (unless it fills L1 by itself: AVX-512's of 32 KiB,
+/// read from L2 whatever A does). Rows a multiple of 1024 values apart (4 KiB) fall in one
+/// set, where they evict the panel's lines, or each other; a packed A's rows are one
+/// contiguous run. Rows a multiple of 16 values apart start their lines together, so one
+/// column tells; else each of a line's 16 columns is tried.
+pub(super) fn column_fits_l1(rows: usize, rs: usize, panel: usize) -> bool {
+    let panel_lines = (panel * size_of::<f32>()).div_ceil(L1_SETS * 64);
+    let taken = if panel_lines < L1_WAYS { panel_lines } else { 0 };
+    if rows + taken < L1_WAYS {
+        return true;
+    }
+    // Row i's value in column p lies i·stride + 4p bytes past the first row's line start,
+    // modulo the 4 KiB that the sets span.
+    let stride = rs % (L1_SETS * 16) * size_of::<f32>();
+    let columns = if stride.is_multiple_of(64) { 1 } else { 16 };
+    (0..columns).all(|p| {
+        let (mut lines, mut last) = ([0usize; L1_SETS], usize::MAX);
+        (0..rows).all(|i| {
+            let line = (i * stride + p * size_of::<f32>()) / 64;
+            // rows under 16 values apart (stride unreduced) share lines
+            if rs < 16 && line == last {
+                return true;
+            }
+            last = line;
+            let set = &mut lines[line % L1_SETS];
+            *set += 1;
+            *set + taken < L1_WAYS
+        })
+    })
+}
+
+/// The tiles of an mc×nc block of C from an A block (in the row panels of `row_panels`) and
 /// the B panels from `b`. A block of 4 rows or fewer is one panel, and spans several B panels
 /// a tile ([`panels_for`]). Tiles of a C whose rows are not contiguous go through a stack
 /// tile and are blended out one element at a time.
 ///
 /// # Safety
-/// As [`row_blocks`]: `a` holds mc·kc packed values, `c` covers mc×nc elements.
+/// As [`row_blocks`]: `a` is a block of mc rows of kc values, `c` covers mc×nc elements.
 #[allow(clippy::too_many_arguments)]
-unsafe fn tiles<K: Kernel, B: Panel>(mc: usize, nc: usize, kc: usize, a: *const f32, b: B, alpha: f32, beta: f32, c: ViewMut) {
+unsafe fn tiles<K: Kernel, A: Rows, B: Panel>(mc: usize, nc: usize, kc: usize, a: A, b: B, alpha: f32, beta: f32, c: ViewMut) {
     let wide = if mc <= 4 { panels_for(mc) } else { 1 };
     let panels_in_block = nc.div_ceil(K::NR);
     for q0 in (0..panels_in_block).step_by(wide) {
@@ -197,11 +294,10 @@ unsafe fn tiles<K: Kernel, B: Panel>(mc: usize, nc: usize, kc: usize, a: *const 
         let j = q0 * K::NR;
         let cols = (nc - j).min(panels * K::NR);
         for (ir, height) in row_panels(K::MR, mc) {
-            // The tile is rows ir..ir + height ≤ mc and columns j..j + cols ≤ nc of the block;
-            // its A panel starts at ir·kc (the panels above hold ir rows of kc).
+            // The tile is rows ir..ir + height ≤ mc and columns j..j + cols ≤ nc of the block.
             // SAFETY: panel q0 exists; (ir, j) is an element of C; the tile lies in the block.
             unsafe {
-                let (ap, bq, ct) = (a.add(ir * kc), b.next(q0, K::NR), c.at(ir, j));
+                let (ap, bq, ct) = (a.down(ir, kc), b.next(q0, K::NR), c.at(ir, j));
                 if c.cs == 1 {
                     K::tile(height, panels, kc, ap, bq, alpha, beta, ct, cols);
                 } else {

@@ -324,3 +324,30 @@ fn b_panels_are_read_in_place_where_their_rows_spread_over_l1() {
     // 256 rows of 32 values fill every set, however spread
     assert!(!nest::in_place_fits_l1(0, 256, 32, 784));
 }
+
+#[test]
+fn a_rows_are_read_in_place_where_a_column_spreads_over_l1() {
+    // AVX-512 (12 rows, a panel of 256·32 values that fills L1): X of 784 columns (rows 49
+    // lines apart), 512 (two sets of 6), 128; 1024 (rows 4 KiB apart: one set of 12) packed
+    let panel = 256 * 32;
+    assert!(nest::column_fits_l1(12, 784, panel));
+    assert!(nest::column_fits_l1(12, 512, panel));
+    assert!(nest::column_fits_l1(12, 128, panel));
+    assert!(!nest::column_fits_l1(12, 1024, panel));
+    assert!(nest::column_fits_l1(7, 1024, panel));
+    // 1025: rows 4 bytes further each, in one set until the 16th; 1028: four rows a line,
+    // twelve over three or four sets whatever the column
+    assert!(!nest::column_fits_l1(12, 1025, panel));
+    assert!(nest::column_fits_l1(12, 1028, panel));
+    // AVX2 (6 rows, a panel of 256·16 values: 4 lines of every set): 6 rows 4 KiB apart
+    // evict it, 3 in a set (2 KiB apart) leave a way
+    let panel = 256 * 16;
+    assert!(!nest::column_fits_l1(6, 1024, panel));
+    assert!(nest::column_fits_l1(6, 512, panel));
+    assert!(nest::column_fits_l1(6, 784, panel));
+    // a panel of 64 rows: 1 line a set
+    assert!(nest::column_fits_l1(6, 1024, 64 * 16));
+    // rows of 3 values (k = 3), 5 rows a line, and one row broadcast to all (stride 0)
+    assert!(nest::column_fits_l1(12, 3, 3 * 32));
+    assert!(nest::column_fits_l1(12, 0, 256 * 32));
+}

@@ -147,6 +147,53 @@ fn avx2_and_avx512_give_the_same_bits_on_every_layout() {
     }
 }
 
+#[test]
+fn a_read_in_place_has_the_bits_of_a_packed_a() {
+    // The same A row-major (its rows read in place), column-major (packed as the call goes)
+    // and packed once, against B plain (its panels perhaps read in place) and packed once, C
+    // by rows and by columns (tiles through the stack tile); uniform values, so that the bits
+    // show the order of the sums. m not a multiple of either MR and past MC, m ≤ 4 (tiles
+    // several panels wide), k past KC and below 4, n past NC.
+    let mut rng = Rng::new(26);
+    let shapes = [(13, 70, 300), (7, 40, 3), (1, 33, 2), (3, 100, 257), (25, 17, 1), (MC + 5, NC + 19, KC + 11), (150, 64, 2 * KC + 1)];
+    for isa in Isa::runnable() {
+        let (pool, mut ws) = (Pool::new(1).unwrap(), GemmWorkspace::with_isa(1, isa).unwrap());
+        for (m, n, k) in shapes {
+            assert!(
+                nest::column_fits_l1(tile_shape(isa).0, k, tile_shape(isa).1 * k.min(KC)),
+                "{isa:?} {m}×{n}×{k}: A is packed, not read in place"
+            );
+            let (x, b) = (rng.uniform(m * k), rng.uniform(k * n));
+            // column-major: (i, p) at p·m + i
+            let x_t: Vec<f32> = (0..m * k).map(|idx| x[(idx % m) * k + idx / m]).collect();
+            let (rows, cols, bm) = (Mat { data: &x, rs: k, cs: 1 }, Mat { data: &x_t, rs: 1, cs: m }, Mat { data: &b, rs: n, cs: 1 });
+            let (mut pa, mut pb) = (PackedA::new(isa, m, k).unwrap(), PackedB::new(isa, k, n).unwrap());
+            pa.pack(rows);
+            pb.pack(bm);
+            for (crs, ccs) in [(n, 1), (1, m)] {
+                let what = format!("{isa:?} {m}×{n}×{k} C strides ({crs}, {ccs})");
+                let run = |f: &mut dyn FnMut(MatMut)| {
+                    let mut c = poisoned(m * n);
+                    f(MatMut { data: &mut c, rs: crs, cs: ccs });
+                    assert!(c.iter().all(|v| v.is_finite()), "{what}: not every element written");
+                    bits(&c)
+                };
+                let in_place = run(&mut |c| sgemm_blocked(&pool, &mut ws, m, n, k, 1.0, rows, bm, 0.0, c));
+                assert!(in_place == run(&mut |c| sgemm_blocked(&pool, &mut ws, m, n, k, 1.0, cols, bm, 0.0, c)), "{what}: packed here");
+                let mut scratch = GemmWorkspace::with_isa(1, isa).unwrap();
+                let once = run(&mut |c| sgemm_packed_a_on(&mut scratch.workers()[0], n, 1.0, &pa, bm, 0.0, c));
+                assert!(in_place == once, "{what}: A packed once");
+                let in_place = run(&mut |c| sgemm_packed_b(&pool, &mut ws, m, 1.0, rows, &pb, 0.0, c));
+                assert!(in_place == once, "{what}: B packed once");
+                assert!(
+                    in_place == run(&mut |c| sgemm_packed_b(&pool, &mut ws, m, 1.0, cols, &pb, 0.0, c)),
+                    "{what}: B packed once, A packed here"
+                );
+            }
+        }
+    }
+}
+
 /// Bits, so that NaN left in the padding compares equal to itself.
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
