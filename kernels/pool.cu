@@ -28,6 +28,28 @@ extern "C" __global__ void maxpool_forward(const float* x, float* y, int channel
     }
 }
 
+// The same dx where the windows tile the input (stride = window, H = OH·kh, W = OW·kw): every
+// pixel in exactly one window, so one thread per WINDOW finds its first maximum once and writes
+// the window's kh·kw values, 0 + dy at the maximum (as the gather's sum from 0 rounds, -0
+// included) and 0 elsewhere. The gather below recomputes each window's maximum for each of its
+// pixels, with six integer divisions a pixel: on the H200 it took 533 µs a vgg_small training
+// step at 1024 against PyTorch's 334.
+extern "C" __global__ void maxpool_backward_tiles(const float* x, const float* dy, float* dx, int height, int width, int out_h,
+                                                  int out_w, int kh, int kw, int windows) {
+    after_prior();
+    GRID_STRIDE(i, windows) {
+        int ox = i % out_w, rest = i / out_w, oy = rest % out_h, plane = rest / out_h;
+        long long base = (long long)plane * height * width;
+        int best = pool_argmax(x + base, 0, oy, ox, height, width, kh, kw, kh, kw);
+        float g = 0.0f + dy[i];
+        float* dxp = dx + base;
+        for (int a = 0; a < kh; a++) {
+            int row = (oy * kh + a) * width + ox * kw;
+            for (int b = 0; b < kw; b++) dxp[row + b] = row + b == best ? g : 0.0f;
+        }
+    }
+}
+
 // dx[s, c, iy, ix] = Σ dy over the windows whose first maximum is this pixel, overwritten.
 // One thread per INPUT value gathers from the windows containing it, in the CPU's order
 // (oy, then ox, ascending), so overlapping windows add deterministically and bit-equal to it.

@@ -101,6 +101,18 @@ impl Activation {
         }
     }
 
+    /// What [`Activation::derivative`] reads: 1 for z, 2 for y (as a bit set, 0 for neither).
+    /// The GPU's gradient kernel loads only those (kernels/activation.cu: the device functions
+    /// read the same).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn derivative_reads(self) -> i32 {
+        match self {
+            Identity => 0,
+            Relu | LeakyRelu(_) | Gelu | Silu | Elu(_) | Softplus => 1,
+            Tanh | Sigmoid => 2,
+        }
+    }
+
     /// d act / dz at z, given also y = act(z) (cheaper for tanh and sigmoid).
     #[inline(always)]
     pub fn derivative<F: Float>(self, z: F, y: F) -> F {

@@ -75,6 +75,7 @@ kernels! {
     ElementwiseLoss = "elementwise_loss",
     LossSum = "loss_sum",
     MaxpoolForward = "maxpool_forward",
+    MaxpoolBackwardTiles = "maxpool_backward_tiles",
     MaxpoolBackward = "maxpool_backward",
     AvgpoolForward = "avgpool_forward",
     AvgpoolBackward = "avgpool_backward",

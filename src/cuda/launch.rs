@@ -81,6 +81,13 @@ impl<'a, T> ViewMut<'a, T> {
         ViewMut { ptr, len, _borrow: PhantomData }
     }
 
+    /// Values `range` of this view; panics when out of bounds.
+    #[cfg(test)]
+    pub fn slice(self, range: Range<usize>) -> ViewMut<'a, T> {
+        assert!(range.start <= range.end && range.end <= self.len, "device view {range:?} out of 0..{}", self.len);
+        ViewMut { ptr: self.ptr + (range.start * size_of::<T>()) as u64, len: range.len(), _borrow: PhantomData }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

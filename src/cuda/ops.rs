@@ -196,9 +196,13 @@ impl Gpu {
         if n == 0 {
             return Ok(());
         }
-        let (code, slope) = act.gpu_code();
+        let ((code, slope), reads) = (act.gpu_code(), act.derivative_reads());
         let (z, y, dy, dz, len) = (z.ptr(), y.ptr(), dy.ptr(), dz.ptr(), int(n)?);
-        self.run(stream, Kernel::ActBackward, blocks(n), kernel_args![z, y, dy, dz, code, slope, len])
+        // fours of values as float4 where every pointer the kernel may touch is 16-byte aligned
+        let aligned = [z, y, dy, dz].iter().all(|p| p % 16 == 0);
+        let quads = if aligned { len / 4 } else { 0 };
+        let args = kernel_args![z, y, dy, dz, code, slope, reads, quads, len];
+        self.run(stream, Kernel::ActBackward, blocks(n.div_ceil(4)), args)
     }
 
     /// `db[c] = Σ_{s,p} dz[s, c, p]`, overwritten; a fixed summation order for given sizes
@@ -350,6 +354,16 @@ impl Gpu {
         }
         let (x, dy, dx) = (x.ptr(), dy.ptr(), dx.ptr());
         let [c, h, w, oh, ow, kh, kw, sh, sw, b] = pool_dims(g, batch)?;
+        // windows that tile the input: one thread a window, no gather
+        if g.stride == g.window && g.height == g.out_height * g.window.0 && g.width == g.out_width * g.window.1 {
+            let windows = int(batch * out_len)?;
+            return self.run(
+                stream,
+                Kernel::MaxpoolBackwardTiles,
+                blocks(batch * out_len),
+                kernel_args![x, dy, dx, h, w, oh, ow, kh, kw, windows],
+            );
+        }
         self.run(stream, Kernel::MaxpoolBackward, blocks(batch * in_len), kernel_args![x, dy, dx, c, h, w, oh, ow, kh, kw, sh, sw, b])
     }
 

@@ -63,6 +63,21 @@ fn act_backward_matches_the_cpu() {
             let (zd, yd, dyd, mut dz) = (upload(&stream, &z), upload(&stream, &y), upload(&stream, &dy), upload(&stream, &poisoned(n + 1)));
             gpu.act_backward(&stream, act, n, View::of(&zd), View::of(&yd), View::of(&dyd), ViewMut::of(&mut dz)).unwrap();
             check(&format!("act_backward {act:?} n={n}"), &download(&stream, &dz), &want, 1e-6, 1e-5);
+            if n > 1 << 20 {
+                continue;
+            }
+            // the same values one float past 16-byte alignment (the kernel's scalar path): dz's
+            // first value and the one past n stay poisoned
+            let (zd, yd, dyd) = (
+                upload(&stream, &[&[0.0], &z[..]].concat()),
+                upload(&stream, &[&[0.0], &y[..]].concat()),
+                upload(&stream, &[&[0.0], &dy[..]].concat()),
+            );
+            let mut dz = upload(&stream, &poisoned(n + 2));
+            let views = (View::of(&zd).slice(1..n + 1), View::of(&yd).slice(1..n + 1), View::of(&dyd).slice(1..n + 1));
+            gpu.act_backward(&stream, act, n, views.0, views.1, views.2, ViewMut::of(&mut dz).slice(1..n + 1)).unwrap();
+            let want: Vec<f32> = [f32::NAN].into_iter().chain(want).collect();
+            check(&format!("act_backward {act:?} n={n}, unaligned"), &download(&stream, &dz), &want, 1e-6, 1e-5);
         }
     }
 }
@@ -213,8 +228,12 @@ fn maxpool_matches_the_spec_bit_for_bit() {
     let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(6);
-    // (H, W, C, window, stride): disjoint, overlapping, stride 1, uneven, stride > window
+    // (H, W, C, window, stride): disjoint, overlapping, stride 1, uneven, stride > window;
+    // windows that tile the input (one thread a window), square and not
     let cases = [
+        (8, 10, 3, (2, 2), (2, 2)),
+        (6, 9, 2, (3, 3), (3, 3)),
+        (4, 9, 2, (2, 3), (2, 3)),
         (7, 9, 3, (2, 2), (2, 2)),
         (9, 11, 2, (3, 3), (2, 2)),
         (5, 6, 1, (2, 2), (1, 1)),
