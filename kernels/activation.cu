@@ -92,8 +92,8 @@ extern "C" __global__ void bias_act_forward(float* z, float* y, const float* bia
 
 // dz = dy ⊙ act'(z), element-wise over n values.
 // `reads` says which of z (1) and y (2) the derivative reads (src/activation.rs,
-// Activation::derivative_reads): the other is not loaded, a quarter of the traffic of ReLU's
-// gradient. The first `quads` fours of values go as float4 (the host passes 0 unless every
+// Activation::derivative_reads): the other is not loaded (a quarter of ReLU's gradient's
+// traffic). The first `quads` fours of values go as float4 (the host passes 0 unless every
 // pointer is 16-byte aligned), the rest one at a time.
 __device__ __forceinline__ float4 act_load4(const float* p, int q, bool read) {
     return read ? reinterpret_cast<const float4*>(p)[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
