@@ -407,4 +407,27 @@ mod tests {
         }
         assert!(Activation::from_name("leaky_relu:NaN").is_some_and(|a| a.param().is_some_and(f32::is_nan)));
     }
+
+    /// What `derivative_reads` says the derivative does not read changes nothing (a NaN there
+    /// would show): the GPU's gradient kernel does not load it.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn the_derivative_reads_only_what_derivative_reads_says() {
+        let slopes = [0.0, 0.02, 1.5];
+        for &kind in Activation::ALL {
+            for slope in slopes {
+                let act = match kind {
+                    LeakyRelu(_) => LeakyRelu(slope),
+                    Elu(_) => Elu(slope),
+                    other => other,
+                };
+                let reads = act.derivative_reads();
+                for z in [-25.0f32, -3.0, -0.5, 0.0, 0.75, 4.0, 25.0] {
+                    let (y, want) = (act.apply(z), act.derivative(z, act.apply(z)));
+                    let got = act.derivative(if reads & 1 == 0 { f32::NAN } else { z }, if reads & 2 == 0 { f32::NAN } else { y });
+                    assert_eq!(got.to_bits(), want.to_bits(), "{act:?} at {z}: reads {reads}");
+                }
+            }
+        }
+    }
 }
