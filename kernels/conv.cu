@@ -116,3 +116,163 @@ extern "C" __global__ void conv_epilogue(const float* __restrict__ z, const floa
         }
     }
 }
+
+// The weight gradient without a lowered matrix (src/cuda/conv.rs, conv_weight_grad_implicit):
+//   dW[oc, r] = Σ_s Σ_p dZ[s, oc, p] · x[s, c, iy, ix],  r = (c, i, j), p = (oy, ox),
+// (iy, ix) as in im2col (x read as 0 outside). It is a product OC × CKK over K = batch·OHW, k =
+// s·OHW + p. Grid: x the output tiles, TOC oc × WGI_TR r (tile t: oc tile t / r_tiles, r tile
+// t mod r_tiles); y the shares of the samples, `chunk` samples each (the last may have fewer).
+// A block walks its share's k in steps of WGI_KC: it stages dZ[k][oc] and the gathered x[k][r]
+// (0 past the share, past OC, past CKK) in shared memory, each k's and each r's offsets worked
+// out once a step and once a block; then each thread adds products into a 4 × 4 tile of
+// outputs with fmaf (--fmad=false would otherwise round them twice). TOC·WGI_TR/16 threads
+// cover the block's tile: a group; the block's WGI_KS groups take the KC/KS consecutive k's of
+// each step, group g the g-th slice, and at the end group 0 adds the other groups' sums to its
+// own in group order. So out[q, oc, r] = Σ_g (Σ over group g's k, ascending), a fixed order.
+// With one share `out` is dW; else it is the shares' partial sums, which conv_wgrad_join adds.
+#define WGI_TR 64
+#define WGI_KC 64
+// an offset that puts a row outside the input whatever is added to it
+#define WGI_FAR (-(1 << 29))
+
+template <int TOC>
+__device__ __forceinline__ void conv_wgrad_tile(const float* __restrict__ x, const float* __restrict__ dz, float* __restrict__ out,
+                                                int channels, int height, int width, int kh, int kw, int sh, int sw, int ph, int pw,
+                                                int dh, int dw, int out_channels, int out_w, int ohw, int batch, int chunk) {
+    constexpr int GROUP = TOC * WGI_TR / 16, KS = REDUCE_THREADS / GROUP, SLICE = WGI_KC / KS;
+    // rows of the staged tiles, padded so that a column's writes spread over the banks; each a
+    // multiple of 4 floats so that a thread reads its 4 values as one float4
+    constexpr int DZ_LD = TOC + 4, X_LD = WGI_TR + 4;
+    constexpr int TILES = WGI_KC * (DZ_LD + X_LD), SUMS = (KS - 1) * 16 * GROUP;
+    __shared__ __align__(16) float stage[TILES > SUMS ? TILES : SUMS];
+    // per r of the tile: c·H·W, i·dh − ph, j·dw − pw; per k of a step (two steps' worth): the
+    // offset of dZ[s, 0, p] (−1 past the share), s·C·H·W, oy·sh, ox·sw
+    __shared__ int r_plane[WGI_TR], r_y[WGI_TR], r_x[WGI_TR];
+    __shared__ int k_dz[2][WGI_KC], k_x[2][WGI_KC], k_y[2][WGI_KC], k_xo[2][WGI_KC];
+    float* dz_s = stage;
+    float* x_s = stage + WGI_KC * DZ_LD;
+    int ckk = channels * kh * kw, hw = height * width;
+    int r_tiles = (ckk + WGI_TR - 1) / WGI_TR;
+    int oc0 = blockIdx.x / r_tiles * TOC, r0 = blockIdx.x % r_tiles * WGI_TR;
+    int s_first = blockIdx.y * chunk, s_end = min(s_first + chunk, batch);
+    int k_first = s_first * ohw, k_end = s_end * ohw;
+    for (int t = threadIdx.x; t < WGI_TR; t += blockDim.x) {
+        int r = r0 + t;
+        int j = r % kw, i = (r / kw) % kh, c = r / (kw * kh);
+        bool in = r < ckk;
+        r_plane[t] = in ? c * hw : 0;
+        r_y[t] = in ? i * dh - ph : WGI_FAR;
+        r_x[t] = in ? j * dw - pw : 0;
+    }
+    // the k table of the step from k0 into buffer `buf`
+    auto k_table = [&](int buf, int k0) {
+        for (int t = threadIdx.x; t < WGI_KC; t += blockDim.x) {
+            int k = k0 + t;
+            bool in = k < k_end;
+            int s = k / ohw, p = k - s * ohw, oy = p / out_w, ox = p - oy * out_w;
+            k_dz[buf][t] = in ? s * out_channels * ohw + p : -1;
+            k_x[buf][t] = in ? s * channels * hw : 0;
+            k_y[buf][t] = in ? oy * sh : WGI_FAR;
+            k_xo[buf][t] = in ? ox * sw : 0;
+        }
+    };
+    k_table(0, k_first);
+    __syncthreads();
+    int g = threadIdx.x / GROUP, t = threadIdx.x % GROUP;
+    // this thread's outputs: oc0 + tc·4 + a, r0 + tr·4 + b, a and b in 0..4
+    int tc = t / (WGI_TR / 4), tr = t % (WGI_TR / 4);
+    float acc[4][4];
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) acc[a][b] = 0.0f;
+    int buf = 0;
+    for (int k0 = k_first; k0 < k_end; k0 += WGI_KC, buf ^= 1) {
+        // k fastest across the threads: consecutive pixels, contiguous reads
+        for (int e = threadIdx.x; e < WGI_KC * TOC; e += blockDim.x) {
+            int kk = e % WGI_KC, o = e / WGI_KC, at = k_dz[buf][kk];
+            dz_s[kk * DZ_LD + o] = (at >= 0 && oc0 + o < out_channels) ? dz[at + (oc0 + o) * ohw] : 0.0f;
+        }
+        for (int e = threadIdx.x; e < WGI_KC * WGI_TR; e += blockDim.x) {
+            int kk = e % WGI_KC, rr = e / WGI_KC;
+            int iy = k_y[buf][kk] + r_y[rr], ix = k_xo[buf][kk] + r_x[rr];
+            bool in = iy >= 0 && iy < height && ix >= 0 && ix < width;
+            x_s[kk * X_LD + rr] = in ? x[k_x[buf][kk] + r_plane[rr] + iy * width + ix] : 0.0f;
+        }
+        // the next step's table goes to the other buffer, which no thread reads any more
+        k_table(buf ^ 1, k0 + WGI_KC);
+        __syncthreads();
+#pragma unroll 4
+        for (int kk = g * SLICE; kk < (g + 1) * SLICE; kk++) {
+            float4 a4 = *reinterpret_cast<const float4*>(&dz_s[kk * DZ_LD + tc * 4]);
+            float4 b4 = *reinterpret_cast<const float4*>(&x_s[kk * X_LD + tr * 4]);
+            float av[4] = {a4.x, a4.y, a4.z, a4.w}, bv[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) acc[a][b] = fmaf(av[a], bv[b], acc[a][b]);
+        }
+        __syncthreads();
+    }
+    // groups 1.. leave their sums in the tiles' place (free after the last barrier); group 0
+    // adds them in group order
+    if (g > 0) {
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) stage[((g - 1) * 16 + a * 4 + b) * GROUP + t] = acc[a][b];
+    }
+    __syncthreads();
+    if (g > 0) return;
+    for (int h = 1; h < KS; h++) {
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc[a][b] += stage[((h - 1) * 16 + a * 4 + b) * GROUP + t];
+    }
+    float* share = out + (long long)blockIdx.y * out_channels * ckk;
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        int oc = oc0 + tc * 4 + a;
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            int r = r0 + tr * 4 + b;
+            if (oc < out_channels && r < ckk) share[oc * ckk + r] = acc[a][b];
+        }
+    }
+}
+
+// conv_wgrad_tile for output tiles of 16, 32 and 64 output channels (4, 2 and 1 groups)
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_wgrad_16(const float* x, const float* dz, float* out, int channels,
+                                                                           int height, int width, int kh, int kw, int sh, int sw, int ph,
+                                                                           int pw, int dh, int dw, int out_channels, int out_w,
+                                                                           int ohw, int batch, int chunk) {
+    after_prior();
+    conv_wgrad_tile<16>(x, dz, out, channels, height, width, kh, kw, sh, sw, ph, pw, dh, dw, out_channels, out_w, ohw, batch, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_wgrad_32(const float* x, const float* dz, float* out, int channels,
+                                                                           int height, int width, int kh, int kw, int sh, int sw, int ph,
+                                                                           int pw, int dh, int dw, int out_channels, int out_w,
+                                                                           int ohw, int batch, int chunk) {
+    after_prior();
+    conv_wgrad_tile<32>(x, dz, out, channels, height, width, kh, kw, sh, sw, ph, pw, dh, dw, out_channels, out_w, ohw, batch, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_wgrad_64(const float* x, const float* dz, float* out, int channels,
+                                                                           int height, int width, int kh, int kw, int sh, int sw, int ph,
+                                                                           int pw, int dh, int dw, int out_channels, int out_w,
+                                                                           int ohw, int batch, int chunk) {
+    after_prior();
+    conv_wgrad_tile<64>(x, dz, out, channels, height, width, kh, kw, sh, sw, ph, pw, dh, dw, out_channels, out_w, ohw, batch, chunk);
+}
+
+// dw[i] = Σ_q partials[q, i] over the `shares` shares, in q order, overwritten; n = OC·CKK
+extern "C" __global__ void conv_wgrad_join(const float* partials, float* dw, int n, int shares) {
+    after_prior();
+    GRID_STRIDE(i, n) {
+        float acc = partials[i];
+        for (int q = 1; q < shares; q++) acc += partials[(long long)q * n + i];
+        dw[i] = acc;
+    }
+}

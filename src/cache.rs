@@ -222,8 +222,10 @@ impl Cache {
     /// How this cache's convolutions run on a GPU, for logs and benchmarks: a first line with
     /// cuDNN's version, `FLATNN_CUDNN` and the workspace (or why cuDNN is not used), then, for
     /// each batch size run so far, one line per conv layer giving, for the forward product, the
-    /// weight gradient and the input gradient, the path chosen (`cudnn ALGO` or `own`, flatnn's
-    /// kernels) and the time per call measured for both when the choice was made; then, for
+    /// weight gradient and the input gradient, the route chosen (`cudnn ALGO`; `own`, flatnn's
+    /// lowering and products; for the weight gradient `own-implicit`, flatnn's product without
+    /// a lowered matrix) and the time per call measured for each candidate when the choice was
+    /// made (`own (the only route)` where nothing else was a candidate); then, for
     /// each batch size run so far, one line per GRU or LSTM layer giving, for inference and for
     /// a training step's forward and backward, the route chosen (`cudnn ALGO`, cuDNN's RNN
     /// kernels with that algorithm, or `per-step`, flatnn's) and the time per call of each route

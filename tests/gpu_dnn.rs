@@ -178,6 +178,44 @@ fn cudnn_forward_and_training_match_the_cpu() {
     }
 }
 
+/// With `FLATNN_CUDNN=0` both of flatnn's weight-gradient routes (the lowered one, `own`, and
+/// the implicit product, `own-implicit`) are timed for every conv layer at every training batch
+/// size and the report names the one chosen, both times measured; the other directions have
+/// one route, timed for nothing; 20 steps of LeNet and of the strided model match the CPU.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn flatnn_kernels_alone_measure_both_weight_gradient_routes() {
+    const TEST: &str = "flatnn_kernels_alone_measure_both_weight_gradient_routes";
+    let device = cuda_device();
+    if !in_mode(TEST, "0") {
+        return;
+    }
+    for (name, chain) in models() {
+        let cpu = chain.build().unwrap().init(Init::HeNormal, 51).with_threads(1).unwrap();
+        let convs = cpu.plan().steps.iter().filter(|s| matches!(s.layer, flatnn::Layer::Conv(_))).count();
+        let (cpu_losses, cpu_params, _) = train(&cpu, 52);
+        let (losses, params, report) = train(&on_gpu(&cpu, &device, fp32(true)), 52);
+        println!("{name}, FLATNN_CUDNN=0:\n{report}");
+        assert!(report.starts_with("cuDNN not used (FLATNN_CUDNN=0)"), "{report}");
+        for n in [32, 17] {
+            let lines = lines_at(&report, n, "FP32");
+            assert_eq!(lines.len(), convs, "{name} batch {n}: {report}");
+            for line in lines {
+                let part = |dir: &str| line.split(';').find_map(|p| p.trim().strip_prefix(dir)).unwrap_or_else(|| panic!("{dir}: {line}"));
+                let weight = part("weight grad ");
+                let chosen = weight.split_whitespace().next().unwrap();
+                assert!(["own", "own-implicit"].contains(&chosen), "{line}");
+                let other = if chosen == "own" { "(own-implicit " } else { "(own " };
+                assert!(weight.contains(other) && !weight.contains("NaN") && !weight.contains("cudnn"), "{line}");
+                assert_eq!(part("forward "), "own (the only route)", "{line}");
+            }
+        }
+        let (loss_err, params_err) = (rel_err(&losses, &cpu_losses), rel_err(&params, &cpu_params));
+        println!("{name}: 20 steps on flatnn's kernels: losses rel err {loss_err:.2e}, parameters {params_err:.2e}");
+        assert!(loss_err <= 1e-4 && params_err <= 1e-4, "{name}");
+    }
+}
+
 /// Where a child of `cudnn_and_flatnn_kernels_agree` writes `what` of `model`.
 fn result_path(dir: &Path, model: &str, what: &str) -> PathBuf {
     dir.join(format!("{model}-{what}.f32"))

@@ -123,8 +123,8 @@ impl Gpu {
 }
 
 /// A convolution step's backward: its dz (unless written), db, then dW and (where needed) dX,
-/// each through cuDNN where it was chosen, else flatnn's kernels; `layout` = (channels, pixels
-/// per channel).
+/// each through cuDNN where it was chosen, else flatnn's kernels (dW by the implicit product
+/// where that was chosen); `layout` = (channels, pixels per channel).
 pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Activation, (channels, pixels): (usize, usize)) -> Result<()> {
     activation_backward(pass, step, activation)?;
     let GpuBackward { gpu, blas, stream, plan, f, b, index, need_dx, .. } = *pass;
@@ -134,7 +134,10 @@ pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Act
     let partials = Raw::of(b.partials).at_mut(0..b.partials.len());
     gpu.bias_grad(stream, channels, pixels, f.batch, pass.dacts(z), Raw::of(b.grads).at_mut(bias), Some(partials))?;
     if !f.dnn.map_or(Ok(false), |d| d.weight_grad(index, plan, f, b))? {
-        conv_weight_grad_own(gpu, blas, stream, plan, step, f, b)?;
+        match f.dnn.is_some_and(|d| d.implicit_weight_grad(index, f.batch)) {
+            true => conv_weight_grad_implicit(gpu, stream, plan, step, f, b)?,
+            false => conv_weight_grad_own(gpu, blas, stream, plan, step, f, b)?,
+        }
     }
     if need_dx && !f.dnn.map_or(Ok(false), |d| d.input_grad(index, plan, f, b))? {
         conv_input_grad_own(gpu, blas, stream, plan, step, f, b)?;
@@ -201,6 +204,58 @@ pub(super) fn conv_weight_grad_own(
     let onesm = DevMat { data: ones.at(0..batch), rs: batch, cs: 1 };
     let pm = DevMat { data: partials.at(0..batch * w_len), rs: w_len, cs: 1 };
     blas.sgemm(1, w_len, batch, 1.0, onesm, pm, 0.0, DevMatMut { data: grads.at_mut(w), rs: w_len, cs: 1 })
+}
+
+/// dW (OC, C, kh, kw) = Σ_s Σ_p dZ[s, :, p] · x gathered at p, overwritten, through flatnn's
+/// implicit product (`conv_wgrad_*` in kernels/conv.cu): no lowered matrix; the batch split into
+/// [`WgradSplit::of`]'s shares, their sums in `b.partials` and added in share order.
+pub(super) fn conv_weight_grad_implicit(gpu: &Gpu, stream: &CudaStream, plan: &Plan, step: &Step, f: &Forward, b: &Backward) -> Result<()> {
+    let (acts, dacts, grads, partials) = (Raw::of(f.acts), Raw::of(b.dacts), Raw::of(b.grads), Raw::of(b.partials));
+    let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
+    gpu.conv_weight_grad_implicit(stream, &g, f.batch, acts.at(x), dacts.at(z), partials.at_mut(0..b.partials.len()), grads.at_mut(w))
+}
+
+/// Output channels × taps (r = (c, i, j)) of a block's tile of the implicit weight gradient:
+/// one of [`WgradSplit::OC_TILES`] (WGI_TR in kernels/conv.cu).
+pub(crate) const WGRAD_R_TILE: usize = 64;
+/// Values of k = (sample, pixel) a block stages at a time (WGI_KC; the launch does not need it).
+#[cfg(test)]
+pub(crate) const WGRAD_STEP: usize = 64;
+/// The blocks the implicit weight gradient aims at (about four an SM of the cards flatnn runs
+/// on; a constant, so that the bits of a sum depend on the sizes alone, not on the card) ...
+const WGRAD_BLOCKS: usize = 512;
+/// ... while each block still has at least this many (sample, pixel) pairs to sum over.
+const WGRAD_MIN_PIXELS: usize = 2048;
+
+/// How the implicit weight gradient covers a layer at a batch size: tiles of `oc_tile` output
+/// channels × [`WGRAD_R_TILE`] taps, and the samples in `shares` shares of `chunk` (the last
+/// share the rest). With one share the blocks write dW; else each writes its share's sums to
+/// the partials (`shares × OC·CKK`, share-major), added per element in share order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WgradSplit {
+    pub oc_tile: usize,
+    pub oc_tiles: usize,
+    pub r_tiles: usize,
+    pub chunk: usize,
+    pub shares: usize,
+}
+
+impl WgradSplit {
+    /// The output-channel tiles there are kernels for (`conv_wgrad_16`, `_32`, `_64`).
+    pub const OC_TILES: [usize; 3] = [16, 32, 64];
+
+    /// The smallest tile that holds every output channel (else the largest); as many shares as
+    /// give about [`WGRAD_BLOCKS`] blocks, at most one a sample and at least
+    /// [`WGRAD_MIN_PIXELS`] pairs a share, then as many as the chunk needs (none empty).
+    pub fn of(g: &conv::Geometry, batch: usize) -> WgradSplit {
+        let oc = g.out_channels;
+        let oc_tile = Self::OC_TILES.into_iter().find(|&t| t >= oc).unwrap_or(Self::OC_TILES[2]);
+        let (oc_tiles, r_tiles) = (oc.div_ceil(oc_tile), g.ckk().div_ceil(WGRAD_R_TILE));
+        let wanted = WGRAD_BLOCKS.div_ceil((oc_tiles * r_tiles).max(1));
+        let shares = wanted.min(batch * g.ohw() / WGRAD_MIN_PIXELS).min(batch).max(1);
+        let chunk = batch.div_ceil(shares).max(1);
+        WgradSplit { oc_tile, oc_tiles, r_tiles, chunk, shares: batch.div_ceil(chunk).max(1) }
+    }
 }
 
 /// dX (batch, C, H, W) = convᵀ(dZ, W), overwritten, through flatnn's kernels: per-sample

@@ -1,10 +1,14 @@
-//! Convolutions through cuDNN where it loads and is measured faster than flatnn's own kernels
-//! (im2col + cuBLAS, in `exec.rs`); flatnn's kernels everywhere else, so a machine without
-//! cuDNN still runs every model on the GPU.
+//! A convolution's routes, chosen by measurement per layer, direction and batch size: flatnn's
+//! lowered route (`own`: im2col and cuBLAS products, in `conv.rs`); for the weight gradient,
+//! flatnn's implicit product too (`own-implicit`: x gathered as it is read, no lowered matrix,
+//! the batch split into shares summed in a fixed order: `conv_weight_grad_implicit`); and
+//! cuDNN where it loads. The fastest is kept; flatnn's kernels run wherever cuDNN is missing,
+//! so a machine without it still runs every model on the GPU.
 //!
 //! The model's `Tuning::convs` (`FLATNN_CUDNN`, read with the rest of the tuning): `0` flatnn's
-//! kernels only (cuDNN is not loaded), `1` cuDNN wherever it has an algorithm, `auto` (the
-//! default, and what a value not understood means; the report says so) cuDNN where it was faster.
+//! kernels only (cuDNN is not loaded; the weight gradient's two routes are still measured),
+//! `1` cuDNN wherever it has an algorithm, `auto` (the default, and what a value not understood
+//! means; the report says so) cuDNN where it was faster than flatnn's faster route.
 //!
 //! A cache with convolutions owns one cuDNN handle, bound to the stream of the model using the
 //! cache (as its cuBLAS handle is), and one workspace of [`WORKSPACE`] bytes, allocated with the
@@ -16,9 +20,10 @@
 //! determinism) that runs, the first time it does (when its graph is captured), a [`Setup`] is
 //! made: per conv layer its descriptors, then per direction (forward; weight gradient and input
 //! gradient at the first training step) cuDNN's best few algorithms by `cudnnFind*AlgorithmEx`
-//! within the workspace, and these and flatnn's kernels timed as steps run them (in a CUDA graph,
-//! or eagerly where the model's graphs are off; see `timing.rs`). Where timing flatnn's kernels
-//! fails (a capture refused), they are chosen and the report says why. The choice is kept for that
+//! within the workspace, and these and flatnn's routes timed as steps run them (in a CUDA graph,
+//! or eagerly where the model's graphs are off; see `timing.rs`); nothing is timed where
+//! flatnn's lowered route is the only candidate. Where timing it fails (a capture refused), it
+//! is chosen and the report says why. The choice is kept for that
 //! batch size and reported by [`Dnn::report`]. The timing runs on the cache's live buffers: it
 //! writes only what the step it precedes overwrites (a layer's z, weight gradient, input gradient,
 //! scratch).
@@ -27,17 +32,18 @@
 //! atomics, FFT or Winograd; see `Perf::usable`) unless the model's `GpuOptions::deterministic` is
 //! off (then atomics too, never FFT or Winograd, and the report marks each such algorithm chosen),
 //! and a measurement is made once per process for a (device, layer shape, batch, TF32, determinism,
-//! direction) and reused by every later cache, so that models trained side by side compute exactly
-//! as one trained alone. (Every cache has the same workspace, so an algorithm found in one fits
-//! all.) Under `auto`, another process may measure otherwise and take the other path (results then
-//! differ in the last bits); `FLATNN_CUDNN=0` or `1` fixes the path.
+//! whether cuDNN is a candidate, direction) and reused by every later cache, so that models
+//! trained side by side compute exactly as one trained alone. (Every cache has the same
+//! workspace, so an algorithm found in one fits all.) Another process may measure otherwise and
+//! take another route (results then differ in the last bits): `FLATNN_CUDNN=1` fixes the route
+//! where cuDNN has an algorithm; flatnn's two weight-gradient routes are always measured.
 //!
-//! Bias, activation and bias gradient stay flatnn's kernels on both paths.
+//! Bias, activation and bias gradient stay flatnn's kernels on every route.
 
 use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
-use super::conv::{conv_forward_own, conv_input_grad_own, conv_weight_grad_own};
+use super::conv::{conv_forward_own, conv_input_grad_own, conv_weight_grad_implicit, conv_weight_grad_own};
 use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
 use super::exec::{Backward, Forward};
 use super::graph::Graphs;
@@ -79,25 +85,56 @@ fn ptrs(dir: Dir, plan: &Plan, step: &Step, f: &Forward, b: Option<&Backward>) -
     }
 }
 
-/// One direction of one layer: which path runs it, and what was measured to decide.
+/// What runs one direction of a convolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// flatnn's lowered route: im2col and cuBLAS products (`conv.rs`).
+    Own,
+    /// flatnn's implicit product, the weight gradient alone: no lowered matrix, the batch split
+    /// into shares (`conv_weight_grad_implicit`).
+    Implicit,
+    /// cuDNN's algorithm `Choice::algo`.
+    Cudnn,
+}
+
+impl Route {
+    /// Every route, as the report names them.
+    const ALL: [Route; 3] = [Route::Own, Route::Implicit, Route::Cudnn];
+
+    fn name(self) -> &'static str {
+        match self {
+            Route::Own => "own",
+            Route::Implicit => "own-implicit",
+            Route::Cudnn => "cudnn",
+        }
+    }
+
+    /// Whether this route can run `dir` (given cuDNN for [`Route::Cudnn`]).
+    fn runs(self, dir: Dir) -> bool {
+        self != Route::Implicit || dir == Dir::Weight
+    }
+}
+
+/// One direction of one layer: which route runs it, and what was measured to decide.
 #[derive(Clone, Copy, Debug)]
 struct Choice {
-    /// Measured (or found not needed); until then flatnn's kernels would run it.
+    /// Measured (or found not needed); until then flatnn's lowered route would run it.
     decided: bool,
     /// False for the input gradient of a layer reading the model's inputs.
     needed: bool,
     /// The fastest cuDNN algorithm timed, if any fits.
     algo: Option<Algo>,
-    use_cudnn: bool,
-    /// Per call (in a graph, or eager where the model's graphs are off): flatnn's kernels,
-    /// cuDNN (NaN where not measured).
+    route: Route,
+    /// Per call (in a graph, or eager where the model's graphs are off): flatnn's lowered
+    /// route, its implicit one, cuDNN (NaN where not measured).
     own_us: f32,
+    implicit_us: f32,
     cudnn_us: f32,
 }
 
 impl Default for Choice {
     fn default() -> Self {
-        Choice { decided: false, needed: true, algo: None, use_cudnn: false, own_us: f32::NAN, cudnn_us: f32::NAN }
+        Choice { decided: false, needed: true, algo: None, route: Route::Own, own_us: f32::NAN, implicit_us: f32::NAN, cudnn_us: f32::NAN }
     }
 }
 
@@ -121,23 +158,29 @@ struct Setup {
     layers: Vec<LayerSetup>,
 }
 
-/// cuDNN for one cache. Fields drop in order: descriptors, handle, then workspace.
-struct Cudnn {
+/// cuDNN's handle and workspace for one cache. Fields drop in order: handle, then workspace.
+struct Library {
+    handle: Handle,
+    workspace: DevBuf<u8>,
+}
+
+/// The convolutions' routes for one cache, and cuDNN where it is used. Fields drop in order:
+/// descriptors, then cuDNN's handle and workspace.
+struct ConvRoutes {
     setups: Vec<Setup>,
     /// Next setup replaced when `SLOTS` are kept.
     next: usize,
     /// The setup the last `prepare` picked: the one the calls of the step being run use.
     current: Option<usize>,
-    handle: Handle,
-    workspace: DevBuf<u8>,
+    cudnn: Option<Library>,
     stream: Arc<CudaStream>,
     gpu: Arc<Gpu>,
 }
 
-impl Drop for Cudnn {
+impl Drop for ConvRoutes {
     fn drop(&mut self) {
-        // The handle and workspace may still be used by queued work.
-        if self.gpu.bind().is_ok() {
+        // cuDNN's handle and workspace may still be used by queued work.
+        if self.cudnn.is_some() && self.gpu.bind().is_ok() {
             let _ = self.stream.synchronize();
         }
     }
@@ -156,10 +199,11 @@ pub(crate) struct StepRun<'a> {
     pub options: GpuOptions,
 }
 
-/// A cache's convolutions: cuDNN where it is used, and what to report; and its recurrent layers'
-/// routes (`rnn_dnn.rs`).
+/// A cache's convolutions: their routes, cuDNN where it is used, and what to report; and its
+/// recurrent layers' routes (`rnn_dnn.rs`).
 pub(crate) struct Dnn {
-    cudnn: Option<Cudnn>,
+    /// None for a plan without convolutions.
+    convs: Option<ConvRoutes>,
     rnn: RnnDnn,
     /// First line of the report: cuDNN's version, or why it is not used.
     header: String,
@@ -175,7 +219,7 @@ impl Dnn {
     /// For a cache of `plan` (of any capacity), on `stream`, for models whose convolutions and
     /// recurrent layers take the routes `tuning` allows. Never fails: where cuDNN is missing,
     /// refused by `tuning.convs`, or fails to set up, every convolution runs on flatnn's kernels
-    /// and the report says why.
+    /// (the faster of its two weight-gradient routes) and the report says why.
     pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, tuning: Tuning) -> Dnn {
         let convs = tuning.convs;
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -190,21 +234,22 @@ impl Dnn {
                 Some(_) => format!("cuDNN not used ({why}; {setting}): flatnn's kernels"),
                 None => format!("cuDNN not used ({why}): flatnn's kernels"),
             };
-            Dnn { cudnn: None, header, id, rnn: RnnDnn::new(gpu, stream, plan, tuning) }
+            Dnn { convs: Some(ConvRoutes::new(gpu, stream, None)), header, id, rnn: RnnDnn::new(gpu, stream, plan, tuning) }
         };
         if conv::steps(plan).next().is_none() {
-            return Dnn { cudnn: None, header: String::new(), id, rnn: RnnDnn::new(gpu, stream, plan, tuning) };
+            return Dnn { convs: None, header: String::new(), id, rnn: RnnDnn::new(gpu, stream, plan, tuning) };
         }
         if convs == Convs::Own {
             return off(&setting);
         }
         let Some(version) = cudnn_version() else { return off("no cuDNN 9 library found") };
-        match guarded_result(|| Cudnn::new(gpu, stream)) {
+        match guarded_result(|| Library::new(gpu, stream)) {
             Ok(cudnn) => {
                 let (major, minor, patch) = (version / 10000, version / 100 % 100, version % 100);
                 let kib = cudnn.workspace.len() / 1024;
                 let header = format!("cuDNN {major}.{minor}.{patch}, {setting}, workspace {kib} KiB");
-                Dnn { cudnn: Some(cudnn), header, id, rnn: RnnDnn::new(gpu, stream, plan, tuning) }
+                let convs = Some(ConvRoutes::new(gpu, stream, Some(cudnn)));
+                Dnn { convs, header, id, rnn: RnnDnn::new(gpu, stream, plan, tuning) }
             }
             Err(e) => off(&format!("setting it up failed: {e}")),
         }
@@ -221,9 +266,13 @@ impl Dnn {
     /// there.
     pub fn rebind(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
         self.rnn.rebind(stream)?;
-        match &mut self.cudnn {
-            Some(c) => c.handle.move_to(&c.gpu, &mut c.stream, stream),
-            None => Ok(()),
+        let Some(c) = &mut self.convs else { return Ok(()) };
+        match &mut c.cudnn {
+            Some(lib) => lib.handle.move_to(&c.gpu, &mut c.stream, stream),
+            None => {
+                c.stream = Arc::clone(stream);
+                Ok(())
+            }
         }
     }
 
@@ -236,7 +285,7 @@ impl Dnn {
         self.rnn.prepare(s)?;
         let StepRun { plan, f, b, options, .. } = *s;
         let (tf32, deterministic) = (options.tf32, options.deterministic);
-        let Some(c) = &mut self.cudnn else { return Ok(()) };
+        let Some(c) = &mut self.convs else { return Ok(()) };
         let index = match c.setups.iter().position(|s| s.batch == f.batch && s.tf32 == tf32 && s.deterministic == deterministic) {
             Some(index) => index,
             None => c.add_setup(plan, f.batch, tf32, deterministic),
@@ -290,22 +339,35 @@ impl Dnn {
         self.run_chosen(Dir::Input, index, plan, f, Some(b))
     }
 
-    fn run_chosen(&self, dir: Dir, index: usize, plan: &Plan, f: &Forward, b: Option<&Backward>) -> Result<bool> {
-        let Some(c) = &self.cudnn else { return Ok(false) };
-        let Some(setup) = c.current.and_then(|i| c.setups.get(i)) else { return Ok(false) };
+    /// Whether dW of step `index` runs on flatnn's implicit product at `batch` (prepared last).
+    pub fn implicit_weight_grad(&self, index: usize, batch: usize) -> bool {
+        self.chosen(Dir::Weight, index, batch).is_some_and(|(_, choice)| choice.route == Route::Implicit)
+    }
+
+    /// The layer set up for step `index` in the setup prepared last, and its choice for `dir`,
+    /// where that setup is for `batch`.
+    fn chosen(&self, dir: Dir, index: usize, batch: usize) -> Option<(&LayerSetup, Choice)> {
+        let c = self.convs.as_ref()?;
+        let setup = c.current.and_then(|i| c.setups.get(i))?;
         // descriptors made for another batch must never run on this one
-        debug_assert_eq!(setup.batch, f.batch, "Dnn::prepare was not called for this batch");
-        if setup.batch != f.batch {
-            return Ok(false);
+        debug_assert_eq!(setup.batch, batch, "Dnn::prepare was not called for this batch");
+        if setup.batch != batch {
+            return None;
         }
-        let Some(layer) = setup.layers.iter().find(|l| l.step == index) else { return Ok(false) };
-        let choice = layer.choices[dir as usize];
-        let (Some(algo), true, Some(descs)) = (choice.algo, choice.use_cudnn, &layer.descs) else { return Ok(false) };
+        let layer = setup.layers.iter().find(|l| l.step == index)?;
+        Some((layer, layer.choices[dir as usize]))
+    }
+
+    fn run_chosen(&self, dir: Dir, index: usize, plan: &Plan, f: &Forward, b: Option<&Backward>) -> Result<bool> {
+        let (Some(c), Some((layer, choice))) = (&self.convs, self.chosen(dir, index, f.batch)) else { return Ok(false) };
+        let (Some(algo), Route::Cudnn, Some(descs), Some(lib)) = (choice.algo, choice.route, &layer.descs, &c.cudnn) else {
+            return Ok(false);
+        };
         c.gpu.bind()?;
         let p = ptrs(dir, plan, &plan.steps[index], f, b);
         // SAFETY: descriptors of this layer and batch; the operands lie inside their buffers
         // (checked by `ptrs`) and the workspace is the one the algorithm was found within.
-        unsafe { c.handle.run(dir, descs, algo, p, &c.workspace) }
+        unsafe { lib.handle.run(dir, descs, algo, p, &lib.workspace) }
             .map_err(|e| cudnn_error(&format!("{} of step {index}", dir.name()), e))?;
         Ok(true)
     }
@@ -326,24 +388,14 @@ impl Dnn {
 
     fn conv_report(&self) -> String {
         let mut out = self.header.clone();
-        let Some(c) = &self.cudnn else { return out };
+        let Some(c) = &self.convs else { return out };
         for setup in &c.setups {
             for layer in &setup.layers {
                 let arith = super::options::arithmetic(setup.tf32, setup.deterministic);
                 let _ = write!(out, "\nbatch {} {arith}, {}:", setup.batch, layer.label);
                 for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
-                    let ch = layer.choices[dir as usize];
-                    let _ = write!(out, " {} ", dir.name());
-                    let cudnn = |algo: Option<Algo>| algo.map_or("cudnn -".to_string(), |a| format!("cudnn {}", a.name(dir)));
-                    if !ch.decided {
-                        out.push_str("not measured yet;");
-                    } else if !ch.needed {
-                        out.push_str("not needed;");
-                    } else if ch.use_cudnn {
-                        let _ = write!(out, "{} {:.1} µs (own {:.1} µs);", cudnn(ch.algo), ch.cudnn_us, ch.own_us);
-                    } else {
-                        let _ = write!(out, "own {:.1} µs ({} {:.1} µs);", ch.own_us, cudnn(ch.algo), ch.cudnn_us);
-                    }
+                    let cudnn = c.cudnn.is_some() && layer.descs.is_some();
+                    let _ = write!(out, " {} {};", dir.name(), describe(dir, layer.choices[dir as usize], cudnn));
                 }
                 if !layer.note.is_empty() {
                     let _ = write!(out, " note: {}", layer.note);
@@ -354,20 +406,19 @@ impl Dnn {
     }
 }
 
-impl Cudnn {
-    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>) -> Result<Cudnn> {
+impl Library {
+    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>) -> Result<Library> {
         gpu.bind()?;
         let handle = Handle::new(stream)?;
         let workspace = DevBuf::zeros(gpu, stream, WORKSPACE)?;
-        Ok(Cudnn {
-            setups: Vec::with_capacity(SLOTS),
-            next: 0,
-            current: None,
-            handle,
-            workspace,
-            stream: Arc::clone(stream),
-            gpu: Arc::clone(gpu),
-        })
+        Ok(Library { handle, workspace })
+    }
+}
+
+impl ConvRoutes {
+    fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, cudnn: Option<Library>) -> ConvRoutes {
+        let (stream, gpu) = (Arc::clone(stream), Arc::clone(gpu));
+        ConvRoutes { setups: Vec::with_capacity(SLOTS), next: 0, current: None, cudnn, stream, gpu }
     }
 
     /// A new setup for (batch, tf32, deterministic), nothing measured yet; its index.
@@ -393,9 +444,10 @@ impl Cudnn {
                     g.height,
                     g.width
                 );
-                let (descs, note) = match Descs::new(step, batch) {
-                    Ok(d) => (Some(d), String::new()),
-                    Err(why) => (None, why),
+                let (descs, note) = match self.cudnn.as_ref().map(|_| Descs::new(step, batch)) {
+                    Some(Ok(d)) => (Some(d), String::new()),
+                    Some(Err(why)) => (None, why),
+                    None => (None, String::new()),
                 };
                 LayerSetup { step: index, label, descs, choices: [Choice::default(); 3], note }
             })
@@ -412,10 +464,11 @@ impl Cudnn {
         }
     }
 
-    /// Records the path for `dir` of `layer`: as measured before in this process for the same
-    /// device, shape, batch, arithmetic and determinism (so that every model of a process computes
-    /// alike), else measured now. A failure of cuDNN, or of timing either path, leaves flatnn's
-    /// kernels chosen (with a note).
+    /// Records the route for `dir` of `layer`: as measured before in this process for the same
+    /// device, shape, batch, arithmetic, determinism and candidates (so that every model of a
+    /// process computes alike), else measured now; the fastest of flatnn's routes unless cuDNN
+    /// was faster (or `FLATNN_CUDNN=1` and it has an algorithm). A failure of cuDNN, or of
+    /// timing a route, leaves flatnn's lowered route chosen (with a note).
     fn decide(&self, layer: &mut LayerSetup, dir: Dir, s: &StepRun) -> Result<()> {
         let StepRun { gpu, stream, plan, f, b, options, .. } = *s;
         let step = &plan.steps[layer.step];
@@ -436,13 +489,17 @@ impl Cudnn {
             dilation.1,
         ];
         let (tf32, deterministic) = (options.tf32, options.deterministic);
-        let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32, deterministic, dir };
+        let cudnn = self.cudnn.is_some();
+        let key = MeasureKey { ordinal: gpu.ordinal(), shape, batch: f.batch, tf32, deterministic, cudnn, dir };
         let m = match MEASURED.get(&key) {
             Some(m) => m,
             None => MEASURED.keep(key, self.measure(layer, dir, s)?),
         };
-        let mut use_cudnn = m.algo.is_some() && layer.descs.is_some() && (options.tuning.convs == Convs::Cudnn || m.cudnn_us < m.own_us);
-        if let (Some(algo), Some(descs), true) = (m.algo, &layer.descs, use_cudnn) {
+        // (a time not measured is NaN, never faster)
+        let (own, own_us) = if m.implicit_us < m.own_us { (Route::Implicit, m.implicit_us) } else { (Route::Own, m.own_us) };
+        let cudnn_wins = options.tuning.convs == Convs::Cudnn || m.cudnn_us < own_us;
+        let mut route = if m.algo.is_some() && layer.descs.is_some() && cudnn_wins { Route::Cudnn } else { own };
+        if let (Some(algo), Some(descs), Some(lib), Route::Cudnn) = (m.algo, &layer.descs, &self.cudnn, route) {
             // Run it eagerly before any capture (measuring did, in the cache that measured):
             // a new handle's first call may load modules or allocate, which would break a
             // capture running on another thread.
@@ -451,23 +508,25 @@ impl Cudnn {
             let _exclusive = super::device_wide();
             // SAFETY: descriptors of this layer and batch, operands inside their buffers, an
             // algorithm cuDNN found for them within this size of workspace (every cache's).
-            if let Err(e) = unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) } {
+            if let Err(e) = unsafe { lib.handle.run(dir, descs, algo, p, &lib.workspace) } {
                 note(&mut layer.note, dir, &format!("{} failed: {e:?}", algo.name(dir)));
-                use_cudnn = false;
+                route = own;
             }
             stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
         }
-        layer.choices[dir as usize] =
-            Choice { decided: true, needed: true, algo: m.algo, use_cudnn, own_us: m.own_us, cudnn_us: m.cudnn_us };
+        let (own_us, implicit_us, cudnn_us) = (m.own_us, m.implicit_us, m.cudnn_us);
+        layer.choices[dir as usize] = Choice { decided: true, needed: true, algo: m.algo, route, own_us, implicit_us, cudnn_us };
         if !m.note.is_empty() {
             note(&mut layer.note, dir, &m.note);
         }
         Ok(())
     }
 
-    /// Times flatnn's kernels and cuDNN's best few algorithms (by `cudnnFind*AlgorithmEx`) for
-    /// `dir` of `layer`, as a step runs them (see [`time_calls`]). Where flatnn's kernels cannot
-    /// be timed, cuDNN is not tried: they are what a step then runs.
+    /// Times flatnn's routes for `dir` of `layer` (the lowered one; for the weight gradient the
+    /// implicit one too) and cuDNN's best few algorithms (by `cudnnFind*AlgorithmEx`), as a step
+    /// runs them (see [`time_calls`]); nothing where flatnn's lowered route is the only
+    /// candidate. Where that route cannot be timed, no other is tried: it is what a step then
+    /// runs.
     fn measure(&self, layer: &LayerSetup, dir: Dir, s: &StepRun) -> Result<Measured> {
         let StepRun { gpu, blas, stream, plan, f, b, options } = *s;
         let step = &plan.steps[layer.step];
@@ -476,7 +535,11 @@ impl Cudnn {
             Dir::Weight => conv_weight_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
             Dir::Input => conv_input_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
         };
-        let mut m = Measured { algo: None, own_us: f32::NAN, cudnn_us: f32::NAN, note: String::new() };
+        let mut m = Measured { algo: None, own_us: f32::NAN, implicit_us: f32::NAN, cudnn_us: f32::NAN, note: String::new() };
+        let cudnn = layer.descs.as_ref().zip(self.cudnn.as_ref());
+        if !Route::Implicit.runs(dir) && cudnn.is_none() {
+            return Ok(m);
+        }
         match time_calls(gpu, stream, options.graphs, &own) {
             Ok(us) => m.own_us = us,
             Err(e) => {
@@ -484,11 +547,18 @@ impl Cudnn {
                 return Ok(m);
             }
         }
-        let Some(descs) = &layer.descs else { return Ok(m) };
+        if Route::Implicit.runs(dir) {
+            let implicit = || conv_weight_grad_implicit(gpu, stream, plan, step, f, b.expect("gradients"));
+            match time_calls(gpu, stream, options.graphs, &implicit) {
+                Ok(us) => m.implicit_us = us,
+                Err(e) => m.note = format!("timing {} failed ({e})", Route::Implicit.name()),
+            }
+        }
+        let Some((descs, lib)) = cudnn else { return Ok(m) };
         let p = ptrs(dir, plan, step, f, b);
         gpu.bind()?;
         // SAFETY: descriptors of this layer and batch; operands inside their buffers.
-        match unsafe { self.handle.find(dir, descs, p, &self.workspace, &options, CANDIDATES) } {
+        match unsafe { lib.handle.find(dir, descs, p, &lib.workspace, &options, CANDIDATES) } {
             Ok((algos, offered)) if algos.is_empty() => {
                 let which = if options.deterministic { "deterministic product" } else { "product" };
                 m.note = format!("no {which} algorithm fits (cuDNN offered: {offered})");
@@ -499,7 +569,7 @@ impl Cudnn {
                 }
                 for algo in algos {
                     // SAFETY: as above, with an algorithm cuDNN found for them.
-                    let run = || unsafe { self.handle.run(dir, descs, algo, p, &self.workspace) }.map_err(|e| cudnn_error(dir.name(), e));
+                    let run = || unsafe { lib.handle.run(dir, descs, algo, p, &lib.workspace) }.map_err(|e| cudnn_error(dir.name(), e));
                     match time_calls(gpu, stream, options.graphs, &run) {
                         Ok(us) if m.algo.is_none() || us < m.cudnn_us => (m.algo, m.cudnn_us) = (Some(algo), us),
                         Ok(_) => {}
@@ -515,7 +585,7 @@ impl Cudnn {
 
 /// What a measurement is of: the device, the layer's shape (C, H, W, OC, kh, kw, sh, sw, ph,
 /// pw, dh, dw), the batch, the arithmetic, whether non-deterministic algorithms were candidates,
-/// and the direction.
+/// whether cuDNN was, and the direction.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct MeasureKey {
     ordinal: usize,
@@ -523,14 +593,16 @@ struct MeasureKey {
     batch: usize,
     tf32: bool,
     deterministic: bool,
+    cudnn: bool,
     dir: Dir,
 }
 
-/// Both paths timed (µs per call), and cuDNN's fastest algorithm, if any ran.
+/// The routes timed (µs per call; NaN where not), and cuDNN's fastest algorithm, if any ran.
 #[derive(Clone)]
 struct Measured {
     algo: Option<Algo>,
     own_us: f32,
+    implicit_us: f32,
     cudnn_us: f32,
     note: String,
 }
@@ -540,4 +612,86 @@ static MEASURED: FirstMeasured<MeasureKey, Measured> = FirstMeasured::new();
 
 fn note(notes: &mut String, dir: Dir, what: &str) {
     add_note(notes, dir.name(), what);
+}
+
+/// What the report says of `dir` of a layer: "not measured yet", "not needed", the route that
+/// runs it where nothing else was a candidate, else the route chosen and its time, then the
+/// other candidates' ("own-implicit 210.0 µs (own 1536.0 µs, cudnn BWD_FILTER_ALGO_1 1842.0
+/// µs)"; "cudnn -" where cuDNN had no algorithm); `cudnn`: whether cuDNN was a candidate.
+fn describe(dir: Dir, ch: Choice, cudnn: bool) -> String {
+    if !ch.decided {
+        return "not measured yet".into();
+    }
+    if !ch.needed {
+        return "not needed".into();
+    }
+    let named = |route: Route| match (route, ch.algo) {
+        (Route::Own, _) => (Route::Own.name().to_string(), ch.own_us),
+        (Route::Implicit, _) => (Route::Implicit.name().to_string(), ch.implicit_us),
+        (Route::Cudnn, Some(algo)) => (format!("cudnn {}", algo.name(dir)), ch.cudnn_us),
+        (Route::Cudnn, None) => ("cudnn -".to_string(), ch.cudnn_us),
+    };
+    let candidates = Route::ALL.into_iter().filter(|&r| r.runs(dir) && (r != Route::Cudnn || cudnn));
+    let others: Vec<String> = candidates.filter(|&r| r != ch.route).map(named).map(|(name, us)| format!("{name} {us:.1} µs")).collect();
+    let (name, us) = named(ch.route);
+    if others.is_empty() {
+        return format!("{name} (the only route)");
+    }
+    format!("{name} {us:.1} µs ({})", others.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::cudnn::sys::cudnnMathType_t::CUDNN_FMA_MATH;
+
+    /// The route a report's words name (the chosen one first, the others after it), if any.
+    fn route_named(words: &str) -> Option<Route> {
+        let name = words.trim_start_matches('(').split_whitespace().next()?;
+        Route::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// Every route a report can name exists and can run the direction it is named for: for each
+    /// direction, each route chosen and cuDNN a candidate or not, the report names the chosen
+    /// route first and then every other candidate once (the implicit product for the weight
+    /// gradient alone, cuDNN only where it was a candidate), each with its time.
+    #[test]
+    fn every_route_a_report_names_exists() {
+        let algo = Algo { id: 1, math: CUDNN_FMA_MATH, deterministic: true };
+        for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
+            for cudnn in [false, true] {
+                let candidates: Vec<Route> = Route::ALL.into_iter().filter(|r| r.runs(dir) && (*r != Route::Cudnn || cudnn)).collect();
+                assert_eq!(candidates.contains(&Route::Implicit), dir == Dir::Weight);
+                for &route in &candidates {
+                    let ch = Choice {
+                        decided: true,
+                        algo: Some(algo),
+                        route,
+                        own_us: 3.0,
+                        implicit_us: 2.0,
+                        cudnn_us: 1.0,
+                        ..Choice::default()
+                    };
+                    let text = describe(dir, ch, cudnn);
+                    let parts: Vec<&str> = text.split(['(', ',']).filter(|p| !p.trim().is_empty()).collect();
+                    assert_eq!(route_named(parts[0]), Some(route), "{text}");
+                    if candidates.len() == 1 {
+                        assert_eq!(text, format!("{} (the only route)", route.name()));
+                        continue;
+                    }
+                    let named: Vec<Route> = parts.iter().map(|p| route_named(p).unwrap_or_else(|| panic!("{p:?} in {text}"))).collect();
+                    let mut sorted = named.clone();
+                    sorted.sort_by_key(|r| r.name());
+                    let mut want = candidates.clone();
+                    want.sort_by_key(|r| r.name());
+                    assert_eq!(sorted, want, "{dir:?}: {text}");
+                    assert!(parts.iter().all(|p| p.contains(" µs")), "{text}");
+                }
+            }
+        }
+        let ch = Choice { decided: true, route: Route::Own, ..Choice::default() };
+        assert_eq!(describe(Dir::Weight, ch, true), "own NaN µs (own-implicit NaN µs, cudnn - NaN µs)");
+        assert_eq!(describe(Dir::Weight, Choice::default(), true), "not measured yet");
+        assert_eq!(describe(Dir::Input, Choice { decided: true, needed: false, ..Choice::default() }, true), "not needed");
+    }
 }

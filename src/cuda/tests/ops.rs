@@ -292,6 +292,41 @@ fn im2col_reference(g: &conv::Geometry, x: &[f32]) -> Vec<f32> {
     col
 }
 
+/// The seven geometries the convolution kernels are checked at: no padding, stride (2, 1) with a
+/// 3×2 kernel, 5×5 stride 2 pad 2, a 1×1 input, LeNet's first layer, and two 1-D dilated ones.
+pub(super) fn conv_geometries() -> Vec<conv::Geometry> {
+    let cases = [
+        (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0), (1, 1)),
+        (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1), (1, 1)),
+        (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2), (1, 1)),
+        (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0), (1, 1)),
+        (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2), (1, 1)),
+        (Shape::image(2, 1, 19), 3, (1, 3), (1, 2), (0, 2), (1, 3)),
+        (Shape::image(3, 1, 40), 4, (1, 5), (1, 1), (0, 4), (1, 2)),
+    ];
+    cases
+        .into_iter()
+        .map(|(input, oc, kernel, stride, padding, dilation)| conv_geometry(input, oc, kernel, stride, padding, dilation))
+        .collect()
+}
+
+/// A convolution's geometry from its input, output channels, kernel, stride, padding and
+/// dilation.
+pub(super) fn conv_geometry(
+    input: Shape,
+    oc: usize,
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+    dilation: (usize, usize),
+) -> conv::Geometry {
+    let Shape::Image { channels: _, height, width } = input else { unreachable!() };
+    let span = |k: usize, d: usize| d * (k - 1) + 1;
+    let oh = (height + 2 * padding.0 - span(kernel.0, dilation.0)) / stride.0 + 1;
+    let ow = (width + 2 * padding.1 - span(kernel.1, dilation.1)) / stride.1 + 1;
+    conv::Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding, dilation)
+}
+
 /// im2col, then W·col (strided-batched SGEMM), equals the conv spec; Wᵀ·dZ then col2im equals
 /// its dX, and Σ dZ_s·col_sᵀ its dW. Small integers: everything is exact. Dilated 1-D
 /// convolutions (height 1) too, as `Conv1d` runs them.
@@ -302,22 +337,9 @@ fn conv_lowering_with_sgemm_matches_the_spec() {
     let stream = gpu.new_stream().unwrap();
     let blas = gpu.blas(&stream, false).unwrap();
     let mut rng = Rng::new(7);
-    let cases = [
-        (Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (0, 0), (1, 1)),
-        (Shape::image(3, 7, 6), 4, (3, 2), (2, 1), (1, 1), (1, 1)),
-        (Shape::image(2, 9, 9), 3, (5, 5), (2, 2), (2, 2), (1, 1)),
-        (Shape::image(2, 1, 1), 5, (1, 1), (1, 1), (0, 0), (1, 1)),
-        (Shape::image(1, 28, 28), 6, (5, 5), (1, 1), (2, 2), (1, 1)),
-        (Shape::image(2, 1, 19), 3, (1, 3), (1, 2), (0, 2), (1, 3)),
-        (Shape::image(3, 1, 40), 4, (1, 5), (1, 1), (0, 4), (1, 2)),
-    ];
-    for (input, oc, kernel, stride, padding, dilation) in cases {
-        let Shape::Image { channels: _, height, width } = input else { unreachable!() };
-        let span = |k: usize, d: usize| d * (k - 1) + 1;
-        let oh = (height + 2 * padding.0 - span(kernel.0, dilation.0)) / stride.0 + 1;
-        let ow = (width + 2 * padding.1 - span(kernel.1, dilation.1)) / stride.1 + 1;
-        let g = conv::Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding, dilation);
-        let (ckk, ohw, out_len) = (g.ckk(), g.ohw(), oc * g.ohw());
+    for g in conv_geometries() {
+        let input = Shape::image(g.in_channels, g.height, g.width);
+        let (oc, ckk, ohw, out_len) = (g.out_channels, g.ckk(), g.ohw(), g.out_len());
         for batch in [1, 2, 5] {
             let (w, x, dz) = (rng.ints(oc * ckk), rng.ints(batch * input.len()), rng.ints(batch * out_len));
             let (mut z_want, mut dw_want, mut db_want, mut dx_want) =
