@@ -132,6 +132,8 @@ extern "C" __global__ void conv_epilogue(const float* __restrict__ z, const floa
 // With one share `out` is dW; else it is the shares' partial sums, which conv_wgrad_join adds.
 #define WGI_TR 64
 #define WGI_KC 64
+// the rows (oc or r) a block stages at a time, one k a thread
+#define WGI_ROWS (REDUCE_THREADS / WGI_KC)
 // an offset that puts a row outside the input whatever is added to it
 #define WGI_FAR (-(1 << 29))
 
@@ -145,10 +147,10 @@ __device__ __forceinline__ void conv_wgrad_tile(const float* __restrict__ x, con
     constexpr int DZ_LD = TOC + 4, X_LD = WGI_TR + 4;
     constexpr int TILES = WGI_KC * (DZ_LD + X_LD), SUMS = (KS - 1) * 16 * GROUP;
     __shared__ __align__(16) float stage[TILES > SUMS ? TILES : SUMS];
-    // per r of the tile: c·H·W, i·dh − ph, j·dw − pw; per k of a step (two steps' worth): the
-    // offset of dZ[s, 0, p] (−1 past the share), s·C·H·W, oy·sh, ox·sw
-    __shared__ int r_plane[WGI_TR], r_y[WGI_TR], r_x[WGI_TR];
-    __shared__ int k_dz[2][WGI_KC], k_x[2][WGI_KC], k_y[2][WGI_KC], k_xo[2][WGI_KC];
+    // per r of the tile: (c·H·W, i·dh − ph, j·dw − pw); per k of a step (two steps' worth):
+    // (the offset of dZ[s, 0, p] or −1 past the share, s·C·H·W, oy·sh, ox·sw)
+    __shared__ int4 r_tab[WGI_TR];
+    __shared__ int4 k_tab[2][WGI_KC];
     float* dz_s = stage;
     float* x_s = stage + WGI_KC * DZ_LD;
     int ckk = channels * kh * kw, hw = height * width;
@@ -159,21 +161,14 @@ __device__ __forceinline__ void conv_wgrad_tile(const float* __restrict__ x, con
     for (int t = threadIdx.x; t < WGI_TR; t += blockDim.x) {
         int r = r0 + t;
         int j = r % kw, i = (r / kw) % kh, c = r / (kw * kh);
-        bool in = r < ckk;
-        r_plane[t] = in ? c * hw : 0;
-        r_y[t] = in ? i * dh - ph : WGI_FAR;
-        r_x[t] = in ? j * dw - pw : 0;
+        r_tab[t] = r < ckk ? make_int4(c * hw, i * dh - ph, j * dw - pw, 0) : make_int4(0, WGI_FAR, 0, 0);
     }
     // the k table of the step from k0 into buffer `buf`
     auto k_table = [&](int buf, int k0) {
         for (int t = threadIdx.x; t < WGI_KC; t += blockDim.x) {
             int k = k0 + t;
-            bool in = k < k_end;
             int s = k / ohw, p = k - s * ohw, oy = p / out_w, ox = p - oy * out_w;
-            k_dz[buf][t] = in ? s * out_channels * ohw + p : -1;
-            k_x[buf][t] = in ? s * channels * hw : 0;
-            k_y[buf][t] = in ? oy * sh : WGI_FAR;
-            k_xo[buf][t] = in ? ox * sw : 0;
+            k_tab[buf][t] = k < k_end ? make_int4(s * out_channels * ohw + p, s * channels * hw, oy * sh, ox * sw) : make_int4(-1, 0, WGI_FAR, 0);
         }
     };
     k_table(0, k_first);
@@ -188,22 +183,24 @@ __device__ __forceinline__ void conv_wgrad_tile(const float* __restrict__ x, con
         for (int b = 0; b < 4; b++) acc[a][b] = 0.0f;
     int buf = 0;
     for (int k0 = k_first; k0 < k_end; k0 += WGI_KC, buf ^= 1) {
-        // k fastest across the threads: consecutive pixels, contiguous reads
-        for (int e = threadIdx.x; e < WGI_KC * TOC; e += blockDim.x) {
-            int kk = e % WGI_KC, o = e / WGI_KC, at = k_dz[buf][kk];
-            dz_s[kk * DZ_LD + o] = (at >= 0 && oc0 + o < out_channels) ? dz[at + (oc0 + o) * ohw] : 0.0f;
-        }
-        for (int e = threadIdx.x; e < WGI_KC * WGI_TR; e += blockDim.x) {
-            int kk = e % WGI_KC, rr = e / WGI_KC;
-            int iy = k_y[buf][kk] + r_y[rr], ix = k_xo[buf][kk] + r_x[rr];
+        // a thread stages one k (k fastest across the threads: consecutive pixels, contiguous
+        // reads) for every WGI_ROWS-th oc and r
+        int4 kt = k_tab[buf][threadIdx.x % WGI_KC];
+        for (int o = threadIdx.x / WGI_KC; o < TOC; o += WGI_ROWS)
+            dz_s[threadIdx.x % WGI_KC * DZ_LD + o] = (kt.x >= 0 && oc0 + o < out_channels) ? dz[kt.x + (oc0 + o) * ohw] : 0.0f;
+#pragma unroll 4
+        for (int rr = threadIdx.x / WGI_KC; rr < WGI_TR; rr += WGI_ROWS) {
+            int4 rt = r_tab[rr];
+            int iy = kt.z + rt.y, ix = kt.w + rt.z;
             bool in = iy >= 0 && iy < height && ix >= 0 && ix < width;
-            x_s[kk * X_LD + rr] = in ? x[k_x[buf][kk] + r_plane[rr] + iy * width + ix] : 0.0f;
+            x_s[threadIdx.x % WGI_KC * X_LD + rr] = in ? x[kt.y + rt.x + iy * width + ix] : 0.0f;
         }
         // the next step's table goes to the other buffer, which no thread reads any more
         k_table(buf ^ 1, k0 + WGI_KC);
         __syncthreads();
 #pragma unroll 4
-        for (int kk = g * SLICE; kk < (g + 1) * SLICE; kk++) {
+        for (int u = 0; u < SLICE; u++) {
+            int kk = g * SLICE + u;
             float4 a4 = *reinterpret_cast<const float4*>(&dz_s[kk * DZ_LD + tc * 4]);
             float4 b4 = *reinterpret_cast<const float4*>(&x_s[kk * X_LD + tr * 4]);
             float av[4] = {a4.x, a4.y, a4.z, a4.w}, bv[4] = {b4.x, b4.y, b4.z, b4.w};

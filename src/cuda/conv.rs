@@ -1,6 +1,13 @@
 //! A convolution run on the GPU: its forward and backward launches, through cuDNN where the
 //! cache chose it for a direction (`dnn.rs`), else flatnn's kernels (im2col, cuBLAS products,
-//! col2im), with flatnn's bias, activation and bias-gradient kernels on both paths.
+//! col2im), with flatnn's bias, activation and bias-gradient kernels on every route.
+//!
+//! The weight gradient has a second route of flatnn's own, also measured: the implicit product
+//! ([`conv_weight_grad_implicit`], `conv_wgrad_*` in kernels/conv.cu), which gathers x as it
+//! reads it instead of lowering the batch into `f.cols` (batch × CKK × OHW floats written and
+//! read again), tiles dW over the output channels and taps, and splits the samples into shares
+//! ([`WgradSplit`]) whose sums land in `b.partials` and are added in share order: the same
+//! bits run after run, and a split that depends on the sizes alone, not on the card.
 //!
 //! In inference a convolution may take in the steps after it (`layers::Fused`, as on the CPU: a
 //! batch norm right after it, a residual block's sum right after that): its product is written

@@ -40,6 +40,8 @@
 //!
 //! Bias, activation and bias gradient stay flatnn's kernels on every route.
 
+mod route;
+
 use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
@@ -55,6 +57,7 @@ use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::layers::{conv, region};
 use cudarc::driver::CudaStream;
+use route::{describe, Route};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -82,36 +85,6 @@ fn ptrs(dir: Dir, plan: &Plan, step: &Step, f: &Forward, b: Option<&Backward>) -
         Dir::Forward => Ptrs { x: f.acts.view(x).ptr(), w: f.params.view(w).ptr(), y: f.acts.view(z).ptr() },
         Dir::Weight => Ptrs { x: f.acts.view(x).ptr(), w: backward().grads.view(w).ptr(), y: backward().dacts.view(z).ptr() },
         Dir::Input => Ptrs { x: backward().dacts.view(x).ptr(), w: f.params.view(w).ptr(), y: backward().dacts.view(z).ptr() },
-    }
-}
-
-/// What runs one direction of a convolution.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Route {
-    /// flatnn's lowered route: im2col and cuBLAS products (`conv.rs`).
-    Own,
-    /// flatnn's implicit product, the weight gradient alone: no lowered matrix, the batch split
-    /// into shares (`conv_weight_grad_implicit`).
-    Implicit,
-    /// cuDNN's algorithm `Choice::algo`.
-    Cudnn,
-}
-
-impl Route {
-    /// Every route, as the report names them.
-    const ALL: [Route; 3] = [Route::Own, Route::Implicit, Route::Cudnn];
-
-    fn name(self) -> &'static str {
-        match self {
-            Route::Own => "own",
-            Route::Implicit => "own-implicit",
-            Route::Cudnn => "cudnn",
-        }
-    }
-
-    /// Whether this route can run `dir` (given cuDNN for [`Route::Cudnn`]).
-    fn runs(self, dir: Dir) -> bool {
-        self != Route::Implicit || dir == Dir::Weight
     }
 }
 
@@ -612,86 +585,4 @@ static MEASURED: FirstMeasured<MeasureKey, Measured> = FirstMeasured::new();
 
 fn note(notes: &mut String, dir: Dir, what: &str) {
     add_note(notes, dir.name(), what);
-}
-
-/// What the report says of `dir` of a layer: "not measured yet", "not needed", the route that
-/// runs it where nothing else was a candidate, else the route chosen and its time, then the
-/// other candidates' ("own-implicit 210.0 µs (own 1536.0 µs, cudnn BWD_FILTER_ALGO_1 1842.0
-/// µs)"; "cudnn -" where cuDNN had no algorithm); `cudnn`: whether cuDNN was a candidate.
-fn describe(dir: Dir, ch: Choice, cudnn: bool) -> String {
-    if !ch.decided {
-        return "not measured yet".into();
-    }
-    if !ch.needed {
-        return "not needed".into();
-    }
-    let named = |route: Route| match (route, ch.algo) {
-        (Route::Own, _) => (Route::Own.name().to_string(), ch.own_us),
-        (Route::Implicit, _) => (Route::Implicit.name().to_string(), ch.implicit_us),
-        (Route::Cudnn, Some(algo)) => (format!("cudnn {}", algo.name(dir)), ch.cudnn_us),
-        (Route::Cudnn, None) => ("cudnn -".to_string(), ch.cudnn_us),
-    };
-    let candidates = Route::ALL.into_iter().filter(|&r| r.runs(dir) && (r != Route::Cudnn || cudnn));
-    let others: Vec<String> = candidates.filter(|&r| r != ch.route).map(named).map(|(name, us)| format!("{name} {us:.1} µs")).collect();
-    let (name, us) = named(ch.route);
-    if others.is_empty() {
-        return format!("{name} (the only route)");
-    }
-    format!("{name} {us:.1} µs ({})", others.join(", "))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use cudarc::cudnn::sys::cudnnMathType_t::CUDNN_FMA_MATH;
-
-    /// The route a report's words name (the chosen one first, the others after it), if any.
-    fn route_named(words: &str) -> Option<Route> {
-        let name = words.trim_start_matches('(').split_whitespace().next()?;
-        Route::ALL.into_iter().find(|r| r.name() == name)
-    }
-
-    /// Every route a report can name exists and can run the direction it is named for: for each
-    /// direction, each route chosen and cuDNN a candidate or not, the report names the chosen
-    /// route first and then every other candidate once (the implicit product for the weight
-    /// gradient alone, cuDNN only where it was a candidate), each with its time.
-    #[test]
-    fn every_route_a_report_names_exists() {
-        let algo = Algo { id: 1, math: CUDNN_FMA_MATH, deterministic: true };
-        for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
-            for cudnn in [false, true] {
-                let candidates: Vec<Route> = Route::ALL.into_iter().filter(|r| r.runs(dir) && (*r != Route::Cudnn || cudnn)).collect();
-                assert_eq!(candidates.contains(&Route::Implicit), dir == Dir::Weight);
-                for &route in &candidates {
-                    let ch = Choice {
-                        decided: true,
-                        algo: Some(algo),
-                        route,
-                        own_us: 3.0,
-                        implicit_us: 2.0,
-                        cudnn_us: 1.0,
-                        ..Choice::default()
-                    };
-                    let text = describe(dir, ch, cudnn);
-                    let parts: Vec<&str> = text.split(['(', ',']).filter(|p| !p.trim().is_empty()).collect();
-                    assert_eq!(route_named(parts[0]), Some(route), "{text}");
-                    if candidates.len() == 1 {
-                        assert_eq!(text, format!("{} (the only route)", route.name()));
-                        continue;
-                    }
-                    let named: Vec<Route> = parts.iter().map(|p| route_named(p).unwrap_or_else(|| panic!("{p:?} in {text}"))).collect();
-                    let mut sorted = named.clone();
-                    sorted.sort_by_key(|r| r.name());
-                    let mut want = candidates.clone();
-                    want.sort_by_key(|r| r.name());
-                    assert_eq!(sorted, want, "{dir:?}: {text}");
-                    assert!(parts.iter().all(|p| p.contains(" µs")), "{text}");
-                }
-            }
-        }
-        let ch = Choice { decided: true, route: Route::Own, ..Choice::default() };
-        assert_eq!(describe(Dir::Weight, ch, true), "own NaN µs (own-implicit NaN µs, cudnn - NaN µs)");
-        assert_eq!(describe(Dir::Weight, Choice::default(), true), "not measured yet");
-        assert_eq!(describe(Dir::Input, Choice { decided: true, needed: false, ..Choice::default() }, true), "not needed");
-    }
 }
