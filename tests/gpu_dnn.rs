@@ -297,6 +297,21 @@ fn the_automatic_choice_matches_the_cpu_and_reports_itself() {
             }
             None => assert!(report.starts_with("cuDNN not used"), "{report}"),
         }
+        // each direction names a route there is (the implicit product for weight gradients alone)
+        for part in report
+            .lines()
+            .filter(|l| l.starts_with("batch ") && l.contains(" conv "))
+            .flat_map(|l| l.split(';'))
+            .filter(|p| p.contains(" grad ") || p.contains(" forward "))
+        {
+            let (dir, rest) = ["forward ", "weight grad ", "input grad "]
+                .iter()
+                .find_map(|d| part.split_once(d).map(|(_, rest)| (*d, rest)))
+                .unwrap_or_else(|| panic!("{part}"));
+            let route = rest.split_whitespace().next().unwrap_or("");
+            let routes: &[&str] = if dir == "weight grad " { &["own", "own-implicit", "cudnn"] } else { &["own", "cudnn"] };
+            assert!(routes.contains(&route) || rest.starts_with("not needed"), "{name}: {part}");
+        }
         let (err, loss_err, params_err) = (rel_err(&got, &want), rel_err(&losses, &cpu_losses), rel_err(&params, &cpu_params));
         println!("{name}: forward rel err {err:.2e}, 20-step losses {loss_err:.2e}, parameters {params_err:.2e}");
         assert!(err <= 1e-5 && loss_err <= 1e-4 && params_err <= 1e-4, "{name}");
