@@ -20,7 +20,8 @@
 use super::blas::{Blas, DevMat, DevMatMut};
 use super::context::{Gpu, Kernel};
 use super::exec::{activation_backward, bias_act, Backward, Forward, GpuBackward, GpuForward, Raw};
-use super::launch::{int, kernel_args, View, ViewMut, BLOCK};
+use super::launch::{blocks, int, kernel_args, View, ViewMut, BLOCK};
+use super::ops::{conv_dims, ints};
 use crate::activation::Activation;
 use crate::chain::{Plan, Step};
 use crate::error::Result;
@@ -93,6 +94,47 @@ fn epilogue_grid(planes: usize, pixels: usize, vec4: bool) -> ((u32, u32), u32) 
 }
 
 impl Gpu {
+    /// dW (OC × CKK) ← Σ_s dZ_s · col_sᵀ, overwritten, without the lowered matrix: the
+    /// products gathered from x (batch, C, H, W) and dZ (batch, OC, OHW) by `conv_wgrad_*`
+    /// (kernels/conv.cu), split over the samples as [`WgradSplit::of`] says; where that gives
+    /// several shares, their sums go to `partials` (shares × OC·CKK values, at most batch ×
+    /// OC·CKK) and `conv_wgrad_join` adds them in share order. Same inputs, same bits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_weight_grad_implicit(
+        &self,
+        stream: &CudaStream,
+        g: &conv::Geometry,
+        batch: usize,
+        x: View<f32>,
+        dz: View<f32>,
+        partials: ViewMut<f32>,
+        dw: ViewMut<f32>,
+    ) -> Result<()> {
+        let w_len = g.out_channels * g.ckk();
+        let split = WgradSplit::of(g, batch);
+        assert!(x.len() >= batch * g.in_len() && dz.len() >= batch * g.out_len(), "conv_weight_grad_implicit: short x or dz");
+        assert!(dw.len() >= w_len, "conv_weight_grad_implicit: short dw");
+        assert!(split.shares == 1 || partials.len() >= split.shares * w_len, "conv_weight_grad_implicit: short partials");
+        // the kernels' offsets are ints (`int` refuses 2^30 or more)
+        let _ = ints([batch * g.in_len(), batch * g.out_len(), split.shares * w_len])?;
+        let (x, dz, dw, partials) = (x.ptr(), dz.ptr(), dw.ptr(), partials.ptr());
+        let out = if split.shares == 1 { dw } else { partials };
+        let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dwi, _, ow, b] = conv_dims(g, batch)?;
+        let [oc, ohw, chunk, shares, n] = ints([g.out_channels, g.ohw(), split.chunk, split.shares, w_len])?;
+        let kernel = match split.oc_tile {
+            16 => Kernel::ConvWgrad16,
+            32 => Kernel::ConvWgrad32,
+            _ => Kernel::ConvWgrad64,
+        };
+        let tiles = int(split.oc_tiles * split.r_tiles)? as u32;
+        let args = kernel_args![x, dz, out, c, h, w, kh, kw, sh, sw, ph, pw, dh, dwi, oc, ow, ohw, b, chunk];
+        self.run_grid(stream, kernel, (tiles, shares as u32), args)?;
+        if split.shares > 1 {
+            self.run(stream, Kernel::ConvWgradJoin, blocks(w_len), kernel_args![partials, dw, n, shares])?;
+        }
+        Ok(())
+    }
+
     /// `conv_epilogue`: y[s, c, p] = act(v) for `batch` samples of `channels × pixels`, with
     /// v = z + bias[c], then v = ((v − μ[c])·r)·γ[c] + β[c], r = 1/√(var[c] + ε), with `norm`
     /// (a batch norm's inference), then v + skip with `skip` (a residual block's sum); each step

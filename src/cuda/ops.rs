@@ -6,7 +6,6 @@
 //! the CPU fast paths take capacity-sized buffers.
 
 use super::context::{Gpu, Kernel};
-use super::conv::WgradSplit;
 use super::launch::{blocks, int, kernel_args, launch, View, ViewMut, BLOCK};
 use crate::activation::Activation;
 use crate::error::Result;
@@ -119,7 +118,13 @@ impl Gpu {
     }
 
     /// Launches `kernel` on a 2-D grid of [`BLOCK`]-thread blocks.
-    fn run_grid<const N: usize>(&self, stream: &CudaStream, kernel: Kernel, grid: (u32, u32), args: [*mut c_void; N]) -> Result<()> {
+    pub(super) fn run_grid<const N: usize>(
+        &self,
+        stream: &CudaStream,
+        kernel: Kernel,
+        grid: (u32, u32),
+        args: [*mut c_void; N],
+    ) -> Result<()> {
         self.run_blocks(stream, kernel, grid, 0, args)
     }
 
@@ -388,47 +393,6 @@ impl Gpu {
         self.run_grid(stream, Kernel::Im2col, grid, args)
     }
 
-    /// dW (OC × CKK) ← Σ_s dZ_s · col_sᵀ, overwritten, without the lowered matrix: the
-    /// products gathered from x (batch, C, H, W) and dZ (batch, OC, OHW) by `conv_wgrad_*`
-    /// (kernels/conv.cu), split over the samples as [`WgradSplit::of`] says; where that gives
-    /// several shares, their sums go to `partials` (shares × OC·CKK values, at most batch ×
-    /// OC·CKK) and `conv_wgrad_join` adds them in share order. Same inputs, same bits.
-    #[allow(clippy::too_many_arguments)]
-    pub fn conv_weight_grad_implicit(
-        &self,
-        stream: &CudaStream,
-        g: &conv::Geometry,
-        batch: usize,
-        x: View<f32>,
-        dz: View<f32>,
-        partials: ViewMut<f32>,
-        dw: ViewMut<f32>,
-    ) -> Result<()> {
-        let w_len = g.out_channels * g.ckk();
-        let split = WgradSplit::of(g, batch);
-        assert!(x.len() >= batch * g.in_len() && dz.len() >= batch * g.out_len(), "conv_weight_grad_implicit: short x or dz");
-        assert!(dw.len() >= w_len, "conv_weight_grad_implicit: short dw");
-        assert!(split.shares == 1 || partials.len() >= split.shares * w_len, "conv_weight_grad_implicit: short partials");
-        // the kernels' offsets are ints (`int` refuses 2^30 or more)
-        let _ = ints([batch * g.in_len(), batch * g.out_len(), split.shares * w_len])?;
-        let (x, dz, dw, partials) = (x.ptr(), dz.ptr(), dw.ptr(), partials.ptr());
-        let out = if split.shares == 1 { dw } else { partials };
-        let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dwi, _, ow, b] = conv_dims(g, batch)?;
-        let [oc, ohw, chunk, shares, n] = ints([g.out_channels, g.ohw(), split.chunk, split.shares, w_len])?;
-        let kernel = match split.oc_tile {
-            16 => Kernel::ConvWgrad16,
-            32 => Kernel::ConvWgrad32,
-            _ => Kernel::ConvWgrad64,
-        };
-        let tiles = int(split.oc_tiles * split.r_tiles)? as u32;
-        let args = kernel_args![x, dz, out, c, h, w, kh, kw, sh, sw, ph, pw, dh, dwi, oc, ow, ohw, b, chunk];
-        self.run_grid(stream, kernel, (tiles, shares as u32), args)?;
-        if split.shares > 1 {
-            self.run(stream, Kernel::ConvWgradJoin, blocks(w_len), kernel_args![partials, dw, n, shares])?;
-        }
-        Ok(())
-    }
-
     /// dx (batch, C, H, W) ← col2im(dcol), overwritten: each pixel the sum of the lowered
     /// entries read from it, gathered in the CPU's order.
     pub fn col2im(&self, stream: &CudaStream, g: &conv::Geometry, batch: usize, dcol: View<f32>, dx: ViewMut<f32>) -> Result<()> {
@@ -608,7 +572,7 @@ fn pool_dims(g: &pool::Geometry, batch: usize) -> Result<[i32; 10]> {
 
 /// A convolution's sizes as the kernels' ints: channels, height, width, kernel, stride,
 /// padding, dilation, out h/w, batch.
-fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 14]> {
+pub(super) fn conv_dims(g: &conv::Geometry, batch: usize) -> Result<[i32; 14]> {
     ints([
         g.in_channels,
         g.height,
