@@ -201,7 +201,10 @@ fn flatnn_kernels_alone_measure_both_weight_gradient_routes() {
             let lines = lines_at(&report, n, "FP32");
             assert_eq!(lines.len(), convs, "{name} batch {n}: {report}");
             for line in lines {
-                let part = |dir: &str| line.split(';').find_map(|p| p.trim().strip_prefix(dir)).unwrap_or_else(|| panic!("{dir}: {line}"));
+                // the forward is in the line's first part, after its label: "…: forward own …"
+                let part = |dir: &str| {
+                    line.split(';').find_map(|p| p.split_once(dir).map(|(_, rest)| rest.trim())).unwrap_or_else(|| panic!("{dir}: {line}"))
+                };
                 let weight = part("weight grad ");
                 let chosen = weight.split_whitespace().next().unwrap();
                 assert!(["own", "own-implicit"].contains(&chosen), "{line}");

@@ -524,7 +524,7 @@ impl ConvRoutes {
             let implicit = || conv_weight_grad_implicit(gpu, stream, plan, step, f, b.expect("gradients"));
             match time_calls(gpu, stream, options.graphs, &implicit) {
                 Ok(us) => m.implicit_us = us,
-                Err(e) => m.note = format!("timing {} failed ({e})", Route::Implicit.name()),
+                Err(e) => add_note(&mut m.note, "timing failed", &format!("{} ({e})", Route::Implicit.name())),
             }
         }
         let Some((descs, lib)) = cudnn else { return Ok(m) };
@@ -534,11 +534,11 @@ impl ConvRoutes {
         match unsafe { lib.handle.find(dir, descs, p, &lib.workspace, &options, CANDIDATES) } {
             Ok((algos, offered)) if algos.is_empty() => {
                 let which = if options.deterministic { "deterministic product" } else { "product" };
-                m.note = format!("no {which} algorithm fits (cuDNN offered: {offered})");
+                add_note(&mut m.note, &format!("no {which} algorithm fits"), &format!("cuDNN offered {offered}"));
             }
             Ok((algos, refused)) => {
                 if !refused.is_empty() {
-                    m.note = format!("refused: {refused}");
+                    add_note(&mut m.note, "refused", &refused);
                 }
                 for algo in algos {
                     // SAFETY: as above, with an algorithm cuDNN found for them.
@@ -546,11 +546,11 @@ impl ConvRoutes {
                     match time_calls(gpu, stream, options.graphs, &run) {
                         Ok(us) if m.algo.is_none() || us < m.cudnn_us => (m.algo, m.cudnn_us) = (Some(algo), us),
                         Ok(_) => {}
-                        Err(e) => m.note = format!("{} failed: {e}", algo.name(dir)),
+                        Err(e) => add_note(&mut m.note, &format!("{} failed", algo.name(dir)), &e.to_string()),
                     }
                 }
             }
-            Err(e) => m.note = format!("finding an algorithm failed: {e:?}"),
+            Err(e) => add_note(&mut m.note, "finding an algorithm failed", &format!("{e:?}")),
         }
         Ok(m)
     }

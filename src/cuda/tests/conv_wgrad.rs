@@ -128,11 +128,22 @@ fn large_geometries() -> [conv::Geometry; 2] {
     ]
 }
 
+/// Output channels past one tile of 16 (the kernels of 32 and 64, their groups' sums, a second
+/// channel tile) and taps past one tile of 64.
+fn wide_geometries() -> [conv::Geometry; 3] {
+    [
+        conv_geometry(Shape::image(4, 6, 5), 70, (3, 3), (1, 1), (1, 1), (1, 1)),
+        conv_geometry(Shape::image(20, 4, 4), 33, (2, 2), (1, 1), (1, 1), (1, 1)),
+        conv_geometry(Shape::image(3, 5, 5), 24, (3, 3), (1, 1), (0, 0), (1, 1)),
+    ]
+}
+
 /// (geometry, batch) of the checks: the seven geometries at 1, 2 and 5 samples, the large ones
-/// at 64 and 300.
+/// at 64 and 300, the wide ones at 9 and 40.
 fn cases() -> Vec<(conv::Geometry, usize)> {
     let small = conv_geometries().into_iter().flat_map(|g| [1, 2, 5].map(|batch| (g, batch)));
-    small.chain(large_geometries().into_iter().flat_map(|g| [64, 300].map(|batch| (g, batch)))).collect()
+    let large = large_geometries().into_iter().flat_map(|g| [64, 300].map(|batch| (g, batch)));
+    small.chain(large).chain(wide_geometries().into_iter().flat_map(|g| [9, 40].map(|batch| (g, batch)))).collect()
 }
 
 /// dW by the spec.
