@@ -4,7 +4,7 @@
 //! partition into tiles, shares and steps and the join are checked without a GPU; then the
 //! kernels against the spec and the twin on a GPU.
 
-use super::ops::{conv_geometries, conv_geometry};
+use super::conv_lowering::{conv_geometries, conv_geometry};
 use super::{check, download, same_bits, upload};
 use crate::chain::Shape;
 use crate::cuda::conv::{WgradSplit, WGRAD_R_TILE, WGRAD_STEP};
