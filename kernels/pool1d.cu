@@ -27,6 +27,21 @@ extern "C" __global__ void maxpool1d_forward(const float* x, float* y, int chann
     }
 }
 
+// The same dx where the windows tile the signal (stride = window, no padding or dilation,
+// length = out_len·k): every input in exactly one window, so one thread per WINDOW finds its
+// maximum once and writes its k values, 0 + dy at the maximum (as the gather's sum from 0
+// rounds) and 0 elsewhere; the gather below recomputes each window's maximum for each input.
+extern "C" __global__ void maxpool1d_backward_tiles(const float* x, const float* dy, float* dx, int length, int out_len, int k, int windows) {
+    after_prior();
+    GRID_STRIDE(i, windows) {
+        int o = i % out_len, row = i / out_len;
+        long long base = (long long)row * length;
+        int best = pool1d_argmax(x + base, o, length, k, k, 0, 1);
+        float g = 0.0f + dy[i];
+        for (int j = 0; j < k; j++) dx[base + o * k + j] = o * k + j == best ? g : 0.0f;
+    }
+}
+
 // dx[s, c, t] = Σ dy over the windows whose maximum is input t, overwritten. One thread per INPUT
 // value gathers from the windows holding it (o·s = t + p − j·d), in the CPU's order (o
 // ascending, so j descending), so overlapping windows add deterministically and bit-equal to it.

@@ -82,6 +82,7 @@ kernels! {
     GlobalAvgpoolForward = "global_avgpool_forward",
     GlobalAvgpoolBackward = "global_avgpool_backward",
     Maxpool1dForward = "maxpool1d_forward",
+    Maxpool1dBackwardTiles = "maxpool1d_backward_tiles",
     Maxpool1dBackward = "maxpool1d_backward",
     SoftmaxForward = "softmax_forward",
     SoftmaxBackward = "softmax_backward",

@@ -182,6 +182,12 @@ impl LayerKind for MaxPool1d {
         let (x, y) = (pass.region(step.input_region), pass.region(step.output_region));
         let (dx, dy, x) = (pass.dacts_mut(x.clone()).ptr(), pass.dacts(y).ptr(), pass.acts(x).ptr());
         let [c, l, ol, k, s, p, d, b] = g.dims(batch)?;
+        // windows that tile the signal: one thread a window, no gather
+        if g.stride == g.window && g.padding == 0 && g.dilation == 1 && g.length == g.out_length * g.window {
+            let windows = crate::cuda::int(batch * g.out_len())?;
+            let args = kernel_args![x, dy, dx, l, ol, k, windows];
+            return pass.gpu.run(pass.stream, Kernel::Maxpool1dBackwardTiles, blocks(batch * g.out_len()), args);
+        }
         let args = kernel_args![x, dy, dx, c, l, ol, k, s, p, d, b];
         pass.gpu.run(pass.stream, Kernel::Maxpool1dBackward, blocks(batch * g.in_len()), args)
     }
