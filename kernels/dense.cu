@@ -592,6 +592,6 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
     DENSE_MMA_KERNEL(BM, BN, mn, false, 1)
 DENSE_MMA(16, 16)
 DENSE_MMA(32, 16)
-DENSE_MMA(16, 32)
+DENSE_MMA_KERNEL(16, 32, mn, false, 1)
 DENSE_MMA(32, 32)
 DENSE_MMA_KERNEL(32, 32, mn2, false, 2)

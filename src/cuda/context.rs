@@ -93,7 +93,6 @@ kernels! {
     DensePanel = "dense_panel",
     DenseMma16x16Kk = "dense_mma_16x16_kk",
     DenseMma32x16Kk = "dense_mma_32x16_kk",
-    DenseMma16x32Kk = "dense_mma_16x32_kk",
     DenseMma32x32Kk = "dense_mma_32x32_kk",
     DenseMma16x16Mn = "dense_mma_16x16_mn",
     DenseMma32x16Mn = "dense_mma_32x16_mn",

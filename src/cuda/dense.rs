@@ -107,10 +107,11 @@ fn dense_grid(kernel: Kernel, m: usize, cols: usize) -> Option<(u32, u32)> {
 /// One shape of the tensor-core tiles (`dense_mma_*` in kernels/dense.cu): BM × BN outputs a
 /// block of 256 threads (MMA_THREADS there), a kernel for each of the two layouts they take,
 /// and for the 32 × 32 tile the weight gradient's with a tile's slices split over two blocks
-/// (SPLIT 2: each adds its half into dW and db).
+/// (SPLIT 2: each adds its half into dW and db). The 16 × 32 tile has no forward kernel: on
+/// the zoo (FP32 and TF32, every model and batch on an H200) it never won a forward product.
 #[derive(Clone, Copy)]
 pub(crate) struct MmaTile {
-    pub forward: Kernel,
+    pub forward: Option<Kernel>,
     pub weight_grad: Kernel,
     pub weight_grad_split: Option<Kernel>,
     pub rows: usize,
@@ -118,11 +119,11 @@ pub(crate) struct MmaTile {
 }
 
 pub(crate) const MMA_TILES: [MmaTile; 4] = [
-    MmaTile { forward: Kernel::DenseMma16x16Kk, weight_grad: Kernel::DenseMma16x16Mn, weight_grad_split: None, rows: 16, cols: 16 },
-    MmaTile { forward: Kernel::DenseMma32x16Kk, weight_grad: Kernel::DenseMma32x16Mn, weight_grad_split: None, rows: 32, cols: 16 },
-    MmaTile { forward: Kernel::DenseMma16x32Kk, weight_grad: Kernel::DenseMma16x32Mn, weight_grad_split: None, rows: 16, cols: 32 },
+    MmaTile { forward: Some(Kernel::DenseMma16x16Kk), weight_grad: Kernel::DenseMma16x16Mn, weight_grad_split: None, rows: 16, cols: 16 },
+    MmaTile { forward: Some(Kernel::DenseMma32x16Kk), weight_grad: Kernel::DenseMma32x16Mn, weight_grad_split: None, rows: 32, cols: 16 },
+    MmaTile { forward: None, weight_grad: Kernel::DenseMma16x32Mn, weight_grad_split: None, rows: 16, cols: 32 },
     MmaTile {
-        forward: Kernel::DenseMma32x32Kk,
+        forward: Some(Kernel::DenseMma32x32Kk),
         weight_grad: Kernel::DenseMma32x32Mn,
         weight_grad_split: Some(Kernel::DenseMma32x32Mn2),
         rows: 32,
@@ -142,7 +143,7 @@ impl MmaTile {
 
     /// The tile's kernels: forward layout, weight-gradient layout, the latter split.
     pub(crate) fn kernels(&self) -> impl Iterator<Item = Kernel> {
-        [self.forward, self.weight_grad].into_iter().chain(self.weight_grad_split)
+        self.forward.into_iter().chain([self.weight_grad]).chain(self.weight_grad_split)
     }
 
     /// Blocks a tile of `kernel` (one of this tile's) runs on: two for the split kernel.
@@ -164,7 +165,7 @@ impl MmaTile {
     /// either 16-byte aligned with rows of a multiple of four values (its copies are 16 bytes).
     fn takes(&self, kernel: Kernel, a: &DevMat, b: &DevMat) -> bool {
         let aligned = |d: &DevMat, stride: usize| d.data.ptr().is_multiple_of(16) && stride.is_multiple_of(4);
-        if kernel == self.forward {
+        if Some(kernel) == self.forward {
             a.cs == 1 && b.rs == 1 && aligned(a, a.rs) && aligned(b, b.cs)
         } else {
             self.kernels().any(|k| k == kernel) && a.rs == 1 && b.cs == 1 && aligned(a, a.cs) && aligned(b, b.rs)
@@ -175,7 +176,7 @@ impl MmaTile {
     /// `mma_buf` in kernels/dense.cu lays them out (along k, rows padded to MMA_KC + 8; else
     /// rows of k padded to the tile's side + 8).
     fn shared_bytes(&self, kernel: Kernel) -> u32 {
-        let along_k = kernel == self.forward;
+        let along_k = Some(kernel) == self.forward;
         let buf = |side: usize| if along_k { side * (MMA_KC + 8) } else { MMA_KC * (side + 8) };
         (4 * MMA_STAGES * (buf(self.rows) + buf(self.cols))) as u32
     }
@@ -228,7 +229,7 @@ impl Gpu {
         let ints = [m, cols, k, m * cols].into_iter().all(|v| int(v).is_ok());
         let tiles = MMA_TILES.into_iter().flat_map(|tile| {
             let kernels = match dir {
-                Dir::Forward => [Some(tile.forward), None],
+                Dir::Forward => [tile.forward, None],
                 Dir::InputGrad => [None, None],
                 Dir::WeightGrad => [Some(tile.weight_grad), tile.weight_grad_split.filter(|_| tuning.split_tiles)],
             };
@@ -282,7 +283,7 @@ impl Gpu {
         // weight gradient's
         let dir = epilogue.dir();
         assert!(
-            tile.is_none_or(|t| dir == if kernel == t.forward { Dir::Forward } else { Dir::WeightGrad }),
+            tile.is_none_or(|t| dir == if Some(kernel) == t.forward { Dir::Forward } else { Dir::WeightGrad }),
             "dense: {kernel:?} takes another epilogue"
         );
         let null = 0u64;

@@ -495,15 +495,15 @@ fn tensor_core_tiles_keep_fp32_accuracy() {
         let weight_grad = (DevMat { data: View::of(&atd), rs: 1, cs: m }, DevMat { data: View::of(&bd), rs: n, cs: 1 });
         for (layout, (am, bm)) in [("forward", forward), ("weight gradient", weight_grad)] {
             let kernels = MMA_TILES.into_iter().flat_map(|tile| {
-                let kernels = if layout == "forward" {
-                    vec![tile.forward]
+                let kernels: Vec<Kernel> = if layout == "forward" {
+                    tile.forward.into_iter().collect()
                 } else {
                     [tile.weight_grad].into_iter().chain(tile.weight_grad_split).collect()
                 };
                 kernels.into_iter().take(splits).map(move |kernel| (tile, kernel))
             });
             for (tile, kernel) in kernels {
-                let got = if kernel != tile.forward {
+                let got = if Some(kernel) != tile.forward {
                     // a weight gradient's layout takes only its epilogue (a split tile adds
                     // into dW): dW is the product, its db the column of ones' (not checked here)
                     let (mut dw, mut db) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m)));
