@@ -18,9 +18,10 @@ const BEFORE_LAYERS: &[(&str, &str)] = &[
     ("loss.cu", include_str!("../../kernels/loss.cu")),
 ];
 
-/// The kernel files after the layers': those built on the dense layer's (weight-gradient splits,
-/// the resident server, the head) and the optimisers and data movers.
+/// The kernel files after the layers': the direct convolutions, those built on the dense layer's
+/// (weight-gradient splits, the resident server, the head) and the optimisers and data movers.
 const AFTER_LAYERS: &[(&str, &str)] = &[
+    ("conv_direct.cu", include_str!("../../kernels/conv_direct.cu")),
     ("wgrad.cu", include_str!("../../kernels/wgrad.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("data.cu", include_str!("../../kernels/data.cu")),
@@ -106,6 +107,8 @@ kernels! {
     ConvWgrad32 = "conv_wgrad_32",
     ConvWgrad64 = "conv_wgrad_64",
     ConvWgradJoin = "conv_wgrad_join",
+    ConvDirectForward = "conv_direct_forward",
+    ConvDirectWgrad = "conv_direct_wgrad",
     Sgd = "sgd",
     SgdMomentum = "sgd_momentum",
     Adam = "adam",
@@ -239,6 +242,11 @@ impl Gpu {
             .into_iter()
             .map(|kernel| allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin))
             .try_fold(usize::MAX, |limit, l| l.map(|l| limit.min(l)))?;
+        // the direct convolutions stage through up to 48 KB of dynamic shared memory
+        // (src/cuda/conv_direct.rs): let them have it whatever the kernel reserves besides
+        for kernel in [Kernel::ConvDirectForward, Kernel::ConvDirectWgrad] {
+            allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin)?;
+        }
         if major >= 9 {
             // its staging buffers are dynamic shared memory (kernels/wgrad.cu)
             allow_dynamic_shared(functions[Kernel::WeightGradSplit as usize].cu_function(), shared_optin)?;

@@ -19,6 +19,9 @@
 
 use super::blas::{Blas, DevMat, DevMatMut};
 use super::context::{Gpu, Kernel};
+use super::conv_direct::{conv_forward_direct, conv_weight_grad_direct};
+use super::cudnn::Dir;
+use super::dnn::Route;
 use super::exec::{activation_backward, bias_act, Backward, Forward, GpuBackward, GpuForward, Raw};
 use super::launch::{blocks, int, kernel_args, View, ViewMut, BLOCK};
 use super::ops::{conv_dims, ints};
@@ -35,7 +38,10 @@ use std::ops::Range;
 pub(crate) fn conv_forward(pass: &GpuForward, step: &Step, activation: Activation, layout: (usize, usize)) -> Result<()> {
     let GpuForward { gpu, blas, stream, plan, f, index, .. } = *pass;
     if !f.dnn.map_or(Ok(false), |d| d.forward(index, plan, f))? {
-        conv_forward_own(gpu, blas, stream, plan, step, f)?;
+        match f.dnn.map_or(Route::Own, |d| d.route(Dir::Forward, index, f.batch)) {
+            Route::Direct => conv_forward_direct(gpu, stream, plan, step, f)?,
+            _ => conv_forward_own(gpu, blas, stream, plan, step, f)?,
+        }
     }
     if pass.fused.is_empty() {
         return bias_act(pass, step, activation, step.weight_and_bias().1, layout);
@@ -183,9 +189,10 @@ pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Act
     let partials = Raw::of(b.partials).at_mut(0..b.partials.len());
     gpu.bias_grad(stream, channels, pixels, f.batch, pass.dacts(z), Raw::of(b.grads).at_mut(bias), Some(partials))?;
     if !f.dnn.map_or(Ok(false), |d| d.weight_grad(index, plan, f, b))? {
-        match f.dnn.is_some_and(|d| d.implicit_weight_grad(index, f.batch)) {
-            true => conv_weight_grad_implicit(gpu, stream, plan, step, f, b)?,
-            false => conv_weight_grad_own(gpu, blas, stream, plan, step, f, b)?,
+        match f.dnn.map_or(Route::Own, |d| d.route(Dir::Weight, index, f.batch)) {
+            Route::Implicit => conv_weight_grad_implicit(gpu, stream, plan, step, f, b)?,
+            Route::Direct => conv_weight_grad_direct(gpu, stream, plan, step, f, b)?,
+            _ => conv_weight_grad_own(gpu, blas, stream, plan, step, f, b)?,
         }
     }
     if need_dx && !f.dnn.map_or(Ok(false), |d| d.input_grad(index, plan, f, b))? {
@@ -196,15 +203,15 @@ pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Act
 
 /// A convolution step's regions for the batch (input x, pre-activation z), its weight range and
 /// its geometry.
-struct ConvParts {
-    x: Range<usize>,
-    z: Range<usize>,
-    w: Range<usize>,
-    g: conv::Geometry,
+pub(super) struct ConvParts {
+    pub x: Range<usize>,
+    pub z: Range<usize>,
+    pub w: Range<usize>,
+    pub g: conv::Geometry,
 }
 
 impl ConvParts {
-    fn of(plan: &Plan, step: &Step, f: &Forward) -> ConvParts {
+    pub fn of(plan: &Plan, step: &Step, f: &Forward) -> ConvParts {
         let (capacity, batch) = (f.capacity, f.batch);
         let (x, z) = (region(plan, step.input_region, capacity, batch), region(plan, step.z_region, capacity, batch));
         ConvParts { x, z, w: step.weight_and_bias().0, g: conv::geometry(step) }
@@ -293,18 +300,26 @@ impl WgradSplit {
     /// The output-channel tiles there are kernels for (`conv_wgrad_16`, `_32`, `_64`).
     pub const OC_TILES: [usize; 3] = [16, 32, 64];
 
-    /// The smallest tile that holds every output channel (else the largest); as many shares as
-    /// give about [`WGRAD_BLOCKS`] blocks, at most one a sample and at least
-    /// [`WGRAD_MIN_PIXELS`] pairs a share, then as many as the chunk needs (none empty).
+    /// The smallest tile that holds every output channel (else the largest); the shares of
+    /// [`wgrad_shares`].
     pub fn of(g: &conv::Geometry, batch: usize) -> WgradSplit {
         let oc = g.out_channels;
         let oc_tile = Self::OC_TILES.into_iter().find(|&t| t >= oc).unwrap_or(Self::OC_TILES[2]);
         let (oc_tiles, r_tiles) = (oc.div_ceil(oc_tile), g.ckk().div_ceil(WGRAD_R_TILE));
-        let wanted = WGRAD_BLOCKS.div_ceil((oc_tiles * r_tiles).max(1));
-        let shares = wanted.min(batch * g.ohw() / WGRAD_MIN_PIXELS).min(batch).max(1);
-        let chunk = batch.div_ceil(shares).max(1);
-        WgradSplit { oc_tile, oc_tiles, r_tiles, chunk, shares: batch.div_ceil(chunk).max(1) }
+        let (chunk, shares) = wgrad_shares(g, batch, oc_tiles * r_tiles);
+        WgradSplit { oc_tile, oc_tiles, r_tiles, chunk, shares }
     }
+}
+
+/// (chunk, shares): the samples of a weight gradient whose every share takes `blocks` blocks, in
+/// `shares` shares of `chunk` (the last the rest): as many as give about [`WGRAD_BLOCKS`]
+/// blocks, at most one a sample and at least [`WGRAD_MIN_PIXELS`] pairs a share, then as many as
+/// the chunk needs (none empty). The sizes alone decide it, not the card.
+pub(crate) fn wgrad_shares(g: &conv::Geometry, batch: usize, blocks: usize) -> (usize, usize) {
+    let wanted = WGRAD_BLOCKS.div_ceil(blocks.max(1));
+    let shares = wanted.min(batch * g.ohw() / WGRAD_MIN_PIXELS).min(batch).max(1);
+    let chunk = batch.div_ceil(shares).max(1);
+    (chunk, batch.div_ceil(chunk).max(1))
 }
 
 /// dX (batch, C, H, W) = convᵀ(dZ, W), overwritten, through flatnn's kernels: per-sample

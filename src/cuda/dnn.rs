@@ -1,8 +1,9 @@
 //! A convolution's routes, chosen by measurement per layer, direction and batch size: flatnn's
 //! lowered route (`own`: im2col and cuBLAS products, in `conv.rs`); for the weight gradient,
 //! flatnn's implicit product too (`own-implicit`: x gathered as it is read, no lowered matrix,
-//! the batch split into shares summed in a fixed order: `conv_weight_grad_implicit`); and
-//! cuDNN where it loads. The fastest is kept; flatnn's kernels run wherever cuDNN is missing,
+//! the batch split into shares summed in a fixed order: `conv_weight_grad_implicit`); for the
+//! forward and the weight gradient, flatnn's direct kernels where they fit (`own-direct`:
+//! `conv_direct.rs`); and cuDNN where it loads. The fastest is kept; flatnn's kernels run wherever cuDNN is missing,
 //! so a machine without it still runs every model on the GPU.
 //!
 //! The model's `Tuning::convs` (`FLATNN_CUDNN`, read with the rest of the tuning): `0` flatnn's
@@ -46,6 +47,7 @@ use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::conv::{conv_forward_own, conv_input_grad_own, conv_weight_grad_implicit, conv_weight_grad_own};
+use super::conv_direct::{conv_forward_direct, conv_weight_grad_direct};
 use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
 use super::exec::{Backward, Forward};
 use super::graph::Graphs;
@@ -57,7 +59,10 @@ use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::layers::{conv, region};
 use cudarc::driver::CudaStream;
-use route::{describe, Route};
+#[cfg(test)]
+pub(super) use route::forced;
+pub(super) use route::Route;
+use route::{describe, direct_fits, Times};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -98,16 +103,16 @@ struct Choice {
     /// The fastest cuDNN algorithm timed, if any fits.
     algo: Option<Algo>,
     route: Route,
-    /// Per call (in a graph, or eager where the model's graphs are off): flatnn's lowered
-    /// route, its implicit one, cuDNN (NaN where not measured).
-    own_us: f32,
-    implicit_us: f32,
-    cudnn_us: f32,
+    /// Per call (in a graph, or eager where the model's graphs are off), by route (NaN where not
+    /// measured).
+    us: Times,
+    /// Whether flatnn's direct kernel fits this direction of the layer (then it was a candidate).
+    direct: bool,
 }
 
 impl Default for Choice {
     fn default() -> Self {
-        Choice { decided: false, needed: true, algo: None, route: Route::Own, own_us: f32::NAN, implicit_us: f32::NAN, cudnn_us: f32::NAN }
+        Choice { decided: false, needed: true, algo: None, route: Route::Own, us: Times::NONE, direct: false }
     }
 }
 
@@ -312,9 +317,10 @@ impl Dnn {
         self.run_chosen(Dir::Input, index, plan, f, Some(b))
     }
 
-    /// Whether dW of step `index` runs on flatnn's implicit product at `batch` (prepared last).
-    pub fn implicit_weight_grad(&self, index: usize, batch: usize) -> bool {
-        self.chosen(Dir::Weight, index, batch).is_some_and(|(_, choice)| choice.route == Route::Implicit)
+    /// The route chosen for `dir` of step `index` at `batch` (prepared last): flatnn's lowered
+    /// one until measured.
+    pub(super) fn route(&self, dir: Dir, index: usize, batch: usize) -> Route {
+        self.chosen(dir, index, batch).map_or(Route::Own, |(_, choice)| choice.route)
     }
 
     /// The layer set up for step `index` in the setup prepared last, and its choice for `dir`,
@@ -468,10 +474,15 @@ impl ConvRoutes {
             Some(m) => m,
             None => MEASURED.keep(key, self.measure(layer, dir, s)?),
         };
-        // (a time not measured is NaN, never faster)
-        let (own, own_us) = if m.implicit_us < m.own_us { (Route::Implicit, m.implicit_us) } else { (Route::Own, m.own_us) };
-        let cudnn_wins = options.tuning.convs == Convs::Cudnn || m.cudnn_us < own_us;
+        // flatnn's fastest route (a time not measured is NaN, never faster), unless cuDNN's is
+        let direct = direct_fits(dir, &g, f.batch);
+        let own = m.us.fastest(Route::candidates(dir, false, direct));
+        let cudnn_wins = options.tuning.convs == Convs::Cudnn || m.us.of(Route::Cudnn) < m.us.of(own);
         let mut route = if m.algo.is_some() && layer.descs.is_some() && cudnn_wins { Route::Cudnn } else { own };
+        #[cfg(test)]
+        if let Some(forced) = forced::route().filter(|&r| Route::candidates(dir, layer.descs.is_some(), direct).any(|c| c == r)) {
+            route = if forced == Route::Cudnn && m.algo.is_none() { own } else { forced };
+        }
         if let (Some(algo), Some(descs), Some(lib), Route::Cudnn) = (m.algo, &layer.descs, &self.cudnn, route) {
             // Run it eagerly before any capture (measuring did, in the cache that measured):
             // a new handle's first call may load modules or allocate, which would break a
@@ -487,8 +498,7 @@ impl ConvRoutes {
             }
             stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
         }
-        let (own_us, implicit_us, cudnn_us) = (m.own_us, m.implicit_us, m.cudnn_us);
-        layer.choices[dir as usize] = Choice { decided: true, needed: true, algo: m.algo, route, own_us, implicit_us, cudnn_us };
+        layer.choices[dir as usize] = Choice { decided: true, needed: true, algo: m.algo, route, us: m.us, direct };
         if !m.note.is_empty() {
             note(&mut layer.note, dir, &m.note);
         }
@@ -496,10 +506,10 @@ impl ConvRoutes {
     }
 
     /// Times flatnn's routes for `dir` of `layer` (the lowered one; for the weight gradient the
-    /// implicit one too) and cuDNN's best few algorithms (by `cudnnFind*AlgorithmEx`), as a step
-    /// runs them (see [`time_calls`]); nothing where flatnn's lowered route is the only
-    /// candidate. Where that route cannot be timed, no other is tried: it is what a step then
-    /// runs.
+    /// implicit one too; the direct one where it fits) and cuDNN's best few algorithms (by
+    /// `cudnnFind*AlgorithmEx`), as a step runs them (see [`time_calls`]); nothing where
+    /// flatnn's lowered route is the only candidate. Where that route cannot be timed, no other
+    /// is tried: it is what a step then runs.
     fn measure(&self, layer: &LayerSetup, dir: Dir, s: &StepRun) -> Result<Measured> {
         let StepRun { gpu, blas, stream, plan, f, b, options } = *s;
         let step = &plan.steps[layer.step];
@@ -508,23 +518,28 @@ impl ConvRoutes {
             Dir::Weight => conv_weight_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
             Dir::Input => conv_input_grad_own(gpu, blas, stream, plan, step, f, b.expect("gradients")),
         };
-        let mut m = Measured { algo: None, own_us: f32::NAN, implicit_us: f32::NAN, cudnn_us: f32::NAN, note: String::new() };
+        let mut m = Measured { algo: None, us: Times::NONE, note: String::new() };
         let cudnn = layer.descs.as_ref().zip(self.cudnn.as_ref());
-        if !Route::Implicit.runs(dir) && cudnn.is_none() {
+        let others: Vec<Route> = Route::candidates(dir, false, direct_fits(dir, &conv::geometry(step), f.batch)).skip(1).collect();
+        if others.is_empty() && cudnn.is_none() {
             return Ok(m);
         }
         match time_calls(gpu, stream, options.graphs, &own) {
-            Ok(us) => m.own_us = us,
+            Ok(us) => m.us.set(Route::Own, us),
             Err(e) => {
                 m.note = format!("timing flatnn's kernels failed ({e}): flatnn's kernels chosen");
                 return Ok(m);
             }
         }
-        if Route::Implicit.runs(dir) {
-            let implicit = || conv_weight_grad_implicit(gpu, stream, plan, step, f, b.expect("gradients"));
-            match time_calls(gpu, stream, options.graphs, &implicit) {
-                Ok(us) => m.implicit_us = us,
-                Err(e) => add_note(&mut m.note, "timing failed", &format!("{} ({e})", Route::Implicit.name())),
+        for route in others {
+            let run = || match (route, dir) {
+                (Route::Implicit, _) => conv_weight_grad_implicit(gpu, stream, plan, step, f, b.expect("gradients")),
+                (_, Dir::Forward) => conv_forward_direct(gpu, stream, plan, step, f),
+                _ => conv_weight_grad_direct(gpu, stream, plan, step, f, b.expect("gradients")),
+            };
+            match time_calls(gpu, stream, options.graphs, &run) {
+                Ok(us) => m.us.set(route, us),
+                Err(e) => add_note(&mut m.note, "timing failed", &format!("{} ({e})", route.name())),
             }
         }
         let Some((descs, lib)) = cudnn else { return Ok(m) };
@@ -544,7 +559,10 @@ impl ConvRoutes {
                     // SAFETY: as above, with an algorithm cuDNN found for them.
                     let run = || unsafe { lib.handle.run(dir, descs, algo, p, &lib.workspace) }.map_err(|e| cudnn_error(dir.name(), e));
                     match time_calls(gpu, stream, options.graphs, &run) {
-                        Ok(us) if m.algo.is_none() || us < m.cudnn_us => (m.algo, m.cudnn_us) = (Some(algo), us),
+                        Ok(us) if m.algo.is_none() || us < m.us.of(Route::Cudnn) => {
+                            m.algo = Some(algo);
+                            m.us.set(Route::Cudnn, us);
+                        }
                         Ok(_) => {}
                         Err(e) => add_note(&mut m.note, &format!("{} failed", algo.name(dir)), &e.to_string()),
                     }
@@ -574,9 +592,7 @@ struct MeasureKey {
 #[derive(Clone)]
 struct Measured {
     algo: Option<Algo>,
-    own_us: f32,
-    implicit_us: f32,
-    cudnn_us: f32,
+    us: Times,
     note: String,
 }
 

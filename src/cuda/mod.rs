@@ -16,6 +16,7 @@ mod buffer;
 mod caches;
 mod context;
 pub(crate) mod conv;
+pub(crate) mod conv_direct;
 mod cudnn;
 pub(crate) mod data;
 mod dense;

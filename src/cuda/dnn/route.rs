@@ -2,42 +2,112 @@
 //! what each candidate took ([`describe`]).
 
 use super::Choice;
+use crate::cuda::conv_direct::{DirectForward, DirectWgrad};
 use crate::cuda::cudnn::Dir;
+use crate::layers::conv;
 
 /// What runs one direction of a convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Route {
+pub(in crate::cuda) enum Route {
     /// flatnn's lowered route: im2col and cuBLAS products (`conv.rs`).
     Own,
     /// flatnn's implicit product, the weight gradient alone: no lowered matrix, the batch split
     /// into shares (`conv_weight_grad_implicit`).
     Implicit,
+    /// flatnn's direct kernels, the forward and the weight gradient, where they fit
+    /// (`conv_direct.rs`).
+    Direct,
     /// cuDNN's algorithm `Choice::algo`.
     Cudnn,
 }
 
 impl Route {
-    /// Every route, as the report names them.
-    pub const ALL: [Route; 3] = [Route::Own, Route::Implicit, Route::Cudnn];
+    /// Every route, as the report names them, in the order of their discriminants.
+    pub const ALL: [Route; 4] = [Route::Own, Route::Implicit, Route::Direct, Route::Cudnn];
 
     pub fn name(self) -> &'static str {
         match self {
             Route::Own => "own",
             Route::Implicit => "own-implicit",
+            Route::Direct => "own-direct",
             Route::Cudnn => "cudnn",
         }
     }
 
-    /// Whether this route can run `dir` (given cuDNN for [`Route::Cudnn`]).
+    /// Whether this route can run `dir` (given cuDNN for [`Route::Cudnn`], and a layer the
+    /// direct kernels fit for [`Route::Direct`]).
     pub fn runs(self, dir: Dir) -> bool {
-        self != Route::Implicit || dir == Dir::Weight
+        match self {
+            Route::Own | Route::Cudnn => true,
+            Route::Implicit => dir == Dir::Weight,
+            Route::Direct => dir != Dir::Input,
+        }
+    }
+
+    /// The routes measured for `dir` of a layer: those that run it, cuDNN where `cudnn` (it
+    /// was a candidate), the direct kernels where `direct` (they fit the layer).
+    pub fn candidates(dir: Dir, cudnn: bool, direct: bool) -> impl Iterator<Item = Route> {
+        Route::ALL.into_iter().filter(move |&r| r.runs(dir) && (r != Route::Cudnn || cudnn) && (r != Route::Direct || direct))
+    }
+}
+
+/// A time per call (µs) for each route: NaN where not measured, never faster than a number.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Times([f32; Route::ALL.len()]);
+
+impl Times {
+    pub const NONE: Times = Times([f32::NAN; Route::ALL.len()]);
+
+    pub fn of(&self, route: Route) -> f32 {
+        self.0[route as usize]
+    }
+
+    pub fn set(&mut self, route: Route, us: f32) {
+        self.0[route as usize] = us;
+    }
+
+    /// The fastest of `routes` (the first where none is faster; `Route::Own` where none is given).
+    pub fn fastest(&self, routes: impl Iterator<Item = Route>) -> Route {
+        let key = |r: Route| if self.of(r).is_nan() { f32::INFINITY } else { self.of(r) };
+        routes.reduce(|best, r| if key(r) < key(best) { r } else { best }).unwrap_or(Route::Own)
+    }
+}
+
+/// Whether flatnn's direct kernel for `dir` fits a layer of geometry `g` at `batch` (shared
+/// memory, register tiles): then it is a candidate. There is none for the input gradient.
+pub(super) fn direct_fits(dir: Dir, g: &conv::Geometry, batch: usize) -> bool {
+    match dir {
+        Dir::Forward => DirectForward::of(g).is_some(),
+        Dir::Weight => DirectWgrad::of(g, batch).is_some(),
+        Dir::Input => false,
+    }
+}
+
+/// Tests: a route every convolution direction that can take it takes on this thread, whatever
+/// was measured (measuring still runs, and its times are reported).
+#[cfg(test)]
+pub(in crate::cuda) mod forced {
+    use super::Route;
+    use std::cell::Cell;
+
+    thread_local! {
+        static FORCED: Cell<Option<Route>> = const { Cell::new(None) };
+    }
+
+    /// Forces `route` (None: the measurement decides again) for the caches this thread prepares.
+    pub fn set(route: Option<Route>) {
+        FORCED.with(|f| f.set(route));
+    }
+
+    pub(in crate::cuda::dnn) fn route() -> Option<Route> {
+        FORCED.with(|f| f.get())
     }
 }
 
 /// What the report says of `dir` of a layer: "not measured yet", "not needed", the route that
 /// runs it where nothing else was a candidate, else the route chosen and its time, then the
-/// other candidates' ("own-implicit 210.0 µs (own 1536.0 µs, cudnn BWD_FILTER_ALGO_1 1842.0
-/// µs)"; "cudnn -" where cuDNN had no algorithm); `cudnn`: whether cuDNN was a candidate.
+/// other candidates' ("own-direct 40.1 µs (own 604.0 µs, cudnn FWD_ALGO_1 372.2 µs)"; "cudnn -"
+/// where cuDNN had no algorithm); `cudnn`: whether cuDNN was a candidate.
 pub(super) fn describe(dir: Dir, ch: Choice, cudnn: bool) -> String {
     if !ch.decided {
         return "not measured yet".into();
@@ -46,12 +116,11 @@ pub(super) fn describe(dir: Dir, ch: Choice, cudnn: bool) -> String {
         return "not needed".into();
     }
     let named = |route: Route| match (route, ch.algo) {
-        (Route::Own, _) => (Route::Own.name().to_string(), ch.own_us),
-        (Route::Implicit, _) => (Route::Implicit.name().to_string(), ch.implicit_us),
-        (Route::Cudnn, Some(algo)) => (format!("cudnn {}", algo.name(dir)), ch.cudnn_us),
-        (Route::Cudnn, None) => ("cudnn -".to_string(), ch.cudnn_us),
+        (Route::Cudnn, Some(algo)) => (format!("cudnn {}", algo.name(dir)), ch.us.of(route)),
+        (Route::Cudnn, None) => ("cudnn -".to_string(), ch.us.of(route)),
+        _ => (route.name().to_string(), ch.us.of(route)),
     };
-    let candidates = Route::ALL.into_iter().filter(|&r| r.runs(dir) && (r != Route::Cudnn || cudnn));
+    let candidates = Route::candidates(dir, cudnn, ch.direct);
     let others: Vec<String> = candidates.filter(|&r| r != ch.route).map(named).map(|(name, us)| format!("{name} {us:.1} µs")).collect();
     let (name, us) = named(ch.route);
     if others.is_empty() {
@@ -80,19 +149,17 @@ mod tests {
     fn every_route_a_report_names_exists() {
         let algo = Algo { id: 1, math: CUDNN_FMA_MATH, deterministic: true };
         for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
-            for cudnn in [false, true] {
-                let candidates: Vec<Route> = Route::ALL.into_iter().filter(|r| r.runs(dir) && (*r != Route::Cudnn || cudnn)).collect();
+            for (cudnn, direct) in [(false, false), (false, true), (true, false), (true, true)] {
+                let candidates: Vec<Route> = Route::candidates(dir, cudnn, direct).collect();
                 assert_eq!(candidates.contains(&Route::Implicit), dir == Dir::Weight);
+                assert_eq!(candidates.contains(&Route::Direct), direct && dir != Dir::Input);
+                assert_eq!(candidates.contains(&Route::Cudnn), cudnn);
+                let mut us = Times::NONE;
+                for (i, &r) in Route::ALL.iter().enumerate() {
+                    us.set(r, 1.0 + i as f32);
+                }
                 for &route in &candidates {
-                    let ch = Choice {
-                        decided: true,
-                        algo: Some(algo),
-                        route,
-                        own_us: 3.0,
-                        implicit_us: 2.0,
-                        cudnn_us: 1.0,
-                        ..Choice::default()
-                    };
+                    let ch = Choice { decided: true, algo: Some(algo), route, us, direct, ..Choice::default() };
                     let text = describe(dir, ch, cudnn);
                     let parts: Vec<&str> = text.split(['(', ',']).filter(|p| !p.trim().is_empty()).collect();
                     assert_eq!(route_named(parts[0]), Some(route), "{text}");
@@ -106,13 +173,34 @@ mod tests {
                     let mut want = candidates.clone();
                     want.sort_by_key(|r| r.name());
                     assert_eq!(sorted, want, "{dir:?}: {text}");
-                    assert!(parts.iter().all(|p| p.contains(" µs")), "{text}");
+                    // each with its own time
+                    for (part, r) in parts.iter().zip(&named) {
+                        assert!(part.contains(&format!(" {:.1} µs", us.of(*r))), "{r:?} in {text}");
+                    }
                 }
             }
         }
         let ch = Choice { decided: true, route: Route::Own, ..Choice::default() };
         assert_eq!(describe(Dir::Weight, ch, true), "own NaN µs (own-implicit NaN µs, cudnn - NaN µs)");
+        let ch = Choice { decided: true, route: Route::Direct, direct: true, ..Choice::default() };
+        assert_eq!(describe(Dir::Forward, ch, false), "own-direct NaN µs (own NaN µs)");
         assert_eq!(describe(Dir::Weight, Choice::default(), true), "not measured yet");
         assert_eq!(describe(Dir::Input, Choice { decided: true, needed: false, ..Choice::default() }, true), "not needed");
+    }
+
+    /// Times are keyed by route: the fastest is the one with the least time, NaN never wins, and
+    /// with none timed the lowered route stays.
+    #[test]
+    fn the_fastest_route_is_the_least_time_and_nan_never_wins() {
+        let mut us = Times::NONE;
+        let own = [Route::Own, Route::Implicit, Route::Direct];
+        assert_eq!(us.fastest(own.into_iter()), Route::Own);
+        us.set(Route::Direct, 40.1);
+        assert_eq!(us.fastest(own.into_iter()), Route::Direct);
+        us.set(Route::Own, 604.0);
+        us.set(Route::Implicit, 30.0);
+        assert_eq!(us.fastest(own.into_iter()), Route::Implicit);
+        assert_eq!(us.fastest([Route::Own, Route::Direct].into_iter()), Route::Direct);
+        assert_eq!((us.of(Route::Own), us.of(Route::Cudnn).is_nan()), (604.0, true));
     }
 }

@@ -1,0 +1,205 @@
+//! Direct convolutions (kernels/conv_direct.cu), flatnn's `own-direct` route: the forward
+//! product and the weight gradient computed from x as staged in shared memory, with no lowered
+//! matrix and no product routine. They aim at layers whose reduction C·kh·kw is small (first
+//! layers: LeNet's 1→6 5×5, VGG's 3→16 3×3), where the GEMM-shaped routes are far from the
+//! memory floor; like every route, they are measured against the others per layer, direction
+//! and batch size (`dnn.rs`), and taken only where they fit ([`DirectForward::of`],
+//! [`DirectWgrad::of`]: shared memory and the weight gradient's register tiles).
+//!
+//! The weight gradient splits the samples into shares as the implicit product does
+//! ([`wgrad_shares`], one block a share); with several shares their sums land in `b.partials`
+//! and `conv_wgrad_join` adds them in share order: same inputs, same bits.
+
+use super::context::{Gpu, Kernel};
+use super::conv::{wgrad_shares, ConvParts};
+use super::exec::{Backward, Forward, Raw};
+use super::launch::{blocks, int, kernel_args, View, ViewMut, BLOCK};
+use super::ops::{conv_dims, ints};
+use crate::chain::{Plan, Step};
+use crate::error::Result;
+use crate::layers::conv;
+use cudarc::driver::CudaStream;
+
+/// Shared memory a block of either kernel may have: 48 KB, what a launch gets without opting in
+/// (at most four such blocks share an SM of the cards flatnn runs on).
+pub(crate) const DIRECT_SHARED: usize = 48 * 1024;
+/// Output pixels a forward thread holds (CDF_PX in kernels/conv_direct.cu) ...
+pub(crate) const FORWARD_PIXELS: usize = 4;
+/// ... and output channels (CDF_OC).
+pub(crate) const FORWARD_CHANNELS: usize = 8;
+/// The forward's channel groups a block may have (8·groups channels, 256 / groups threads each).
+pub(crate) const FORWARD_GROUPS: [usize; 4] = [1, 2, 4, 8];
+/// The weight gradient's register tile: output channels (CDW_OC) × taps (CDW_R).
+pub(crate) const WGRAD_CHANNELS: usize = 8;
+pub(crate) const WGRAD_TAPS: usize = 4;
+/// Pitch of the weight gradient's slice sums in shared memory (CDW_PITCH).
+pub(crate) const WGRAD_PITCH: usize = BLOCK as usize + 1;
+/// Pixel tiles the weight gradient may take, the largest that fits first.
+pub(crate) const WGRAD_TILES: [usize; 6] = [1024, 512, 256, 128, 64, 32];
+
+/// The most input rows and columns the band of a tile of `tile` consecutive output pixels reads
+/// (conv_direct_band): the tile spans at most ⌈(tile − 1)/OW⌉ + 1 output rows (at most OH); over
+/// more than one row, the band is as wide as the rows.
+pub(crate) fn band_bound(g: &conv::Geometry, tile: usize) -> (usize, usize) {
+    let (ow, oh) = (g.out_width, g.out_height);
+    let span = (oh - 1).min((tile + ow - 2) / ow);
+    let rows = span * g.stride.0 + (g.kernel.0 - 1) * g.dilation.0 + 1;
+    let wide = if span > 0 { ow } else { tile.min(ow) };
+    (rows, (wide - 1) * g.stride.1 + (g.kernel.1 - 1) * g.dilation.1 + 1)
+}
+
+/// How the direct forward covers a layer: blocks of `groups` channel groups (8·groups output
+/// channels, `tile` = 4·256/groups output pixels of one sample), `oc_tiles` × `pixel_tiles` a
+/// sample, the input channels staged `chunk` at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DirectForward {
+    pub groups: usize,
+    pub oc_tiles: usize,
+    pub tile: usize,
+    pub pixel_tiles: usize,
+    pub chunk: usize,
+}
+
+impl DirectForward {
+    /// The fewest groups that hold every output channel (else 8); None where not even one input
+    /// channel's weights and band fit in [`DIRECT_SHARED`].
+    pub fn of(g: &conv::Geometry) -> Option<DirectForward> {
+        let oc = g.out_channels;
+        let groups = FORWARD_GROUPS.into_iter().find(|&k| k * FORWARD_CHANNELS >= oc).unwrap_or(8);
+        let tile = BLOCK as usize / groups * FORWARD_PIXELS;
+        let chunk = (DIRECT_SHARED / 4 / Self::per_channel(g, groups, tile)).min(g.in_channels);
+        let (oc_tiles, pixel_tiles) = (oc.div_ceil(groups * FORWARD_CHANNELS), g.ohw().div_ceil(tile));
+        (chunk > 0 && g.ohw() > 0).then_some(DirectForward { groups, oc_tiles, tile, pixel_tiles, chunk })
+    }
+
+    /// Floats of shared memory an input channel takes: its weights for the block's channels and
+    /// its band.
+    fn per_channel(g: &conv::Geometry, groups: usize, tile: usize) -> usize {
+        let (rows, cols) = band_bound(g, tile);
+        g.kernel.0 * g.kernel.1 * groups * FORWARD_CHANNELS + rows * cols
+    }
+
+    /// Bytes of dynamic shared memory a block takes.
+    pub fn shared_bytes(&self, g: &conv::Geometry) -> usize {
+        4 * self.chunk * Self::per_channel(g, self.groups, self.tile)
+    }
+}
+
+/// How the direct weight gradient covers a layer at a batch size: one block a share of `chunk`
+/// samples (`shares` of them, the last the rest), each sample in tiles of `tile` output pixels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DirectWgrad {
+    pub tile: usize,
+    pub chunk: usize,
+    pub shares: usize,
+}
+
+impl DirectWgrad {
+    /// None where the register tiles of every output (⌈OC/8⌉ × ⌈CKK/4⌉) are more than a block's
+    /// threads, or no tile's dZ, offsets and band of all C channels fit in [`DIRECT_SHARED`];
+    /// else the largest tile that fits, at most the sample's pixels rounded up to a power of two.
+    pub fn of(g: &conv::Geometry, batch: usize) -> Option<DirectWgrad> {
+        let items = g.out_channels.div_ceil(WGRAD_CHANNELS) * g.ckk().div_ceil(WGRAD_TAPS);
+        if items > BLOCK as usize || g.ohw() == 0 || batch == 0 {
+            return None;
+        }
+        let most = g.ohw().next_power_of_two().max(WGRAD_TILES[WGRAD_TILES.len() - 1]);
+        let tile = WGRAD_TILES.into_iter().filter(|&t| t <= most).find(|&t| Self::floats(g, t) <= DIRECT_SHARED / 4)?;
+        let (chunk, shares) = wgrad_shares(g, batch, 1);
+        Some(DirectWgrad { tile, chunk, shares })
+    }
+
+    /// Floats of shared memory a block takes at `tile`: dZ ([tile][OC8]), the offsets and the
+    /// band of all channels while it sums, the slices' sums at the end.
+    fn floats(g: &conv::Geometry, tile: usize) -> usize {
+        let (rows, cols) = band_bound(g, tile);
+        let oc8 = g.out_channels.div_ceil(WGRAD_CHANNELS) * WGRAD_CHANNELS;
+        (tile * oc8 + tile + g.in_channels * rows * cols).max(WGRAD_CHANNELS * WGRAD_TAPS * WGRAD_PITCH)
+    }
+
+    /// Bytes of dynamic shared memory a block takes.
+    pub fn shared_bytes(&self, g: &conv::Geometry) -> usize {
+        4 * Self::floats(g, self.tile)
+    }
+}
+
+impl Gpu {
+    /// Z (batch, OC, OH, OW) = conv(X, W) without the bias, overwritten, by `conv_direct_forward`
+    /// as [`DirectForward::of`] covers the layer; an Err where it does not fit.
+    pub fn conv_direct_forward(
+        &self,
+        stream: &CudaStream,
+        g: &conv::Geometry,
+        batch: usize,
+        x: View<f32>,
+        w: View<f32>,
+        z: ViewMut<f32>,
+    ) -> Result<()> {
+        let d = DirectForward::of(g).ok_or_else(|| does_not_fit(g))?;
+        assert!(x.len() >= batch * g.in_len() && z.len() >= batch * g.out_len(), "conv_direct_forward: short x or z");
+        assert!(w.len() >= g.out_channels * g.ckk(), "conv_direct_forward: short w");
+        if batch == 0 {
+            return Ok(());
+        }
+        // the kernel's offsets within a sample are ints; a sample's start is a long
+        let _ = ints([batch * g.in_len(), batch * g.out_len()])?;
+        let grid = int(batch * d.oc_tiles * d.pixel_tiles)? as u32;
+        let (x, w, z) = (x.ptr(), w.ptr(), z.ptr());
+        let [c, h, wi, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, _] = conv_dims(g, batch)?;
+        let [oc, groups, chunk, pixel_tiles, oc_tiles] = ints([g.out_channels, d.groups, d.chunk, d.pixel_tiles, d.oc_tiles])?;
+        let args = kernel_args![x, w, z, c, h, wi, kh, kw, sh, sw, ph, pw, dh, dw, oc, oh, ow, groups, chunk, pixel_tiles, oc_tiles];
+        self.run_blocks(stream, Kernel::ConvDirectForward, (grid, 1), d.shared_bytes(g) as u32, args)
+    }
+
+    /// dW (OC × CKK) ← Σ_s Σ_p dZ[s, :, p] · x gathered at p, overwritten, by `conv_direct_wgrad`
+    /// as [`DirectWgrad::of`] covers the layer (an Err where it does not fit); with several
+    /// shares, their sums go to `partials` (shares × OC·CKK values, at most batch × OC·CKK) and
+    /// `conv_wgrad_join` adds them in share order.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_direct_wgrad(
+        &self,
+        stream: &CudaStream,
+        g: &conv::Geometry,
+        batch: usize,
+        x: View<f32>,
+        dz: View<f32>,
+        partials: ViewMut<f32>,
+        dw: ViewMut<f32>,
+    ) -> Result<()> {
+        let d = DirectWgrad::of(g, batch).ok_or_else(|| does_not_fit(g))?;
+        let w_len = g.out_channels * g.ckk();
+        assert!(x.len() >= batch * g.in_len() && dz.len() >= batch * g.out_len(), "conv_direct_wgrad: short x or dz");
+        assert!(dw.len() >= w_len, "conv_direct_wgrad: short dw");
+        assert!(d.shares == 1 || partials.len() >= d.shares * w_len, "conv_direct_wgrad: short partials");
+        let _ = ints([batch * g.in_len(), batch * g.out_len(), d.shares * w_len])?;
+        let (x, dz, dw, partials) = (x.ptr(), dz.ptr(), dw.ptr(), partials.ptr());
+        let out = if d.shares == 1 { dw } else { partials };
+        let [c, h, wi, kh, kw, sh, sw, ph, pw, dh, dwi, oh, ow, b] = conv_dims(g, batch)?;
+        let [oc, chunk, tile, shares, n] = ints([g.out_channels, d.chunk, d.tile, d.shares, w_len])?;
+        let args = kernel_args![x, dz, out, c, h, wi, kh, kw, sh, sw, ph, pw, dh, dwi, oc, oh, ow, b, chunk, tile];
+        self.run_blocks(stream, Kernel::ConvDirectWgrad, (shares as u32, 1), d.shared_bytes(g) as u32, args)?;
+        if d.shares > 1 {
+            self.run(stream, Kernel::ConvWgradJoin, blocks(w_len), kernel_args![partials, dw, n, shares])?;
+        }
+        Ok(())
+    }
+}
+
+fn does_not_fit(g: &conv::Geometry) -> crate::error::Error {
+    crate::error::Error::Shape(format!("the direct convolution does not fit {g:?}"))
+}
+
+/// Z (batch, OC, OH, OW) = conv(X, W) without the bias, by the direct forward.
+pub(super) fn conv_forward_direct(gpu: &Gpu, stream: &CudaStream, plan: &Plan, step: &Step, f: &Forward) -> Result<()> {
+    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
+    let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
+    gpu.conv_direct_forward(stream, &g, f.batch, acts.at(x), params.at(w), acts.at_mut(z))
+}
+
+/// dW (OC, C, kh, kw), overwritten, by the direct weight gradient; its shares' sums in
+/// `b.partials`.
+pub(super) fn conv_weight_grad_direct(gpu: &Gpu, stream: &CudaStream, plan: &Plan, step: &Step, f: &Forward, b: &Backward) -> Result<()> {
+    let (acts, dacts, grads, partials) = (Raw::of(f.acts), Raw::of(b.dacts), Raw::of(b.grads), Raw::of(b.partials));
+    let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
+    gpu.conv_direct_wgrad(stream, &g, f.batch, acts.at(x), dacts.at(z), partials.at_mut(0..b.partials.len()), grads.at_mut(w))
+}
