@@ -178,10 +178,12 @@ fn cudnn_forward_and_training_match_the_cpu() {
     }
 }
 
-/// With `FLATNN_CUDNN=0` both of flatnn's weight-gradient routes (the lowered one, `own`, and
-/// the implicit product, `own-implicit`) are timed for every conv layer at every training batch
-/// size and the report names the one chosen, both times measured; the other directions have
-/// one route, timed for nothing; 20 steps of LeNet and of the strided model match the CPU.
+/// With `FLATNN_CUDNN=0` flatnn's weight-gradient routes (the lowered one, `own`, the implicit
+/// product, `own-implicit`, and the direct kernel, `own-direct`, which fits every layer of these
+/// models) are timed for every conv layer at every training batch size and the report names the
+/// one chosen, every time measured; the forward's two (`own`, `own-direct`) likewise; the input
+/// gradient has one route, timed for nothing; 20 steps of LeNet and of the strided model match
+/// the CPU.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn flatnn_kernels_alone_measure_both_weight_gradient_routes() {
@@ -205,12 +207,19 @@ fn flatnn_kernels_alone_measure_both_weight_gradient_routes() {
                 let part = |dir: &str| {
                     line.split(';').find_map(|p| p.split_once(dir).map(|(_, rest)| rest.trim())).unwrap_or_else(|| panic!("{dir}: {line}"))
                 };
-                let weight = part("weight grad ");
-                let chosen = weight.split_whitespace().next().unwrap();
-                assert!(["own", "own-implicit"].contains(&chosen), "{line}");
-                let other = if chosen == "own" { "(own-implicit " } else { "(own " };
-                assert!(weight.contains(other) && !weight.contains("NaN") && !weight.contains("cudnn"), "{line}");
-                assert_eq!(part("forward "), "own (the only route)", "{line}");
+                // the chosen route first, then every other candidate with its time
+                for (dir, routes) in
+                    [("weight grad ", &["own", "own-implicit", "own-direct"][..]), ("forward ", &["own", "own-direct"][..])]
+                {
+                    let words = part(dir);
+                    let chosen = words.split_whitespace().next().unwrap();
+                    assert!(routes.contains(&chosen), "{line}");
+                    for other in routes.iter().filter(|&&r| r != chosen) {
+                        assert!(words.contains(&format!("{other} ")), "{other}: {line}");
+                    }
+                    assert!(!words.contains("NaN") && !words.contains("cudnn"), "{line}");
+                }
+                assert!(["own (the only route)", "not needed"].contains(&part("input grad ")), "{line}");
             }
         }
         let (loss_err, params_err) = (rel_err(&losses, &cpu_losses), rel_err(&params, &cpu_params));
@@ -312,7 +321,11 @@ fn the_automatic_choice_matches_the_cpu_and_reports_itself() {
                 .find_map(|d| part.split_once(d).map(|(_, rest)| (*d, rest)))
                 .unwrap_or_else(|| panic!("{part}"));
             let route = rest.split_whitespace().next().unwrap_or("");
-            let routes: &[&str] = if dir == "weight grad " { &["own", "own-implicit", "cudnn"] } else { &["own", "cudnn"] };
+            let routes: &[&str] = match dir {
+                "weight grad " => &["own", "own-implicit", "own-direct", "cudnn"],
+                "forward " => &["own", "own-direct", "cudnn"],
+                _ => &["own", "cudnn"],
+            };
             assert!(routes.contains(&route) || rest.starts_with("not needed"), "{name}: {part}");
         }
         let (err, loss_err, params_err) = (rel_err(&got, &want), rel_err(&losses, &cpu_losses), rel_err(&params, &cpu_params));

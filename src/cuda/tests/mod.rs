@@ -3,6 +3,7 @@
 //! which fails the test, saying why, where CUDA is missing.
 
 mod conv;
+mod conv_direct;
 mod conv_lowering;
 mod conv_wgrad;
 mod dense;
