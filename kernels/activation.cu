@@ -115,19 +115,51 @@ extern "C" __global__ void act_backward(const float* z, const float* y, const fl
     }
 }
 
+// This thread's share of Σ dz[s, c, p] over samples first..end − 1 and every pixel p: the
+// values of channel c's rows, (s, c) a row of `pixels` values, taken as one sequence j = 0, 1, …
+// (row by row) of which thread t sums j = t, t + REDUCE_THREADS, … in order. With `vec` (pixels a
+// multiple of 4, dz 16-byte aligned) an element of the sequence is a float4 of a row, summed
+// x, y, z, w. The row and the place in it advance by adding a stride's rows and remainder (no
+// division a value: a division a value bound the kernel by its integer work, far from the
+// memory's rate).
+__device__ __forceinline__ float channel_share(const float* __restrict__ dz, int c, int channels, int pixels, int first, int end, bool vec) {
+    int width = vec ? pixels / 4 : pixels;
+    if (width == 0 || end <= first) return 0.0f;
+    int s = first + threadIdx.x / width, p = threadIdx.x % width;
+    int rows_step = REDUCE_THREADS / width, p_step = REDUCE_THREADS % width;
+    float acc = 0.0f;
+    while (s < end) {
+        const float* row = dz + ((long long)s * channels + c) * pixels;
+        if (vec) {
+            float4 v = reinterpret_cast<const float4*>(row)[p];
+            acc += v.x;
+            acc += v.y;
+            acc += v.z;
+            acc += v.w;
+        } else {
+            acc += row[p];
+        }
+        s += rows_step;
+        p += p_step;
+        if (p >= width) {
+            p -= width;
+            s++;
+        }
+    }
+    return acc;
+}
+
+__device__ __forceinline__ bool channel_vec(const float* dz, int pixels) {
+    return (pixels & 3) == 0 && (reinterpret_cast<unsigned long long>(dz) & 15) == 0;
+}
+
 // db[c] = Σ_{s,p} dz[s, c, p]. One block per channel (grid = channels, REDUCE_THREADS
-// threads); thread t sums its strided share in order, then a fixed tree: deterministic.
+// threads); thread t sums its share in order (channel_share), then a fixed tree: deterministic.
 extern "C" __global__ void bias_grad(const float* dz, float* db, int channels, int pixels, int batch) {
     after_prior();
     __shared__ float buf[REDUCE_THREADS];
     int c = blockIdx.x;
-    int per_channel = batch * pixels;
-    float acc = 0.0f;
-    for (int j = threadIdx.x; j < per_channel; j += REDUCE_THREADS) {
-        int s = j / pixels, p = j - s * pixels;
-        acc += dz[(s * channels + c) * pixels + p];
-    }
-    float sum = block_sum_f32(acc, buf);
+    float sum = block_sum_f32(channel_share(dz, c, channels, pixels, 0, batch, channel_vec(dz, pixels)), buf);
     if (threadIdx.x == 0) db[c] = sum;
 }
 
@@ -141,13 +173,8 @@ extern "C" __global__ void bias_grad_split(const float* dz, float* partials, int
     __shared__ float buf[REDUCE_THREADS];
     int c = blockIdx.x, k = blockIdx.y;
     long long first = (long long)k * chunk, end = min((long long)batch, first + chunk);
-    long long n = end > first ? (end - first) * pixels : 0;
-    float acc = 0.0f;
-    for (long long j = threadIdx.x; j < n; j += REDUCE_THREADS) {
-        long long s = first + j / pixels, p = j % pixels;
-        acc += dz[(s * channels + c) * pixels + p];
-    }
-    float sum = block_sum_f32(acc, buf);
+    float share = first < end ? channel_share(dz, c, channels, pixels, (int)first, (int)end, channel_vec(dz, pixels)) : 0.0f;
+    float sum = block_sum_f32(share, buf);
     if (threadIdx.x == 0) partials[(long long)k * channels + c] = sum;
 }
 

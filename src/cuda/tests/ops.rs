@@ -88,9 +88,11 @@ fn bias_grad_is_exact_on_integers_and_deterministic() {
     let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(3);
-    // (the last three split each channel's sum: 13 parts of 5 samples, the last of 4; 10 of
-    // 100, the last of 91; 16 of 4)
-    for (channels, pixels, batch) in [(7, 13, 5), (10, 1, 1000), (1, 1, 1), (3, 784, 64), (6, 41, 991), (16, 4096, 64)] {
+    // (the 4th to 6th split each channel's sum: 13 parts of 5 samples, the last of 4; 10 of
+    // 100, the last of 91; 16 of 4; the last two read rows of one and three float4s, so that a
+    // thread's share steps over many rows at a time)
+    let sizes = [(7, 13, 5), (10, 1, 1000), (1, 1, 1), (3, 784, 64), (6, 41, 991), (16, 4096, 64), (5, 4, 300), (2, 12, 77)];
+    for (channels, pixels, batch) in sizes {
         let splits = crate::cuda::ops::bias_grad_splits(channels, pixels, batch);
         let n = batch * channels * pixels;
         let dz = rng.ints(n);
