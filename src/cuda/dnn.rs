@@ -53,7 +53,7 @@ use super::exec::{Backward, Forward};
 use super::graph::Graphs;
 use super::options::{Convs, GpuOptions, Tuning};
 use super::rnn_dnn::RnnDnn;
-use super::timing::{add_note, time_calls, FirstMeasured};
+use super::timing::{add_note, time_calls};
 use super::{driver_error, guarded_result};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
@@ -62,7 +62,7 @@ use cudarc::driver::CudaStream;
 #[cfg(test)]
 pub(super) use route::forced;
 pub(super) use route::Route;
-use route::{describe, direct_fits, Times};
+use route::{describe, direct_fits, MeasureKey, Measured, Times, MEASURED};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -573,31 +573,6 @@ impl ConvRoutes {
         Ok(m)
     }
 }
-
-/// What a measurement is of: the device, the layer's shape (C, H, W, OC, kh, kw, sh, sw, ph,
-/// pw, dh, dw), the batch, the arithmetic, whether non-deterministic algorithms were candidates,
-/// whether cuDNN was, and the direction.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct MeasureKey {
-    ordinal: usize,
-    shape: [usize; 12],
-    batch: usize,
-    tf32: bool,
-    deterministic: bool,
-    cudnn: bool,
-    dir: Dir,
-}
-
-/// The routes timed (µs per call; NaN where not), and cuDNN's fastest algorithm, if any ran.
-#[derive(Clone)]
-struct Measured {
-    algo: Option<Algo>,
-    us: Times,
-    note: String,
-}
-
-/// Every measurement made in this process: the first one of a key is what every cache uses.
-static MEASURED: FirstMeasured<MeasureKey, Measured> = FirstMeasured::new();
 
 fn note(notes: &mut String, dir: Dir, what: &str) {
     add_note(notes, dir.name(), what);

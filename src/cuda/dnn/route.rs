@@ -1,9 +1,10 @@
-//! What runs a direction of a convolution ([`Route`]), and how the report says which did and
-//! what each candidate took ([`describe`]).
+//! What runs a direction of a convolution ([`Route`]), what each candidate took ([`Times`]),
+//! what a measurement is of ([`MeasureKey`]), and how the report says it ([`describe`]).
 
 use super::Choice;
 use crate::cuda::conv_direct::{DirectForward, DirectWgrad};
-use crate::cuda::cudnn::Dir;
+use crate::cuda::cudnn::{Algo, Dir};
+use crate::cuda::timing::FirstMeasured;
 use crate::layers::conv;
 
 /// What runs one direction of a convolution.
@@ -82,6 +83,31 @@ pub(super) fn direct_fits(dir: Dir, g: &conv::Geometry, batch: usize) -> bool {
         Dir::Input => false,
     }
 }
+
+/// What a measurement is of: the device, the layer's shape (C, H, W, OC, kh, kw, sh, sw, ph,
+/// pw, dh, dw), the batch, the arithmetic, whether non-deterministic algorithms were candidates,
+/// whether cuDNN was, and the direction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct MeasureKey {
+    pub ordinal: usize,
+    pub shape: [usize; 12],
+    pub batch: usize,
+    pub tf32: bool,
+    pub deterministic: bool,
+    pub cudnn: bool,
+    pub dir: Dir,
+}
+
+/// The routes timed (µs per call; NaN where not), and cuDNN's fastest algorithm, if any ran.
+#[derive(Clone)]
+pub(super) struct Measured {
+    pub algo: Option<Algo>,
+    pub us: Times,
+    pub note: String,
+}
+
+/// Every measurement made in this process: the first one of a key is what every cache uses.
+pub(super) static MEASURED: FirstMeasured<MeasureKey, Measured> = FirstMeasured::new();
 
 /// Tests: a route every convolution direction that can take it takes on this thread, whatever
 /// was measured (measuring still runs, and its times are reported).
