@@ -99,6 +99,20 @@ fn epilogue_grid(planes: usize, pixels: usize, vec4: bool) -> ((u32, u32), u32) 
     ((grid.0 as u32, grid.1 as u32), row as u32)
 }
 
+/// The checks both flatnn weight-gradient kernels (implicit, direct) make of their operands, by
+/// lengths [x, dz, dw, partials]: x and dz hold `batch` samples, dw OC·CKK values, and where there
+/// are several `shares`, partials shares × OC·CKK; the kernels' offsets fit ints (`int` refuses
+/// 2^30 or more). Returns OC·CKK.
+pub(crate) fn check_wgrad_operands(name: &str, g: &conv::Geometry, batch: usize, shares: usize, lens: [usize; 4]) -> Result<usize> {
+    let [x, dz, dw, partials] = lens;
+    let w_len = g.out_channels * g.ckk();
+    assert!(x >= batch * g.in_len() && dz >= batch * g.out_len(), "{name}: short x or dz");
+    assert!(dw >= w_len, "{name}: short dw");
+    assert!(shares == 1 || partials >= shares * w_len, "{name}: short partials");
+    let _ = ints([batch * g.in_len(), batch * g.out_len(), shares * w_len])?;
+    Ok(w_len)
+}
+
 impl Gpu {
     /// dW (OC × CKK) ← Σ_s dZ_s · col_sᵀ, overwritten, without the lowered matrix: the
     /// products gathered from x (batch, C, H, W) and dZ (batch, OC, OHW) by `conv_wgrad_*`
@@ -116,13 +130,9 @@ impl Gpu {
         partials: ViewMut<f32>,
         dw: ViewMut<f32>,
     ) -> Result<()> {
-        let w_len = g.out_channels * g.ckk();
         let split = WgradSplit::of(g, batch);
-        assert!(x.len() >= batch * g.in_len() && dz.len() >= batch * g.out_len(), "conv_weight_grad_implicit: short x or dz");
-        assert!(dw.len() >= w_len, "conv_weight_grad_implicit: short dw");
-        assert!(split.shares == 1 || partials.len() >= split.shares * w_len, "conv_weight_grad_implicit: short partials");
-        // the kernels' offsets are ints (`int` refuses 2^30 or more)
-        let _ = ints([batch * g.in_len(), batch * g.out_len(), split.shares * w_len])?;
+        let w_len =
+            check_wgrad_operands("conv_weight_grad_implicit", g, batch, split.shares, [x.len(), dz.len(), dw.len(), partials.len()])?;
         let (x, dz, dw, partials) = (x.ptr(), dz.ptr(), dw.ptr(), partials.ptr());
         let out = if split.shares == 1 { dw } else { partials };
         let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dwi, _, ow, b] = conv_dims(g, batch)?;

@@ -11,7 +11,7 @@
 //! and `conv_wgrad_join` adds them in share order: same inputs, same bits.
 
 use super::context::{Gpu, Kernel};
-use super::conv::{wgrad_shares, ConvParts};
+use super::conv::{check_wgrad_operands, wgrad_shares, ConvParts};
 use super::exec::{Backward, Forward, Raw};
 use super::launch::{blocks, int, kernel_args, View, ViewMut, BLOCK};
 use super::ops::{conv_dims, ints};
@@ -167,11 +167,7 @@ impl Gpu {
         dw: ViewMut<f32>,
     ) -> Result<()> {
         let d = DirectWgrad::of(g, batch).ok_or_else(|| does_not_fit(g))?;
-        let w_len = g.out_channels * g.ckk();
-        assert!(x.len() >= batch * g.in_len() && dz.len() >= batch * g.out_len(), "conv_direct_wgrad: short x or dz");
-        assert!(dw.len() >= w_len, "conv_direct_wgrad: short dw");
-        assert!(d.shares == 1 || partials.len() >= d.shares * w_len, "conv_direct_wgrad: short partials");
-        let _ = ints([batch * g.in_len(), batch * g.out_len(), d.shares * w_len])?;
+        let w_len = check_wgrad_operands("conv_direct_wgrad", g, batch, d.shares, [x.len(), dz.len(), dw.len(), partials.len()])?;
         let (x, dz, dw, partials) = (x.ptr(), dz.ptr(), dw.ptr(), partials.ptr());
         let out = if d.shares == 1 { dw } else { partials };
         let [c, h, wi, kh, kw, sh, sw, ph, pw, dh, dwi, oh, ow, b] = conv_dims(g, batch)?;
