@@ -240,17 +240,29 @@ __device__ __forceinline__ void conv_wgrad_tile(const float* __restrict__ x, con
 }
 
 // conv_wgrad_tile for output tiles of 16, 32 and 64 output channels (4, 2 and 1 groups)
-#define CONV_WGRAD(TOC)                                                                                                            \
-    extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_wgrad_##TOC(                                                 \
-        const float* x, const float* dz, float* out, int channels, int height, int width, int kh, int kw, int sh, int sw, int ph,  \
-        int pw, int dh, int dw, int out_channels, int out_w, int ohw, int batch, int chunk) {                                      \
-        after_prior();                                                                                                             \
-        conv_wgrad_tile<TOC>(x, dz, out, channels, height, width, kh, kw, sh, sw, ph, pw, dh, dw, out_channels, out_w, ohw, batch, \
-                             chunk);                                                                                               \
-    }
-CONV_WGRAD(16)
-CONV_WGRAD(32)
-CONV_WGRAD(64)
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_wgrad_16(const float* x, const float* dz, float* out, int channels,
+                                                                           int height, int width, int kh, int kw, int sh, int sw, int ph,
+                                                                           int pw, int dh, int dw, int out_channels, int out_w,
+                                                                           int ohw, int batch, int chunk) {
+    after_prior();
+    conv_wgrad_tile<16>(x, dz, out, channels, height, width, kh, kw, sh, sw, ph, pw, dh, dw, out_channels, out_w, ohw, batch, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_wgrad_32(const float* x, const float* dz, float* out, int channels,
+                                                                           int height, int width, int kh, int kw, int sh, int sw, int ph,
+                                                                           int pw, int dh, int dw, int out_channels, int out_w,
+                                                                           int ohw, int batch, int chunk) {
+    after_prior();
+    conv_wgrad_tile<32>(x, dz, out, channels, height, width, kh, kw, sh, sw, ph, pw, dh, dw, out_channels, out_w, ohw, batch, chunk);
+}
+
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_wgrad_64(const float* x, const float* dz, float* out, int channels,
+                                                                           int height, int width, int kh, int kw, int sh, int sw, int ph,
+                                                                           int pw, int dh, int dw, int out_channels, int out_w,
+                                                                           int ohw, int batch, int chunk) {
+    after_prior();
+    conv_wgrad_tile<64>(x, dz, out, channels, height, width, kh, kw, sh, sw, ph, pw, dh, dw, out_channels, out_w, ohw, batch, chunk);
+}
 
 // dw[i] = Σ_q partials[q, i] over the `shares` shares, in q order, overwritten; n = OC·CKK
 extern "C" __global__ void conv_wgrad_join(const float* partials, float* dw, int n, int shares) {
