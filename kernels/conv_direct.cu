@@ -65,12 +65,16 @@ __device__ __forceinline__ void conv_direct_stage(const float* __restrict__ xs, 
 // launcher's count, at most 48 KB): the weights of `chunk` input channels ([chunk·kh·kw][oc_tile],
 // zero past OC) then their band ([chunk][rows][cols]); the input channels go by in chunks, so
 // out[p][oc] = Σ_c Σ_i Σ_j, in that order. Registers: 32 sums, 4 offsets, 8 weights.
+// With `transposed` it computes a stride-1 layer's input gradient dX = conv(dZ, W'): x is dZ,
+// z is dX, `channels` the layer's OC, `out_channels` its C, padding (k − 1)·d − p, and w the
+// layer's weights W (C', OC', kh, kw) = (out_channels, channels, kh, kw) read as
+// W'[oc][c][i][j] = W[c][oc][kh − 1 − i][kw − 1 − j] while staging; nothing else changes.
 extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_direct_forward(const float* __restrict__ x, const float* __restrict__ w,
                                                                                  float* __restrict__ z, int channels, int height,
                                                                                  int width, int kh, int kw, int sh, int sw, int ph,
                                                                                  int pw, int dh, int dw, int out_channels, int out_h,
                                                                                  int out_w, int groups, int chunk, int pixel_tiles,
-                                                                                 int oc_tiles) {
+                                                                                 int oc_tiles, int transposed) {
     after_prior();
     extern __shared__ __align__(16) float cd_smem[];
     int ohw = out_h * out_w, taps = kh * kw, ckk = channels * taps;
@@ -97,10 +101,13 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_direct_forward
     const float* xs = x + (long long)s * channels * height * width;
     for (int c0 = 0; c0 < channels; c0 += chunk) {
         int n = min(chunk, channels - c0), span = n * taps;
-        // w_s[rt][o] = W[oc_base + o, c0·taps + rt]: consecutive threads read consecutive taps
+        // w_s[rt][o] = W[oc_base + o, c0·taps + rt] (transposed: W[c0 + rt / taps, oc_base + o,
+        // taps − 1 − rt % taps]): consecutive threads read consecutive taps
         for (int e = threadIdx.x; e < span * oc_tile; e += blockDim.x) {
             int o = e / span, rt = e - o * span, oc = oc_base + o;
-            w_s[rt * oc_tile + o] = oc < out_channels ? w[(long long)oc * ckk + c0 * taps + rt] : 0.0f;
+            long long at = transposed ? ((long long)(c0 + rt / taps) * out_channels + oc) * taps + taps - 1 - rt % taps
+                                      : (long long)oc * ckk + c0 * taps + rt;
+            w_s[rt * oc_tile + o] = oc < out_channels ? w[at] : 0.0f;
         }
         conv_direct_stage(xs + (long long)c0 * height * width, x_s, n, height, width, b);
         __syncthreads();

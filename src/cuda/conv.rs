@@ -19,7 +19,7 @@
 
 use super::blas::{Blas, DevMat, DevMatMut};
 use super::context::{Gpu, Kernel};
-use super::conv_direct::{conv_forward_direct, conv_weight_grad_direct};
+use super::conv_direct::{conv_forward_direct, conv_input_grad_direct, conv_weight_grad_direct};
 use super::cudnn::Dir;
 use super::dnn::Route;
 use super::exec::{activation_backward, bias_act, Backward, Forward, GpuBackward, GpuForward, Raw};
@@ -188,8 +188,8 @@ impl Gpu {
 }
 
 /// A convolution step's backward: its dz (unless written), db, then dW and (where needed) dX,
-/// each through cuDNN where it was chosen, else flatnn's kernels (dW by the implicit product
-/// where that was chosen); `layout` = (channels, pixels per channel).
+/// each through cuDNN where it was chosen, else flatnn's kernels (dW by the implicit product,
+/// dW and dX by the direct kernels, where chosen); `layout` = (channels, pixels per channel).
 pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Activation, (channels, pixels): (usize, usize)) -> Result<()> {
     activation_backward(pass, step, activation)?;
     let GpuBackward { gpu, blas, stream, plan, f, b, index, need_dx, .. } = *pass;
@@ -206,7 +206,10 @@ pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Act
         }
     }
     if need_dx && !f.dnn.map_or(Ok(false), |d| d.input_grad(index, plan, f, b))? {
-        conv_input_grad_own(gpu, blas, stream, plan, step, f, b)?;
+        match f.dnn.map_or(Route::Own, |d| d.route(Dir::Input, index, f.batch)) {
+            Route::Direct => conv_input_grad_direct(gpu, stream, plan, step, f, b)?,
+            _ => conv_input_grad_own(gpu, blas, stream, plan, step, f, b)?,
+        }
     }
     Ok(())
 }

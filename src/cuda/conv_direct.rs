@@ -1,6 +1,8 @@
 //! Direct convolutions (kernels/conv_direct.cu), flatnn's `own-direct` route: the forward
 //! product and the weight gradient computed from x as staged in shared memory, with no lowered
-//! matrix and no product routine. They aim at layers whose reduction C·kh·kw is small (first
+//! matrix and no product routine; and a stride-1 layer's input gradient, which is a forward
+//! convolution of dZ by the flipped, transposed weights ([`input_grad_geometry`]), by the forward
+//! kernel reading W that way. They aim at layers whose reduction C·kh·kw is small (first
 //! layers: LeNet's 1→6 5×5, VGG's 3→16 3×3), where the GEMM-shaped routes are far from the
 //! memory floor; like every route, they are measured against the others per layer, direction
 //! and batch size (`dnn.rs`), and taken only where they fit ([`DirectForward::of`],
@@ -48,6 +50,36 @@ pub(crate) fn band_bound(g: &conv::Geometry, tile: usize) -> (usize, usize) {
     (rows, (wide - 1) * g.stride.1 + (g.kernel.1 - 1) * g.dilation.1 + 1)
 }
 
+/// The input gradient of a stride-1 convolution `g` as a forward convolution, dX = conv(dZ, W'):
+/// OC input channels of OH×OW, C output channels of H×W, the kernel and dilation unchanged,
+/// padding p' = (k − 1)·d − p in each dimension (then H = OH + 2·p' − (k − 1)·d, as
+/// OH = H + 2·p − (k − 1)·d), W'[c][oc][i][j] = W[oc][c][kh − 1 − i][kw − 1 − j]. None where the
+/// stride is not (1, 1) or p > (k − 1)·d (a negative p').
+pub(crate) fn input_grad_geometry(g: &conv::Geometry) -> Option<conv::Geometry> {
+    if g.stride != (1, 1) {
+        return None;
+    }
+    let pad = |k: usize, d: usize, p: usize| k.checked_sub(1)?.checked_mul(d)?.checked_sub(p);
+    let padding = (pad(g.kernel.0, g.dilation.0, g.padding.0)?, pad(g.kernel.1, g.dilation.1, g.padding.1)?);
+    let t = conv::Geometry {
+        in_channels: g.out_channels,
+        height: g.out_height,
+        width: g.out_width,
+        out_channels: g.in_channels,
+        out_height: g.height,
+        out_width: g.width,
+        kernel: g.kernel,
+        stride: (1, 1),
+        padding,
+        dilation: g.dilation,
+    };
+    debug_assert_eq!(
+        (t.height + 2 * padding.0, t.width + 2 * padding.1),
+        (g.height + (g.kernel.0 - 1) * g.dilation.0, g.width + (g.kernel.1 - 1) * g.dilation.1)
+    );
+    Some(t)
+}
+
 /// How the direct forward covers a layer: blocks of `groups` channel groups (8·groups output
 /// channels, `tile` = 4·256/groups output pixels of one sample), `oc_tiles` × `pixel_tiles` a
 /// sample, the input channels staged `chunk` at a time.
@@ -70,6 +102,12 @@ impl DirectForward {
         let chunk = (DIRECT_SHARED / 4 / Self::per_channel(g, groups, tile)).min(g.in_channels);
         let (oc_tiles, pixel_tiles) = (oc.div_ceil(groups * FORWARD_CHANNELS), g.ohw().div_ceil(tile));
         (chunk > 0 && g.ohw() > 0).then_some(DirectForward { groups, oc_tiles, tile, pixel_tiles, chunk })
+    }
+
+    /// How it covers the input gradient of `g` ([`input_grad_geometry`]): None where that is not
+    /// a forward convolution or the forward does not fit it.
+    pub fn input_grad(g: &conv::Geometry) -> Option<DirectForward> {
+        DirectForward::of(&input_grad_geometry(g)?)
     }
 
     /// Floats of shared memory an input channel takes: its weights for the block's channels and
@@ -135,6 +173,38 @@ impl Gpu {
         w: View<f32>,
         z: ViewMut<f32>,
     ) -> Result<()> {
+        self.direct_forward(stream, g, batch, x, w, z, false)
+    }
+
+    /// dX (batch, C, H, W) = convᵀ(dZ, W) of a stride-1 layer `g`, overwritten, by
+    /// `conv_direct_forward` on [`input_grad_geometry`] with W (OC, C, kh, kw) read flipped and
+    /// transposed; an Err where that is not a forward convolution or does not fit.
+    pub fn conv_direct_input_grad(
+        &self,
+        stream: &CudaStream,
+        g: &conv::Geometry,
+        batch: usize,
+        dz: View<f32>,
+        w: View<f32>,
+        dx: ViewMut<f32>,
+    ) -> Result<()> {
+        let t = input_grad_geometry(g).ok_or_else(|| does_not_fit(g))?;
+        self.direct_forward(stream, &t, batch, dz, w, dx, true)
+    }
+
+    /// `conv_direct_forward` on geometry `g`, its weights W (OC, C, kh, kw) read as stored, or
+    /// with `transposed` as W' of a layer whose input gradient `g` is (W of shape (C, OC, kh, kw)).
+    #[allow(clippy::too_many_arguments)]
+    fn direct_forward(
+        &self,
+        stream: &CudaStream,
+        g: &conv::Geometry,
+        batch: usize,
+        x: View<f32>,
+        w: View<f32>,
+        z: ViewMut<f32>,
+        transposed: bool,
+    ) -> Result<()> {
         let d = DirectForward::of(g).ok_or_else(|| does_not_fit(g))?;
         assert!(x.len() >= batch * g.in_len() && z.len() >= batch * g.out_len(), "conv_direct_forward: short x or z");
         assert!(w.len() >= g.out_channels * g.ckk(), "conv_direct_forward: short w");
@@ -147,7 +217,9 @@ impl Gpu {
         let (x, w, z) = (x.ptr(), w.ptr(), z.ptr());
         let [c, h, wi, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow, _] = conv_dims(g, batch)?;
         let [oc, groups, chunk, pixel_tiles, oc_tiles] = ints([g.out_channels, d.groups, d.chunk, d.pixel_tiles, d.oc_tiles])?;
-        let args = kernel_args![x, w, z, c, h, wi, kh, kw, sh, sw, ph, pw, dh, dw, oc, oh, ow, groups, chunk, pixel_tiles, oc_tiles];
+        let transposed = i32::from(transposed);
+        let args =
+            kernel_args![x, w, z, c, h, wi, kh, kw, sh, sw, ph, pw, dh, dw, oc, oh, ow, groups, chunk, pixel_tiles, oc_tiles, transposed];
         self.run_blocks(stream, Kernel::ConvDirectForward, (grid, 1), d.shared_bytes(g) as u32, args)
     }
 
@@ -198,4 +270,13 @@ pub(super) fn conv_weight_grad_direct(gpu: &Gpu, stream: &CudaStream, plan: &Pla
     let (acts, dacts, grads, partials) = (Raw::of(f.acts), Raw::of(b.dacts), Raw::of(b.grads), Raw::of(b.partials));
     let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
     gpu.conv_direct_wgrad(stream, &g, f.batch, acts.at(x), dacts.at(z), partials.at_mut(0..b.partials.len()), grads.at_mut(w))
+}
+
+/// dX (batch, C, H, W), overwritten, by the direct forward on the input gradient's geometry
+/// (stride 1): dZ its input, W read flipped and transposed; the producer's activation is not
+/// applied.
+pub(super) fn conv_input_grad_direct(gpu: &Gpu, stream: &CudaStream, plan: &Plan, step: &Step, f: &Forward, b: &Backward) -> Result<()> {
+    let (params, dacts) = (Raw::of(f.params), Raw::of(b.dacts));
+    let ConvParts { x, z, w, g } = ConvParts::of(plan, step, f);
+    gpu.conv_direct_input_grad(stream, &g, f.batch, dacts.at(z), params.at(w), dacts.at_mut(x))
 }

@@ -1,9 +1,10 @@
 //! A convolution's routes, chosen by measurement per layer, direction and batch size: flatnn's
 //! lowered route (`own`: im2col and cuBLAS products, in `conv.rs`); for the weight gradient,
 //! flatnn's implicit product too (`own-implicit`: x gathered as it is read, no lowered matrix,
-//! the batch split into shares summed in a fixed order: `conv_weight_grad_implicit`); for the
-//! forward and the weight gradient, flatnn's direct kernels where they fit (`own-direct`:
-//! `conv_direct.rs`); and cuDNN where it loads. The fastest is kept; flatnn's kernels run wherever cuDNN is missing,
+//! the batch split into shares summed in a fixed order: `conv_weight_grad_implicit`); flatnn's
+//! direct kernels where they fit (`own-direct`: `conv_direct.rs`; the forward, the weight
+//! gradient, and a stride-1 layer's input gradient as a forward convolution of dZ); and cuDNN
+//! where it loads. The fastest is kept; flatnn's kernels run wherever cuDNN is missing,
 //! so a machine without it still runs every model on the GPU.
 //!
 //! The model's `Tuning::convs` (`FLATNN_CUDNN`, read with the rest of the tuning): `0` flatnn's
@@ -47,7 +48,7 @@ use super::blas::Blas;
 use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::conv::{conv_forward_own, conv_input_grad_own, conv_weight_grad_implicit, conv_weight_grad_own};
-use super::conv_direct::{conv_forward_direct, conv_weight_grad_direct};
+use super::conv_direct::{conv_forward_direct, conv_input_grad_direct, conv_weight_grad_direct};
 use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
 use super::exec::{Backward, Forward};
 use super::graph::Graphs;
@@ -535,7 +536,8 @@ impl ConvRoutes {
             let run = || match (route, dir) {
                 (Route::Implicit, _) => conv_weight_grad_implicit(gpu, stream, plan, step, f, b.expect("gradients")),
                 (_, Dir::Forward) => conv_forward_direct(gpu, stream, plan, step, f),
-                _ => conv_weight_grad_direct(gpu, stream, plan, step, f, b.expect("gradients")),
+                (_, Dir::Weight) => conv_weight_grad_direct(gpu, stream, plan, step, f, b.expect("gradients")),
+                (_, Dir::Input) => conv_input_grad_direct(gpu, stream, plan, step, f, b.expect("gradients")),
             };
             match time_calls(gpu, stream, options.graphs, &run) {
                 Ok(us) => m.us.set(route, us),

@@ -15,8 +15,8 @@ pub(in crate::cuda) enum Route {
     /// flatnn's implicit product, the weight gradient alone: no lowered matrix, the batch split
     /// into shares (`conv_weight_grad_implicit`).
     Implicit,
-    /// flatnn's direct kernels, the forward and the weight gradient, where they fit
-    /// (`conv_direct.rs`).
+    /// flatnn's direct kernels, the forward, the weight gradient and (stride 1) the input
+    /// gradient, where they fit (`conv_direct.rs`).
     Direct,
     /// cuDNN's algorithm `Choice::algo`.
     Cudnn,
@@ -39,9 +39,8 @@ impl Route {
     /// direct kernels fit for [`Route::Direct`]).
     pub fn runs(self, dir: Dir) -> bool {
         match self {
-            Route::Own | Route::Cudnn => true,
+            Route::Own | Route::Cudnn | Route::Direct => true,
             Route::Implicit => dir == Dir::Weight,
-            Route::Direct => dir != Dir::Input,
         }
     }
 
@@ -75,12 +74,13 @@ impl Times {
 }
 
 /// Whether flatnn's direct kernel for `dir` fits a layer of geometry `g` at `batch` (shared
-/// memory, register tiles): then it is a candidate. There is none for the input gradient.
+/// memory, register tiles; for the input gradient, a stride of 1 and a padding of at most
+/// (k − 1)·d, where it is a forward convolution): then it is a candidate.
 pub(super) fn direct_fits(dir: Dir, g: &conv::Geometry, batch: usize) -> bool {
     match dir {
         Dir::Forward => DirectForward::of(g).is_some(),
         Dir::Weight => DirectWgrad::of(g, batch).is_some(),
-        Dir::Input => false,
+        Dir::Input => DirectForward::input_grad(g).is_some(),
     }
 }
 
@@ -178,7 +178,7 @@ mod tests {
             for (cudnn, direct) in [(false, false), (false, true), (true, false), (true, true)] {
                 let candidates: Vec<Route> = Route::candidates(dir, cudnn, direct).collect();
                 assert_eq!(candidates.contains(&Route::Implicit), dir == Dir::Weight);
-                assert_eq!(candidates.contains(&Route::Direct), direct && dir != Dir::Input);
+                assert_eq!(candidates.contains(&Route::Direct), direct);
                 assert_eq!(candidates.contains(&Route::Cudnn), cudnn);
                 let mut us = Times::NONE;
                 for (i, &r) in Route::ALL.iter().enumerate() {

@@ -1,5 +1,6 @@
 //! The direct convolutions (kernels/conv_direct.cu): plain Rust twins of the kernels' loops (the
-//! blocks, bands, staging, offsets, chunks, shares and order of sums), checked against the spec
+//! blocks, bands, staging, offsets, chunks, shares and order of sums; the forward's weights read
+//! as stored or, for a stride-1 input gradient, flipped and transposed), checked against the spec
 //! here, so that the tiling is checked without a GPU; then the kernels against the spec and their
 //! twins on a GPU, and a whole training step forced onto them against the CPU.
 
@@ -7,7 +8,7 @@ use super::conv_lowering::{conv_geometries, conv_geometry};
 use super::{check, download, same_bits, upload};
 use crate::chain::Shape;
 use crate::cuda::conv_direct::{
-    band_bound, DirectForward, DirectWgrad, FORWARD_CHANNELS, FORWARD_PIXELS, WGRAD_CHANNELS, WGRAD_PITCH, WGRAD_TAPS,
+    band_bound, input_grad_geometry, DirectForward, DirectWgrad, FORWARD_CHANNELS, FORWARD_PIXELS, WGRAD_CHANNELS, WGRAD_PITCH, WGRAD_TAPS,
 };
 use crate::cuda::dnn::{forced, Route};
 use crate::cuda::launch::{View, ViewMut};
@@ -70,8 +71,10 @@ fn tap(g: &conv::Geometry, b: &Band, c: usize, i: usize, j: usize) -> usize {
 }
 
 /// Z as conv_direct_forward computes it, block by block: each channel tile and pixel tile of
-/// each sample, the input channels in chunks of the band, each output an fma chain over (c, i, j).
-fn forward_twin(g: &conv::Geometry, batch: usize, d: DirectForward, x: &[f32], w: &[f32]) -> Vec<f32> {
+/// each sample, the input channels in chunks of the band, each output an fma chain over (c, i, j);
+/// with `transposed`, W'[oc][c][i][j] read as w[c][oc][kh − 1 − i][kw − 1 − j] (`g` the input
+/// gradient's geometry, w the layer's weights).
+fn forward_twin(g: &conv::Geometry, batch: usize, d: DirectForward, x: &[f32], w: &[f32], transposed: bool) -> Vec<f32> {
     let (oc_n, ohw, taps) = (g.out_channels, g.ohw(), g.kernel.0 * g.kernel.1);
     let oc_tile = d.groups * FORWARD_CHANNELS;
     assert_eq!(d.tile, THREADS / d.groups * FORWARD_PIXELS);
@@ -92,7 +95,13 @@ fn forward_twin(g: &conv::Geometry, batch: usize, d: DirectForward, x: &[f32], w
                             let oc = ot * oc_tile + o;
                             for c in 0..n {
                                 for (i, j) in (0..g.kernel.0).flat_map(|i| (0..g.kernel.1).map(move |j| (i, j))) {
-                                    let wv = if oc < oc_n { w[oc * g.ckk() + (c0 + c) * taps + i * g.kernel.1 + j] } else { 0.0 };
+                                    let t = i * g.kernel.1 + j;
+                                    let at = if transposed {
+                                        ((c0 + c) * oc_n + oc) * taps + taps - 1 - t
+                                    } else {
+                                        oc * g.ckk() + (c0 + c) * taps + t
+                                    };
+                                    let wv = if oc < oc_n { w[at] } else { 0.0 };
                                     *acc = x_s[off + tap(g, &b, c, i, j)].mul_add(wv, *acc);
                                 }
                             }
@@ -197,6 +206,32 @@ fn spec_forward(g: &conv::Geometry, batch: usize, x: &[f32], w: &[f32]) -> Vec<f
     z
 }
 
+/// dX of the spec's backward (dW and db thrown away).
+fn spec_input_grad(g: &conv::Geometry, batch: usize, w: &[f32], dz: &[f32]) -> Vec<f32> {
+    let (mut dw, mut db, mut dx) = (vec![0.0; w.len()], vec![0.0; g.out_channels], poisoned(batch * g.in_len()));
+    conv::backward_spec(g, batch, w, &vec![0.0; batch * g.in_len()], dz, &mut dw, &mut db, Some(&mut dx));
+    dx
+}
+
+/// (layer geometry, batch) for the input gradient: every case of stride 1 and padding at most
+/// (k − 1)·d, then at 1 and 3 samples: a 3×3 kernel padded 2 (p' = 0) on 7×9, an unpadded 5×5
+/// on 13×11 (p' = 4), a 3×3 dilated 2 padded 1 (p' = 3), 1×1 kernels from 40 channels to 33,
+/// 70 channels to 6 (the transposed forward's two channel tiles), 8 to 96 (its input channels in
+/// chunks).
+fn input_grad_cases() -> Vec<(conv::Geometry, usize)> {
+    let more = [
+        conv_geometry(Shape::image(5, 7, 9), 3, (3, 3), (1, 1), (2, 2), (1, 1)),
+        conv_geometry(Shape::image(7, 13, 11), 9, (5, 5), (1, 1), (0, 0), (1, 1)),
+        conv_geometry(Shape::image(4, 9, 10), 5, (3, 3), (1, 1), (1, 1), (2, 2)),
+        conv_geometry(Shape::image(40, 6, 7), 33, (1, 1), (1, 1), (0, 0), (1, 1)),
+        conv_geometry(Shape::image(70, 5, 7), 6, (3, 3), (1, 1), (1, 1), (1, 1)),
+        conv_geometry(Shape::image(8, 12, 12), 96, (3, 3), (1, 1), (1, 1), (1, 1)),
+    ];
+    let mut cases: Vec<(conv::Geometry, usize)> = cases().into_iter().filter(|(g, _)| input_grad_geometry(g).is_some()).collect();
+    cases.extend(more.into_iter().flat_map(|g| [1, 3].map(|batch| (g, batch))));
+    cases
+}
+
 fn spec_wgrad(g: &conv::Geometry, batch: usize, x: &[f32], dz: &[f32]) -> Vec<f32> {
     let (mut dw, mut db) = (vec![0.0; g.out_channels * g.ckk()], vec![0.0; g.out_channels]);
     conv::backward_spec(g, batch, &vec![0.0; dw.len()], x, dz, &mut dw, &mut db, None);
@@ -221,7 +256,7 @@ fn the_direct_convolutions_twins_match_the_spec() {
         let (x, w, dz) = (rng.ints(batch * g.in_len()), rng.ints(g.out_channels * g.ckk()), rng.ints(batch * g.out_len()));
         check(
             &format!("forward twin {g:?} batch {batch} {d:?}"),
-            &forward_twin(&g, batch, d, &x, &w),
+            &forward_twin(&g, batch, d, &x, &w, false),
             &spec_forward(&g, batch, &x, &w),
             0.0,
             0.0,
@@ -247,10 +282,65 @@ fn the_direct_convolutions_twins_match_the_spec() {
     assert!(source.contains("#define CDW_PITCH (REDUCE_THREADS + 1)\n"));
 }
 
-/// The kernels equal the spec exactly on small integers at every case; on uniform values they
-/// give their twins' bits (the same products, fused, in the same order), and the same bits on a
-/// second run; nothing outside z or dW is written (each sits inside a poisoned buffer, the
-/// partials poisoned too).
+/// The forward twin reading W flipped and transposed, on the input gradient's geometry (dZ its
+/// input, dX its output), equals the spec's dX exactly on small integers at every input-gradient
+/// case: paddings 0 to 6, kernels 1, 3, 5 and 7, OC ≠ C both ways, the dilated 1-D layers, odd
+/// sizes, the transposed forward in chunks and in two channel tiles.
+#[test]
+fn the_direct_input_gradient_twin_matches_the_spec() {
+    let mut rng = Rng::new(93);
+    let cases = input_grad_cases();
+    // the nine unstrided geometries of `cases` at 1 and 3 samples, its two larger batches, the six
+    assert_eq!(cases.len(), 2 * 9 + 2 + 2 * 6, "{cases:?}");
+    let (mut chunked, mut tiled) = (false, false);
+    for (g, batch) in cases {
+        let t = input_grad_geometry(&g).unwrap();
+        let d = DirectForward::input_grad(&g).unwrap_or_else(|| panic!("{g:?}"));
+        assert_eq!(DirectForward::of(&t), Some(d));
+        assert!(d.shared_bytes(&t) <= crate::cuda::conv_direct::DIRECT_SHARED, "{d:?}");
+        (chunked, tiled) = (chunked || d.chunk < t.in_channels, tiled || d.oc_tiles > 1);
+        let (w, dz) = (rng.ints(g.out_channels * g.ckk()), rng.ints(batch * g.out_len()));
+        let what = format!("input grad twin {g:?} batch {batch} {d:?}");
+        check(&what, &forward_twin(&t, batch, d, &dz, &w, true), &spec_input_grad(&g, batch, &w, &dz), 0.0, 0.0);
+    }
+    assert!(chunked && tiled);
+}
+
+/// The input gradient is a forward convolution, and the direct route a candidate for it, only at
+/// stride 1 with padding at most (k − 1)·d in both dimensions: refused at stride 2 (either
+/// dimension, 2-D and 1-D) and where p' = (k − 1)·d − p would be negative (2-D, a 1×1 kernel
+/// padded, 1-D dilated); p' = 0 is taken, and its geometry is dZ → dX.
+#[test]
+fn the_direct_input_gradient_is_refused_at_stride_2_and_negative_padding() {
+    let (lowering, more) = (conv_geometries(), more_geometries());
+    let refused = [
+        lowering[1],
+        lowering[2],
+        lowering[5],
+        more[2],
+        conv_geometry(Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (2, 3), (1, 1)),
+        conv_geometry(Shape::image(2, 4, 4), 3, (1, 1), (1, 1), (1, 0), (1, 1)),
+        conv_geometry(Shape::image(2, 1, 19), 3, (1, 3), (1, 1), (0, 5), (1, 2)),
+    ];
+    for g in refused {
+        assert!(input_grad_geometry(&g).is_none() && DirectForward::input_grad(&g).is_none(), "{g:?}");
+        // the forward still fits them
+        assert!(DirectForward::of(&g).is_some(), "{g:?}");
+    }
+    let shape = |t: conv::Geometry| {
+        ((t.in_channels, t.height, t.width), (t.out_channels, t.out_height, t.out_width), t.kernel, t.stride, t.padding, t.dilation)
+    };
+    let g = conv_geometry(Shape::image(1, 5, 5), 2, (3, 3), (1, 1), (2, 2), (1, 1));
+    assert_eq!(input_grad_geometry(&g).map(shape), Some(((2, 7, 7), (1, 5, 5), (3, 3), (1, 1), (0, 0), (1, 1))));
+    assert!(DirectForward::input_grad(&g).is_some());
+    let g = lowering[6];
+    assert_eq!(input_grad_geometry(&g).map(shape), Some(((4, 1, 40), (3, 1, 40), (1, 5), (1, 1), (0, 4), (1, 2))));
+}
+
+/// The kernels equal the spec exactly on small integers at every case (the input gradient at
+/// every input-gradient case); on uniform values they give their twins' bits (the same products,
+/// fused, in the same order), and the same bits on a second run; nothing outside z, dW or dX is
+/// written (each sits inside a poisoned buffer, the partials poisoned too).
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn the_direct_convolutions_match_the_spec_and_their_twins() {
@@ -288,7 +378,7 @@ fn the_direct_convolutions_match_the_spec_and_their_twins() {
         check(&format!("{what}, integers"), &forward(&x, &w), &around(&spec_forward(&g, batch, &x, &w)), 0.0, 0.0);
         let (x, w) = (rng.uniform(batch * g.in_len()), rng.uniform(w_len));
         let got = forward(&x, &w);
-        same_bits(&format!("{what}, the twin's bits"), &got, &around(&forward_twin(&g, batch, d, &x, &w)));
+        same_bits(&format!("{what}, the twin's bits"), &got, &around(&forward_twin(&g, batch, d, &x, &w, false)));
         same_bits(&format!("{what}, a second run"), &got, &forward(&x, &w));
         let Some(d) = DirectWgrad::of(&g, batch) else { continue };
         let what = format!("direct dW {g:?} batch {batch} {d:?}");
@@ -299,12 +389,27 @@ fn the_direct_convolutions_match_the_spec_and_their_twins() {
         same_bits(&format!("{what}, the twin's bits"), &got, &around(&wgrad_twin(&g, batch, d, &x, &dz)));
         same_bits(&format!("{what}, a second run"), &got, &wgrad(&x, &dz));
     }
+    for (g, batch) in input_grad_cases() {
+        let (t, d) = (input_grad_geometry(&g).unwrap(), DirectForward::input_grad(&g).unwrap());
+        let input_grad = |w: &[f32], dz: &[f32]| {
+            let (wd, dzd) = (upload(&stream, w), upload(&stream, dz));
+            inside(batch * g.in_len(), &|dx| gpu.conv_direct_input_grad(&stream, &g, batch, View::of(&dzd), View::of(&wd), dx).unwrap())
+        };
+        let what = format!("direct dX {g:?} batch {batch} {d:?}");
+        let (w, dz) = (rng.ints(g.out_channels * g.ckk()), rng.ints(batch * g.out_len()));
+        check(&format!("{what}, integers"), &input_grad(&w, &dz), &around(&spec_input_grad(&g, batch, &w, &dz)), 0.0, 0.0);
+        let (w, dz) = (rng.uniform(g.out_channels * g.ckk()), rng.uniform(batch * g.out_len()));
+        let got = input_grad(&w, &dz);
+        same_bits(&format!("{what}, the twin's bits"), &got, &around(&forward_twin(&t, batch, d, &dz, &w, true)));
+        same_bits(&format!("{what}, a second run"), &got, &input_grad(&w, &dz));
+    }
 }
 
 /// With the direct route forced (measuring still runs), LeNet, a strided 3-channel model and a
 /// dilated 1-D one train 12 Adam steps at batches of 32 and 17 (graphs on) as the CPU does, and
 /// the report says every layer's forward and weight gradient ran on it where it fits (all of
-/// these layers).
+/// these layers), and the input gradient of every layer after the first of stride 1 (the others'
+/// is not a forward convolution: not a candidate).
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn training_forced_onto_the_direct_convolutions_matches_the_cpu() {
@@ -318,7 +423,8 @@ fn training_forced_onto_the_direct_convolutions_matches_the_cpu() {
         .dense(10, Identity);
     let dilated = Chain::new(Input::signal(2, 61))
         .conv1d_with(5, 7, Relu, Conv1dOptions { stride: 1, padding: 6, dilation: 2 })
-        .conv1d_with(4, 3, Tanh, Conv1dOptions { stride: 2, padding: 1, dilation: 1 })
+        .conv1d_with(4, 3, Tanh, Conv1dOptions { stride: 1, padding: 2, dilation: 2 })
+        .conv1d_with(3, 3, Relu, Conv1dOptions { stride: 2, padding: 1, dilation: 1 })
         .flatten()
         .dense(10, Identity);
     forced::set(Some(Route::Direct));
@@ -346,6 +452,14 @@ fn training_forced_onto_the_direct_convolutions_matches_the_cpu() {
         assert!(!lines.is_empty(), "{report}");
         for line in lines {
             assert!(line.contains("forward own-direct") && line.contains("weight grad own-direct"), "{line}");
+            let input = line.split(';').find(|part| part.trim_start().starts_with("input grad")).unwrap_or_else(|| panic!("{line}"));
+            let want = match (line.contains(", step 0 conv"), line.contains(" stride 1×1 ")) {
+                (true, _) => "input grad not needed",
+                (false, true) => "input grad own-direct ",
+                (false, false) => "input grad ",
+            };
+            assert!(input.trim_start().starts_with(want), "{line}");
+            assert!(line.contains(" stride 1×1 ") || !input.contains("own-direct"), "{line}");
         }
         let (loss_err, params_err) = (rel_err(&losses, &cpu_losses), rel_err(&params, &cpu_params));
         println!("{name}: 12 steps on the direct kernels: losses rel err {loss_err:.2e}, parameters {params_err:.2e}");
