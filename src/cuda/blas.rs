@@ -1,6 +1,7 @@
 //! cuBLAS SGEMM on row-major (or column-major) matrices, with the CPU GEMM's vocabulary: a
 //! matrix is a view with a row stride `rs` and a column stride `cs`, one of them 1.
 
+use super::blaslt::LtHandle;
 use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::driver_error;
@@ -12,7 +13,7 @@ use std::sync::Arc;
 
 /// cuBLAS's workspace, given to it once so that no call (nor graph capture) allocates: 32 MiB,
 /// NVIDIA's advice for Hopper.
-const WORKSPACE_BYTES: usize = 32 << 20;
+pub(super) const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// A read-only matrix in device memory: element (i, j) at `data[i·rs + j·cs]`.
 #[derive(Clone, Copy, Debug)]
@@ -34,10 +35,13 @@ pub struct DevMatMut<'a> {
 /// time (it is `Send`, not `Sync`).
 pub struct Blas {
     handle: cublas_sys::cublasHandle_t,
-    stream: Arc<CudaStream>,
-    tf32: bool,
-    workspace: DevBuf<u8>,
-    gpu: Arc<Gpu>,
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) tf32: bool,
+    /// Shared with cuBLASLt's products ([`LtHandle`]): both run on `stream`, one at a time.
+    pub(super) workspace: DevBuf<u8>,
+    pub(super) gpu: Arc<Gpu>,
+    /// cuBLASLt, where its library loads (src/cuda/blaslt.rs).
+    pub(super) lt: Option<LtHandle>,
 }
 
 // SAFETY: a cuBLAS handle may move between threads; `Blas` is not `Sync`, so one thread uses
@@ -51,6 +55,7 @@ impl Drop for Blas {
             let _exclusive = super::device_wide();
             // SAFETY: created in `Gpu::blas`, destroyed once; nothing else holds it.
             let _ = unsafe { cublas::destroy_handle(self.handle) };
+            drop(self.lt.take());
         }
     }
 }
@@ -63,12 +68,12 @@ impl Gpu {
         self.bind()?;
         let err = |what: &'static str| move |e: cublas::CublasError| Error::Cuda { what: format!("cuBLAS: {what}: {e:?}") };
         let workspace = DevBuf::zeros(self, stream, WORKSPACE_BYTES)?;
-        let handle = {
+        let (handle, lt) = {
             let _exclusive = super::device_wide();
-            cublas::create_handle().map_err(err("creating a handle"))?
+            (cublas::create_handle().map_err(err("creating a handle"))?, LtHandle::new())
         };
         // Owned from here, so that an error below destroys it.
-        let mut blas = Blas { handle, stream: Arc::clone(stream), tf32, workspace, gpu: Arc::clone(self) };
+        let mut blas = Blas { handle, stream: Arc::clone(stream), tf32, workspace, gpu: Arc::clone(self), lt };
         blas.configure()?;
         Ok(blas)
     }
@@ -76,7 +81,7 @@ impl Gpu {
 
 /// How cuBLAS (column-major) sees a stored matrix of `rows × cols`: transposed or not, and
 /// its leading dimension. Panics on strides that are neither row- nor column-major.
-fn operand(rows: usize, cols: usize, rs: usize, cs: usize) -> (cublas_sys::cublasOperation_t, i32) {
+pub(super) fn operand(rows: usize, cols: usize, rs: usize, cs: usize) -> (cublas_sys::cublasOperation_t, i32) {
     use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
     // column-major: (i, j) at i + j·cs, needs cs ≥ rows; a single column may have any cs
     if rs == 1 && (cs >= rows || cols <= 1) {

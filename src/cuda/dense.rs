@@ -7,6 +7,7 @@
 //! one runs is measured (src/cuda/routes.rs).
 
 use super::blas::DevMat;
+use super::blaslt::LtRoute;
 use super::context::{Gpu, Kernel, KERNELS};
 use super::driver_error;
 use super::launch::{int, kernel_args, View, ViewMut};
@@ -47,16 +48,27 @@ pub(crate) enum Route {
     /// cuBLAS's SGEMM, then flatnn's bias and activation (forward) or bias-gradient kernel
     /// (weight gradient); an input gradient leaves the producer's activation to its own pass.
     Cublas,
+    /// One of cuBLASLt's algorithms for the product (src/cuda/blaslt.rs), around it as on
+    /// cuBLAS, but a forward without activation adds its bias in cuBLASLt's epilogue.
+    Lt(LtRoute),
 }
 
 impl Route {
-    /// What the route report calls it: the kernel's name, `weight_grad_split` or `cublas`.
-    pub(crate) fn name(self) -> &'static str {
+    /// What the route report calls it: the kernel's name, `weight_grad_split`, `cublas` or
+    /// `cublaslt#` and the heuristic's rank of the algorithm.
+    pub(crate) fn name(self) -> String {
         match self {
-            Route::Fused(kernel) => KERNELS[kernel as usize],
-            Route::Split => "weight_grad_split",
-            Route::Cublas => "cublas",
+            Route::Fused(kernel) => KERNELS[kernel as usize].to_string(),
+            Route::Split => "weight_grad_split".to_string(),
+            Route::Cublas => "cublas".to_string(),
+            Route::Lt(lt) => lt.name(),
         }
+    }
+
+    /// Whether an input gradient on this route leaves the producer's activation to the
+    /// producer's own pass (cuBLAS and cuBLASLt; a fused route folds it in).
+    pub(crate) fn leaves_producer(self) -> bool {
+        matches!(self, Route::Cublas | Route::Lt(_))
     }
 
     /// Whether a weight gradient on this route adds into dW and db (which must then hold zeros
@@ -64,7 +76,7 @@ impl Route {
     pub(crate) fn adds(self) -> bool {
         match self {
             Route::Fused(kernel) => MmaTile::of(kernel).is_some_and(|t| t.split(kernel) > 1),
-            Route::Split | Route::Cublas => false,
+            Route::Split | Route::Cublas | Route::Lt(_) => false,
         }
     }
 }

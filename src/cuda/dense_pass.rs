@@ -70,7 +70,9 @@ pub(crate) fn producer(step: &Step) -> Option<usize> {
 }
 
 /// Z (batch × out) = X · Wᵀ, with + b and Y = act(Z) in the same launch on a fused route, after
-/// it on cuBLAS. `weights_early` as [`Gpu::dense_on`]'s `b_early`.
+/// it on cuBLAS; on cuBLASLt + b in its epilogue where there is no activation, else as on cuBLAS
+/// (and as on cuBLAS where the algorithm does not take this batch: see [`Blas::lt_matmul`]).
+/// `weights_early` as [`Gpu::dense_on`]'s `b_early`.
 pub(crate) fn forward_on(on: &On, step: &Step, route: Route, weights_early: bool) -> Result<()> {
     let On { gpu, blas, stream, plan, f } = *on;
     let (out, inp) = dense_shape(step).expect("a dense layer");
@@ -85,8 +87,20 @@ pub(crate) fn forward_on(on: &On, step: &Step, route: Route, weights_early: bool
             let epilogue = DenseEpilogue::Forward { bias: params.at(bias), z: acts.at_mut(z), y, act };
             gpu.dense_on(stream, kernel, f.batch, out, inp, xm, wt, epilogue, weights_early)
         }
-        Route::Cublas => {
-            blas.sgemm(f.batch, out, inp, 1.0, xm, wt, 0.0, DevMatMut { data: acts.at_mut(z.clone()), rs: out, cs: 1 })?;
+        Route::Cublas | Route::Lt(_) => {
+            let zm = || DevMatMut { data: acts.at_mut(z.clone()), rs: out, cs: 1 };
+            // cuBLASLt adds the bias where no activation follows (z is y)
+            let bias_in_lt = matches!(route, Route::Lt(_)) && z == y;
+            let ran = match route {
+                Route::Lt(lt) => blas.lt_matmul(lt, f.batch, out, inp, xm, wt, zm(), bias_in_lt.then(|| params.at(bias.clone())))?,
+                _ => false,
+            };
+            if ran && bias_in_lt {
+                return Ok(());
+            }
+            if !ran {
+                blas.sgemm(f.batch, out, inp, 1.0, xm, wt, 0.0, zm())?;
+            }
             let y = (z != y).then(|| acts.at_mut(y));
             gpu.bias_act(stream, act, params.at(bias), out, 1, f.batch, acts.at_mut(z), y)
         }
@@ -95,8 +109,8 @@ pub(crate) fn forward_on(on: &On, step: &Step, route: Route, weights_early: bool
 }
 
 /// dX (batch × in) = dZ · W: on a fused route times act' of the step's [`producer`], written as
-/// that step's dz (returned, so that its own pass skips its activation); on cuBLAS into the
-/// step's input gradient, the producer's activation left to its own pass.
+/// that step's dz (returned, so that its own pass skips its activation); on cuBLAS or cuBLASLt
+/// into the step's input gradient, the producer's activation left to its own pass.
 pub(crate) fn input_grad_on(on: &On, b: &Backward, step: &Step, route: Route) -> Result<Option<usize>> {
     let On { gpu, blas, stream, plan, f } = *on;
     let (out, inp) = dense_shape(step).expect("a dense layer");
@@ -118,8 +132,15 @@ pub(crate) fn input_grad_on(on: &On, b: &Backward, step: &Step, route: Route) ->
             gpu.dense_on(stream, kernel, f.batch, inp, out, dzm, wm, epilogue, true)?;
             Ok(producer)
         }
-        Route::Cublas => {
-            blas.sgemm(f.batch, inp, out, 1.0, dzm, wm, 0.0, DevMatMut { data: dacts.at_mut(x), rs: inp, cs: 1 })?;
+        Route::Cublas | Route::Lt(_) => {
+            let dx = || DevMatMut { data: dacts.at_mut(x.clone()), rs: inp, cs: 1 };
+            let ran = match route {
+                Route::Lt(lt) => blas.lt_matmul(lt, f.batch, inp, out, dzm, wm, dx(), None)?,
+                _ => false,
+            };
+            if !ran {
+                blas.sgemm(f.batch, inp, out, 1.0, dzm, wm, 0.0, dx())?;
+            }
             Ok(None)
         }
         Route::Split => unreachable!("an input gradient is never split over the batch"),
@@ -134,6 +155,29 @@ pub(crate) fn producer_activation(on: &On, b: &Backward, step: &Step) -> Result<
     let (acts, dacts) = (Raw::of(on.f.acts), Raw::of(b.dacts));
     let (z, y) = (on.region(ps.z_region), on.region(ps.output_region));
     on.gpu.act_backward(on.stream, ps.layer.activation(), z.len(), acts.at(z.clone()), acts.at(y.clone()), dacts.at(y), dacts.at_mut(z))
+}
+
+/// The cuBLASLt routes of `dir` of dense step `step` at `f.batch` samples ([`Blas::lt_routes`]),
+/// for the product as the step runs it: a forward's bias in the epilogue where z is y (no
+/// activation). None where cuBLASLt is missing or offers nothing.
+pub(crate) fn lt_routes(on: &On, b: Option<&Backward>, step: &Step, dir: Dir, deterministic: bool) -> Result<Vec<Route>> {
+    let On { blas, plan, f, .. } = *on;
+    let (out, inp) = dense_shape(step).expect("a dense layer");
+    let (a, bm) = operands(dir, plan, step, f, b);
+    let (m, n, k) = problem(dir, (out, inp), f.batch);
+    let (w, bias) = step.weight_and_bias();
+    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
+    let backward = || b.expect("a backward direction has gradient buffers");
+    let (c, bias) = match dir {
+        Dir::Forward => {
+            let (z, y) = (on.region(step.z_region), on.region(step.output_region));
+            (acts.at_mut(z.clone()), (z == y).then(|| params.at(bias)))
+        }
+        Dir::InputGrad => (Raw::of(backward().dacts).at_mut(on.region(step.input_region)), None),
+        Dir::WeightGrad => (Raw::of(backward().grads).at_mut(w), None),
+    };
+    let c = DevMatMut { data: c, rs: n, cs: 1 };
+    Ok(blas.lt_routes(m, n, k, &a, &bm, &c, bias, deterministic)?.into_iter().map(Route::Lt).collect())
 }
 
 /// dW (out × in) = dZᵀ · X and db = Σ_batch dZ, on `route`; a route that adds into them
@@ -152,9 +196,17 @@ pub(crate) fn weight_grad_on(on: &On, b: &Backward, step: &Step, route: Route, c
             gpu.dense_on(stream, kernel, out, inp, f.batch, dzt, xm, epilogue, x_early)
         }
         Route::Split => gpu.weight_grad_split(stream, f.batch, &[job(on, b, step)]),
-        Route::Cublas => {
+        Route::Cublas | Route::Lt(_) => {
             gpu.bias_grad(stream, out, 1, f.batch, dacts.at(on.region(step.z_region)), grads.at_mut(bias), None)?;
-            blas.sgemm(out, inp, f.batch, 1.0, dzt, xm, 0.0, DevMatMut { data: grads.at_mut(w), rs: inp, cs: 1 })
+            let dw = || DevMatMut { data: grads.at_mut(w.clone()), rs: inp, cs: 1 };
+            let ran = match route {
+                Route::Lt(lt) => blas.lt_matmul(lt, out, inp, f.batch, dzt, xm, dw(), None)?,
+                _ => false,
+            };
+            if !ran {
+                blas.sgemm(out, inp, f.batch, 1.0, dzt, xm, 0.0, dw())?;
+            }
+            Ok(())
         }
     }
 }

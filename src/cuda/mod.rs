@@ -12,6 +12,7 @@
 // allocated from a `Gpu`'s context carries no events.
 
 mod blas;
+mod blaslt;
 mod buffer;
 mod caches;
 mod context;

@@ -28,7 +28,9 @@
 mod check;
 
 use super::dense::{Dir, Route};
-use super::dense_pass::{dense_shape, forward_on, input_grad_on, operands, problem, producer, producer_activation, weight_grad_on, On};
+use super::dense_pass::{
+    dense_shape, forward_on, input_grad_on, lt_routes, operands, problem, producer, producer_activation, weight_grad_on, On,
+};
 use super::dnn::StepRun;
 use super::driver_error;
 use super::timing::{time_calls, time_once, SLOW};
@@ -279,7 +281,10 @@ fn choose(s: &StepRun, step: &Step, dir: Dir, bucket: usize, samples: usize) -> 
     let f = crate::cuda::exec::Forward { batch: samples, ..*f };
     let on = On { gpu, blas, stream, plan, f: &f };
     let (a, bm) = operands(dir, plan, step, &f, b);
-    let routes = gpu.dense_routes(&options.tuning, dir, problem(dir, shape, samples), &a, &bm);
+    let mut routes = gpu.dense_routes(&options.tuning, dir, problem(dir, shape, samples), &a, &bm);
+    // cuBLASLt's algorithms, where it loads; where its heuristic fails, the others alone (as a
+    // route whose timing fails is left out)
+    routes.extend(lt_routes(&on, b, step, dir, options.deterministic).unwrap_or_default());
     let epilogue = match dir {
         Dir::Forward => step.z_region != step.output_region,
         Dir::InputGrad => producer(step).is_some(),
@@ -291,10 +296,10 @@ fn choose(s: &StepRun, step: &Step, dir: Dir, bucket: usize, samples: usize) -> 
         Dir::Forward => forward_on(&on, step, route, true),
         Dir::InputGrad => {
             input_grad_on(&on, backward(), step, route)?;
-            // on cuBLAS the producer's pass then computes its dz: part of the route's cost
-            match route {
-                Route::Cublas => producer_activation(&on, backward(), step),
-                _ => Ok(()),
+            // on cuBLAS(Lt) the producer's pass then computes its dz: part of the route's cost
+            match route.leaves_producer() {
+                true => producer_activation(&on, backward(), step),
+                false => Ok(()),
             }
         }
         // (timed reading X early, as a step does but after a deep head: see dense_pass.rs)

@@ -6,11 +6,12 @@ use super::{check, download, same_bits, upload};
 use crate::activation::Activation::{Gelu, Identity, Relu, Tanh};
 use crate::chain::{Chain, Input, Plan};
 use crate::cuda::blas::DevMat;
+use crate::cuda::blaslt::lt_present;
 use crate::cuda::buffer::DevBuf;
 use crate::cuda::context::Kernel;
 use crate::cuda::dense::{DenseEpilogue, Dir, Route, MMA_TILES};
 use crate::cuda::dense_pass::{
-    dense_shape, forward_on, input_grad_on, operands, problem, producer, producer_activation, weight_grad_on, On,
+    dense_shape, forward_on, input_grad_on, lt_routes, operands, problem, producer, producer_activation, weight_grad_on, On,
 };
 use crate::cuda::exec::{Backward, Forward};
 use crate::cuda::launch::{View, ViewMut};
@@ -26,8 +27,10 @@ use crate::testutil::{poisoned, Rng};
 /// buffers, against plain loops: small integers, so every product is exact on every route
 /// (activations and their derivatives within rounding); outputs poisoned with NaN first, and
 /// nothing else in the buffers changed. An input gradient is checked where the producer's pass
-/// reads it: its dz (the fused routes write it; after cuBLAS the producer's activation pass
-/// does), and the input gradient itself, which cuBLAS writes and the fused routes leave alone.
+/// reads it: its dz (the fused routes write it; after cuBLAS or cuBLASLt the producer's
+/// activation pass does), and the input gradient itself, which cuBLAS and cuBLASLt write and the
+/// fused routes leave alone. cuBLASLt's routes are its heuristic's algorithms for each product
+/// (FP32, deterministic reductions), as the measuring lists them.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn every_route_of_every_direction_matches_plain_loops() {
@@ -140,7 +143,10 @@ fn every_route_of_every_direction_matches_plain_loops() {
                         };
                         let bw = Backward { dacts: &dacts, grads: &grads, dcols: &dcols, partials: &partials, ones: &ones };
                         let (a, bm) = operands(dir, &plan, step, &f, Some(&bw));
-                        gpu.dense_routes(&tuning, dir, problem(dir, (out, inp), batch), &a, &bm)
+                        let mut routes = gpu.dense_routes(&tuning, dir, problem(dir, (out, inp), batch), &a, &bm);
+                        let on = On { gpu: &gpu, blas: &blas, stream: &stream, plan: &plan, f: &f };
+                        routes.extend(lt_routes(&on, Some(&bw), step, dir, true).unwrap());
+                        routes
                     };
                     for route in routes {
                         let what = format!("step {index} ({inp}→{out}) {} on {} at {batch}", dir.name(), route.name());
@@ -172,7 +178,7 @@ fn every_route_of_every_direction_matches_plain_loops() {
                             }
                         }
                         let mut dacts_route = dacts_want.clone();
-                        if dir == Dir::InputGrad && producer(step).is_some() && route != Route::Cublas {
+                        if dir == Dir::InputGrad && producer(step).is_some() && !route.leaves_producer() {
                             // the fused routes write the producer's dz alone
                             dacts_route[x.clone()].fill(f32::NAN);
                         }
@@ -190,10 +196,12 @@ fn every_route_of_every_direction_matches_plain_loops() {
             }
         }
     }
-    // every direction ran on cuBLAS and on some kernel of flatnn's
+    // every direction ran on cuBLAS, on some kernel of flatnn's, and on cuBLASLt where it loads
     for dir in Dir::ALL {
         assert!(ran.contains(&(dir, Route::Cublas)), "{} never ran on cuBLAS", dir.name());
         assert!(ran.iter().any(|&(d, r)| d == dir && matches!(r, Route::Fused(_))), "{} never ran fused", dir.name());
+        let lt = ran.iter().any(|&(d, r)| d == dir && matches!(r, Route::Lt(_)));
+        assert_eq!(lt, lt_present(), "{} on cuBLASLt", dir.name());
     }
 }
 

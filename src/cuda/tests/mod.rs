@@ -2,6 +2,7 @@
 //! (the runner counts it as ignored; `--include-ignored` runs it) and starts with `test_gpu()`,
 //! which fails the test, saying why, where CUDA is missing.
 
+mod blaslt;
 mod conv;
 mod conv_direct;
 mod conv_lowering;
