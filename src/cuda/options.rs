@@ -62,6 +62,9 @@ pub struct Tuning {
     /// Dense weight gradients may be measured on 32 × 32 tensor-core tiles whose slices are
     /// split over two blocks (sm_90 and later). `FLATNN_MMA_SPLIT=0` turns it off.
     pub split_tiles: bool,
+    /// Dense products may be measured on cuBLASLt's algorithms (src/cuda/blaslt.rs) beside
+    /// cuBLAS's and flatnn's own. `FLATNN_BLASLT=0` turns it off.
+    pub blaslt: bool,
     /// Which convolution and recurrent (GRU, LSTM) routes are measured: `FLATNN_CUDNN`.
     pub convs: Convs,
     /// Which of cuDNN's RNN algorithms the recurrent layers' cuDNN route may measure:
@@ -143,6 +146,7 @@ impl Default for Tuning {
             deep_head: true,
             split_weight_grads: true,
             split_tiles: true,
+            blaslt: true,
             convs: Convs::Measured,
             rnn_algos: RnnAlgos::ALL,
             dependent_launch: true,
@@ -186,6 +190,7 @@ fn from_env_once() -> &'static Env {
             deep_head: !matches!(head.trim(), "0" | "1"),
             split_weight_grads: !off("FLATNN_SPLIT"),
             split_tiles: !off("FLATNN_MMA_SPLIT"),
+            blaslt: !off("FLATNN_BLASLT"),
             convs,
             rnn_algos,
             dependent_launch: !off("FLATNN_DEPENDENT_LAUNCH"),

@@ -284,7 +284,9 @@ fn choose(s: &StepRun, step: &Step, dir: Dir, bucket: usize, samples: usize) -> 
     let mut routes = gpu.dense_routes(&options.tuning, dir, problem(dir, shape, samples), &a, &bm);
     // cuBLASLt's algorithms, where it loads; where its heuristic fails, the others alone (as a
     // route whose timing fails is left out)
-    routes.extend(lt_routes(&on, b, step, dir, options.deterministic).unwrap_or_default());
+    if options.tuning.blaslt {
+        routes.extend(lt_routes(&on, b, step, dir, options.deterministic).unwrap_or_default());
+    }
     let epilogue = match dir {
         Dir::Forward => step.z_region != step.output_region,
         Dir::InputGrad => producer(step).is_some(),
