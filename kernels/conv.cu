@@ -181,23 +181,45 @@ __device__ __forceinline__ void conv_wgrad_tile(const float* __restrict__ x, con
     for (int a = 0; a < 4; a++)
 #pragma unroll
         for (int b = 0; b < 4; b++) acc[a][b] = 0.0f;
-    int buf = 0;
-    for (int k0 = k_first; k0 < k_end; k0 += WGI_KC, buf ^= 1) {
-        // a thread stages one k (k fastest across the threads: consecutive pixels, contiguous
-        // reads) for every WGI_ROWS-th oc and r
-        int4 kt = k_tab[buf][threadIdx.x % WGI_KC];
-        for (int o = threadIdx.x / WGI_KC; o < TOC; o += WGI_ROWS)
-            dz_s[threadIdx.x % WGI_KC * DZ_LD + o] = (kt.x >= 0 && oc0 + o < out_channels) ? dz[kt.x + (oc0 + o) * ohw] : 0.0f;
-#pragma unroll 4
-        for (int rr = threadIdx.x / WGI_KC; rr < WGI_TR; rr += WGI_ROWS) {
-            int4 rt = r_tab[rr];
+    // A thread's share of a step's staging, loaded into registers one step ahead (so that the
+    // gathers' latency overlaps the step before's products): dZ for every WGI_ROWS-th oc, x for
+    // every WGI_ROWS-th r, at k = its k of the step (k fastest across the threads: consecutive
+    // pixels, contiguous reads).
+    constexpr int DZ_N = (TOC + WGI_ROWS - 1) / WGI_ROWS, X_N = WGI_TR / WGI_ROWS;
+    float dz_r[DZ_N], x_r[X_N];
+    int row = threadIdx.x / WGI_KC, col = threadIdx.x % WGI_KC;
+    auto load = [&](int b) {
+        int4 kt = k_tab[b][col];
+#pragma unroll
+        for (int n = 0; n < DZ_N; n++) {
+            int o = row + n * WGI_ROWS;
+            dz_r[n] = (o < TOC && kt.x >= 0 && oc0 + o < out_channels) ? dz[kt.x + (oc0 + o) * ohw] : 0.0f;
+        }
+#pragma unroll
+        for (int n = 0; n < X_N; n++) {
+            int4 rt = r_tab[row + n * WGI_ROWS];
             int iy = kt.z + rt.y, ix = kt.w + rt.z;
             bool in = iy >= 0 && iy < height && ix >= 0 && ix < width;
-            x_s[threadIdx.x % WGI_KC * X_LD + rr] = in ? x[kt.y + rt.x + iy * width + ix] : 0.0f;
+            x_r[n] = in ? x[kt.y + rt.x + iy * width + ix] : 0.0f;
         }
-        // the next step's table goes to the other buffer, which no thread reads any more
-        k_table(buf ^ 1, k0 + WGI_KC);
+    };
+    load(0);
+    k_table(1, k_first + WGI_KC);
+    int buf = 0;
+    for (int k0 = k_first; k0 < k_end; k0 += WGI_KC, buf ^= 1) {
+#pragma unroll
+        for (int n = 0; n < DZ_N; n++)
+            if (row + n * WGI_ROWS < TOC) dz_s[col * DZ_LD + row + n * WGI_ROWS] = dz_r[n];
+#pragma unroll
+        for (int n = 0; n < X_N; n++) x_s[col * X_LD + row + n * WGI_ROWS] = x_r[n];
         __syncthreads();
+        // the next step's values into registers (its table was written before the barrier),
+        // then the table of the step after it into this step's buffer, which no thread reads
+        // any more (its loads came before the barrier)
+        if (k0 + WGI_KC < k_end) {
+            load(buf ^ 1);
+            k_table(buf, k0 + 2 * WGI_KC);
+        }
 #pragma unroll 4
         for (int u = 0; u < SLICE; u++) {
             int kk = g * SLICE + u;
