@@ -361,7 +361,7 @@ impl Gpu {
         let (x, dy, dx) = (x.ptr(), dy.ptr(), dx.ptr());
         let [c, h, w, oh, ow, kh, kw, sh, sw, b] = pool_dims(g, batch)?;
         // windows that tile the input: one thread a window, no gather
-        if g.stride == g.window && g.height == g.out_height * g.window.0 && g.width == g.out_width * g.window.1 {
+        if g.tiles() {
             let windows = int(batch * out_len)?;
             return self.run(
                 stream,

@@ -85,13 +85,12 @@ impl LayerKind for Conv {
         let (Some(ph), Some(pw)) = (padded(height, padding.0), padded(width, padding.1)) else {
             return Err("the padded input's size overflows".into());
         };
-        if kernel.0 > ph || kernel.1 > pw {
+        let Some((oh, ow)) = output_size((height, width), kernel, stride, padding, (1, 1)) else {
             return Err(format!("kernel {}×{} is larger than the padded input {ph}×{pw}", kernel.0, kernel.1));
-        }
+        };
         if padding.0 >= kernel.0 || padding.1 >= kernel.1 {
             return Err("padding must be smaller than the kernel".into());
         }
-        let (oh, ow) = ((ph - kernel.0) / stride.0 + 1, (pw - kernel.1) / stride.1 + 1);
         if fits(scratch_len(channels, kernel, (oh, ow), (ph, pw))).is_none() {
             return Err("lowering one sample takes more values than any buffer can hold".into());
         }
@@ -189,6 +188,29 @@ impl Conv {
     fn geometry(&self, step: &Step) -> Geometry {
         Geometry::new(step.input, step.output, self.kernel, self.stride, self.padding, (1, 1))
     }
+}
+
+/// The output (OH, OW) of a convolution over (H, W): in each dimension, n inputs padded by p on
+/// each side, read by k taps d apart (which span d·(k − 1) + 1 inputs) at stride s, give
+/// ⌊(n + 2p − d·(k − 1) − 1)/s⌋ + 1 outputs, PyTorch's rule. None where a kernel, stride or
+/// dilation is 0, a size overflows, or a kernel's span is more than its padded input. Both
+/// convolutions' shape rules take their sizes from it (a 1-D one as a height of 1).
+pub(crate) fn output_size(
+    input: (usize, usize),
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+    dilation: (usize, usize),
+) -> Option<(usize, usize)> {
+    let size = |n: usize, k: usize, s: usize, p: usize, d: usize| {
+        if d == 0 {
+            return None;
+        }
+        let padded = p.checked_mul(2)?.checked_add(n)?;
+        let span = k.checked_sub(1)?.checked_mul(d)?.checked_add(1)?;
+        Some(padded.checked_sub(span)?.checked_div(s)? + 1)
+    };
+    Some((size(input.0, kernel.0, stride.0, padding.0, dilation.0)?, size(input.1, kernel.1, stride.1, padding.1, dilation.1)?))
 }
 
 /// Values a convolution lowers one sample into, an upper bound of both devices' scratch:
@@ -388,5 +410,40 @@ pub fn backward_spec<F: Float>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::output_size;
+
+    /// Every small (n, k, s, p, d) in both dimensions against PyTorch's formula in signed
+    /// arithmetic: a size where the span fits the padded input, else None; None for a zero kernel,
+    /// stride or dilation and for sizes that overflow.
+    #[test]
+    fn output_size_is_pytorchs_rule() {
+        let rule = |n: usize, k: usize, s: usize, p: usize, d: usize| {
+            let (n, k, s, p, d) = (n as i64, k as i64, s as i64, p as i64, d as i64);
+            let room = n + 2 * p - d * (k - 1) - 1;
+            (room >= 0).then(|| (room / s + 1) as usize)
+        };
+        for n in 1..9 {
+            for k in 1..5 {
+                for s in 1..4 {
+                    for p in 0..4 {
+                        for d in 1..4 {
+                            let want = rule(n, k, s, p, d);
+                            assert_eq!(output_size((n, 1), (k, 1), (s, 1), (p, 0), (d, 1)), want.map(|o| (o, 1)), "{:?}", (n, k, s, p, d));
+                            assert_eq!(output_size((3, n), (2, k), (1, s), (1, p), (2, d)), want.map(|o| (3, o)), "{:?}", (n, k, s, p, d));
+                        }
+                    }
+                }
+            }
+        }
+        for (kernel, stride, dilation) in [((0, 1), (1, 1), (1, 1)), ((1, 1), (1, 0), (1, 1)), ((2, 1), (1, 1), (0, 1))] {
+            assert_eq!(output_size((5, 5), kernel, stride, (0, 0), dilation), None);
+        }
+        assert_eq!(output_size((5, 5), (3, 3), (1, 1), (usize::MAX / 2, 0), (1, 1)), None);
+        assert_eq!(output_size((5, 5), (3, usize::MAX), (1, 1), (0, 0), (1, 2)), None);
     }
 }

@@ -10,7 +10,7 @@
 //! faster) on the GPU. So it has no kernel file of its own; its shape, tensors and words are
 //! here.
 
-use super::conv::{scratch_len, Geometry};
+use super::conv::{output_size, scratch_len, Geometry};
 use super::conv_fast::{step_backward, step_forward};
 use super::kind::{LayerKind, Mode, TensorSpec};
 use super::{BackPass, Pass};
@@ -83,13 +83,12 @@ impl LayerKind for Conv1d {
         let Some(span) = (kernel - 1).checked_mul(dilation).and_then(|s| s.checked_add(1)) else {
             return Err("the dilated kernel's size overflows".into());
         };
-        if span > padded {
+        let Some((_, out)) = output_size((1, length), (1, kernel), (1, stride), (0, padding), (1, dilation)) else {
             return Err(format!("kernel {kernel} dilated by {dilation} spans {span}, more than the padded input's {padded}"));
-        }
+        };
         if padding >= span {
             return Err("padding must be smaller than the kernel's span".into());
         }
-        let out = (padded - span) / stride + 1;
         if fits(scratch_len(channels, (1, kernel), (1, out), (1, padded))).is_none() {
             return Err("lowering one sample takes more values than any buffer can hold".into());
         }

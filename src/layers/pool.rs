@@ -157,6 +157,13 @@ impl Geometry {
         self.channels * self.out_height * self.out_width
     }
 
+    /// Whether the windows tile the input: stride = window, and H = OH·kh, W = OW·kw, so that
+    /// every input lies in exactly one window (none overlap, none is left out at an edge).
+    #[cfg(any(test, feature = "cuda"))]
+    pub(crate) fn tiles(&self) -> bool {
+        self.stride == self.window && self.height == self.out_height * self.window.0 && self.width == self.out_width * self.window.1
+    }
+
     /// Index in the sample's input of the first maximum of window (c, y, x).
     #[cfg(test)]
     fn argmax<F: Float>(&self, xs: &[F], c: usize, y: usize, x: usize) -> usize {
@@ -310,7 +317,8 @@ fn replace(v: f32, best: f32) -> (bool, f32) {
 }
 
 /// The input rows (2y, 2y + 1) of each output row y of a 2×2, stride-2 pool, with the output
-/// row (or its gradient): windows tile the input, so each one is a pair of 2-value chunks.
+/// row (or its gradient): the windows do not overlap, so each one is a pair of 2-value chunks
+/// (at odd edges, an input row or column no window reads).
 #[inline(always)]
 fn rows_2x2(g: &Geometry, c: usize, y: usize) -> (usize, usize) {
     let top = (c * g.height + 2 * y) * g.width;
@@ -405,6 +413,25 @@ mod tests {
         let mut dx = poisoned(4);
         backward_spec(&g, 1, &x, &[1.0], &mut dx);
         assert_eq!(dx, [1.0, 0.0, 0.0, 0.0]);
+    }
+
+    /// Windows tile an input only where they neither overlap nor leave out a row or column.
+    #[test]
+    fn windows_tile_only_an_input_they_cover_without_overlap() {
+        let tiles = |input: Shape, window, stride| Geometry::new(input, pooled(input, window, stride).unwrap(), window, stride).tiles();
+        assert!(tiles(Shape::image(2, 4, 6), (2, 2), (2, 2)));
+        assert!(tiles(Shape::image(1, 6, 6), (3, 2), (3, 2)));
+        assert!(tiles(Shape::image(1, 1, 12), (1, 4), (1, 4)));
+        assert!(tiles(Shape::image(3, 5, 5), (5, 5), (5, 5)));
+        // a row, a column, or both left out
+        assert!(!tiles(Shape::image(2, 5, 6), (2, 2), (2, 2)));
+        assert!(!tiles(Shape::image(2, 4, 7), (2, 2), (2, 2)));
+        assert!(!tiles(Shape::image(2, 7, 9), (2, 2), (2, 2)));
+        // overlapping windows, and windows with gaps between them
+        assert!(!tiles(Shape::image(1, 4, 4), (2, 2), (1, 1)));
+        assert!(!tiles(Shape::image(1, 4, 4), (2, 2), (2, 1)));
+        assert!(!tiles(Shape::image(1, 6, 6), (2, 2), (3, 3)));
+        assert!(!tiles(Shape::image(1, 4, 4), (1, 1), (2, 2)));
     }
 
     #[test]

@@ -183,7 +183,7 @@ impl LayerKind for MaxPool1d {
         let (dx, dy, x) = (pass.dacts_mut(x.clone()).ptr(), pass.dacts(y).ptr(), pass.acts(x).ptr());
         let [c, l, ol, k, s, p, d, b] = g.dims(batch)?;
         // windows that tile the signal: one thread a window, no gather
-        if g.stride == g.window && g.padding == 0 && g.dilation == 1 && g.length == g.out_length * g.window {
+        if g.tiles() {
             let windows = crate::cuda::int(batch * g.out_len())?;
             let args = kernel_args![x, dy, dx, l, ol, k, windows];
             return pass.gpu.run(pass.stream, Kernel::Maxpool1dBackwardTiles, blocks(batch * g.out_len()), args);
@@ -243,6 +243,15 @@ impl Geometry {
             }
         }
         best.expect("every window holds a value of the signal (padding is at most half the window)")
+    }
+
+    /// Whether the windows tile the signal: no padding or dilation, and the 2-D pool's windows
+    /// over it as an image of height 1 tile it ([`super::pool::Geometry::tiles`]).
+    #[cfg(any(test, feature = "cuda"))]
+    fn tiles(&self) -> bool {
+        let image = |length| Shape::image(self.channels, 1, length);
+        let g = super::pool::Geometry::new(image(self.length), image(self.out_length), (1, self.window), (1, self.stride));
+        self.padding == 0 && self.dilation == 1 && g.tiles()
     }
 
     /// The outputs whose windows lie wholly inside the signal (no tap in the padding).
@@ -477,6 +486,23 @@ mod tests {
             }
         }
         assert!(windows > 10_000, "{windows} windows checked");
+    }
+
+    /// The 1-D windows tile a signal as the 2-D pool's tile an image of height 1, and never with
+    /// padding or dilation.
+    #[test]
+    fn windows_tile_only_an_unpadded_undilated_signal_they_cover() {
+        let tiles = |length, window, stride, padding, dilation| {
+            let pool = MaxPool1d { window, stride, padding, dilation };
+            let Ok(Shape::Signal { length: out_length, .. }) = pool.output_shape(Shape::signal(2, length)) else { unreachable!() };
+            Geometry { channels: 2, length, out_length, window, stride, padding, dilation }.tiles()
+        };
+        assert!(tiles(12, 3, 3, 0, 1) && tiles(7, 1, 1, 0, 1) && tiles(5, 5, 5, 0, 1));
+        // the last value left out, overlapping windows, gaps
+        assert!(!tiles(13, 3, 3, 0, 1) && !tiles(12, 3, 2, 0, 1) && !tiles(12, 2, 3, 0, 1));
+        // padding or dilation where the lengths alone would tile: 9 padded by 1 in windows of 3,
+        // windows of 1 dilated by 3
+        assert!(!tiles(9, 3, 3, 1, 1) && !tiles(6, 1, 1, 0, 3));
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub(super) fn conv_geometries() -> Vec<conv::Geometry> {
 }
 
 /// A convolution's geometry from its input, output channels, kernel, stride, padding and
-/// dilation.
+/// dilation; its output size by the layers' own rule ([`conv::output_size`]).
 pub(super) fn conv_geometry(
     input: Shape,
     oc: usize,
@@ -63,9 +63,7 @@ pub(super) fn conv_geometry(
     dilation: (usize, usize),
 ) -> conv::Geometry {
     let Shape::Image { channels: _, height, width } = input else { unreachable!() };
-    let span = |k: usize, d: usize| d * (k - 1) + 1;
-    let oh = (height + 2 * padding.0 - span(kernel.0, dilation.0)) / stride.0 + 1;
-    let ow = (width + 2 * padding.1 - span(kernel.1, dilation.1)) / stride.1 + 1;
+    let (oh, ow) = conv::output_size((height, width), kernel, stride, padding, dilation).expect("the kernel fits the padded input");
     conv::Geometry::new(input, Shape::image(oc, oh, ow), kernel, stride, padding, dilation)
 }
 
