@@ -181,9 +181,13 @@ impl Gpu {
             return Ok(());
         }
         let (code, slope) = act.gpu_code();
+        // fours as float4 where every pointer is 16-byte aligned and a four lies in one row
+        // (see bias_act_forward)
+        let rows_fit = if pixels == 1 { channels.is_multiple_of(4) } else { pixels.is_multiple_of(4) };
         let (z, y, bias) = (z.ptr(), y.map_or(0, |y| y.ptr()), bias.ptr());
-        let (channels, pixels, n) = (int(channels)?, int(pixels)?, int(len)?);
-        self.run(stream, Kernel::BiasActForward, blocks(len), kernel_args![z, y, bias, code, slope, channels, pixels, n])
+        let quads = if rows_fit && [z, y, bias].iter().all(|p| p % 16 == 0) { len / 4 } else { 0 };
+        let (channels, pixels, quads, n) = (int(channels)?, int(pixels)?, int(quads)?, int(len)?);
+        self.run(stream, Kernel::BiasActForward, blocks(len.div_ceil(4)), kernel_args![z, y, bias, code, slope, channels, pixels, quads, n])
     }
 
     /// dz = dy ⊙ act'(z) over the first `n` values (y = act(z), from the forward pass).

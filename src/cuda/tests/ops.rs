@@ -27,7 +27,9 @@ fn bias_act_matches_the_cpu() {
     let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(1);
-    for (channels, pixels, batch) in [(7, 13, 5), (37, 1, 3), (1, 1, 1), (16, 576, 33)] {
+    // one at a time (7×13, 37×1, 1×1), fours of a channel's pixels (16×576, 8×4) and fours of a
+    // dense row's channels (64×1, 12×1)
+    for (channels, pixels, batch) in [(7, 13, 5), (37, 1, 3), (1, 1, 1), (16, 576, 33), (8, 4, 3), (64, 1, 9), (12, 1, 2)] {
         let n = batch * channels * pixels;
         let z0: Vec<f32> = rng.uniform(n).iter().map(|v| 4.0 * v).collect();
         let bias = rng.uniform(channels);
