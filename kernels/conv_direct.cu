@@ -46,14 +46,39 @@ __device__ __forceinline__ ConvBand conv_direct_band(int p0, int p_end, int out_
     return b;
 }
 
+// Copies *src to *dst (shared memory), or zero where !valid (then src is only an address: nothing
+// is read), asynchronously: cp.async with source size 0 or 4 (sm_80 on; before, a plain store).
+// The thread's copies are complete after conv_direct_copied(), and visible to the block after a
+// barrier that follows it.
+__device__ __forceinline__ void conv_direct_copy(float* dst, const float* src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    unsigned to = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(to), "l"(src), "r"(valid ? 4 : 0) : "memory");
+#else
+    *dst = valid ? *src : 0.0f;
+#endif
+}
+
+__device__ __forceinline__ void conv_direct_copied() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // Stages channels c0..c0 + n of sample plane `xs` (C, H, W) over band `b` into `to`
-// ([n][rows][cols]), zero outside the image.
+// ([n][rows][cols]), zero outside the image; with ASYNC by conv_direct_copy.
+template <bool ASYNC>
 __device__ __forceinline__ void conv_direct_stage(const float* __restrict__ xs, float* to, int n, int height, int width, ConvBand b) {
     int plane = b.rows * b.cols;
     for (int e = threadIdx.x; e < n * plane; e += blockDim.x) {
         int c = e / plane, rc = e - c * plane, r = rc / b.cols;
         int iy = b.row0 + r, ix = b.col0 + rc - r * b.cols;
-        to[e] = (iy >= 0 && iy < height && ix >= 0 && ix < width) ? xs[((long long)c * height + iy) * width + ix] : 0.0f;
+        bool in = iy >= 0 && iy < height && ix >= 0 && ix < width;
+        long long at = in ? ((long long)c * height + iy) * width + ix : 0;
+        if (ASYNC)
+            conv_direct_copy(to + e, xs + at, in);
+        else
+            to[e] = in ? xs[at] : 0.0f;
     }
 }
 
@@ -109,7 +134,7 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_direct_forward
                                       : (long long)oc * ckk + c0 * taps + rt;
             w_s[rt * oc_tile + o] = oc < out_channels ? w[at] : 0.0f;
         }
-        conv_direct_stage(xs + (long long)c0 * height * width, x_s, n, height, width, b);
+        conv_direct_stage<false>(xs + (long long)c0 * height * width, x_s, n, height, width, b);
         __syncthreads();
         for (int c = 0; c < n; c++) {
             for (int i = 0; i < kh; i++) {
@@ -147,16 +172,21 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_direct_forward
 // The block holds every output: items = ⌈OC/8⌉ × ⌈CKK/4⌉ register tiles of 8 channels × 4 taps
 // (the launcher takes the route only where items ≤ 256), each summed by `slices` = 256 / items
 // threads (thread = item·slices + slice; the rest idle), slice l over the tile's pixels
-// l, l + slices, ... For each sample of the share, ascending, and each tile of `tile` pixels, it
-// stages the band of all C channels, dZ ([tile][OC8], OC8 = OC rounded up to 8, zero past OC and
-// past the sample's pixels) and each pixel's band offset, then sums. At the end slice sums go to
-// shared memory (one column a thread, pitch CDW_PITCH) and are added in slice order. Dynamic shared
-// memory (at most 48 KB): dZ, offsets, band; the sums reuse it. Registers: 32 sums, 4 tap offsets.
-extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_direct_wgrad(const float* __restrict__ x, const float* __restrict__ dz,
-                                                                               float* __restrict__ out, int channels, int height,
-                                                                               int width, int kh, int kw, int sh, int sw, int ph, int pw,
-                                                                               int dh, int dw, int out_channels, int out_h, int out_w,
-                                                                               int batch, int chunk, int tile) {
+// l, l + slices, ... It goes by steps, step k the share's sample k / pixel_tiles (ascending) and
+// its tile k % pixel_tiles of `tile` pixels: the band of all C channels, dZ ([tile][OC8], OC8 =
+// OC rounded up to 8, zero past OC and past the sample's pixels) and each pixel's band offset are
+// staged into buffer k % 2, step k + 1's copies issued (asynchronously) before step k is summed,
+// so that their latency overlaps its products. At the end slice sums go to shared memory (one
+// column a thread, pitch CDW_PITCH) and are added in slice order. Dynamic shared memory (at most
+// 48 KB): two buffers `buffer` floats apart (a multiple of 4: float4 reads of dZ), each dZ,
+// offsets, band; the sums reuse it. Registers: 32 sums, 4 tap offsets; at most 64 a thread (the
+// launch bounds' 4 blocks an SM), so that registers do not hold fewer blocks on an SM than its
+// shared memory does (4 of 48 KB on sm_90).
+extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 4) void conv_direct_wgrad(const float* __restrict__ x, const float* __restrict__ dz,
+                                                                                  float* __restrict__ out, int channels, int height,
+                                                                                  int width, int kh, int kw, int sh, int sw, int ph, int pw,
+                                                                                  int dh, int dw, int out_channels, int out_h, int out_w,
+                                                                                  int batch, int chunk, int tile, int buffer) {
     after_prior();
     extern __shared__ __align__(16) float cd_smem[];
     int ohw = out_h * out_w, taps = kh * kw, ckk = channels * taps;
@@ -166,58 +196,72 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS) void conv_direct_wgrad(c
     int item = threadIdx.x / slices, slice = threadIdx.x % slices;
     bool active = item < items;
     int og = active ? item / r_tiles : 0, rt = active ? item % r_tiles : 0;
-    float* dz_s = cd_smem;
-    int* off_s = reinterpret_cast<int*>(cd_smem + tile * oc8);
-    float* x_s = cd_smem + tile * oc8 + tile;
     float acc[CDW_OC][CDW_R];
 #pragma unroll
     for (int a = 0; a < CDW_OC; a++)
 #pragma unroll
         for (int c = 0; c < CDW_R; c++) acc[a][c] = 0.0f;
     int s_first = blockIdx.x * chunk, s_end = min(s_first + chunk, batch);
-    int pixel_tiles = (ohw + tile - 1) / tile;
-    for (int s = s_first; s < s_end; s++) {
-        for (int pt = 0; pt < pixel_tiles; pt++) {
-            int p0 = pt * tile, p_end = min(p0 + tile, ohw), n = p_end - p0;
-            ConvBand b = conv_direct_band(p0, p_end, out_w, kh, kw, sh, sw, ph, pw, dh, dw);
-            int plane = b.rows * b.cols;
-            conv_direct_stage(x + (long long)s * channels * height * width, x_s, channels, height, width, b);
-            // dz_s[p][o]: consecutive threads read consecutive pixels of a channel
-            const float* dzs = dz + (long long)s * out_channels * ohw + p0;
-            for (int e = threadIdx.x; e < oc8 * tile; e += blockDim.x) {
-                int o = e / tile, p = e - o * tile;
-                dz_s[p * oc8 + o] = (o < out_channels && p < n) ? dzs[(long long)o * ohw + p] : 0.0f;
-            }
-            for (int p = threadIdx.x; p < n; p += blockDim.x) {
-                int oy = (p0 + p) / out_w, ox = p0 + p - oy * out_w;
-                off_s[p] = (oy - b.oy_first) * sh * b.cols + (ox - b.ox_lo) * sw;
-            }
-            __syncthreads();
-            if (active) {
-                int tap[CDW_R];
+    int pixel_tiles = (ohw + tile - 1) / tile, steps = (s_end - s_first) * pixel_tiles;
+    // step k's buffer: dz_s [tile][OC8], then off_s [tile], then x_s the band [C][rows][cols]
+    auto dz_at = [&](int k) { return cd_smem + (k & 1) * buffer; };
+    // Issues step k's copies into its buffer (dZ and the band asynchronously; the offsets, worked
+    // out, stored): consecutive threads read consecutive pixels of a channel.
+    auto stage = [&](int k) {
+        int s = s_first + k / pixel_tiles, p0 = k % pixel_tiles * tile, n = min(tile, ohw - p0);
+        ConvBand b = conv_direct_band(p0, p0 + n, out_w, kh, kw, sh, sw, ph, pw, dh, dw);
+        float* dz_s = dz_at(k);
+        int* off_s = reinterpret_cast<int*>(dz_s + tile * oc8);
+        conv_direct_stage<true>(x + (long long)s * channels * height * width, dz_s + tile * oc8 + tile, channels, height, width, b);
+        const float* dzs = dz + (long long)s * out_channels * ohw + p0;
+        for (int e = threadIdx.x; e < oc8 * tile; e += blockDim.x) {
+            int o = e / tile, p = e - o * tile;
+            bool valid = o < out_channels && p < n;
+            conv_direct_copy(dz_s + p * oc8 + o, dzs + (valid ? (long long)o * ohw + p : 0), valid);
+        }
+        for (int p = threadIdx.x; p < n; p += blockDim.x) {
+            int oy = (p0 + p) / out_w, ox = p0 + p - oy * out_w;
+            off_s[p] = (oy - b.oy_first) * sh * b.cols + (ox - b.ox_lo) * sw;
+        }
+    };
+    if (steps > 0) stage(0);
+    for (int k = 0; k < steps; k++) {
+        // This thread's copies of step k are complete, and past the barrier every thread's are
+        // visible; every thread has also summed step k − 1, so its buffer, step k + 1's, is free.
+        conv_direct_copied();
+        __syncthreads();
+        if (k + 1 < steps) stage(k + 1);
+        if (!active) continue;
+        int p0 = k % pixel_tiles * tile, n = min(tile, ohw - p0);
+        ConvBand b = conv_direct_band(p0, p0 + n, out_w, kh, kw, sh, sw, ph, pw, dh, dw);
+        int plane = b.rows * b.cols;
+        const float* dz_s = dz_at(k);
+        const int* off_s = reinterpret_cast<const int*>(dz_s + tile * oc8);
+        const float* x_s = dz_s + tile * oc8 + tile;
+        int tap[CDW_R];
 #pragma unroll
-                for (int c = 0; c < CDW_R; c++) {
-                    int r = rt * CDW_R + c, ch = r / taps, t = r - ch * taps, i = t / kw, j = t - i * kw;
-                    // a tap past CKK reads the band's first value; its sums are never written
-                    tap[c] = r < ckk ? ch * plane + i * dh * b.cols + j * dw : 0;
-                }
-                for (int p = slice; p < n; p += slices) {
-                    const float4* dv = reinterpret_cast<const float4*>(dz_s + p * oc8 + og * CDW_OC);
-                    float4 da = dv[0], db = dv[1];
-                    float d[CDW_OC] = {da.x, da.y, da.z, da.w, db.x, db.y, db.z, db.w};
-                    int o = off_s[p];
-                    float v[CDW_R];
+        for (int c = 0; c < CDW_R; c++) {
+            int r = rt * CDW_R + c, ch = r / taps, t = r - ch * taps, i = t / kw, j = t - i * kw;
+            // a tap past CKK reads the band's first value; its sums are never written
+            tap[c] = r < ckk ? ch * plane + i * dh * b.cols + j * dw : 0;
+        }
+        for (int p = slice; p < n; p += slices) {
+            const float4* dv = reinterpret_cast<const float4*>(dz_s + p * oc8 + og * CDW_OC);
+            float4 da = dv[0], db = dv[1];
+            float d[CDW_OC] = {da.x, da.y, da.z, da.w, db.x, db.y, db.z, db.w};
+            int o = off_s[p];
+            float v[CDW_R];
 #pragma unroll
-                    for (int c = 0; c < CDW_R; c++) v[c] = x_s[o + tap[c]];
+            for (int c = 0; c < CDW_R; c++) v[c] = x_s[o + tap[c]];
 #pragma unroll
-                    for (int a = 0; a < CDW_OC; a++)
+            for (int a = 0; a < CDW_OC; a++)
 #pragma unroll
-                        for (int c = 0; c < CDW_R; c++) acc[a][c] = fmaf(d[a], v[c], acc[a][c]);
-                }
-            }
-            __syncthreads();
+                for (int c = 0; c < CDW_R; c++) acc[a][c] = fmaf(d[a], v[c], acc[a][c]);
         }
     }
+    // every thread's last products are done before the buffers turn into the slices' sums (the
+    // last step issued no copies)
+    __syncthreads();
     // the slices' sums, added in slice order: sums[k][thread], k = a·4 + c
     float* sums = cd_smem;
 #pragma unroll

@@ -134,8 +134,9 @@ pub(crate) struct DirectWgrad {
 
 impl DirectWgrad {
     /// None where the register tiles of every output (⌈OC/8⌉ × ⌈CKK/4⌉) are more than a block's
-    /// threads, or no tile's dZ, offsets and band of all C channels fit in [`DIRECT_SHARED`];
-    /// else the largest tile that fits, at most the sample's pixels rounded up to a power of two.
+    /// threads, or no tile's two staging buffers (dZ, offsets and band of all C channels: one
+    /// summed while the next is loaded) fit in [`DIRECT_SHARED`]; else the largest tile that
+    /// fits, at most the sample's pixels rounded up to a power of two.
     pub fn of(g: &conv::Geometry, batch: usize) -> Option<DirectWgrad> {
         let items = g.out_channels.div_ceil(WGRAD_CHANNELS) * g.ckk().div_ceil(WGRAD_TAPS);
         if items > BLOCK as usize || g.ohw() == 0 || batch == 0 {
@@ -147,12 +148,24 @@ impl DirectWgrad {
         Some(DirectWgrad { tile, chunk, shares })
     }
 
-    /// Floats of shared memory a block takes at `tile`: dZ ([tile][OC8]), the offsets and the
-    /// band of all channels while it sums, the slices' sums at the end.
+    /// Floats of shared memory a block takes at `tile`: two staging buffers while it sums, the
+    /// slices' sums at the end.
     fn floats(g: &conv::Geometry, tile: usize) -> usize {
+        (2 * Self::buffer(g, tile)).max(WGRAD_CHANNELS * WGRAD_TAPS * WGRAD_PITCH)
+    }
+
+    /// Floats of one staging buffer at `tile`: dZ ([tile][OC8], OC8 = OC rounded up to 8), the
+    /// offsets (tile) and the band of all channels, rounded up to a multiple of 4 (the second
+    /// buffer's dZ is read 16 bytes at a time; tile·(OC8 + 1) is a multiple of 32).
+    fn buffer(g: &conv::Geometry, tile: usize) -> usize {
         let (rows, cols) = band_bound(g, tile);
         let oc8 = g.out_channels.div_ceil(WGRAD_CHANNELS) * WGRAD_CHANNELS;
-        (tile * oc8 + tile + g.in_channels * rows * cols).max(WGRAD_CHANNELS * WGRAD_TAPS * WGRAD_PITCH)
+        tile * (oc8 + 1) + (g.in_channels * rows * cols).next_multiple_of(4)
+    }
+
+    /// Floats of one of the kernel's two staging buffers (they are this far apart).
+    pub fn buffer_floats(&self, g: &conv::Geometry) -> usize {
+        Self::buffer(g, self.tile)
     }
 
     /// Bytes of dynamic shared memory a block takes.
@@ -243,8 +256,8 @@ impl Gpu {
         let (x, dz, dw, partials) = (x.ptr(), dz.ptr(), dw.ptr(), partials.ptr());
         let out = if d.shares == 1 { dw } else { partials };
         let [c, h, wi, kh, kw, sh, sw, ph, pw, dh, dwi, oh, ow, b] = conv_dims(g, batch)?;
-        let [oc, chunk, tile, shares, n] = ints([g.out_channels, d.chunk, d.tile, d.shares, w_len])?;
-        let args = kernel_args![x, dz, out, c, h, wi, kh, kw, sh, sw, ph, pw, dh, dwi, oc, oh, ow, b, chunk, tile];
+        let [oc, chunk, tile, buffer, shares, n] = ints([g.out_channels, d.chunk, d.tile, d.buffer_floats(g), d.shares, w_len])?;
+        let args = kernel_args![x, dz, out, c, h, wi, kh, kw, sh, sw, ph, pw, dh, dwi, oc, oh, ow, b, chunk, tile, buffer];
         self.run_blocks(stream, Kernel::ConvDirectWgrad, (shares as u32, 1), d.shared_bytes(g) as u32, args)?;
         if d.shares > 1 {
             self.run(stream, Kernel::ConvWgradJoin, blocks(w_len), kernel_args![partials, dw, n, shares])?;

@@ -128,6 +128,9 @@ fn wgrad_twin(g: &conv::Geometry, batch: usize, d: DirectWgrad, x: &[f32], dz: &
     let items = oc_n.div_ceil(WGRAD_CHANNELS) * r_tiles;
     let slices = THREADS / items;
     let w_len = oc_n * ckk;
+    // two staging buffers, their dZ 16-byte aligned, within the block's shared memory
+    let (oc8, buffer) = (oc_n.div_ceil(WGRAD_CHANNELS) * WGRAD_CHANNELS, d.buffer_floats(g));
+    assert!(buffer % 4 == 0 && 2 * 4 * buffer <= d.shared_bytes(g), "{d:?}");
     let mut out = vec![f32::NAN; d.shares * w_len];
     for q in 0..d.shares {
         let mut acc = vec![[[0.0f32; WGRAD_TAPS]; WGRAD_CHANNELS]; items * slices];
@@ -136,6 +139,7 @@ fn wgrad_twin(g: &conv::Geometry, batch: usize, d: DirectWgrad, x: &[f32], dz: &
                 let p_end = (p0 + d.tile).min(ohw);
                 let b = band(g, p0, p_end);
                 let x_s = stage(g, &x[s * g.in_len()..], 0, g.in_channels, &b);
+                assert!(d.tile * (oc8 + 1) + x_s.len() <= buffer, "step's dZ, offsets and band past its buffer: {d:?} {g:?}");
                 for (thread, acc) in acc.iter_mut().enumerate() {
                     let (item, slice) = (thread / slices, thread % slices);
                     let (og, rt) = (item / r_tiles, item % r_tiles);
@@ -248,7 +252,9 @@ fn the_direct_convolutions_twins_match_the_spec() {
     let (lenet, vgg16) = (conv_geometries()[4], more_geometries()[4]);
     assert_eq!(DirectForward::of(&lenet), Some(DirectForward { groups: 1, oc_tiles: 1, tile: 1024, pixel_tiles: 1, chunk: 1 }));
     assert!(DirectForward::of(&vgg16).is_some_and(|d| d.chunk < 16) && DirectForward::of(&more_geometries()[3]).unwrap().chunk < 64);
-    assert_eq!(DirectWgrad::of(&lenet, 301), Some(DirectWgrad { tile: 1024, chunk: 3, shares: 101 }));
+    // two buffers of a tile: LeNet's first layer in two tiles (784 pixels), VGG's 16 → 16 in eight
+    assert_eq!(DirectWgrad::of(&lenet, 301), Some(DirectWgrad { tile: 512, chunk: 3, shares: 101 }));
+    assert_eq!(DirectWgrad::of(&vgg16, 1024).map(|d| d.tile), Some(128));
     assert_eq!(DirectWgrad::of(&more_geometries()[3], 3), None);
     for (g, batch) in cases() {
         let d = DirectForward::of(&g).unwrap_or_else(|| panic!("{g:?}"));
@@ -261,7 +267,10 @@ fn the_direct_convolutions_twins_match_the_spec() {
             0.0,
             0.0,
         );
-        let Some(d) = DirectWgrad::of(&g, batch) else { continue };
+        let Some(d) = DirectWgrad::of(&g, batch) else {
+            assert_eq!(g.in_channels, 64, "only the 64-channel layer's weight gradient does not fit, not {g:?}");
+            continue;
+        };
         assert!(d.shared_bytes(&g) <= crate::cuda::conv_direct::DIRECT_SHARED && d.shares <= batch, "{d:?}");
         assert!(d.chunk * (d.shares - 1) < batch && d.chunk * d.shares >= batch, "{d:?}");
         let want = spec_wgrad(&g, batch, &x, &dz);
