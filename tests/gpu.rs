@@ -100,6 +100,10 @@ fn train_step_matches_backprop_then_update() {
         assert_eq!(joint_opt.steps(), 24, "{what}");
         let (want, got) = (split.parameters().unwrap(), joint.parameters().unwrap());
         let differ = want.iter().zip(got.iter()).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        if differ != 0 {
+            // which routes each took: the same routes with other bits would be a race
+            println!("{what}, backprop then update:\n{}\n{what}, train_step:\n{}", split_fwd.routes(), joint_fwd.routes());
+        }
         assert_eq!(differ, 0, "{what}: {differ} parameters differ (first at {:?})", want.iter().zip(got.iter()).position(|(a, b)| a != b));
         assert!(
             split.parameters().unwrap() != mlp().build().unwrap().init(Init::HeNormal, 4).parameters().unwrap().as_ref(),
