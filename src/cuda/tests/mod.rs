@@ -9,6 +9,7 @@ mod conv_lowering;
 mod conv_wgrad;
 mod dense;
 mod head;
+mod infer;
 mod layers;
 mod ops;
 
