@@ -79,8 +79,10 @@ __device__ __forceinline__ float act_derivative(int act, float slope, float z, f
 }
 
 // z[s, c, p] += bias[c] over n = batch·channels·pixels values; then y = act(z) unless y is
-// null (an identity layer, whose z is its output). The first `quads` fours of values go as
-// float4 (the host passes 0 unless every pointer is 16-byte aligned and a four shares its row:
+// null (an identity layer, whose z is its output). With keep_z 0 and a y, z + b goes to y alone
+// and z is only read (an inference pass, after which no step reads a z: the write back was a
+// third of the kernel's traffic). The first `quads` fours of values go as float4 (the host
+// passes 0 unless every pointer is 16-byte aligned and a four shares its row:
 // pixels a multiple of 4, whose four share one bias, or pixels 1 and channels a multiple of 4,
 // whose four take four consecutive biases), the rest one at a time. A value's channel costs
 // integer divisions, which bound this kernel where each value paid them: a four pays them once.
@@ -93,27 +95,30 @@ __device__ __forceinline__ float4 bias_act4(float4 v, float4 b, float* y, int q,
 }
 
 extern "C" __global__ void bias_act_forward(float* z, float* y, const float* bias, int act, float slope, int channels, int pixels,
-                                            int quads, int n) {
+                                            int quads, int n, int keep_z) {
     after_prior();
+    bool store_z = keep_z != 0 || y == nullptr;
     if (pixels == 1) {
         // a row of `channels` values a sample: four consecutive biases
         int row4 = channels / 4;
         GRID_STRIDE(q, quads) {
             float4 b = reinterpret_cast<const float4*>(bias)[q % row4];
-            reinterpret_cast<float4*>(z)[q] = bias_act4(reinterpret_cast<const float4*>(z)[q], b, y, q, act, slope);
+            float4 v = bias_act4(reinterpret_cast<const float4*>(z)[q], b, y, q, act, slope);
+            if (store_z) reinterpret_cast<float4*>(z)[q] = v;
         }
     } else {
         // rows of `pixels` values a channel: one bias a four
         int pixels4 = pixels / 4;
         GRID_STRIDE(q, quads) {
             float c = bias[(q / pixels4) % channels];
-            reinterpret_cast<float4*>(z)[q] = bias_act4(reinterpret_cast<const float4*>(z)[q], make_float4(c, c, c, c), y, q, act, slope);
+            float4 v = bias_act4(reinterpret_cast<const float4*>(z)[q], make_float4(c, c, c, c), y, q, act, slope);
+            if (store_z) reinterpret_cast<float4*>(z)[q] = v;
         }
     }
     GRID_STRIDE(t, n - 4 * quads) {
         int i = 4 * quads + t;
         float v = z[i] + bias[(i / pixels) % channels];
-        z[i] = v;
+        if (store_z) z[i] = v;
         if (y != nullptr) y[i] = act_apply(act, slope, v);
     }
 }

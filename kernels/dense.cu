@@ -4,7 +4,7 @@
 //
 // C (M × N) = A (M × K) · B (K × N), A(i, k) = A[i·a_rs + k·a_cs], B(k, j) = B[k·b_rs + j·b_cs],
 // then one of three epilogues (`mode`):
-//   0 forward:  c += bias[j]; out0[i·ldc + j] = c (z); out1[i·ldc + j] = act(c) (y) if out1
+//   0 forward:  c += bias[j]; out0[i·ldc + j] = c (z) if out0; out1[i·ldc + j] = act(c) (y) if out1
 //   1 input gradient: if z_prev: c *= act'(z_prev[i·ldc + j], y_prev[i·ldc + j]); out0[i·ldc + j] = c
 //   2 weight gradient: B has a column of ones at j == N − 1 (no memory read): for j < N − 1
 //     out0[i·ldc + j] = c (dW), for j == N − 1 out1[i] = c (db = Σ_k A(i, k))
@@ -35,7 +35,7 @@ __device__ __forceinline__ void dense_store(int mode, int i, int j, float c, flo
     long long at = (long long)i * ldc + j;
     if (mode == DENSE_FORWARD) {
         c += e.x;
-        out0[at] = c;
+        if (out0) out0[at] = c;
         if (out1) out1[at] = act_apply(act, slope, c);
     } else if (mode == DENSE_INPUT_GRAD) {
         if (has_prev) c *= act_derivative(act, slope, e.x, e.y);

@@ -28,14 +28,16 @@ use super::ops::{conv_dims, ints};
 use crate::activation::Activation;
 use crate::chain::{Plan, Step};
 use crate::error::Result;
-use crate::layers::{batch_norm, conv, region, Fused};
+use crate::layers::{batch_norm, conv, region, Fused, Mode};
 use cudarc::driver::CudaStream;
 use std::ops::Range;
 
 /// A convolution step's forward: Z without the bias through cuDNN where it was chosen, else
 /// flatnn's kernels; then + b and Y = act(Z), or in inference the steps it takes in
 /// ([`GpuForward::fused`]) in one pass ([`epilogue`]); `layout` = (channels, pixels per channel).
-pub(crate) fn conv_forward(pass: &GpuForward, step: &Step, activation: Activation, layout: (usize, usize)) -> Result<()> {
+/// In inference, where the step has a y of its own, z keeps the product without the bias (see
+/// [`bias_act`]).
+pub(crate) fn conv_forward(pass: &GpuForward, step: &Step, activation: Activation, layout: (usize, usize), mode: Mode) -> Result<()> {
     let GpuForward { gpu, blas, stream, plan, f, index, .. } = *pass;
     if !f.dnn.map_or(Ok(false), |d| d.forward(index, plan, f))? {
         match f.dnn.map_or(Route::Own, |d| d.route(Dir::Forward, index, f.batch)) {
@@ -44,7 +46,7 @@ pub(crate) fn conv_forward(pass: &GpuForward, step: &Step, activation: Activatio
         }
     }
     if pass.fused.is_empty() {
-        return bias_act(pass, step, activation, step.weight_and_bias().1, layout);
+        return bias_act(pass, step, activation, step.weight_and_bias().1, layout, mode);
     }
     epilogue(pass, step, layout)
 }

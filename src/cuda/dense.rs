@@ -196,8 +196,9 @@ impl MmaTile {
 
 /// What the fused dense product does with each value c of C = A·B.
 pub enum DenseEpilogue<'a> {
-    /// `z = c + bias[j]`, and `y = act(z)` when `y` is given (a layer's forward).
-    Forward { bias: View<'a, f32>, z: ViewMut<'a, f32>, y: Option<ViewMut<'a, f32>>, act: Activation },
+    /// `z = c + bias[j]`, and `y = act(z)` when `y` is given (a layer's forward); z is not
+    /// written where it is not given (an inference pass, which reads no z again), y then is.
+    Forward { bias: View<'a, f32>, z: Option<ViewMut<'a, f32>>, y: Option<ViewMut<'a, f32>>, act: Activation },
     /// dx = c, times act'(z, y) of the layer that produced x when `prev` is given (so dx is
     /// that layer's dz).
     InputGrad { dx: ViewMut<'a, f32>, prev: Option<(View<'a, f32>, View<'a, f32>, Activation)> },
@@ -302,8 +303,10 @@ impl Gpu {
         let mut cleared = false;
         let (mode, cols, bias, out0, out1, z_prev, y_prev, act) = match epilogue {
             DenseEpilogue::Forward { bias, z, y, act } => {
-                assert!(bias.len() >= n && z.len() >= m * n && y.as_ref().is_none_or(|y| y.len() >= m * n), "dense forward: short output");
-                (0, n, bias.ptr(), z.ptr(), y.map_or(null, |y| y.ptr()), null, null, act)
+                assert!(z.is_some() || y.is_some(), "dense forward: no output");
+                let short = |v: &Option<ViewMut<f32>>| v.as_ref().is_some_and(|v| v.len() < m * n);
+                assert!(bias.len() >= n && !short(&z) && !short(&y), "dense forward: short output");
+                (0, n, bias.ptr(), z.map_or(null, |z| z.ptr()), y.map_or(null, |y| y.ptr()), null, null, act)
             }
             DenseEpilogue::InputGrad { dx, prev } => {
                 assert!(dx.len() >= m * n && prev.as_ref().is_none_or(|p| p.0.len() >= m * n && p.1.len() >= m * n), "dense dx: short");

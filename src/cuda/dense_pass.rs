@@ -11,7 +11,7 @@ use super::wgrad::Job;
 use crate::activation::Activation;
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
-use crate::layers::region;
+use crate::layers::{region, Mode};
 use cudarc::driver::CudaStream;
 use std::ops::Range;
 
@@ -72,8 +72,10 @@ pub(crate) fn producer(step: &Step) -> Option<usize> {
 /// Z (batch × out) = X · Wᵀ, with + b and Y = act(Z) in the same launch on a fused route, after
 /// it on cuBLAS; on cuBLASLt + b in its epilogue where there is no activation, else as on cuBLAS
 /// (and as on cuBLAS where the algorithm does not take this batch: see [`Blas::lt_matmul`]).
-/// `weights_early` as [`Gpu::dense_on`]'s `b_early`.
-pub(crate) fn forward_on(on: &On, step: &Step, route: Route, weights_early: bool) -> Result<()> {
+/// `weights_early` as [`Gpu::dense_on`]'s `b_early`. In inference, where the step has a y of its
+/// own, Z + b goes to Y alone: Z is left unwritten on a fused route and holds X · Wᵀ on cuBLAS
+/// (no step reads a z after an inference pass; a training pass runs its own forward).
+pub(crate) fn forward_on(on: &On, step: &Step, route: Route, weights_early: bool, mode: Mode) -> Result<()> {
     let On { gpu, blas, stream, plan, f } = *on;
     let (out, inp) = dense_shape(step).expect("a dense layer");
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
@@ -81,10 +83,12 @@ pub(crate) fn forward_on(on: &On, step: &Step, route: Route, weights_early: bool
     let (_, bias) = step.weight_and_bias();
     let act = step.layer.activation();
     let (xm, wt) = operands(Dir::Forward, plan, step, f, None);
+    let keep_z = mode == Mode::Train;
     match route {
         Route::Fused(kernel) => {
-            let y = (z != y).then(|| acts.at_mut(y));
-            let epilogue = DenseEpilogue::Forward { bias: params.at(bias), z: acts.at_mut(z), y, act };
+            let activated = z != y;
+            let (z, y) = ((keep_z || !activated).then(|| acts.at_mut(z)), activated.then(|| acts.at_mut(y)));
+            let epilogue = DenseEpilogue::Forward { bias: params.at(bias), z, y, act };
             gpu.dense_on(stream, kernel, f.batch, out, inp, xm, wt, epilogue, weights_early)
         }
         Route::Cublas | Route::Lt(_) => {
@@ -102,7 +106,7 @@ pub(crate) fn forward_on(on: &On, step: &Step, route: Route, weights_early: bool
                 blas.sgemm(f.batch, out, inp, 1.0, xm, wt, 0.0, zm())?;
             }
             let y = (z != y).then(|| acts.at_mut(y));
-            gpu.bias_act(stream, act, params.at(bias), out, 1, f.batch, acts.at_mut(z), y)
+            gpu.bias_act(stream, act, params.at(bias), out, 1, f.batch, acts.at_mut(z), y, keep_z)
         }
         Route::Split => unreachable!("a forward is never split over the batch"),
     }
@@ -241,10 +245,10 @@ fn route_of(f: &Forward, index: usize, dir: Dir) -> Route {
 }
 
 /// A dense step's forward (`out_features` and `activation` are the step's layer's).
-pub(crate) fn dense_forward(pass: &GpuForward, step: &Step, out_features: usize, activation: Activation) -> Result<()> {
+pub(crate) fn dense_forward(pass: &GpuForward, step: &Step, out_features: usize, activation: Activation, mode: Mode) -> Result<()> {
     debug_assert_eq!((dense_shape(step).map(|s| s.0), step.layer.activation()), (Some(out_features), activation));
     let GpuForward { gpu, blas, stream, plan, f, index, weights_early, .. } = *pass;
-    forward_on(&On { gpu, blas, stream, plan, f }, step, route_of(f, index, Dir::Forward), weights_early)
+    forward_on(&On { gpu, blas, stream, plan, f }, step, route_of(f, index, Dir::Forward), weights_early, mode)
 }
 
 /// A dense step's backward: its dz (unless written), dW = dZᵀ · X and db = Σ_batch dZ (on the

@@ -182,18 +182,21 @@ pub(crate) fn forward(
     Ok(early_next)
 }
 
-/// z[s, c, p] += b[c] over the step's z, then y = act(z) where the step has a y of its own.
+/// z[s, c, p] += b[c] over the step's z, then y = act(z) where the step has a y of its own; in
+/// inference z + b goes to y alone (no step reads a z after an inference pass).
 pub(super) fn bias_act(
     pass: &GpuForward,
     step: &Step,
     act: Activation,
     bias: Range<usize>,
     (channels, pixels): (usize, usize),
+    mode: Mode,
 ) -> Result<()> {
     let (z, y) = (pass.region(step.z_region), pass.region(step.output_region));
     let out = (z != y).then(|| pass.acts_mut(y));
     let params = Raw::of(pass.f.params);
-    pass.gpu.bias_act(pass.stream, act, params.at(bias), channels, pixels, pass.f.batch, pass.acts_mut(z), out)
+    let keep_z = mode == Mode::Train;
+    pass.gpu.bias_act(pass.stream, act, params.at(bias), channels, pixels, pass.f.batch, pass.acts_mut(z), out, keep_z)
 }
 
 /// The loss of the last step's output: its gradient into `dacts`, its value into `l.loss`.

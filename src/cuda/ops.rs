@@ -162,6 +162,8 @@ impl Gpu {
 
     /// `z[s, c, p] += bias[c]` for `batch` samples of `channels × pixels`; then y = act(z) when
     /// `y` is given. Without `y` only the bias is added (an identity layer, whose z is its y).
+    /// With `y` and not `keep_z`, y = act(z + b) and z is left as it was (an inference pass,
+    /// where nothing reads z again: one pass over it fewer).
     #[allow(clippy::too_many_arguments)]
     pub fn bias_act(
         &self,
@@ -173,6 +175,7 @@ impl Gpu {
         batch: usize,
         z: ViewMut<f32>,
         y: Option<ViewMut<f32>>,
+        keep_z: bool,
     ) -> Result<()> {
         let len = batch * channels * pixels;
         assert!(bias.len() >= channels && z.len() >= len, "bias_act: short bias or z");
@@ -186,8 +189,9 @@ impl Gpu {
         let rows_fit = if pixels == 1 { channels.is_multiple_of(4) } else { pixels.is_multiple_of(4) };
         let (z, y, bias) = (z.ptr(), y.map_or(0, |y| y.ptr()), bias.ptr());
         let quads = if rows_fit && [z, y, bias].iter().all(|p| p % 16 == 0) { len / 4 } else { 0 };
-        let (channels, pixels, quads, n) = (int(channels)?, int(pixels)?, int(quads)?, int(len)?);
-        self.run(stream, Kernel::BiasActForward, blocks(len.div_ceil(4)), kernel_args![z, y, bias, code, slope, channels, pixels, quads, n])
+        let (channels, pixels, quads, n, keep_z) = (int(channels)?, int(pixels)?, int(quads)?, int(len)?, i32::from(keep_z));
+        let args = kernel_args![z, y, bias, code, slope, channels, pixels, quads, n, keep_z];
+        self.run(stream, Kernel::BiasActForward, blocks(len.div_ceil(4)), args)
     }
 
     /// dz = dy ⊙ act'(z) over the first `n` values (y = act(z), from the forward pass).

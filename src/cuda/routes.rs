@@ -36,6 +36,7 @@ use super::driver_error;
 use super::timing::{time_calls, time_once, SLOW};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
+use crate::layers::Mode;
 use std::fmt::Write;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -295,7 +296,9 @@ fn choose(s: &StepRun, step: &Step, dir: Dir, bucket: usize, samples: usize) -> 
     let key = Problem { ordinal: gpu.ordinal(), dir, shape, bucket, tf32: options.tf32, graphs: options.graphs, epilogue };
     let backward = || b.expect("a backward direction has gradient buffers");
     let run = |route: Route| match dir {
-        Dir::Forward => forward_on(&on, step, route, true),
+        // as a training pass runs it, z written: an inference pass leaves out that one write
+        // of Z on every route
+        Dir::Forward => forward_on(&on, step, route, true, Mode::Train),
         Dir::InputGrad => {
             input_grad_on(&on, backward(), step, route)?;
             // on cuBLAS(Lt) the producer's pass then computes its dz: part of the route's cost

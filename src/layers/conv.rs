@@ -149,9 +149,9 @@ impl LayerKind for Conv {
     }
 
     #[cfg(feature = "cuda")]
-    fn gpu_forward(&self, step: &Step, pass: &crate::cuda::exec::GpuForward, _mode: Mode) -> Result<()> {
+    fn gpu_forward(&self, step: &Step, pass: &crate::cuda::exec::GpuForward, mode: Mode) -> Result<()> {
         let g = self.geometry(step);
-        crate::cuda::conv::conv_forward(pass, step, self.activation, (g.out_channels, g.ohw()))
+        crate::cuda::conv::conv_forward(pass, step, self.activation, (g.out_channels, g.ohw()), mode)
     }
 
     #[cfg(feature = "cuda")]

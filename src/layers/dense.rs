@@ -112,8 +112,8 @@ impl LayerKind for Dense {
     }
 
     #[cfg(feature = "cuda")]
-    fn gpu_forward(&self, step: &Step, pass: &crate::cuda::exec::GpuForward, _mode: Mode) -> Result<()> {
-        crate::cuda::exec::dense_forward(pass, step, self.out_features, self.activation)
+    fn gpu_forward(&self, step: &Step, pass: &crate::cuda::exec::GpuForward, mode: Mode) -> Result<()> {
+        crate::cuda::exec::dense_forward(pass, step, self.out_features, self.activation, mode)
     }
 
     #[cfg(feature = "cuda")]

@@ -110,7 +110,7 @@ fn one_by_one(
     let bias = upload(stream, &ops.bias);
     let own_act = !bn && !add;
     let y = own_act.then(|| ViewMut::of(&mut conv_y));
-    gpu.bias_act(stream, act, View::of(&bias), channels, pixels, batch, ViewMut::of(&mut conv_z), y).unwrap();
+    gpu.bias_act(stream, act, View::of(&bias), channels, pixels, batch, ViewMut::of(&mut conv_z), y, true).unwrap();
     let mut out = if own_act { conv_y } else { conv_z };
     if bn {
         let norm = ops.norm.clone().map(|v| upload(stream, &v));

@@ -18,7 +18,7 @@ use crate::cuda::launch::{View, ViewMut};
 use crate::cuda::options::Tuning;
 use crate::cuda::test_gpu;
 use crate::init::Init;
-use crate::layers::region;
+use crate::layers::{region, Mode};
 use crate::loss::Loss;
 use crate::testutil::{poisoned, Rng};
 
@@ -148,8 +148,11 @@ fn every_route_of_every_direction_matches_plain_loops() {
                         routes.extend(lt_routes(&on, Some(&bw), step, dir, true).unwrap());
                         routes
                     };
-                    for route in routes {
-                        let what = format!("step {index} ({inp}→{out}) {} on {} at {batch}", dir.name(), route.name());
+                    // a forward as a training pass runs it and as an inference pass does (z
+                    // not kept: not checked)
+                    let modes: &[Mode] = if dir == Dir::Forward { &[Mode::Train, Mode::Infer] } else { &[Mode::Train] };
+                    for (route, &mode) in routes.into_iter().flat_map(|route| modes.iter().map(move |mode| (route, mode))) {
+                        let what = format!("step {index} ({inp}→{out}) {} on {} at {batch}, {mode:?}", dir.name(), route.name());
                         acts.upload(&stream, &poisoned_copy(&acts_h, 0)).unwrap();
                         dacts.upload(&stream, &poisoned_copy(&dacts_h, 1)).unwrap();
                         grads.upload(&stream, &poisoned_copy(&grads_h, 2)).unwrap();
@@ -168,7 +171,7 @@ fn every_route_of_every_direction_matches_plain_loops() {
                             let bw = Backward { dacts: &dacts, grads: &grads, dcols: &dcols, partials: &partials, ones: &ones };
                             let on = On { gpu: &gpu, blas: &blas, stream: &stream, plan: &plan, f: &f };
                             match dir {
-                                Dir::Forward => forward_on(&on, step, route, false).unwrap(),
+                                Dir::Forward => forward_on(&on, step, route, false, mode).unwrap(),
                                 Dir::InputGrad => {
                                     if input_grad_on(&on, &bw, step, route).unwrap().is_none() {
                                         producer_activation(&on, &bw, step).unwrap();
@@ -184,6 +187,9 @@ fn every_route_of_every_direction_matches_plain_loops() {
                         }
                         let mut got = vec![0.0f32; acts_len];
                         acts.download(&stream, &mut got).unwrap();
+                        if mode == Mode::Infer && z != y {
+                            got[z.clone()].copy_from_slice(&acts_want[z.clone()]);
+                        }
                         check(&format!("{what}: activations"), &got, &acts_want, 1e-5, 1e-5);
                         dacts.download(&stream, &mut got).unwrap();
                         check(&format!("{what}: activation gradients"), &got, &dacts_route, 1e-3, 1e-5);
@@ -334,12 +340,18 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
                     let what = format!("{what} b_early {b_early}");
                     let (mut z, mut y) = (upload(&stream, &poisoned(m * n)), upload(&stream, &poisoned(m * n)));
                     let epilogue =
-                        DenseEpilogue::Forward { bias: View::of(&biasd), z: ViewMut::of(&mut z), y: Some(ViewMut::of(&mut y)), act };
+                        DenseEpilogue::Forward { bias: View::of(&biasd), z: Some(ViewMut::of(&mut z)), y: Some(ViewMut::of(&mut y)), act };
                     gpu.dense_on(&stream, kernel, m, n, k, am, bm, epilogue, b_early).unwrap();
                     let z_want: Vec<f32> = c.iter().enumerate().map(|(l, v)| v + bias[l % n]).collect();
                     let y_want: Vec<f32> = z_want.iter().map(|&v| act.apply(v)).collect();
                     check(&format!("{what} forward z {act:?}"), &download(&stream, &z), &z_want, 0.0, 0.0);
-                    check(&format!("{what} forward y {act:?}"), &download(&stream, &y), &y_want, 1e-6, 1e-6);
+                    let y_kept = download(&stream, &y);
+                    check(&format!("{what} forward y {act:?}"), &y_kept, &y_want, 1e-6, 1e-6);
+                    // without z (inference): the same y, bit for bit
+                    let mut y = upload(&stream, &poisoned(m * n));
+                    let epilogue = DenseEpilogue::Forward { bias: View::of(&biasd), z: None, y: Some(ViewMut::of(&mut y)), act };
+                    gpu.dense_on(&stream, kernel, m, n, k, am, bm, epilogue, b_early).unwrap();
+                    same_bits(&format!("{what} forward y {act:?} without z"), &download(&stream, &y), &y_kept);
                 }
             }
             for kernel in kernels(Dir::InputGrad, (m, n, k), &am, &bm) {
@@ -520,7 +532,7 @@ fn tensor_core_tiles_keep_fp32_accuracy() {
                     worst(&download(&stream, &dw))
                 } else {
                     let mut z = upload(&stream, &poisoned(m * n));
-                    let epilogue = DenseEpilogue::Forward { bias: View::of(&zero), z: ViewMut::of(&mut z), y: None, act: Identity };
+                    let epilogue = DenseEpilogue::Forward { bias: View::of(&zero), z: Some(ViewMut::of(&mut z)), y: None, act: Identity };
                     gpu.dense_on(&stream, kernel, m, n, k, am, bm, epilogue, false).unwrap();
                     worst(&download(&stream, &z))
                 };
@@ -549,7 +561,7 @@ fn four_and_eight_columns_per_block_sum_in_the_order_of_one() {
             .map(|i| {
                 let row = upload(&stream, &a[i * k..(i + 1) * k]);
                 let mut one = upload(&stream, &poisoned(n));
-                let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: ViewMut::of(&mut one), y: None, act: Identity };
+                let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: Some(ViewMut::of(&mut one)), y: None, act: Identity };
                 // B read before the wait here, after it below: the same sums
                 gpu.dense_on(&stream, Kernel::DenseRow, 1, n, k, DevMat { data: View::of(&row), rs: k, cs: 1 }, wm, epilogue, true)
                     .unwrap();
@@ -558,7 +570,7 @@ fn four_and_eight_columns_per_block_sum_in_the_order_of_one() {
             .collect();
         for kernel in [Kernel::DenseSkinny, Kernel::DenseSkinny4, Kernel::DenseSkinny8] {
             let mut all = upload(&stream, &poisoned(m * n));
-            let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: ViewMut::of(&mut all), y: None, act: Identity };
+            let epilogue = DenseEpilogue::Forward { bias: View::of(&bd), z: Some(ViewMut::of(&mut all)), y: None, act: Identity };
             gpu.dense_on(&stream, kernel, m, n, k, DevMat { data: View::of(&ad), rs: k, cs: 1 }, wm, epilogue, false).unwrap();
             let all = download(&stream, &all);
             for (i, row) in rows.iter().enumerate() {

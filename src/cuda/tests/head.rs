@@ -176,7 +176,7 @@ fn kernel_times_of_the_mlp_step() {
     time(format!("adam {n}"), &|| gpu.optim_step(&stream, adam, 3, n, vm(pp, n), v(gp, n), vm(statep, 2 * n), View::of(&norm)));
     // the element-wise kernels beside cuBLAS's products
     time(format!("bias_act {batch}x128"), &|| {
-        gpu.bias_act(&stream, Relu, v(wp, 128), 128, 1, batch, vm(zp, batch * 128), Some(vm(yp, batch * 128)))
+        gpu.bias_act(&stream, Relu, v(wp, 128), 128, 1, batch, vm(zp, batch * 128), Some(vm(yp, batch * 128)), true)
     });
     time(format!("act_backward {batch}x128"), &|| {
         gpu.act_backward(&stream, Relu, batch * 128, v(zp, batch * 128), v(yp, batch * 128), v(xp, batch * 128), vm(op, batch * 128))

@@ -9,6 +9,7 @@ mod conv_lowering;
 mod conv_wgrad;
 mod dense;
 mod head;
+mod infer;
 mod layers;
 mod ops;
 
@@ -331,7 +332,7 @@ fn a_failed_capture_is_an_err_and_the_stream_goes_on() {
     // z += bias, queued on the stream (captured, during a capture)
     let add = |bias: &CudaSlice<f32>| {
         // SAFETY: `z`, four values, lives to the end of the test; only this stream touches it.
-        gpu.bias_act(&stream, Identity, View::of(bias), 4, 1, 1, unsafe { ViewMut::from_raw(zp, 4) }, None)
+        gpu.bias_act(&stream, Identity, View::of(bias), 4, 1, 1, unsafe { ViewMut::from_raw(zp, 4) }, None, true)
     };
     let mut graphs = Graphs::new();
     let key = Key {

@@ -36,16 +36,27 @@ fn bias_act_matches_the_cpu() {
         let z_want: Vec<f32> = (0..n).map(|i| z0[i] + bias[(i / pixels) % channels]).collect();
         let b = upload(&stream, &bias);
         for act in every_activation() {
-            let (mut z, mut y) = (upload(&stream, &z0), upload(&stream, &poisoned(n + 1)));
-            gpu.bias_act(&stream, act, View::of(&b), channels, pixels, batch, ViewMut::of(&mut z), Some(ViewMut::of(&mut y))).unwrap();
+            let run = |keep_z| {
+                let (mut z, mut y) = (upload(&stream, &z0), upload(&stream, &poisoned(n + 1)));
+                let (zv, yv) = (ViewMut::of(&mut z), Some(ViewMut::of(&mut y)));
+                gpu.bias_act(&stream, act, View::of(&b), channels, pixels, batch, zv, yv, keep_z).unwrap();
+                (download(&stream, &z), download(&stream, &y))
+            };
+            let (z, y_kept) = run(true);
             let y_want: Vec<f32> = z_want.iter().map(|&v| act.apply(v)).chain([f32::NAN]).collect();
-            check(&format!("bias_act z {act:?}"), &download(&stream, &z), &z_want, 0.0, 0.0);
-            check(&format!("bias_act y {act:?} {channels}x{pixels}x{batch}"), &download(&stream, &y), &y_want, 1e-6, 1e-5);
+            check(&format!("bias_act z {act:?}"), &z, &z_want, 0.0, 0.0);
+            check(&format!("bias_act y {act:?} {channels}x{pixels}x{batch}"), &y_kept, &y_want, 1e-6, 1e-5);
+            // z not kept (inference): the same y, bit for bit, and z as it was
+            let (z, y) = run(false);
+            same_bits(&format!("bias_act y {act:?} {channels}x{pixels}x{batch}, z not kept"), &y, &y_kept);
+            same_bits(&format!("bias_act z {act:?} {channels}x{pixels}x{batch}, not kept"), &z, &z0);
         }
-        // no y: the bias alone, in place
-        let mut z = upload(&stream, &z0);
-        gpu.bias_act(&stream, Relu, View::of(&b), channels, pixels, batch, ViewMut::of(&mut z), None).unwrap();
-        check("bias_act in place", &download(&stream, &z), &z_want, 0.0, 0.0);
+        // no y: the bias alone, in place, whether z is to be kept or not (z is the output)
+        for keep_z in [true, false] {
+            let mut z = upload(&stream, &z0);
+            gpu.bias_act(&stream, Relu, View::of(&b), channels, pixels, batch, ViewMut::of(&mut z), None, keep_z).unwrap();
+            check(&format!("bias_act in place, keep_z {keep_z}"), &download(&stream, &z), &z_want, 0.0, 0.0);
+        }
     }
 }
 
@@ -368,7 +379,7 @@ fn launches_allocate_nothing() {
     let conv_g = conv::Geometry::new(Shape::image(2, 6, 6), Shape::image(3, 4, 4), (3, 3), (1, 1), (0, 0), (1, 1));
     let mut every_kernel = || {
         let (av, bv) = (View::of(&a), View::of(&b));
-        gpu.bias_act(&stream, Gelu, av, channels, pixels, batch, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
+        gpu.bias_act(&stream, Gelu, av, channels, pixels, batch, ViewMut::of(&mut c), Some(ViewMut::of(&mut d)), true).unwrap();
         gpu.act_backward(&stream, Tanh, n, av, bv, av, ViewMut::of(&mut c)).unwrap();
         gpu.bias_grad(&stream, channels, pixels, batch, av, ViewMut::of(&mut c), None).unwrap();
         gpu.bias_grad(&stream, channels, pixels, batch, av, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
@@ -376,7 +387,7 @@ fn launches_allocate_nothing() {
             .unwrap();
         gpu.mse(&stream, n, av, bv, ViewMut::of(&mut c), ViewMut::of(&mut loss), ViewMut::of(&mut scratch)).unwrap();
         let (am, bm) = (DevMat { data: av, rs: 16, cs: 1 }, DevMat { data: bv, rs: 1, cs: 16 });
-        let epilogue = DenseEpilogue::Forward { bias: bv, z: ViewMut::of(&mut c), y: Some(ViewMut::of(&mut d)), act: Gelu };
+        let epilogue = DenseEpilogue::Forward { bias: bv, z: Some(ViewMut::of(&mut c)), y: Some(ViewMut::of(&mut d)), act: Gelu };
         gpu.dense_on(&stream, Kernel::DenseSkinny4, 12, 9, 16, am, bm, epilogue, true).unwrap();
         let epilogue = DenseEpilogue::InputGrad { dx: ViewMut::of(&mut c), prev: Some((av, bv, Tanh)) };
         gpu.dense_on(&stream, Kernel::DensePanel, 3, 9, 16, am, bm, epilogue, true).unwrap();
