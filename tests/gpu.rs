@@ -58,7 +58,8 @@ fn training_on_the_gpu_matches_the_cpu() {
 /// 24 steps queued back to back (the host never waits), two batch sizes (two graphs), the
 /// learning rate changed before every step; each optimiser; graphs on and off. A replay that
 /// kept the arguments it was captured with, or took a later step's, would differ; so would a
-/// first `train_step` that left a trace of the steps it timed to check its routes.
+/// first `train_step` that left a trace of the steps it timed to check its routes, and so would
+/// two caches that took other routes (their reports are compared too).
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn train_step_matches_backprop_then_update() {
@@ -98,6 +99,10 @@ fn train_step_matches_backprop_then_update() {
         }
         let what = format!("{optim:?}, graphs {graphs}");
         assert_eq!(joint_opt.steps(), 24, "{what}");
+        // a route is timed once per process and every cache of the model takes the same ones:
+        // each layer's line of the report (route, times) is the same in both
+        let layers = |cache: &Cache| cache.routes().lines().filter(|l| l.contains(", step ")).map(String::from).collect::<Vec<_>>();
+        assert_eq!(layers(&split_fwd), layers(&joint_fwd), "{what}: the two caches' routes");
         let (want, got) = (split.parameters().unwrap(), joint.parameters().unwrap());
         let differ = want.iter().zip(got.iter()).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
         if differ != 0 {
