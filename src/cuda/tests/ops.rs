@@ -102,7 +102,7 @@ fn bias_grad_is_exact_on_integers_and_deterministic() {
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(3);
     // (the 4th to 6th split each channel's sum: 13 parts of 5 samples, the last of 4; 10 of
-    // 100, the last of 91; 16 of 4; the last two read rows of one and three float4s, so that a
+    // 100, the last of 91; 64 of 1; the last two read rows of one and three float4s, so that a
     // thread's share steps over many rows at a time)
     let sizes = [(7, 13, 5), (10, 1, 1000), (1, 1, 1), (3, 784, 64), (6, 41, 991), (16, 4096, 64), (5, 4, 300), (2, 12, 77)];
     for (channels, pixels, batch) in sizes {
@@ -131,7 +131,9 @@ fn bias_grad_is_exact_on_integers_and_deterministic() {
     }
     assert_eq!(crate::cuda::ops::bias_grad_splits(3, 784, 64), 13);
     assert_eq!(crate::cuda::ops::bias_grad_splits(6, 41, 991), 10);
-    assert_eq!(crate::cuda::ops::bias_grad_splits(16, 4096, 64), 16);
+    assert_eq!(crate::cuda::ops::bias_grad_splits(16, 4096, 64), 64);
+    assert_eq!(crate::cuda::ops::bias_grad_splits(16, 250, 4096), 64);
+    assert_eq!(crate::cuda::ops::bias_grad_splits(16, 1024, 64), 16);
 }
 
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
