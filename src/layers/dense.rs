@@ -1,9 +1,12 @@
 //! Dense: z = W·x + b per sample, W (out_features, in_features) row-major, then b (out_features),
-//! the layout of PyTorch's `nn.Linear`. The activation is applied by the shared pass in
-//! `layers/mod.rs`; the fast path here computes the matrix products, the forward's with the
-//! weights packed once per parameter version in the cache ([`DenseCache`], and
-//! `layers::Workspace` for when). On the GPU the products, bias and activation run fused
-//! (`kernels/dense.cu`, launched through `cuda::exec`).
+//! the layout of PyTorch's `nn.Linear`. The fast path here computes the matrix products, the
+//! forward's with the weights packed once per parameter version in the cache ([`DenseCache`],
+//! and `layers::Workspace` for when), and the bias and activation in the product's epilogue, on
+//! each column of tiles of z while it is in L1 (`cpu::gemm::sgemm_bias_act`); an inference pass
+//! keeps no z (the sums go to y and are activated there). A training pass of a few samples, or
+//! of a layer of one output, takes the shared pass of `layers/mod.rs` after its product
+//! instead. On the GPU the products, bias and activation run fused (`kernels/dense.cu`, launched
+//! through `cuda::exec`).
 //!
 //! Batched, with X (batch, in) and Z (batch, out) row-major:
 //!   forward  Z  = X·Wᵀ + b
@@ -13,7 +16,7 @@ use super::kind::{LayerKind, Mode, TensorSpec};
 use super::{split2, BackPass, Pass};
 use crate::activation::Activation;
 use crate::chain::{Chain, Fill, Shape, Step};
-use crate::cpu::gemm::{sgemm, sgemm_blocked, sgemm_packed_b, GemmWorkspace, Mat, MatMut, PackedB};
+use crate::cpu::gemm::{sgemm, sgemm_bias_act, BiasAct, GemmWorkspace, Mat, MatMut, PackedB, Weights};
 use crate::cpu::isa::Isa;
 use crate::cpu::pool::Pool;
 use crate::error::Result;
@@ -76,18 +79,25 @@ impl LayerKind for Dense {
     }
 
     fn forward(&self, step: &Step, pass: &mut Pass, mode: Mode) {
-        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+        let (x, z, y) = (pass.region(step.input_region), pass.region(step.z_region), pass.region(step.output_region));
         let (w, b) = step.weight_and_bias();
-        let (xs, zs) = split2(pass.acts, x, z);
         let (gemm, cache, version) = pass.ws.dense(pass.index);
-        if mode == Mode::Train && pass.batch <= TRAIN_UNPACKED_ROWS {
-            // a training pass's weights are new every step: packing them would cost more than
-            // a product of so few rows, which reads them in place
+        // a training pass's weights are new every step: packing them would cost more than a
+        // product of so few rows, which reads them in place (as one of a single output does)
+        if mode == Mode::Train && (pass.batch <= TRAIN_UNPACKED_ROWS || !cache.fuses()) {
+            let (xs, zs) = split2(pass.acts, x, z);
             cache.forward_unpacked(pass.pool, gemm, pass.batch, &pass.params[w], xs, zs);
-        } else {
-            cache.forward(pass.pool, gemm, pass.batch, version, &pass.params[w], xs, zs);
+            return pass.bias_act(step, self.activation, b, (self.out_features, 1));
         }
-        pass.bias_act(step, self.activation, b, (self.out_features, 1));
+        let (before, rest) = pass.acts.split_at_mut(z.start);
+        let (xs, (zs, ys)) =
+            (&before[x], if z == y { (&mut rest[..z.len()], None) } else { split_zy(rest, z.len(), y.start - z.start, y.len()) });
+        let post = BiasAct { bias: &pass.params[b], act: self.activation, y: None };
+        match ys {
+            // nothing reads z after an inference pass: the sums go to y, activated in place
+            Some(ys) if mode == Mode::Infer => cache.forward(pass.pool, gemm, pass.batch, version, &pass.params[w], xs, post, ys),
+            ys => cache.forward(pass.pool, gemm, pass.batch, version, &pass.params[w], xs, BiasAct { y: ys, ..post }, zs),
+        }
     }
 
     fn backward(&self, step: &Step, pass: &mut BackPass) {
@@ -96,13 +106,20 @@ impl LayerKind for Dense {
         backward(g.pool, &mut g.ws.gemm, g.batch, in_f, out_f, g.w, g.x, g.dz, g.dw, g.dx);
     }
 
+    /// An inference pass leaves z unwritten (where the step has a y of its own).
     #[cfg(test)]
-    fn spec_forward<F: Float>(&self, step: &Step, pass: &mut super::spec::Pass<F>, _mode: Mode) {
-        let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+    fn spec_forward<F: Float>(&self, step: &Step, pass: &mut super::spec::Pass<F>, mode: Mode) {
+        let (x, z, y) = (pass.region(step.input_region), pass.region(step.z_region), pass.region(step.output_region));
         let (w, b) = step.weight_and_bias();
+        let (in_f, out_f, act) = (step.input.len(), self.out_features, self.activation);
+        if mode == Mode::Infer && z != y {
+            let (xs, ys) = split2(pass.acts, x, y);
+            forward_spec(pass.batch, in_f, out_f, &pass.params[w], &pass.params[b], xs, ys);
+            return ys.iter_mut().for_each(|v| *v = act.apply(*v));
+        }
         let (xs, zs) = split2(pass.acts, x, z);
-        forward_spec(pass.batch, step.input.len(), self.out_features, &pass.params[w], &pass.params[b], xs, zs);
-        pass.activate(step, self.activation);
+        forward_spec(pass.batch, in_f, out_f, &pass.params[w], &pass.params[b], xs, zs);
+        pass.activate(step, act);
     }
 
     #[cfg(test)]
@@ -120,6 +137,12 @@ impl LayerKind for Dense {
     fn gpu_backward(&self, step: &Step, pass: &mut crate::cuda::exec::GpuBackward) -> Result<()> {
         crate::cuda::exec::dense_backward(pass, step, self.activation)
     }
+}
+
+/// z (`z_len` values from the start of `rest`) and y (`y_len` values from `y_at`, past z).
+fn split_zy(rest: &mut [f32], z_len: usize, y_at: usize, y_len: usize) -> (&mut [f32], Option<&mut [f32]>) {
+    let (zs, ys) = rest[..y_at + y_len].split_at_mut(y_at);
+    (&mut zs[..z_len], Some(ys))
 }
 
 /// The plan's dense steps.
@@ -219,19 +242,38 @@ impl DenseCache {
         }
     }
 
-    /// Z (batch × out) ← X·Wᵀ, without the bias: from the weights packed if they hold
+    /// Whether its forward runs the bias and activation in the product's epilogue
+    /// ([`DenseCache::forward`]): unless the layer has one output.
+    pub fn fuses(&self) -> bool {
+        self.w_t.is_some()
+    }
+
+    /// Z (batch × out) ← X·Wᵀ + b, then act into `post.y` where given, else in place in Z
+    /// ([`BiasAct`]), in the product's epilogue: from the weights packed if they hold
     /// `version`, else from `w` as it is, packed by the product as it goes, with the same bits
-    /// (each output one chain of FMAs over the inputs in order); for a layer of one output, dot
-    /// products of `w` with each sample, the same for every batch.
+    /// (each output one chain of FMAs over the inputs in order, then the bias and activation of
+    /// the shared pass). For a layer of one output, dot products of `w` with each sample (the
+    /// same for every batch), then the bias and activation.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, pool: &Pool, gemm: &mut GemmWorkspace, batch: usize, version: u64, w: &[f32], x: &[f32], z: &mut [f32]) {
+    pub fn forward(
+        &self,
+        pool: &Pool,
+        gemm: &mut GemmWorkspace,
+        batch: usize,
+        version: u64,
+        w: &[f32],
+        x: &[f32],
+        post: BiasAct,
+        z: &mut [f32],
+    ) {
         let (in_f, out_f) = (self.in_f, self.out_f);
-        let (x, w, z) = (Mat { data: x, rs: in_f, cs: 1 }, Mat { data: w, rs: 1, cs: in_f }, MatMut { data: z, rs: out_f, cs: 1 });
-        match &self.w_t {
-            None => sgemm(pool, gemm, batch, out_f, in_f, 1.0, x, w, 0.0, z),
-            Some((w_t, v)) if *v == version => sgemm_packed_b(pool, gemm, batch, 1.0, x, w_t, 0.0, z),
-            Some(_) => sgemm_blocked(pool, gemm, batch, out_f, in_f, 1.0, x, w, 0.0, z),
-        }
+        let (x, z) = (Mat { data: x, rs: in_f, cs: 1 }, MatMut { data: z, rs: out_f, cs: 1 });
+        let w = match &self.w_t {
+            None => return one_output(pool, gemm, batch, in_f, w, x, post, z),
+            Some((w_t, v)) if *v == version => Weights::Packed(w_t),
+            Some(_) => Weights::Plain { b: Mat { data: w, rs: 1, cs: in_f }, k: in_f, n: out_f },
+        };
+        sgemm_bias_act(pool, gemm, batch, x, w, z, post)
     }
 
     /// Z (batch × out) ← X·Wᵀ, without the bias, from `w` read in place (no packing).
@@ -254,6 +296,30 @@ impl DenseCache {
     #[cfg(test)]
     pub fn poison(&mut self) {
         self.w_t.iter_mut().for_each(|(p, _)| p.poison());
+    }
+}
+
+/// z (batch) ← X·wᵀ + b for a layer of one output, by dot products of `w` with each sample, then
+/// act as `post` says: the bias pass of `layers` and [`Activation::apply_slice`], in place
+/// through a copy on the stack (a value a sample: the GEMM's epilogue would cost more than it
+/// saves).
+#[allow(clippy::too_many_arguments)]
+fn one_output(pool: &Pool, gemm: &mut GemmWorkspace, batch: usize, in_f: usize, w: &[f32], x: Mat, post: BiasAct, z: MatMut) {
+    let z = z.data;
+    sgemm(pool, gemm, batch, 1, in_f, 1.0, x, Mat { data: w, rs: 1, cs: in_f }, 0.0, MatMut { data: &mut *z, rs: 1, cs: 1 });
+    let z = &mut z[..batch];
+    z.iter_mut().for_each(|v| *v += post.bias[0]);
+    match post.y {
+        Some(y) => post.act.apply_slice(z, &mut y[..batch]),
+        None if post.act == Activation::Identity => {}
+        None => {
+            let mut part = [0.0f32; 64];
+            for chunk in z.chunks_mut(part.len()) {
+                let part = &mut part[..chunk.len()];
+                part.copy_from_slice(chunk);
+                post.act.apply_slice(part, chunk);
+            }
+        }
     }
 }
 
@@ -282,9 +348,12 @@ pub fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::activation::{Elu, Gelu, Identity, LeakyRelu, Relu, Sigmoid, Silu, Softplus, Tanh};
+    use crate::cpu::gemm::sgemm_packed_b;
     use crate::testutil::{assert_close, poisoned, Rng};
 
-    /// Z through the cache: the weights unpacked (version 1 not packed yet), then packed.
+    /// Z through the cache, with a zero bias and no activation: the weights unpacked (version 1
+    /// not packed yet), then packed.
     fn both_ways(
         pool: &Pool,
         ws: &mut GemmWorkspace,
@@ -295,9 +364,10 @@ mod tests {
         extra: usize,
     ) -> [Vec<f32>; 2] {
         let out_f = cache.out_f;
+        let zero = vec![0.0; out_f];
         let mut run = |cache: &DenseCache| {
             let mut z = poisoned(batch * out_f + extra);
-            cache.forward(pool, ws, batch, 1, w, x, &mut z);
+            cache.forward(pool, ws, batch, 1, w, x, BiasAct { bias: &zero, act: Identity, y: None }, &mut z);
             assert!(z[batch * out_f..].iter().all(|v| v.is_nan()), "wrote past the batch");
             z.truncate(batch * out_f);
             z
@@ -358,6 +428,60 @@ mod tests {
                         let want = want.get_or_insert_with(|| bits(&z));
                         assert_eq!(bits(&z), want[..rows * out_f], "{out_f} outputs, a batch of {rows}, {threads} threads");
                     }
+                }
+            }
+        }
+    }
+
+    /// The bias and activation in the product's epilogue against the product, then the shared
+    /// pass of `layers` (the spec), bit for bit: every activation, on real values (rounding in
+    /// every sum, both sides of every bend), odd shapes (batches and outputs that are no
+    /// multiple of the tiles, more inputs than a block of k, one output), the weights packed and
+    /// unpacked, 1 and 2 threads; a training pass's z and y, an inference pass's y alone (the
+    /// sums activated in place); every output poisoned first, nothing past the batch written.
+    #[test]
+    fn the_epilogue_gives_the_product_then_the_bias_and_activation_pass() {
+        let acts = [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu, Silu, Elu(0.7), Softplus];
+        let shapes = [(1, 5, 3), (13, 40, 70), (29, 300, 65), (37, 260, 17), (64, 64, 256), (7, 33, 1), (130, 9, 40)];
+        let mut rng = Rng::new(9);
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for threads in [1, 2] {
+            let (pool, mut ws) = (Pool::new(threads).unwrap(), GemmWorkspace::new(threads).unwrap());
+            for (batch, in_f, out_f) in shapes {
+                // pre-activations of a few units either side of 0
+                let (w, x, b) = (rng.uniform(out_f * in_f), rng.uniform(batch * in_f), rng.uniform(out_f));
+                let x: Vec<f32> = x.iter().map(|v| 6.0 * v).collect();
+                let mut cache = DenseCache::new(ws.isa(), in_f, out_f).unwrap();
+                let mut product = vec![0.0; batch * out_f];
+                if out_f == 1 {
+                    cache.forward_unpacked(&pool, &mut ws, batch, &w, &x, &mut product);
+                } else {
+                    let mut w_t = PackedB::new(ws.isa(), in_f, out_f).unwrap();
+                    w_t.pack(Mat { data: &w, rs: 1, cs: in_f });
+                    let (a, c) = (Mat { data: &x, rs: in_f, cs: 1 }, MatMut { data: &mut product, rs: out_f, cs: 1 });
+                    sgemm_packed_b(&pool, &mut ws, batch, 1.0, a, &w_t, 0.0, c);
+                }
+                for act in acts {
+                    let (mut z_want, mut y_want) = (product.clone(), poisoned(batch * out_f));
+                    crate::layers::bias_act(&pool, act, &b, out_f, 1, batch, &mut z_want, Some(&mut y_want));
+                    let what = |how: &str| format!("{act:?}, {batch}×{in_f}×{out_f}, {threads} threads, {how}");
+                    for (version, how) in [(1, "unpacked"), (2, "packed")] {
+                        if version == 2 {
+                            cache.pack(&w, 2);
+                        }
+                        let (mut z, mut y) = (poisoned(batch * out_f + 3), poisoned(batch * out_f + 3));
+                        let post = BiasAct { bias: &b, act, y: Some(&mut y[..batch * out_f]) };
+                        cache.forward(&pool, &mut ws, batch, version, &w, &x, post, &mut z[..batch * out_f]);
+                        assert!(z[batch * out_f..].iter().chain(&y[batch * out_f..]).all(|v| v.is_nan()), "{}", what(how));
+                        assert_eq!(bits(&z[..batch * out_f]), bits(&z_want), "{}: z", what(how));
+                        assert_eq!(bits(&y[..batch * out_f]), bits(&y_want), "{}: y", what(how));
+                        let mut y = poisoned(batch * out_f + 3);
+                        let post = BiasAct { bias: &b, act, y: None };
+                        cache.forward(&pool, &mut ws, batch, version, &w, &x, post, &mut y[..batch * out_f]);
+                        assert!(y[batch * out_f..].iter().all(|v| v.is_nan()), "{}", what(how));
+                        assert_eq!(bits(&y[..batch * out_f]), bits(&y_want), "{}: y in place", what(how));
+                    }
+                    cache = DenseCache::new(ws.isa(), in_f, out_f).unwrap();
                 }
             }
         }

@@ -16,7 +16,8 @@
 //! A weight operand can also be packed once into a [`PackedB`] (the B of Z = X·Wᵀ) or a
 //! [`PackedA`] (the A of a convolution's Z = W·col), kept by its owner and repacked only when
 //! the weights change; products with it skip that operand's packing. A product of a few rows
-//! (batch 1 to 4) with a packed B streams it with tiles several panels wide.
+//! (batch 1 to 4) with a packed B streams it with tiles several panels wide. A product can end
+//! in a dense layer's bias and activation, run on C while it is in L1 ([`sgemm_bias_act`]).
 //!
 //! Each element of C is summed in the same order whatever the thread count: k is never split
 //! across threads, the route (row products or the blocked nest, transposed or not) is chosen
@@ -37,6 +38,7 @@ mod kernel;
 mod nest;
 mod pack;
 mod packed;
+mod post;
 mod row;
 mod shifted;
 #[cfg(test)]
@@ -54,6 +56,8 @@ use nest::{blocked, AOp, BOp};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use pack::transpose8x8;
 pub(crate) use packed::{PackedA, PackedB};
+use post::Post;
+pub(crate) use post::{sgemm_bias_act, BiasAct, Weights};
 use row::row_times_matrix;
 pub(crate) use shifted::{sgemm_shifted_into, sgemm_shifted_on, shifted_runs_fit, shifted_slack};
 
@@ -308,6 +312,9 @@ struct Product {
     c: ViewMut,
     route: Route,
     isa: Isa,
+    /// The epilogue C goes through once its sums are done, a block or a column of tiles at a
+    /// time while it is in L1 (blocked nest only).
+    post: Option<Post>,
 }
 
 impl Product {
@@ -329,7 +336,7 @@ impl Product {
         } else {
             Route::Blocked
         };
-        Product { m, n, k, alpha, a: AOp::View(a), b: BOp::View(b), beta, c, route, isa }
+        Product { m, n, k, alpha, a: AOp::View(a), b: BOp::View(b), beta, c, route, isa, post: None }
     }
 
     /// A product through the blocked nest (never transposed), or C ← β·C where k = 0; the
@@ -338,7 +345,7 @@ impl Product {
     fn packed(isa: Isa, m: usize, n: usize, k: usize, alpha: f32, a: AOp, b: BOp, beta: f32, c: OutPtr) -> Product {
         let c = ViewMut { ptr: c.ptr, rs: c.rs, cs: c.cs };
         let route = if k == 0 { Route::Scale } else { Route::Blocked };
-        Product { m, n, k, alpha, a, b, beta, c, route, isa }
+        Product { m, n, k, alpha, a, b, beta, c, route, isa, post: None }
     }
 
     /// Rows `rows` and columns `cols` of this product, on the same route. A packed A is
@@ -366,7 +373,8 @@ impl Product {
                     self.b
                 }
             };
-            Product { m: rows.len(), n: cols.len(), a, b, c: self.c.at(rows.start, cols.start), ..self }
+            let post = self.post.map(|post| post.at(rows.start, cols.start));
+            Product { m: rows.len(), n: cols.len(), a, b, c: self.c.at(rows.start, cols.start), post, ..self }
         }
     }
 
@@ -376,15 +384,21 @@ impl Product {
     /// The operands cover m×k, k×n and m×n (checked), the elements of C are distinct, no
     /// other thread touches them during the call, and this CPU runs `isa`.
     unsafe fn run(self, scratch: &mut GemmScratch) {
-        let Product { m, n, k, alpha, a, b, beta, c, route, isa } = self;
+        let Product { m, n, k, alpha, a, b, beta, c, route, isa, post } = self;
         if m == 0 || n == 0 {
             return;
         }
         // SAFETY: this function's contract; each path stays inside the extents it is given.
         unsafe {
             match (route, a, b) {
-                (Route::Scale, ..) => scale(m, n, beta, c),
+                (Route::Scale, ..) => {
+                    scale(m, n, beta, c);
+                    if let Some(post) = post {
+                        post.apply(m, n, c);
+                    }
+                }
                 (Route::Rows, AOp::View(a), BOp::View(b)) => {
+                    debug_assert!(post.is_none(), "an epilogue runs in the blocked nest");
                     for i in 0..m {
                         row_times_matrix(n, k, alpha, a.at(i, 0), b, beta, c.at(i, 0));
                     }
@@ -477,7 +491,9 @@ pub(crate) fn sgemm_packed_b(pool: &Pool, ws: &mut GemmWorkspace, m: usize, alph
 /// call goes (B's panels perhaps read in place; never transposed, never row by row), split
 /// over the pool's threads: the bits [`sgemm_packed_b`] and [`sgemm_packed_a`] give with
 /// either operand packed once, for a first product that cannot yet tell whether packing once
-/// would be repaid. Panics as [`sgemm`].
+/// would be repaid. Panics as [`sgemm`]. (The dense layers run this route through
+/// [`sgemm_bias_act`], with their epilogue; the tests run it plain.)
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sgemm_blocked(
     pool: &Pool,

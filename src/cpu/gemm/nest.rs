@@ -3,6 +3,7 @@
 use super::kernel::{panels_for, InPlace, Kernel, Packed, PackedRows, Panel, Rows, RowsInPlace, Runs, Shifted, ShiftedRuns};
 use super::pack::{pack_a, pack_b, row_panels};
 use super::packed::{AView, BView};
+use super::post::Post;
 use super::{Product, View, ViewMut, KC, MC, NC};
 
 /// The A operand: strided (read in place or packed here, block by block: [`ARead`]) or packed
@@ -55,7 +56,8 @@ unsafe impl Send for BOp {}
 unsafe impl Sync for BOp {}
 
 /// The product `p` on this thread: for each KC×NC block of B (packed into `scratch` unless it
-/// was packed once), each MC×KC block of A likewise, the tiles of C.
+/// was packed once), each MC×KC block of A likewise, the tiles of C; with the last block of
+/// k, C then through `p`'s epilogue, if it has one ([`tiles`]).
 ///
 /// # Safety
 /// As [`Product::run`]: the operands cover m×k, k×n and m×n elements, C's distinct and ours
@@ -76,28 +78,30 @@ pub(super) unsafe fn blocked<K: Kernel>(scratch: &mut [f32], p: &Product) {
             let kc = KC.min(p.k - pc);
             let beta = if pc == 0 { p.beta } else { 1.0 };
             // SAFETY: rows pc..pc + kc ≤ k and columns jc..jc + nc ≤ n of B: inside its
-            // extent; bpack holds KC·NC values.
+            // extent; bpack holds KC·NC values; (0, jc) is an element of C.
             unsafe {
+                let post = p.post.filter(|_| pc + kc == p.k).map(|post| post.at(0, jc));
                 match p.b {
                     BOp::View(b) if p.m <= MC && b.cs == 1 && in_place_fits_l1(b.at(pc, jc).ptr as usize, kc, K::NR, b.rs) => {
-                        in_place::<K>(apack, bpack, p, a, pc, kc, jc, nc, b, beta)
+                        in_place::<K>(apack, bpack, p, a, pc, kc, jc, nc, b, beta, post)
                     }
                     BOp::View(b) => {
                         pack_b(K::NR, kc, nc, b.at(pc, jc), bpack);
-                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, Packed { ptr: bpack.as_ptr(), stride: kc * K::NR }, beta);
+                        let panels = Packed { ptr: bpack.as_ptr(), stride: kc * K::NR };
+                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, panels, beta, post);
                     }
                     BOp::Packed(b) => {
                         let panels = Packed { ptr: b.block(K::NR, jc, pc), stride: kc * K::NR };
-                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, panels, beta);
+                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, panels, beta, post);
                     }
                     // one run (contiguous columns) with the plainer panel
                     BOp::Shifted { base, offsets, runs } if runs.width == runs.pitch || runs.n <= runs.width => {
                         let rows = Shifted { base: base.add(jc), offsets: offsets.add(pc) };
-                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, rows, beta);
+                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, rows, beta, post);
                     }
                     BOp::Shifted { base, offsets, runs } => {
                         let rows = ShiftedRuns::at(base, offsets.add(pc), runs, jc, K::NR);
-                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, rows, beta);
+                        row_blocks::<K, _>(apack, p, a, pc, kc, jc, nc, rows, beta, post);
                     }
                 }
             }
@@ -107,7 +111,8 @@ pub(super) unsafe fn blocked<K: Kernel>(scratch: &mut [f32], p: &Product) {
 }
 
 /// Rows pc..pc + kc of the B block whose columns jc..jc + nc start at `b`, against each MC
-/// block of A's rows (A read as `a` says); C ← α·A·B + β·C there.
+/// block of A's rows (A read as `a` says); C ← α·A·B + β·C there, then through `post` (at C's
+/// element (0, jc)) where given.
 ///
 /// # Safety
 /// As [`blocked`], for that block; `b`'s panels hold its kc rows; `a` is `p`'s A.
@@ -122,23 +127,24 @@ unsafe fn row_blocks<K: Kernel, B: Panel>(
     nc: usize,
     b: B,
     beta: f32,
+    post: Option<Post>,
 ) {
     for ic in (0..p.m).step_by(MC) {
         let mc = MC.min(p.m - ic);
         // SAFETY: rows ic..ic + mc ≤ m, columns pc..pc + kc ≤ k of A; apack holds MC·KC;
         // (ic, jc) is an element of C.
         unsafe {
-            let c = p.c.at(ic, jc);
+            let (c, post) = (p.c.at(ic, jc), post.map(|post| post.at(ic, 0)));
             match a {
                 ARead::InPlace(a) => {
                     let rows = RowsInPlace { ptr: a.at(ic, pc).ptr, rs: a.rs };
-                    tiles::<K, _, B>(mc, nc, kc, rows, b, p.alpha, beta, c)
+                    tiles::<K, _, B>(mc, nc, kc, rows, b, p.alpha, beta, c, post)
                 }
                 ARead::Pack(a) => {
                     pack_a(K::MR, mc, kc, a.at(ic, pc), apack);
-                    tiles::<K, _, B>(mc, nc, kc, PackedRows { ptr: apack.as_ptr() }, b, p.alpha, beta, c)
+                    tiles::<K, _, B>(mc, nc, kc, PackedRows { ptr: apack.as_ptr() }, b, p.alpha, beta, c, post)
                 }
-                ARead::Packed(a) => tiles::<K, _, B>(mc, nc, kc, PackedRows { ptr: a.block(ic, pc) }, b, p.alpha, beta, c),
+                ARead::Packed(a) => tiles::<K, _, B>(mc, nc, kc, PackedRows { ptr: a.block(ic, pc) }, b, p.alpha, beta, c, post),
             }
         }
     }
@@ -163,6 +169,7 @@ unsafe fn in_place<K: Kernel>(
     nc: usize,
     b: View,
     beta: f32,
+    post: Option<Post>,
 ) {
     debug_assert!(p.m <= MC && b.cs == 1);
     // SAFETY: rows 0..m, columns pc..pc + kc ≤ k of A; apack holds MC·KC values.
@@ -170,13 +177,13 @@ unsafe fn in_place<K: Kernel>(
         match a {
             ARead::InPlace(a) => {
                 let rows = RowsInPlace { ptr: a.at(0, pc).ptr, rs: a.rs };
-                in_place_tiles::<K, _>(bpack, p, pc, kc, jc, nc, b, beta, rows)
+                in_place_tiles::<K, _>(bpack, p, pc, kc, jc, nc, b, beta, rows, post)
             }
             ARead::Pack(a) => {
                 pack_a(K::MR, p.m, kc, a.at(0, pc), apack);
-                in_place_tiles::<K, _>(bpack, p, pc, kc, jc, nc, b, beta, PackedRows { ptr: apack.as_ptr() })
+                in_place_tiles::<K, _>(bpack, p, pc, kc, jc, nc, b, beta, PackedRows { ptr: apack.as_ptr() }, post)
             }
-            ARead::Packed(a) => in_place_tiles::<K, _>(bpack, p, pc, kc, jc, nc, b, beta, PackedRows { ptr: a.block(0, pc) }),
+            ARead::Packed(a) => in_place_tiles::<K, _>(bpack, p, pc, kc, jc, nc, b, beta, PackedRows { ptr: a.block(0, pc) }, post),
         }
     }
 }
@@ -196,6 +203,7 @@ unsafe fn in_place_tiles<K: Kernel, A: Rows>(
     b: View,
     beta: f32,
     a: A,
+    post: Option<Post>,
 ) {
     // SAFETY: rows pc..pc + kc and columns jc..jc + nc of B, the full panels' rows NR
     // contiguous values each (cs = 1); bpack holds KC·NC values; (0, jc) and (0, jc + full)
@@ -203,12 +211,14 @@ unsafe fn in_place_tiles<K: Kernel, A: Rows>(
     unsafe {
         let full = nc - nc % K::NR;
         if full > 0 {
-            tiles::<K, _, _>(p.m, full, kc, a, InPlace { ptr: b.at(pc, jc).ptr, rs: b.rs }, p.alpha, beta, p.c.at(0, jc));
+            let panels = InPlace { ptr: b.at(pc, jc).ptr, rs: b.rs };
+            tiles::<K, _, _>(p.m, full, kc, a, panels, p.alpha, beta, p.c.at(0, jc), post);
         }
         if full < nc {
             pack_b(K::NR, kc, nc - full, b.at(pc, jc + full), bpack);
             let panels = Packed { ptr: bpack.as_ptr(), stride: kc * K::NR };
-            tiles::<K, _, _>(p.m, nc - full, kc, a, panels, p.alpha, beta, p.c.at(0, jc + full));
+            let post = post.map(|post| post.at(0, full));
+            tiles::<K, _, _>(p.m, nc - full, kc, a, panels, p.alpha, beta, p.c.at(0, jc + full), post);
         }
     }
 }
@@ -281,12 +291,28 @@ pub(super) fn column_fits_l1(rows: usize, rs: usize, panel: usize) -> bool {
 /// The tiles of an mc×nc block of C from an A block (in the row panels of `row_panels`) and
 /// the B panels from `b`. A block of 4 rows or fewer is one panel, and spans several B panels
 /// a tile ([`panels_for`]). Tiles of a C whose rows are not contiguous go through a stack
-/// tile and are blended out one element at a time.
+/// tile and are blended out one element at a time. With `post` (at the block's element (0, 0)),
+/// the block then goes through it while it is in L1: whole where it holds at most
+/// [`POST_VALUES`], else a column of tiles at a time (the block's rows, a B panel's columns or
+/// those of the few a tile spans); a call for as many values as stay in L1, so that its cost is
+/// spread over all of them.
 ///
 /// # Safety
-/// As [`row_blocks`]: `a` is a block of mc rows of kc values, `c` covers mc×nc elements.
+/// As [`row_blocks`]: `a` is a block of mc rows of kc values, `c` covers mc×nc elements; with
+/// `post`, C's rows are contiguous (cs = 1).
 #[allow(clippy::too_many_arguments)]
-unsafe fn tiles<K: Kernel, A: Rows, B: Panel>(mc: usize, nc: usize, kc: usize, a: A, b: B, alpha: f32, beta: f32, c: ViewMut) {
+unsafe fn tiles<K: Kernel, A: Rows, B: Panel>(
+    mc: usize,
+    nc: usize,
+    kc: usize,
+    a: A,
+    b: B,
+    alpha: f32,
+    beta: f32,
+    c: ViewMut,
+    post: Option<Post>,
+) {
+    debug_assert!(post.is_none() || c.cs == 1);
     let wide = if mc <= 4 { panels_for(mc) } else { 1 };
     let panels_in_block = nc.div_ceil(K::NR);
     for q0 in (0..panels_in_block).step_by(wide) {
@@ -315,5 +341,18 @@ unsafe fn tiles<K: Kernel, A: Rows, B: Panel>(mc: usize, nc: usize, kc: usize, a
                 }
             }
         }
+        if let Some(post) = post.filter(|_| mc * nc > POST_VALUES) {
+            // SAFETY: columns j..j + cols of the block's mc rows, just computed (C's rows
+            // contiguous: the contract).
+            unsafe { post.at(0, j).apply(mc, cols, c.at(0, j)) };
+        }
+    }
+    if let Some(post) = post.filter(|_| mc * nc <= POST_VALUES) {
+        // SAFETY: the block, just computed (C's rows contiguous: the contract).
+        unsafe { post.apply(mc, nc, c) };
     }
 }
+
+/// Values of C a block may hold to go through its epilogue whole (16 KiB, half of L1): a
+/// blocking size, as KC, MC and NC are.
+const POST_VALUES: usize = 4096;

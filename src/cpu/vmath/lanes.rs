@@ -101,6 +101,91 @@ impl Lanes for f32 {
     }
 }
 
+/// Two vectors as one of twice the lanes, each operation applied to both in turn: a kernel over
+/// a pair runs two independent chains of operations side by side, one operation of each at a
+/// time. A kernel's chain is long (tens of dependent operations, two divisions), and a core
+/// keeps only so many operations waiting for their inputs: with one vector's chain it fills
+/// that window before the next vector's operations come into it, with the two interleaved
+/// each has the other's to overlap. The same operations per lane, so the same bits.
+#[derive(Clone, Copy)]
+pub(crate) struct Pair<V>(V, V);
+
+/// Implements an arithmetic operator of [`Pair`] lane by lane.
+macro_rules! pair_operator {
+    ($trait:ident, $f:ident) => {
+        impl<V: Lanes> $trait for Pair<V> {
+            type Output = Pair<V>;
+            #[inline(always)]
+            fn $f(self, b: Pair<V>) -> Pair<V> {
+                Pair(self.0.$f(b.0), self.1.$f(b.1))
+            }
+        }
+    };
+}
+
+pair_operator!(Add, add);
+pair_operator!(Sub, sub);
+pair_operator!(Mul, mul);
+pair_operator!(Div, div);
+
+impl<V: Lanes> Neg for Pair<V> {
+    type Output = Pair<V>;
+    #[inline(always)]
+    fn neg(self) -> Pair<V> {
+        Pair(-self.0, -self.1)
+    }
+}
+
+impl<V: Lanes> Lanes for Pair<V> {
+    const LANES: usize = 2 * V::LANES;
+    type Mask = (V::Mask, V::Mask);
+    #[inline(always)]
+    fn splat(c: f32) -> Pair<V> {
+        Pair(V::splat(c), V::splat(c))
+    }
+    #[inline(always)]
+    fn load(src: &[f32]) -> Pair<V> {
+        Pair(V::load(src), V::load(&src[V::LANES..]))
+    }
+    #[inline(always)]
+    fn store(self, dst: &mut [f32]) {
+        self.0.store(dst);
+        self.1.store(&mut dst[V::LANES..]);
+    }
+    #[inline(always)]
+    fn mul_add(self, b: Pair<V>, c: Pair<V>) -> Pair<V> {
+        Pair(self.0.mul_add(b.0, c.0), self.1.mul_add(b.1, c.1))
+    }
+    #[inline(always)]
+    fn max(self, b: Pair<V>) -> Pair<V> {
+        Pair(self.0.max(b.0), self.1.max(b.1))
+    }
+    #[inline(always)]
+    fn min(self, b: Pair<V>) -> Pair<V> {
+        Pair(self.0.min(b.0), self.1.min(b.1))
+    }
+    #[inline(always)]
+    fn lt(self, b: Pair<V>) -> (V::Mask, V::Mask) {
+        (self.0.lt(b.0), self.1.lt(b.1))
+    }
+    #[inline(always)]
+    fn select(m: (V::Mask, V::Mask), a: Pair<V>, b: Pair<V>) -> Pair<V> {
+        Pair(V::select(m.0, a.0, b.0), V::select(m.1, a.1, b.1))
+    }
+    #[inline(always)]
+    fn and(self, b: Pair<V>) -> Pair<V> {
+        Pair(self.0.and(b.0), self.1.and(b.1))
+    }
+    #[inline(always)]
+    fn or(self, b: Pair<V>) -> Pair<V> {
+        Pair(self.0.or(b.0), self.1.or(b.1))
+    }
+    #[inline(always)]
+    fn shl23(self) -> Pair<V> {
+        Pair(self.0.shl23(), self.1.shl23())
+    }
+}
+
 /// Implements the arithmetic operators of a vector newtype with the given intrinsics.
 #[cfg(target_arch = "x86_64")]
 macro_rules! operators {

@@ -31,6 +31,7 @@
 //! The relative figures are for normal results; subnormal ones are within the ulp bounds in
 //! units of 2⁻¹⁴⁹.
 
+pub(crate) mod epilogue;
 pub(crate) mod kernels;
 pub(crate) mod lanes;
 #[cfg(test)]
