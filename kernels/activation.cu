@@ -80,12 +80,12 @@ __device__ __forceinline__ float act_derivative(int act, float slope, float z, f
 
 // z[s, c, p] += bias[c] over n = batch·channels·pixels values; then y = act(z) unless y is
 // null (an identity layer, whose z is its output). With keep_z 0 and a y, z + b goes to y alone
-// and z is only read (an inference pass, after which no step reads a z: the write back was a
-// third of the kernel's traffic). The first `quads` fours of values go as float4 (the host
-// passes 0 unless every pointer is 16-byte aligned and a four shares its row:
-// pixels a multiple of 4, whose four share one bias, or pixels 1 and channels a multiple of 4,
-// whose four take four consecutive biases), the rest one at a time. A value's channel costs
-// integer divisions, which bound this kernel where each value paid them: a four pays them once.
+// and z is only read (an inference pass, after which no step reads a z). The first `quads`
+// fours of values go as float4 (the host passes 0 unless every pointer is 16-byte aligned and a
+// four shares its row: pixels a multiple of 4, whose four share one bias, or pixels 1 and
+// channels a multiple of 4, whose four take four consecutive biases), the rest one at a time. A
+// value's channel costs integer divisions, which bound this kernel where each value paid them: a
+// four pays them once.
 __device__ __forceinline__ float4 bias_act4(float4 v, float4 b, float* y, int q, int act, float slope) {
     v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
     if (y != nullptr)

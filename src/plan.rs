@@ -139,7 +139,8 @@ pub struct Step {
     /// Its buffer tensors (ranges of the model's flat buffers), in layout order.
     pub buffers: Vec<Tensor>,
     /// Activation-buffer region of the input, the pre-activation z, and the output y.
-    /// `z == output` when the layer has no activation (or no parameters).
+    /// `z == output` when the layer has no activation (or no parameters). z is defined after a
+    /// training pass only (see `layers::Mode`).
     pub input_region: usize,
     pub z_region: usize,
     pub output_region: usize,

@@ -74,9 +74,9 @@ pub const FINISH_MAX: usize = 16_384;
 
 /// `bias_grad` splits a channel's sum into parts while its channels give fewer blocks than
 /// this (about eight blocks an SM of the cards flatnn runs on, a full SM's threads: a block's
-/// threads each keep one load in flight, so the memory's rate needs many blocks; at two an SM,
-/// ts_conv1d's two bias gradients at 4096 samples took 222 µs under `ncu` against PyTorch's 142;
-/// a constant, so the bits of a sum depend on the sizes alone, not on the card) ...
+/// threads each keep one load in flight, so the memory's rate needs many blocks; BENCHMARKS.md,
+/// "Bias gradients of large convolution batches"). A constant, set by hand rather than measured
+/// per card, so that the bits of a sum depend on the sizes alone, not on the card ...
 const BIAS_GRAD_BLOCKS: usize = 1024;
 /// ... and each part has at least this many values to sum.
 const BIAS_GRAD_MIN_PART: usize = 4096;

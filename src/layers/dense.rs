@@ -436,13 +436,31 @@ mod tests {
     /// The bias and activation in the product's epilogue against the product, then the shared
     /// pass of `layers` (the spec), bit for bit: every activation, on real values (rounding in
     /// every sum, both sides of every bend), odd shapes (batches and outputs that are no
-    /// multiple of the tiles, more inputs than a block of k, one output), the weights packed and
+    /// multiple of the tiles, more inputs than a block of k, more rows and outputs than a block
+    /// of either, one input, one output), the weights packed and
     /// unpacked, 1 and 2 threads; a training pass's z and y, an inference pass's y alone (the
     /// sums activated in place); every output poisoned first, nothing past the batch written.
     #[test]
     fn the_epilogue_gives_the_product_then_the_bias_and_activation_pass() {
         let acts = [Identity, Relu, LeakyRelu(0.1), Tanh, Sigmoid, Gelu, Silu, Elu(0.7), Softplus];
-        let shapes = [(1, 5, 3), (13, 40, 70), (29, 300, 65), (37, 260, 17), (64, 64, 256), (7, 33, 1), (130, 9, 40)];
+        // (batch, in, out); the last six reach a thread's part of more rows than a block of rows
+        // (300, 150, 200: past the GEMM's MC), more outputs than a block of columns (1,100: past
+        // NC), and one input (B read in place)
+        let shapes = [
+            (1, 5, 3),
+            (13, 40, 70),
+            (29, 300, 65),
+            (37, 260, 17),
+            (64, 64, 256),
+            (7, 33, 1),
+            (130, 9, 40),
+            (300, 70, 1100),
+            (150, 1, 20),
+            (100, 1, 40),
+            (200, 600, 40),
+            (5, 1, 1100),
+            (3, 1, 200),
+        ];
         let mut rng = Rng::new(9);
         let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         for threads in [1, 2] {

@@ -11,7 +11,10 @@ use std::fmt;
 
 /// Whether a pass trains (batch statistics, dropout masks) or infers (running statistics, no
 /// dropout), as PyTorch's `train()` / `eval()`. `backprop` and `train_step` run `Train`;
-/// `forward`, `loss` and a `Server` run `Infer`.
+/// `forward`, `loss` and a `Server` run `Infer`. Only a training pass defines an activated
+/// step's z (its backward reads it); an inference pass may leave z as it finds it or hold the
+/// product without the bias there (the dense layers on both devices, the convolutions on the
+/// GPU), since nothing after it reads z.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
     Train,
