@@ -192,6 +192,12 @@ impl Dims {
         self.gates() * self.hidden * self.padded
     }
 
+    /// Workspace values the backward pass takes: W_hh's padded rows ([`Dims::rows_len`]) while
+    /// it runs through time, then the weight gradients' transposes (max(F, H) × 4·padded).
+    pub fn backward_room(&self) -> usize {
+        self.rows_len().max(self.features.max(self.hidden) * self.row())
+    }
+
     /// Values of the workspace this step's packed weights take: none where the parameters are
     /// in the packed layout already (a stream's model, which is not trained).
     pub fn packed_room(&self) -> usize {
@@ -221,7 +227,8 @@ pub(crate) fn output_shape(cell: Cell, hidden: usize, output: RnnOutput, input: 
         let k = g.checked_mul(p)?;
         let packed = features.checked_add(hidden)?.checked_add(2)?.checked_mul(k)?;
         let tensors = g.checked_mul(hidden)?.checked_mul(features.checked_add(hidden)?.checked_add(2)?)?;
-        Some([row, packed, tensors, g.checked_mul(hidden)?.checked_mul(p)?])
+        let transposes = features.max(hidden).checked_mul(4)?.checked_mul(p)?;
+        Some([row, packed, tensors, g.checked_mul(hidden)?.checked_mul(p)?, transposes])
     });
     if sizes.is_none_or(|s| s.iter().any(|&n| fits(Some(n)).is_none())) {
         return Err(format!("a {name} of {hidden} units over {input} needs more values than any buffer can hold"));
@@ -287,11 +294,11 @@ pub(crate) fn summary(cell: Cell, hidden: usize, output: RnnOutput, input: Shape
 }
 
 /// Workspace values the fast passes of `plan`'s recurrent steps need: each step's packed weights
-/// ([`packed_at`]), kept between passes of one parameter version, then W_hh's padded rows for
-/// the backward pass of any of them ([`rows_at`]). (Saturating: a sum past memory fails the
+/// ([`packed_at`]), kept between passes of one parameter version, then the backward pass's room
+/// for any of them ([`rows_at`]: W_hh's padded rows, then the weight gradients' transposes). (Saturating: a sum past memory fails the
 /// allocation.)
 pub(crate) fn workspace_len(plan: &Plan) -> usize {
-    let rows = plan.steps.iter().filter_map(dims).map(|d| d.rows_len()).max().unwrap_or(0);
+    let rows = plan.steps.iter().filter_map(dims).map(|d| d.backward_room()).max().unwrap_or(0);
     packed_end(plan, plan.steps.len()).saturating_add(rows)
 }
 
@@ -301,10 +308,10 @@ pub(crate) fn packed_at(plan: &Plan, index: usize) -> Range<usize> {
     start..start + dims(&plan.steps[index]).map_or(0, |d| d.packed_room())
 }
 
-/// Where in the workspace W_hh's padded rows lie for step `index`'s backward pass.
+/// Where in the workspace step `index`'s backward pass has its room ([`Dims::backward_room`]).
 pub(crate) fn rows_at(plan: &Plan, index: usize) -> Range<usize> {
     let start = packed_end(plan, plan.steps.len());
-    start..start + dims(&plan.steps[index]).map_or(0, |d| d.rows_len())
+    start..start + dims(&plan.steps[index]).map_or(0, |d| d.backward_room())
 }
 
 /// The packed weights of the steps before `index`: where step `index`'s begin.

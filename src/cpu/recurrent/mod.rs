@@ -43,7 +43,7 @@ use super::vmath::lanes::{Avx2, Avx512};
 use super::vmath::Isa;
 use crate::layers::recurrent::{Cell, Dims, Weights, LANES};
 use backprop::backward;
-pub(crate) use pack::pack_panels;
+pub(crate) use pack::{pack_panels, transpose};
 use sequence::forward;
 
 /// One sample's part of a recurrent step's regions (see `layers::recurrent`): `x` (T × F) is

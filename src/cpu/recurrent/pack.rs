@@ -48,6 +48,34 @@ pub(crate) fn pack_panels(gates: usize, hidden: usize, rows: usize, w: &[f32], p
     }
 }
 
+/// dst[c·ld_dst + r] = src[r·ld_src + c] for r < `rows`, c < `cols`: a transpose, 8×8 blocks at a
+/// time in registers (AVX) where the CPU has it, the rest one value at a time.
+pub(crate) fn transpose(rows: usize, cols: usize, src: &[f32], ld_src: usize, dst: &mut [f32], ld_dst: usize) {
+    assert!(
+        rows == 0 || cols == 0 || (src.len() >= (rows - 1) * ld_src + cols && dst.len() >= (cols - 1) * ld_dst + rows),
+        "transpose: short buffers"
+    );
+    #[cfg(target_arch = "x86_64")]
+    let avx = crate::cpu::has_avx2_fma();
+    for r0 in (0..rows).step_by(8) {
+        for c0 in (0..cols).step_by(8) {
+            #[cfg(target_arch = "x86_64")]
+            if avx && r0 + 8 <= rows && c0 + 8 <= cols {
+                // SAFETY: the CPU has AVX (checked above); rows r0 … r0 + 7 < rows, columns
+                // c0 … c0 + 7 < cols lie inside `src`, and their transposes inside `dst` (asserted
+                // sizes above); the two are distinct slices.
+                unsafe { transpose8(src.as_ptr().add(r0 * ld_src + c0), ld_src, dst.as_mut_ptr().add(c0 * ld_dst + r0), ld_dst) };
+                continue;
+            }
+            for r in r0..(r0 + 8).min(rows) {
+                for c in c0..(c0 + 8).min(cols) {
+                    dst[c * ld_dst + r] = src[r * ld_src + c];
+                }
+            }
+        }
+    }
+}
+
 /// dst[c·ld_dst + r] = src[r·ld_src + c] for r, c < 8: an 8×8 block transposed in registers.
 ///
 /// # Safety
@@ -74,6 +102,29 @@ unsafe fn transpose8(src: *const f32, ld_src: usize, dst: *mut f32, ld_dst: usiz
         let c = crate::cpu::gemm::transpose8x8(r);
         for (i, &v) in c.iter().enumerate() {
             _mm256_storeu_ps(dst.add(i * ld_dst), v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `transpose` against the plain loop on sizes that leave ragged 8 × 8 blocks (the rest goes
+    /// one value at a time), with strides past the rows' lengths: every element of the result
+    /// written (from NaN), nothing between or past the rows touched.
+    #[test]
+    fn transpose_matches_the_plain_loop() {
+        for (rows, cols) in [(1, 1), (3, 17), (8, 8), (9, 16), (16, 23), (128, 8)] {
+            let (ld_src, ld_dst) = (cols + 3, rows + 5);
+            let src: Vec<f32> = (0..rows * ld_src).map(|i| i as f32).collect();
+            let mut dst = vec![f32::NAN; cols * ld_dst + 7];
+            transpose(rows, cols, &src, ld_src, &mut dst, ld_dst);
+            for (i, &v) in dst.iter().enumerate() {
+                let (c, r) = (i / ld_dst, i % ld_dst);
+                let want = if c < cols && r < rows { src[r * ld_src + c] } else { f32::NAN };
+                assert!(v.to_bits() == want.to_bits(), "{rows}×{cols}: dst[{i}] = {v}, want {want}");
+            }
         }
     }
 }

@@ -5,8 +5,9 @@
 use super::packed::{pack_rows, Weights};
 use super::{packed_at, rows_at, Cell, Dims, CPREV, GATES, HPREV, STATE};
 use crate::chain::Step;
-use crate::cpu::gemm::{sgemm, Mat, MatMut};
-use crate::cpu::recurrent::{backward_group, forward_group, BackSample, Sample, GROUP};
+use crate::cpu::gemm::{sgemm, GemmWorkspace, Mat, MatMut};
+use crate::cpu::pool::Pool;
+use crate::cpu::recurrent::{backward_group, forward_group, transpose, BackSample, Sample, GROUP};
 use crate::cpu::{for_chunks, SharedMut};
 use crate::layers::kind::Mode;
 use crate::layers::{BackPass, Pass};
@@ -90,7 +91,7 @@ pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
 pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass, need_dx: bool) {
     let r = Regions::of(d, step, |i| pass.region(i));
     let params = &pass.params[step.params.clone()];
-    let rows = &mut pass.ws.rnn[rows_at(pass.plan, pass.index)];
+    let rows = &mut pass.ws.rnn[rows_at(pass.plan, pass.index)][..d.rows_len()];
     pack_rows(d, params, rows);
     let rows = &*rows;
     let (t, p) = (d.steps, d.padded);
@@ -130,19 +131,11 @@ pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass, need_dx: bool
     let (dw_hh, rest) = rest.split_at_mut(g * h * h);
     let (db_ih, db_hh) = rest.split_at_mut(g * h);
     let (x, hprev) = (&acts[r.x.clone()], &acts[r.hprev.clone()]);
-    let gemm = &mut pass.ws.gemm;
-    // a gate's gradients over the B·T steps: H × m, element (u, row) at dg[row·4p + block·p + u]
-    let dg_t = |block: usize| Mat { data: &dg[block * p..], rs: 1, cs: row };
-    for (gate, &block) in d.cell.input_blocks().iter().enumerate() {
-        // dW_ih,g (H × F) = dg_gᵀ · X (m × F)
-        let dw = MatMut { data: &mut dw_ih[gate * h * f..][..h * f], rs: f, cs: 1 };
-        sgemm(pass.pool, gemm, h, f, m, 1.0, dg_t(block), Mat { data: x, rs: f, cs: 1 }, 0.0, dw);
-    }
-    for (gate, &block) in d.cell.hidden_blocks().iter().enumerate() {
-        // dW_hh,g (H × H) = dg_gᵀ · H_prev (m × H, rows of `padded`)
-        let dw = MatMut { data: &mut dw_hh[gate * h * h..][..h * h], rs: h, cs: 1 };
-        sgemm(pass.pool, gemm, h, h, m, 1.0, dg_t(block), Mat { data: hprev, rs: p, cs: 1 }, 0.0, dw);
-    }
+    // (W_hh's rows are done with: the room takes the weight gradients' transposes)
+    let (room, gemm) = (&mut pass.ws.rnn[rows_at(pass.plan, pass.index)], &mut pass.ws.gemm);
+    let pool = pass.pool;
+    weight_gradient(pool, gemm, d, Mat { data: x, rs: 1, cs: f }, f, d.cell.input_blocks(), dg, m, room, dw_ih);
+    weight_gradient(pool, gemm, d, Mat { data: hprev, rs: 1, cs: p }, h, d.cell.hidden_blocks(), dg, m, room, dw_hh);
     column_sums(d, d.cell.input_blocks(), dg, m, db_ih);
     column_sums(d, d.cell.hidden_blocks(), dg, m, db_hh);
     if need_dx {
@@ -155,6 +148,40 @@ pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass, need_dx: bool
             let beta = if gate == 0 { 0.0 } else { 1.0 };
             sgemm(pass.pool, gemm, m, f, h, 1.0, a, b, beta, MatMut { data: &mut dx[..], rs: f, cs: 1 });
         }
+    }
+}
+
+/// dW (G·H × n) = Σ over the m steps of dg_gᵀ·a, for `a_t` = aᵀ (n × m; a: the inputs X, or
+/// H_prev): first S (n × 4·padded, in `room`) = aᵀ·dg, one product for each run of consecutive `blocks`
+/// (all of an LSTM's gates at once: `a` packed once, and each step's gate gradients read as the
+/// contiguous row they are), then dW[g·H + u, j] = S[j, blocks[g]·p + u]. Each element is the
+/// one chain over the steps that dg_gᵀ·a's would be, so the bits are the per-gate products'.
+/// S's columns of padding lanes are summed and never read.
+#[allow(clippy::too_many_arguments)]
+fn weight_gradient(
+    pool: &Pool,
+    gemm: &mut GemmWorkspace,
+    d: &Dims,
+    a_t: Mat,
+    n: usize,
+    blocks: &[usize],
+    dg: &[f32],
+    m: usize,
+    room: &mut [f32],
+    dw: &mut [f32],
+) {
+    let (h, p, row) = (d.hidden, d.padded, d.row());
+    let s = &mut room[..n * row];
+    let mut first = 0;
+    while first < blocks.len() {
+        let end = (first + 1..blocks.len()).find(|&i| blocks[i] != blocks[i - 1] + 1).unwrap_or(blocks.len());
+        let (at, width) = (blocks[first] * p, (end - first) * p);
+        let b = Mat { data: &dg[at..], rs: row, cs: 1 };
+        sgemm(pool, gemm, n, width, m, 1.0, a_t, b, 0.0, MatMut { data: &mut s[at..], rs: row, cs: 1 });
+        first = end;
+    }
+    for (dw, &block) in dw.chunks_exact_mut(h * n).zip(blocks) {
+        transpose(n, h, &s[block * p..], row, dw, n);
     }
 }
 
