@@ -34,6 +34,7 @@
 //! - cprev (LSTM, T × padded): c_{t−1} for each step, as hprev; its twin carries ∂L/∂c_{t−1}.
 
 mod packed;
+mod param_grads;
 mod passes;
 
 use super::kind::{Kept, TensorSpec};
@@ -193,9 +194,9 @@ impl Dims {
     }
 
     /// Workspace values the backward pass takes: W_hh's padded rows ([`Dims::rows_len`]) while
-    /// it runs through time, then the weight gradients' transposes (max(F, H) × 4·padded).
+    /// it runs through time, then the weight gradients' transposes ((F + H) × 4·padded).
     pub fn backward_room(&self) -> usize {
-        self.rows_len().max(self.features.max(self.hidden) * self.row())
+        self.rows_len().max((self.features + self.hidden) * self.row())
     }
 
     /// Values of the workspace this step's packed weights take: none where the parameters are
@@ -227,7 +228,7 @@ pub(crate) fn output_shape(cell: Cell, hidden: usize, output: RnnOutput, input: 
         let k = g.checked_mul(p)?;
         let packed = features.checked_add(hidden)?.checked_add(2)?.checked_mul(k)?;
         let tensors = g.checked_mul(hidden)?.checked_mul(features.checked_add(hidden)?.checked_add(2)?)?;
-        let transposes = features.max(hidden).checked_mul(4)?.checked_mul(p)?;
+        let transposes = features.checked_add(hidden)?.checked_mul(4)?.checked_mul(p)?;
         Some([row, packed, tensors, g.checked_mul(hidden)?.checked_mul(p)?, transposes])
     });
     if sizes.is_none_or(|s| s.iter().any(|&n| fits(Some(n)).is_none())) {
@@ -295,8 +296,8 @@ pub(crate) fn summary(cell: Cell, hidden: usize, output: RnnOutput, input: Shape
 
 /// Workspace values the fast passes of `plan`'s recurrent steps need: each step's packed weights
 /// ([`packed_at`]), kept between passes of one parameter version, then the backward pass's room
-/// for any of them ([`rows_at`]: W_hh's padded rows, then the weight gradients' transposes). (Saturating: a sum past memory fails the
-/// allocation.)
+/// for any of them ([`rows_at`]: W_hh's padded rows, then the weight gradients' transposes).
+/// (Saturating: a sum past memory fails the allocation.)
 pub(crate) fn workspace_len(plan: &Plan) -> usize {
     let rows = plan.steps.iter().filter_map(dims).map(|d| d.backward_room()).max().unwrap_or(0);
     packed_end(plan, plan.steps.len()).saturating_add(rows)

@@ -1,13 +1,13 @@
 //! The fast CPU passes of a recurrent step over a batch: the samples' time loops on the threads
-//! of the pool (`cpu::recurrent`), then, backward, the weight, bias and input gradients over all
-//! B·T steps at once as products.
+//! of the pool (`cpu::recurrent`), then, backward, the weight and bias gradients over all B·T
+//! steps at once (`param_grads`) and the input gradient as products.
 
 use super::packed::{pack_rows, Weights};
+use super::param_grads::{parameter_gradients, Side};
 use super::{packed_at, rows_at, Cell, Dims, CPREV, GATES, HPREV, STATE};
 use crate::chain::Step;
-use crate::cpu::gemm::{sgemm, GemmWorkspace, Mat, MatMut};
-use crate::cpu::pool::Pool;
-use crate::cpu::recurrent::{backward_group, forward_group, transpose, BackSample, Sample, GROUP};
+use crate::cpu::gemm::{sgemm, Mat, MatMut};
+use crate::cpu::recurrent::{backward_group, forward_group, BackSample, Sample, GROUP};
 use crate::cpu::{for_chunks, SharedMut};
 use crate::layers::kind::Mode;
 use crate::layers::{BackPass, Pass};
@@ -131,13 +131,14 @@ pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass, need_dx: bool
     let (dw_hh, rest) = rest.split_at_mut(g * h * h);
     let (db_ih, db_hh) = rest.split_at_mut(g * h);
     let (x, hprev) = (&acts[r.x.clone()], &acts[r.hprev.clone()]);
-    // (W_hh's rows are done with: the room takes the weight gradients' transposes)
+    // (W_hh's rows are done with: the room takes S of both sides, see `param_grads`)
     let (room, gemm) = (&mut pass.ws.rnn[rows_at(pass.plan, pass.index)], &mut pass.ws.gemm);
-    let pool = pass.pool;
-    weight_gradient(pool, gemm, d, Mat { data: x, rs: 1, cs: f }, f, d.cell.input_blocks(), dg, m, room, dw_ih);
-    weight_gradient(pool, gemm, d, Mat { data: hprev, rs: 1, cs: p }, h, d.cell.hidden_blocks(), dg, m, room, dw_hh);
-    column_sums(d, d.cell.input_blocks(), dg, m, db_ih);
-    column_sums(d, d.cell.hidden_blocks(), dg, m, db_hh);
+    let (s_ih, s_hh) = room[..(f + h) * row].split_at_mut(f * row);
+    let mut sides = [
+        Side { a: x, ld: f, n: f, blocks: d.cell.input_blocks(), s: s_ih, dw: dw_ih, db: db_ih },
+        Side { a: hprev, ld: p, n: h, blocks: d.cell.hidden_blocks(), s: s_hh, dw: dw_hh, db: db_hh },
+    ];
+    parameter_gradients(pass.pool, gemm, d, dg, m, &mut sides);
     if need_dx {
         // dX (m × F) = Σ_g dg_g (m × H) · W_ih,g (H × F)
         let w_ih = &params[..g * h * f];
@@ -147,51 +148,6 @@ pub(crate) fn backward(d: &Dims, step: &Step, pass: &mut BackPass, need_dx: bool
             let b = Mat { data: &w_ih[gate * h * f..], rs: f, cs: 1 };
             let beta = if gate == 0 { 0.0 } else { 1.0 };
             sgemm(pass.pool, gemm, m, f, h, 1.0, a, b, beta, MatMut { data: &mut dx[..], rs: f, cs: 1 });
-        }
-    }
-}
-
-/// dW (G·H × n) = Σ over the m steps of dg_gᵀ·a, for `a_t` = aᵀ (n × m; a: the inputs X, or
-/// H_prev): first S (n × 4·padded, in `room`) = aᵀ·dg, one product for each run of consecutive `blocks`
-/// (all of an LSTM's gates at once: `a` packed once, and each step's gate gradients read as the
-/// contiguous row they are), then dW[g·H + u, j] = S[j, blocks[g]·p + u]. Each element is the
-/// one chain over the steps that dg_gᵀ·a's would be, so the bits are the per-gate products'.
-/// S's columns of padding lanes are summed and never read.
-#[allow(clippy::too_many_arguments)]
-fn weight_gradient(
-    pool: &Pool,
-    gemm: &mut GemmWorkspace,
-    d: &Dims,
-    a_t: Mat,
-    n: usize,
-    blocks: &[usize],
-    dg: &[f32],
-    m: usize,
-    room: &mut [f32],
-    dw: &mut [f32],
-) {
-    let (h, p, row) = (d.hidden, d.padded, d.row());
-    let s = &mut room[..n * row];
-    let mut first = 0;
-    while first < blocks.len() {
-        let end = (first + 1..blocks.len()).find(|&i| blocks[i] != blocks[i - 1] + 1).unwrap_or(blocks.len());
-        let (at, width) = (blocks[first] * p, (end - first) * p);
-        let b = Mat { data: &dg[at..], rs: row, cs: 1 };
-        sgemm(pool, gemm, n, width, m, 1.0, a_t, b, 0.0, MatMut { data: &mut s[at..], rs: row, cs: 1 });
-        first = end;
-    }
-    for (dw, &block) in dw.chunks_exact_mut(h * n).zip(blocks) {
-        transpose(n, h, &s[block * p..], row, dw, n);
-    }
-}
-
-/// db[g·H + u] = Σ over the m steps of dg[row·4p + blocks[g]·p + u], row by row in order.
-fn column_sums(d: &Dims, blocks: &[usize], dg: &[f32], m: usize, db: &mut [f32]) {
-    let (h, p) = (d.hidden, d.padded);
-    db.fill(0.0);
-    for row in dg[..m * d.row()].chunks_exact(d.row()) {
-        for (db, &block) in db.chunks_exact_mut(h).zip(blocks) {
-            db.iter_mut().zip(&row[block * p..][..h]).for_each(|(s, &v)| *s += v);
         }
     }
 }
