@@ -73,10 +73,8 @@ fn elementwise_loss_kind(loss: Loss) -> Option<(i32, f32)> {
 pub const FINISH_MAX: usize = 16_384;
 
 /// `bias_grad` splits a channel's sum into parts while its channels give fewer blocks than
-/// this (about eight blocks an SM of the cards flatnn runs on, a full SM's threads: a block's
-/// threads each keep one load in flight, so the memory's rate needs many blocks; BENCHMARKS.md,
-/// "Bias gradients of large convolution batches"). A constant, set by hand rather than measured
-/// per card, so that the bits of a sum depend on the sizes alone, not on the card ...
+/// this (about eight blocks an SM: each thread keeps one load in flight, so the memory's rate
+/// needs many); a constant, not measured per card, so a sum's bits depend on the sizes alone ...
 const BIAS_GRAD_BLOCKS: usize = 1024;
 /// ... and each part has at least this many values to sum.
 const BIAS_GRAD_MIN_PART: usize = 4096;

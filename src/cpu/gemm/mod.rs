@@ -62,8 +62,10 @@ use row::row_times_matrix;
 pub(crate) use shifted::{sgemm_shifted_into, sgemm_shifted_on, shifted_runs_fit, shifted_slack};
 
 /// Rows of B (and columns of A) per packed block: the same for every kernel, so that each
-/// element's chain of FMAs, and its bits, are the same on AVX2 and AVX-512.
-const KC: usize = 256;
+/// element's chain of FMAs, and its bits, are the same on AVX2 and AVX-512 (and a caller that
+/// splits a sum over k at multiples of it, as the recurrent layers' weight gradients do, gets
+/// the bits of one product).
+pub(crate) const KC: usize = 256;
 /// Rows of A per packed block (a multiple of every kernel's MR).
 const MC: usize = 144;
 /// Columns of B per packed block (a multiple of every kernel's NR).

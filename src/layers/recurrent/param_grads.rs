@@ -13,7 +13,7 @@
 //! times).
 
 use super::Dims;
-use crate::cpu::gemm::{sgemm, GemmWorkspace, Mat, MatMut};
+use crate::cpu::gemm::{sgemm, GemmWorkspace, Mat, MatMut, KC};
 use crate::cpu::pool::Pool;
 use crate::cpu::recurrent::transpose;
 
@@ -21,7 +21,7 @@ use crate::cpu::recurrent::transpose;
 /// sums over k anyway (each block's sum is added to C): each element of S is then the chain it
 /// would be in one product over all the steps, and its bits those of dg_gᵀ·a (the test below
 /// checks it). 256 rows of dg: 512 KiB at 128 units, in L2.
-const CHUNK: usize = 256;
+const CHUNK: usize = KC;
 
 /// One side's operands: aᵀ (n × m, column stride `ld`), its gate blocks, S's room (n × 4·padded)
 /// and the gradients written (dW: G·H × n, db: G·H).
