@@ -184,15 +184,17 @@ impl Drop for Plan {
 /// distinct product), so that a route may name its plan by index.
 static PLANS: Mutex<Vec<Plan>> = Mutex::new(Vec::new());
 
-/// The heuristic's answer for each (plan, determinism) asked in this process: the first is what
-/// every later cache gets, so that the routes of two caches of one model compare equal and share
-/// their times (src/cuda/routes.rs), and so take the same algorithms and compute the same bits.
-/// Asked again, the heuristic may hand back the same algorithms as other bytes.
+/// The heuristic's answer for each [`Offer`] asked in this process: the first is what every
+/// later cache gets, so that the routes of two caches of one model compare equal and share their
+/// times (src/cuda/routes.rs), and so take the same algorithms and compute the same bits. Asked
+/// again, the heuristic may hand back the same algorithms as other bytes.
 static OFFERED: Mutex<Vec<(Offer, Vec<LtRoute>)>> = Mutex::new(Vec::new());
 
-/// What the heuristic was asked: the plan (index in [`PLANS`]) and whether only deterministic
-/// reductions were allowed.
-type Offer = (u32, bool);
+/// What the heuristic was asked: the plan (index in [`PLANS`]), whether only deterministic
+/// reductions were allowed, and the kind of device (compute capability, SM count): two cards
+/// of one kind share answers, so that their caches compute the same bits; cards of another
+/// kind ask again.
+type Offer = (u32, bool, (u32, u32), u32);
 
 /// Bytes a device address is aligned to, up to 256 (cuBLASLt's largest requirement).
 fn alignment(ptr: u64) -> u32 {
@@ -319,8 +321,9 @@ impl Blas {
         let align = [b.data.ptr(), a.data.ptr(), c.data.ptr(), bias_ptr].map(alignment);
         let key = Key { shape, bias: bias.is_some(), tf32: self.tf32, align };
         let index = plan_of(key)?;
+        let offer = (index, deterministic, self.gpu.compute_capability(), self.gpu.multiprocessors());
         let mut offered = OFFERED.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, routes)) = offered.iter().find(|(k, _)| *k == (index, deterministic)) {
+        if let Some((_, routes)) = offered.iter().find(|(k, _)| *k == offer) {
             return Ok(routes.clone());
         }
         let plans = PLANS.lock().unwrap_or_else(PoisonError::into_inner);
@@ -399,7 +402,7 @@ impl Blas {
                 routes.push(LtRoute { plan: index, rank: rank as u8, algo: result.algo.data });
             }
         }
-        offered.push(((index, deterministic), routes.clone()));
+        offered.push((offer, routes.clone()));
         Ok(routes)
     }
 
