@@ -296,7 +296,10 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
 // each value is split into its TF32 rounding and what that leaves out, and small·big +
 // big·small + big·big recovers FP32's accuracy (small·small is below FP32's rounding; the
 // tensor cores read a register as TF32 by ignoring its low 13 bits, so the small part is
-// passed as it is). The tensor cores round their sums toward zero, so each slice's products are
+// passed as it is). The `_tf32` kernels, for models that allow TF32 (src/cuda/dense.rs offers
+// them only there), take big·big alone, one product as cuBLAS's TF32 GEMMs: a third of the
+// tensor-core work, each product within about 2^-10 of |a·b| (both inputs rounded to 11
+// significant bits). The tensor cores round their sums toward zero, so each slice's products are
 // summed afresh and added to the warp's FP32 total with an ordinary (rounded) addition. The
 // warps' totals are then added in order through shared memory: each output is summed in one
 // fixed order. Grid: (ceil(N / BN), SPLIT · ceil(M / BM)).
@@ -314,10 +317,17 @@ extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void dense_panel(cons
 
 // x = big + small: big its TF32 rounding (to nearest, ties away; as bits), small the rest,
 // exactly, in FP32. Infinities (and values within a TF32 step of overflow) give a NaN small
-// part, so such inputs make NaN outputs where the FP32 kernels would give ±inf.
+// part, so such inputs make NaN outputs where the FP32 kernels would give ±inf. With TF32 (one
+// product), big alone (small is not written), rounded so that a NaN stays a NaN: the integer
+// rounding makes the GPU's NaN, 0x7fffffff, −0, which only the small part makes up for.
+template <bool TF32>
 __device__ __forceinline__ void mma_split(float x, unsigned& big, unsigned& small) {
-    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-    small = __float_as_uint(x - __uint_as_float(big));
+    if constexpr (TF32) {
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
+    } else {
+        big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+        small = __float_as_uint(x - __uint_as_float(big));
+    }
 }
 
 // d += a·b for one 16 × 8 tile over 8 values of k (fragments as PTX's m16n8k8 .tf32 lays them out)
@@ -402,7 +412,8 @@ struct MmaOperand {
     }
 };
 
-template <int BM, int BN, bool AK, bool BK, int SPLIT>
+// TF32: one product a fragment (the `_tf32` kernels), else three (see above)
+template <int BM, int BN, bool AK, bool BK, int SPLIT, bool TF32>
 __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K,
                                                int, int ldc, const float* bias, float* out0, float* out1, const float* z_prev,
                                                const float* y_prev, int act, float slope, bool b_early) {
@@ -500,40 +511,42 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
             unsigned ab[4], al[4], bb[FRAGS][2], bl[FRAGS][2];
             if constexpr (PAIRS) {
                 float2 a_lo = *(const float2*)as, a_hi = *(const float2*)(as + mma_at<BM, AK>(8, 0));
-                mma_split(a_lo.x, ab[0], al[0]);
-                mma_split(a_hi.x, ab[1], al[1]);
-                mma_split(a_lo.y, ab[2], al[2]);
-                mma_split(a_hi.y, ab[3], al[3]);
+                mma_split<TF32>(a_lo.x, ab[0], al[0]);
+                mma_split<TF32>(a_hi.x, ab[1], al[1]);
+                mma_split<TF32>(a_lo.y, ab[2], al[2]);
+                mma_split<TF32>(a_hi.y, ab[3], al[3]);
             } else {
                 float2 a_t = *(const float2*)as, a_t4 = *(const float2*)(as + mma_at<BM, AK>(0, 4));
-                mma_split(a_t.x, ab[0], al[0]);
-                mma_split(a_t.y, ab[1], al[1]);
-                mma_split(a_t4.x, ab[2], al[2]);
-                mma_split(a_t4.y, ab[3], al[3]);
+                mma_split<TF32>(a_t.x, ab[0], al[0]);
+                mma_split<TF32>(a_t.y, ab[1], al[1]);
+                mma_split<TF32>(a_t4.x, ab[2], al[2]);
+                mma_split<TF32>(a_t4.y, ab[3], al[3]);
             }
             if constexpr (PAIRS) {
 #pragma unroll
                 for (int f = 0; f < FRAGS; f++) {
                     float2 b = *(const float2*)(bs + mma_at<BN, BK>(8 * f, 0));
-                    mma_split(b.x, bb[f][0], bl[f][0]);
-                    mma_split(b.y, bb[f][1], bl[f][1]);
+                    mma_split<TF32>(b.x, bb[f][0], bl[f][0]);
+                    mma_split<TF32>(b.y, bb[f][1], bl[f][1]);
                 }
             } else {
 #pragma unroll
                 for (int f = 0; f < FRAGS; f += 2) {
                     float2 b_t = *(const float2*)(bs + mma_at<BN, BK>(8 * f, 0)), b_t4 = *(const float2*)(bs + mma_at<BN, BK>(8 * f, 4));
-                    mma_split(b_t.x, bb[f][0], bl[f][0]);
-                    mma_split(b_t4.x, bb[f][1], bl[f][1]);
-                    mma_split(b_t.y, bb[f + 1][0], bl[f + 1][0]);
-                    mma_split(b_t4.y, bb[f + 1][1], bl[f + 1][1]);
+                    mma_split<TF32>(b_t.x, bb[f][0], bl[f][0]);
+                    mma_split<TF32>(b_t4.x, bb[f][1], bl[f][1]);
+                    mma_split<TF32>(b_t.y, bb[f + 1][0], bl[f + 1][0]);
+                    mma_split<TF32>(b_t4.y, bb[f + 1][1], bl[f + 1][1]);
                 }
             }
             // the three products of each fragment apart, so that consecutive ones add into
-            // different sums and need not wait for each other
+            // different sums and need not wait for each other; with TF32 the last alone
+            if constexpr (!TF32) {
 #pragma unroll
-            for (int f = 0; f < FRAGS; f++) mma_16x8x8(acc[f], al, bb[f][0], bb[f][1]);
+                for (int f = 0; f < FRAGS; f++) mma_16x8x8(acc[f], al, bb[f][0], bb[f][1]);
 #pragma unroll
-            for (int f = 0; f < FRAGS; f++) mma_16x8x8(acc[f], ab, bl[f][0], bl[f][1]);
+                for (int f = 0; f < FRAGS; f++) mma_16x8x8(acc[f], ab, bl[f][0], bl[f][1]);
+            }
 #pragma unroll
             for (int f = 0; f < FRAGS; f++) mma_16x8x8(acc[f], ab, bb[f][0], bb[f][1]);
         }
@@ -579,14 +592,18 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
 
 // dense_mma_BMxBN_kk: A and B contiguous along k (forward); _mn: A along m, B along n (weight
 // gradient); dense_mma_32x32_mn2: the latter, a tile's slices split over two blocks (src/cuda/
-// ops.rs, MMA_SPLIT_MIN_SAMPLES, says where it runs and why no other does)
-#define DENSE_MMA_KERNEL(BM, BN, NAME, AK, SPLIT)                                                                                 \
-    extern "C" __global__ __launch_bounds__(MMA_THREADS) void dense_mma_##BM##x##BN##_##NAME(                                     \
+// ops.rs, MMA_SPLIT_MIN_SAMPLES, says where it runs and why no other does). Each in two
+// kernels: 3xTF32, and with `_tf32` one TF32 product (models that allow TF32).
+#define DENSE_MMA_ENTRY(BM, BN, NAME, AK, SPLIT, TF32, SUFFIX)                                                                    \
+    extern "C" __global__ __launch_bounds__(MMA_THREADS) void dense_mma_##BM##x##BN##_##NAME##SUFFIX(                             \
         const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K, int mode, int ldc,          \
         const float* bias, float* out0, float* out1, const float* z_prev, const float* y_prev, int act, float slope, int b_early) { \
-        dense_mma_tile<BM, BN, AK, AK, SPLIT>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev, y_prev,   \
-                                              act, slope, b_early);                                                               \
+        dense_mma_tile<BM, BN, AK, AK, SPLIT, TF32>(A, a_rs, a_cs, B, b_rs, b_cs, M, N, K, mode, ldc, bias, out0, out1, z_prev,     \
+                                                    y_prev, act, slope, b_early);                                                 \
     }
+#define DENSE_MMA_KERNEL(BM, BN, NAME, AK, SPLIT)         \
+    DENSE_MMA_ENTRY(BM, BN, NAME, AK, SPLIT, false, ) \
+    DENSE_MMA_ENTRY(BM, BN, NAME, AK, SPLIT, true, _tf32)
 #define DENSE_MMA(BM, BN)               \
     DENSE_MMA_KERNEL(BM, BN, kk, true, 1) \
     DENSE_MMA_KERNEL(BM, BN, mn, false, 1)

@@ -121,6 +121,9 @@ fn dense_grid(kernel: Kernel, m: usize, cols: usize) -> Option<(u32, u32)> {
 /// and for the 32 × 32 tile the weight gradient's with a tile's slices split over two blocks
 /// (SPLIT 2: each adds its half into dW and db). The 16 × 32 tile has no forward kernel: on
 /// the zoo (FP32 and TF32, every model and batch on an H200) it never won a forward product.
+/// Each shape comes twice: its kernels sum three TF32 products a fragment (3xTF32, FP32's
+/// accuracy), or with `tf32` one (`_tf32`: a third of the tensor-core work, TF32's accuracy),
+/// which only a model that allows TF32 may run ([`tile_kernels`]).
 #[derive(Clone, Copy)]
 pub(crate) struct MmaTile {
     pub forward: Option<Kernel>,
@@ -128,20 +131,31 @@ pub(crate) struct MmaTile {
     pub weight_grad_split: Option<Kernel>,
     pub rows: usize,
     pub cols: usize,
+    pub tf32: bool,
 }
 
-pub(crate) const MMA_TILES: [MmaTile; 4] = [
-    MmaTile { forward: Some(Kernel::DenseMma16x16Kk), weight_grad: Kernel::DenseMma16x16Mn, weight_grad_split: None, rows: 16, cols: 16 },
-    MmaTile { forward: Some(Kernel::DenseMma32x16Kk), weight_grad: Kernel::DenseMma32x16Mn, weight_grad_split: None, rows: 32, cols: 16 },
-    MmaTile { forward: None, weight_grad: Kernel::DenseMma16x32Mn, weight_grad_split: None, rows: 16, cols: 32 },
-    MmaTile {
-        forward: Some(Kernel::DenseMma32x32Kk),
-        weight_grad: Kernel::DenseMma32x32Mn,
-        weight_grad_split: Some(Kernel::DenseMma32x32Mn2),
-        rows: 32,
-        cols: 32,
-    },
-];
+pub(crate) const MMA_TILES: [MmaTile; 8] = {
+    use Kernel::*;
+    const fn tile(
+        forward: Option<Kernel>,
+        weight_grad: Kernel,
+        weight_grad_split: Option<Kernel>,
+        shape: (usize, usize),
+        tf32: bool,
+    ) -> MmaTile {
+        MmaTile { forward, weight_grad, weight_grad_split, rows: shape.0, cols: shape.1, tf32 }
+    }
+    [
+        tile(Some(DenseMma16x16Kk), DenseMma16x16Mn, None, (16, 16), false),
+        tile(Some(DenseMma32x16Kk), DenseMma32x16Mn, None, (32, 16), false),
+        tile(None, DenseMma16x32Mn, None, (16, 32), false),
+        tile(Some(DenseMma32x32Kk), DenseMma32x32Mn, Some(DenseMma32x32Mn2), (32, 32), false),
+        tile(Some(DenseMma16x16KkTf32), DenseMma16x16MnTf32, None, (16, 16), true),
+        tile(Some(DenseMma32x16KkTf32), DenseMma32x16MnTf32, None, (32, 16), true),
+        tile(None, DenseMma16x32MnTf32, None, (16, 32), true),
+        tile(Some(DenseMma32x32KkTf32), DenseMma32x32MnTf32, Some(DenseMma32x32Mn2Tf32), (32, 32), true),
+    ]
+};
 
 /// Values of k a slice of the tiles holds, and slices in flight (MMA_KC, MMA_STAGES).
 const MMA_KC: usize = 64;
@@ -229,29 +243,46 @@ fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
     }
 }
 
+/// The tensor-core kernels that may run direction `dir` on a device of compute capability `cc`
+/// with `tuning`, where the model's TF32 is `tf32`, before layout, alignment and launch limits
+/// ([`MmaTile::takes`], [`dense_grid`]): none before sm_80 nor for an input gradient; a
+/// forward's and a weight gradient's of each tile, the split weight gradient sm_90 on (and
+/// with `Tuning::split_tiles`); the one-product tiles only with `tf32`, the 3xTF32 ones either
+/// way (measurement picks).
+fn tile_kernels(cc: (u32, u32), tuning: &Tuning, tf32: bool, dir: Dir) -> impl Iterator<Item = (MmaTile, Kernel)> + '_ {
+    MMA_TILES.into_iter().filter(move |tile| cc.0 >= 8 && (tf32 || !tile.tf32)).flat_map(move |tile| {
+        let kernels = match dir {
+            Dir::Forward => [tile.forward, None],
+            Dir::InputGrad => [None, None],
+            Dir::WeightGrad => [Some(tile.weight_grad), tile.weight_grad_split.filter(|_| tuning.split_tiles && cc.0 >= 9)],
+        };
+        kernels.into_iter().flatten().map(move |kernel| (tile, kernel))
+    })
+}
+
 impl Gpu {
     /// The routes that fit direction `dir` of an `m × n` product over `k` of these operands
     /// (a weight gradient's B gets its column of ones on the fused routes), on this device with
-    /// `tuning`: every fused kernel whose grid is within the launch limits; the tensor-core
-    /// tiles (sm_80 on) where they take the layout and alignment (a forward's and a weight
-    /// gradient's only), their split weight gradient on sm_90 on; the weight gradient split over
-    /// the batch (src/cuda/wgrad.rs) where it fits; and cuBLAS.
-    pub(crate) fn dense_routes(&self, tuning: &Tuning, dir: Dir, (m, n, k): (usize, usize, usize), a: &DevMat, b: &DevMat) -> Vec<Route> {
+    /// `tuning`, for a model whose TF32 is `tf32`: every fused kernel whose grid is within the
+    /// launch limits; the tensor-core tiles where they take the layout and alignment (those
+    /// [`tile_kernels`] lists: a forward's and a weight gradient's only, sm_80 on, the
+    /// one-product ones only with `tf32`); the weight gradient split over the batch
+    /// (src/cuda/wgrad.rs) where it fits; and cuBLAS.
+    pub(crate) fn dense_routes(
+        &self,
+        tuning: &Tuning,
+        tf32: bool,
+        dir: Dir,
+        (m, n, k): (usize, usize, usize),
+        a: &DevMat,
+        b: &DevMat,
+    ) -> Vec<Route> {
         let cols = n + usize::from(dir == Dir::WeightGrad);
         // the kernels' sizes and indices are ints
         let ints = [m, cols, k, m * cols].into_iter().all(|v| int(v).is_ok());
-        let tiles = MMA_TILES.into_iter().flat_map(|tile| {
-            let kernels = match dir {
-                Dir::Forward => [tile.forward, None],
-                Dir::InputGrad => [None, None],
-                Dir::WeightGrad => [Some(tile.weight_grad), tile.weight_grad_split.filter(|_| tuning.split_tiles)],
-            };
-            kernels.into_iter().flatten().filter(move |&kernel| {
-                let split_ok = tile.split(kernel) == 1 || self.compute_capability().0 >= 9;
-                self.compute_capability().0 >= 8 && split_ok && tile.takes(kernel, a, b)
-            })
-        });
-        let fused = ANY_LAYOUT.into_iter().chain(tiles).filter(|&kernel| ints && dense_grid(kernel, m, cols).is_some());
+        let tiles = tile_kernels(self.compute_capability(), tuning, tf32, dir).filter(|(tile, kernel)| tile.takes(*kernel, a, b));
+        let fused =
+            ANY_LAYOUT.into_iter().chain(tiles.map(|(_, kernel)| kernel)).filter(|&kernel| ints && dense_grid(kernel, m, cols).is_some());
         let mut routes: Vec<Route> = fused.map(Route::Fused).collect();
         if dir == Dir::WeightGrad && ints && self.weight_grad_split_fits(&[(m, n)], tuning) {
             routes.push(Route::Split);
@@ -335,5 +366,39 @@ impl Gpu {
             }
         }
         self.run_blocks(stream, kernel, grid, tile.map_or(0, |t| t.shared_bytes(kernel)), args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// TF32 never runs where the model's TF32 is off: with it off no tensor-core kernel offered
+    /// is a one-product one, on any device, direction or tuning; with it on, a forward and a
+    /// weight gradient are offered the one-product tiles beside the 3xTF32 ones (sm_80 on).
+    /// The one-product tiles are the `_tf32` kernels, and only those.
+    #[test]
+    fn one_product_tiles_only_where_the_model_allows_tf32() {
+        for tile in MMA_TILES {
+            for kernel in tile.kernels() {
+                assert_eq!(KERNELS[kernel as usize].ends_with("_tf32"), tile.tf32, "{kernel:?}");
+            }
+        }
+        let tunings = [Tuning::default(), Tuning { split_tiles: false, ..Tuning::default() }];
+        for cc in [(7, 5), (8, 0), (8, 6), (9, 0), (10, 0), (12, 0)] {
+            for tuning in &tunings {
+                for dir in Dir::ALL {
+                    let offered = |tf32| tile_kernels(cc, tuning, tf32, dir).collect::<Vec<_>>();
+                    let (fp32, tf32) = (offered(false), offered(true));
+                    assert!(fp32.iter().all(|(tile, _)| !tile.tf32), "{cc:?} {dir:?}: TF32 offered to an FP32 model");
+                    // with TF32 on: the same 3xTF32 kernels, and as many one-product ones
+                    let three: Vec<Kernel> = tf32.iter().filter(|(tile, _)| !tile.tf32).map(|t| t.1).collect();
+                    assert_eq!(three, fp32.iter().map(|t| t.1).collect::<Vec<_>>(), "{cc:?} {dir:?}");
+                    assert_eq!(tf32.len(), 2 * fp32.len(), "{cc:?} {dir:?}");
+                    let some = cc.0 >= 8 && dir != Dir::InputGrad;
+                    assert_eq!(!fp32.is_empty(), some, "{cc:?} {dir:?}");
+                }
+            }
+        }
     }
 }

@@ -282,7 +282,7 @@ fn choose(s: &StepRun, step: &Step, dir: Dir, bucket: usize, samples: usize) -> 
     let f = crate::cuda::exec::Forward { batch: samples, ..*f };
     let on = On { gpu, blas, stream, plan, f: &f };
     let (a, bm) = operands(dir, plan, step, &f, b);
-    let mut routes = gpu.dense_routes(&options.tuning, dir, problem(dir, shape, samples), &a, &bm);
+    let mut routes = gpu.dense_routes(&options.tuning, options.tf32, dir, problem(dir, shape, samples), &a, &bm);
     // cuBLASLt's algorithms, where it loads; where its heuristic fails, the others alone (as a
     // route whose timing fails is left out)
     if options.tuning.blaslt {

@@ -133,25 +133,33 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     // which nothing ahead of it in the step touches
     assert_eq!(early.matches("clear[").count(), 1, "dense_head writes nothing but `clear` before the wait");
     assert!(early.contains("GRID_STRIDE(i, clear_len) clear[i] = 0.0f;"), "dense_head clears `clear` before the wait");
-    // the tensor-core tiles are defined by two macros: DENSE_MMA_KERNEL (one kernel, which takes
-    // b_early), used by DENSE_MMA for the two layouts of a tile shape
+    // the tensor-core tiles are defined by three macros: DENSE_MMA_ENTRY (one kernel, which
+    // takes b_early), used by DENSE_MMA_KERNEL for a layout's 3xTF32 kernel and its one-product
+    // one (`_tf32`), used by DENSE_MMA for the two layouts of a tile shape
     let dense = sources.iter().find(|(name, _)| *name == "dense.cu").unwrap().1;
-    let one = &dense[dense.find("#define DENSE_MMA_KERNEL(").expect("dense.cu defines DENSE_MMA_KERNEL")..];
-    let one = &one[..one.find("\n#define").unwrap()];
-    assert_eq!(one.matches("int b_early)").count(), 1, "DENSE_MMA_KERNEL's kernel takes b_early");
+    let macro_body = |name: &str| {
+        let body = &dense[dense.find(&format!("#define {name}(")).unwrap_or_else(|| panic!("dense.cu defines {name}"))..];
+        &body[..body.find("\n#define").unwrap_or(body.len())]
+    };
+    assert_eq!(macro_body("DENSE_MMA_ENTRY").matches("int b_early)").count(), 1, "DENSE_MMA_ENTRY's kernel takes b_early");
+    let entries = macro_body("DENSE_MMA_KERNEL").split("DENSE_MMA_ENTRY(BM, BN, NAME, AK, SPLIT, ").skip(1);
+    let suffixes: Vec<&str> = entries.map(|rest| rest[rest.find(", ").unwrap() + 2..rest.find(')').unwrap()].trim()).collect();
+    assert_eq!(suffixes, ["", "_tf32"], "the kernels of a tile shape and layout");
     let mma = &dense[dense.find("#define DENSE_MMA(").expect("dense.cu defines DENSE_MMA")..];
     let mma = &mma[..mma.find("\nDENSE_MMA(").unwrap()];
     let names: Vec<&str> = mma.split("DENSE_MMA_KERNEL(BM, BN, ").skip(1).map(|rest| &rest[..rest.find(',').unwrap()]).collect();
     assert_eq!(names, ["kk", "mn"], "the kernels of a tile shape");
+    let mut tiles = Vec::new();
     for line in dense.lines().filter(|l| l.starts_with("DENSE_MMA(")) {
         let shape: Vec<&str> = line["DENSE_MMA(".len()..line.len() - 1].split(", ").collect();
-        defined.extend(names.iter().map(|name| format!("dense_mma_{}x{}_{name}", shape[0], shape[1])));
+        tiles.extend(names.iter().map(|name| format!("dense_mma_{}x{}_{name}", shape[0], shape[1])));
     }
     // and one more kernel of one shape
     for line in dense.lines().filter(|l| l.starts_with("DENSE_MMA_KERNEL(")) {
         let args: Vec<&str> = line["DENSE_MMA_KERNEL(".len()..line.len() - 1].split(", ").collect();
-        defined.push(format!("dense_mma_{}x{}_{}", args[0], args[1], args[2]));
+        tiles.push(format!("dense_mma_{}x{}_{}", args[0], args[1], args[2]));
     }
+    defined.extend(tiles.iter().flat_map(|tile| suffixes.iter().map(move |suffix| format!("{tile}{suffix}"))));
     // in dense.cu, the only work before the wait is in `if (b_early) { .. }` just ahead of it:
     // loads of B and of the epilogue's inputs
     let waits: Vec<usize> = dense.match_indices("after_prior(").map(|(at, _)| at).collect();
