@@ -591,9 +591,8 @@ __device__ __forceinline__ void dense_mma_tile(const float* A, int a_rs, int a_c
 }
 
 // dense_mma_BMxBN_kk: A and B contiguous along k (forward); _mn: A along m, B along n (weight
-// gradient); dense_mma_32x32_mn2: the latter, a tile's slices split over two blocks (src/cuda/
-// ops.rs, MMA_SPLIT_MIN_SAMPLES, says where it runs and why no other does). Each in two
-// kernels: 3xTF32, and with `_tf32` one TF32 product (models that allow TF32).
+// gradient); dense_mma_32x32_mn2: the latter, a tile's slices split over two blocks (a candidate
+// like the others, src/cuda/dense.rs, MmaTile). Each in two kernels: 3xTF32, and with `_tf32` one TF32 product (models that allow TF32).
 #define DENSE_MMA_ENTRY(BM, BN, NAME, AK, SPLIT, TF32, SUFFIX)                                                                    \
     extern "C" __global__ __launch_bounds__(MMA_THREADS) void dense_mma_##BM##x##BN##_##NAME##SUFFIX(                             \
         const float* A, int a_rs, int a_cs, const float* B, int b_rs, int b_cs, int M, int N, int K, int mode, int ldc,          \
