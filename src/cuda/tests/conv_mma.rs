@@ -5,7 +5,7 @@
 use super::conv_lowering::{conv_geometries, conv_geometry};
 use super::{check, download, same_bits, upload};
 use crate::chain::Shape;
-use crate::cuda::conv_direct::input_grad_geometry;
+use crate::cuda::conv_direct::{band_bound, input_grad_geometry};
 use crate::cuda::conv_mma::{MmaForward, MMA_SHARED, MMA_TILE};
 use crate::cuda::dnn::{forced, Route};
 use crate::cuda::launch::{View, ViewMut};
@@ -65,6 +65,112 @@ fn the_tensor_core_forward_covers_every_geometry() {
     let source = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/conv_mma.cu")).unwrap();
     assert!(source.contains("#define CMM_WM 2\n") && source.contains("#define CMM_TILE (CMM_WARPS * CMM_WM * 16)\n"));
     assert_eq!(MMA_TILE, 256 / 32 * 2 * 16);
+}
+
+/// Z as conv_mma_* computes it, lane by lane, on values whose products and sums are exact (small
+/// integers): per block the taps' offsets, each chunk's staged weights ([channels][kc8 + 4], zero
+/// past OC and the chunk's taps) and band (zero past the chunk's channels and the image), each
+/// warp's m16n8k8 fragments gathered as the lanes gather them (A: a0 (g, t), a1 (g + 8, t),
+/// a2 (g, t + 4), a3 (g + 8, t + 4); B: b0 (t, g), b1 (t + 4, g)), their product, and the sums
+/// stored where the lanes store d0..d3 ((g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)); with
+/// `transposed`, W' read from the layer's w flipped and transposed.
+fn forward_twin(g: &conv::Geometry, batch: usize, d: MmaForward, x: &[f32], w: &[f32], transposed: bool) -> Vec<f32> {
+    let (oc_n, ohw, taps, ckk, bn) = (g.out_channels, g.ohw(), g.kernel.0 * g.kernel.1, g.ckk(), d.channels);
+    let (kc, ow) = (d.chunk * taps, g.out_width);
+    let (kc8, pitch) = (kc.next_multiple_of(8), kc.next_multiple_of(8) + 4);
+    let mut z = vec![f32::NAN; batch * g.out_len()];
+    for (s, pt, ot) in (0..batch).flat_map(|s| (0..d.pixel_tiles).flat_map(move |pt| (0..d.oc_tiles).map(move |ot| (s, pt, ot)))) {
+        let (p0, p_end, oc_base) = (pt * MMA_TILE, ((pt + 1) * MMA_TILE).min(ohw), ot * bn);
+        // conv_direct_band
+        let (oy_first, oy_last) = (p0 / ow, (p_end - 1) / ow);
+        let ox_lo = if oy_first == oy_last { p0 - oy_first * ow } else { 0 };
+        let ox_hi = if oy_first == oy_last { p_end - 1 - oy_first * ow } else { ow - 1 };
+        let rows = (oy_last - oy_first) * g.stride.0 + (g.kernel.0 - 1) * g.dilation.0 + 1;
+        let cols = (ox_hi - ox_lo) * g.stride.1 + (g.kernel.1 - 1) * g.dilation.1 + 1;
+        let (row0, col0) = ((oy_first * g.stride.0) as i64 - g.padding.0 as i64, (ox_lo * g.stride.1) as i64 - g.padding.1 as i64);
+        let plane = rows * cols;
+        let bound = band_bound(g, MMA_TILE);
+        assert!(rows <= bound.0 && cols <= bound.1, "band {rows}×{cols} past its bound {bound:?}");
+        let tap: Vec<usize> = (0..kc8)
+            .map(|r| {
+                let (c, t) = (r / taps, r % taps);
+                if r < kc {
+                    c * plane + t / g.kernel.1 * g.dilation.0 * cols + t % g.kernel.1 * g.dilation.1
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let off = |p: usize| if p < p_end { (p / ow - oy_first) * g.stride.0 * cols + (p % ow - ox_lo) * g.stride.1 } else { 0 };
+        let mut total = vec![0.0f32; MMA_TILE * bn];
+        for c0 in (0..g.in_channels).step_by(d.chunk) {
+            let (n, mut w_s, mut x_s) = (d.chunk.min(g.in_channels - c0), vec![f32::NAN; bn * pitch], vec![0.0f32; d.chunk * plane]);
+            for (o, r) in (0..bn).flat_map(|o| (0..kc8).map(move |r| (o, r))) {
+                let oc = oc_base + o;
+                let at = if transposed { ((c0 + r / taps) * oc_n + oc) * taps + taps - 1 - r % taps } else { oc * ckk + c0 * taps + r };
+                w_s[o * pitch + r] = if oc < oc_n && r < n * taps { w[at] } else { 0.0 };
+            }
+            for (e, v) in x_s.iter_mut().enumerate().take(n * plane) {
+                let (c, row, col) = (e / plane, e % plane / cols, e % cols);
+                let (iy, ix) = (row0 + row as i64, col0 + col as i64);
+                if iy >= 0 && ix >= 0 && (iy as usize) < g.height && (ix as usize) < g.width {
+                    *v = x[((s * g.in_channels + c0 + c) * g.height + iy as usize) * g.width + ix as usize];
+                }
+            }
+            for (warp, m, f) in (0..8).flat_map(|warp| (0..2).flat_map(move |m| (0..bn / 8).map(move |f| (warp, m, f)))) {
+                let strip = p0 + warp * 32 + m * 16;
+                let mut acc = [[0.0f32; 8]; 16];
+                for k0 in (0..kc8).step_by(8) {
+                    let (mut a, mut b) = ([[0.0f32; 8]; 16], [[0.0f32; 8]; 8]);
+                    for (lg, lt) in (0..8).flat_map(|lg| (0..4).map(move |lt| (lg, lt))) {
+                        let (t0, t1) = (tap[k0 + lt], tap[k0 + lt + 4]);
+                        let (o0, o1) = (off(strip + lg), off(strip + lg + 8));
+                        (a[lg][lt], a[lg + 8][lt], a[lg][lt + 4], a[lg + 8][lt + 4]) =
+                            (x_s[o0 + t0], x_s[o1 + t0], x_s[o0 + t1], x_s[o1 + t1]);
+                        let wb = (f * 8 + lg) * pitch + k0 + lt;
+                        (b[lt][lg], b[lt + 4][lg]) = (w_s[wb], w_s[wb + 4]);
+                    }
+                    for (row, col) in (0..16).flat_map(|row| (0..8).map(move |col| (row, col))) {
+                        acc[row][col] += (0..8).map(|k| a[row][k] * b[k][col]).sum::<f32>();
+                    }
+                }
+                for (lg, lt, q) in (0..8).flat_map(|lg| (0..4).flat_map(move |lt| (0..4).map(move |q| (lg, lt, q)))) {
+                    let (row, col) = (lg + q / 2 * 8, 2 * lt + q % 2);
+                    total[(strip - p0 + row) * bn + f * 8 + col] += acc[row][col];
+                }
+            }
+        }
+        for (p, o) in (p0..p_end).flat_map(|p| (0..bn).map(move |o| (p, o))).filter(|&(_, o)| oc_base + o < oc_n) {
+            z[(s * oc_n + oc_base + o) * ohw + p] = total[(p - p0) * bn + o];
+        }
+    }
+    z
+}
+
+/// The twin (the kernel's staging, offsets, fragments and stores, lane by lane) equals the spec
+/// exactly on small integers at every geometry, forward and (stride 1) input gradient, at one
+/// and three samples: the tiling and the fragments' layout checked without a GPU.
+#[test]
+fn the_tensor_core_twin_matches_the_spec() {
+    let mut rng = Rng::new(94);
+    for g in geometries() {
+        for batch in [1, 3] {
+            let d = MmaForward::of(&g).unwrap();
+            let (x, w) = (rng.ints(batch * g.in_len()), rng.ints(g.out_channels * g.ckk()));
+            check(
+                &format!("mma twin {g:?} batch {batch} {d:?}"),
+                &forward_twin(&g, batch, d, &x, &w, false),
+                &spec_forward(&g, batch, &x, &w),
+                0.0,
+                0.0,
+            );
+            let Some(t) = input_grad_geometry(&g) else { continue };
+            let d = MmaForward::input_grad(&g).unwrap();
+            let dz = rng.ints(batch * g.out_len());
+            let what = format!("mma dX twin {g:?} batch {batch} {d:?}");
+            check(&what, &forward_twin(&t, batch, d, &dz, &w, true), &spec_input_grad(&g, batch, &w, &dz), 0.0, 0.0);
+        }
+    }
 }
 
 fn spec_forward(g: &conv::Geometry, batch: usize, x: &[f32], w: &[f32]) -> Vec<f32> {
