@@ -18,10 +18,12 @@ const BEFORE_LAYERS: &[(&str, &str)] = &[
     ("loss.cu", include_str!("../../kernels/loss.cu")),
 ];
 
-/// The kernel files after the layers': the direct convolutions, those built on the dense layer's
+/// The kernel files after the layers': the direct convolutions (and the tensor-core ones, which
+/// use their bands), those built on the dense layer's
 /// (weight-gradient splits, the resident server, the head) and the optimisers and data movers.
 const AFTER_LAYERS: &[(&str, &str)] = &[
     ("conv_direct.cu", include_str!("../../kernels/conv_direct.cu")),
+    ("conv_mma.cu", include_str!("../../kernels/conv_mma.cu")),
     ("wgrad.cu", include_str!("../../kernels/wgrad.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("data.cu", include_str!("../../kernels/data.cu")),
@@ -117,6 +119,12 @@ kernels! {
     ConvWgradJoin = "conv_wgrad_join",
     ConvDirectForward = "conv_direct_forward",
     ConvDirectWgrad = "conv_direct_wgrad",
+    ConvMma8Tf32 = "conv_mma_8_tf32",
+    ConvMma16Tf32 = "conv_mma_16_tf32",
+    ConvMma32Tf32 = "conv_mma_32_tf32",
+    ConvMma8X3 = "conv_mma_8_x3",
+    ConvMma16X3 = "conv_mma_16_x3",
+    ConvMma32X3 = "conv_mma_32_x3",
     Sgd = "sgd",
     SgdMomentum = "sgd_momentum",
     Adam = "adam",
@@ -250,9 +258,18 @@ impl Gpu {
             .into_iter()
             .map(|kernel| allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin))
             .try_fold(usize::MAX, |limit, l| l.map(|l| limit.min(l)))?;
-        // the direct convolutions stage through up to 48 KB of dynamic shared memory
-        // (src/cuda/conv_direct.rs): let them have it whatever the kernel reserves besides
-        for kernel in [Kernel::ConvDirectForward, Kernel::ConvDirectWgrad] {
+        // the direct and tensor-core convolutions stage through up to 48 KB of dynamic shared
+        // memory (src/cuda/conv_direct.rs, conv_mma.rs): let them have it whatever the kernel
+        // reserves besides
+        let mma = [
+            Kernel::ConvMma8Tf32,
+            Kernel::ConvMma16Tf32,
+            Kernel::ConvMma32Tf32,
+            Kernel::ConvMma8X3,
+            Kernel::ConvMma16X3,
+            Kernel::ConvMma32X3,
+        ];
+        for kernel in [Kernel::ConvDirectForward, Kernel::ConvDirectWgrad].into_iter().chain(mma) {
             allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin)?;
         }
         if major >= 9 {

@@ -20,6 +20,7 @@
 use super::blas::{Blas, DevMat, DevMatMut};
 use super::context::{Gpu, Kernel};
 use super::conv_direct::{conv_forward_direct, conv_input_grad_direct, conv_weight_grad_direct};
+use super::conv_mma::{conv_forward_mma, conv_input_grad_mma};
 use super::cudnn::Dir;
 use super::dnn::Route;
 use super::exec::{activation_backward, bias_act, Backward, Forward, GpuBackward, GpuForward, Raw};
@@ -42,6 +43,7 @@ pub(crate) fn conv_forward(pass: &GpuForward, step: &Step, activation: Activatio
     if !f.dnn.map_or(Ok(false), |d| d.forward(index, plan, f))? {
         match f.dnn.map_or(Route::Own, |d| d.route(Dir::Forward, index, f.batch)) {
             Route::Direct => conv_forward_direct(gpu, stream, plan, step, f)?,
+            Route::Mma => conv_forward_mma(gpu, stream, plan, step, f, f.dnn.is_some_and(|d| d.tf32()))?,
             _ => conv_forward_own(gpu, blas, stream, plan, step, f)?,
         }
     }
@@ -191,7 +193,7 @@ impl Gpu {
 
 /// A convolution step's backward: its dz (unless written), db, then dW and (where needed) dX,
 /// each through cuDNN where it was chosen, else flatnn's kernels (dW by the implicit product,
-/// dW and dX by the direct kernels, where chosen); `layout` = (channels, pixels per channel).
+/// dW and dX by the direct kernels, dX by the tensor-core ones, where chosen); `layout` = (channels, pixels per channel).
 pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Activation, (channels, pixels): (usize, usize)) -> Result<()> {
     activation_backward(pass, step, activation)?;
     let GpuBackward { gpu, blas, stream, plan, f, b, index, need_dx, .. } = *pass;
@@ -210,6 +212,7 @@ pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Act
     if need_dx && !f.dnn.map_or(Ok(false), |d| d.input_grad(index, plan, f, b))? {
         match f.dnn.map_or(Route::Own, |d| d.route(Dir::Input, index, f.batch)) {
             Route::Direct => conv_input_grad_direct(gpu, stream, plan, step, f, b)?,
+            Route::Mma => conv_input_grad_mma(gpu, stream, plan, step, f, b, f.dnn.is_some_and(|d| d.tf32()))?,
             _ => conv_input_grad_own(gpu, blas, stream, plan, step, f, b)?,
         }
     }

@@ -3,8 +3,9 @@
 //! flatnn's implicit product too (`own-implicit`: x gathered as it is read, no lowered matrix,
 //! the batch split into shares summed in a fixed order: `conv_weight_grad_implicit`); flatnn's
 //! direct kernels where they fit (`own-direct`: `conv_direct.rs`; the forward, the weight
-//! gradient, and a stride-1 layer's input gradient as a forward convolution of dZ); and cuDNN
-//! where it loads. The fastest is kept; flatnn's kernels run wherever cuDNN is missing,
+//! gradient, and a stride-1 layer's input gradient as a forward convolution of dZ); flatnn's
+//! tensor-core kernels where they fit (`own-mma`: `conv_mma.rs`, sm_80 on; the forward and that
+//! input gradient, in 3xTF32, or in TF32 where the model's TF32 is on); and cuDNN where it loads. The fastest is kept; flatnn's kernels run wherever cuDNN is missing,
 //! so a machine without it still runs every model on the GPU.
 //!
 //! The model's `Tuning::convs` (`FLATNN_CUDNN`, read with the rest of the tuning): `0` flatnn's
@@ -49,6 +50,7 @@ use super::buffer::DevBuf;
 use super::context::Gpu;
 use super::conv::{conv_forward_own, conv_input_grad_own, conv_weight_grad_implicit, conv_weight_grad_own};
 use super::conv_direct::{conv_forward_direct, conv_input_grad_direct, conv_weight_grad_direct};
+use super::conv_mma::{conv_forward_mma, conv_input_grad_mma};
 use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
 use super::exec::{Backward, Forward};
 use super::graph::Graphs;
@@ -63,7 +65,7 @@ use cudarc::driver::CudaStream;
 #[cfg(test)]
 pub(super) use route::forced;
 pub(super) use route::Route;
-use route::{describe, direct_fits, MeasureKey, Measured, Times, MEASURED};
+use route::{describe, direct_fits, mma_fits, MeasureKey, Measured, Times, MEASURED};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -109,11 +111,13 @@ struct Choice {
     us: Times,
     /// Whether flatnn's direct kernel fits this direction of the layer (then it was a candidate).
     direct: bool,
+    /// Whether flatnn's tensor-core kernel fits it on this device (then it was a candidate).
+    mma: bool,
 }
 
 impl Default for Choice {
     fn default() -> Self {
-        Choice { decided: false, needed: true, algo: None, route: Route::Own, us: Times::NONE, direct: false }
+        Choice { decided: false, needed: true, algo: None, route: Route::Own, us: Times::NONE, direct: false, mma: false }
     }
 }
 
@@ -324,6 +328,13 @@ impl Dnn {
         self.chosen(dir, index, batch).map_or(Route::Own, |(_, choice)| choice.route)
     }
 
+    /// Whether the setup prepared last is for TF32 (then the tensor-core route runs one product
+    /// of TF32 roundings; else, and where nothing was prepared, 3xTF32).
+    pub(super) fn tf32(&self) -> bool {
+        let Some(c) = &self.convs else { return false };
+        c.current.and_then(|i| c.setups.get(i)).is_some_and(|s| s.tf32)
+    }
+
     /// The layer set up for step `index` in the setup prepared last, and its choice for `dir`,
     /// where that setup is for `batch`.
     fn chosen(&self, dir: Dir, index: usize, batch: usize) -> Option<(&LayerSetup, Choice)> {
@@ -476,12 +487,12 @@ impl ConvRoutes {
             None => MEASURED.keep(key, self.measure(layer, dir, s)?),
         };
         // flatnn's fastest route (a time not measured is NaN, never faster), unless cuDNN's is
-        let direct = direct_fits(dir, &g, f.batch);
-        let own = m.us.fastest(Route::candidates(dir, false, direct));
+        let (direct, mma) = (direct_fits(dir, &g, f.batch), mma_fits(dir, &g, gpu.compute_capability()));
+        let own = m.us.fastest(Route::candidates(dir, false, direct, mma));
         let cudnn_wins = options.tuning.convs == Convs::Cudnn || m.us.of(Route::Cudnn) < m.us.of(own);
         let mut route = if m.algo.is_some() && layer.descs.is_some() && cudnn_wins { Route::Cudnn } else { own };
         #[cfg(test)]
-        if let Some(forced) = forced::route().filter(|&r| Route::candidates(dir, layer.descs.is_some(), direct).any(|c| c == r)) {
+        if let Some(forced) = forced::route().filter(|&r| Route::candidates(dir, layer.descs.is_some(), direct, mma).any(|c| c == r)) {
             route = if forced == Route::Cudnn && m.algo.is_none() { own } else { forced };
         }
         if let (Some(algo), Some(descs), Some(lib), Route::Cudnn) = (m.algo, &layer.descs, &self.cudnn, route) {
@@ -499,7 +510,7 @@ impl ConvRoutes {
             }
             stream.synchronize().map_err(|e| driver_error("waiting for a stream", e))?;
         }
-        layer.choices[dir as usize] = Choice { decided: true, needed: true, algo: m.algo, route, us: m.us, direct };
+        layer.choices[dir as usize] = Choice { decided: true, needed: true, algo: m.algo, route, us: m.us, direct, mma };
         if !m.note.is_empty() {
             note(&mut layer.note, dir, &m.note);
         }
@@ -507,7 +518,8 @@ impl ConvRoutes {
     }
 
     /// Times flatnn's routes for `dir` of `layer` (the lowered one; for the weight gradient the
-    /// implicit one too; the direct one where it fits) and cuDNN's best few algorithms (by
+    /// implicit one too; the direct and tensor-core ones where they fit, the latter in the
+    /// setup's arithmetic) and cuDNN's best few algorithms (by
     /// `cudnnFind*AlgorithmEx`), as a step runs them (see [`time_calls`]); nothing where
     /// flatnn's lowered route is the only candidate. Where that route cannot be timed, no other
     /// is tried: it is what a step then runs.
@@ -521,7 +533,9 @@ impl ConvRoutes {
         };
         let mut m = Measured { algo: None, us: Times::NONE, note: String::new() };
         let cudnn = layer.descs.as_ref().zip(self.cudnn.as_ref());
-        let others: Vec<Route> = Route::candidates(dir, false, direct_fits(dir, &conv::geometry(step), f.batch)).skip(1).collect();
+        let g = conv::geometry(step);
+        let (direct, mma) = (direct_fits(dir, &g, f.batch), mma_fits(dir, &g, gpu.compute_capability()));
+        let others: Vec<Route> = Route::candidates(dir, false, direct, mma).skip(1).collect();
         if others.is_empty() && cudnn.is_none() {
             return Ok(m);
         }
@@ -535,6 +549,8 @@ impl ConvRoutes {
         for route in others {
             let run = || match (route, dir) {
                 (Route::Implicit, _) => conv_weight_grad_implicit(gpu, stream, plan, step, f, b.expect("gradients")),
+                (Route::Mma, Dir::Input) => conv_input_grad_mma(gpu, stream, plan, step, f, b.expect("gradients"), options.tf32),
+                (Route::Mma, _) => conv_forward_mma(gpu, stream, plan, step, f, options.tf32),
                 (_, Dir::Forward) => conv_forward_direct(gpu, stream, plan, step, f),
                 (_, Dir::Weight) => conv_weight_grad_direct(gpu, stream, plan, step, f, b.expect("gradients")),
                 (_, Dir::Input) => conv_input_grad_direct(gpu, stream, plan, step, f, b.expect("gradients")),

@@ -18,6 +18,7 @@ mod caches;
 mod context;
 pub(crate) mod conv;
 pub(crate) mod conv_direct;
+pub(crate) mod conv_mma;
 mod cudnn;
 pub(crate) mod data;
 mod dense;

@@ -3,6 +3,7 @@
 
 use super::Choice;
 use crate::cuda::conv_direct::{DirectForward, DirectWgrad};
+use crate::cuda::conv_mma::{mma_runs_on, MmaForward};
 use crate::cuda::cudnn::{Algo, Dir};
 use crate::cuda::timing::FirstMeasured;
 use crate::layers::conv;
@@ -18,36 +19,44 @@ pub(in crate::cuda) enum Route {
     /// flatnn's direct kernels, the forward, the weight gradient and (stride 1) the input
     /// gradient, where they fit (`conv_direct.rs`).
     Direct,
+    /// flatnn's tensor-core kernels (sm_80 on), the forward and (stride 1) the input gradient,
+    /// where they fit (`conv_mma.rs`): 3xTF32, or TF32 where the model's TF32 is on.
+    Mma,
     /// cuDNN's algorithm `Choice::algo`.
     Cudnn,
 }
 
 impl Route {
     /// Every route, as the report names them, in the order of their discriminants.
-    pub const ALL: [Route; 4] = [Route::Own, Route::Implicit, Route::Direct, Route::Cudnn];
+    pub const ALL: [Route; 5] = [Route::Own, Route::Implicit, Route::Direct, Route::Mma, Route::Cudnn];
 
     pub fn name(self) -> &'static str {
         match self {
             Route::Own => "own",
             Route::Implicit => "own-implicit",
             Route::Direct => "own-direct",
+            Route::Mma => "own-mma",
             Route::Cudnn => "cudnn",
         }
     }
 
     /// Whether this route can run `dir` (given cuDNN for [`Route::Cudnn`], and a layer the
-    /// direct kernels fit for [`Route::Direct`]).
+    /// direct or tensor-core kernels fit for [`Route::Direct`] and [`Route::Mma`]).
     pub fn runs(self, dir: Dir) -> bool {
         match self {
             Route::Own | Route::Cudnn | Route::Direct => true,
             Route::Implicit => dir == Dir::Weight,
+            Route::Mma => dir != Dir::Weight,
         }
     }
 
     /// The routes measured for `dir` of a layer: those that run it, cuDNN where `cudnn` (it
-    /// was a candidate), the direct kernels where `direct` (they fit the layer).
-    pub fn candidates(dir: Dir, cudnn: bool, direct: bool) -> impl Iterator<Item = Route> {
-        Route::ALL.into_iter().filter(move |&r| r.runs(dir) && (r != Route::Cudnn || cudnn) && (r != Route::Direct || direct))
+    /// was a candidate), the direct kernels where `direct` and the tensor-core ones where `mma`
+    /// (they fit the layer).
+    pub fn candidates(dir: Dir, cudnn: bool, direct: bool, mma: bool) -> impl Iterator<Item = Route> {
+        Route::ALL
+            .into_iter()
+            .filter(move |&r| r.runs(dir) && (r != Route::Cudnn || cudnn) && (r != Route::Direct || direct) && (r != Route::Mma || mma))
     }
 }
 
@@ -82,6 +91,18 @@ pub(super) fn direct_fits(dir: Dir, g: &conv::Geometry, batch: usize) -> bool {
         Dir::Weight => DirectWgrad::of(g, batch).is_some(),
         Dir::Input => DirectForward::input_grad(g).is_some(),
     }
+}
+
+/// Whether flatnn's tensor-core kernel for `dir` fits a layer of geometry `g` on a device of
+/// compute capability `cc` (8.0 on; shared memory; the input gradient as for [`direct_fits`]):
+/// then it is a candidate.
+pub(super) fn mma_fits(dir: Dir, g: &conv::Geometry, cc: (u32, u32)) -> bool {
+    mma_runs_on(cc)
+        && match dir {
+            Dir::Forward => MmaForward::of(g).is_some(),
+            Dir::Weight => false,
+            Dir::Input => MmaForward::input_grad(g).is_some(),
+        }
 }
 
 /// What a measurement is of: the device, the layer's shape (C, H, W, OC, kh, kw, sh, sw, ph,
@@ -146,7 +167,7 @@ pub(super) fn describe(dir: Dir, ch: Choice, cudnn: bool) -> String {
         (Route::Cudnn, None) => ("cudnn -".to_string(), ch.us.of(route)),
         _ => (route.name().to_string(), ch.us.of(route)),
     };
-    let candidates = Route::candidates(dir, cudnn, ch.direct);
+    let candidates = Route::candidates(dir, cudnn, ch.direct, ch.mma);
     let others: Vec<String> = candidates.filter(|&r| r != ch.route).map(named).map(|(name, us)| format!("{name} {us:.1} µs")).collect();
     let (name, us) = named(ch.route);
     if others.is_empty() {
@@ -168,24 +189,26 @@ mod tests {
     }
 
     /// Every route a report can name exists and can run the direction it is named for: for each
-    /// direction, each route chosen and cuDNN a candidate or not, the report names the chosen
-    /// route first and then every other candidate once (the implicit product for the weight
-    /// gradient alone, cuDNN only where it was a candidate), each with its time.
+    /// direction, each route chosen and cuDNN, the direct and the tensor-core kernels candidates
+    /// or not, the report names the chosen route first and then every other candidate once (the
+    /// implicit product for the weight gradient alone, the tensor-core kernels never for it,
+    /// cuDNN only where it was a candidate), each with its time.
     #[test]
     fn every_route_a_report_names_exists() {
         let algo = Algo { id: 1, math: CUDNN_FMA_MATH, deterministic: true };
         for dir in [Dir::Forward, Dir::Weight, Dir::Input] {
-            for (cudnn, direct) in [(false, false), (false, true), (true, false), (true, true)] {
-                let candidates: Vec<Route> = Route::candidates(dir, cudnn, direct).collect();
+            for (cudnn, direct, mma) in (0..8).map(|bits| (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0)) {
+                let candidates: Vec<Route> = Route::candidates(dir, cudnn, direct, mma).collect();
                 assert_eq!(candidates.contains(&Route::Implicit), dir == Dir::Weight);
                 assert_eq!(candidates.contains(&Route::Direct), direct);
+                assert_eq!(candidates.contains(&Route::Mma), mma && dir != Dir::Weight);
                 assert_eq!(candidates.contains(&Route::Cudnn), cudnn);
                 let mut us = Times::NONE;
                 for (i, &r) in Route::ALL.iter().enumerate() {
                     us.set(r, 1.0 + i as f32);
                 }
                 for &route in &candidates {
-                    let ch = Choice { decided: true, algo: Some(algo), route, us, direct, ..Choice::default() };
+                    let ch = Choice { decided: true, algo: Some(algo), route, us, direct, mma, ..Choice::default() };
                     let text = describe(dir, ch, cudnn);
                     let parts: Vec<&str> = text.split(['(', ',']).filter(|p| !p.trim().is_empty()).collect();
                     assert_eq!(route_named(parts[0]), Some(route), "{text}");
@@ -210,8 +233,44 @@ mod tests {
         assert_eq!(describe(Dir::Weight, ch, true), "own NaN µs (own-implicit NaN µs, cudnn - NaN µs)");
         let ch = Choice { decided: true, route: Route::Direct, direct: true, ..Choice::default() };
         assert_eq!(describe(Dir::Forward, ch, false), "own-direct NaN µs (own NaN µs)");
+        let ch = Choice { decided: true, route: Route::Mma, direct: true, mma: true, ..Choice::default() };
+        assert_eq!(describe(Dir::Input, ch, true), "own-mma NaN µs (own NaN µs, own-direct NaN µs, cudnn - NaN µs)");
+        // the weight gradient names no tensor-core route, even where told it fits
+        let ch = Choice { decided: true, route: Route::Own, mma: true, ..Choice::default() };
+        assert_eq!(describe(Dir::Weight, ch, false), "own NaN µs (own-implicit NaN µs)");
         assert_eq!(describe(Dir::Weight, Choice::default(), true), "not measured yet");
         assert_eq!(describe(Dir::Input, Choice { decided: true, needed: false, ..Choice::default() }, true), "not needed");
+    }
+
+    /// The tensor-core route is a candidate for the forward and a stride-1 input gradient of a
+    /// layer it fits on compute capability 8.0 and later, never below (no TF32 mma.sync, no
+    /// cp.async), and never for the weight gradient.
+    #[test]
+    fn the_tensor_core_route_is_a_candidate_from_sm_80_on() {
+        let g = conv::Geometry::new(
+            crate::chain::Shape::image(16, 16, 16),
+            crate::chain::Shape::image(32, 16, 16),
+            (3, 3),
+            (1, 1),
+            (1, 1),
+            (1, 1),
+        );
+        for cc in [(9, 0), (8, 0), (8, 6)] {
+            assert!(mma_fits(Dir::Forward, &g, cc) && mma_fits(Dir::Input, &g, cc) && !mma_fits(Dir::Weight, &g, cc), "{cc:?}");
+        }
+        for cc in [(7, 5), (7, 0), (6, 1)] {
+            assert!([Dir::Forward, Dir::Weight, Dir::Input].iter().all(|&dir| !mma_fits(dir, &g, cc)), "{cc:?}");
+        }
+        // stride 2: the input gradient is not a forward convolution
+        let strided = conv::Geometry::new(
+            crate::chain::Shape::image(16, 16, 16),
+            crate::chain::Shape::image(32, 8, 8),
+            (3, 3),
+            (2, 2),
+            (1, 1),
+            (1, 1),
+        );
+        assert!(mma_fits(Dir::Forward, &strided, (9, 0)) && !mma_fits(Dir::Input, &strided, (9, 0)));
     }
 
     /// Times are keyed by route: the fastest is the one with the least time, NaN never wins, and
@@ -219,7 +278,7 @@ mod tests {
     #[test]
     fn the_fastest_route_is_the_least_time_and_nan_never_wins() {
         let mut us = Times::NONE;
-        let own = [Route::Own, Route::Implicit, Route::Direct];
+        let own = [Route::Own, Route::Implicit, Route::Direct, Route::Mma];
         assert_eq!(us.fastest(own.into_iter()), Route::Own);
         us.set(Route::Direct, 40.1);
         assert_eq!(us.fastest(own.into_iter()), Route::Direct);
@@ -227,6 +286,9 @@ mod tests {
         us.set(Route::Implicit, 30.0);
         assert_eq!(us.fastest(own.into_iter()), Route::Implicit);
         assert_eq!(us.fastest([Route::Own, Route::Direct].into_iter()), Route::Direct);
-        assert_eq!((us.of(Route::Own), us.of(Route::Cudnn).is_nan()), (604.0, true));
+        us.set(Route::Mma, 12.5);
+        assert_eq!(us.fastest(own.into_iter()), Route::Mma);
+        assert_eq!(us.fastest([Route::Own, Route::Direct].into_iter()), Route::Direct);
+        assert_eq!((us.of(Route::Own), us.of(Route::Mma), us.of(Route::Cudnn).is_nan()), (604.0, 12.5, true));
     }
 }

@@ -6,6 +6,7 @@ mod blaslt;
 mod conv;
 mod conv_direct;
 mod conv_lowering;
+mod conv_mma;
 mod conv_wgrad;
 mod dense;
 mod head;
