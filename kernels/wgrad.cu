@@ -9,8 +9,8 @@
 // WG_SPLIT blocks in rank order, reading the others' through distributed shared memory: every
 // output is summed in one fixed order. dZ is batch × out and X batch × in, rows contiguous.
 // Grid: WG_SPLIT blocks for each (job, group of rows, group of columns), along x. Host side:
-// src/cuda/wgrad.rs. Uses dense.cu's asynchronous copies (mma_copy, mma_commit, mma_wait), so
-// it comes after it in SOURCE_FILES.
+// src/cuda/wgrad.rs. Uses dense_mma.cu's asynchronous copies (mma_copy, mma_commit, mma_wait),
+// so it comes after it in source_files().
 #define WG_SPLIT 8
 #define WG_CHUNK 32
 #define WG_STAGES 4

@@ -18,10 +18,11 @@ const BEFORE_LAYERS: &[(&str, &str)] = &[
     ("loss.cu", include_str!("../../kernels/loss.cu")),
 ];
 
-/// The kernel files after the layers': the direct convolutions (and the tensor-core ones, which
-/// use their bands), those built on the dense layer's
-/// (weight-gradient splits, the resident server, the head) and the optimisers and data movers.
+/// The kernel files after the layers': those built on the dense layer's (tensor-core tiles,
+/// weight-gradient splits, the resident server, the head), the direct convolutions (and the
+/// tensor-core ones, which use their bands), and the optimisers and data movers.
 const AFTER_LAYERS: &[(&str, &str)] = &[
+    ("dense_mma.cu", include_str!("../../kernels/dense_mma.cu")),
     ("conv_direct.cu", include_str!("../../kernels/conv_direct.cu")),
     ("conv_mma.cu", include_str!("../../kernels/conv_mma.cu")),
     ("wgrad.cu", include_str!("../../kernels/wgrad.cu")),
@@ -277,7 +278,7 @@ impl Gpu {
             allow_dynamic_shared(functions[Kernel::WeightGradSplit as usize].cu_function(), shared_optin)?;
         }
         if major >= 8 {
-            // the tensor-core tiles' slice buffers are dynamic shared memory (kernels/dense.cu)
+            // the tensor-core tiles' slice buffers are dynamic shared memory (kernels/dense_mma.cu)
             for tile in super::dense::MMA_TILES {
                 for kernel in tile.kernels() {
                     allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin)?;

@@ -1,10 +1,10 @@
 //! The GPU dense product C (m × n) = A (m × k) · B (k × n) with a layer's element-wise work
-//! fused in (kernels/dense.cu), and the ways ([`Route`]s) a dense layer's forward, input
-//! gradient and weight gradient can run: flatnn's fused kernels (row-chunked, panels,
-//! tensor-core tiles), weight gradients split over the batch in clusters (src/cuda/wgrad.rs),
-//! or cuBLAS with separate bias, activation and bias-gradient kernels. Which routes fit a
-//! product is decided here ([`Gpu::dense_routes`]: launch limits, alignment, the device); which
-//! one runs is measured (src/cuda/routes.rs).
+//! fused in (kernels/dense.cu; the tensor-core tiles in kernels/dense_mma.cu), and the ways
+//! ([`Route`]s) a dense layer's forward, input gradient and weight gradient can run: flatnn's
+//! fused kernels (row-chunked, panels, tensor-core tiles), weight gradients split over the batch
+//! in clusters (src/cuda/wgrad.rs), or cuBLAS with separate bias, activation and bias-gradient
+//! kernels. Which routes fit a product is decided here ([`Gpu::dense_routes`]: launch limits,
+//! alignment, the device); which one runs is measured (src/cuda/routes.rs).
 
 use super::blas::DevMat;
 use super::blaslt::LtRoute;
@@ -41,7 +41,7 @@ impl Dir {
 /// One way to run a direction of a dense layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Route {
-    /// One launch of a kernel of kernels/dense.cu: the product and its epilogue.
+    /// One launch of a kernel of kernels/dense.cu or dense_mma.cu: the product and its epilogue.
     Fused(Kernel),
     /// A weight gradient split over the batch in clusters (`weight_grad_split`, src/cuda/wgrad.rs).
     Split,
@@ -116,7 +116,7 @@ fn dense_grid(kernel: Kernel, m: usize, cols: usize) -> Option<(u32, u32)> {
     (x >= 1 && y >= 1 && x <= i32::MAX as usize && y <= 65_535).then_some((x as u32, y as u32))
 }
 
-/// One shape of the tensor-core tiles (`dense_mma_*` in kernels/dense.cu): BM × BN outputs a
+/// One shape of the tensor-core tiles (`dense_mma_*` in kernels/dense_mma.cu): BM × BN outputs a
 /// block of 256 threads (MMA_THREADS there), a kernel for each of the two layouts they take,
 /// and for the 32 × 32 tile the weight gradient's with a tile's slices split over two blocks
 /// (SPLIT 2: each adds its half into dW and db). The 16 × 32 tile has no forward kernel: on
@@ -199,7 +199,7 @@ impl MmaTile {
     }
 
     /// Bytes of shared memory a block needs: MMA_STAGES slice buffers of A and B, as
-    /// `mma_buf` in kernels/dense.cu lays them out (along k, rows padded to MMA_KC + 8; else
+    /// `mma_buf` in kernels/dense_mma.cu lays them out (along k, rows padded to MMA_KC + 8; else
     /// rows of k padded to the tile's side + 8).
     fn shared_bytes(&self, kernel: Kernel) -> u32 {
         let along_k = Some(kernel) == self.forward;
@@ -323,7 +323,7 @@ impl Gpu {
         let tile = MmaTile::of(kernel);
         assert!(ANY_LAYOUT.contains(&kernel) || tile.is_some(), "dense: {kernel:?} is not a dense kernel");
         assert!(tile.is_none_or(|t| t.takes(kernel, &a, &b)), "dense: {kernel:?} does not take A and B as laid out");
-        // a tile's epilogue follows from its layout (kernels/dense.cu): the forward's, or a
+        // a tile's epilogue follows from its layout (kernels/dense_mma.cu): the forward's, or a
         // weight gradient's
         let dir = epilogue.dir();
         assert!(

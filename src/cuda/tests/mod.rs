@@ -9,6 +9,7 @@ mod conv_lowering;
 mod conv_mma;
 mod conv_wgrad;
 mod dense;
+mod dense_mma;
 mod head;
 mod infer;
 mod layers;
@@ -92,7 +93,8 @@ fn every_launched_kernel_is_defined_in_the_sources() {
             let name = rest[..rest.find('(').unwrap()].split_whitespace().last().unwrap().to_string();
             // Launched as programmatic dependents: nothing may run before the wait, except a
             // dense product's loads of B when the launch says B is weights that the kernel
-            // ahead does not write (`b_early`; the wait follows those loads in dense.cu)
+            // ahead does not write (`b_early`; the wait follows those loads in dense.cu and
+            // dense_mma.cu)
             let (params, body) = rest.split_at(rest.find('{').unwrap());
             if name.starts_with("dense_head") {
                 // both heads are dense_head_impl, checked below
@@ -137,48 +139,53 @@ fn every_launched_kernel_is_defined_in_the_sources() {
     // the tensor-core tiles are defined by three macros: DENSE_MMA_ENTRY (one kernel, which
     // takes b_early), used by DENSE_MMA_KERNEL for a layout's 3xTF32 kernel and its one-product
     // one (`_tf32`), used by DENSE_MMA for the two layouts of a tile shape
-    let dense = sources.iter().find(|(name, _)| *name == "dense.cu").unwrap().1;
+    let source = |file: &str| sources.iter().find(|(name, _)| *name == file).unwrap_or_else(|| panic!("{file} is compiled")).1;
+    let dense_mma = source("dense_mma.cu");
     let macro_body = |name: &str| {
-        let body = &dense[dense.find(&format!("#define {name}(")).unwrap_or_else(|| panic!("dense.cu defines {name}"))..];
+        let body = &dense_mma[dense_mma.find(&format!("#define {name}(")).unwrap_or_else(|| panic!("dense_mma.cu defines {name}"))..];
         &body[..body.find("\n#define").unwrap_or(body.len())]
     };
     assert_eq!(macro_body("DENSE_MMA_ENTRY").matches("int b_early)").count(), 1, "DENSE_MMA_ENTRY's kernel takes b_early");
     let entries = macro_body("DENSE_MMA_KERNEL").split("DENSE_MMA_ENTRY(BM, BN, NAME, AK, SPLIT, ").skip(1);
     let suffixes: Vec<&str> = entries.map(|rest| rest[rest.find(", ").unwrap() + 2..rest.find(')').unwrap()].trim()).collect();
     assert_eq!(suffixes, ["", "_tf32"], "the kernels of a tile shape and layout");
-    let mma = &dense[dense.find("#define DENSE_MMA(").expect("dense.cu defines DENSE_MMA")..];
+    let mma = &dense_mma[dense_mma.find("#define DENSE_MMA(").expect("dense_mma.cu defines DENSE_MMA")..];
     let mma = &mma[..mma.find("\nDENSE_MMA(").unwrap()];
     let names: Vec<&str> = mma.split("DENSE_MMA_KERNEL(BM, BN, ").skip(1).map(|rest| &rest[..rest.find(',').unwrap()]).collect();
     assert_eq!(names, ["kk", "mn"], "the kernels of a tile shape");
     let mut tiles = Vec::new();
-    for line in dense.lines().filter(|l| l.starts_with("DENSE_MMA(")) {
+    for line in dense_mma.lines().filter(|l| l.starts_with("DENSE_MMA(")) {
         let shape: Vec<&str> = line["DENSE_MMA(".len()..line.len() - 1].split(", ").collect();
         tiles.extend(names.iter().map(|name| format!("dense_mma_{}x{}_{name}", shape[0], shape[1])));
     }
     // and one more kernel of one shape
-    for line in dense.lines().filter(|l| l.starts_with("DENSE_MMA_KERNEL(")) {
+    for line in dense_mma.lines().filter(|l| l.starts_with("DENSE_MMA_KERNEL(")) {
         let args: Vec<&str> = line["DENSE_MMA_KERNEL(".len()..line.len() - 1].split(", ").collect();
         tiles.push(format!("dense_mma_{}x{}_{}", args[0], args[1], args[2]));
     }
     defined.extend(tiles.iter().flat_map(|tile| suffixes.iter().map(move |suffix| format!("{tile}{suffix}"))));
-    // in dense.cu, the only work before the wait is in `if (b_early) { .. }` just ahead of it:
-    // loads of B and of the epilogue's inputs
-    let waits: Vec<usize> = dense.match_indices("after_prior(").map(|(at, _)| at).collect();
-    assert_eq!(waits.len(), 3, "dense.cu waits in three places (row-chunked, panels, tensor-core tiles)");
-    for at in waits {
-        let early = &dense[dense[..at].rfind("if (b_early) {").expect("loads before the wait only with b_early")..at];
-        for line in early.lines().skip(1).map(str::trim) {
-            let allowed = [
-                "}",
-                "dense_skinny_load_b<",
-                "dense_panel_load_b(",
-                "if (stores) e = dense_epilogue_in(",
-                "e0 = dense_epilogue_in(",
-                "e1 = dense_epilogue_in(",
-                "for (int s = 0; s < MMA_STAGES - 1 && s < slices; s++) b_in.load(",
-                "epilogue_in();",
-            ];
-            assert!(line.is_empty() || allowed.iter().any(|a| line.starts_with(a)), "dense.cu: {line:?} before the wait");
+    // in the dense products, the only work before the wait is in `if (b_early) { .. }` just
+    // ahead of it: loads of B and of the epilogue's inputs
+    let products = [("dense.cu", "row-chunked, panels", 2), ("dense_mma.cu", "tensor-core tiles", 1)];
+    for (file, kernels, count) in products {
+        let text = source(file);
+        let waits: Vec<usize> = text.match_indices("after_prior(").map(|(at, _)| at).collect();
+        assert_eq!(waits.len(), count, "{file}: one wait in each of its products ({kernels})");
+        for at in waits {
+            let early = &text[text[..at].rfind("if (b_early) {").expect("loads before the wait only with b_early")..at];
+            for line in early.lines().skip(1).map(str::trim) {
+                let allowed = [
+                    "}",
+                    "dense_skinny_load_b<",
+                    "dense_panel_load_b(",
+                    "if (stores) e = dense_epilogue_in(",
+                    "e0 = dense_epilogue_in(",
+                    "e1 = dense_epilogue_in(",
+                    "for (int s = 0; s < MMA_STAGES - 1 && s < slices; s++) b_in.load(",
+                    "epilogue_in();",
+                ];
+                assert!(line.is_empty() || allowed.iter().any(|a| line.starts_with(a)), "{file}: {line:?} before the wait");
+            }
         }
     }
     // Before its wait an optimiser only reads, where `early` says so (OPTIM_EARLY's `pre`), the
