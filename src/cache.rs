@@ -226,7 +226,8 @@ impl Cache {
     /// lowering and products; for the weight gradient `own-implicit`, flatnn's product without
     /// a lowered matrix; `own-direct`, flatnn's direct kernels (the forward, the weight gradient
     /// and a stride-1 layer's input gradient), where they fit; `own-mma`, flatnn's tensor-core
-    /// kernels (the forward and a stride-1 layer's input gradient; sm_80 on), where they fit) and the time per call measured for each candidate when the choice was
+    /// kernels (the forward, the weight gradient and a stride-1 layer's input gradient; sm_80
+    /// on), where they fit) and the time per call measured for each candidate when the choice was
     /// made (`own (the only route)` where nothing else was a candidate); then, for
     /// each batch size run so far, one line per GRU or LSTM layer giving, for inference and for
     /// a training step's forward and backward, the route chosen (`cudnn ALGO`, cuDNN's RNN

@@ -179,8 +179,8 @@ fn cudnn_forward_and_training_match_the_cpu() {
 }
 
 /// With `FLATNN_CUDNN=0` flatnn's weight-gradient routes (the lowered one, `own`, the implicit
-/// product, `own-implicit`, and the direct kernel, `own-direct`, which fits every layer of these
-/// models) are timed for every conv layer at every training batch size and the report names the
+/// product, `own-implicit`, the direct kernel, `own-direct`, and the tensor-core one, `own-mma`,
+/// which fit every layer of these models, the latter on sm_80 and later) are timed for every conv layer at every training batch size and the report names the
 /// one chosen, every time measured; the forward's three (`own`, `own-direct`, `own-mma`: the
 /// tensor-core kernels fit these layers too, on sm_80 and later) likewise, and the input
 /// gradient's of a stride-1 layer after the first; another's input gradient has one route,
@@ -209,8 +209,10 @@ fn flatnn_kernels_alone_measure_both_weight_gradient_routes() {
                     line.split(';').find_map(|p| p.split_once(dir).map(|(_, rest)| rest.trim())).unwrap_or_else(|| panic!("{dir}: {line}"))
                 };
                 // the chosen route first, then every other candidate with its time
-                let mut dirs =
-                    vec![("weight grad ", &["own", "own-implicit", "own-direct"][..]), ("forward ", &["own", "own-direct", "own-mma"][..])];
+                let mut dirs = vec![
+                    ("weight grad ", &["own", "own-implicit", "own-direct", "own-mma"][..]),
+                    ("forward ", &["own", "own-direct", "own-mma"][..]),
+                ];
                 if line.contains(" stride 1×1 ") && !line.contains(", step 0 conv") {
                     dirs.push(("input grad ", &["own", "own-direct", "own-mma"][..]));
                 } else {
@@ -327,7 +329,7 @@ fn the_automatic_choice_matches_the_cpu_and_reports_itself() {
                 .unwrap_or_else(|| panic!("{part}"));
             let route = rest.split_whitespace().next().unwrap_or("");
             let routes: &[&str] = match dir {
-                "weight grad " => &["own", "own-implicit", "own-direct", "cudnn"],
+                "weight grad " => &["own", "own-implicit", "own-direct", "own-mma", "cudnn"],
                 "forward " => &["own", "own-direct", "own-mma", "cudnn"],
                 _ => &["own", "own-direct", "own-mma", "cudnn"],
             };

@@ -20,11 +20,13 @@ const BEFORE_LAYERS: &[(&str, &str)] = &[
 
 /// The kernel files after the layers': those built on the dense layer's (tensor-core tiles,
 /// weight-gradient splits, the resident server, the head), the direct convolutions (and the
-/// tensor-core ones, which use their bands), and the optimisers and data movers.
+/// tensor-core ones, which use their bands; their weight gradient, after the forward, uses its
+/// mma helpers), and the optimisers and data movers.
 const AFTER_LAYERS: &[(&str, &str)] = &[
     ("dense_mma.cu", include_str!("../../kernels/dense_mma.cu")),
     ("conv_direct.cu", include_str!("../../kernels/conv_direct.cu")),
     ("conv_mma.cu", include_str!("../../kernels/conv_mma.cu")),
+    ("conv_mma_wgrad.cu", include_str!("../../kernels/conv_mma_wgrad.cu")),
     ("wgrad.cu", include_str!("../../kernels/wgrad.cu")),
     ("optim.cu", include_str!("../../kernels/optim.cu")),
     ("data.cu", include_str!("../../kernels/data.cu")),
@@ -126,6 +128,10 @@ kernels! {
     ConvMma8X3 = "conv_mma_8_x3",
     ConvMma16X3 = "conv_mma_16_x3",
     ConvMma32X3 = "conv_mma_32_x3",
+    ConvMmaWgrad16Tf32 = "conv_mma_wgrad_16_tf32",
+    ConvMmaWgrad32Tf32 = "conv_mma_wgrad_32_tf32",
+    ConvMmaWgrad16X3 = "conv_mma_wgrad_16_x3",
+    ConvMmaWgrad32X3 = "conv_mma_wgrad_32_x3",
     Sgd = "sgd",
     SgdMomentum = "sgd_momentum",
     Adam = "adam",

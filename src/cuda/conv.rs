@@ -21,6 +21,7 @@ use super::blas::{Blas, DevMat, DevMatMut};
 use super::context::{Gpu, Kernel};
 use super::conv_direct::{conv_forward_direct, conv_input_grad_direct, conv_weight_grad_direct};
 use super::conv_mma::{conv_forward_mma, conv_input_grad_mma};
+use super::conv_mma_wgrad::conv_weight_grad_mma;
 use super::cudnn::Dir;
 use super::dnn::Route;
 use super::exec::{activation_backward, bias_act, Backward, Forward, GpuBackward, GpuForward, Raw};
@@ -193,7 +194,8 @@ impl Gpu {
 
 /// A convolution step's backward: its dz (unless written), db, then dW and (where needed) dX,
 /// each through cuDNN where it was chosen, else flatnn's kernels (dW by the implicit product,
-/// dW and dX by the direct kernels, dX by the tensor-core ones, where chosen); `layout` = (channels, pixels per channel).
+/// dW and dX by the direct kernels and by the tensor-core ones, where chosen); `layout` =
+/// (channels, pixels per channel).
 pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Activation, (channels, pixels): (usize, usize)) -> Result<()> {
     activation_backward(pass, step, activation)?;
     let GpuBackward { gpu, blas, stream, plan, f, b, index, need_dx, .. } = *pass;
@@ -206,6 +208,7 @@ pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Act
         match f.dnn.map_or(Route::Own, |d| d.route(Dir::Weight, index, f.batch)) {
             Route::Implicit => conv_weight_grad_implicit(gpu, stream, plan, step, f, b)?,
             Route::Direct => conv_weight_grad_direct(gpu, stream, plan, step, f, b)?,
+            Route::Mma => conv_weight_grad_mma(gpu, stream, plan, step, f, b, f.dnn.is_some_and(|d| d.tf32()))?,
             _ => conv_weight_grad_own(gpu, blas, stream, plan, step, f, b)?,
         }
     }

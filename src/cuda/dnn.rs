@@ -4,8 +4,9 @@
 //! the batch split into shares summed in a fixed order: `conv_weight_grad_implicit`); flatnn's
 //! direct kernels where they fit (`own-direct`: `conv_direct.rs`; the forward, the weight
 //! gradient, and a stride-1 layer's input gradient as a forward convolution of dZ); flatnn's
-//! tensor-core kernels where they fit (`own-mma`: `conv_mma.rs`, sm_80 on; the forward and that
-//! input gradient, in 3xTF32, or in TF32 where the model's TF32 is on); and cuDNN where it loads. The fastest is kept; flatnn's kernels run wherever cuDNN is missing,
+//! tensor-core kernels where they fit (`own-mma`: `conv_mma.rs`, `conv_mma_wgrad.rs`, sm_80 on;
+//! the forward, the weight gradient and that input gradient, in 3xTF32, or in TF32 where the
+//! model's TF32 is on); and cuDNN where it loads. The fastest is kept; flatnn's kernels run wherever cuDNN is missing,
 //! so a machine without it still runs every model on the GPU.
 //!
 //! The model's `Tuning::convs` (`FLATNN_CUDNN`, read with the rest of the tuning): `0` flatnn's
@@ -51,6 +52,7 @@ use super::context::Gpu;
 use super::conv::{conv_forward_own, conv_input_grad_own, conv_weight_grad_implicit, conv_weight_grad_own};
 use super::conv_direct::{conv_forward_direct, conv_input_grad_direct, conv_weight_grad_direct};
 use super::conv_mma::{conv_forward_mma, conv_input_grad_mma};
+use super::conv_mma_wgrad::conv_weight_grad_mma;
 use super::cudnn::{cudnn_error, cudnn_version, Algo, Descs, Dir, Handle, Ptrs};
 use super::exec::{Backward, Forward};
 use super::graph::Graphs;
@@ -487,7 +489,7 @@ impl ConvRoutes {
             None => MEASURED.keep(key, self.measure(layer, dir, s)?),
         };
         // flatnn's fastest route (a time not measured is NaN, never faster), unless cuDNN's is
-        let (direct, mma) = (direct_fits(dir, &g, f.batch), mma_fits(dir, &g, gpu.compute_capability()));
+        let (direct, mma) = (direct_fits(dir, &g, f.batch), mma_fits(dir, &g, f.batch, gpu.compute_capability()));
         let own = m.us.fastest(Route::candidates(dir, false, direct, mma));
         let cudnn_wins = options.tuning.convs == Convs::Cudnn || m.us.of(Route::Cudnn) < m.us.of(own);
         let mut route = if m.algo.is_some() && layer.descs.is_some() && cudnn_wins { Route::Cudnn } else { own };
@@ -534,7 +536,7 @@ impl ConvRoutes {
         let mut m = Measured { algo: None, us: Times::NONE, note: String::new() };
         let cudnn = layer.descs.as_ref().zip(self.cudnn.as_ref());
         let g = conv::geometry(step);
-        let (direct, mma) = (direct_fits(dir, &g, f.batch), mma_fits(dir, &g, gpu.compute_capability()));
+        let (direct, mma) = (direct_fits(dir, &g, f.batch), mma_fits(dir, &g, f.batch, gpu.compute_capability()));
         let others: Vec<Route> = Route::candidates(dir, false, direct, mma).skip(1).collect();
         if others.is_empty() && cudnn.is_none() {
             return Ok(m);
@@ -550,6 +552,7 @@ impl ConvRoutes {
             let run = || match (route, dir) {
                 (Route::Implicit, _) => conv_weight_grad_implicit(gpu, stream, plan, step, f, b.expect("gradients")),
                 (Route::Mma, Dir::Input) => conv_input_grad_mma(gpu, stream, plan, step, f, b.expect("gradients"), options.tf32),
+                (Route::Mma, Dir::Weight) => conv_weight_grad_mma(gpu, stream, plan, step, f, b.expect("gradients"), options.tf32),
                 (Route::Mma, _) => conv_forward_mma(gpu, stream, plan, step, f, options.tf32),
                 (_, Dir::Forward) => conv_forward_direct(gpu, stream, plan, step, f),
                 (_, Dir::Weight) => conv_weight_grad_direct(gpu, stream, plan, step, f, b.expect("gradients")),

@@ -19,6 +19,7 @@ mod context;
 pub(crate) mod conv;
 pub(crate) mod conv_direct;
 pub(crate) mod conv_mma;
+pub(crate) mod conv_mma_wgrad;
 mod cudnn;
 pub(crate) mod data;
 mod dense;

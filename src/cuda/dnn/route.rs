@@ -4,6 +4,7 @@
 use super::Choice;
 use crate::cuda::conv_direct::{DirectForward, DirectWgrad};
 use crate::cuda::conv_mma::{mma_runs_on, MmaForward};
+use crate::cuda::conv_mma_wgrad::MmaWgrad;
 use crate::cuda::cudnn::{Algo, Dir};
 use crate::cuda::timing::FirstMeasured;
 use crate::layers::conv;
@@ -19,8 +20,9 @@ pub(in crate::cuda) enum Route {
     /// flatnn's direct kernels, the forward, the weight gradient and (stride 1) the input
     /// gradient, where they fit (`conv_direct.rs`).
     Direct,
-    /// flatnn's tensor-core kernels (sm_80 on), the forward and (stride 1) the input gradient,
-    /// where they fit (`conv_mma.rs`): 3xTF32, or TF32 where the model's TF32 is on.
+    /// flatnn's tensor-core kernels (sm_80 on), the forward, the weight gradient and (stride 1)
+    /// the input gradient, where they fit (`conv_mma.rs`, `conv_mma_wgrad.rs`): 3xTF32, or TF32
+    /// where the model's TF32 is on.
     Mma,
     /// cuDNN's algorithm `Choice::algo`.
     Cudnn,
@@ -44,9 +46,8 @@ impl Route {
     /// direct or tensor-core kernels fit for [`Route::Direct`] and [`Route::Mma`]).
     pub fn runs(self, dir: Dir) -> bool {
         match self {
-            Route::Own | Route::Cudnn | Route::Direct => true,
+            Route::Own | Route::Cudnn | Route::Direct | Route::Mma => true,
             Route::Implicit => dir == Dir::Weight,
-            Route::Mma => dir != Dir::Weight,
         }
     }
 
@@ -93,14 +94,14 @@ pub(super) fn direct_fits(dir: Dir, g: &conv::Geometry, batch: usize) -> bool {
     }
 }
 
-/// Whether flatnn's tensor-core kernel for `dir` fits a layer of geometry `g` on a device of
-/// compute capability `cc` (8.0 on; shared memory; the input gradient as for [`direct_fits`]):
-/// then it is a candidate.
-pub(super) fn mma_fits(dir: Dir, g: &conv::Geometry, cc: (u32, u32)) -> bool {
+/// Whether flatnn's tensor-core kernel for `dir` fits a layer of geometry `g` at `batch` on a
+/// device of compute capability `cc` (8.0 on; shared memory; the input gradient as for
+/// [`direct_fits`]): then it is a candidate.
+pub(super) fn mma_fits(dir: Dir, g: &conv::Geometry, batch: usize, cc: (u32, u32)) -> bool {
     mma_runs_on(cc)
         && match dir {
             Dir::Forward => MmaForward::of(g).is_some(),
-            Dir::Weight => false,
+            Dir::Weight => MmaWgrad::of(g, batch).is_some(),
             Dir::Input => MmaForward::input_grad(g).is_some(),
         }
 }
@@ -191,8 +192,8 @@ mod tests {
     /// Every route a report can name exists and can run the direction it is named for: for each
     /// direction, each route chosen and cuDNN, the direct and the tensor-core kernels candidates
     /// or not, the report names the chosen route first and then every other candidate once (the
-    /// implicit product for the weight gradient alone, the tensor-core kernels never for it,
-    /// cuDNN only where it was a candidate), each with its time.
+    /// implicit product for the weight gradient alone, cuDNN only where it was a candidate), each
+    /// with its time.
     #[test]
     fn every_route_a_report_names_exists() {
         let algo = Algo { id: 1, math: CUDNN_FMA_MATH, deterministic: true };
@@ -201,7 +202,7 @@ mod tests {
                 let candidates: Vec<Route> = Route::candidates(dir, cudnn, direct, mma).collect();
                 assert_eq!(candidates.contains(&Route::Implicit), dir == Dir::Weight);
                 assert_eq!(candidates.contains(&Route::Direct), direct);
-                assert_eq!(candidates.contains(&Route::Mma), mma && dir != Dir::Weight);
+                assert_eq!(candidates.contains(&Route::Mma), mma);
                 assert_eq!(candidates.contains(&Route::Cudnn), cudnn);
                 let mut us = Times::NONE;
                 for (i, &r) in Route::ALL.iter().enumerate() {
@@ -235,16 +236,18 @@ mod tests {
         assert_eq!(describe(Dir::Forward, ch, false), "own-direct NaN µs (own NaN µs)");
         let ch = Choice { decided: true, route: Route::Mma, direct: true, mma: true, ..Choice::default() };
         assert_eq!(describe(Dir::Input, ch, true), "own-mma NaN µs (own NaN µs, own-direct NaN µs, cudnn - NaN µs)");
-        // the weight gradient names no tensor-core route, even where told it fits
-        let ch = Choice { decided: true, route: Route::Own, mma: true, ..Choice::default() };
+        // the weight gradient names the tensor-core route where it fits, and only there
+        let ch = Choice { decided: true, route: Route::Mma, mma: true, ..Choice::default() };
+        assert_eq!(describe(Dir::Weight, ch, false), "own-mma NaN µs (own NaN µs, own-implicit NaN µs)");
+        let ch = Choice { decided: true, route: Route::Own, ..Choice::default() };
         assert_eq!(describe(Dir::Weight, ch, false), "own NaN µs (own-implicit NaN µs)");
         assert_eq!(describe(Dir::Weight, Choice::default(), true), "not measured yet");
         assert_eq!(describe(Dir::Input, Choice { decided: true, needed: false, ..Choice::default() }, true), "not needed");
     }
 
-    /// The tensor-core route is a candidate for the forward and a stride-1 input gradient of a
-    /// layer it fits on compute capability 8.0 and later, never below (no TF32 mma.sync, no
-    /// cp.async), and never for the weight gradient.
+    /// The tensor-core route is a candidate for the forward, the weight gradient (at any batch
+    /// but an empty one) and a stride-1 input gradient of a layer it fits on compute capability
+    /// 8.0 and later, never below (no TF32 mma.sync, no cp.async).
     #[test]
     fn the_tensor_core_route_is_a_candidate_from_sm_80_on() {
         let g = conv::Geometry::new(
@@ -256,10 +259,11 @@ mod tests {
             (1, 1),
         );
         for cc in [(9, 0), (8, 0), (8, 6)] {
-            assert!(mma_fits(Dir::Forward, &g, cc) && mma_fits(Dir::Input, &g, cc) && !mma_fits(Dir::Weight, &g, cc), "{cc:?}");
+            assert!([Dir::Forward, Dir::Weight, Dir::Input].iter().all(|&dir| mma_fits(dir, &g, 4096, cc)), "{cc:?}");
+            assert!(mma_fits(Dir::Weight, &g, 1, cc) && !mma_fits(Dir::Weight, &g, 0, cc), "{cc:?}");
         }
         for cc in [(7, 5), (7, 0), (6, 1)] {
-            assert!([Dir::Forward, Dir::Weight, Dir::Input].iter().all(|&dir| !mma_fits(dir, &g, cc)), "{cc:?}");
+            assert!([Dir::Forward, Dir::Weight, Dir::Input].iter().all(|&dir| !mma_fits(dir, &g, 4096, cc)), "{cc:?}");
         }
         // stride 2: the input gradient is not a forward convolution
         let strided = conv::Geometry::new(
@@ -270,7 +274,8 @@ mod tests {
             (1, 1),
             (1, 1),
         );
-        assert!(mma_fits(Dir::Forward, &strided, (9, 0)) && !mma_fits(Dir::Input, &strided, (9, 0)));
+        let fits = |dir| mma_fits(dir, &strided, 17, (9, 0));
+        assert!(fits(Dir::Forward) && fits(Dir::Weight) && !fits(Dir::Input));
     }
 
     /// Times are keyed by route: the fastest is the one with the least time, NaN never wins, and

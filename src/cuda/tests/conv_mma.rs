@@ -18,7 +18,7 @@ use crate::testutil::{poisoned, Rng};
 /// channels past one block's 32 and not a multiple of 8 (70, 20), 64 and 70 input channels
 /// (several chunks, the last short), then the seven the convolution tests share (among them
 /// a 1×1 input and two dilated 1-D layers).
-fn geometries() -> Vec<conv::Geometry> {
+pub(super) fn geometries() -> Vec<conv::Geometry> {
     let same = (1, 1);
     let mut all = vec![
         conv_geometry(Shape::image(3, 32, 32), 16, (3, 3), (1, 1), same, (1, 1)),
@@ -187,7 +187,7 @@ fn spec_input_grad(g: &conv::Geometry, batch: usize, w: &[f32], dz: &[f32]) -> V
 }
 
 /// Asserts |got − want| ≤ rel·scale everywhere (NaN fails), scale = Σ|x·w| of each output.
-fn check_scaled(what: &str, got: &[f32], want: &[f32], scale: &[f32], rel: f32) {
+pub(super) fn check_scaled(what: &str, got: &[f32], want: &[f32], scale: &[f32], rel: f32) {
     assert_eq!((got.len(), want.len()), (scale.len(), scale.len()), "{what}: lengths");
     let mut worst = 0.0f32;
     for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
@@ -208,8 +208,8 @@ fn check_scaled(what: &str, got: &[f32], want: &[f32], scale: &[f32], rel: f32) 
 /// fma chain rounds too. 1e-5 is two hundred times below TF32's bound. TF32: x and w each rounded to nearest TF32 (10 bits
 /// kept: within 2^-11 each), so each product within 2^-10 ≈ 1e-3 of |x·w|, the sums as above:
 /// 2e-3.
-const FP32_TOL: f32 = 1e-5;
-const TF32_TOL: f32 = 2e-3;
+pub(super) const FP32_TOL: f32 = 1e-5;
+pub(super) const TF32_TOL: f32 = 2e-3;
 
 /// The kernel against the spec at every geometry and batches 1, 3 and 17, in both arithmetics,
 /// and the input gradient at every stride-1 geometry: exactly on small integers (TF32 holds
@@ -279,8 +279,8 @@ fn the_tensor_core_convolutions_match_the_spec() {
 /// With the tensor-core route forced (measuring still runs), a small VGG, LeNet, a strided
 /// model and a dilated 1-D one train 12 Adam steps at batches of 32 and 17 (graphs on) as the
 /// CPU does, in FP32 (within 1e-4) and with TF32 on (within 5e-3, as cuDNN's TF32 is held to),
-/// and the report says every layer's forward ran on it, and the input gradient of every layer
-/// after the first of stride 1.
+/// and the report says every layer's forward and weight gradient ran on it, and the input
+/// gradient of every layer after the first of stride 1.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn training_forced_onto_the_tensor_core_convolutions_matches_the_cpu() {
@@ -335,7 +335,7 @@ fn training_forced_onto_the_tensor_core_convolutions_matches_the_cpu() {
             assert!(!lines.is_empty(), "{report}");
             for line in lines {
                 assert!(line.contains(if tf32 { " TF32, " } else { " FP32, " }), "{line}");
-                assert!(line.contains("forward own-mma"), "{line}");
+                assert!(line.contains("forward own-mma") && line.contains("weight grad own-mma"), "{line}");
                 let input = line.split(';').find(|part| part.trim_start().starts_with("input grad")).unwrap_or_else(|| panic!("{line}"));
                 let want = match (line.contains(", step 0 conv"), line.contains(" stride 1×1 ")) {
                     (true, _) => "input grad not needed",

@@ -7,6 +7,7 @@ mod conv;
 mod conv_direct;
 mod conv_lowering;
 mod conv_mma;
+mod conv_mma_wgrad;
 mod conv_wgrad;
 mod dense;
 mod dense_mma;
