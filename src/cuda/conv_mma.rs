@@ -61,11 +61,12 @@ impl MmaForward {
     }
 
     /// Floats of shared memory at `chunk`: the taps' offsets (kc8 = chunk·kh·kw rounded up to 8),
-    /// then two stages of the weights ([channels][kc8 + 4]) and the band of `chunk` channels.
+    /// then two stages of the weights ([channels][kc8 + 4]) and the band of `chunk` channels,
+    /// each rounded up to 4 floats (the weights' rows 16-byte aligned in both, for ldmatrix).
     fn floats(g: &conv::Geometry, channels: usize, chunk: usize) -> usize {
         let (rows, cols) = band_bound(g, MMA_TILE);
         let kc8 = (chunk * g.kernel.0 * g.kernel.1).next_multiple_of(8);
-        kc8 + 2 * (channels * (kc8 + 4) + chunk * rows * cols)
+        kc8 + 2 * (channels * (kc8 + 4) + chunk * rows * cols).next_multiple_of(4)
     }
 
     /// Bytes of dynamic shared memory a block takes.

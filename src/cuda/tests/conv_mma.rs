@@ -68,12 +68,15 @@ fn the_tensor_core_forward_covers_every_geometry() {
 }
 
 /// Z as conv_mma_* computes it, lane by lane, on values whose products and sums are exact (small
-/// integers): per block the taps' offsets, each chunk's staged weights ([channels][kc8 + 4], zero
-/// past OC and the chunk's taps) and band (zero past the chunk's channels and the image), each
-/// warp's m16n8k8 fragments gathered as the lanes gather them (A: a0 (g, t), a1 (g + 8, t),
-/// a2 (g, t + 4), a3 (g + 8, t + 4); B: b0 (t, g), b1 (t + 4, g)), their product, and the sums
-/// stored where the lanes store d0..d3 ((g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)); with
-/// `transposed`, W' read from the layer's w flipped and transposed.
+/// integers): per block the taps' offsets (a lane's two of a k-step side by side), each chunk's
+/// staged weights ([channels][kc8 + 4], zero past OC and the chunk's taps) and band (zero past
+/// the chunk's channels and the image), each warp's m16n8k8 fragments gathered as the lanes
+/// gather them (A: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4), lane (g, t)'s taps
+/// read at k0 + 2t; B by ldmatrix: matrix q's row i from the address lane 8q + i gives, its
+/// element (g, t) to lane 4g + t's register q, registers 2h, 2h + 1 the b0 (t, g), b1 (t + 4, g)
+/// of fragment f0 + h), their product, and the sums stored where the lanes store d0..d3 ((g, 2t),
+/// (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)); with `transposed`, W' read from the layer's w
+/// flipped and transposed.
 fn forward_twin(g: &conv::Geometry, batch: usize, d: MmaForward, x: &[f32], w: &[f32], transposed: bool) -> Vec<f32> {
     let (oc_n, ohw, taps, ckk, bn) = (g.out_channels, g.ohw(), g.kernel.0 * g.kernel.1, g.ckk(), d.channels);
     let (kc, ow) = (d.chunk * taps, g.out_width);
@@ -91,8 +94,10 @@ fn forward_twin(g: &conv::Geometry, batch: usize, d: MmaForward, x: &[f32], w: &
         let plane = rows * cols;
         let bound = band_bound(g, MMA_TILE);
         assert!(rows <= bound.0 && cols <= bound.1, "band {rows}×{cols} past its bound {bound:?}");
+        // tap[k0 + 2t + h] = tap(k0 + t + 4h)
         let tap: Vec<usize> = (0..kc8)
-            .map(|r| {
+            .map(|e| {
+                let r = e / 8 * 8 + e % 8 / 2 + e % 2 * 4;
                 let (c, t) = (r / taps, r % taps);
                 if r < kc {
                     c * plane + t / g.kernel.1 * g.dilation.0 * cols + t % g.kernel.1 * g.dilation.1
@@ -123,12 +128,23 @@ fn forward_twin(g: &conv::Geometry, batch: usize, d: MmaForward, x: &[f32], w: &
                 for k0 in (0..kc8).step_by(8) {
                     let (mut a, mut b) = ([[0.0f32; 8]; 16], [[0.0f32; 8]; 8]);
                     for (lg, lt) in (0..8).flat_map(|lg| (0..4).map(move |lt| (lg, lt))) {
-                        let (t0, t1) = (tap[k0 + lt], tap[k0 + lt + 4]);
+                        let (t0, t1) = (tap[k0 + 2 * lt], tap[k0 + 2 * lt + 1]);
                         let (o0, o1) = (off(strip + lg), off(strip + lg + 8));
                         (a[lg][lt], a[lg + 8][lt], a[lg][lt + 4], a[lg + 8][lt + 4]) =
                             (x_s[o0 + t0], x_s[o1 + t0], x_s[o0 + t1], x_s[o1 + t1]);
-                        let wb = (f * 8 + lg) * pitch + k0 + lt;
-                        (b[lt][lg], b[lt + 4][lg]) = (w_s[wb], w_s[wb + 4]);
+                    }
+                    // ldmatrix (x4 for fragments f0, f0 + 1; x2 at one fragment a block): the
+                    // row of w_s whose address lane l gives, and lane (lg, lt)'s register q
+                    let f0 = if bn == 8 { 0 } else { f / 2 * 2 };
+                    let row_at = |l: usize| ((if bn > 8 { l / 16 * 8 } else { 0 }) + l % 8) * pitch + l / 8 % 2 * 4 + f0 * 8 * pitch + k0;
+                    // a row of 16 bytes, 16-byte aligned as ldmatrix needs (w_s's start is)
+                    let reg = |q: usize, lg: usize, lt: usize| {
+                        assert_eq!(row_at(8 * q + lg) % 4, 0);
+                        w_s[row_at(8 * q + lg) + lt]
+                    };
+                    for (lg, lt) in (0..8).flat_map(|lg| (0..4).map(move |lt| (lg, lt))) {
+                        let h = f - f0;
+                        (b[lt][lg], b[lt + 4][lg]) = (reg(2 * h, lg, lt), reg(2 * h + 1, lg, lt));
                     }
                     for (row, col) in (0..16).flat_map(|row| (0..8).map(move |col| (row, col))) {
                         acc[row][col] += (0..8).map(|k| a[row][k] * b[k][col]).sum::<f32>();
