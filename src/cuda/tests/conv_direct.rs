@@ -423,8 +423,26 @@ fn the_direct_convolutions_match_the_spec_and_their_twins() {
 #[test]
 fn training_forced_onto_the_direct_convolutions_matches_the_cpu() {
     use crate::prelude::*;
-    use crate::testutil::{batch, cuda_device, rel_err};
+    use crate::testutil::{cuda_device, rel_err};
     let device = cuda_device();
+    forced::set(Some(Route::Direct));
+    for (name, chain) in [vec![("lenet", crate::models::lenet5())], forced_route_models()].concat() {
+        let cpu = chain.build().unwrap().init(Init::HeNormal, 5).with_threads(1).unwrap();
+        let (cpu_losses, cpu_params, _) = train_twelve_steps(&cpu);
+        let (losses, params, report) = train_twelve_steps(&cpu.to(&device).unwrap());
+        println!("{name}, direct forced:\n{report}");
+        assert_forced_report(&report, "own-direct");
+        let (loss_err, params_err) = (rel_err(&losses, &cpu_losses), rel_err(&params, &cpu_params));
+        println!("{name}: 12 steps on the direct kernels: losses rel err {loss_err:.2e}, parameters {params_err:.2e}");
+        assert!(loss_err <= 1e-4 && params_err <= 1e-4, "{name}");
+    }
+    forced::set(None);
+}
+
+/// The models a forced-route training test trains besides its own: a strided 2-D one and a
+/// dilated 1-D one (its last layer of stride 2).
+pub(super) fn forced_route_models() -> Vec<(&'static str, crate::prelude::Chain)> {
+    use crate::prelude::*;
     let strided = Chain::new(Input::image(3, 16, 15))
         .conv_with(8, (3, 3), Relu, ConvOptions { stride: (2, 2), padding: (1, 1) })
         .conv_with(6, (3, 3), Tanh, ConvOptions { stride: (1, 1), padding: (1, 1) })
@@ -436,43 +454,44 @@ fn training_forced_onto_the_direct_convolutions_matches_the_cpu() {
         .conv1d_with(3, 3, Relu, Conv1dOptions { stride: 2, padding: 1, dilation: 1 })
         .flatten()
         .dense(10, Identity);
-    forced::set(Some(Route::Direct));
-    for (name, chain) in [("lenet", crate::models::lenet5()), ("strided", strided), ("dilated", dilated)] {
-        let cpu = chain.build().unwrap().init(Init::HeNormal, 5).with_threads(1).unwrap();
-        let train = |model: &Model| {
-            let mut model = model.to(&model.device()).unwrap();
-            let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
-            let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
-            let (mut rng, mut losses) = (Rng::new(6), Vec::new());
-            for step in 0..12 {
-                let (x, labels) = batch(&mut rng, &model, [32, 17][step % 2]);
-                fwd.set_inputs(&x).unwrap();
-                fwd.set_labels(&labels).unwrap();
-                model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
-                losses.push(bwd.last_loss().unwrap());
-                opt.update(&mut model, &bwd).unwrap();
-            }
-            (losses, model.parameters().unwrap().into_owned(), fwd.conv_backends())
-        };
-        let (cpu_losses, cpu_params, _) = train(&cpu);
-        let (losses, params, report) = train(&cpu.to(&device).unwrap());
-        println!("{name}, direct forced:\n{report}");
-        let lines: Vec<&str> = report.lines().filter(|l| l.starts_with("batch ")).collect();
-        assert!(!lines.is_empty(), "{report}");
-        for line in lines {
-            assert!(line.contains("forward own-direct") && line.contains("weight grad own-direct"), "{line}");
-            let input = line.split(';').find(|part| part.trim_start().starts_with("input grad")).unwrap_or_else(|| panic!("{line}"));
-            let want = match (line.contains(", step 0 conv"), line.contains(" stride 1×1 ")) {
-                (true, _) => "input grad not needed",
-                (false, true) => "input grad own-direct ",
-                (false, false) => "input grad ",
-            };
-            assert!(input.trim_start().starts_with(want), "{line}");
-            assert!(line.contains(" stride 1×1 ") || !input.contains("own-direct"), "{line}");
-        }
-        let (loss_err, params_err) = (rel_err(&losses, &cpu_losses), rel_err(&params, &cpu_params));
-        println!("{name}: 12 steps on the direct kernels: losses rel err {loss_err:.2e}, parameters {params_err:.2e}");
-        assert!(loss_err <= 1e-4 && params_err <= 1e-4, "{name}");
+    vec![("strided", strided), ("dilated", dilated)]
+}
+
+/// A copy of `model` trained 12 Adam steps (1e-3) at batches of 32 and 17 from one generator:
+/// its losses, its parameters after, and its convolutions' route report.
+pub(super) fn train_twelve_steps(model: &crate::prelude::Model) -> (Vec<f32>, Vec<f32>, String) {
+    use crate::prelude::*;
+    use crate::testutil::batch;
+    let mut model = model.to(&model.device()).unwrap();
+    let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
+    let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
+    let (mut rng, mut losses) = (Rng::new(6), Vec::new());
+    for step in 0..12 {
+        let (x, labels) = batch(&mut rng, &model, [32, 17][step % 2]);
+        fwd.set_inputs(&x).unwrap();
+        fwd.set_labels(&labels).unwrap();
+        model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
+        losses.push(bwd.last_loss().unwrap());
+        opt.update(&mut model, &bwd).unwrap();
     }
-    forced::set(None);
+    (losses, model.parameters().unwrap().into_owned(), fwd.conv_backends())
+}
+
+/// Every layer of a forced-route report ran its forward and weight gradient on `route`, and its
+/// input gradient too where it has one of stride 1 (none for the first layer; another route for
+/// the others).
+pub(super) fn assert_forced_report(report: &str, route: &str) {
+    let lines: Vec<&str> = report.lines().filter(|l| l.starts_with("batch ")).collect();
+    assert!(!lines.is_empty(), "{report}");
+    for line in lines {
+        assert!(line.contains(&format!("forward {route}")) && line.contains(&format!("weight grad {route}")), "{line}");
+        let input = line.split(';').find(|part| part.trim_start().starts_with("input grad")).unwrap_or_else(|| panic!("{line}"));
+        let want = match (line.contains(", step 0 conv"), line.contains(" stride 1×1 ")) {
+            (true, _) => "input grad not needed".to_string(),
+            (false, true) => format!("input grad {route} "),
+            (false, false) => "input grad ".to_string(),
+        };
+        assert!(input.trim_start().starts_with(&want), "{line}");
+        assert!(line.contains(" stride 1×1 ") || !input.contains(route), "{line}");
+    }
 }

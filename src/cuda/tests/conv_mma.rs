@@ -300,8 +300,9 @@ fn the_tensor_core_convolutions_match_the_spec() {
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn training_forced_onto_the_tensor_core_convolutions_matches_the_cpu() {
+    use super::conv_direct::{assert_forced_report, forced_route_models, train_twelve_steps};
     use crate::prelude::*;
-    use crate::testutil::{batch, cuda_device, rel_err};
+    use crate::testutil::{cuda_device, rel_err};
     let device = cuda_device();
     let same = ConvOptions { stride: (1, 1), padding: (1, 1) };
     let vgg = Chain::new(Input::image(3, 16, 16))
@@ -312,55 +313,18 @@ fn training_forced_onto_the_tensor_core_convolutions_matches_the_cpu() {
         .conv_with(32, (3, 3), Relu, same)
         .flatten()
         .dense(10, Identity);
-    let strided = Chain::new(Input::image(3, 16, 15))
-        .conv_with(8, (3, 3), Relu, ConvOptions { stride: (2, 2), padding: (1, 1) })
-        .conv_with(6, (3, 3), Tanh, same)
-        .flatten()
-        .dense(10, Identity);
-    let dilated = Chain::new(Input::signal(2, 61))
-        .conv1d_with(5, 7, Relu, Conv1dOptions { stride: 1, padding: 6, dilation: 2 })
-        .conv1d_with(4, 3, Tanh, Conv1dOptions { stride: 1, padding: 2, dilation: 2 })
-        .conv1d_with(3, 3, Relu, Conv1dOptions { stride: 2, padding: 1, dilation: 1 })
-        .flatten()
-        .dense(10, Identity);
     forced::set(Some(Route::Mma));
-    for (name, chain) in [("vgg", vgg), ("lenet", crate::models::lenet5()), ("strided", strided), ("dilated", dilated)] {
+    for (name, chain) in [vec![("vgg", vgg), ("lenet", crate::models::lenet5())], forced_route_models()].concat() {
         let cpu = chain.build().unwrap().init(Init::HeNormal, 5).with_threads(1).unwrap();
-        let train = |model: &Model| {
-            let mut model = model.to(&model.device()).unwrap();
-            let (mut fwd, mut bwd) = (model.preallocate(32).unwrap(), model.preallocate_grads(32).unwrap());
-            let mut opt = Optimizer::new(&model, Optim::adam(1e-3)).unwrap();
-            let (mut rng, mut losses) = (Rng::new(6), Vec::new());
-            for step in 0..12 {
-                let (x, labels) = batch(&mut rng, &model, [32, 17][step % 2]);
-                fwd.set_inputs(&x).unwrap();
-                fwd.set_labels(&labels).unwrap();
-                model.backprop(&mut bwd, &mut fwd, Loss::LogitCrossEntropy).unwrap();
-                losses.push(bwd.last_loss().unwrap());
-                opt.update(&mut model, &bwd).unwrap();
-            }
-            (losses, model.parameters().unwrap().into_owned(), fwd.conv_backends())
-        };
-        let (cpu_losses, cpu_params, _) = train(&cpu);
+        let (cpu_losses, cpu_params, _) = train_twelve_steps(&cpu);
         for (tf32, tol) in [(false, 1e-4), (true, 5e-3)] {
             let options = GpuOptions { tf32, ..GpuOptions::default() };
             let gpu = cpu.to(&Device::Cpu).unwrap().with_gpu_options(options).unwrap().to(&device).unwrap();
-            let (losses, params, report) = train(&gpu);
+            let (losses, params, report) = train_twelve_steps(&gpu);
             println!("{name}, tensor-core route forced, tf32={tf32}:\n{report}");
-            let lines: Vec<&str> = report.lines().filter(|l| l.starts_with("batch ")).collect();
-            assert!(!lines.is_empty(), "{report}");
-            for line in lines {
-                assert!(line.contains(if tf32 { " TF32, " } else { " FP32, " }), "{line}");
-                assert!(line.contains("forward own-mma") && line.contains("weight grad own-mma"), "{line}");
-                let input = line.split(';').find(|part| part.trim_start().starts_with("input grad")).unwrap_or_else(|| panic!("{line}"));
-                let want = match (line.contains(", step 0 conv"), line.contains(" stride 1×1 ")) {
-                    (true, _) => "input grad not needed",
-                    (false, true) => "input grad own-mma ",
-                    (false, false) => "input grad ",
-                };
-                assert!(input.trim_start().starts_with(want), "{line}");
-                assert!(line.contains(" stride 1×1 ") || !input.contains("own-mma"), "{line}");
-            }
+            assert_forced_report(&report, "own-mma");
+            let arithmetic = if tf32 { " TF32, " } else { " FP32, " };
+            assert!(report.lines().filter(|l| l.starts_with("batch ")).all(|l| l.contains(arithmetic)), "{report}");
             let (loss_err, params_err) = (rel_err(&losses, &cpu_losses), rel_err(&params, &cpu_params));
             println!("{name} tf32={tf32}: 12 steps on the tensor-core kernels: losses rel err {loss_err:.2e}, parameters {params_err:.2e}");
             assert!(loss_err <= tol && params_err <= tol, "{name} tf32={tf32}");
