@@ -1,15 +1,13 @@
-//! The kernels, written once over [`Lanes`]: e^x and e^x − 1, tanh, the logistic sigmoid, erf,
-//! the GELU x·Φ(x) with its derivative Φ(x) + x·φ(x), the SiLU x·σ(x) with its derivative, and
-//! the softplus ln(1 + e^x).
+//! The kernels, written once over [`Lanes`]: e^x and e^x − 1, tanh, the logistic sigmoid, the
+//! GELU x·Φ(x) with its derivative Φ(x) + x·φ(x), the SiLU x·σ(x) with its derivative, and the
+//! softplus ln(1 + e^x).
 //!
 //! Polynomial coefficients are minimax (Remez) fits in f64 of the relative error on the stated
 //! interval, rounded to f32; the fit error is given beside each. The bound of each kernel, as
 //! measured against f64 over every f32 input, is on the entry points in `vmath`.
 
 use super::lanes::Lanes;
-#[cfg(test)]
-use std::f32::consts::SQRT_2;
-use std::f32::consts::{FRAC_1_SQRT_2, LN_2, LOG2_E};
+use std::f32::consts::{LN_2, LOG2_E};
 
 /// 1.5·2²³: for |v| < 2²², (v + ROUND) − ROUND is v rounded to the nearest integer.
 const ROUND: f32 = 12_582_912.0;
@@ -22,32 +20,24 @@ const EXP_P: [f32; 5] = [0.499_999_94, 0.166_665_21, 0.041_668_39, 0.008_368_71,
 const TANH_P: [f32; 5] = [-0.333_332_8, 0.133_314_42, -0.053_739_715, 0.020_639_088, -0.005_704_987_3];
 /// Where tanh changes from its polynomial to 1 − 2/(e^{2a} + 1).
 const TANH_SPLIT: f32 = 0.625;
-/// erf(z) = z + z·P(z²) on |z| ≤ 1 (P small, so its rounding is small against z); fit error 1.2e-9.
-const ERF_P: [f32; 7] = [0.128_379_17, -0.376_126_26, 0.112_835_854, -0.026_853_813, 0.005_188_327_7, -0.000_801_019_37, 7.853_861_5e-5];
-/// erfc(a/√2)·e^{a²/2} = t·Q(t) with t = 1/(1 + ERFC_P·a), on 0.7 ≤ a ≤ 15.6 (0.5 ≤ a/√2 ≤ 11);
-/// fit error 5.0e-10.
-const ERFC_P: f32 = 0.318_198_06;
-const ERFC_Q: [f32; 10] = [
-    0.253_887_5,
-    0.253_815_74,
-    0.229_137_03,
-    0.169_227_96,
-    0.145_001_3,
-    -0.087_170_48,
-    0.247_388_81,
-    -0.403_951,
-    0.247_180_67,
-    -0.054_524_46,
-];
-/// d ln(t·Q(t)) / d ln t ≈ K(t) (within 0.02), for a first-order correction of t.
-const ERFC_K: [f32; 3] = [0.924_293_4, 1.461_464, 0.252_227_9];
 /// ln(1 + t) = 2s + 2s³·P(s²) with s = t/(2 + t): P's coefficients are 1/3, 1/5, …, 1/17 (the
 /// series of atanh), which for s ≤ ⅓ leave out less than s¹⁹/19·(9/8) ≈ 1.3e-10 of it.
 const LOG1P_P: [f32; 8] = [1.0 / 3.0, 1.0 / 5.0, 1.0 / 7.0, 1.0 / 9.0, 1.0 / 11.0, 1.0 / 13.0, 1.0 / 15.0, 1.0 / 17.0];
-/// 1/√(2π)
-const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+/// e^{−v/2}/√(2π) = GAUSS_P(v) on |v| ≤ ln2, its first coefficient 1/√(2π) rounded to f32 (so that
+/// GAUSS_P(0)·MILLS_Q(0)/MILLS_P(0) is ½ exactly); fit error 2.0e-9.
+const GAUSS_P: [f32; 7] = [0.398_942_3, -0.199_471_15, 0.049_867_78, -0.008_311_18, 0.001_038_945_5, -0.000_104_400_15, 8.629_405e-6];
+/// The Mills ratio Φ(−a)/φ(a) = Q(a)/(a·Q(a) + P(a)) on 0 ≤ a ≤ 15, times 1/(√(2π)·GAUSS_P(0))
+/// (1 − 2.8e-8, GAUSS_P(0)'s rounding), with Q(0) = 1 and P(0) = 2·GAUSS_P(0) exactly: a
+/// rational minimax fit of the relative error (linearised, reweighted least squares) in f64;
+/// fit error 6.1e-10.
+const MILLS_Q: [f32; 6] = [1.0, 1.078_981_6, 0.559_651_14, 0.167_982_98, 0.029_166_246, 0.002_416_519_2];
+const MILLS_P: [f32; 5] = [0.797_884_6, 0.497_522_6, 0.163_463_7, 0.029_150_542, 0.002_416_902_2];
 /// |x| beyond which the GELU's Φ(−|x|)·|x| and φ(x) are 0 in f32 (φ(15) ≈ 5.5e-50).
 const GELU_CLAMP: f32 = 15.0;
+/// φ is formed 2^GAUSS_K times too large, and scaled down by [`TWO_M40`].
+const GAUSS_K: f32 = 40.0;
+/// 2⁻⁴⁰
+const TWO_M40: f32 = 1.0 / 1_099_511_627_776.0;
 
 /// c[0] + x·(c[1] + x·(c[2] + …)), by Horner's rule in fused multiply-adds.
 #[inline(always)]
@@ -79,16 +69,10 @@ fn pow2<V: Lanes>(k: V) -> V {
     (k + V::splat(ROUND + 127.0)).shl23()
 }
 
-/// e^x.
+/// e^x, rounded once from its parts.
 #[inline(always)]
 pub(super) fn exp<V: Lanes>(x: V) -> V {
-    exp_times_pow2(x, 0.0)
-}
-
-/// e^x·2^k for integral k in [0, 24], rounded once.
-#[inline(always)]
-fn exp_times_pow2<V: Lanes>(x: V, k: f32) -> V {
-    let e = ExpParts::at(x, k);
+    let e = ExpParts::at(x, 0.0);
     e.scale(e.hi + e.lo)
 }
 
@@ -255,6 +239,8 @@ fn quotient<V: Lanes>(n_hi: V, n_lo: V, d_hi: V, d_lo: V) -> V {
 
 /// SiLU's σ(−|x|) is formed 2^LOGISTIC_K times too large, and scaled down by [`TWO_M24`].
 const LOGISTIC_K: f32 = 24.0;
+/// 2⁻²⁴
+const TWO_M24: f32 = 1.0 / 16_777_216.0;
 
 /// SiLU x·σ(x): x·σ(x) for x ≥ 0; for x < 0, (x·σ(x)·2²⁴)·2⁻²⁴ (rounded once more where it is
 /// subnormal), with x held at −200 or above so that −∞ gives −0 rather than −∞·0.
@@ -303,115 +289,53 @@ pub(super) fn softplus<V: Lanes>(x: V) -> V {
     let tail = log1p_unit(exp(-abs(x)));
     V::splat(0.0).max(x) + tail
 }
-/// erf(z) for |z| ≤ 1.
+/// φ(a)·2⁴⁰ = e^{−a²/2}/√(2π)·2⁴⁰ for 0 ≤ a ≤ 15 (NaN passes), normal throughout (2⁻¹²³ at
+/// a = 15), so that the products formed with it round once, where they are scaled back down
+/// into the subnormals. a² = 2n·ln2 + v, so e^{−a²/2} = 2⁻ⁿ·e^{−v/2}, with n = round(a²/(2·ln2))
+/// held in the low bits of `biased` beside the exponent bias and GAUSS_K, so that `biased`
+/// shifted into the exponent field is 2⁴⁰⁻ⁿ. n·2·LN2_HI is exact, so v = (a² − n·2·LN2_HI) −
+/// n·2·LN2_LO rounds twice, each time by at most 2⁻²⁵ (|v| < 0.8), with a² exact inside the FMA
+/// (a²'s own rounding would cost up to a²·2⁻²⁵ relative).
 #[inline(always)]
-fn erf_small<V: Lanes>(z: V) -> V {
-    z.mul_add(poly(z * z, &ERF_P), z)
+fn density_2p40<V: Lanes>(a: V) -> V {
+    let bias = ROUND + 127.0 + GAUSS_K;
+    let biased = (a * a).mul_add(V::splat(-0.5 * LOG2_E), V::splat(bias));
+    let minus_n = biased - V::splat(bias);
+    let v = minus_n.mul_add(V::splat(2.0 * LN2_LO), a.mul_add(a, minus_n * V::splat(2.0 * LN2_HI)));
+    poly(v, &GAUSS_P) * biased.shl23()
 }
 
-/// erfc(a/√2)·e^{a²/2} for 0.7 ≤ a ≤ 15.6 (finite for every a ≥ 0). t = 1/w, w = 1 + ERFC_P·a,
-/// is rounded twice, and t·Q(t) is twice as sensitive as t itself near a = 1; so both roundings
-/// are recovered exactly (w's by an FMA, the quotient's as the residual 1 − t·w) and applied to
-/// first order: t·Q(t) at the exact t is R·(1 + δ·K(t)), δ = (1 − t·w) − t·w_lo.
+/// The Mills ratio's parts at a ≥ 0: Φ(−a)/φ(a) = q/(a·q + p). An error in q or p moves the
+/// ratio by it times p/(a·q + p) only (q enters both sides), which is below 1/(1 + a²), so the
+/// Horner sums' roundings, which grow with a, do not show in it.
 #[inline(always)]
-fn erfc_scaled<V: Lanes>(a: V) -> V {
-    let (one, p) = (V::splat(1.0), V::splat(ERFC_P));
-    let w = p.mul_add(a, one);
-    let w_lo = p.mul_add(a, one - w);
-    let t = one / w;
-    let delta = (-w_lo).mul_add(t, (-t).mul_add(w, one));
-    let r = t * poly(t, &ERFC_Q);
-    r.mul_add(delta * poly(t, &ERFC_K), r)
+fn mills_parts<V: Lanes>(a: V) -> (V, V) {
+    (poly(a, &MILLS_Q), poly(a, &MILLS_P))
 }
 
-/// 2²⁴·e^−(hi + lo) for a square split exactly as hi + lo (|lo| ≤ ulp(hi)/2): 2²⁴·e^−hi·(1 − lo),
-/// so that the rounding of the square (relative 2⁻²⁴, amplified by hi in the exponent) is not
-/// lost, and scaled up so that it stays normal for hi up to 103 (the products formed with it
-/// then round once, where they are scaled back down).
-#[inline(always)]
-fn gauss_2p24<V: Lanes>(hi: V, lo: V) -> V {
-    let e = exp_times_pow2(-hi, 24.0);
-    e.mul_add(-lo, e)
-}
-
-/// 2⁻²⁴
-const TWO_M24: f32 = 1.0 / 16_777_216.0;
-
-/// erf(x): z·P(z²) for |x| < 1, else 1 − erfc(|x|) (|x| clamped to 10, where erfc is below
-/// 2⁻¹⁴⁹, which keeps its square finite); the sign of x restored.
-#[cfg(test)]
-#[inline(always)]
-pub(super) fn erf<V: Lanes>(x: V) -> V {
-    let a = abs(x);
-    let c = V::splat(10.0).min(a);
-    let sq = c * c;
-    let gauss = gauss_2p24(sq, c.mul_add(c, -sq)) * V::splat(TWO_M24);
-    let tail = V::splat(1.0) - erfc_scaled(c * V::splat(SQRT_2)) * gauss;
-    with_sign_of(V::select(a.lt(V::splat(1.0)), erf_small(a), tail), x)
-}
-
-/// The parts of the normal CDF Φ at x that the GELU and its derivative combine: with
-/// z = |x|/√2, Φ(−|x|) = erfc(z)/2 = (1 − erf z)/2 and Φ(|x|) = 1 − Φ(−|x|).
-struct Normal<V> {
-    /// |x| clamped to 15 (beyond it Φ(−a)·a and φ(a) are 0 in f32; φ(15) ≈ 5.5e-50).
-    a: V,
-    /// z = a/√2
-    z: V,
-    /// erf(z), for z < 1
-    erf: V,
-    /// erfc(z)·e^{z²}/2, for z ≥ 0.5: Φ(−a) = ratio·gauss
-    ratio: V,
-    /// 2²⁴·e^{−a²/2}, from a² split exactly by an FMA rather than from the rounded z, whose
-    /// rounding would cost up to a²·2⁻²⁴ relative in the tail
-    gauss_2p24: V,
-    /// e^{−a²/2}
-    gauss: V,
-}
-
-impl<V: Lanes> Normal<V> {
-    #[inline(always)]
-    fn at(x: V) -> Normal<V> {
-        let a = V::splat(GELU_CLAMP).min(abs(x));
-        let z = a * V::splat(FRAC_1_SQRT_2);
-        let sq = a * a;
-        let half = V::splat(0.5);
-        let gauss_2p24 = gauss_2p24(sq * half, a.mul_add(a, -sq) * half);
-        let gauss = gauss_2p24 * V::splat(TWO_M24);
-        Normal { a, z, erf: erf_small(z), ratio: half * erfc_scaled(a), gauss_2p24, gauss }
-    }
-
-    /// Φ(a): (1 + erf z)/2 for z < 1, else 1 − ratio·gauss.
-    #[inline(always)]
-    fn upper(&self) -> V {
-        let (half, one) = (V::splat(0.5), V::splat(1.0));
-        V::select(self.z.lt(one), half.mul_add(self.erf, half), (-self.ratio).mul_add(self.gauss, one))
-    }
-}
-
-/// GELU x·Φ(x). For x < 0 it is −a·Φ(−a), with the tail formed as (a·ratio)·gauss, rounded
-/// once into the subnormals if it gets there (and x below −15 gives −0, where −∞·0 would be NaN).
+/// GELU x·Φ(x) = max(x, 0) − a·m·φ(a), with a = min(|x|, 15), φ(a) and the Mills ratio
+/// m = Φ(−a)/φ(a) (for x ≥ 0, a = x, or a·m·φ is 0 beside x). a·m is one rounded quotient,
+/// a·q/(a·q + p), with the rounded a·q on both sides, so that its rounding is damped as q's is;
+/// x below −15 gives −0 (where −∞·0 would be NaN), and −0 gives −0 (`max` returns its second
+/// operand). One path for the whole range: no branch of it is computed and thrown away.
 #[inline(always)]
 pub(super) fn gelu<V: Lanes>(x: V) -> V {
-    let n = Normal::at(x);
-    let half = V::splat(0.5);
-    let tail = (n.a * n.ratio) * n.gauss_2p24 * V::splat(TWO_M24);
-    let negative = V::select(n.z.lt(half), n.a * (-half).mul_add(n.erf, half), tail);
-    V::select(x.lt(V::splat(0.0)), -negative, x * n.upper())
+    let a = V::splat(GELU_CLAMP).min(abs(x));
+    let (q, p) = mills_parts(a);
+    let aq = a * q;
+    let tail_2p40 = aq / (aq + p) * density_2p40(a);
+    tail_2p40.mul_add(V::splat(-TWO_M40), V::splat(0.0).max(x))
 }
 
-/// GELU′ = Φ(x) + x·φ(x), φ(x) = e^{−x²/2}/√(2π): Φ(a) + a·φ(a) for x ≥ 0; Φ(−a) − a·φ(a)
-/// for x < 0, in the tail as gauss·(ratio − a/√(2π)).
+/// GELU′ = Φ(x) + x·φ(x), with a, φ(a) and m as in [`gelu`]: Φ(−a) − a·φ(a) = φ·(m − a) for
+/// x < 0, 1 − φ·(m − a) for x ≥ 0.
 #[inline(always)]
 pub(super) fn gelu_derivative<V: Lanes>(x: V) -> V {
-    let n = Normal::at(x);
-    let c = V::splat(FRAC_1_SQRT_2PI);
-    let density = n.a * n.gauss;
-    let negative = V::select(
-        n.z.lt(V::splat(0.5)),
-        (-density).mul_add(c, V::splat(0.5).mul_add(-n.erf, V::splat(0.5))),
-        n.gauss_2p24 * (-n.a).mul_add(c, n.ratio) * V::splat(TWO_M24),
-    );
-    V::select(x.lt(V::splat(0.0)), negative, density.mul_add(c, n.upper()))
+    let a = V::splat(GELU_CLAMP).min(abs(x));
+    let (q, p) = mills_parts(a);
+    let lower_2p40 = density_2p40(a) * (q / a.mul_add(q, p) - a);
+    let positive = lower_2p40.mul_add(V::splat(-TWO_M40), V::splat(1.0));
+    V::select(x.lt(V::splat(0.0)), lower_2p40 * V::splat(TWO_M40), positive)
 }
 
 /// A one-argument kernel, as a type, so that the loops call it directly (and inline it).
@@ -443,8 +367,6 @@ unary!(Sigmoid, sigmoid);
 unary!(Gelu, gelu);
 unary!(Silu, silu);
 unary!(Softplus, softplus);
-#[cfg(test)]
-unary!(Erf, erf);
 #[cfg(test)]
 unary!(GateSigmoid, gate_sigmoid);
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The kernels against f64 references over the whole f32 range, the paths against each other
 //! bit for bit, special values, and the slice loops on odd lengths with poisoned outputs.
 
-use super::kernels::{Erf, GateSigmoid, GateTanh};
+use super::kernels::{GateSigmoid, GateTanh};
 use super::*;
 use std::f64::consts::{PI, SQRT_2};
 
@@ -35,11 +35,6 @@ fn erfc_ref(x: f64) -> f64 {
     } else {
         erfc_fraction(x)
     }
-}
-
-fn erf_ref(x: f64) -> f64 {
-    let a = x.abs();
-    (if a < 3.0 { erf_series(a) } else { 1.0 - erfc_fraction(a) }).copysign(x)
 }
 
 fn normal_cdf_ref(x: f64) -> f64 {
@@ -82,18 +77,17 @@ fn softplus_ref(x: f64) -> f64 {
     x.max(0.0) + (-x.abs()).exp().ln_1p()
 }
 
-fn cases() -> [Case; 12] {
+fn cases() -> [Case; 11] {
     [
         Case { name: "exp", run: unary::<Exp>, reference: |x| (x.exp(), x.exp()), bound: 0.8, relative: 6.2e-8 },
         Case { name: "tanh", run: unary::<Tanh>, reference: |x| (x.tanh(), x.tanh()), bound: 1.35, relative: 1.5e-7 },
         Case { name: "sigmoid", run: unary::<Sigmoid>, reference: |x| (sigmoid_ref(x), sigmoid_ref(x)), bound: 0.85, relative: 8.9e-8 },
-        Case { name: "erf", run: unary::<Erf>, reference: |x| (erf_ref(x), erf_ref(x)), bound: 1.15, relative: 7.9e-8 },
         Case {
             name: "gelu",
             run: unary::<Gelu>,
             reference: |x| (x * normal_cdf_ref(x), x * normal_cdf_ref(x)),
-            bound: 5.25,
-            relative: 3.6e-7,
+            bound: 4.65,
+            relative: 3.2e-7,
         },
         Case {
             name: "gelu'",
@@ -102,8 +96,8 @@ fn cases() -> [Case; 12] {
                 let (cdf, density) = (normal_cdf_ref(x), x * normal_density_ref(x));
                 (cdf + density, cdf.max(density.abs()))
             },
-            bound: 3.75,
-            relative: 2.4e-7,
+            bound: 4.65,
+            relative: 3.4e-7,
         },
         Case { name: "expm1", run: unary::<Expm1>, reference: |x| (x.exp_m1(), x.exp_m1()), bound: 1.15, relative: 1.2e-7 },
         Case { name: "silu", run: unary::<Silu>, reference: |x| (x * sigmoid_ref(x), x * sigmoid_ref(x)), bound: 1.5, relative: 1.2e-7 },
@@ -302,11 +296,10 @@ fn special_values_give_the_limits() {
     let nans = [f32::NAN, -f32::NAN, f32::from_bits(0x7f80_0001), f32::from_bits(0xffc0_1234)];
     let ln2 = std::f32::consts::LN_2;
     #[rustfmt::skip]
-    let table: [(&str, &[(f32, f32)]); 12] = [
+    let table: [(&str, &[(f32, f32)]); 11] = [
         ("exp", &[(inf, inf), (-inf, 0.0), (0.0, 1.0), (-0.0, 1.0), (89.0, inf), (-104.0, 0.0), (max, inf), (-max, 0.0)]),
         ("tanh", &[(inf, 1.0), (-inf, -1.0), (0.0, 0.0), (-0.0, -0.0), (max, 1.0), (-max, -1.0), (tiny, tiny), (-tiny, -tiny)]),
         ("sigmoid", &[(inf, 1.0), (-inf, 0.0), (0.0, 0.5), (-0.0, 0.5), (max, 1.0), (-max, 0.0)]),
-        ("erf", &[(inf, 1.0), (-inf, -1.0), (0.0, 0.0), (-0.0, -0.0), (max, 1.0), (-max, -1.0)]),
         ("gelu", &[(inf, inf), (-inf, -0.0), (0.0, 0.0), (-0.0, -0.0), (max, max), (-max, -0.0)]),
         ("gelu'", &[(inf, 1.0), (-inf, -0.0), (0.0, 0.5), (-0.0, 0.5), (max, 1.0), (-max, -0.0)]),
         ("expm1", &[(inf, inf), (-inf, -1.0), (0.0, 0.0), (-0.0, -0.0), (89.0, inf), (-104.0, -1.0), (max, inf), (-max, -1.0), (tiny, tiny), (-tiny, -tiny)]),
@@ -355,12 +348,11 @@ fn slices_of_every_length_are_mapped_whole_and_alone() {
                     .collect()
             };
             type Ops = (&'static str, fn(Isa, &[f32], &mut [f32]), fn(Isa, &mut [f32]));
-            let ops: [Ops; 8] = [
+            let ops: [Ops; 7] = [
                 ("exp", unary::<Exp>, in_place::<Exp>),
                 ("tanh", unary::<Tanh>, in_place::<Tanh>),
                 ("sigmoid", unary::<Sigmoid>, in_place::<Sigmoid>),
                 ("gelu", unary::<Gelu>, in_place::<Gelu>),
-                ("erf", unary::<Erf>, in_place::<Erf>),
                 ("expm1", unary::<Expm1>, in_place::<Expm1>),
                 ("silu", unary::<Silu>, in_place::<Silu>),
                 ("softplus", unary::<Softplus>, in_place::<Softplus>),
