@@ -11,10 +11,9 @@
 //
 // PASSES 3 (FP32 layers): each value is split into its TF32 rounding and the rest (x = big +
 // small, exactly), and small·big + big·small + big·big, in that order, recovers FP32's accuracy
-// (small·small is below FP32's rounding), as the dense layers' tensor-core tiles do (dense.cu;
-// their three helpers are repeated here as cm_split, cm_round and cm_mma, with the ideas, so
-// that the two files can change apart). PASSES 1 (layers whose TF32 is on, alone): the values
-// rounded to TF32, one product. The tensor cores round their sums toward zero, so each chunk's
+// (small·small is below FP32's rounding), as the dense layers' tensor-core tiles do, with their
+// helpers (dense_mma.cu: mma_split, mma_round, mma_16x8x8). PASSES 1 (layers whose TF32 is on,
+// alone): the values rounded to TF32 (a NaN stays a NaN), one product. The tensor cores round their sums toward zero, so each chunk's
 // products are summed afresh and added to the thread's FP32 total with a rounded addition. An
 // infinite input gives NaN outputs (its small part is NaN; a padded k multiplies it by zero)
 // where the FP32 kernels would give ±inf. Every output is summed in one fixed order: the same
@@ -39,30 +38,6 @@ __device__ __forceinline__ void cm_ldmatrix(unsigned (&r)[N], unsigned at) {
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
     else
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(at));
-#endif
-}
-
-// x = big + small: big its TF32 rounding (to nearest, ties away; as bits), small the rest,
-// exactly, in FP32 (dense.cu's mma_split).
-__device__ __forceinline__ void cm_split(float x, unsigned& big, unsigned& small) {
-    big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-    small = __float_as_uint(x - __uint_as_float(big));
-}
-
-// x's TF32 rounding (to nearest, ties away), as bits: the tensor cores would drop its low 13
-// bits, rounding toward zero.
-__device__ __forceinline__ unsigned cm_round(float x) {
-    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-}
-
-// d += a·b for one 16 × 8 tile over 8 values of k (fragments as PTX's m16n8k8 .tf32 lays them
-// out: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (t, g), b1 (t + 4, g);
-// d0 (g, 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1); g = lane / 4, t = lane % 4)
-__device__ __forceinline__ void cm_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-#if __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 }
 
@@ -157,9 +132,9 @@ __device__ __forceinline__ void conv_mma_tile(const float* __restrict__ x, const
     // Rounds this thread's copies of chunk k, landed, to TF32 in place (the same elements e).
     auto round_staged = [&](int k) {
         float* w_s = stages + (k & 1) * stage_floats;
-        for (int e = threadIdx.x; e < BN * pitch; e += blockDim.x) w_s[e] = __uint_as_float(cm_round(w_s[e]));
+        for (int e = threadIdx.x; e < BN * pitch; e += blockDim.x) w_s[e] = __uint_as_float(mma_round(w_s[e]));
         float* x_s = w_s + BN * pitch;
-        for (int e = threadIdx.x; e < chunk * plane; e += blockDim.x) x_s[e] = __uint_as_float(cm_round(x_s[e]));
+        for (int e = threadIdx.x; e < chunk * plane; e += blockDim.x) x_s[e] = __uint_as_float(mma_round(x_s[e]));
     };
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     // the byte offsets (from cm_smem) of the lane's pixels in stage 0's band: strip m's rows g
@@ -211,7 +186,7 @@ __device__ __forceinline__ void conv_mma_tile(const float* __restrict__ x, const
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     if constexpr (PASSES == 3)
-                        cm_split(v[q], ab[m][q], al[m][q]);
+                        mma_split<false>(v[q], ab[m][q], al[m][q]);
                     else
                         ab[m][q] = __float_as_uint(v[q]);
                 }
@@ -226,17 +201,17 @@ __device__ __forceinline__ void conv_mma_tile(const float* __restrict__ x, const
                     int f = f0 + h;
                     if constexpr (PASSES == 3) {
                         unsigned bb0, bl0, bb1, bl1;
-                        cm_split(__uint_as_float(bw[2 * h]), bb0, bl0);
-                        cm_split(__uint_as_float(bw[2 * h + 1]), bb1, bl1);
+                        mma_split<false>(__uint_as_float(bw[2 * h]), bb0, bl0);
+                        mma_split<false>(__uint_as_float(bw[2 * h + 1]), bb1, bl1);
 #pragma unroll
                         for (int m = 0; m < CMM_WM; m++) {
-                            cm_mma(acc[m][f], al[m], bb0, bb1);
-                            cm_mma(acc[m][f], ab[m], bl0, bl1);
-                            cm_mma(acc[m][f], ab[m], bb0, bb1);
+                            mma_16x8x8(acc[m][f], al[m], bb0, bb1);
+                            mma_16x8x8(acc[m][f], ab[m], bl0, bl1);
+                            mma_16x8x8(acc[m][f], ab[m], bb0, bb1);
                         }
                     } else {
 #pragma unroll
-                        for (int m = 0; m < CMM_WM; m++) cm_mma(acc[m][f], ab[m], bw[2 * h], bw[2 * h + 1]);
+                        for (int m = 0; m < CMM_WM; m++) mma_16x8x8(acc[m][f], ab[m], bw[2 * h], bw[2 * h + 1]);
                     }
                 }
             }

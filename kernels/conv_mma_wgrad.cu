@@ -1,7 +1,7 @@
 // The convolution's weight gradient on the tensor cores (src/cuda/conv_mma_wgrad.rs), sm_80 and
 // later: dW = dZ · A summed over the samples, on mma.sync m16n8k8 (TF32 inputs, FP32 sums). Layout
-// as conv_direct.cu's (whose conv_direct_band and conv_direct_copy it uses) and conv_mma.cu's
-// (whose cm_split, cm_round and cm_mma it uses, and whose ideas: PASSES 3, PASSES 1, chunked sums):
+// as conv_direct.cu's (whose conv_direct_band and conv_direct_copy it uses), the tensor-core helpers
+// of dense_mma.cu, and conv_mma.cu's ideas (PASSES 3, PASSES 1, chunked sums):
 // x (batch, C, H, W), dZ (batch, OC, OH, OW), dW (OC, C, kh, kw).
 //
 // The product: dW (M × N) = dZ (M × K) · A (K × N), M the output channels, N the taps
@@ -122,9 +122,9 @@ __device__ __forceinline__ void conv_mma_wgrad_tile(const float* __restrict__ x,
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     if constexpr (PASSES == 3)
-                        cm_split(v[q], ab[m][q], al[m][q]);
+                        mma_split<false>(v[q], ab[m][q], al[m][q]);
                     else
-                        ab[m][q] = cm_round(v[q]);
+                        ab[m][q] = mma_round(v[q]);
                 }
             }
             int o0 = off_s[k0 + t], o1 = off_s[k0 + t + 4];
@@ -134,18 +134,18 @@ __device__ __forceinline__ void conv_mma_wgrad_tile(const float* __restrict__ x,
                 float b0 = x_s[o0 + tap[f]], b1 = x_s[o1 + tap[f]];
                 if constexpr (PASSES == 3) {
                     unsigned bb0, bl0, bb1, bl1;
-                    cm_split(b0, bb0, bl0);
-                    cm_split(b1, bb1, bl1);
+                    mma_split<false>(b0, bb0, bl0);
+                    mma_split<false>(b1, bb1, bl1);
 #pragma unroll
                     for (int m = 0; m < MF; m++) {
-                        cm_mma(acc[m][f], al[m], bb0, bb1);
-                        cm_mma(acc[m][f], ab[m], bl0, bl1);
-                        cm_mma(acc[m][f], ab[m], bb0, bb1);
+                        mma_16x8x8(acc[m][f], al[m], bb0, bb1);
+                        mma_16x8x8(acc[m][f], ab[m], bl0, bl1);
+                        mma_16x8x8(acc[m][f], ab[m], bb0, bb1);
                     }
                 } else {
-                    unsigned bb0 = cm_round(b0), bb1 = cm_round(b1);
+                    unsigned bb0 = mma_round(b0), bb1 = mma_round(b1);
 #pragma unroll
-                    for (int m = 0; m < MF; m++) cm_mma(acc[m][f], ab[m], bb0, bb1);
+                    for (int m = 0; m < MF; m++) mma_16x8x8(acc[m][f], ab[m], bb0, bb1);
                 }
             }
         }
@@ -186,7 +186,7 @@ __device__ __forceinline__ void conv_mma_wgrad_tile(const float* __restrict__ x,
 #define CONV_MMA_WGRAD_ARGS \
     x, dz, out, channels, height, width, kh, kw, sh, sw, ph, pw, dh, dw, out_channels, out_h, out_w, batch, chunk, tile, rows, cols, bands, oc_tiles
 
-// conv_mma_wgrad_<BM>_<arithmetic>: BM output channels × 128 / BM · 4 taps a block (16 × 64,
+// conv_mma_wgrad_<BM>_<arithmetic>: BM output channels × 1024 / BM taps a block (16 × 64,
 // 32 × 32); tf32 one product of TF32 roundings, x3 the three of 3xTF32 (FP32's accuracy)
 extern "C" __global__ __launch_bounds__(REDUCE_THREADS, 2) void conv_mma_wgrad_16_tf32(CONV_MMA_WGRAD_PARAMS) {
     after_prior();

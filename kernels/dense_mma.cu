@@ -41,10 +41,16 @@
 // part, so such inputs make NaN outputs where the FP32 kernels would give ±inf. With TF32 (one
 // product), big alone (small is not written), rounded so that a NaN stays a NaN: the integer
 // rounding makes the GPU's NaN, 0x7fffffff, −0, which only the small part makes up for.
+__device__ __forceinline__ unsigned mma_round(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
 template <bool TF32>
 __device__ __forceinline__ void mma_split(float x, unsigned& big, unsigned& small) {
     if constexpr (TF32) {
-        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
+        big = mma_round(x);
     } else {
         big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
         small = __float_as_uint(x - __uint_as_float(big));
@@ -85,7 +91,7 @@ __device__ __forceinline__ void mma_wait() {
 // Floats of one operand's slice buffer: [r][k] (rows padded to MMA_KC + 8) when the operand is
 // contiguous along k (KM), else [k][r] (rows padded to TR + 8); both paddings keep a warp's
 // fragment loads free of bank conflicts (along k they are 8 bytes: see dense_mma_tile).
-// MmaTile::shared_bytes in src/cuda/ops.rs mirrors this.
+// MmaTile::shared_bytes in src/cuda/dense.rs mirrors this.
 template <int TR, bool KM>
 __device__ __forceinline__ constexpr int mma_at(int r, int k) {
     return KM ? r * (MMA_KC + 8) + k : k * (TR + 8) + r;

@@ -2,7 +2,7 @@
 //! cache chose it for a direction (`dnn.rs`), else flatnn's kernels (im2col, cuBLAS products,
 //! col2im), with flatnn's bias, activation and bias-gradient kernels on every route.
 //!
-//! The weight gradient has a second route of flatnn's own, also measured: the implicit product
+//! The weight gradient has another route of flatnn's own here, also measured: the implicit product
 //! ([`conv_weight_grad_implicit`], `conv_wgrad_*` in kernels/conv.cu), which gathers x as it
 //! reads it instead of lowering the batch into `f.cols` (batch × CKK × OHW floats written and
 //! read again), tiles dW over the output channels and taps, and splits the samples into shares

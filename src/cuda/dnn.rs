@@ -10,7 +10,7 @@
 //! so a machine without it still runs every model on the GPU.
 //!
 //! The model's `Tuning::convs` (`FLATNN_CUDNN`, read with the rest of the tuning): `0` flatnn's
-//! kernels only (cuDNN is not loaded; the weight gradient's two routes are still measured),
+//! kernels only (cuDNN is not loaded; the weight gradient's routes are still measured),
 //! `1` cuDNN wherever it has an algorithm, `auto` (the default, and what a value not understood
 //! means; the report says so) cuDNN where it was faster than flatnn's faster route.
 //!
@@ -40,7 +40,7 @@
 //! trained side by side compute exactly as one trained alone. (Every cache has the same
 //! workspace, so an algorithm found in one fits all.) Another process may measure otherwise and
 //! take another route (results then differ in the last bits): `FLATNN_CUDNN=1` fixes the route
-//! where cuDNN has an algorithm; flatnn's two weight-gradient routes are always measured.
+//! where cuDNN has an algorithm; flatnn's weight-gradient routes are always measured.
 //!
 //! Bias, activation and bias gradient stay flatnn's kernels on every route.
 
@@ -204,7 +204,7 @@ impl Dnn {
     /// For a cache of `plan` (of any capacity), on `stream`, for models whose convolutions and
     /// recurrent layers take the routes `tuning` allows. Never fails: where cuDNN is missing,
     /// refused by `tuning.convs`, or fails to set up, every convolution runs on flatnn's kernels
-    /// (the faster of its two weight-gradient routes) and the report says why.
+    /// (the fastest of its weight-gradient routes) and the report says why.
     pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, tuning: Tuning) -> Dnn {
         let convs = tuning.convs;
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);

@@ -11,9 +11,9 @@ use std::sync::OnceLock;
 pub struct GpuOptions {
     /// Capture each step as a CUDA graph and replay it (default). Off: the same launches, eager.
     pub graphs: bool,
-    /// TF32 tensor-core products in cuBLAS and in flatnn's dense tensor-core tiles (about 10
-    /// mantissa bits in each product; results differ from FP32 by ~1e-3 relative). Off by
-    /// default.
+    /// TF32 tensor-core products in cuBLAS, cuDNN and flatnn's tensor-core kernels (dense tiles
+    /// and convolutions; about 10 mantissa bits in each product; results differ from FP32 by
+    /// ~1e-3 relative). Off by default.
     pub tf32: bool,
     /// Only cuDNN's deterministic convolution algorithms are measured (default): the same
     /// model, inputs, batch size and options give the same bits run after run. Off, cuDNN's

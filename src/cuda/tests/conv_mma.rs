@@ -332,3 +332,30 @@ fn training_forced_onto_the_tensor_core_convolutions_matches_the_cpu() {
     }
     forced::set(None);
 }
+
+/// A NaN as the GPU makes it (0x7fffffff, which an integer TF32 rounding would turn into −0) in
+/// x reaches every output whose window holds it, in both arithmetics; an output whose window
+/// does not stays finite.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn a_nan_input_gives_nan_outputs_on_the_tensor_cores() {
+    let gpu = test_gpu();
+    if gpu.compute_capability().0 < 8 {
+        println!("skipped: the tensor-core kernels need sm_80 or later");
+        return;
+    }
+    let stream = gpu.new_stream().unwrap();
+    let g = conv_geometry(Shape::image(16, 8, 8), 16, (3, 3), (1, 1), (1, 1), (1, 1));
+    let mut x = vec![1.0f32; g.in_len()];
+    x[5 * 64 + 3 * 8 + 3] = f32::from_bits(0x7fff_ffff);
+    let (xd, wd) = (upload(&stream, &x), upload(&stream, &vec![0.5f32; g.out_channels * g.ckk()]));
+    for tf32 in [false, true] {
+        let mut z = upload(&stream, &poisoned(g.out_len()));
+        gpu.conv_mma_forward(&stream, &g, 1, View::of(&xd), View::of(&wd), ViewMut::of(&mut z), tf32).unwrap();
+        let z = download(&stream, &z);
+        for oc in 0..g.out_channels {
+            assert!(z[oc * 64 + 3 * 8 + 3].is_nan(), "tf32={tf32}, channel {oc}: the NaN's own pixel is {}", z[oc * 64 + 27]);
+            assert!(z[oc * 64 + 7 * 8 + 7].is_finite(), "tf32={tf32}, channel {oc}: a far pixel is {}", z[oc * 64 + 63]);
+        }
+    }
+}

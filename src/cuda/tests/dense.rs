@@ -375,7 +375,7 @@ fn dense_products_and_their_epilogues_match_plain_loops() {
                     let epilogue = DenseEpilogue::InputGrad { dx: ViewMut::of(&mut dx), prev: Some((View::of(&zpd), View::of(&ypd), act)) };
                     gpu.dense_on(&stream, kernel, m, n, k, am, bm, epilogue, b_early).unwrap();
                     let dx_want: Vec<f32> = (0..m * n).map(|l| c[l] * act.derivative(zp[l], yp[l])).collect();
-                    // act' on the device and on the host differ by an ulp or two (expf, erf fit), so
+                    // act' on the device and on the host differ by an ulp or two (expf; GELU's erf ~1e-7), so
                     // the products differ by as much relative to them
                     check(&format!("{what} input grad {act:?}"), &download(&stream, &dx), &dx_want, 1e-4, 1e-5);
                 }
