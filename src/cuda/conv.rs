@@ -141,7 +141,7 @@ impl Gpu {
         let (x, dz, dw, partials) = (x.ptr(), dz.ptr(), dw.ptr(), partials.ptr());
         let out = if split.shares == 1 { dw } else { partials };
         let [c, h, w, kh, kw, sh, sw, ph, pw, dh, dwi, _, ow, b] = conv_dims(g, batch)?;
-        let [oc, ohw, chunk, shares, n] = ints([g.out_channels, g.ohw(), split.chunk, split.shares, w_len])?;
+        let [oc, ohw, chunk, shares] = ints([g.out_channels, g.ohw(), split.chunk, split.shares])?;
         let kernel = match split.oc_tile {
             16 => Kernel::ConvWgrad16,
             32 => Kernel::ConvWgrad32,
@@ -150,7 +150,16 @@ impl Gpu {
         let tiles = int(split.oc_tiles * split.r_tiles)? as u32;
         let args = kernel_args![x, dz, out, c, h, w, kh, kw, sh, sw, ph, pw, dh, dwi, oc, ow, ohw, b, chunk];
         self.run_grid(stream, kernel, (tiles, shares as u32), args)?;
-        if split.shares > 1 {
+        self.join_wgrad_shares(stream, split.shares, w_len, partials, dw)
+    }
+
+    /// Where a weight gradient's samples were split into several `shares` (this file's implicit
+    /// product, the direct and the tensor-core kernels), `conv_wgrad_join`: dW (`w_len` values)
+    /// = the shares' sums in `partials`, added in share order; with one share the kernel wrote
+    /// dW itself and nothing runs.
+    pub(super) fn join_wgrad_shares(&self, stream: &CudaStream, shares: usize, w_len: usize, partials: u64, dw: u64) -> Result<()> {
+        if shares > 1 {
+            let [n, shares] = ints([w_len, shares])?;
             self.run(stream, Kernel::ConvWgradJoin, blocks(w_len), kernel_args![partials, dw, n, shares])?;
         }
         Ok(())

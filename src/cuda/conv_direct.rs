@@ -15,15 +15,16 @@
 use super::context::{Gpu, Kernel};
 use super::conv::{check_wgrad_operands, wgrad_shares, ConvParts};
 use super::exec::{Backward, Forward, Raw};
-use super::launch::{blocks, int, kernel_args, View, ViewMut, BLOCK};
+use super::launch::{int, kernel_args, View, ViewMut, BLOCK};
 use super::ops::{conv_dims, ints};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::layers::conv;
 use cudarc::driver::CudaStream;
 
-/// Shared memory a block of either kernel may have: 48 KB, what a launch gets without opting in
-/// (at most four such blocks share an SM of the cards flatnn runs on).
+/// Shared memory a block of the direct or the tensor-core convolution kernels may have: 48 KB,
+/// what a launch gets without opting in (at most four such blocks share an SM of the cards flatnn
+/// runs on; the tensor-core kernels' launch bounds ask for two).
 pub(crate) const DIRECT_SHARED: usize = 48 * 1024;
 /// Output pixels a forward thread holds (CDF_PX in kernels/conv_direct.cu) ...
 pub(crate) const FORWARD_PIXELS: usize = 4;
@@ -256,13 +257,10 @@ impl Gpu {
         let (x, dz, dw, partials) = (x.ptr(), dz.ptr(), dw.ptr(), partials.ptr());
         let out = if d.shares == 1 { dw } else { partials };
         let [c, h, wi, kh, kw, sh, sw, ph, pw, dh, dwi, oh, ow, b] = conv_dims(g, batch)?;
-        let [oc, chunk, tile, buffer, shares, n] = ints([g.out_channels, d.chunk, d.tile, d.buffer_floats(g), d.shares, w_len])?;
+        let [oc, chunk, tile, buffer, shares] = ints([g.out_channels, d.chunk, d.tile, d.buffer_floats(g), d.shares])?;
         let args = kernel_args![x, dz, out, c, h, wi, kh, kw, sh, sw, ph, pw, dh, dwi, oc, oh, ow, b, chunk, tile, buffer];
         self.run_blocks(stream, Kernel::ConvDirectWgrad, (shares as u32, 1), d.shared_bytes(g) as u32, args)?;
-        if d.shares > 1 {
-            self.run(stream, Kernel::ConvWgradJoin, blocks(w_len), kernel_args![partials, dw, n, shares])?;
-        }
-        Ok(())
+        self.join_wgrad_shares(stream, d.shares, w_len, partials, dw)
     }
 }
 

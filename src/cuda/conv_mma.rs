@@ -10,7 +10,7 @@
 
 use super::context::{Gpu, Kernel};
 use super::conv::ConvParts;
-use super::conv_direct::{band_bound, input_grad_geometry};
+use super::conv_direct::{band_bound, input_grad_geometry, DIRECT_SHARED};
 use super::exec::{Backward, Forward, Raw};
 use super::launch::{int, kernel_args, View, ViewMut};
 use super::ops::{conv_dims, ints};
@@ -19,9 +19,6 @@ use crate::error::{Error, Result};
 use crate::layers::conv;
 use cudarc::driver::CudaStream;
 
-/// Shared memory a block may have: 48 KB, what a launch gets without opting in (two such blocks
-/// an SM, as the kernel's launch bounds ask, fit every card of compute capability 8.0 on).
-pub(crate) const MMA_SHARED: usize = 48 * 1024;
 /// Output pixels a block computes (CMM_TILE in kernels/conv_mma.cu): 8 warps of 2 strips of 16.
 pub(crate) const MMA_TILE: usize = 256;
 /// Output channels a block may compute (the kernels' BN = 8·NF), the fewest that hold a layer's.
@@ -40,7 +37,7 @@ pub(crate) struct MmaForward {
 
 impl MmaForward {
     /// The fewest channels a block that hold the layer's output channels (else 32), and the most
-    /// input channels a chunk whose two stages fit in [`MMA_SHARED`], a multiple of 8 where they
+    /// input channels a chunk whose two stages fit in [`DIRECT_SHARED`], a multiple of 8 where they
     /// are not all (then chunk·kh·kw is a multiple of 8: no padded k); None where not even one
     /// input channel fits, or the layer has no outputs.
     pub fn of(g: &conv::Geometry) -> Option<MmaForward> {
@@ -49,7 +46,7 @@ impl MmaForward {
             return None;
         }
         let channels = MMA_CHANNELS.into_iter().find(|&n| n >= oc).unwrap_or(MMA_CHANNELS[MMA_CHANNELS.len() - 1]);
-        let most = (1..=g.in_channels).rev().find(|&chunk| 4 * Self::floats(g, channels, chunk) <= MMA_SHARED)?;
+        let most = (1..=g.in_channels).rev().find(|&chunk| 4 * Self::floats(g, channels, chunk) <= DIRECT_SHARED)?;
         let chunk = if most < g.in_channels && most >= 8 { most / 8 * 8 } else { most };
         Some(MmaForward { channels, oc_tiles: oc.div_ceil(channels), pixel_tiles: g.ohw().div_ceil(MMA_TILE), chunk })
     }

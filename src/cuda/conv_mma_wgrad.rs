@@ -11,10 +11,10 @@
 
 use super::context::{Gpu, Kernel};
 use super::conv::{check_wgrad_operands, wgrad_shares, ConvParts};
-use super::conv_direct::band_bound;
-use super::conv_mma::{mma_runs_on, MMA_SHARED};
+use super::conv_direct::{band_bound, DIRECT_SHARED};
+use super::conv_mma::mma_runs_on;
 use super::exec::{Backward, Forward, Raw};
-use super::launch::{blocks, int, kernel_args, View, ViewMut};
+use super::launch::{int, kernel_args, View, ViewMut};
 use super::ops::{conv_dims, ints};
 use crate::chain::{Plan, Step};
 use crate::error::{Error, Result};
@@ -50,7 +50,7 @@ pub(crate) struct MmaWgrad {
 
 impl MmaWgrad {
     /// 16 channels a block where they hold the layer's output channels, else 32; the largest tile
-    /// whose two stages (and, at the end, the warps' totals) fit in [`MMA_SHARED`], at most the
+    /// whose two stages (and, at the end, the warps' totals) fit in [`DIRECT_SHARED`], at most the
     /// sample's pixels rounded up to a power of two; None where no tile fits or the layer (or
     /// the batch) is empty.
     pub fn of(g: &conv::Geometry, batch: usize) -> Option<MmaWgrad> {
@@ -69,7 +69,7 @@ impl MmaWgrad {
         WGRAD_MMA_TILES.into_iter().filter(|&t| t <= most || t == last).find_map(|tile| {
             let (rows, cols) = band_bound(g, tile);
             let d = MmaWgrad { channels, oc_tiles, r_tiles, tile, rows, cols, bands, chunk, shares };
-            (d.shared_bytes() <= MMA_SHARED).then_some(d)
+            (d.shared_bytes() <= DIRECT_SHARED).then_some(d)
         })
     }
 
@@ -130,15 +130,11 @@ impl Gpu {
         let out = if d.shares == 1 { dw } else { partials };
         let [c, h, wi, kh, kw, sh, sw, ph, pw, dh, dwi, oh, ow, b] = conv_dims(g, batch)?;
         let [oc, chunk, tile, rows, cols, bands, oc_tiles] = ints([g.out_channels, d.chunk, d.tile, d.rows, d.cols, d.bands, d.oc_tiles])?;
-        let [shares, n] = ints([d.shares, w_len])?;
-        let grid = (int(d.oc_tiles * d.r_tiles)? as u32, shares as u32);
+        let grid = (int(d.oc_tiles * d.r_tiles)? as u32, int(d.shares)? as u32);
         let args =
             kernel_args![x, dz, out, c, h, wi, kh, kw, sh, sw, ph, pw, dh, dwi, oc, oh, ow, b, chunk, tile, rows, cols, bands, oc_tiles];
         self.run_blocks(stream, kernel, grid, d.shared_bytes() as u32, args)?;
-        if d.shares > 1 {
-            self.run(stream, Kernel::ConvWgradJoin, blocks(w_len), kernel_args![partials, dw, n, shares])?;
-        }
-        Ok(())
+        self.join_wgrad_shares(stream, d.shares, w_len, partials, dw)
     }
 }
 

@@ -5,8 +5,8 @@
 use super::conv_lowering::{conv_geometries, conv_geometry};
 use super::{check, download, same_bits, upload};
 use crate::chain::Shape;
-use crate::cuda::conv_direct::{band_bound, input_grad_geometry};
-use crate::cuda::conv_mma::{MmaForward, MMA_SHARED, MMA_TILE};
+use crate::cuda::conv_direct::{band_bound, input_grad_geometry, DIRECT_SHARED};
+use crate::cuda::conv_mma::{MmaForward, MMA_TILE};
 use crate::cuda::dnn::{forced, Route};
 use crate::cuda::launch::{View, ViewMut};
 use crate::cuda::test_gpu;
@@ -50,7 +50,7 @@ fn the_tensor_core_forward_covers_every_geometry() {
     let mut chunked = 0;
     for g in &all {
         let d = MmaForward::of(g).unwrap_or_else(|| panic!("{g:?}"));
-        assert!(d.shared_bytes(g) <= MMA_SHARED, "{g:?} {d:?}");
+        assert!(d.shared_bytes(g) <= DIRECT_SHARED, "{g:?} {d:?}");
         assert!(d.channels >= g.out_channels.min(32) && d.oc_tiles * d.channels >= g.out_channels, "{g:?} {d:?}");
         assert_eq!(d.pixel_tiles, g.ohw().div_ceil(MMA_TILE));
         assert!(d.chunk == g.in_channels || d.chunk.is_multiple_of(8), "{g:?} {d:?}");

@@ -5,7 +5,7 @@
 use super::conv_mma::{check_scaled, geometries, FP32_TOL, TF32_TOL};
 use super::{check, download, same_bits, upload};
 use crate::cuda::conv_direct::band_bound;
-use crate::cuda::conv_mma::MMA_SHARED;
+use crate::cuda::conv_direct::DIRECT_SHARED;
 use crate::cuda::conv_mma_wgrad::{MmaWgrad, WGRAD_MMA_WARPS};
 use crate::cuda::launch::{View, ViewMut};
 use crate::cuda::test_gpu;
@@ -29,7 +29,7 @@ fn the_tensor_core_weight_gradient_covers_every_geometry() {
         for batch in BATCHES {
             let d = MmaWgrad::of(&g, batch).unwrap_or_else(|| panic!("{g:?} batch {batch}"));
             let what = format!("{g:?} batch {batch} {d:?}");
-            assert!(d.shared_bytes() <= MMA_SHARED && 2 * d.stage_floats() * 4 <= d.shared_bytes(), "{what}");
+            assert!(d.shared_bytes() <= DIRECT_SHARED && 2 * d.stage_floats() * 4 <= d.shared_bytes(), "{what}");
             assert!([64, 128, 256].contains(&d.tile) && (d.rows, d.cols) == band_bound(&g, d.tile), "{what}");
             assert!(d.oc_tiles * d.channels >= g.out_channels && (d.oc_tiles - 1) * d.channels < g.out_channels, "{what}");
             assert!(d.r_tiles * d.taps() >= g.ckk() && (d.r_tiles - 1) * d.taps() < g.ckk() && d.channels * d.taps() == 1024, "{what}");
