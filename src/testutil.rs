@@ -158,6 +158,20 @@ pub fn cuda_device() -> crate::Device {
     }
 }
 
+/// Whether CUDA device 0 runs flatnn's tensor-core kernels (sm_80 and later: the `own-mma`
+/// convolution routes and the dense `dense_mma` tiles are candidates there alone); false where
+/// there is no usable device or the crate is built without CUDA.
+pub fn cuda_tensor_cores() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        crate::cuda::device_info(0).is_ok_and(|info| info.compute_capability >= (8, 0))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
 /// Time per call of each CPU convolution route (`Lowered`: im2col and GEMM; `Direct`: the GEMM
 /// on shifted windows of the padded input) on one layer: (route, forward, backward with the
 /// input gradient when `input_grad`), the fastest of `runs` calls on `threads` threads (None
