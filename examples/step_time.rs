@@ -2,7 +2,7 @@
 //! (set_inputs + forward), median and p90 over repeated calls, on any device. Small enough to
 //! run under a profiler (`ncu`, `compute-sanitizer`).
 //!
-//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn|autoencoder|gelu_mlp|vgg_small|resnet_small|ts_conv1d]
+//!   cargo run --release --example step_time -- [--model mlp|lenet|simplenn|autoencoder|gelu_mlp|vgg_small|resnet_small|ts_conv1d|gru_seq|lstm_seq]
 //!       [--task train|train-split|train-copy|train-host|backprop|forward|forward-resident|serve|serve-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--tf32 on|off] [--threads N]
 //!       [--profile N]
@@ -74,8 +74,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "vgg_small" => (models::vgg_small(), Loss::LogitCrossEntropy),
         "resnet_small" => (models::resnet_small(), Loss::LogitCrossEntropy),
         "ts_conv1d" => (models::ts_conv1d(), Loss::LogitCrossEntropy),
+        "gru_seq" => (models::gru_seq(), Loss::Mse),
+        "lstm_seq" => (models::lstm_seq(), Loss::LogitCrossEntropy),
         _ => {
-            let names = "mlp, lenet, simplenn, autoencoder, gelu_mlp, vgg_small, resnet_small or ts_conv1d";
+            let names = "mlp, lenet, simplenn, autoencoder, gelu_mlp, vgg_small, resnet_small, ts_conv1d, gru_seq or lstm_seq";
             return Err(format!("--model must be {names}, not {name:?}").into());
         }
     };
