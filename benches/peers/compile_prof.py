@@ -1,12 +1,12 @@
-"""The kernels of PyTorch's compiled training step, as the zoo's `pt-compile` peer builds it
-(torch.compile, mode max-autotune-no-cudagraphs; fused Adam), run outside a CUDA graph under
+"""The kernels of PyTorch's compiled training step or inference, as the zoo's `pt-compile` peer
+builds them (torch.compile, mode max-autotune-no-cudagraphs; fused Adam), run outside a CUDA graph under
 torch.profiler: per kernel its device time per step and launches per step, largest first. Where
 the zoo's flatnn side is slower than `pt-compile`, this and `ncu` on
-`cargo run --release --example step_time -- --device cuda --model M --task train --batch B --profile 1`
+`cargo run --release --example step_time -- --device cuda --model M --task train|forward-resident --batch B --profile 1`
 show which kernels differ. On a GPU machine, from the checkout root (inductor's on-disk caches
 of a pre-warm are reused):
 
-    python3 benches/peers/compile_prof.py MODEL BATCH fp32|tf32 [STEPS]
+    python3 benches/peers/compile_prof.py MODEL BATCH fp32|tf32 [train|infer] [STEPS]
 """
 import collections
 import os
@@ -24,16 +24,25 @@ import zoo_torch  # noqa: E402
 
 def main():
     name, batch, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    steps = int(sys.argv[4]) if len(sys.argv) > 4 else 5
+    task = sys.argv[4] if len(sys.argv) > 4 else "train"
+    steps = int(sys.argv[5]) if len(sys.argv) > 5 else 5
     zoo_torch.set_mode(mode)
     model, x, target, loss_fn = zoo_torch.data(name, batch, torch.device("cuda"), 1)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True, capturable=True)
-    forward_loss = zoo_torch.compile_fresh(lambda inputs, targets: loss_fn(model(inputs), targets))
+    if task == "train":
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True, capturable=True)
+        forward_loss = zoo_torch.compile_fresh(lambda inputs, targets: loss_fn(model(inputs), targets))
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        forward_loss(x, target).backward()
-        opt.step()
+        def step():
+            opt.zero_grad(set_to_none=True)
+            forward_loss(x, target).backward()
+            opt.step()
+    else:
+        model.eval()
+        forward = zoo_torch.compile_fresh(model)
+
+        def step():
+            with torch.inference_mode():
+                forward(x)
 
     for _ in range(5):
         step()
@@ -47,7 +56,7 @@ def main():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             total[event.name[:90]] += event.device_time_total
             count[event.name[:90]] += 1
-    print(f"== torch.compile {name} {batch} {mode}: {sum(total.values()) / steps:.1f} µs of kernels a step, "
+    print(f"== torch.compile {name} {task} {batch} {mode}: {sum(total.values()) / steps:.1f} µs of kernels a step, "
           f"{sum(count.values()) // steps} kernels")
     for kernel, us in total.most_common():
         print(f"  {us / steps:8.1f}  x{count[kernel] // steps:<3} {kernel}")
