@@ -86,30 +86,32 @@ extern "C" __global__ void batch_norm_stats_split(const float* x, double* sums, 
     batch_norm_put_part(sums, squares, sum, q, channels);
 }
 
-// batch_norm_stats from the `parts` parts of batch_norm_stats_split, each channel's added in
-// order of k: μ = Σ_k sums_k / n and Σ(x − μ)² = Σ_k (squares_k + n_k·(m_k − μ)²), m_k =
-// sums_k / n_k (the sum of squares about μ is exactly that of the parts about their own means
-// plus their means' about μ: every term ≥ 0, nothing cancels). One thread a channel.
+// batch_norm_stats from the `parts` parts of batch_norm_stats_split: μ = Σ_k sums_k / n and
+// Σ(x − μ)² = Σ_k (squares_k + n_k·(m_k − μ)²), m_k = sums_k / n_k (the sum of squares about μ
+// is exactly that of the parts about their own means plus their means' about μ: every term ≥ 0,
+// nothing cancels). Grid: one block per channel; thread t adds parts t, t + 256, … in order,
+// then block_sum_f64's fixed tree, so a result never depends on timing.
 extern "C" __global__ void batch_norm_stats_join(const double* sums, const double* squares, float* mean, float* inv, float* running_mean,
                                                  float* running_var, float* count, int channels, int pixels, int batch, int chunk,
                                                  int parts, float momentum, float eps) {
     after_prior();
-    GRID_STRIDE(c, channels) {
-        int n = batch * pixels;
-        double total = 0.0;
-        for (int k = 0; k < parts; k++) total += sums[(long long)k * channels + c];
-        double mu = total / (double)n;
-        double q = 0.0;
-        for (int k = 0; k < parts; k++) {
-            int first, end;
-            batch_norm_part(k, chunk, batch, pixels, &first, &end);
-            if (end == first) continue;
-            double nk = (double)(end - first);
-            double d = sums[(long long)k * channels + c] / nk - mu;
-            q += squares[(long long)k * channels + c] + nk * d * d;
-        }
-        batch_norm_finish(c, mu, q, n, mean, inv, running_mean, running_var, count, momentum, eps);
+    __shared__ double buf[REDUCE_THREADS];
+    int c = blockIdx.x;
+    int n = batch * pixels;
+    double total = 0.0;
+    for (int k = threadIdx.x; k < parts; k += REDUCE_THREADS) total += sums[(long long)k * channels + c];
+    double mu = block_sum_f64(total, buf) / (double)n;
+    double q = 0.0;
+    for (int k = threadIdx.x; k < parts; k += REDUCE_THREADS) {
+        int first, end;
+        batch_norm_part(k, chunk, batch, pixels, &first, &end);
+        if (end == first) continue;
+        double nk = (double)(end - first);
+        double d = sums[(long long)k * channels + c] / nk - mu;
+        q += squares[(long long)k * channels + c] + nk * d * d;
     }
+    q = block_sum_f64(q, buf);
+    if (threadIdx.x == 0) batch_norm_finish(c, mu, q, n, mean, inv, running_mean, running_var, count, momentum, eps);
 }
 
 // z = ((x − μ)·r)·γ + β over n = batch·channels·pixels values, (μ, r) = (mean[c], inv[c]); with
@@ -172,17 +174,22 @@ extern "C" __global__ void batch_norm_param_grads_split(const float* x, const fl
     batch_norm_put_part(sums, sums_xhat, sum, sum_xhat, channels);
 }
 
-// dgamma[c] = Σ_k sums_xhat[k·channels + c] and dbeta[c] = Σ_k sums[k·channels + c], k = 0 ..
-// parts in order (see batch_norm_param_grads_split); overwritten. One thread a channel.
+// dgamma[c] = Σ_k sums_xhat[k·channels + c] and dbeta[c] = Σ_k sums[k·channels + c] over the
+// `parts` parts of batch_norm_param_grads_split; overwritten. Grid: one block per channel,
+// summing as batch_norm_stats_join does (a fixed order).
 extern "C" __global__ void batch_norm_param_grads_join(const double* sums, const double* sums_xhat, float* dgamma, float* dbeta,
                                                        int channels, int parts) {
     after_prior();
-    GRID_STRIDE(c, channels) {
-        double sum = 0.0, sum_xhat = 0.0;
-        for (int k = 0; k < parts; k++) {
-            sum += sums[(long long)k * channels + c];
-            sum_xhat += sums_xhat[(long long)k * channels + c];
-        }
+    __shared__ double buf[REDUCE_THREADS];
+    int c = blockIdx.x;
+    double sum = 0.0, sum_xhat = 0.0;
+    for (int k = threadIdx.x; k < parts; k += REDUCE_THREADS) {
+        sum += sums[(long long)k * channels + c];
+        sum_xhat += sums_xhat[(long long)k * channels + c];
+    }
+    sum = block_sum_f64(sum, buf);
+    sum_xhat = block_sum_f64(sum_xhat, buf);
+    if (threadIdx.x == 0) {
         dgamma[c] = (float)sum_xhat;
         dbeta[c] = (float)sum;
     }

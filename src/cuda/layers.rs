@@ -213,7 +213,7 @@ impl Gpu {
                 let args = kernel_args![x, sums, squares, channels, pixels, batch, chunk];
                 self.run_blocks(stream, Kernel::BatchNormStatsSplit, (channels as u32, parts as u32), 0, args)?;
                 let args = kernel_args![sums, squares, mean, inv, rm, rv, count, channels, pixels, batch, chunk, parts, momentum, eps];
-                self.run_blocks(stream, Kernel::BatchNormStatsJoin, (blocks(c), 1), 0, args)
+                self.run_blocks(stream, Kernel::BatchNormStatsJoin, (channels as u32, 1), 0, args)
             }
             _ => {
                 let args = kernel_args![x, mean, inv, rm, rv, count, channels, pixels, batch, momentum, eps];
@@ -275,7 +275,7 @@ impl Gpu {
                 let args = kernel_args![x, dy, mean, inv, sums, sums_xhat, channels, pixels, batch, chunk];
                 self.run_blocks(stream, Kernel::BatchNormParamGradsSplit, (channels as u32, parts as u32), 0, args)?;
                 let args = kernel_args![sums, sums_xhat, dgamma, dbeta, channels, parts];
-                self.run_blocks(stream, Kernel::BatchNormParamGradsJoin, (blocks(c), 1), 0, args)
+                self.run_blocks(stream, Kernel::BatchNormParamGradsJoin, (channels as u32, 1), 0, args)
             }
             _ => {
                 let args = kernel_args![x, dy, mean, inv, dgamma, dbeta, channels, pixels, batch];
