@@ -4,11 +4,12 @@
 //! counter that moves them on.
 
 use super::{check, download, same_bits, upload};
+use crate::activation::Activation;
 use crate::cuda::launch::{View, ViewMut};
-use crate::cuda::layers::batch_norm_parts;
+use crate::cuda::layers::{batch_norm_parts, RowTiles};
 use crate::cuda::test_gpu;
 use crate::cuda::timing::time_calls;
-use crate::layers::batch_norm::{inv_std, Geometry, MOMENTUM};
+use crate::layers::batch_norm::{inv_std, Geometry, EPS, MOMENTUM};
 use crate::layers::dropout::Mask;
 use crate::layers::Draw;
 use crate::testutil::{poisoned, Rng};
@@ -16,13 +17,15 @@ use crate::testutil::{poisoned, Rng};
 /// (channels, pixels, batch) and the parts `batch_norm_parts` splits each channel's sums into:
 /// 3 × 32 × 32 over 64 samples, 16 parts of 4; resnet_small's 16 × 32 × 32 at 8, 2 of 4; 10 of
 /// 100 samples, the last of 91; 6 parts asked for of 2 samples each, 5 made (none empty); a
-/// vector's features, 3 of 3000; then shapes of one block a channel.
-const BATCH_NORM_SHAPES: [(usize, usize, usize, usize); 8] = [
+/// vector's features, 3 of 3000; 7 × 7 planes (read one value at a time), 6 parts of 84; then
+/// shapes of one block a channel.
+const BATCH_NORM_SHAPES: [(usize, usize, usize, usize); 9] = [
     (3, 1024, 64, 16),
     (16, 1024, 8, 2),
     (6, 41, 991, 10),
     (1, 2100, 10, 5),
     (1, 1, 9000, 3),
+    (2, 49, 500, 6),
     (7, 13, 5, 1),
     (10, 1, 1000, 1),
     (4, 63, 32, 1),
@@ -45,6 +48,50 @@ fn batch_norm_parts_cover_the_batch_and_none_is_empty() {
                 );
             }
         }
+    }
+}
+
+/// Batch norm's element-wise grid (`RowTiles`) takes every value of every row once, walked as
+/// the kernels walk it (a block's threads in rows of lanes, items strided on by the grid's
+/// second extent): rows of 1, of 49 and of 1023 values (one at a time), of 1024 and 4100 (in
+/// fours, and one at a time where a pointer is not aligned), a row too long for one block per
+/// 256 items under the grid's limit of 65,535; fours only where aligned and pixels % 4 == 0.
+#[test]
+fn batch_norm_row_tiles_take_every_value_once() {
+    let long = 4 * 256 * 65_535 + 8;
+    for (rows, pixels, aligned) in [
+        (1, 1, true),
+        (1000, 1, true),
+        (7, 49, true),
+        (5, 1023, true),
+        (3, 1024, true),
+        (3, 1024, false),
+        (1024, 1024, true),
+        (2, 4100, true),
+        (1, long, true),
+    ] {
+        let t = RowTiles::of(rows, pixels, aligned);
+        assert_eq!(t.fours, aligned && pixels % 4 == 0, "{rows}x{pixels}");
+        assert!(t.grid.0 >= 1 && t.grid.1 >= 1 && t.grid.1 <= 65_535 && t.lanes_log2 <= 8, "{rows}x{pixels}: {t:?}");
+        let (floats, lanes) = (if t.fours { 4 } else { 1 }, 1usize << t.lanes_log2);
+        let width = pixels / floats;
+        let mut taken = vec![0u8; rows * pixels];
+        for bx in 0..t.grid.0 as usize {
+            for by in 0..t.grid.1 as usize {
+                for thread in 0..256 {
+                    let row = bx * (256 >> t.lanes_log2) + (thread >> t.lanes_log2);
+                    if row >= rows {
+                        continue;
+                    }
+                    let mut item = by * lanes + (thread & (lanes - 1));
+                    while item < width {
+                        taken[row * pixels + item * floats..][..floats].iter_mut().for_each(|v| *v += 1);
+                        item += t.grid.1 as usize * lanes;
+                    }
+                }
+            }
+        }
+        assert!(taken.iter().all(|&v| v == 1), "{rows}x{pixels}: {t:?} takes a value other than once");
     }
 }
 
@@ -128,6 +175,101 @@ fn batch_norm_sums_in_parts_or_not_match_the_cpu() {
         if parts == 1 {
             for ((name, a), b) in names.iter().zip(&runs[0]).zip(&runs[1]) {
                 same_bits(&format!("batch norm {channels}x{pixels}x{batch}, one block a channel with scratch or not: {name}"), a, b);
+            }
+        }
+    }
+}
+
+/// Batch norm's element-wise kernels (normalisation by the batch's statistics with an
+/// activation, by the running ones without; the input gradient) and the residual sum and
+/// gradient copies give the CPU's expressions' bits, in fours (aligned, pixels % 4 == 0) and
+/// one at a time (7 × 7 pixels, 13, a vector's 1, or every pointer one float past alignment);
+/// one sample, a row longer than a block; nothing before or past the outputs written.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn batch_norm_and_residual_element_wise_kernels_give_the_cpus_bits() {
+    let gpu = test_gpu();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(12);
+    let act = Activation::Relu;
+    for (channels, pixels, batch) in [(3, 49, 5), (16, 1024, 2), (5, 1, 37), (2, 4100, 1), (4, 13, 3)] {
+        let g = Geometry { channels, pixels, batch };
+        let n = batch * channels * pixels;
+        let (x, dy) = (rng.uniform(n), rng.uniform(n));
+        let [mean, inv, gamma, beta, dgamma, dbeta] = [0, 1, 2, 3, 4, 5].map(|i| {
+            let v = rng.uniform(channels);
+            if i == 1 {
+                v.iter().map(|v| 1.5 + v).collect::<Vec<f32>>()
+            } else {
+                v
+            }
+        });
+        let channel = |i: usize| (i / pixels) % channels;
+        let norm = |i: usize, r: f32| (x[i] - mean[channel(i)]) * r * gamma[channel(i)] + beta[channel(i)];
+        let want_z: Vec<f32> = (0..n).map(|i| norm(i, inv[channel(i)])).collect();
+        let want_y: Vec<f32> = want_z.iter().map(|&z| act.apply(z)).collect();
+        let want_running: Vec<f32> = (0..n).map(|i| norm(i, 1.0 / (inv[channel(i)] + EPS).sqrt())).collect();
+        let inv_count = (1.0 / g.n() as f64) as f32;
+        let want_dx: Vec<f32> = (0..n)
+            .map(|i| {
+                let (c, r) = (channel(i), inv[channel(i)]);
+                gamma[c] * r * (dy[i] - (dbeta[c] + (x[i] - mean[c]) * r * dgamma[c]) * inv_count)
+            })
+            .collect();
+        let want_add: Vec<f32> = x.iter().zip(&dy).map(|(a, b)| act.apply(a + b)).collect();
+        let want_acc: Vec<f32> = x.iter().zip(&dy).map(|(d, s)| d + s).collect();
+        let stats = [&mean, &inv, &gamma, &beta, &dgamma, &dbeta].map(|v| upload(&stream, v));
+        let [md, id, gd, bd, dgd, dbd] = stats.each_ref().map(View::of);
+        for offset in [0, 1] {
+            let what = format!("{channels}x{pixels}x{batch}, offset {offset}");
+            // a buffer of NaN around `v` at `offset` floats in, and views of its n values there
+            let padded = |v: Option<&[f32]>| {
+                let mut p = poisoned(n + 2);
+                if let Some(v) = v {
+                    p[offset..offset + n].copy_from_slice(v);
+                }
+                upload(&stream, &p)
+            };
+            let inner = |v: &[f32]| v[offset..offset + n].to_vec();
+            let edges = |what: &str, v: &[f32]| {
+                let outside = v.iter().enumerate().filter(|(i, _)| *i < offset || *i >= offset + n);
+                assert!(outside.into_iter().all(|(_, v)| v.is_nan()), "{what}: wrote outside its values");
+            };
+            // SAFETY: views of n values `offset` floats into live buffers of n + 2
+            let view = |b: &cudarc::driver::CudaSlice<f32>| unsafe { View::<f32>::from_raw(View::of(b).ptr() + 4 * offset as u64, n) };
+            // SAFETY: as view's; each test's outputs are distinct buffers
+            let view_mut =
+                |b: &cudarc::driver::CudaSlice<f32>| unsafe { ViewMut::<f32>::from_raw(View::of(b).ptr() + 4 * offset as u64, n) };
+            let (xd, dyd) = (padded(Some(&x)), padded(Some(&dy)));
+            let (z, y) = (padded(None), padded(None));
+            gpu.batch_norm_apply(&stream, &g, view(&xd), (view_mut(&z), Some((view_mut(&y), act))), (md, id), (gd, bd), false).unwrap();
+            let (z, y) = (download(&stream, &z), download(&stream, &y));
+            let running = padded(None);
+            gpu.batch_norm_apply(&stream, &g, view(&xd), (view_mut(&running), None), (md, id), (gd, bd), true).unwrap();
+            let running = download(&stream, &running);
+            let dx = padded(None);
+            gpu.batch_norm_input_grad(&stream, &g, view(&xd), view(&dyd), view_mut(&dx), (md, id), gd, (dgd, dbd)).unwrap();
+            let dx = download(&stream, &dx);
+            let (sz, sy) = (padded(None), padded(None));
+            gpu.residual_add(&stream, act, view(&xd), view(&dyd), view_mut(&sz), Some(view_mut(&sy))).unwrap();
+            let sy = download(&stream, &sy);
+            let (copy, acc) = (padded(None), padded(Some(&x)));
+            gpu.residual_grad(&stream, view(&dyd), view_mut(&copy), false).unwrap();
+            gpu.residual_grad(&stream, view(&dyd), view_mut(&acc), true).unwrap();
+            let (copy, acc) = (download(&stream, &copy), download(&stream, &acc));
+            let outputs = [
+                ("z", &z, &want_z),
+                ("y", &y, &want_y),
+                ("z by running statistics", &running, &want_running),
+                ("dx", &dx, &want_dx),
+                ("residual y", &sy, &want_add),
+                ("residual copy", &copy, &dy),
+                ("residual sum", &acc, &want_acc),
+            ];
+            for (name, got, want) in outputs {
+                let what = format!("{what}: {name}");
+                edges(&what, got);
+                same_bits(&what, &inner(got), want);
             }
         }
     }
