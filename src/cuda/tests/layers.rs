@@ -276,23 +276,28 @@ fn batch_norm_and_residual_element_wise_kernels_give_the_cpus_bits() {
 }
 
 /// Times batch norm's statistics and parameter gradients, one block a channel against the sums
-/// in parts, at resnet_small's shape (16 × 32 × 32) at batches 8, 64 and 256 and at 3 × 32 × 32
-/// (a timing print, not a test: run with --ignored --nocapture).
+/// in parts, and its normalisation (with a ReLU's y) and input gradient, at resnet_small's shape
+/// (16 × 32 × 32) at batches 8, 64, 256 and 512 and at 3 × 32 × 32, with the rate at which each
+/// moves the bytes it must (statistics: x once; parameter gradients: x and dy; normalisation:
+/// x in, z and y out; input gradient: x and dy in, dx out). A timing print, not a test: run
+/// with --ignored --nocapture.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn batch_norm_times_in_parts_and_not() {
     let gpu = test_gpu();
     let stream = gpu.new_stream().unwrap();
     let mut rng = Rng::new(6);
-    let len = 256 * 16 * 1024;
+    let len = 512 * 16 * 1024;
     let (x, dy) = (upload(&stream, &rng.uniform(len)), upload(&stream, &rng.uniform(len)));
+    let (z, y) = (upload(&stream, &vec![0.0f32; len]), upload(&stream, &vec![0.0f32; len]));
     let (stats, partials) = (upload(&stream, &[1.0f32; 7 * 16]), upload(&stream, &[0.0f64; 4096]));
     let (xp, dyp, sp, pp) = (View::of(&x).ptr(), View::of(&dy).ptr(), View::of(&stats).ptr(), View::of(&partials).ptr());
+    let (zp, yp) = (View::of(&z).ptr(), View::of(&y).ptr());
     // SAFETY: views of live buffers that long, used only on this stream
     let (v, vm) = (|p: u64, n: usize| unsafe { View::<f32>::from_raw(p, n) }, |p: u64, n: usize| unsafe { ViewMut::<f32>::from_raw(p, n) });
     // the per-channel vectors of `stats`: μ, r, running mean, running variance, dγ, dβ, then the count
     let at = |i: u64| sp + i * 16 * 4;
-    for (channels, batch) in [(16, 8), (16, 64), (16, 256), (3, 64)] {
+    for (channels, batch) in [(16, 8), (16, 64), (16, 256), (16, 512), (3, 64)] {
         let g = Geometry { channels, pixels: 1024, batch };
         let n = batch * channels * 1024;
         let scratch = |split: bool| {
@@ -311,10 +316,26 @@ fn batch_norm_times_in_parts_and_not() {
             [time_calls(&gpu, &stream, true, &forward).unwrap(), time_calls(&gpu, &stream, true, &backward).unwrap()]
         };
         let ([one_stats, one_grads], [parts_stats, parts_grads]) = (time(false), time(true));
+        let apply = || {
+            let (saved, affine) = ((v(at(0), 16), v(at(1), 16)), (v(at(2), 16), v(at(3), 16)));
+            gpu.batch_norm_apply(&stream, &g, v(xp, n), (vm(zp, n), Some((vm(yp, n), Activation::Relu))), saved, affine, false)
+        };
+        let input_grad = || {
+            let (saved, param_grads) = ((v(at(0), 16), v(at(1), 16)), (v(at(4), 16), v(at(5), 16)));
+            gpu.batch_norm_input_grad(&stream, &g, v(xp, n), v(dyp, n), vm(zp, n), saved, v(at(2), 16), param_grads)
+        };
+        let (apply, input_grad) = (time_calls(&gpu, &stream, true, &apply).unwrap(), time_calls(&gpu, &stream, true, &input_grad).unwrap());
         let parts = batch_norm_parts(&g).0;
+        // GB/s of `passes` passes of n floats in `us`
+        let rate = |passes: usize, us: f32| (passes * n * 4) as f32 / us / 1e3;
         println!(
             "batch norm {channels}x32x32 batch {batch}: statistics {one_stats:8.2} us one block a channel, {parts_stats:8.2} us in \
-             {parts} parts; parameter gradients {one_grads:8.2} / {parts_grads:8.2} us"
+             {parts} parts ({:6.0} GB/s); parameter gradients {one_grads:8.2} / {parts_grads:8.2} us ({:6.0} GB/s); \
+             normalisation {apply:8.2} us ({:6.0} GB/s); input gradient {input_grad:8.2} us ({:6.0} GB/s)",
+            rate(1, parts_stats.min(one_stats)),
+            rate(2, parts_grads.min(one_grads)),
+            rate(3, apply),
+            rate(3, input_grad)
         );
     }
 }
