@@ -6,18 +6,11 @@
 // evaluate the CPU's expressions in its order (--fmad=false), so where they read the same
 // statistics they give its bits.
 
-// Index of value j (0 ≤ j < n) of channel c: sample j / pixels, pixel j % pixels.
-__device__ __forceinline__ long long batch_norm_at(int j, int c, int channels, int pixels) {
-    int s = j / pixels, p = j - s * pixels;
-    return ((long long)s * channels + c) * pixels + p;
-}
-
-// The values [first, end) of a channel that part k takes: samples k·chunk .. min(batch,
-// (k + 1)·chunk) (the host makes every part hold a sample or more).
-__device__ __forceinline__ void batch_norm_part(int k, int chunk, int batch, int pixels, int* first, int* end) {
-    int s = min(batch, k * chunk);
-    *first = s * pixels;
-    *end = min(batch, s + chunk) * pixels;
+// The samples [*first, *end) that part k takes: k·chunk .. min(batch, (k + 1)·chunk) (the host
+// makes every part hold a sample or more).
+__device__ __forceinline__ void batch_norm_part(int k, int chunk, int batch, int* first, int* end) {
+    *first = min(batch, k * chunk);
+    *end = min(batch, *first + chunk);
 }
 
 // Block (c, k)'s two sums of part k of channel c into a[k·channels + c] and b[k·channels + c].
@@ -29,21 +22,111 @@ __device__ __forceinline__ void batch_norm_put_part(double* a, double* b, double
     }
 }
 
-// Σx over values [first, end) of channel c into *sum, and Σ(x − m)² about their mean m into
-// *squares (two passes, f64); the block's threads all get both.
-__device__ __forceinline__ void batch_norm_moments(const float* x, int c, int channels, int pixels, int first, int end, double* buf,
-                                                   double* sum, double* squares) {
-    double s = 0.0;
-    for (int j = first + threadIdx.x; j < end; j += REDUCE_THREADS) s += (double)x[batch_norm_at(j, c, channels, pixels)];
-    s = block_sum_f64(s, buf);
-    double m = end > first ? s / (double)(end - first) : 0.0;
-    double q = 0.0;
-    for (int j = first + threadIdx.x; j < end; j += REDUCE_THREADS) {
-        double d = (double)x[batch_norm_at(j, c, channels, pixels)] - m;
-        q += d * d;
+// A channel's values over samples [first, end) are `rows` = end − first rows of `pixels`, row r
+// at (first + r)·channels·pixels + c·pixels. They are read as items of V (float, or float4 where
+// pixels % 4 == 0 and every pointer read is 16-byte aligned, so that every row starts aligned):
+// `width` = pixels / (floats a V) items a row. Thread t takes items t, t + 256, … of the rows
+// laid end to end, walking (row, item) by the block's stride without a division per item.
+struct BatchNormWalk {
+    int row, item, rows, width, drow, ditem;
+    long long stride;  // floats from a row to the next
+};
+
+__device__ __forceinline__ BatchNormWalk batch_norm_walk(int rows, int width, long long stride) {
+    BatchNormWalk w;
+    width = max(width, 1);
+    w.row = threadIdx.x / width;
+    w.item = threadIdx.x - w.row * width;
+    w.drow = REDUCE_THREADS / width;
+    w.ditem = REDUCE_THREADS - w.drow * width;
+    w.rows = rows;
+    w.width = width;
+    w.stride = stride;
+    return w;
+}
+
+// Offset in floats of the walk's item from the first row's start, then the walk moved on.
+template <typename V>
+__device__ __forceinline__ long long batch_norm_next(BatchNormWalk& w) {
+    long long at = (long long)w.row * w.stride + (long long)w.item * (sizeof(V) / sizeof(float));
+    w.item += w.ditem;
+    w.row += w.drow;
+    if (w.item >= w.width) {
+        w.item -= w.width;
+        w.row++;
     }
+    return at;
+}
+
+__device__ __forceinline__ float batch_norm_load(const float* p, float) { return *p; }
+__device__ __forceinline__ float4 batch_norm_load(const float* p, float4) { return *reinterpret_cast<const float4*>(p); }
+
+// The lanes of a V in order: f(x) for a float, f(x.x), …, f(x.w) for a float4.
+template <typename F> __device__ __forceinline__ void batch_norm_lanes(float v, F f) { f(v); }
+template <typename F> __device__ __forceinline__ void batch_norm_lanes(float4 v, F f) {
+    f(v.x);
+    f(v.y);
+    f(v.z);
+    f(v.w);
+}
+template <typename F> __device__ __forceinline__ void batch_norm_lanes(float v, float u, F f) { f(v, u); }
+template <typename F> __device__ __forceinline__ void batch_norm_lanes(float4 v, float4 u, F f) {
+    f(v.x, u.x);
+    f(v.y, u.y);
+    f(v.z, u.z);
+    f(v.w, u.w);
+}
+
+// f on each of the walk's items of a (and of b at the same offset; b may be a), in order; two
+// items' loads in flight at a time.
+template <typename V, typename F>
+__device__ __forceinline__ void batch_norm_each(BatchNormWalk w, const float* a, const float* b, F f) {
+    while (w.row < w.rows) {
+        long long i = batch_norm_next<V>(w);
+        bool two = w.row < w.rows;
+        long long j = two ? batch_norm_next<V>(w) : i;
+        V ai = batch_norm_load(a + i, V()), bi = batch_norm_load(b + i, V());
+        V aj = batch_norm_load(a + j, V()), bj = batch_norm_load(b + j, V());
+        f(ai, bi);
+        if (two) f(aj, bj);
+    }
+}
+
+// Σx over a part's values into *sum, and Σ(x − m)² about their mean m into *squares (two passes,
+// f64; the second reads the part again, which its size keeps in L2); the block's threads all get
+// both. `count`: the part's values.
+template <typename V>
+__device__ __forceinline__ void batch_norm_moments_of(const float* x, BatchNormWalk w, int count, double* buf, double* sum, double* squares) {
+    double s = 0.0;
+    batch_norm_each<V>(w, x, x, [&](V v, V) { batch_norm_lanes(v, [&](float e) { s += (double)e; }); });
+    s = block_sum_f64(s, buf);
+    double m = count > 0 ? s / (double)count : 0.0;
+    double q = 0.0;
+    batch_norm_each<V>(w, x, x, [&](V v, V) {
+        batch_norm_lanes(v, [&](float e) {
+            double d = (double)e - m;
+            q += d * d;
+        });
+    });
     *sum = s;
     *squares = block_sum_f64(q, buf);
+}
+
+// Whether a channel's rows may be read as float4 (see BatchNormWalk).
+__device__ __forceinline__ bool batch_norm_fours(int pixels, const float* a, const float* b) {
+    return (pixels & 3) == 0 && (((unsigned long long)a | (unsigned long long)b) & 15) == 0;
+}
+
+// batch_norm_moments_of over channel c's values of samples [first, end).
+__device__ __forceinline__ void batch_norm_moments(const float* x, int c, int channels, int pixels, int first, int end, double* buf,
+                                                   double* sum, double* squares) {
+    long long stride = (long long)channels * pixels;
+    const float* row = x + (long long)first * stride + (long long)c * pixels;
+    int count = (end - first) * pixels;
+    if (batch_norm_fours(pixels, x, x))
+        batch_norm_moments_of<float4>(row, batch_norm_walk(end - first, pixels / 4, stride), count, buf, sum, squares);
+    else
+        batch_norm_moments_of<float>(row, batch_norm_walk(end - first, pixels, stride), count, buf, sum, squares);
 }
 
 // From channel c's μ and Σ(x − μ)² over its n values: mean[c] = μ and inv[c] = 1/√(σ² + eps)
@@ -69,7 +152,7 @@ extern "C" __global__ void batch_norm_stats(const float* x, float* mean, float* 
     int c = blockIdx.x;
     int n = batch * pixels;
     double sum, squares;
-    batch_norm_moments(x, c, channels, pixels, 0, n, buf, &sum, &squares);
+    batch_norm_moments(x, c, channels, pixels, 0, batch, buf, &sum, &squares);
     if (threadIdx.x == 0) batch_norm_finish(c, sum / (double)n, squares, n, mean, inv, running_mean, running_var, count, momentum, eps);
 }
 
@@ -80,65 +163,116 @@ extern "C" __global__ void batch_norm_stats_split(const float* x, double* sums, 
     after_prior();
     __shared__ double buf[REDUCE_THREADS];
     int c = blockIdx.x, first, end;
-    batch_norm_part(blockIdx.y, chunk, batch, pixels, &first, &end);
+    batch_norm_part(blockIdx.y, chunk, batch, &first, &end);
     double sum, q;
     batch_norm_moments(x, c, channels, pixels, first, end, buf, &sum, &q);
     batch_norm_put_part(sums, squares, sum, q, channels);
 }
 
-// batch_norm_stats from the `parts` parts of batch_norm_stats_split, each channel's added in
-// order of k: μ = Σ_k sums_k / n and Σ(x − μ)² = Σ_k (squares_k + n_k·(m_k − μ)²), m_k =
-// sums_k / n_k (the sum of squares about μ is exactly that of the parts about their own means
-// plus their means' about μ: every term ≥ 0, nothing cancels). One thread a channel.
+// batch_norm_stats from the `parts` parts of batch_norm_stats_split: μ = Σ_k sums_k / n and
+// Σ(x − μ)² = Σ_k (squares_k + n_k·(m_k − μ)²), m_k = sums_k / n_k (the sum of squares about μ
+// is exactly that of the parts about their own means plus their means' about μ: every term ≥ 0,
+// nothing cancels). Grid: one block per channel; thread t adds parts t, t + 256, … in order,
+// then block_sum_f64's fixed tree, so a result never depends on timing.
 extern "C" __global__ void batch_norm_stats_join(const double* sums, const double* squares, float* mean, float* inv, float* running_mean,
                                                  float* running_var, float* count, int channels, int pixels, int batch, int chunk,
                                                  int parts, float momentum, float eps) {
     after_prior();
-    GRID_STRIDE(c, channels) {
-        int n = batch * pixels;
-        double total = 0.0;
-        for (int k = 0; k < parts; k++) total += sums[(long long)k * channels + c];
-        double mu = total / (double)n;
-        double q = 0.0;
-        for (int k = 0; k < parts; k++) {
-            int first, end;
-            batch_norm_part(k, chunk, batch, pixels, &first, &end);
-            if (end == first) continue;
-            double nk = (double)(end - first);
-            double d = sums[(long long)k * channels + c] / nk - mu;
-            q += squares[(long long)k * channels + c] + nk * d * d;
-        }
-        batch_norm_finish(c, mu, q, n, mean, inv, running_mean, running_var, count, momentum, eps);
+    __shared__ double buf[REDUCE_THREADS];
+    int c = blockIdx.x;
+    int n = batch * pixels;
+    double total = 0.0;
+    for (int k = threadIdx.x; k < parts; k += REDUCE_THREADS) total += sums[(long long)k * channels + c];
+    double mu = block_sum_f64(total, buf) / (double)n;
+    double q = 0.0;
+    for (int k = threadIdx.x; k < parts; k += REDUCE_THREADS) {
+        int first, end;
+        batch_norm_part(k, chunk, batch, &first, &end);
+        if (end == first) continue;
+        double nk = (double)(end - first) * (double)pixels;
+        double d = sums[(long long)k * channels + c] / nk - mu;
+        q += squares[(long long)k * channels + c] + nk * d * d;
     }
+    q = block_sum_f64(q, buf);
+    if (threadIdx.x == 0) batch_norm_finish(c, mu, q, n, mean, inv, running_mean, running_var, count, momentum, eps);
 }
 
-// z = ((x − μ)·r)·γ + β over n = batch·channels·pixels values, (μ, r) = (mean[c], inv[c]); with
-// `from_running`, `inv` holds the running variance and r = 1/√(inv[c] + eps). Then y = act(z)
-// unless y is null (an identity, whose z is its y).
+// The element-wise kernels' grid (RowTiles in src/cuda/layers.rs): `rows` = batch·channels rows
+// of `pixels` values, read as items of V (float4 where `fours`: pixels % 4 == 0 and every
+// pointer 16-byte aligned); a block's threads in 256 >> lanes_log2 rows of 1 << lanes_log2
+// lanes; block (bx, by)'s row bx·(256 >> lanes_log2) + its thread's, its items by·lanes + lane,
+// then on by gridDim.y·lanes. The row (−1 past the last) of the thread: its channel costs one
+// division a thread, not one a value.
+__device__ __forceinline__ int batch_norm_row(int rows, int lanes_log2) {
+    int row = blockIdx.x * (REDUCE_THREADS >> lanes_log2) + (threadIdx.x >> lanes_log2);
+    return row < rows ? row : -1;
+}
+
+// f(item) for each of the thread's items of its row (width: items a row).
+template <typename F> __device__ __forceinline__ void batch_norm_items(int width, int lanes_log2, F f) {
+    int lanes = 1 << lanes_log2;
+    for (int item = blockIdx.y * lanes + (threadIdx.x & (lanes - 1)); item < width; item += gridDim.y * lanes) f(item);
+}
+
+// f lane by lane: f(a) for a float, (f(a.x), …, f(a.w)) for a float4, and with a second
+// operand f(a, b) the same way.
+template <typename F> __device__ __forceinline__ float batch_norm_map(float a, F f) { return f(a); }
+template <typename F> __device__ __forceinline__ float4 batch_norm_map(float4 a, F f) { return make_float4(f(a.x), f(a.y), f(a.z), f(a.w)); }
+template <typename F> __device__ __forceinline__ float batch_norm_map(float a, float b, F f) { return f(a, b); }
+template <typename F> __device__ __forceinline__ float4 batch_norm_map(float4 a, float4 b, F f) {
+    return make_float4(f(a.x, b.x), f(a.y, b.y), f(a.z, b.z), f(a.w, b.w));
+}
+
+template <typename V> __device__ __forceinline__ void batch_norm_store(float* p, V v) { *reinterpret_cast<V*>(p) = v; }
+
+// batch_norm_apply's values of the thread's row (at `at` floats in) as items of V.
+template <typename V>
+__device__ __forceinline__ void batch_norm_apply_row(const float* x, float* z, float* y, long long at, int width, int lanes_log2, float m,
+                                                     float r, float g, float b, int act, float slope) {
+    const int floats = sizeof(V) / sizeof(float);
+    batch_norm_items(width, lanes_log2, [&](int item) {
+        long long i = at + (long long)item * floats;
+        V v = batch_norm_map(batch_norm_load(x + i, V()), [&](float e) { return (e - m) * r * g + b; });
+        batch_norm_store(z + i, v);
+        if (y != nullptr) batch_norm_store(y + i, batch_norm_map(v, [&](float e) { return act_apply(act, slope, e); }));
+    });
+}
+
+// z = ((x − μ)·r)·γ + β over `rows` rows of `pixels` values, row s·channels + c of channel c,
+// (μ, r) = (mean[c], inv[c]); with `from_running`, `inv` holds the running variance and r =
+// 1/√(inv[c] + eps). Then y = act(z) unless y is null (an identity, whose z is its y). Grid:
+// see batch_norm_row.
 extern "C" __global__ void batch_norm_apply(const float* x, float* z, float* y, const float* mean, const float* inv, const float* gamma,
-                                            const float* beta, int act, float slope, int channels, int pixels, int n, float eps,
-                                            int from_running) {
+                                            const float* beta, int act, float slope, int channels, int pixels, int rows, int fours,
+                                            int lanes_log2, float eps, int from_running) {
     after_prior();
-    GRID_STRIDE(i, n) {
-        int c = (i / pixels) % channels;
-        float r = from_running ? 1.0f / sqrtf(inv[c] + eps) : inv[c];
-        float v = (x[i] - mean[c]) * r * gamma[c] + beta[c];
-        z[i] = v;
-        if (y != nullptr) y[i] = act_apply(act, slope, v);
-    }
+    int row = batch_norm_row(rows, lanes_log2);
+    if (row < 0) return;
+    int c = row % channels;
+    float r = from_running ? 1.0f / sqrtf(inv[c] + eps) : inv[c];
+    float m = mean[c], g = gamma[c], b = beta[c];
+    long long at = (long long)row * pixels;
+    if (fours)
+        batch_norm_apply_row<float4>(x, z, y, at, pixels / 4, lanes_log2, m, r, g, b, act, slope);
+    else
+        batch_norm_apply_row<float>(x, z, y, at, pixels, lanes_log2, m, r, g, b, act, slope);
 }
 
-// Σ dy into *sum and Σ dy·x̂ into *sum_xhat over values [first, end) of channel c, x̂ = (x − m)·r
-// (f32, as on the CPU), in f64; the block's threads all get both.
+// Σ dy into *sum and Σ dy·x̂ into *sum_xhat over channel c's values of samples [first, end), x̂
+// = (x − m)·r (f32, as on the CPU), in f64; the block's threads all get both.
 __device__ __forceinline__ void batch_norm_grad_sums(const float* x, const float* dy, float m, float r, int c, int channels, int pixels,
                                                      int first, int end, double* buf, double* sum, double* sum_xhat) {
+    long long stride = (long long)channels * pixels, at = (long long)first * stride + (long long)c * pixels;
     double s = 0.0, sx = 0.0;
-    for (int j = first + threadIdx.x; j < end; j += REDUCE_THREADS) {
-        long long i = batch_norm_at(j, c, channels, pixels);
-        double d = (double)dy[i];
-        s += d;
-        sx += d * (double)((x[i] - m) * r);
-    }
+    auto add = [&](float xv, float d) {
+        s += (double)d;
+        sx += (double)d * (double)((xv - m) * r);
+    };
+    if (batch_norm_fours(pixels, x, dy))
+        batch_norm_each<float4>(batch_norm_walk(end - first, pixels / 4, stride), x + at, dy + at,
+                                [&](float4 xv, float4 d) { batch_norm_lanes(xv, d, add); });
+    else
+        batch_norm_each<float>(batch_norm_walk(end - first, pixels, stride), x + at, dy + at, [&](float xv, float d) { add(xv, d); });
     *sum = block_sum_f64(s, buf);
     *sum_xhat = block_sum_f64(sx, buf);
 }
@@ -152,7 +286,7 @@ extern "C" __global__ void batch_norm_param_grads(const float* x, const float* d
     __shared__ double buf[REDUCE_THREADS];
     int c = blockIdx.x;
     double sum, sum_xhat;
-    batch_norm_grad_sums(x, dy, mean[c], inv[c], c, channels, pixels, 0, batch * pixels, buf, &sum, &sum_xhat);
+    batch_norm_grad_sums(x, dy, mean[c], inv[c], c, channels, pixels, 0, batch, buf, &sum, &sum_xhat);
     if (threadIdx.x == 0) {
         dgamma[c] = (float)sum_xhat;
         dbeta[c] = (float)sum;
@@ -166,37 +300,59 @@ extern "C" __global__ void batch_norm_param_grads_split(const float* x, const fl
     after_prior();
     __shared__ double buf[REDUCE_THREADS];
     int c = blockIdx.x, first, end;
-    batch_norm_part(blockIdx.y, chunk, batch, pixels, &first, &end);
+    batch_norm_part(blockIdx.y, chunk, batch, &first, &end);
     double sum, sum_xhat;
     batch_norm_grad_sums(x, dy, mean[c], inv[c], c, channels, pixels, first, end, buf, &sum, &sum_xhat);
     batch_norm_put_part(sums, sums_xhat, sum, sum_xhat, channels);
 }
 
-// dgamma[c] = Σ_k sums_xhat[k·channels + c] and dbeta[c] = Σ_k sums[k·channels + c], k = 0 ..
-// parts in order (see batch_norm_param_grads_split); overwritten. One thread a channel.
+// dgamma[c] = Σ_k sums_xhat[k·channels + c] and dbeta[c] = Σ_k sums[k·channels + c] over the
+// `parts` parts of batch_norm_param_grads_split; overwritten. Grid: one block per channel,
+// summing as batch_norm_stats_join does (a fixed order).
 extern "C" __global__ void batch_norm_param_grads_join(const double* sums, const double* sums_xhat, float* dgamma, float* dbeta,
                                                        int channels, int parts) {
     after_prior();
-    GRID_STRIDE(c, channels) {
-        double sum = 0.0, sum_xhat = 0.0;
-        for (int k = 0; k < parts; k++) {
-            sum += sums[(long long)k * channels + c];
-            sum_xhat += sums_xhat[(long long)k * channels + c];
-        }
+    __shared__ double buf[REDUCE_THREADS];
+    int c = blockIdx.x;
+    double sum = 0.0, sum_xhat = 0.0;
+    for (int k = threadIdx.x; k < parts; k += REDUCE_THREADS) {
+        sum += sums[(long long)k * channels + c];
+        sum_xhat += sums_xhat[(long long)k * channels + c];
+    }
+    sum = block_sum_f64(sum, buf);
+    sum_xhat = block_sum_f64(sum_xhat, buf);
+    if (threadIdx.x == 0) {
         dgamma[c] = (float)sum_xhat;
         dbeta[c] = (float)sum;
     }
 }
 
-// dx = (γ·r)·(dy − (dβ + x̂·dγ)·(1/count)) over n values, overwritten; dγ and dβ from
-// batch_norm_param_grads, `inv_count` = 1/(batch·pixels) rounded to f32.
+// batch_norm_input_grad's values of the thread's row (at `at` floats in) as items of V.
+template <typename V>
+__device__ __forceinline__ void batch_norm_input_grad_row(const float* x, const float* dy, float* dx, long long at, int width, int lanes_log2,
+                                                          float m, float r, float g, float dg, float db, float inv_count) {
+    const int floats = sizeof(V) / sizeof(float);
+    batch_norm_items(width, lanes_log2, [&](int item) {
+        long long i = at + (long long)item * floats;
+        V xv = batch_norm_load(x + i, V()), d = batch_norm_load(dy + i, V());
+        batch_norm_store(dx + i, batch_norm_map(xv, d, [&](float xe, float de) { return g * r * (de - (db + (xe - m) * r * dg) * inv_count); }));
+    });
+}
+
+// dx = (γ·r)·(dy − (dβ + x̂·dγ)·(1/count)) over `rows` rows of `pixels` values (as
+// batch_norm_apply's), overwritten; dγ and dβ from batch_norm_param_grads, `inv_count` =
+// 1/(batch·pixels) rounded to f32. Grid: see batch_norm_row.
 extern "C" __global__ void batch_norm_input_grad(const float* x, const float* dy, float* dx, const float* mean, const float* inv,
                                                  const float* gamma, const float* dgamma, const float* dbeta, int channels, int pixels,
-                                                 int n, float inv_count) {
+                                                 int rows, int fours, int lanes_log2, float inv_count) {
     after_prior();
-    GRID_STRIDE(i, n) {
-        int c = (i / pixels) % channels;
-        float r = inv[c];
-        dx[i] = gamma[c] * r * (dy[i] - (dbeta[c] + (x[i] - mean[c]) * r * dgamma[c]) * inv_count);
-    }
+    int row = batch_norm_row(rows, lanes_log2);
+    if (row < 0) return;
+    int c = row % channels;
+    float m = mean[c], r = inv[c], g = gamma[c], dg = dgamma[c], db = dbeta[c];
+    long long at = (long long)row * pixels;
+    if (fours)
+        batch_norm_input_grad_row<float4>(x, dy, dx, at, pixels / 4, lanes_log2, m, r, g, dg, db, inv_count);
+    else
+        batch_norm_input_grad_row<float>(x, dy, dx, at, pixels, lanes_log2, m, r, g, dg, db, inv_count);
 }

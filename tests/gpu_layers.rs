@@ -43,6 +43,18 @@ fn wide_cnn() -> Chain {
         .dense(10, Identity)
 }
 
+/// Batch norm over 7 × 7 planes (pixels % 4 ≠ 0: read one value at a time) of 2 channels: at
+/// 500 samples each channel's sums go in 6 parts of 84 (`cuda::layers::batch_norm_parts`), at
+/// one sample in one block a channel.
+fn narrow_cnn() -> Chain {
+    Chain::new(Input::image(3, 7, 7))
+        .conv_with(2, (3, 3), Identity, same())
+        .batch_norm_with(Relu)
+        .residual(|c| c.conv_with(2, (3, 3), Identity, same()).batch_norm())
+        .flatten()
+        .dense(10, Identity)
+}
+
 /// Dense layers: a block whose body starts with a dense layer, after an activated dense layer
 /// (the body's first layer must not fold its input gradient into that layer's dz: the block
 /// input has a second reader), layer norm, dropout, nested and empty blocks.
@@ -115,6 +127,7 @@ fn new_layers_train_on_the_gpu_as_on_the_cpu() {
     let cases = [
         ("cnn", cnn as fn() -> Chain, [32, 17]),
         ("cnn, batch norm in parts", wide_cnn, [64, 37]),
+        ("cnn, 7 x 7 batch norm in 6 parts and of one sample", narrow_cnn, [500, 1]),
         ("mlp", mlp, [32, 17]),
         ("mlp head", mlp, [300, 19]),
         ("sequence", sequence, [32, 17]),
@@ -148,6 +161,31 @@ fn new_layers_train_on_the_gpu_as_on_the_cpu() {
             }
             assert_eq!(gpu.train_passes(), 16, "{what}: passes counted");
             assert!(cpu.buffers().unwrap().is_empty() || gpu.buffers().unwrap() != start.buffers().unwrap(), "{what}: statistics moved");
+        }
+    }
+}
+
+/// Two GPU runs of the same training from the same start give the same bits (losses,
+/// parameters, running statistics), graphs on and off: batch norm's sums in parts and their
+/// joins, in fours and one value at a time, at batches below the capacity.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn batch_norm_training_on_the_gpu_repeats_its_bits() {
+    let device = cuda_device();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (name, chain, sizes) in [("wide", wide_cnn as fn() -> Chain, [64, 37, 5]), ("narrow", narrow_cnn, [500, 1, 333])] {
+        for graphs in [true, false] {
+            let run = || {
+                let start = chain().build().unwrap().init(Init::HeNormal, 7);
+                let mut gpu = start.with_gpu_options(GpuOptions { graphs, ..GpuOptions::default() }).unwrap().to(&device).unwrap();
+                let mut opt = Optimizer::new(&gpu, optim()).unwrap();
+                let losses = train(&mut gpu, &mut opt, &sizes, 6, 13);
+                (bits(&losses), bits(&gpu.parameters().unwrap()), bits(&gpu.buffers().unwrap()))
+            };
+            let (a, b) = (run(), run());
+            assert_eq!(a.0, b.0, "{name}, graphs {graphs}: losses");
+            assert_eq!(a.1, b.1, "{name}, graphs {graphs}: parameters");
+            assert_eq!(a.2, b.2, "{name}, graphs {graphs}: running statistics");
         }
     }
 }

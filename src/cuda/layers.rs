@@ -7,7 +7,7 @@
 use super::buffer::DevBuf;
 use super::context::{Gpu, Kernel};
 use super::exec::{activation_backward, GpuBackward, GpuForward, Raw};
-use super::launch::{blocks, int, kernel_args, View, ViewMut};
+use super::launch::{blocks, int, kernel_args, View, ViewMut, BLOCK};
 use super::ops::bias_grad_splits;
 use crate::activation::Activation;
 use crate::chain::Step;
@@ -27,6 +27,43 @@ const MAX_GRID: usize = 1 << 16;
 pub(crate) fn batch_norm_parts(g: &batch_norm::Geometry) -> (usize, usize) {
     let chunk = g.batch.div_ceil(bias_grad_splits(g.channels, g.pixels, g.batch)).max(1);
     (g.batch.div_ceil(chunk), chunk)
+}
+
+/// How batch norm's element-wise kernels (`batch_norm_apply`, `batch_norm_input_grad`) cover
+/// `rows` = batch × channels rows of `pixels` values: each row as items of four values (float4)
+/// where `fours` (pixels a multiple of 4 and every pointer 16-byte aligned), else of one; a
+/// block's threads in rows of `1 << lanes_log2` lanes (the least power of two that holds a row's
+/// items, at most a block), so that a block takes whole rows and a thread finds its channel by
+/// one division, not one a value; `grid`: (blocks of rows, blocks along a row, at most 65,535:
+/// the kernels stride on past them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RowTiles {
+    pub fours: bool,
+    pub lanes_log2: u32,
+    pub grid: (u32, u32),
+}
+
+impl RowTiles {
+    /// The tiles of `rows` rows of `pixels` values (rows below 2^31), `aligned`: whether every
+    /// pointer the kernel takes is 16-byte aligned.
+    pub(crate) fn of(rows: usize, pixels: usize, aligned: bool) -> RowTiles {
+        let fours = aligned && pixels.is_multiple_of(4);
+        let width = if fours { pixels / 4 } else { pixels };
+        let lanes = width.next_power_of_two().min(BLOCK as usize);
+        let rows_a_block = BLOCK as usize / lanes;
+        let grid = (rows.div_ceil(rows_a_block).max(1) as u32, width.div_ceil(lanes).clamp(1, MAX_GRID - 1) as u32);
+        RowTiles { fours, lanes_log2: lanes.trailing_zeros(), grid }
+    }
+}
+
+/// Fours of `n` values that the residual kernels take as float4: all of them where every
+/// pointer is 16-byte aligned, else none.
+fn quads(n: usize, pointers: &[u64]) -> usize {
+    if pointers.iter().all(|p| p.is_multiple_of(16)) {
+        n / 4
+    } else {
+        0
+    }
 }
 
 /// A pass's scratch of f32 values taken as f64 partial sums: its first `len / 2` f64 slots (a
@@ -213,7 +250,7 @@ impl Gpu {
                 let args = kernel_args![x, sums, squares, channels, pixels, batch, chunk];
                 self.run_blocks(stream, Kernel::BatchNormStatsSplit, (channels as u32, parts as u32), 0, args)?;
                 let args = kernel_args![sums, squares, mean, inv, rm, rv, count, channels, pixels, batch, chunk, parts, momentum, eps];
-                self.run_blocks(stream, Kernel::BatchNormStatsJoin, (blocks(c), 1), 0, args)
+                self.run_blocks(stream, Kernel::BatchNormStatsJoin, (channels as u32, 1), 0, args)
             }
             _ => {
                 let args = kernel_args![x, mean, inv, rm, rv, count, channels, pixels, batch, momentum, eps];
@@ -244,9 +281,13 @@ impl Gpu {
             None => (Activation::Identity.gpu_code(), 0),
         };
         let (x, z, mean, inv, gamma, beta) = (x.ptr(), z.ptr(), mean.ptr(), inv.ptr(), gamma.ptr(), beta.ptr());
-        let (channels, pixels, n, eps, from_running) = (int(c)?, int(g.pixels)?, int(len)?, batch_norm::EPS, i32::from(from_running));
-        let args = kernel_args![x, z, y, mean, inv, gamma, beta, act, slope, channels, pixels, n, eps, from_running];
-        self.run_blocks(stream, Kernel::BatchNormApply, (blocks(len), 1), 0, args)
+        let _ = int(len)?;
+        let tiles = RowTiles::of(g.batch * c, g.pixels, [x, z, y].iter().all(|p| p.is_multiple_of(16)));
+        let (channels, pixels, rows, eps, from_running) =
+            (int(c)?, int(g.pixels)?, int(g.batch * c)?, batch_norm::EPS, i32::from(from_running));
+        let (fours, lanes_log2) = (i32::from(tiles.fours), tiles.lanes_log2 as i32);
+        let args = kernel_args![x, z, y, mean, inv, gamma, beta, act, slope, channels, pixels, rows, fours, lanes_log2, eps, from_running];
+        self.run_blocks(stream, Kernel::BatchNormApply, tiles.grid, 0, args)
     }
 
     /// `batch_norm_param_grads`: dγ = Σ dy·x̂ and dβ = Σ dy per channel, overwritten; one block
@@ -275,7 +316,7 @@ impl Gpu {
                 let args = kernel_args![x, dy, mean, inv, sums, sums_xhat, channels, pixels, batch, chunk];
                 self.run_blocks(stream, Kernel::BatchNormParamGradsSplit, (channels as u32, parts as u32), 0, args)?;
                 let args = kernel_args![sums, sums_xhat, dgamma, dbeta, channels, parts];
-                self.run_blocks(stream, Kernel::BatchNormParamGradsJoin, (blocks(c), 1), 0, args)
+                self.run_blocks(stream, Kernel::BatchNormParamGradsJoin, (channels as u32, 1), 0, args)
             }
             _ => {
                 let args = kernel_args![x, dy, mean, inv, dgamma, dbeta, channels, pixels, batch];
@@ -305,9 +346,12 @@ impl Gpu {
         );
         let (x, dy, dx, mean, inv, gamma, dgamma, dbeta) =
             (x.ptr(), dy.ptr(), dx.ptr(), mean.ptr(), inv.ptr(), gamma.ptr(), dgamma.ptr(), dbeta.ptr());
-        let (channels, pixels, n, inv_count) = (int(c)?, int(g.pixels)?, int(len)?, (1.0 / g.n() as f64) as f32);
-        let args = kernel_args![x, dy, dx, mean, inv, gamma, dgamma, dbeta, channels, pixels, n, inv_count];
-        self.run_blocks(stream, Kernel::BatchNormInputGrad, (blocks(len), 1), 0, args)
+        let _ = int(len)?;
+        let tiles = RowTiles::of(g.batch * c, g.pixels, [x, dy, dx].iter().all(|p| p.is_multiple_of(16)));
+        let (channels, pixels, rows, inv_count) = (int(c)?, int(g.pixels)?, int(g.batch * c)?, (1.0 / g.n() as f64) as f32);
+        let (fours, lanes_log2) = (i32::from(tiles.fours), tiles.lanes_log2 as i32);
+        let args = kernel_args![x, dy, dx, mean, inv, gamma, dgamma, dbeta, channels, pixels, rows, fours, lanes_log2, inv_count];
+        self.run_blocks(stream, Kernel::BatchNormInputGrad, tiles.grid, 0, args)
     }
 
     /// `layer_norm_forward`: every row's μ and r into `stats`, and y (a block a row).
@@ -423,7 +467,9 @@ impl Gpu {
         }
         let (code, slope) = act.gpu_code();
         let (a, b, z, y, len) = (a.ptr(), b.ptr(), z.ptr(), y.map_or(0, |y| y.ptr()), int(n)?);
-        self.run_blocks(stream, Kernel::ResidualAdd, (blocks(n), 1), 0, kernel_args![a, b, z, y, code, slope, len])
+        let fours = quads(n, &[a, b, z, y]);
+        let q = fours as i32;
+        self.run_blocks(stream, Kernel::ResidualAdd, (blocks(n - 3 * fours), 1), 0, kernel_args![a, b, z, y, code, slope, q, len])
     }
 
     /// `residual_grad`: dst = src, or dst += src with `accumulate`, over `dst`'s values.
@@ -434,6 +480,8 @@ impl Gpu {
             return Ok(());
         }
         let (src, dst, len, accumulate) = (src.ptr(), dst.ptr(), int(n)?, i32::from(accumulate));
-        self.run_blocks(stream, Kernel::ResidualGrad, (blocks(n), 1), 0, kernel_args![src, dst, len, accumulate])
+        let fours = quads(n, &[src, dst]);
+        let q = fours as i32;
+        self.run_blocks(stream, Kernel::ResidualGrad, (blocks(n - 3 * fours), 1), 0, kernel_args![src, dst, q, len, accumulate])
     }
 }
