@@ -98,8 +98,11 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
     float* h_sh = w_sh + (P - R) * GH;
     float* acc_sh = h_sh + S * P;
     float w_reg[R > 0 ? R : 1];
+    // each thread reads its own row (a warp's stores to w_sh are then consecutive words); eight
+    // values a pass, so that a 32-byte sector is used whole while it is in L1
 #pragma unroll
     for (int k = 0; k < R; k++) w_reg[k] = k < H ? w_hh[(long long)tid * H + k] : 0.0f;
+#pragma unroll 8
     for (int k = R; k < P; k++) w_sh[(k - R) * GH + tid] = k < H ? w_hh[(long long)tid * H + k] : 0.0f;
     for (int i = tid; i < S * P; i += GH) {
         int s = i / P, k = i - s * P;

@@ -103,7 +103,7 @@ impl Inner {
         let ctx = step_ctx(s, index);
         let step = &s.plan.steps[index];
         let fused = self.fused_candidates(&d, s);
-        let (m, cudnn) = {
+        let (m, with_cudnn) = {
             let routes = self.cudnn_routes(layer, i, training);
             let cudnn = !routes.is_empty();
             let key = MeasureKey { ordinal: s.gpu.ordinal(), dims: d, batch: s.f.batch, tf32: s.options.tf32, training, cudnn };
@@ -112,7 +112,7 @@ impl Inner {
                 None => (MEASURED.keep(key, self.measure(&routes, &ctx, step, &d, &fused, s.options.graphs)?), cudnn),
             }
         };
-        if !cudnn {
+        if !with_cudnn {
             let why = self.unavailable(training);
             if !why.is_empty() {
                 note(&mut layer.note, training, &why);
