@@ -1,10 +1,11 @@
 //! GRU and LSTM on a GPU against the CPU: forward outputs and final states from set initial
 //! states, gradients (the batch under and over the training head's lower bound, in a cache of a
 //! larger capacity after a batch of it), training steps in a graph, and a stream. Each test runs
-//! itself in a child process per route (`FLATNN_CUDNN=0`: the per-step route; `1`: cuDNN's RNN
-//! kernels; `auto`: whichever was measured faster), one at a time; one runs each of cuDNN's RNN
-//! algorithms alone (`FLATNN_RNN_ALGO`). `#[ignore]`d: `cargo test --test gpu_recurrent --
-//! --include-ignored` runs them where there is a GPU.
+//! itself in a child process per route (`FLATNN_CUDNN=0`: flatnn's routes, per-step or fused,
+//! whichever was measured faster; `1`: cuDNN's RNN kernels; `auto`: the fastest of all), one at a
+//! time; one runs each of cuDNN's RNN algorithms alone (`FLATNN_RNN_ALGO`), one the fused route
+//! alone. `#[ignore]`d: `cargo test --test gpu_recurrent -- --include-ignored` runs them where
+//! there is a GPU.
 #![cfg(feature = "cuda")]
 
 use flatnn::cuda::cudnn_version;
@@ -25,8 +26,9 @@ fn in_each_route(test: &str) -> Option<String> {
 }
 
 /// Checks that the report of a cache that ran forward and backward passes on its recurrent
-/// layers names the route `mode` takes: the per-step one with `0`; cuDNN's for both modes of every
-/// layer with `1` (where cuDNN loads); with `auto`, both routes timed.
+/// layers names the route `mode` takes: flatnn's with `0` (cuDNN not used); cuDNN's for both
+/// modes of every layer with `1` (where cuDNN loads); with `auto`, the per-step route and cuDNN
+/// timed.
 fn check_report(report: &str, mode: &str, what: &str) {
     println!("{what}: {report}");
     let layers: Vec<&str> = report.lines().filter(|l| l.contains("GRU") || l.contains("LSTM")).collect();
@@ -44,6 +46,7 @@ fn check_report(report: &str, mode: &str, what: &str) {
             for line in layers {
                 // each mode: the per-step route's time and at least one cuDNN algorithm's
                 let timed = !line.contains("NaN") && !line.contains("not measured") && line.matches(" µs").count() >= 4;
+                let timed = timed && line.matches("per-step ").count() >= 2 && line.matches("cudnn ").count() >= 2;
                 assert!(timed, "{what}: a route not timed: {line}");
             }
         }
@@ -206,6 +209,47 @@ fn each_cudnn_rnn_algorithm_matches_the_cpu() {
             assert!(used || (algo != "standard" && refused), "{what}: {algo} neither used nor refused: {line}");
         }
         training_steps_match(&cpu, &device, loss, &format!("{name} ({algo})"));
+    }
+}
+
+/// The fused route alone (`FLATNN_RNN_ALGO=fused`, `FLATNN_CUDNN=0`), in a child process: GRU
+/// and LSTM layers whose only fitting variants keep no weights in registers (12 and 8 units,
+/// padded 16) or keep 32 there (an LSTM of 128, the zoo's), blocks padded past the units (12, 40,
+/// 8), sequence and last-step outputs, a recurrent layer's input gradient; forward outputs, final
+/// states and gradients at batches of 13 and 5 in caches of 13 (S = 2, 4, 8 do not divide them),
+/// and training steps in a graph, against the CPU. The report must name the fused route for both
+/// modes of every layer.
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn the_fused_recurrent_route_matches_the_cpu() {
+    const TEST: &str = "the_fused_recurrent_route_matches_the_cpu";
+    let device = cuda_device();
+    if !in_child() {
+        run_alone(TEST, &[("FLATNN_CUDNN", "0"), ("FLATNN_RNN_ALGO", "fused")]);
+        return;
+    }
+    let mut rng = Rng::new(33);
+    for (name, chain, loss) in [
+        (
+            "gru 2→12 sequence → gru 40 last → dense",
+            Chain::new(Shape::sequence(7, 2)).gru(12, RnnOutput::Sequence).gru(40, RnnOutput::LastStep).dense(3, Identity),
+            Loss::LogitCrossEntropy,
+        ),
+        ("lstm 3→128, last step", Chain::new(Shape::sequence(5, 3)).lstm(128, RnnOutput::LastStep).dense(2, Identity), Loss::Mse),
+        ("lstm 1→8, sequence", Chain::new(Shape::sequence(9, 1)).lstm(8, RnnOutput::Sequence).flatten().dense(1, Tanh), Loss::Mse),
+    ] {
+        let cpu = chain.build().unwrap().init(Init::GlorotUniform, 13).with_threads(1).unwrap();
+        for batch in [13, 5] {
+            let what = format!("{name}, batch {batch} of 13 (fused)");
+            let report = forward_and_gradients_match(&cpu, &device, loss, (13, batch), &mut rng, &what);
+            println!("{what}: {report}");
+            let lines: Vec<&str> = report.lines().filter(|l| l.starts_with(&format!("batch {batch} ")) && l.contains(" over ")).collect();
+            assert!(!lines.is_empty(), "{what}: no recurrent layer reported at this batch: {report}");
+            for line in lines {
+                assert!(line.contains("inference fused s") && line.contains("training fused s"), "{what}: not fused: {line}");
+            }
+        }
+        training_steps_match(&cpu, &device, loss, &format!("{name} (fused)"));
     }
 }
 

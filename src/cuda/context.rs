@@ -21,7 +21,8 @@ const BEFORE_LAYERS: &[(&str, &str)] = &[
 /// The kernel files after the layers': those built on the dense layer's (tensor-core tiles,
 /// weight-gradient splits, the resident server, the head), the direct convolutions (and the
 /// tensor-core ones, which use their bands; their weight gradient, after the forward, uses its
-/// mma helpers), and the optimisers and data movers.
+/// mma helpers), the optimisers and data movers, and the fused recurrences (which use gru.cu's
+/// helpers).
 const AFTER_LAYERS: &[(&str, &str)] = &[
     ("dense_mma.cu", include_str!("../../kernels/dense_mma.cu")),
     ("conv_direct.cu", include_str!("../../kernels/conv_direct.cu")),
@@ -32,6 +33,7 @@ const AFTER_LAYERS: &[(&str, &str)] = &[
     ("data.cu", include_str!("../../kernels/data.cu")),
     ("serve.cu", include_str!("../../kernels/serve.cu")),
     ("head.cu", include_str!("../../kernels/head.cu")),
+    ("rnn_fused.cu", include_str!("../../kernels/rnn_fused.cu")),
 ];
 
 /// Every `kernels/*.cu` file (name, text), in the order NVRTC compiles them concatenated: those
@@ -170,6 +172,54 @@ kernels! {
     RnnStatesIn = "rnn_states_in",
     RnnStatesOut = "rnn_states_out",
     RnnTranspose = "rnn_transpose",
+    RnnFusedGruForwardR0S1 = "rnn_fused_gru_forward_r0_s1",
+    RnnFusedGruForwardR0S2 = "rnn_fused_gru_forward_r0_s2",
+    RnnFusedGruForwardR0S4 = "rnn_fused_gru_forward_r0_s4",
+    RnnFusedGruForwardR0S8 = "rnn_fused_gru_forward_r0_s8",
+    RnnFusedGruForwardR32S1 = "rnn_fused_gru_forward_r32_s1",
+    RnnFusedGruForwardR32S2 = "rnn_fused_gru_forward_r32_s2",
+    RnnFusedGruForwardR32S4 = "rnn_fused_gru_forward_r32_s4",
+    RnnFusedGruForwardR32S8 = "rnn_fused_gru_forward_r32_s8",
+    RnnFusedGruForwardR64S1 = "rnn_fused_gru_forward_r64_s1",
+    RnnFusedGruForwardR64S2 = "rnn_fused_gru_forward_r64_s2",
+    RnnFusedGruForwardR64S4 = "rnn_fused_gru_forward_r64_s4",
+    RnnFusedGruForwardR64S8 = "rnn_fused_gru_forward_r64_s8",
+    RnnFusedGruBackwardR0S1 = "rnn_fused_gru_backward_r0_s1",
+    RnnFusedGruBackwardR0S2 = "rnn_fused_gru_backward_r0_s2",
+    RnnFusedGruBackwardR0S4 = "rnn_fused_gru_backward_r0_s4",
+    RnnFusedGruBackwardR0S8 = "rnn_fused_gru_backward_r0_s8",
+    RnnFusedGruBackwardR32S1 = "rnn_fused_gru_backward_r32_s1",
+    RnnFusedGruBackwardR32S2 = "rnn_fused_gru_backward_r32_s2",
+    RnnFusedGruBackwardR32S4 = "rnn_fused_gru_backward_r32_s4",
+    RnnFusedGruBackwardR32S8 = "rnn_fused_gru_backward_r32_s8",
+    RnnFusedGruBackwardR64S1 = "rnn_fused_gru_backward_r64_s1",
+    RnnFusedGruBackwardR64S2 = "rnn_fused_gru_backward_r64_s2",
+    RnnFusedGruBackwardR64S4 = "rnn_fused_gru_backward_r64_s4",
+    RnnFusedGruBackwardR64S8 = "rnn_fused_gru_backward_r64_s8",
+    RnnFusedLstmForwardR0S1 = "rnn_fused_lstm_forward_r0_s1",
+    RnnFusedLstmForwardR0S2 = "rnn_fused_lstm_forward_r0_s2",
+    RnnFusedLstmForwardR0S4 = "rnn_fused_lstm_forward_r0_s4",
+    RnnFusedLstmForwardR0S8 = "rnn_fused_lstm_forward_r0_s8",
+    RnnFusedLstmForwardR32S1 = "rnn_fused_lstm_forward_r32_s1",
+    RnnFusedLstmForwardR32S2 = "rnn_fused_lstm_forward_r32_s2",
+    RnnFusedLstmForwardR32S4 = "rnn_fused_lstm_forward_r32_s4",
+    RnnFusedLstmForwardR32S8 = "rnn_fused_lstm_forward_r32_s8",
+    RnnFusedLstmForwardR64S1 = "rnn_fused_lstm_forward_r64_s1",
+    RnnFusedLstmForwardR64S2 = "rnn_fused_lstm_forward_r64_s2",
+    RnnFusedLstmForwardR64S4 = "rnn_fused_lstm_forward_r64_s4",
+    RnnFusedLstmForwardR64S8 = "rnn_fused_lstm_forward_r64_s8",
+    RnnFusedLstmBackwardR0S1 = "rnn_fused_lstm_backward_r0_s1",
+    RnnFusedLstmBackwardR0S2 = "rnn_fused_lstm_backward_r0_s2",
+    RnnFusedLstmBackwardR0S4 = "rnn_fused_lstm_backward_r0_s4",
+    RnnFusedLstmBackwardR0S8 = "rnn_fused_lstm_backward_r0_s8",
+    RnnFusedLstmBackwardR32S1 = "rnn_fused_lstm_backward_r32_s1",
+    RnnFusedLstmBackwardR32S2 = "rnn_fused_lstm_backward_r32_s2",
+    RnnFusedLstmBackwardR32S4 = "rnn_fused_lstm_backward_r32_s4",
+    RnnFusedLstmBackwardR32S8 = "rnn_fused_lstm_backward_r32_s8",
+    RnnFusedLstmBackwardR64S1 = "rnn_fused_lstm_backward_r64_s1",
+    RnnFusedLstmBackwardR64S2 = "rnn_fused_lstm_backward_r64_s2",
+    RnnFusedLstmBackwardR64S4 = "rnn_fused_lstm_backward_r64_s4",
+    RnnFusedLstmBackwardR64S8 = "rnn_fused_lstm_backward_r64_s8",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.
@@ -187,6 +237,8 @@ pub struct Gpu {
     /// The same for `dense_head`, `dense_head_deep` and `dense_head_deep2` (src/cuda/head.rs),
     /// the smallest.
     head_shared_limit: usize,
+    /// The same for the fused recurrences (src/cuda/rnn_fused.rs), the smallest.
+    rnn_fused_shared_limit: usize,
     /// Kernels are launched as programmatic dependents of the kernel ahead of them (sm_90 and
     /// later with a CUDA 12.3 or later driver, unless `Tuning::dependent_launch` is off in the
     /// environment); see [`super::launch::launch`].
@@ -291,6 +343,14 @@ impl Gpu {
                 }
             }
         }
+        // the fused recurrences keep W_hh in dynamic shared memory (kernels/rnn_fused.cu)
+        let rnn_fused_shared_limit = super::rnn_fused::KERNELS
+            .iter()
+            .flatten()
+            .flatten()
+            .flatten()
+            .map(|&kernel| allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin))
+            .try_fold(usize::MAX, |limit, l| l.map(|l| limit.min(l)))?;
         let dependent_launch = major >= 9 && driver_ok && tuning.dependent_launch;
         Ok(Gpu {
             ctx,
@@ -301,6 +361,7 @@ impl Gpu {
             multiprocessors: multiprocessors as u32,
             serve_shared_limit,
             head_shared_limit,
+            rnn_fused_shared_limit,
             dependent_launch,
         })
     }
@@ -332,6 +393,11 @@ impl Gpu {
     /// Bytes of dynamic shared memory a block of any of the head kernels may have.
     pub(crate) fn head_shared_limit(&self) -> usize {
         self.head_shared_limit
+    }
+
+    /// Bytes of dynamic shared memory a block of any of the fused recurrences may have.
+    pub(crate) fn rnn_fused_shared_limit(&self) -> usize {
+        self.rnn_fused_shared_limit
     }
 
     /// The handle of a kernel.

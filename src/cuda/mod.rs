@@ -38,6 +38,7 @@ pub(crate) mod recurrent;
 pub(crate) mod rendezvous;
 mod rnn_cudnn;
 mod rnn_dnn;
+mod rnn_fused;
 mod rnn_route;
 mod routes;
 mod saved;

@@ -68,8 +68,11 @@ pub struct Tuning {
     pub blaslt: bool,
     /// Which convolution and recurrent (GRU, LSTM) routes are measured: `FLATNN_CUDNN`.
     pub convs: Convs,
-    /// Which of cuDNN's RNN algorithms the recurrent layers' cuDNN route may measure:
-    /// `FLATNN_RNN_ALGO`, a list of [`RnnAlgos::NAMES`] (`,` between; unset or empty: all).
+    /// Which recurrent routes may be measured: `FLATNN_RNN_ALGO`, a list of [`RnnAlgos::NAMES`]
+    /// (`,` between; unset or empty: all): cuDNN's algorithms, `fused` (flatnn's fused route,
+    /// every variant that fits) and `per_step` (flatnn's per-step route). The per-step route
+    /// still runs a layer where nothing allowed was measured; `FLATNN_RNN_ALGO=fused` runs every
+    /// layer a fused variant fits by the fused route (for testing it).
     pub rnn_algos: RnnAlgos,
     /// Kernels launch as programmatic dependents of the kernel ahead (sm_90 and later, CUDA 12.3
     /// drivers on). `FLATNN_DEPENDENT_LAUNCH=0` turns it off. A device's setting: it is taken
@@ -104,16 +107,17 @@ impl Convs {
     }
 }
 
-/// A set of cuDNN's RNN algorithms (`FLATNN_RNN_ALGO`), by their places in [`RnnAlgos::NAMES`].
+/// A set of recurrent routes (`FLATNN_RNN_ALGO`), by their places in [`RnnAlgos::NAMES`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RnnAlgos {
     allowed: [bool; RnnAlgos::NAMES.len()],
 }
 
 impl RnnAlgos {
-    /// cuDNN's RNN algorithms as `FLATNN_RNN_ALGO` (and the route report) names them: cuDNN's
-    /// `CUDNN_RNN_ALGO_*` less the prefix, in lower case.
-    pub const NAMES: [&'static str; 2] = ["standard", "persist_static_small_h"];
+    /// The recurrent routes as `FLATNN_RNN_ALGO` names them: cuDNN's algorithms as the route
+    /// report names them too (`CUDNN_RNN_ALGO_*` less the prefix, in lower case; in
+    /// `rnn_cudnn::Algo::ALL`'s order), then flatnn's fused and per-step routes.
+    pub const NAMES: [&'static str; 4] = ["standard", "persist_static_small_h", "fused", "per_step"];
 
     /// Every algorithm (the default).
     pub const ALL: RnnAlgos = RnnAlgos { allowed: [true; RnnAlgos::NAMES.len()] };
@@ -132,10 +136,22 @@ impl RnnAlgos {
         }
     }
 
-    /// Whether the algorithm `RnnAlgos::NAMES[index]` is in the set.
+    /// Whether the route `RnnAlgos::NAMES[index]` is in the set.
     #[cfg(feature = "cuda")]
     pub(crate) fn allows(self, index: usize) -> bool {
         self.allowed.get(index).copied().unwrap_or(false)
+    }
+
+    /// Whether flatnn's fused route is in the set.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn allows_fused(self) -> bool {
+        self.allows(2)
+    }
+
+    /// Whether flatnn's per-step route is in the set (to be measured).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn allows_per_step(self) -> bool {
+        self.allows(3)
     }
 }
 
@@ -245,6 +261,8 @@ mod tests {
         assert_eq!(RnnAlgos::named("standard,standard"), Some(set(&[0])));
         assert_eq!(RnnAlgos::named("standard,small_h"), None);
         assert_eq!(RnnAlgos::named("PERSIST_STATIC"), None);
+        assert_eq!(RnnAlgos::named("fused"), Some(set(&[2])));
+        assert_eq!(RnnAlgos::named("per_step,fused"), Some(set(&[2, 3])));
         for (i, name) in RnnAlgos::NAMES.into_iter().enumerate() {
             assert_eq!(RnnAlgos::named(name), Some(set(&[i])));
         }

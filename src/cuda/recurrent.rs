@@ -1,7 +1,8 @@
-//! A GRU or an LSTM run on the GPU (the layout is `layers/recurrent.rs`'s), by one of two routes,
-//! chosen per layer, batch size and mode (inference; training's forward and backward together)
-//! by measurement when the batch size first runs (`rnn_dnn.rs`): cuDNN's RNN kernels where cuDNN
-//! loads and was faster, else flatnn's per-step route, here.
+//! A GRU or an LSTM run on the GPU (the layout is `layers/recurrent.rs`'s), by one of three
+//! routes, chosen per layer, batch size and mode (inference; training's forward and backward
+//! together) by measurement when the batch size first runs (`rnn_dnn.rs`): cuDNN's RNN kernels
+//! where cuDNN loads, flatnn's fused route (`rnn_fused.rs`, one kernel for all the steps), or
+//! its per-step route, here (also what runs where nothing was measured).
 //!
 //! The per-step route. Forward: the input products of every step as one batched cuBLAS product,
 //! the initial state into the first step's rows (`rnn_begin`), then each step's recurrent
@@ -18,6 +19,8 @@ use super::context::{Gpu, Kernel};
 use super::driver_error;
 use super::exec::{Backward, Forward, GpuBackward, GpuForward, Raw};
 use super::launch::{blocks, int, kernel_args};
+use super::rnn_dnn::RnnRoute;
+use super::rnn_fused;
 use super::state::DevCache;
 use crate::chain::{Plan, Step};
 use crate::error::Result;
@@ -55,21 +58,21 @@ impl Ctx<'_> {
 
 /// A recurrent step's regions for the batch, and its four tensors' ranges in the parameters
 /// (and in their gradients).
-struct Parts {
-    x: Range<usize>,
-    out: Range<usize>,
-    gates: Range<usize>,
-    hprev: Range<usize>,
-    state: Range<usize>,
-    cprev: Range<usize>,
-    ih: Range<usize>,
-    hh: Range<usize>,
-    b_ih: Range<usize>,
-    b_hh: Range<usize>,
+pub(super) struct Parts {
+    pub x: Range<usize>,
+    pub out: Range<usize>,
+    pub gates: Range<usize>,
+    pub hprev: Range<usize>,
+    pub state: Range<usize>,
+    pub cprev: Range<usize>,
+    pub ih: Range<usize>,
+    pub hh: Range<usize>,
+    pub b_ih: Range<usize>,
+    pub b_hh: Range<usize>,
 }
 
 impl Parts {
-    fn of(step: &Step, d: &Dims, region: impl Fn(usize) -> Range<usize>) -> Parts {
+    pub fn of(step: &Step, d: &Dims, region: impl Fn(usize) -> Range<usize>) -> Parts {
         let kept = |i: usize| region(step.kept.start + i);
         let tensor = |i: usize| step.tensors[i].range.clone();
         Parts {
@@ -109,7 +112,8 @@ pub(crate) fn forward(pass: &GpuForward, step: &Step, d: &Dims, mode: Mode) -> R
     let ctx = Ctx { gpu, blas, stream, plan, f, b: None, index, need_dx: false };
     let training = mode == Mode::Train;
     match f.dnn.and_then(|dnn| dnn.rnn().route(index, f.batch, training)) {
-        Some(route) => route.forward(&ctx, step, d, training),
+        Some(RnnRoute::Cudnn(route)) => route.forward(&ctx, step, d, training),
+        Some(RnnRoute::Fused(v)) => rnn_fused::forward(&ctx, step, d, v),
         None => forward_steps(&ctx, step, d),
     }
 }
@@ -119,32 +123,47 @@ pub(crate) fn backward(pass: &mut GpuBackward, step: &Step, d: &Dims) -> Result<
     let GpuBackward { gpu, blas, stream, plan, f, b, index, need_dx, .. } = *pass;
     let ctx = Ctx { gpu, blas, stream, plan, f, b: Some(b), index, need_dx };
     match f.dnn.and_then(|dnn| dnn.rnn().route(index, f.batch, true)) {
-        Some(route) => route.backward(&ctx, step, d),
+        Some(RnnRoute::Cudnn(route)) => route.backward(&ctx, step, d),
+        Some(RnnRoute::Fused(v)) => rnn_fused::backward(&ctx, step, d, v),
         None => backward_steps(&ctx, step, d),
     }
 }
 
-/// The per-step route's forward (see the module docs).
-pub(super) fn forward_steps(ctx: &Ctx, step: &Step, d: &Dims) -> Result<()> {
+/// gate g's weights in `range` as B of a product X·B, B[j, u] = W[g·H + u, j] (PyTorch's rows
+/// of `inner`, F or H), and the values from one gate's to the next's.
+fn weights<'a>(params: Raw, range: &Range<usize>, h: usize, inner: usize) -> (DevMat<'a>, usize) {
+    (DevMat { data: params.at(range.clone()), rs: 1, cs: inner }, h * inner)
+}
+
+/// What a forward does before its time steps, by either route: the input products of every
+/// step into the gates (gates[row, g·p + u] = Σ_j x[row, j]·W_ih[g·H + u, j]), and the initial
+/// state into the first step's rows (`rnn_begin`).
+pub(super) fn forward_inputs(ctx: &Ctx, step: &Step, d: &Dims) -> Result<()> {
     let Ctx { gpu, blas, stream, f, .. } = *ctx;
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let r = Parts::of(step, d, |i| ctx.region(i));
     let (batch, steps, features, h, p, row) = (f.batch, d.steps, d.features, d.hidden, d.padded, d.row());
     assert!(!d.packed, "the packed layout is the CPU's");
-    // gate g's weights as B of a product X·B, B[j, u] = W[g·H + u, j] (PyTorch's rows of `inner`,
-    // F or H), and the values from one gate's to the next's
-    let weights = |range: &Range<usize>, inner: usize| (DevMat { data: params.at(range.clone()), rs: 1, cs: inner }, h * inner);
-    // gates[row, g·p + u] = Σ_j x[row, j]·W_ih[g·H + u, j] for every step of every sample
     let xm = DevMat { data: acts.at(r.x.clone()), rs: features, cs: 1 };
     let gm = DevMatMut { data: acts.at_mut(r.gates.clone()), rs: row, cs: 1 };
-    blas.sgemm_batched(d.gates(), batch * steps, h, features, 1.0, (xm, 0), weights(&r.ih, features), 0.0, (gm, p))?;
+    blas.sgemm_batched(d.gates(), batch * steps, h, features, 1.0, (xm, 0), weights(params, &r.ih, h, features), 0.0, (gm, p))?;
     let cprev = if d.cell == Cell::Lstm { acts.at_mut::<f32>(r.cprev.clone()).ptr() } else { 0 };
     let (state, hprev) = (acts.at::<f32>(r.state.clone()).ptr(), acts.at_mut::<f32>(r.hprev.clone()).ptr());
     let (b, t_len, hidden, padded, state_len) = (int(batch)?, int(steps)?, int(h)?, int(p)?, int(d.state_len())?);
     let _ = int(batch * h)?;
     let mut args = kernel_args![state, hprev, cprev, b, t_len, hidden, padded, state_len];
-    gpu.launch_args(stream, Kernel::RnnBegin, (blocks(batch * h), 1), 0, &mut args)?;
-    let (w_hh, gap) = weights(&r.hh, h);
+    gpu.launch_args(stream, Kernel::RnnBegin, (blocks(batch * h), 1), 0, &mut args)
+}
+
+/// The per-step route's forward (see the module docs).
+pub(super) fn forward_steps(ctx: &Ctx, step: &Step, d: &Dims) -> Result<()> {
+    forward_inputs(ctx, step, d)?;
+    let Ctx { gpu, blas, stream, f, .. } = *ctx;
+    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
+    let r = Parts::of(step, d, |i| ctx.region(i));
+    let (batch, steps, h, p, row) = (f.batch, d.steps, d.hidden, d.padded, d.row());
+    let (b, t_len, hidden, padded) = (int(batch)?, int(steps)?, int(h)?, int(p)?);
+    let (w_hh, gap) = weights(params, &r.hh, h, h);
     let (h_final, c_final) = d.final_slots();
     let (b_ih, b_hh) = (params.at::<f32>(r.b_ih.clone()).ptr(), params.at::<f32>(r.b_hh.clone()).ptr());
     for t in 0..steps {
@@ -209,11 +228,11 @@ fn hidden_runs(d: &Dims) -> Vec<(usize, usize, usize)> {
 /// The per-step route's backward through time (see the module docs).
 pub(super) fn backward_steps(ctx: &Ctx, step: &Step, d: &Dims) -> Result<()> {
     assert!(!d.carry, "a stream's model is not trained");
-    let Ctx { gpu, blas, stream, f, need_dx, .. } = *ctx;
+    let Ctx { gpu, blas, stream, f, .. } = *ctx;
     let b = ctx.b();
-    let (params, acts, dacts, grads) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(b.dacts), Raw::of(b.grads));
+    let (params, acts, dacts) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(b.dacts));
     let r = Parts::of(step, d, |i| ctx.region(i));
-    let (batch, steps, features, h, p, row, g) = (f.batch, d.steps, d.features, d.hidden, d.padded, d.row(), d.gates());
+    let (batch, steps, h, p, row) = (f.batch, d.steps, d.hidden, d.padded, d.row());
     let (bb, t_len, hidden, padded) = (int(batch)?, int(steps)?, int(h)?, int(p)?);
     let (gates, dgates) = (acts.at::<f32>(r.gates.clone()).ptr(), dacts.at_mut::<f32>(r.gates.clone()).ptr());
     let dhprev = dacts.at_mut::<f32>(r.hprev.clone()).ptr();
@@ -250,6 +269,20 @@ pub(super) fn backward_steps(ctx: &Ctx, step: &Step, d: &Dims) -> Result<()> {
             blas.sgemm(batch, h, count * h, 1.0, a, w, 1.0, c)?;
         }
     }
+    backward_weights(ctx, step, d)
+}
+
+/// What a backward does after its time steps, by either route: the weight gradients over all
+/// B·T steps as products, the bias gradients (`rnn_bias_grad`), and the input's gradient where
+/// it is needed.
+pub(super) fn backward_weights(ctx: &Ctx, step: &Step, d: &Dims) -> Result<()> {
+    let Ctx { gpu, blas, stream, f, need_dx, .. } = *ctx;
+    let b = ctx.b();
+    let (params, acts, dacts, grads) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(b.dacts), Raw::of(b.grads));
+    let r = Parts::of(step, d, |i| ctx.region(i));
+    let (batch, steps, features, h, p, row, g) = (f.batch, d.steps, d.features, d.hidden, d.padded, d.row(), d.gates());
+    let (hidden, padded) = (int(h)?, int(p)?);
+    let dgates = dacts.at_mut::<f32>(r.gates.clone()).ptr();
     let m = batch * steps;
     // a block of gate gradients over the B·T steps, transposed (H × m): (u, q) at q·row + u
     let dg_t = |first: usize| DevMat { data: dacts.at(r.gates.start + first * p..r.gates.end), rs: 1, cs: row };

@@ -1,9 +1,13 @@
-//! GRU and LSTM layers through cuDNN's RNN kernels where cuDNN loads and they were measured
-//! faster than flatnn's per-step route (`recurrent.rs`); the per-step route everywhere else, so a
-//! machine without cuDNN (or whose cuDNN refuses a layer) still runs every model.
+//! GRU and LSTM layers by the route measured fastest for each layer, batch size, arithmetic and
+//! mode: flatnn's per-step route (`recurrent.rs`), its fused route (`rnn_fused.rs`, in the
+//! variants that fit) or cuDNN's RNN kernels where cuDNN loads; the per-step route where nothing
+//! was measured, so a machine without cuDNN (or whose cuDNN refuses a layer) still runs every
+//! model.
 //!
-//! `FLATNN_CUDNN` (`dnn.rs`) decides here too: `0` the per-step route only (no cuDNN handle is
-//! made), `1` cuDNN wherever it sets the layer up and runs it, `auto` (default) the faster.
+//! `FLATNN_CUDNN` (`dnn.rs`) decides here too: `0` flatnn's routes only (no cuDNN handle is
+//! made), `1` cuDNN wherever it sets the layer up and runs it, `auto` (default) the fastest.
+//! `FLATNN_RNN_ALGO` may narrow the candidates (`options.rs`: cuDNN's algorithms, `fused`,
+//! `per_step`).
 //!
 //! A cache with recurrent layers owns one cuDNN handle for them, bound to the stream of the model
 //! using the cache. At its first step (or forward call) it allocates, for its capacity, per layer:
@@ -37,6 +41,7 @@ use super::cudnn::Handle;
 use super::dnn::StepRun;
 use super::options::{Convs, RnnAlgos, Tuning};
 use super::rnn_cudnn::{rnn_functions_present, Algo, Descs};
+use super::rnn_fused::{Fused, VARIANTS};
 use super::rnn_route::{runs, LayerBufs, LayerTrain, Route, Run, Scratch};
 use super::timing::add_note;
 use super::{device_wide, guarded_result};
@@ -49,11 +54,18 @@ use std::sync::Arc;
 /// (batch, TF32) setups kept: as `dnn.rs`'s.
 const SLOTS: usize = 2 * super::graph::Graphs::SLOTS;
 
-/// The recurrent layers of a cache: cuDNN where it is used, and what to report.
+/// The recurrent layers of a cache: their routes, cuDNN's where it is used, and what to report.
 pub(crate) struct RnnDnn {
+    /// None where the plan has no recurrent layers.
     inner: Option<Inner>,
     /// Why cuDNN is not used, where the plan has recurrent layers and it is not.
     note: String,
+}
+
+/// The route a recurrent layer's pass takes, where it is not the per-step one.
+pub(super) enum RnnRoute<'a> {
+    Cudnn(Route<'a>),
+    Fused(Fused),
 }
 
 /// Fields drop in order: setups (descriptors), buffers, handle.
@@ -66,7 +78,8 @@ struct Inner {
     bufs: Option<Bufs>,
     /// The plan's recurrent steps: (index, sizes).
     layers: Vec<(usize, Dims)>,
-    handle: Handle,
+    /// None where cuDNN is not used (`RnnDnn::note` says why).
+    handle: Option<Handle>,
     stream: Arc<CudaStream>,
     gpu: Arc<Gpu>,
     /// Which routes the model's tuning allows (`FLATNN_CUDNN`, as for the convolutions).
@@ -104,19 +117,22 @@ struct TrainBufs {
 #[derive(Clone, Copy, Debug)]
 struct Choice {
     decided: bool,
-    /// The algorithm cuDNN runs the mode with; None: the per-step route.
+    /// The algorithm cuDNN runs the mode with, or the fused variant; neither: the per-step route.
     cudnn: Option<Algo>,
+    fused: Option<Fused>,
     /// Per call, in a graph (or eager where the model's graphs are off); NaN where not measured.
     own_us: f32,
     /// Per algorithm, in [`Algo::ALL`]'s order.
     cudnn_us: [f32; ALGOS],
+    /// Per fused variant, in [`Fused::all`]'s order.
+    fused_us: [f32; VARIANTS],
 }
 
 const ALGOS: usize = Algo::ALL.len();
 
 impl Default for Choice {
     fn default() -> Self {
-        Choice { decided: false, cudnn: None, own_us: f32::NAN, cudnn_us: [f32::NAN; ALGOS] }
+        Choice { decided: false, cudnn: None, fused: None, own_us: f32::NAN, cudnn_us: [f32::NAN; ALGOS], fused_us: [f32::NAN; VARIANTS] }
     }
 }
 
@@ -146,51 +162,54 @@ struct Candidate {
 impl RnnDnn {
     /// For a cache of `plan` (of any capacity), on `stream`, for models whose recurrent layers
     /// take the routes `tuning` allows. Never fails: where cuDNN is missing, refused by
-    /// `FLATNN_CUDNN` or fails to give a handle, every recurrent layer takes the per-step route and
-    /// the report says why.
+    /// `FLATNN_CUDNN` or fails to give a handle, flatnn's routes are measured alone and the
+    /// report says why.
     pub fn new(gpu: &Arc<Gpu>, stream: &Arc<CudaStream>, plan: &Plan, tuning: Tuning) -> RnnDnn {
         let convs = tuning.convs;
         let layers: Vec<(usize, Dims)> = plan.steps.iter().enumerate().filter_map(|(i, s)| Some((i, dims(s)?))).collect();
-        let off = |why: String| RnnDnn { inner: None, note: why };
         if layers.is_empty() {
-            return off(String::new());
+            return RnnDnn { inner: None, note: String::new() };
         }
-        if convs == Convs::Own {
-            return off(format!("FLATNN_CUDNN={}", Convs::Own.setting()));
-        }
-        if !rnn_functions_present() {
-            return off("no cuDNN 9 library with the RNN functions found".into());
-        }
-        let handle = guarded_result(|| {
-            gpu.bind()?;
-            Handle::new(stream)
-        });
-        match handle {
-            Ok(handle) => RnnDnn {
-                inner: Some(Inner {
-                    setups: Vec::with_capacity(SLOTS),
-                    next: 0,
-                    current: None,
-                    bufs: None,
-                    layers,
-                    handle,
-                    stream: Arc::clone(stream),
-                    gpu: Arc::clone(gpu),
-                    convs,
-                    rnn_algos: tuning.rnn_algos,
-                }),
-                note: String::new(),
-            },
-            Err(e) => off(format!("setting it up failed: {e}")),
-        }
+        let handle = if convs == Convs::Own {
+            Err(format!("FLATNN_CUDNN={}", Convs::Own.setting()))
+        } else if !rnn_functions_present() {
+            Err("no cuDNN 9 library with the RNN functions found".into())
+        } else {
+            guarded_result(|| {
+                gpu.bind()?;
+                Handle::new(stream)
+            })
+            .map_err(|e| format!("setting it up failed: {e}"))
+        };
+        let (handle, note) = match handle {
+            Ok(handle) => (Some(handle), String::new()),
+            Err(why) => (None, why),
+        };
+        let inner = Inner {
+            setups: Vec::with_capacity(SLOTS),
+            next: 0,
+            current: None,
+            bufs: None,
+            layers,
+            handle,
+            stream: Arc::clone(stream),
+            gpu: Arc::clone(gpu),
+            convs,
+            rnn_algos: tuning.rnn_algos,
+        };
+        RnnDnn { inner: Some(inner), note }
     }
 
-    /// Moves the handle to `stream` (after the work queued on its old one); a no-op when it is
-    /// there.
+    /// Moves the handle (where there is one) to `stream` (after the work queued on its old one);
+    /// a no-op when it is there.
     pub fn rebind(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        match &mut self.inner {
-            Some(c) => c.handle.move_to(&c.gpu, &mut c.stream, stream),
-            None => Ok(()),
+        let Some(c) = &mut self.inner else { return Ok(()) };
+        match &c.handle {
+            Some(handle) => handle.move_to(&c.gpu, &mut c.stream, stream),
+            None => {
+                c.stream = Arc::clone(stream);
+                Ok(())
+            }
         }
     }
 
@@ -226,9 +245,9 @@ impl RnnDnn {
         outcome
     }
 
-    /// Step `index`'s cuDNN route for a pass on `batch` samples in the mode, where it was chosen
-    /// for the batch prepared last; None where the per-step route runs it.
-    pub(super) fn route(&self, index: usize, batch: usize, training: bool) -> Option<Route<'_>> {
+    /// Step `index`'s route for a pass on `batch` samples in the mode, where cuDNN's or the
+    /// fused one was chosen for the batch prepared last; None where the per-step route runs it.
+    pub(super) fn route(&self, index: usize, batch: usize, training: bool) -> Option<RnnRoute<'_>> {
         let c = self.inner.as_ref()?;
         let setup = c.setups.get(c.current?)?;
         // descriptors made for another batch must never run on this one
@@ -238,6 +257,13 @@ impl RnnDnn {
         }
         let i = c.layers.iter().position(|&(step, _)| step == index)?;
         c.route(setup, i, training)
+    }
+}
+
+impl Inner {
+    /// The cuDNN handle, or why there is none (for the report).
+    fn handle(&self) -> std::result::Result<&Handle, String> {
+        self.handle.as_ref().ok_or_else(|| "cuDNN not used".to_string())
     }
 }
 
@@ -299,6 +325,7 @@ impl Inner {
     /// One layer's buffers for `capacity` samples, and the work space each algorithm needs (in
     /// `Algo::ALL`'s order; 0 for one cuDNN refused).
     fn layer_bufs(&self, d: &Dims, capacity: usize, tf32: bool) -> std::result::Result<(LayerBufs, [usize; ALGOS]), String> {
+        self.handle()?;
         // the sizes at the capacity, with either math type (a cache may serve models of both)
         let (mut weights_len, mut reserve_len, mut work) = (None, 0usize, [0usize; ALGOS]);
         let (mut algos, mut refused) = (Vec::new(), String::new());
@@ -351,10 +378,11 @@ impl Inner {
     /// The bytes of the weight space, of the work space (the larger of the modes') and of the
     /// reserve space layer `d` needs for `batch` samples with `algo` and the math type.
     fn sizes(&self, d: &Dims, batch: usize, tf32: bool, algo: Algo) -> std::result::Result<[usize; 3], String> {
-        let descs = Descs::new(&self.handle, d, batch, tf32, algo)?;
-        let space = descs.weight_space(&self.handle).map_err(|e| e.to_string())?;
-        let (work, _) = descs.temp_spaces(&self.handle, false).map_err(|e| e.to_string())?;
-        let (train_work, reserve) = descs.temp_spaces(&self.handle, true).map_err(|e| e.to_string())?;
+        let handle = self.handle()?;
+        let descs = Descs::new(handle, d, batch, tf32, algo)?;
+        let space = descs.weight_space(handle).map_err(|e| e.to_string())?;
+        let (work, _) = descs.temp_spaces(handle, false).map_err(|e| e.to_string())?;
+        let (train_work, reserve) = descs.temp_spaces(handle, true).map_err(|e| e.to_string())?;
         Ok([space, work.max(train_work), reserve])
     }
 
@@ -362,6 +390,10 @@ impl Inner {
     fn allocate_training(&mut self) -> Result<()> {
         let Some(bufs) = &mut self.bufs else { return Ok(()) };
         if bufs.train.is_some() {
+            return Ok(());
+        }
+        if bufs.layers.iter().all(|layer| layer.is_err()) {
+            bufs.train = Some(Err("cuDNN sets up no layer".into()));
             return Ok(());
         }
         self.gpu.bind()?;
@@ -423,7 +455,10 @@ impl Inner {
         let layer = match &bufs.layers[i] {
             Ok(layer) => layer,
             Err(why) => {
-                setup.note = why.clone();
+                // (without a handle the report's first line says why)
+                if self.handle.is_some() {
+                    setup.note = why.clone();
+                }
                 return setup;
             }
         };
@@ -449,23 +484,30 @@ impl Inner {
         (batch, tf32): (usize, bool),
         algo: Algo,
     ) -> std::result::Result<Candidate, String> {
-        let descs = Descs::new(&self.handle, d, batch, tf32, algo)?;
-        let space = descs.weight_space(&self.handle).map_err(|e| e.to_string())?;
-        let (work, _) = descs.temp_spaces(&self.handle, false).map_err(|e| e.to_string())?;
-        let (train_work, reserve) = descs.temp_spaces(&self.handle, true).map_err(|e| e.to_string())?;
+        let handle = self.handle()?;
+        let descs = Descs::new(handle, d, batch, tf32, algo)?;
+        let space = descs.weight_space(handle).map_err(|e| e.to_string())?;
+        let (work, _) = descs.temp_spaces(handle, false).map_err(|e| e.to_string())?;
+        let (train_work, reserve) = descs.temp_spaces(handle, true).map_err(|e| e.to_string())?;
         if space != layer.weights.len() || work.max(train_work) > bufs.work.len() || reserve > layer.reserve_len {
             return Err(format!("at batch {batch} cuDNN asks for spaces the buffers made for the capacity {} lack", bufs.capacity));
         }
-        let parts = descs.weight_parts(&self.handle, d, layer.weights.ptr(), space).map_err(|e| e.to_string())?;
+        let parts = descs.weight_parts(handle, d, layer.weights.ptr(), space).map_err(|e| e.to_string())?;
         Ok(Candidate { runs: runs(step, d, &parts), descs })
     }
 
-    /// Layer `i`'s cuDNN route in `setup` for the mode, where it is chosen and set up.
-    fn route<'a>(&'a self, setup: &'a Setup, i: usize, training: bool) -> Option<Route<'a>> {
+    /// Layer `i`'s route in `setup` for the mode, where cuDNN's (set up) or the fused one is
+    /// chosen.
+    fn route<'a>(&'a self, setup: &'a Setup, i: usize, training: bool) -> Option<RnnRoute<'a>> {
         let layer = &setup.layers[i];
         let choice = layer.choices[training as usize];
-        let algo = choice.cudnn.filter(|_| choice.decided)?;
-        self.route_of(layer, i, algo, training)
+        if !choice.decided {
+            return None;
+        }
+        if let Some(v) = choice.fused {
+            return Some(RnnRoute::Fused(v));
+        }
+        self.route_of(layer, i, choice.cudnn?, training).map(RnnRoute::Cudnn)
     }
 
     /// Layer `i`'s cuDNN route with `layer`'s setup and `algo`, whatever was chosen, where it is
@@ -481,6 +523,13 @@ impl Inner {
             }
             false => None,
         };
-        Some(Route { handle: &self.handle, descs: &candidate.descs, runs: &candidate.runs, bufs: layer_bufs, work: &bufs.work, train })
+        Some(Route {
+            handle: self.handle.as_ref()?,
+            descs: &candidate.descs,
+            runs: &candidate.runs,
+            bufs: layer_bufs,
+            work: &bufs.work,
+            train,
+        })
     }
 }
