@@ -116,21 +116,64 @@ __device__ __forceinline__ float4 act_load4(const float* p, int q, bool read) {
     return read ? reinterpret_cast<const float4*>(p)[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
+// dy ⊙ act'(z) of a value and of a four: the expressions act_backward and act_bias_grad share,
+// so that their dz are the same bits.
+__device__ __forceinline__ float act_grad1(int act, float slope, bool rz, bool ry, const float* z, const float* y, const float* dy,
+                                           long long i) {
+    return dy[i] * act_derivative(act, slope, rz ? z[i] : 0.0f, ry ? y[i] : 0.0f);
+}
+
+__device__ __forceinline__ float4 act_grad4(int act, float slope, float4 d, float4 zv, float4 yv) {
+    return make_float4(d.x * act_derivative(act, slope, zv.x, yv.x), d.y * act_derivative(act, slope, zv.y, yv.y),
+                       d.z * act_derivative(act, slope, zv.z, yv.z), d.w * act_derivative(act, slope, zv.w, yv.w));
+}
+
 extern "C" __global__ void act_backward(const float* z, const float* y, const float* dy, float* dz, int act, float slope, int reads,
                                         int quads, int n) {
     after_prior();
     bool rz = (reads & 1) != 0, ry = (reads & 2) != 0;
     GRID_STRIDE(q, quads) {
-        float4 d = reinterpret_cast<const float4*>(dy)[q], zv = act_load4(z, q, rz), yv = act_load4(y, q, ry);
-        float4 out = make_float4(d.x * act_derivative(act, slope, zv.x, yv.x), d.y * act_derivative(act, slope, zv.y, yv.y),
-                                 d.z * act_derivative(act, slope, zv.z, yv.z), d.w * act_derivative(act, slope, zv.w, yv.w));
-        reinterpret_cast<float4*>(dz)[q] = out;
+        float4 d = reinterpret_cast<const float4*>(dy)[q];
+        reinterpret_cast<float4*>(dz)[q] = act_grad4(act, slope, d, act_load4(z, q, rz), act_load4(y, q, ry));
     }
-    GRID_STRIDE(t, n - 4 * quads) {
-        int i = 4 * quads + t;
-        dz[i] = dy[i] * act_derivative(act, slope, rz ? z[i] : 0.0f, ry ? y[i] : 0.0f);
-    }
+    GRID_STRIDE(t, n - 4 * quads) dz[4 * quads + t] = act_grad1(act, slope, rz, ry, z, y, dy, 4 * quads + t);
 }
+
+// The values a bias gradient sums: dz as stored (bias_grad), or dz = dy ⊙ act'(z) computed and
+// stored as it is read (act_bias_grad). one(i): value i; four(i): values i .. i + 3, i a
+// multiple of 4 and dz + i 16-byte aligned.
+struct StoredGrad {
+    const float* __restrict__ dz;
+    __device__ __forceinline__ float one(long long i) const { return __ldg(dz + i); }
+    __device__ __forceinline__ float4 four(long long i) const { return __ldg(reinterpret_cast<const float4*>(dz + i)); }
+};
+
+// loads4: z, y and dy are 16-byte aligned too, so a four moves as float4 (else one value at a
+// time: the same values, the same bits)
+struct ActGrad {
+    const float* z;
+    const float* y;
+    const float* dy;
+    float* dz;
+    int act;
+    float slope;
+    bool rz, ry, loads4;
+    __device__ __forceinline__ float one(long long i) const {
+        float v = act_grad1(act, slope, rz, ry, z, y, dy, i);
+        dz[i] = v;
+        return v;
+    }
+    __device__ __forceinline__ float4 four(long long i) const {
+        float4 v;
+        if (loads4) {
+            v = act_grad4(act, slope, *reinterpret_cast<const float4*>(dy + i), act_load4(z + i, 0, rz), act_load4(y + i, 0, ry));
+            *reinterpret_cast<float4*>(dz + i) = v;
+        } else {
+            v = make_float4(one(i), one(i + 1), one(i + 2), one(i + 3));
+        }
+        return v;
+    }
+};
 
 // This thread's share of Σ dz[s, c, p] over samples first..end − 1 and every pixel p: the
 // values of channel c's rows, (s, c) a row of `pixels` values, taken as one sequence j = 0, 1, …
@@ -138,23 +181,24 @@ extern "C" __global__ void act_backward(const float* z, const float* y, const fl
 // multiple of 4, dz 16-byte aligned) an element of the sequence is a float4 of a row, summed
 // x, y, z, w. The row and the place in it advance by adding a stride's rows and remainder (no
 // division a value: a division a value bound the kernel by its integer work, far from the
-// memory's rate).
-__device__ __forceinline__ float channel_share(const float* __restrict__ dz, int c, int channels, int pixels, int first, int end, bool vec) {
+// memory's rate). Every value of the rows is read once, by one thread.
+template <typename Values>
+__device__ __forceinline__ float channel_share_of(const Values& dz, int c, int channels, int pixels, int first, int end, bool vec) {
     int width = vec ? pixels / 4 : pixels;
     if (width == 0 || end <= first) return 0.0f;
     int s = first + threadIdx.x / width, p = threadIdx.x % width;
     int rows_step = REDUCE_THREADS / width, p_step = REDUCE_THREADS % width;
     float acc = 0.0f;
     while (s < end) {
-        const float* row = dz + ((long long)s * channels + c) * pixels;
+        long long row = ((long long)s * channels + c) * pixels;
         if (vec) {
-            float4 v = reinterpret_cast<const float4*>(row)[p];
+            float4 v = dz.four(row + 4 * p);
             acc += v.x;
             acc += v.y;
             acc += v.z;
             acc += v.w;
         } else {
-            acc += row[p];
+            acc += dz.one(row + p);
         }
         s += rows_step;
         p += p_step;
@@ -164,6 +208,11 @@ __device__ __forceinline__ float channel_share(const float* __restrict__ dz, int
         }
     }
     return acc;
+}
+
+// channel_share_of the values stored in dz
+__device__ __forceinline__ float channel_share(const float* __restrict__ dz, int c, int channels, int pixels, int first, int end, bool vec) {
+    return channel_share_of(StoredGrad{dz}, c, channels, pixels, first, end, vec);
 }
 
 __device__ __forceinline__ bool channel_vec(const float* dz, int pixels) {
@@ -203,4 +252,27 @@ extern "C" __global__ void bias_grad_join(const float* partials, float* db, int 
         for (int k = 0; k < splits; k++) acc += partials[(long long)k * channels + c];
         db[c] = acc;
     }
+}
+
+// A bias gradient and the activation gradient it sums, in one pass: block (c, k) of a
+// (channels, splits) grid writes dz = dy ⊙ act'(z) over samples k·chunk .. min(batch, (k+1)·chunk)
+// of channel c and sums the values it wrote into out[k·channels + c], in bias_grad_split's order
+// (with one part, chunk = batch and out = db: bias_grad's). dz and the sums are the bits of
+// act_backward followed by bias_grad(_split) on the same pointers: the same expression a value
+// (act_grad1, act_grad4), the same values summed in the same order, the same block tree; the
+// sums' order follows dz's alignment as bias_grad's does, whatever z, y and dy's. `reads` as
+// act_backward's.
+extern "C" __global__ void act_bias_grad(const float* z, const float* y, const float* dy, float* dz, float* out, int act, float slope,
+                                         int reads, int channels, int pixels, int batch, int chunk) {
+    after_prior();
+    __shared__ float buf[REDUCE_THREADS];
+    int c = blockIdx.x, k = blockIdx.y;
+    bool vec = channel_vec(dz, pixels);
+    bool loads4 = ((reinterpret_cast<unsigned long long>(z) | reinterpret_cast<unsigned long long>(y) |
+                    reinterpret_cast<unsigned long long>(dy)) & 15) == 0;
+    ActGrad values{z, y, dy, dz, act, slope, (reads & 1) != 0, (reads & 2) != 0, loads4};
+    long long first = (long long)k * chunk, end = min((long long)batch, first + chunk);
+    float share = first < end ? channel_share_of(values, c, channels, pixels, (int)first, (int)end, vec) : 0.0f;
+    float sum = block_sum_f32(share, buf);
+    if (threadIdx.x == 0) out[(long long)k * channels + c] = sum;
 }

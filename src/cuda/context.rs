@@ -78,6 +78,7 @@ kernels! {
     BiasGrad = "bias_grad",
     BiasGradSplit = "bias_grad_split",
     BiasGradJoin = "bias_grad_join",
+    ActBiasGrad = "act_bias_grad",
     SoftmaxXent = "softmax_xent",
     Mse = "mse",
     ElementwiseLoss = "elementwise_loss",

@@ -24,7 +24,7 @@ use super::conv_mma::{conv_forward_mma, conv_input_grad_mma};
 use super::conv_mma_wgrad::conv_weight_grad_mma;
 use super::cudnn::Dir;
 use super::dnn::Route;
-use super::exec::{activation_backward, bias_act, Backward, Forward, GpuBackward, GpuForward, Raw};
+use super::exec::{bias_act, dz_pending, Backward, Forward, GpuBackward, GpuForward, Raw};
 use super::launch::{blocks, int, kernel_args, View, ViewMut, BLOCK};
 use super::ops::{conv_dims, ints};
 use crate::activation::Activation;
@@ -201,18 +201,24 @@ impl Gpu {
     }
 }
 
-/// A convolution step's backward: its dz (unless written), db, then dW and (where needed) dX,
-/// each through cuDNN where it was chosen, else flatnn's kernels (dW by the implicit product,
-/// dW and dX by the direct kernels and by the tensor-core ones, where chosen); `layout` =
-/// (channels, pixels per channel).
+/// A convolution step's backward: its dz (unless written) and db, in one pass where dz is still
+/// to be computed ([`Gpu::act_bias_grad`]: dz is written and summed as it is computed, not
+/// read back); then dW and (where needed) dX, each through cuDNN where it was chosen, else
+/// flatnn's kernels (dW by the implicit product, dW and dX by the direct kernels and by the
+/// tensor-core ones, where chosen); `layout` = (channels, pixels per channel).
 pub(crate) fn conv_backward(pass: &mut GpuBackward, step: &Step, activation: Activation, (channels, pixels): (usize, usize)) -> Result<()> {
-    activation_backward(pass, step, activation)?;
     let GpuBackward { gpu, blas, stream, plan, f, b, index, need_dx, .. } = *pass;
-    let z = pass.region(step.z_region);
+    let (z, y) = (pass.region(step.z_region), pass.region(step.output_region));
     let (_, bias) = step.weight_and_bias();
+    let db = Raw::of(b.grads).at_mut(bias);
     // the per-sample weight gradients' scratch is free until the weight gradient below
-    let partials = Raw::of(b.partials).at_mut(0..b.partials.len());
-    gpu.bias_grad(stream, channels, pixels, f.batch, pass.dacts(z), Raw::of(b.grads).at_mut(bias), Some(partials))?;
+    let partials = Some(Raw::of(b.partials).at_mut(0..b.partials.len()));
+    if dz_pending(pass, step) {
+        let (z_in, y_in, dy, dz) = (pass.acts(z.clone()), pass.acts(y.clone()), pass.dacts(y), pass.dacts_mut(z));
+        gpu.act_bias_grad(stream, activation, (channels, pixels, f.batch), z_in, y_in, dy, dz, db, partials)?;
+    } else {
+        gpu.bias_grad(stream, channels, pixels, f.batch, pass.dacts(z), db, partials)?;
+    }
     if !f.dnn.map_or(Ok(false), |d| d.weight_grad(index, plan, f, b))? {
         match f.dnn.map_or(Route::Own, |d| d.route(Dir::Weight, index, f.batch)) {
             Route::Implicit => conv_weight_grad_implicit(gpu, stream, plan, step, f, b)?,

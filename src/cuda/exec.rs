@@ -394,11 +394,16 @@ pub(crate) fn backward(
     Ok(())
 }
 
-/// dz = dy ⊙ act'(z) for a step with a y of its own, unless the layer after it (or the head)
-/// wrote its dz already.
+/// Whether the step's dz is still to be computed from its dy: it has a y of its own, and neither
+/// the layer after it nor the head wrote its dz.
+pub(super) fn dz_pending(pass: &GpuBackward, step: &Step) -> bool {
+    pass.region(step.z_region) != pass.region(step.output_region) && pass.dz_ready & bit(pass.index) == 0 && !pass.in_head
+}
+
+/// dz = dy ⊙ act'(z) where [`dz_pending`].
 pub(super) fn activation_backward(pass: &GpuBackward, step: &Step, act: Activation) -> Result<()> {
     let (z, y) = (pass.region(step.z_region), pass.region(step.output_region));
-    if z != y && pass.dz_ready & bit(pass.index) == 0 && !pass.in_head {
+    if dz_pending(pass, step) {
         pass.gpu.act_backward(pass.stream, act, z.len(), pass.acts(z.clone()), pass.acts(y.clone()), pass.dacts(y), pass.dacts_mut(z))?;
     }
     Ok(())

@@ -86,6 +86,17 @@ pub(crate) fn bias_grad_splits(channels: usize, pixels: usize, batch: usize) -> 
     wanted.min(batch).min((batch * pixels).div_ceil(BIAS_GRAD_MIN_PART)).max(1)
 }
 
+/// How a bias gradient's sums run: into `partials` (its address) in [`bias_grad_splits`] parts of
+/// `chunk` samples where that splits and `partials` holds as many parts, else (None) one part of
+/// every sample, a block a channel writing db; returns (partials, chunk, parts).
+fn bias_grad_parts(channels: usize, pixels: usize, batch: usize, partials: Option<ViewMut<f32>>) -> (Option<u64>, usize, usize) {
+    let splits = bias_grad_splits(channels, pixels, batch);
+    match partials {
+        Some(partials) if splits > 1 && partials.len() >= splits * channels => (Some(partials.ptr()), batch.div_ceil(splits), splits),
+        _ => (None, batch, 1),
+    }
+}
+
 /// Sizes as the kernels' ints.
 pub(super) fn ints<const N: usize>(values: [usize; N]) -> Result<[i32; N]> {
     let mut out = [0i32; N];
@@ -239,16 +250,59 @@ impl Gpu {
             return Ok(());
         }
         let _ = int(batch * channels * pixels)?;
-        let splits = bias_grad_splits(channels, pixels, batch);
-        let (dz, db, c, p, b) = (dz.ptr(), db.ptr(), int(channels)?, int(pixels)?, int(batch)?);
-        match partials {
-            Some(partials) if splits > 1 && partials.len() >= splits * channels => {
-                let (partials, chunk, k) = (partials.ptr(), int(batch.div_ceil(splits))?, int(splits)?);
-                self.run_grid(stream, Kernel::BiasGradSplit, (c as u32, k as u32), kernel_args![dz, partials, c, p, b, chunk])?;
-                self.run(stream, Kernel::BiasGradJoin, blocks(channels), kernel_args![partials, db, c, k])
+        let (parts, chunk, splits) = bias_grad_parts(channels, pixels, batch, partials);
+        let (dz, db, c, p, b, chunk) = (dz.ptr(), db.ptr(), int(channels)?, int(pixels)?, int(batch)?, int(chunk)?);
+        match parts {
+            Some(partials) => {
+                self.run_grid(stream, Kernel::BiasGradSplit, (c as u32, splits as u32), kernel_args![dz, partials, c, p, b, chunk])?;
+                self.join_bias_grad(stream, channels, splits, partials, db)
             }
-            _ => self.run(stream, Kernel::BiasGrad, c as u32, kernel_args![dz, db, c, p, b]),
+            None => self.run(stream, Kernel::BiasGrad, c as u32, kernel_args![dz, db, c, p, b]),
         }
+    }
+
+    /// [`Gpu::act_backward`] then [`Gpu::bias_grad`] in one pass over the values (`act_bias_grad`):
+    /// dz = dy ⊙ act'(z) (y = act(z)) for `batch` samples of `channels × pixels`, and
+    /// `db[c] = Σ_{s,p} dz[s, c, p]`, both overwritten, the same bits as the two launches on the
+    /// same views; dz is written, never read back, so the bias gradient costs no second pass
+    /// over it. `partials` as [`Gpu::bias_grad`]'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn act_bias_grad(
+        &self,
+        stream: &CudaStream,
+        act: Activation,
+        (channels, pixels, batch): (usize, usize, usize),
+        z: View<f32>,
+        y: View<f32>,
+        dy: View<f32>,
+        dz: ViewMut<f32>,
+        db: ViewMut<f32>,
+        partials: Option<ViewMut<f32>>,
+    ) -> Result<()> {
+        let n = batch * channels * pixels;
+        assert!(z.len() >= n && y.len() >= n && dy.len() >= n && dz.len() >= n, "act_bias_grad: a view is shorter than {n}");
+        assert!(db.len() >= channels, "act_bias_grad: short db");
+        if channels == 0 {
+            return Ok(());
+        }
+        let _ = int(n)?;
+        let ((code, slope), reads) = (act.gpu_code(), act.derivative_reads());
+        let (parts, chunk, splits) = bias_grad_parts(channels, pixels, batch, partials);
+        let (z, y, dy, dz, db) = (z.ptr(), y.ptr(), dy.ptr(), dz.ptr(), db.ptr());
+        let out = parts.unwrap_or(db);
+        let (c, p, b, chunk) = (int(channels)?, int(pixels)?, int(batch)?, int(chunk)?);
+        let args = kernel_args![z, y, dy, dz, out, code, slope, reads, c, p, b, chunk];
+        self.run_grid(stream, Kernel::ActBiasGrad, (c as u32, splits as u32), args)?;
+        match parts {
+            Some(partials) => self.join_bias_grad(stream, channels, splits, partials, db),
+            None => Ok(()),
+        }
+    }
+
+    /// `bias_grad_join`: db[c] = Σ_k partials[k·channels + c], the `splits` parts in order.
+    fn join_bias_grad(&self, stream: &CudaStream, channels: usize, splits: usize, partials: u64, db: u64) -> Result<()> {
+        let [c, k] = ints([channels, splits])?;
+        self.run(stream, Kernel::BiasGradJoin, blocks(channels), kernel_args![partials, db, c, k])
     }
 
     /// `loss[0]` = Σ of `count` partial sums (in a fixed order) × `scale`; `loss[1] +=

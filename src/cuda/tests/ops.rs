@@ -357,6 +357,65 @@ fn gather_picks_the_indexed_samples() {
 }
 
 /// After one warm-up call each, the wrappers and SGEMM allocate nothing on the host.
+/// `act_bias_grad` against `act_backward` then `bias_grad` on the same views, bit for bit (dz,
+/// db, and the poison around them): one part a channel and several, rows of fours and not, with
+/// every pointer 16-byte aligned, all one float past, dz alone past (the sums one value at a
+/// time), and z, y and dy alone past (the sums in fours of values loaded one at a time).
+#[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
+#[test]
+fn act_bias_grad_is_act_backward_then_bias_grad_bit_for_bit() {
+    let gpu = test_gpu();
+    let stream = gpu.new_stream().unwrap();
+    let mut rng = Rng::new(11);
+    // not split: odd rows, rows of fours; split: rows of 196 fours, odd rows, ts_conv1d's second
+    // convolution at 512 (rows of 31 fours), rows of one four
+    let sizes = [(7, 13, 5), (8, 16, 9), (3, 784, 64), (6, 41, 991), (32, 124, 512), (5, 4, 3000)];
+    for (channels, pixels, batch) in sizes {
+        let (n, splits) = (batch * channels * pixels, crate::cuda::ops::bias_grad_splits(channels, pixels, batch));
+        let z: Vec<f32> = rng.uniform(n).iter().map(|v| 4.0 * v).collect();
+        let dy = rng.uniform(n);
+        for act in [Relu, Tanh, LeakyRelu(0.1), Identity, Gelu] {
+            let y: Vec<f32> = z.iter().map(|&v| act.apply(v)).collect();
+            // (offset of z, y and dy; offset of dz), in floats
+            for (off, dz_off) in [(0, 0), (1, 1), (0, 1), (1, 0)] {
+                let pad = |v: &[f32]| upload(&stream, &[&vec![0.0; off][..], v].concat());
+                let (zd, yd, dyd) = (pad(&z), pad(&y), pad(&dy));
+                let inputs = || {
+                    let v = |d| View::of(d).slice(off..off + n);
+                    (v(&zd), v(&yd), v(&dyd))
+                };
+                let run = |fused: bool, scratch: bool| {
+                    let (mut dz, mut db) = (upload(&stream, &poisoned(n + 2)), upload(&stream, &poisoned(channels + 1)));
+                    let mut partials = upload(&stream, &poisoned(splits * channels));
+                    let partials = scratch.then(|| ViewMut::of(&mut partials));
+                    let (zv, yv, dyv) = inputs();
+                    if fused {
+                        let dzv = ViewMut::of(&mut dz).slice(dz_off..dz_off + n);
+                        let layout = (channels, pixels, batch);
+                        gpu.act_bias_grad(&stream, act, layout, zv, yv, dyv, dzv, ViewMut::of(&mut db), partials).unwrap();
+                    } else {
+                        gpu.act_backward(&stream, act, n, zv, yv, dyv, ViewMut::of(&mut dz).slice(dz_off..dz_off + n)).unwrap();
+                        let dzv = View::of(&dz).slice(dz_off..dz_off + n);
+                        gpu.bias_grad(&stream, channels, pixels, batch, dzv, ViewMut::of(&mut db), partials).unwrap();
+                    }
+                    (download(&stream, &dz), download(&stream, &db))
+                };
+                for scratch in [false, true] {
+                    let what = format!(
+                        "act_bias_grad {act:?} {channels}x{pixels}x{batch}, {splits} parts, scratch {scratch}, offsets {off} {dz_off}"
+                    );
+                    let ((dz, db), (dz_want, db_want)) = (run(true, scratch), run(false, scratch));
+                    assert!(dz[dz_off..dz_off + n].iter().chain(&db[..channels]).all(|v| !v.is_nan()), "{what}: a value not written");
+                    check(&format!("{what}: dz"), &dz, &dz_want, 0.0, 0.0);
+                    same_bits(&format!("{what}: dz"), &dz, &dz_want);
+                    check(&format!("{what}: db"), &db, &db_want, 0.0, 0.0);
+                    same_bits(&format!("{what}: db"), &db, &db_want);
+                }
+            }
+        }
+    }
+}
+
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn launches_allocate_nothing() {
@@ -385,6 +444,7 @@ fn launches_allocate_nothing() {
         gpu.act_backward(&stream, Tanh, n, av, bv, av, ViewMut::of(&mut c)).unwrap();
         gpu.bias_grad(&stream, channels, pixels, batch, av, ViewMut::of(&mut c), None).unwrap();
         gpu.bias_grad(&stream, channels, pixels, batch, av, ViewMut::of(&mut c), Some(ViewMut::of(&mut d))).unwrap();
+        gpu.act_bias_grad(&stream, Tanh, (channels, pixels, batch), av, bv, av, ViewMut::of(&mut c), ViewMut::of(&mut d), None).unwrap();
         gpu.softmax_xent(&stream, 10, batch, av, View::of(&labels), ViewMut::of(&mut c), ViewMut::of(&mut loss), ViewMut::of(&mut scratch))
             .unwrap();
         gpu.mse(&stream, n, av, bv, ViewMut::of(&mut c), ViewMut::of(&mut loss), ViewMut::of(&mut scratch)).unwrap();
