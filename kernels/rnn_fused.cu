@@ -119,7 +119,8 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
     // this thread's elements q: e = tid + q·G·H, sample n = first + e / H (batch where e is past
     // the S·H elements: none), unit e % H
     int nn_[E], uu[E];
-    float c[E], pre[E][G];
+    // bi, bh: the unit's biases b_ih[g·H + u], b_hh[g·H + u], the same every step
+    float c[E], pre[E][G], bi[E][G], bh[E][G];
 #pragma unroll
     for (int q = 0; q < E; q++) {
         int e = tid + q * GH, s = e / H;
@@ -128,7 +129,11 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
         const long long at = (long long)nn_[q] * steps;
         c[q] = nn_[q] < batch && CELL == RNN_LSTM ? cprev[at * P + uu[q]] : 0.0f;
 #pragma unroll
-        for (int g = 0; g < G; g++) pre[q][g] = nn_[q] < batch ? gates[at * 4 * P + g * P + uu[q]] : 0.0f;
+        for (int g = 0; g < G; g++) {
+            pre[q][g] = nn_[q] < batch ? gates[at * 4 * P + g * P + uu[q]] : 0.0f;
+            bi[q][g] = nn_[q] < batch ? b_ih[g * H + uu[q]] : 0.0f;
+            bh[q][g] = nn_[q] < batch ? b_hh[g * H + uu[q]] : 0.0f;
+        }
     }
     __syncthreads();
     for (int t = 0; t < steps; t++) {
@@ -152,10 +157,10 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
             const float* acc = acc_sh + s * GH;
             float h;
             if (CELL == RNN_GRU) {
-                float r = rnn_sigmoid(in[0] + acc[u] + b_ih[u] + b_hh[u]);
-                float z = rnn_sigmoid(in[1] + acc[H + u] + b_ih[H + u] + b_hh[H + u]);
-                float a_n = acc[2 * H + u] + b_hh[2 * H + u];
-                float nn = tanhf(in[2] + b_ih[2 * H + u] + r * a_n);
+                float r = rnn_sigmoid(in[0] + acc[u] + bi[q][0] + bh[q][0]);
+                float z = rnn_sigmoid(in[1] + acc[H + u] + bi[q][1] + bh[q][1]);
+                float a_n = acc[2 * H + u] + bh[q][2];
+                float nn = tanhf(in[2] + bi[q][2] + r * a_n);
                 float hp = h_sh[s * P + u];
                 h = nn + z * (hp - nn);
                 gr[u] = r;
@@ -163,10 +168,10 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
                 gr[2 * P + u] = nn;
                 gr[3 * P + u] = a_n;
             } else {
-                float ig = rnn_sigmoid(in[0] + acc[u] + b_ih[u] + b_hh[u]);
-                float fg = rnn_sigmoid(in[1] + acc[H + u] + b_ih[H + u] + b_hh[H + u]);
-                float gg = tanhf(in[2] + acc[2 * H + u] + b_ih[2 * H + u] + b_hh[2 * H + u]);
-                float og = rnn_sigmoid(in[3 % G] + acc[3 * H + u] + b_ih[3 * H + u] + b_hh[3 * H + u]);
+                float ig = rnn_sigmoid(in[0] + acc[u] + bi[q][0] + bh[q][0]);
+                float fg = rnn_sigmoid(in[1] + acc[H + u] + bi[q][1] + bh[q][1]);
+                float gg = tanhf(in[2] + acc[2 * H + u] + bi[q][2] + bh[q][2]);
+                float og = rnn_sigmoid(in[3 % G] + acc[3 * H + u] + bi[q][3 % G] + bh[q][3 % G]);
                 float cc = fg * c[q] + ig * gg;
                 h = og * tanhf(cc);
                 c[q] = cc;
