@@ -21,6 +21,14 @@
 #define RNN_GRU 0
 #define RNN_LSTM 1
 
+// Not part of the main program: rnn_fused.rs compiles this file on a layer's first need, once per
+// (cell, R) and device, after common.cu and gru.cu's rnn_sigmoid, with RNN_FUSED_CELL (RNN_GRU or
+// RNN_LSTM) and RNN_FUSED_R (0, 32 or 64) defined, which select the 8 kernels (2 directions × 4 S)
+// emitted below.
+#if !defined(RNN_FUSED_CELL) || !defined(RNN_FUSED_R)
+#error "RNN_FUSED_CELL and RNN_FUSED_R select the kernels (src/cuda/rnn_fused.rs defines them)"
+#endif
+
 // out[s·os] = Σ_{k<R} w_reg[k]·v[s·vs + k] + Σ_{R≤k<len} w_col[(k − R)·ld]·v[s·vs + k], s < S,
 // in 4/S chains a sample (each float4's i-th product into chain i mod C), added as ((c0 + c1) +
 // (c2 + c3)); past 4 samples, 4 at a time (fewer values live: no spills). v and vs keep every
@@ -111,7 +119,8 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
     // this thread's elements q: e = tid + q·G·H, sample n = first + e / H (batch where e is past
     // the S·H elements: none), unit e % H
     int nn_[E], uu[E];
-    float c[E], pre[E][G];
+    // bi, bh: the unit's biases b_ih[g·H + u], b_hh[g·H + u], the same every step
+    float c[E], pre[E][G], bi[E][G], bh[E][G];
 #pragma unroll
     for (int q = 0; q < E; q++) {
         int e = tid + q * GH, s = e / H;
@@ -120,7 +129,11 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
         const long long at = (long long)nn_[q] * steps;
         c[q] = nn_[q] < batch && CELL == RNN_LSTM ? cprev[at * P + uu[q]] : 0.0f;
 #pragma unroll
-        for (int g = 0; g < G; g++) pre[q][g] = nn_[q] < batch ? gates[at * 4 * P + g * P + uu[q]] : 0.0f;
+        for (int g = 0; g < G; g++) {
+            pre[q][g] = nn_[q] < batch ? gates[at * 4 * P + g * P + uu[q]] : 0.0f;
+            bi[q][g] = nn_[q] < batch ? b_ih[g * H + uu[q]] : 0.0f;
+            bh[q][g] = nn_[q] < batch ? b_hh[g * H + uu[q]] : 0.0f;
+        }
     }
     __syncthreads();
     for (int t = 0; t < steps; t++) {
@@ -144,10 +157,10 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
             const float* acc = acc_sh + s * GH;
             float h;
             if (CELL == RNN_GRU) {
-                float r = rnn_sigmoid(in[0] + acc[u] + b_ih[u] + b_hh[u]);
-                float z = rnn_sigmoid(in[1] + acc[H + u] + b_ih[H + u] + b_hh[H + u]);
-                float a_n = acc[2 * H + u] + b_hh[2 * H + u];
-                float nn = tanhf(in[2] + b_ih[2 * H + u] + r * a_n);
+                float r = rnn_sigmoid(in[0] + acc[u] + bi[q][0] + bh[q][0]);
+                float z = rnn_sigmoid(in[1] + acc[H + u] + bi[q][1] + bh[q][1]);
+                float a_n = acc[2 * H + u] + bh[q][2];
+                float nn = tanhf(in[2] + bi[q][2] + r * a_n);
                 float hp = h_sh[s * P + u];
                 h = nn + z * (hp - nn);
                 gr[u] = r;
@@ -155,10 +168,10 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
                 gr[2 * P + u] = nn;
                 gr[3 * P + u] = a_n;
             } else {
-                float ig = rnn_sigmoid(in[0] + acc[u] + b_ih[u] + b_hh[u]);
-                float fg = rnn_sigmoid(in[1] + acc[H + u] + b_ih[H + u] + b_hh[H + u]);
-                float gg = tanhf(in[2] + acc[2 * H + u] + b_ih[2 * H + u] + b_hh[2 * H + u]);
-                float og = rnn_sigmoid(in[3 % G] + acc[3 * H + u] + b_ih[3 * H + u] + b_hh[3 * H + u]);
+                float ig = rnn_sigmoid(in[0] + acc[u] + bi[q][0] + bh[q][0]);
+                float fg = rnn_sigmoid(in[1] + acc[H + u] + bi[q][1] + bh[q][1]);
+                float gg = tanhf(in[2] + acc[2 * H + u] + bi[q][2] + bh[q][2]);
+                float og = rnn_sigmoid(in[3 % G] + acc[3 * H + u] + bi[q][3 % G] + bh[q][3 % G]);
                 float cc = fg * c[q] + ig * gg;
                 h = og * tanhf(cc);
                 c[q] = cc;
@@ -302,6 +315,7 @@ __device__ __forceinline__ void rnn_fused_backward(RNN_FUSED_BACKWARD_PARAMS) {
 // 32, 170 at 384 threads for a GRU, 128 at 512 for an LSTM; rnn_fused.rs offers a variant only
 // where G·H is within the bound). The bounds lose nothing for R = 0: a layer of more threads has
 // more weights than shared memory holds; for R = 32 they leave out GRUs of 129 to ~150 units.
+#if RNN_FUSED_CELL == RNN_GRU && RNN_FUSED_R == 0
 extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r0_s1(RNN_FUSED_FORWARD_PARAMS) {
     after_prior();
     rnn_fused_forward<RNN_GRU, 0, 1>(RNN_FUSED_FORWARD_ARGS);
@@ -317,38 +331,6 @@ extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r0_s4
 extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r0_s8(RNN_FUSED_FORWARD_PARAMS) {
     after_prior();
     rnn_fused_forward<RNN_GRU, 0, 8>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s1(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 32, 1>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s2(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 32, 2>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s4(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 32, 4>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s8(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 32, 8>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s1(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 64, 1>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s2(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 64, 2>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s4(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 64, 4>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s8(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 64, 8>(RNN_FUSED_FORWARD_ARGS);
 }
 extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r0_s1(RNN_FUSED_BACKWARD_PARAMS) {
     after_prior();
@@ -366,6 +348,24 @@ extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r0_s
     after_prior();
     rnn_fused_backward<RNN_GRU, 0, 8>(RNN_FUSED_BACKWARD_ARGS);
 }
+#endif
+#if RNN_FUSED_CELL == RNN_GRU && RNN_FUSED_R == 32
+extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s1(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_GRU, 32, 1>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s2(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_GRU, 32, 2>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s4(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_GRU, 32, 4>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s8(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_GRU, 32, 8>(RNN_FUSED_FORWARD_ARGS);
+}
 extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r32_s1(RNN_FUSED_BACKWARD_PARAMS) {
     after_prior();
     rnn_fused_backward<RNN_GRU, 32, 1>(RNN_FUSED_BACKWARD_ARGS);
@@ -381,6 +381,24 @@ extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r32_
 extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r32_s8(RNN_FUSED_BACKWARD_PARAMS) {
     after_prior();
     rnn_fused_backward<RNN_GRU, 32, 8>(RNN_FUSED_BACKWARD_ARGS);
+}
+#endif
+#if RNN_FUSED_CELL == RNN_GRU && RNN_FUSED_R == 64
+extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s1(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_GRU, 64, 1>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s2(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_GRU, 64, 2>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s4(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_GRU, 64, 4>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s8(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_GRU, 64, 8>(RNN_FUSED_FORWARD_ARGS);
 }
 extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_backward_r64_s1(RNN_FUSED_BACKWARD_PARAMS) {
     after_prior();
@@ -398,6 +416,8 @@ extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_backward_r64_
     after_prior();
     rnn_fused_backward<RNN_GRU, 64, 8>(RNN_FUSED_BACKWARD_ARGS);
 }
+#endif
+#if RNN_FUSED_CELL == RNN_LSTM && RNN_FUSED_R == 0
 extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r0_s1(RNN_FUSED_FORWARD_PARAMS) {
     after_prior();
     rnn_fused_forward<RNN_LSTM, 0, 1>(RNN_FUSED_FORWARD_ARGS);
@@ -413,38 +433,6 @@ extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r0_s
 extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r0_s8(RNN_FUSED_FORWARD_PARAMS) {
     after_prior();
     rnn_fused_forward<RNN_LSTM, 0, 8>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s1(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 32, 1>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s2(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 32, 2>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s4(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 32, 4>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s8(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 32, 8>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s1(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 64, 1>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s2(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 64, 2>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s4(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 64, 4>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s8(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 64, 8>(RNN_FUSED_FORWARD_ARGS);
 }
 extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r0_s1(RNN_FUSED_BACKWARD_PARAMS) {
     after_prior();
@@ -462,6 +450,24 @@ extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r0_
     after_prior();
     rnn_fused_backward<RNN_LSTM, 0, 8>(RNN_FUSED_BACKWARD_ARGS);
 }
+#endif
+#if RNN_FUSED_CELL == RNN_LSTM && RNN_FUSED_R == 32
+extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s1(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_LSTM, 32, 1>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s2(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_LSTM, 32, 2>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s4(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_LSTM, 32, 4>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s8(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_LSTM, 32, 8>(RNN_FUSED_FORWARD_ARGS);
+}
 extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r32_s1(RNN_FUSED_BACKWARD_PARAMS) {
     after_prior();
     rnn_fused_backward<RNN_LSTM, 32, 1>(RNN_FUSED_BACKWARD_ARGS);
@@ -477,6 +483,24 @@ extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r32
 extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r32_s8(RNN_FUSED_BACKWARD_PARAMS) {
     after_prior();
     rnn_fused_backward<RNN_LSTM, 32, 8>(RNN_FUSED_BACKWARD_ARGS);
+}
+#endif
+#if RNN_FUSED_CELL == RNN_LSTM && RNN_FUSED_R == 64
+extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s1(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_LSTM, 64, 1>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s2(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_LSTM, 64, 2>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s4(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_LSTM, 64, 4>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s8(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_fused_forward<RNN_LSTM, 64, 8>(RNN_FUSED_FORWARD_ARGS);
 }
 extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_backward_r64_s1(RNN_FUSED_BACKWARD_PARAMS) {
     after_prior();
@@ -494,3 +518,4 @@ extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_backward_r64
     after_prior();
     rnn_fused_backward<RNN_LSTM, 64, 8>(RNN_FUSED_BACKWARD_ARGS);
 }
+#endif

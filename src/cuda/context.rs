@@ -21,8 +21,8 @@ const BEFORE_LAYERS: &[(&str, &str)] = &[
 /// The kernel files after the layers': those built on the dense layer's (tensor-core tiles,
 /// weight-gradient splits, the resident server, the head), the direct convolutions (and the
 /// tensor-core ones, which use their bands; their weight gradient, after the forward, uses its
-/// mma helpers), the optimisers and data movers, and the fused recurrences (which use gru.cu's
-/// helpers).
+/// mma helpers), the optimisers and data movers. (kernels/rnn_fused.cu is compiled apart, on
+/// first need: src/cuda/rnn_fused.rs.)
 const AFTER_LAYERS: &[(&str, &str)] = &[
     ("dense_mma.cu", include_str!("../../kernels/dense_mma.cu")),
     ("conv_direct.cu", include_str!("../../kernels/conv_direct.cu")),
@@ -33,11 +33,11 @@ const AFTER_LAYERS: &[(&str, &str)] = &[
     ("data.cu", include_str!("../../kernels/data.cu")),
     ("serve.cu", include_str!("../../kernels/serve.cu")),
     ("head.cu", include_str!("../../kernels/head.cu")),
-    ("rnn_fused.cu", include_str!("../../kernels/rnn_fused.cu")),
 ];
 
-/// Every `kernels/*.cu` file (name, text), in the order NVRTC compiles them concatenated: those
-/// ahead of the layers', each layer kind's in registry order (`layers/mod.rs`), the rest.
+/// The main program's `kernels/*.cu` files (name, text), in the order NVRTC compiles them
+/// concatenated: those ahead of the layers', each layer kind's in registry order
+/// (`layers/mod.rs`), the rest. Every file but rnn_fused.cu.
 pub(crate) fn source_files() -> Vec<(&'static str, &'static str)> {
     let layers = crate::layers::KERNEL_SOURCES.iter().flatten().copied();
     BEFORE_LAYERS.iter().copied().chain(layers).chain(AFTER_LAYERS.iter().copied()).collect()
@@ -173,54 +173,6 @@ kernels! {
     RnnStatesIn = "rnn_states_in",
     RnnStatesOut = "rnn_states_out",
     RnnTranspose = "rnn_transpose",
-    RnnFusedGruForwardR0S1 = "rnn_fused_gru_forward_r0_s1",
-    RnnFusedGruForwardR0S2 = "rnn_fused_gru_forward_r0_s2",
-    RnnFusedGruForwardR0S4 = "rnn_fused_gru_forward_r0_s4",
-    RnnFusedGruForwardR0S8 = "rnn_fused_gru_forward_r0_s8",
-    RnnFusedGruForwardR32S1 = "rnn_fused_gru_forward_r32_s1",
-    RnnFusedGruForwardR32S2 = "rnn_fused_gru_forward_r32_s2",
-    RnnFusedGruForwardR32S4 = "rnn_fused_gru_forward_r32_s4",
-    RnnFusedGruForwardR32S8 = "rnn_fused_gru_forward_r32_s8",
-    RnnFusedGruForwardR64S1 = "rnn_fused_gru_forward_r64_s1",
-    RnnFusedGruForwardR64S2 = "rnn_fused_gru_forward_r64_s2",
-    RnnFusedGruForwardR64S4 = "rnn_fused_gru_forward_r64_s4",
-    RnnFusedGruForwardR64S8 = "rnn_fused_gru_forward_r64_s8",
-    RnnFusedGruBackwardR0S1 = "rnn_fused_gru_backward_r0_s1",
-    RnnFusedGruBackwardR0S2 = "rnn_fused_gru_backward_r0_s2",
-    RnnFusedGruBackwardR0S4 = "rnn_fused_gru_backward_r0_s4",
-    RnnFusedGruBackwardR0S8 = "rnn_fused_gru_backward_r0_s8",
-    RnnFusedGruBackwardR32S1 = "rnn_fused_gru_backward_r32_s1",
-    RnnFusedGruBackwardR32S2 = "rnn_fused_gru_backward_r32_s2",
-    RnnFusedGruBackwardR32S4 = "rnn_fused_gru_backward_r32_s4",
-    RnnFusedGruBackwardR32S8 = "rnn_fused_gru_backward_r32_s8",
-    RnnFusedGruBackwardR64S1 = "rnn_fused_gru_backward_r64_s1",
-    RnnFusedGruBackwardR64S2 = "rnn_fused_gru_backward_r64_s2",
-    RnnFusedGruBackwardR64S4 = "rnn_fused_gru_backward_r64_s4",
-    RnnFusedGruBackwardR64S8 = "rnn_fused_gru_backward_r64_s8",
-    RnnFusedLstmForwardR0S1 = "rnn_fused_lstm_forward_r0_s1",
-    RnnFusedLstmForwardR0S2 = "rnn_fused_lstm_forward_r0_s2",
-    RnnFusedLstmForwardR0S4 = "rnn_fused_lstm_forward_r0_s4",
-    RnnFusedLstmForwardR0S8 = "rnn_fused_lstm_forward_r0_s8",
-    RnnFusedLstmForwardR32S1 = "rnn_fused_lstm_forward_r32_s1",
-    RnnFusedLstmForwardR32S2 = "rnn_fused_lstm_forward_r32_s2",
-    RnnFusedLstmForwardR32S4 = "rnn_fused_lstm_forward_r32_s4",
-    RnnFusedLstmForwardR32S8 = "rnn_fused_lstm_forward_r32_s8",
-    RnnFusedLstmForwardR64S1 = "rnn_fused_lstm_forward_r64_s1",
-    RnnFusedLstmForwardR64S2 = "rnn_fused_lstm_forward_r64_s2",
-    RnnFusedLstmForwardR64S4 = "rnn_fused_lstm_forward_r64_s4",
-    RnnFusedLstmForwardR64S8 = "rnn_fused_lstm_forward_r64_s8",
-    RnnFusedLstmBackwardR0S1 = "rnn_fused_lstm_backward_r0_s1",
-    RnnFusedLstmBackwardR0S2 = "rnn_fused_lstm_backward_r0_s2",
-    RnnFusedLstmBackwardR0S4 = "rnn_fused_lstm_backward_r0_s4",
-    RnnFusedLstmBackwardR0S8 = "rnn_fused_lstm_backward_r0_s8",
-    RnnFusedLstmBackwardR32S1 = "rnn_fused_lstm_backward_r32_s1",
-    RnnFusedLstmBackwardR32S2 = "rnn_fused_lstm_backward_r32_s2",
-    RnnFusedLstmBackwardR32S4 = "rnn_fused_lstm_backward_r32_s4",
-    RnnFusedLstmBackwardR32S8 = "rnn_fused_lstm_backward_r32_s8",
-    RnnFusedLstmBackwardR64S1 = "rnn_fused_lstm_backward_r64_s1",
-    RnnFusedLstmBackwardR64S2 = "rnn_fused_lstm_backward_r64_s2",
-    RnnFusedLstmBackwardR64S4 = "rnn_fused_lstm_backward_r64_s4",
-    RnnFusedLstmBackwardR64S8 = "rnn_fused_lstm_backward_r64_s8",
 }
 
 /// A CUDA device ready for flatnn's kernels. Get it with [`super::gpu`]; share it by `Arc`.
@@ -238,8 +190,13 @@ pub struct Gpu {
     /// The same for `dense_head`, `dense_head_deep` and `dense_head_deep2` (src/cuda/head.rs),
     /// the smallest.
     head_shared_limit: usize,
-    /// The same for the fused recurrences (src/cuda/rnn_fused.rs), the smallest.
-    rnn_fused_shared_limit: usize,
+    /// The device's opt-in limit of shared memory a block, in bytes.
+    shared_optin: usize,
+    /// Whether a module's kernels are loaded with it (`cuFuncLoad`, drivers of CUDA 12.4 on)
+    /// rather than at their first launch.
+    load_eagerly: bool,
+    /// The fused recurrences' kernels, compiled on first need (src/cuda/rnn_fused.rs).
+    pub(crate) rnn_fused: super::rnn_fused::Modules,
     /// Kernels are launched as programmatic dependents of the kernel ahead of them (sm_90 and
     /// later with a CUDA 12.3 or later driver, unless `Tuning::dependent_launch` is off in the
     /// environment); see [`super::launch::launch`].
@@ -271,11 +228,6 @@ impl Gpu {
             .map_err(err("reading the shared memory limit"))?;
         let name = ctx.name().map_err(err("reading the name"))?;
         let cubin = compile((major, minor))?;
-        let module: Arc<CudaModule> = ctx.load_module(Ptx::from_binary(cubin)).map_err(err("loading the compiled kernels"))?;
-        let functions = KERNELS
-            .iter()
-            .map(|name| module.load_function(name).map_err(|e| driver_error(&format!("looking up kernel {name}"), e)))
-            .collect::<Result<Vec<_>>>()?;
         // cudarc resolves a driver symbol at its first call, allocating. Steps call every other
         // one in their first, unmeasured run; `cuStreamQuery` only now and then (when a wait
         // for a flag runs long), so resolve it with the device.
@@ -285,15 +237,8 @@ impl Gpu {
         let mut driver = 0;
         // SAFETY: writes one int.
         let driver_ok = unsafe { sys::cuDriverGetVersion(&mut driver) }.result().is_ok() && driver >= 12_030;
-        if driver >= 12_040 {
-            // With lazy loading (CUDA's default since 12.2) a kernel would be loaded at its
-            // first launch, which can wait for the whole device, and so for a resident kernel
-            // (src/cuda/serve.rs) that is serving calls: load them all now.
-            for f in &functions {
-                // SAFETY: a function of the module loaded above, in the current context.
-                unsafe { sys::cuFuncLoad(f.cu_function()) }.result().map_err(|e| driver_error("loading a kernel", e))?;
-            }
-        }
+        let load_eagerly = driver >= 12_040;
+        let functions = load_module(&ctx, cubin, KERNELS, load_eagerly)?;
         // the device's switches, from the environment (a model's tuning cannot change them)
         let tuning = Tuning::from_env();
         if tuning.carveout {
@@ -344,14 +289,6 @@ impl Gpu {
                 }
             }
         }
-        // the fused recurrences keep W_hh in dynamic shared memory (kernels/rnn_fused.cu)
-        let rnn_fused_shared_limit = super::rnn_fused::KERNELS
-            .iter()
-            .flatten()
-            .flatten()
-            .flatten()
-            .map(|&kernel| allow_dynamic_shared(functions[kernel as usize].cu_function(), shared_optin))
-            .try_fold(usize::MAX, |limit, l| l.map(|l| limit.min(l)))?;
         let dependent_launch = major >= 9 && driver_ok && tuning.dependent_launch;
         Ok(Gpu {
             ctx,
@@ -362,7 +299,9 @@ impl Gpu {
             multiprocessors: multiprocessors as u32,
             serve_shared_limit,
             head_shared_limit,
-            rnn_fused_shared_limit,
+            shared_optin: shared_optin.max(0) as usize,
+            load_eagerly,
+            rnn_fused: Default::default(),
             dependent_launch,
         })
     }
@@ -396,9 +335,25 @@ impl Gpu {
         self.head_shared_limit
     }
 
-    /// Bytes of dynamic shared memory a block of any of the fused recurrences may have.
-    pub(crate) fn rnn_fused_shared_limit(&self) -> usize {
-        self.rnn_fused_shared_limit
+    /// The device's opt-in limit of shared memory a block, in bytes.
+    pub(crate) fn shared_optin(&self) -> usize {
+        self.shared_optin
+    }
+
+    /// The kernels `names` of `cubin` (machine code for this device), loaded into this device's
+    /// context, their dynamic shared memory opted in to the device's limit; with the bytes a
+    /// block of any of them may have. Takes `device_wide` (loading a module may wait for the
+    /// whole device).
+    pub(crate) fn load_kernels(&self, cubin: Vec<u8>, names: &[&str]) -> Result<(Vec<CudaFunction>, usize)> {
+        let _exclusive = super::device_wide();
+        self.bind()?;
+        let functions = load_module(&self.ctx, cubin, names, self.load_eagerly)?;
+        let optin = i32::try_from(self.shared_optin).unwrap_or(i32::MAX);
+        let limit = functions
+            .iter()
+            .map(|f| allow_dynamic_shared(f.cu_function(), optin))
+            .try_fold(usize::MAX, |limit, l| l.map(|l| limit.min(l)))?;
+        Ok((functions, limit))
     }
 
     /// The handle of a kernel.
@@ -410,6 +365,26 @@ impl Gpu {
     pub(crate) fn bind(&self) -> Result<()> {
         self.ctx.bind_to_thread().map_err(|e| driver_error("binding the CUDA context", e))
     }
+}
+
+/// The kernels `names` of `cubin`, loaded into `ctx` (each holds the module alive); with
+/// `eagerly`, each loaded now rather than at its first launch (CUDA's lazy loading, its default
+/// since 12.2, would load it then, which can wait for the whole device, and so for a resident
+/// kernel (src/cuda/serve.rs) that is serving calls).
+fn load_module(ctx: &Arc<CudaContext>, cubin: Vec<u8>, names: &[&str], eagerly: bool) -> Result<Vec<CudaFunction>> {
+    let module: Arc<CudaModule> = ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| driver_error("loading the compiled kernels", e))?;
+    let functions = names
+        .iter()
+        .map(|name| module.load_function(name).map_err(|e| driver_error(&format!("looking up kernel {name}"), e)))
+        .collect::<Result<Vec<_>>>()?;
+    if eagerly {
+        for f in &functions {
+            // SAFETY: a function of the module loaded above, in `ctx` (current: load_module
+            // binds it).
+            unsafe { sys::cuFuncLoad(f.cu_function()) }.result().map_err(|e| driver_error("loading a kernel", e))?;
+        }
+    }
+    Ok(functions)
 }
 
 /// Lets `func` (of the current context) have as much dynamic shared memory a block as the
@@ -452,18 +427,24 @@ pub(crate) fn activation_prelude() -> String {
     )
 }
 
-/// `kernels/*.cu` compiled by NVRTC to machine code for compute capability `cc` (a cubin, so no
-/// PTX is left to the driver's JIT and a newer NVRTC than the driver still works), after the
-/// [`activation_prelude`].
+/// The main program, [`source_files`], compiled by [`compile_source`] for compute capability
+/// `cc` after the [`activation_prelude`].
 fn compile(cc: (i32, i32)) -> Result<Vec<u8>> {
     let files = source_files().iter().map(|(name, text)| format!("// ---- kernels/{name}\n{text}\n")).collect::<String>();
-    let source = activation_prelude() + &files;
-    let source = CString::new(source).map_err(|_| Error::Cuda { what: "kernels/*.cu contain a NUL byte".into() })?;
+    compile_source(c"flatnn_kernels.cu", activation_prelude() + &files, cc, &[])
+}
+
+/// `source` (called `name` in NVRTC's log) compiled by NVRTC to machine code for compute
+/// capability `cc` (a cubin, so no PTX is left to the driver's JIT and a newer NVRTC than the
+/// driver still works), with flatnn's options and `extra` ones (such as `-D` defines).
+pub(crate) fn compile_source(name: &CStr, source: String, cc: (i32, i32), extra: &[&str]) -> Result<Vec<u8>> {
+    let what = name.to_string_lossy();
+    let source = CString::new(source).map_err(|_| Error::Cuda { what: format!("{what} contains a NUL byte") })?;
     let arch = format!("--gpu-architecture=sm_{}{}", cc.0, cc.1);
     // --fmad=false: a·b + c rounds twice, as on the CPU, so element-wise kernels match it exactly.
-    let options = [arch.as_str(), "--fmad=false", "--std=c++17"];
+    let options: Vec<&str> = [arch.as_str(), "--fmad=false", "--std=c++17"].into_iter().chain(extra.iter().copied()).collect();
     let nvrtc_err = |what: &str, e: nvrtc::NvrtcError| Error::Cuda { what: format!("NVRTC {what}: {e:?}") };
-    let program = nvrtc::create_program(&source, Some(c"flatnn_kernels.cu")).map_err(|e| nvrtc_err("could not create a program", e))?;
+    let program = nvrtc::create_program(&source, Some(name)).map_err(|e| nvrtc_err("could not create a program", e))?;
     // SAFETY: `program` is live until destroyed below; buffers are sized by NVRTC's own answers.
     let compiled = unsafe {
         match nvrtc::compile_program(program, &options) {
@@ -471,7 +452,7 @@ fn compile(cc: (i32, i32)) -> Result<Vec<u8>> {
             Err(e) => {
                 let log = nvrtc::get_program_log(program).map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned());
                 Err(Error::Cuda {
-                    what: format!("NVRTC could not compile kernels/*.cu for sm_{}{} ({e:?}):\n{}", cc.0, cc.1, log.unwrap_or_default()),
+                    what: format!("NVRTC could not compile {what} for sm_{}{} ({e:?}):\n{}", cc.0, cc.1, log.unwrap_or_default()),
                 })
             }
         }

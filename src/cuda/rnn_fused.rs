@@ -6,56 +6,111 @@
 //! loops write, so a step's forward and backward could take either route each.
 //!
 //! A variant ([`Fused`]) keeps R of each thread's W_hh values in registers (the rest in shared
-//! memory) and runs S samples a block; the variants that fit the layer and the device are
-//! candidates beside the per-step route and cuDNN's algorithms, timed in `rnn_dnn/measure.rs`.
+//! memory) and runs S samples a block. A layer gets one R, the largest whose kernels fit it (R
+//! decides little where it fits: the most registers was fastest or within a few percent), and
+//! its S variants that fit are candidates beside the per-step route and cuDNN's algorithms, timed
+//! in `rnn_dnn/measure.rs`. Their kernels are compiled apart from the main program, per (cell,
+//! R), the first time a layer's candidates are listed, and kept in the [`Gpu`] for the process.
 //! Not offered for a stream's layer (one step a call; nothing to fuse).
 
-use super::context::{Gpu, Kernel};
+use super::context::{compile_source, Gpu};
 use super::exec::Raw;
 use super::launch::{int, kernel_args, launch};
 use super::recurrent::{backward_weights, forward_inputs, Ctx, Parts};
 use crate::chain::Step;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layers::recurrent::{Cell, Dims, RnnOutput};
+use cudarc::driver::CudaFunction;
 use std::ffi::c_void;
+use std::sync::OnceLock;
 
-/// Register weights a thread may keep (R), the kernels' instantiations.
+/// Register weights a thread may keep (R), the kernels' instantiations, fewest first.
 const REGISTERS: [usize; 3] = [0, 32, 64];
 /// Samples a block may run (S), the kernels' instantiations.
 const SAMPLES: [usize; 4] = [1, 2, 4, 8];
 /// How many variants there are.
 pub(crate) const VARIANTS: usize = REGISTERS.len() * SAMPLES.len();
 
-/// The kernels, `[cell][backward][R's place][S's place]` (cell: GRU, LSTM).
-pub(crate) const KERNELS: [[[[Kernel; SAMPLES.len()]; REGISTERS.len()]; 2]; 2] = {
-    use Kernel::*;
-    [
-        [
-            [
-                [RnnFusedGruForwardR0S1, RnnFusedGruForwardR0S2, RnnFusedGruForwardR0S4, RnnFusedGruForwardR0S8],
-                [RnnFusedGruForwardR32S1, RnnFusedGruForwardR32S2, RnnFusedGruForwardR32S4, RnnFusedGruForwardR32S8],
-                [RnnFusedGruForwardR64S1, RnnFusedGruForwardR64S2, RnnFusedGruForwardR64S4, RnnFusedGruForwardR64S8],
-            ],
-            [
-                [RnnFusedGruBackwardR0S1, RnnFusedGruBackwardR0S2, RnnFusedGruBackwardR0S4, RnnFusedGruBackwardR0S8],
-                [RnnFusedGruBackwardR32S1, RnnFusedGruBackwardR32S2, RnnFusedGruBackwardR32S4, RnnFusedGruBackwardR32S8],
-                [RnnFusedGruBackwardR64S1, RnnFusedGruBackwardR64S2, RnnFusedGruBackwardR64S4, RnnFusedGruBackwardR64S8],
-            ],
-        ],
-        [
-            [
-                [RnnFusedLstmForwardR0S1, RnnFusedLstmForwardR0S2, RnnFusedLstmForwardR0S4, RnnFusedLstmForwardR0S8],
-                [RnnFusedLstmForwardR32S1, RnnFusedLstmForwardR32S2, RnnFusedLstmForwardR32S4, RnnFusedLstmForwardR32S8],
-                [RnnFusedLstmForwardR64S1, RnnFusedLstmForwardR64S2, RnnFusedLstmForwardR64S4, RnnFusedLstmForwardR64S8],
-            ],
-            [
-                [RnnFusedLstmBackwardR0S1, RnnFusedLstmBackwardR0S2, RnnFusedLstmBackwardR0S4, RnnFusedLstmBackwardR0S8],
-                [RnnFusedLstmBackwardR32S1, RnnFusedLstmBackwardR32S2, RnnFusedLstmBackwardR32S4, RnnFusedLstmBackwardR32S8],
-                [RnnFusedLstmBackwardR64S1, RnnFusedLstmBackwardR64S2, RnnFusedLstmBackwardR64S4, RnnFusedLstmBackwardR64S8],
-            ],
-        ],
-    ]
-};
+/// The file the kernels are in (name, text).
+pub(crate) const SOURCE: (&str, &str) = ("rnn_fused.cu", include_str!("../../kernels/rnn_fused.cu"));
+
+/// What the kernels need of the main program's files: common.cu whole, gru.cu's rnn_sigmoid.
+const COMMON: &str = include_str!("../../kernels/common.cu");
+const GRU: &str = include_str!("../../kernels/gru.cu");
+
+/// The kernel of `cell`'s forward or backward with `v`: `rnn_fused_gru_forward_r32_s4`.
+fn kernel_name(cell: Cell, backward: bool, v: Fused) -> String {
+    let dir = if backward { "backward" } else { "forward" };
+    format!("rnn_fused_{}_{dir}_r{}_s{}", cell_name(cell), v.registers(), v.samples())
+}
+
+fn cell_name(cell: Cell) -> &'static str {
+    match cell {
+        Cell::Gru => "gru",
+        Cell::Lstm => "lstm",
+    }
+}
+
+/// Every kernel rnn_fused.cu defines, for the check of the kernel files' names.
+#[cfg(test)]
+pub(crate) fn kernel_names() -> Vec<String> {
+    let variants = || Fused::all();
+    [Cell::Gru, Cell::Lstm]
+        .into_iter()
+        .flat_map(|cell| [false, true].into_iter().flat_map(move |backward| variants().map(move |v| kernel_name(cell, backward, v))))
+        .collect()
+}
+
+/// The source of the kernels of (`cell`, R = `registers`): common.cu, rnn_sigmoid, rnn_fused.cu;
+/// with the defines that select them.
+fn program(cell: Cell, registers: usize) -> Result<(String, [String; 2])> {
+    let sigmoid = GRU
+        .lines()
+        .find(|line| line.starts_with("__device__ __forceinline__ float rnn_sigmoid("))
+        .ok_or_else(|| Error::Cuda { what: "kernels/gru.cu defines no rnn_sigmoid on one line".into() })?;
+    let source =
+        format!("// ---- kernels/common.cu\n{COMMON}\n// ---- kernels/gru.cu\n{sigmoid}\n// ---- kernels/rnn_fused.cu\n{}\n", SOURCE.1);
+    let cell_define = match cell {
+        Cell::Gru => "RNN_GRU",
+        Cell::Lstm => "RNN_LSTM",
+    };
+    Ok((source, [format!("-DRNN_FUSED_CELL={cell_define}"), format!("-DRNN_FUSED_R={registers}")]))
+}
+
+/// The kernels of one (cell, R) loaded on a device.
+pub(crate) struct Module {
+    /// `[backward][S's place]`, flattened.
+    functions: Vec<CudaFunction>,
+    /// Bytes of dynamic shared memory a block of any of them may have.
+    shared_limit: usize,
+}
+
+/// A device's fused kernels, `[cell][R's place]`, each (cell, R) compiled and loaded the first
+/// time a layer's candidates need it; Err (why) where that failed, for the process.
+#[derive(Default)]
+pub(crate) struct Modules([[OnceLock<std::result::Result<Module, String>>; REGISTERS.len()]; 2]);
+
+impl Modules {
+    fn slot(&self, cell: Cell, r: usize) -> &OnceLock<std::result::Result<Module, String>> {
+        &self.0[usize::from(cell == Cell::Lstm)][r]
+    }
+}
+
+/// The kernels of (`cell`, R's place `r`) on `gpu`, compiled and loaded now (NVRTC, then the
+/// module, the shared memory opt-in).
+fn load(gpu: &Gpu, cell: Cell, r: usize) -> Result<Module> {
+    let (major, minor) = gpu.compute_capability();
+    let (source, defines) = program(cell, REGISTERS[r])?;
+    let defines: Vec<&str> = defines.iter().map(String::as_str).collect();
+    let cubin = compile_source(c"rnn_fused.cu", source, (major as i32, minor as i32), &defines)?;
+    let names: Vec<String> = [false, true]
+        .into_iter()
+        .flat_map(|backward| (0..SAMPLES.len()).map(move |s| kernel_name(cell, backward, Fused { r, s })))
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (functions, shared_limit) = gpu.load_kernels(cubin, &names)?;
+    Ok(Module { functions, shared_limit })
+}
 
 /// One variant of the fused kernels: R register weights a thread, S samples a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,14 +173,33 @@ impl Fused {
     }
 }
 
-/// The variants worth timing for `d` at `batch` on a device whose blocks may have
-/// `shared_limit` bytes of dynamic shared memory: those that fit, with S below twice the batch
-/// (a larger S runs no more samples a block). None for a stream's layer.
-pub(crate) fn candidates(d: &Dims, batch: usize, shared_limit: usize) -> Vec<Fused> {
+/// The place in [`REGISTERS`] of the R a layer `d` gets on a device whose blocks may have
+/// `shared_limit` bytes of dynamic shared memory: the largest whose kernels fit it at one sample
+/// a block (the least shared memory). None where none does, and for a stream's layer.
+fn registers_for(d: &Dims, shared_limit: usize) -> Option<usize> {
     if d.carry || d.packed {
-        return Vec::new();
+        return None;
     }
-    Fused::all().filter(|v| v.samples() < 2 * batch.max(1) && v.fits(d, shared_limit)).collect()
+    (0..REGISTERS.len()).rev().find(|&r| Fused { r, s: 0 }.fits(d, shared_limit))
+}
+
+/// The variants worth timing for `d` at `batch` with `shared_limit` (see [`registers_for`]):
+/// the layer's R with each S that fits, below twice the batch (a larger S runs no more samples
+/// a block).
+fn candidates(d: &Dims, batch: usize, shared_limit: usize) -> Vec<Fused> {
+    let Some(r) = registers_for(d, shared_limit) else { return Vec::new() };
+    (0..SAMPLES.len()).map(|s| Fused { r, s }).filter(|v| v.samples() < 2 * batch.max(1) && v.fits(d, shared_limit)).collect()
+}
+
+/// The variants worth timing for `d` at `batch` on `gpu` ([`candidates`]), their kernels
+/// compiled and loaded on the first need of their (cell, R) in the process. Err (why) where
+/// that failed: the layer then has no fused candidates.
+pub(crate) fn prepare(gpu: &Gpu, d: &Dims, batch: usize) -> std::result::Result<Vec<Fused>, String> {
+    let fused = candidates(d, batch, gpu.shared_optin());
+    let Some(r) = fused.first().map(|v| v.r) else { return Ok(fused) };
+    let module = gpu.rnn_fused.slot(d.cell, r).get_or_init(|| load(gpu, d.cell, r).map_err(|e| e.to_string()));
+    let module = module.as_ref().map_err(|why| format!("the fused kernels r{} could not be had: {why}", REGISTERS[r]))?;
+    Ok(fused.into_iter().filter(|v| v.fits(d, module.shared_limit)).collect())
 }
 
 /// The forward of the step by the fused route with `v` (see the module docs).
@@ -180,9 +254,13 @@ fn run(ctx: &Ctx, d: &Dims, v: Fused, backward: bool, args: &mut [*mut c_void]) 
     let gpu: &Gpu = ctx.gpu;
     let (forward_bytes, backward_bytes) = v.shared_bytes(d);
     let shared = if backward { backward_bytes } else { forward_bytes };
-    assert!(v.fits(d, gpu.rnn_fused_shared_limit()), "{} does not fit this layer", v.name());
-    let cell = usize::from(d.cell == Cell::Lstm);
-    let kernel = KERNELS[cell][usize::from(backward)][v.r][v.s];
+    // loaded by `prepare`, which listed `v`: never compiled here, inside a step
+    let module = match gpu.rnn_fused.slot(d.cell, v.r).get() {
+        Some(Ok(module)) => module,
+        _ => return Err(Error::Cuda { what: format!("{} was run before its kernels were loaded", v.name()) }),
+    };
+    assert!(v.fits(d, module.shared_limit), "{} does not fit this layer", v.name());
+    let function = module.functions[usize::from(backward) * SAMPLES.len() + v.s].cu_function();
     let grid = int(ctx.f.batch.div_ceil(v.samples()))? as u32;
     let threads = (d.gates() * d.hidden) as u32;
     assert_eq!(ctx.stream.context().cu_ctx(), gpu.ctx.cu_ctx(), "a stream of another device");
@@ -192,9 +270,7 @@ fn run(ctx: &Ctx, d: &Dims, v: Fused, backward: bool, args: &mut [*mut c_void]) 
     // `batch` samples, and sizes checked to be ints); the block's threads and shared memory are
     // within what the kernel was compiled and opted in for (`fits`); it calls after_prior()
     // first.
-    unsafe {
-        launch(gpu.function(kernel), (grid, 1, 1), (threads, 1, 1), shared as u32, ctx.stream.cu_stream(), gpu.dependent_launch, args)
-    }
+    unsafe { launch(function, (grid, 1, 1), (threads, 1, 1), shared as u32, ctx.stream.cu_stream(), gpu.dependent_launch, args) }
 }
 
 #[cfg(test)]
@@ -210,18 +286,69 @@ mod tests {
     /// H100's and H200's opt-in limit of shared memory a block (227 KB).
     const LIMIT: usize = 232_448;
 
-    /// Each variant's kernels are the ones named for its cell, direction, R and S.
+    /// The defines of each (cell, R) select exactly its 8 kernels in rnn_fused.cu, the ones
+    /// `load` looks up, each launching its own instantiation; the program has what they call.
     #[test]
-    fn each_variant_launches_its_own_kernels() {
-        for v in Fused::all() {
-            for (cell, cell_name) in [(0, "gru"), (1, "lstm")] {
-                for (backward, dir) in [(0, "forward"), (1, "backward")] {
-                    let name = super::super::context::KERNELS[KERNELS[cell][backward][v.r][v.s] as usize];
-                    assert_eq!(name, format!("rnn_fused_{cell_name}_{dir}_r{}_s{}", v.registers(), v.samples()));
-                }
+    fn each_cell_and_r_compiles_its_own_kernels() {
+        // the kernels under each `#if RNN_FUSED_CELL == RNN_<CELL> && RNN_FUSED_R == <R>`
+        let mut blocks = Vec::new();
+        for block in SOURCE.1.split("\n#if RNN_FUSED_CELL == ").skip(1) {
+            let (condition, body) = block.split_once('\n').unwrap();
+            let condition = format!("RNN_FUSED_CELL == {condition}");
+            let body = &body[..body.find("\n#endif").unwrap()];
+            let kernels: Vec<(&str, &str)> = body
+                .split("void ")
+                .skip(1)
+                .map(|k| {
+                    (
+                        &k[..k.find('(').unwrap()],
+                        k[k.find("rnn_fused_forward<").or(k.find("rnn_fused_backward<")).unwrap()..].split_once('>').unwrap().0,
+                    )
+                })
+                .collect();
+            blocks.push((condition, kernels));
+        }
+        assert_eq!(blocks.len(), 2 * REGISTERS.len());
+        for (cell, cell_const, cell_upper) in [(Cell::Gru, "RNN_GRU", "GRU"), (Cell::Lstm, "RNN_LSTM", "LSTM")] {
+            for (r, registers) in REGISTERS.into_iter().enumerate() {
+                let (source, defines) = program(cell, registers).unwrap();
+                assert_eq!(defines, [format!("-DRNN_FUSED_CELL={cell_const}"), format!("-DRNN_FUSED_R={registers}")]);
+                assert!(source.contains(COMMON) && source.contains(SOURCE.1) && source.contains("float rnn_sigmoid(float v) {"));
+                let condition = format!("RNN_FUSED_CELL == RNN_{cell_upper} && RNN_FUSED_R == {registers}");
+                let kernels = &blocks.iter().find(|(c, _)| *c == condition).unwrap_or_else(|| panic!("no block {condition}")).1;
+                let expected: Vec<(String, String)> = [false, true]
+                    .into_iter()
+                    .flat_map(|backward| (0..SAMPLES.len()).map(move |s| (backward, Fused { r, s })))
+                    .map(|(backward, v)| {
+                        let dir = if backward { "backward" } else { "forward" };
+                        let instance = format!("rnn_fused_{dir}<{cell_const}, {}, {}", v.registers(), v.samples());
+                        (kernel_name(cell, backward, v), instance)
+                    })
+                    .collect();
+                let found: Vec<(String, String)> = kernels.iter().map(|(n, i)| (n.to_string(), i.to_string())).collect();
+                assert_eq!(found, expected, "{condition}");
             }
         }
+        assert_eq!(kernel_names().len(), 2 * 2 * VARIANTS);
         assert_eq!(Fused::all().map(Fused::index).collect::<Vec<_>>(), (0..VARIANTS).collect::<Vec<_>>());
+    }
+
+    /// A layer's R: the largest whose kernels fit it.
+    #[test]
+    fn a_layer_gets_the_largest_r_that_fits() {
+        let registers = |d: &Dims, limit: usize| registers_for(d, limit).map(|r| REGISTERS[r]);
+        assert_eq!(registers(&dims(Cell::Gru, 64, Streaming::No), LIMIT), Some(64));
+        // 512 threads: past R = 64's bound of 256
+        assert_eq!(registers(&dims(Cell::Lstm, 128, Streaming::No), LIMIT), Some(32));
+        // padded 16: no room for 32 register values
+        assert_eq!(registers(&dims(Cell::Gru, 12, Streaming::No), LIMIT), Some(0));
+        // padded 48: room for 32, not 64
+        assert_eq!(registers(&dims(Cell::Gru, 40, Streaming::No), LIMIT), Some(32));
+        // r32's backward at one sample needs 4·(96·512 + 4·128 + 4·128) = 200 704 bytes (r0's more)
+        assert_eq!(registers(&dims(Cell::Lstm, 128, Streaming::No), 200_000), None);
+        // 4·129 = 516 threads: past every LSTM bound (512)
+        assert_eq!(registers(&dims(Cell::Lstm, 129, Streaming::No), LIMIT), None);
+        assert_eq!(registers(&dims(Cell::Gru, 64, Streaming::Carry), LIMIT), None);
     }
 
     /// The shared memory of the zoo's layers, worked out by hand from the layouts in
@@ -254,7 +381,8 @@ mod tests {
         assert_eq!(names(&lstm, 64), ["fused s1 r32", "fused s2 r32", "fused s4 r32", "fused s8 r32"]);
         // S below twice the batch: at 3 samples, S = 4 covers them, S = 8 would idle
         assert_eq!(names(&lstm, 3), ["fused s1 r32", "fused s2 r32", "fused s4 r32"]);
-        assert_eq!(names(&dims(Cell::Gru, 64, Streaming::No), 1), ["fused s1 r0", "fused s1 r32", "fused s1 r64"]);
+        assert_eq!(names(&dims(Cell::Gru, 64, Streaming::No), 1), ["fused s1 r64"]);
+        assert_eq!(names(&dims(Cell::Gru, 40, Streaming::No), 8), ["fused s1 r32", "fused s2 r32", "fused s4 r32", "fused s8 r32"]);
         // 3·129 = 387 threads: past every bound of a GRU's kernels (384; 256 for R = 64)
         assert!(candidates(&dims(Cell::Gru, 129, Streaming::No), 8, LIMIT).is_empty());
         // a stream's layer runs one step a call

@@ -18,7 +18,7 @@ use crate::cuda::exec::Raw;
 use crate::cuda::options::{Convs, RnnAlgos, Tuning};
 use crate::cuda::recurrent::{backward_steps, forward_steps, Ctx};
 use crate::cuda::rnn_cudnn::Algo;
-use crate::cuda::rnn_fused::{self, candidates, Fused, VARIANTS};
+use crate::cuda::rnn_fused::{self, Fused, VARIANTS};
 use crate::cuda::rnn_route::Route;
 use crate::cuda::timing::{add_note, time_calls, time_once, FirstMeasured, SLOW};
 use crate::cuda::{device_wide, driver_error};
@@ -102,7 +102,10 @@ impl Inner {
         let training = s.b.is_some();
         let ctx = step_ctx(s, index);
         let step = &s.plan.steps[index];
-        let fused = self.fused_candidates(&d, s);
+        let fused = self.fused_candidates(&d, s).unwrap_or_else(|why| {
+            note(&mut layer.note, training, &why);
+            Vec::new()
+        });
         let (m, with_cudnn) = {
             let routes = self.cudnn_routes(layer, i, training);
             let cudnn = !routes.is_empty();
@@ -154,13 +157,14 @@ impl Inner {
     }
 
     /// The fused variants that may be timed for layer `d` at the step's batch: those that fit
-    /// (`rnn_fused::candidates`) where `FLATNN_RNN_ALGO` allows the route and cuDNN is not
-    /// forced.
-    fn fused_candidates(&self, d: &Dims, s: &StepRun) -> Vec<Fused> {
+    /// (`rnn_fused::prepare`, which compiles their kernels on first need) where
+    /// `FLATNN_RNN_ALGO` allows the route and cuDNN is not forced. Err (why) where their
+    /// kernels could not be had.
+    fn fused_candidates(&self, d: &Dims, s: &StepRun) -> std::result::Result<Vec<Fused>, String> {
         if self.convs == Convs::Cudnn || !self.rnn_algos.allows_fused() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        candidates(d, s.f.batch, s.gpu.rnn_fused_shared_limit())
+        rnn_fused::prepare(s.gpu, d, s.f.batch)
     }
 
     /// Layer `i`'s cuDNN routes for the mode: one per algorithm set up at the batch.
