@@ -93,7 +93,7 @@ fn label(d: &Dims) -> String {
 
 impl Inner {
     /// Records the route of layer `i` for the mode of `s`: as measured before in this process
-    /// for the same device, shape, batch, arithmetic and mode, else measured now; the fastest
+    /// for the same device, shape, batch, arithmetic, mode and routes allowed, else measured now; the fastest
     /// route timed (cuDNN's fastest algorithm wherever it has one with `FLATNN_CUDNN=1`). A
     /// failure of cuDNN leaves flatnn's routes to choose from, a failure of every timing the
     /// per-step route chosen (with a note).
@@ -109,7 +109,16 @@ impl Inner {
         let (m, with_cudnn) = {
             let routes = self.cudnn_routes(layer, i, training);
             let cudnn = !routes.is_empty();
-            let key = MeasureKey { ordinal: s.gpu.ordinal(), dims: d, batch: s.f.batch, tf32: s.options.tf32, training, cudnn };
+            let key = MeasureKey {
+                ordinal: s.gpu.ordinal(),
+                dims: d,
+                batch: s.f.batch,
+                tf32: s.options.tf32,
+                training,
+                cudnn,
+                convs: self.convs,
+                rnn_algos: self.rnn_algos,
+            };
             match MEASURED.get(&key) {
                 Some(m) => (m, cudnn),
                 None => (MEASURED.keep(key, self.measure(&routes, &ctx, step, &d, &fused, s.options.graphs)?), cudnn),
@@ -280,8 +289,10 @@ fn step_ctx<'a>(s: &'a StepRun<'a>, index: usize) -> Ctx<'a> {
 }
 
 /// What a measurement is of: the device, the layer's sizes, the batch, the arithmetic and the
-/// mode, and whether cuDNN's routes were among those timed (a cache without them measures
-/// without them, and one with them does not take that measurement).
+/// mode, whether cuDNN's routes were among those timed (a cache without them measures without
+/// them, and one with them does not take that measurement), and which routes the model's
+/// tuning let be timed (`FLATNN_CUDNN`, `FLATNN_RNN_ALGO`: a model that timed the fused route
+/// alone leaves the per-step route untimed, which a model allowing both must not take as lost).
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct MeasureKey {
     ordinal: usize,
@@ -290,6 +301,8 @@ struct MeasureKey {
     tf32: bool,
     training: bool,
     cudnn: bool,
+    convs: Convs,
+    rnn_algos: RnnAlgos,
 }
 
 /// The routes timed: the per-step route, the fused variants in [`Fused::all`]'s order, cuDNN's
