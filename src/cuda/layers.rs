@@ -4,11 +4,11 @@
 //! checks the views' lengths on the host (a panic on a short view: a bug in the caller) and
 //! allocates nothing. As everything in `exec`, they only queue work on the pass's stream.
 
+use super::bias_act::bias_grad_splits;
 use super::buffer::DevBuf;
 use super::context::{Gpu, Kernel};
 use super::exec::{activation_backward, GpuBackward, GpuForward, Raw};
 use super::launch::{blocks, int, kernel_args, View, ViewMut, BLOCK};
-use super::ops::bias_grad_splits;
 use crate::activation::Activation;
 use crate::chain::Step;
 use crate::error::Result;

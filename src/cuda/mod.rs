@@ -11,6 +11,7 @@
 // context's event tracking is turned off (flatnn does its own ordering), so a `CudaSlice`
 // allocated from a `Gpu`'s context carries no events.
 
+mod bias_act;
 mod blas;
 mod blaslt;
 mod buffer;

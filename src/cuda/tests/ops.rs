@@ -106,7 +106,7 @@ fn bias_grad_is_exact_on_integers_and_deterministic() {
     // thread's share steps over many rows at a time)
     let sizes = [(7, 13, 5), (10, 1, 1000), (1, 1, 1), (3, 784, 64), (6, 41, 991), (16, 4096, 64), (5, 4, 300), (2, 12, 77)];
     for (channels, pixels, batch) in sizes {
-        let splits = crate::cuda::ops::bias_grad_splits(channels, pixels, batch);
+        let splits = crate::cuda::bias_act::bias_grad_splits(channels, pixels, batch);
         let n = batch * channels * pixels;
         let dz = rng.ints(n);
         let mut want = vec![0.0f32; channels];
@@ -129,11 +129,11 @@ fn bias_grad_is_exact_on_integers_and_deterministic() {
             same_bits(&what, &run(&dz, scratch), &run(&dz, scratch));
         }
     }
-    assert_eq!(crate::cuda::ops::bias_grad_splits(3, 784, 64), 13);
-    assert_eq!(crate::cuda::ops::bias_grad_splits(6, 41, 991), 10);
-    assert_eq!(crate::cuda::ops::bias_grad_splits(16, 4096, 64), 64);
-    assert_eq!(crate::cuda::ops::bias_grad_splits(16, 250, 4096), 64);
-    assert_eq!(crate::cuda::ops::bias_grad_splits(16, 1024, 64), 16);
+    assert_eq!(crate::cuda::bias_act::bias_grad_splits(3, 784, 64), 13);
+    assert_eq!(crate::cuda::bias_act::bias_grad_splits(6, 41, 991), 10);
+    assert_eq!(crate::cuda::bias_act::bias_grad_splits(16, 4096, 64), 64);
+    assert_eq!(crate::cuda::bias_act::bias_grad_splits(16, 250, 4096), 64);
+    assert_eq!(crate::cuda::bias_act::bias_grad_splits(16, 1024, 64), 16);
 }
 
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
@@ -371,7 +371,7 @@ fn act_bias_grad_is_act_backward_then_bias_grad_bit_for_bit() {
     // convolution at 512 (rows of 31 fours), rows of one four
     let sizes = [(7, 13, 5), (8, 16, 9), (3, 784, 64), (6, 41, 991), (32, 124, 512), (5, 4, 3000)];
     for (channels, pixels, batch) in sizes {
-        let (n, splits) = (batch * channels * pixels, crate::cuda::ops::bias_grad_splits(channels, pixels, batch));
+        let (n, splits) = (batch * channels * pixels, crate::cuda::bias_act::bias_grad_splits(channels, pixels, batch));
         let z: Vec<f32> = rng.uniform(n).iter().map(|v| 4.0 * v).collect();
         let dy = rng.uniform(n);
         for act in [Relu, Tanh, LeakyRelu(0.1), Identity, Gelu] {
@@ -557,7 +557,7 @@ fn bias_grad_times_at_the_zoos_convolutions() {
     for batch in [256, 1024] {
         for (channels, pixels, name) in [(6, 784, "lenet conv1"), (16, 100, "lenet conv2"), (16, 1024, "vgg conv1"), (32, 256, "vgg conv3")]
         {
-            let splits = crate::cuda::ops::bias_grad_splits(channels, pixels, batch);
+            let splits = crate::cuda::bias_act::bias_grad_splits(channels, pixels, batch);
             let time = |scratch: bool| {
                 let work = || {
                     // SAFETY: as vm's
