@@ -3,7 +3,7 @@
 //! same pass); as ops.rs's wrappers, each checks its views on the host and allocates nothing.
 
 use super::context::{Gpu, Kernel};
-use super::launch::{blocks, int, kernel_args, View, ViewMut};
+use super::launch::{aligned16, blocks, int, kernel_args, View, ViewMut};
 use super::ops::ints;
 use crate::activation::Activation;
 use crate::error::Result;
@@ -63,7 +63,7 @@ impl Gpu {
         // (see bias_act_forward)
         let rows_fit = if pixels == 1 { channels.is_multiple_of(4) } else { pixels.is_multiple_of(4) };
         let (z, y, bias) = (z.ptr(), y.map_or(0, |y| y.ptr()), bias.ptr());
-        let quads = if rows_fit && [z, y, bias].iter().all(|p| p % 16 == 0) { len / 4 } else { 0 };
+        let quads = if rows_fit && aligned16(&[z, y, bias]) { len / 4 } else { 0 };
         let (channels, pixels, quads, n, keep_z) = (int(channels)?, int(pixels)?, int(quads)?, int(len)?, i32::from(keep_z));
         let args = kernel_args![z, y, bias, code, slope, channels, pixels, quads, n, keep_z];
         self.run(stream, Kernel::BiasActForward, blocks(len.div_ceil(4)), args)
@@ -88,8 +88,7 @@ impl Gpu {
         let ((code, slope), reads) = (act.gpu_code(), act.derivative_reads());
         let (z, y, dy, dz, len) = (z.ptr(), y.ptr(), dy.ptr(), dz.ptr(), int(n)?);
         // fours of values as float4 where every pointer the kernel may touch is 16-byte aligned
-        let aligned = [z, y, dy, dz].iter().all(|p| p % 16 == 0);
-        let quads = if aligned { len / 4 } else { 0 };
+        let quads = if aligned16(&[z, y, dy, dz]) { len / 4 } else { 0 };
         let args = kernel_args![z, y, dy, dz, code, slope, reads, quads, len];
         self.run(stream, Kernel::ActBackward, blocks(n.div_ceil(4)), args)
     }

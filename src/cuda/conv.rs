@@ -25,7 +25,7 @@ use super::conv_mma_wgrad::conv_weight_grad_mma;
 use super::cudnn::Dir;
 use super::dnn::Route;
 use super::exec::{bias_act, dz_pending, Backward, Forward, GpuBackward, GpuForward, Raw};
-use super::launch::{blocks, int, kernel_args, View, ViewMut, BLOCK};
+use super::launch::{aligned16, blocks, int, kernel_args, View, ViewMut, BLOCK};
 use super::ops::{conv_dims, ints};
 use crate::activation::Activation;
 use crate::chain::{Plan, Step};
@@ -189,7 +189,7 @@ impl Gpu {
             return Ok(());
         }
         let (z, y, skip) = (z.ptr(), y.ptr(), skip.map_or(0, |s| s.ptr()));
-        let vec4 = pixels % 4 == 0 && [z, y, skip].iter().all(|p| p % 16 == 0);
+        let vec4 = pixels % 4 == 0 && aligned16(&[z, y, skip]);
         let (grid, row) = epilogue_grid(planes, pixels, vec4);
         let [mean, var, gamma, beta] = norm.map_or([0; 4], |n| [n.mean.ptr(), n.var.ptr(), n.gamma.ptr(), n.beta.ptr()]);
         let ((code, slope), bias, eps) = (act.gpu_code(), bias.ptr(), batch_norm::EPS);

@@ -190,3 +190,22 @@ pub(crate) fn int(n: usize) -> Result<i32> {
 pub(crate) fn blocks(n: usize) -> u32 {
     n.div_ceil(BLOCK as usize).clamp(1, 1 << 16) as u32
 }
+
+/// Whether every device address in `pointers` is 16-byte aligned, so a kernel may move float4s
+/// through them (a null pointer, an absent operand, counts as aligned).
+pub(crate) fn aligned16(pointers: &[u64]) -> bool {
+    pointers.iter().all(|p| p.is_multiple_of(16))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::aligned16;
+
+    #[test]
+    fn float4s_need_every_pointer_on_16_bytes() {
+        assert!(aligned16(&[0, 16, 4096]));
+        assert!(aligned16(&[]));
+        assert!(!aligned16(&[16, 20]));
+        assert!(!aligned16(&[8]));
+    }
+}

@@ -8,7 +8,7 @@ use super::bias_act::bias_grad_splits;
 use super::buffer::DevBuf;
 use super::context::{Gpu, Kernel};
 use super::exec::{activation_backward, GpuBackward, GpuForward, Raw};
-use super::launch::{blocks, int, kernel_args, View, ViewMut, BLOCK};
+use super::launch::{aligned16, blocks, int, kernel_args, View, ViewMut, BLOCK};
 use crate::activation::Activation;
 use crate::chain::Step;
 use crate::error::Result;
@@ -59,7 +59,7 @@ impl RowTiles {
 /// Fours of `n` values that the residual kernels take as float4: all of them where every
 /// pointer is 16-byte aligned, else none.
 fn quads(n: usize, pointers: &[u64]) -> usize {
-    if pointers.iter().all(|p| p.is_multiple_of(16)) {
+    if aligned16(pointers) {
         n / 4
     } else {
         0
@@ -282,7 +282,7 @@ impl Gpu {
         };
         let (x, z, mean, inv, gamma, beta) = (x.ptr(), z.ptr(), mean.ptr(), inv.ptr(), gamma.ptr(), beta.ptr());
         let _ = int(len)?;
-        let tiles = RowTiles::of(g.batch * c, g.pixels, [x, z, y].iter().all(|p| p.is_multiple_of(16)));
+        let tiles = RowTiles::of(g.batch * c, g.pixels, aligned16(&[x, z, y]));
         let (channels, pixels, rows, eps, from_running) =
             (int(c)?, int(g.pixels)?, int(g.batch * c)?, batch_norm::EPS, i32::from(from_running));
         let (fours, lanes_log2) = (i32::from(tiles.fours), tiles.lanes_log2 as i32);
@@ -347,7 +347,7 @@ impl Gpu {
         let (x, dy, dx, mean, inv, gamma, dgamma, dbeta) =
             (x.ptr(), dy.ptr(), dx.ptr(), mean.ptr(), inv.ptr(), gamma.ptr(), dgamma.ptr(), dbeta.ptr());
         let _ = int(len)?;
-        let tiles = RowTiles::of(g.batch * c, g.pixels, [x, dy, dx].iter().all(|p| p.is_multiple_of(16)));
+        let tiles = RowTiles::of(g.batch * c, g.pixels, aligned16(&[x, dy, dx]));
         let (channels, pixels, rows, inv_count) = (int(c)?, int(g.pixels)?, int(g.batch * c)?, (1.0 / g.n() as f64) as f32);
         let (fours, lanes_log2) = (i32::from(tiles.fours), tiles.lanes_log2 as i32);
         let args = kernel_args![x, dy, dx, mean, inv, gamma, dgamma, dbeta, channels, pixels, rows, fours, lanes_log2, inv_count];
