@@ -82,22 +82,68 @@ extern "C" __global__ void gru_step_backward(const float* gates, const float* hp
     }
 }
 
-// db_ih[g·hidden + u] = Σ over the `rows` steps (B·T) of dgates[row, in(g)·padded + u], and
-// db_hh[g·hidden + u] the same with the recurrent side's block (a GRU's n: block 3, else g). One
-// block per value (grid 2·gates·hidden); thread k sums rows k, k + 256, … in order, then a fixed
-// tree: deterministic.
-extern "C" __global__ void rnn_bias_grad(const float* dgates, float* db_ih, float* db_hh, int rows, int gates, int hidden, int padded) {
+// The bias gradients, in two launches. rnn_bias_grad sums the gates rows' columns in parts: block
+// (t, k) of a (⌈4·padded / 32⌉, parts) grid takes columns 32·t .. 32·t + 32 of rows k·chunk ..
+// min(rows, (k + 1)·chunk) (the B·T steps'), thread i four columns (4·(i % 8) ..) of rows i / 8,
+// i / 8 + 32, … in order, a warp reading four rows' 128 bytes each; then the block's 32 row lanes
+// of a column go into partials[k·4·padded + column] by a fixed tree. rnn_bias_join adds each
+// column's parts in order of k and writes db_ih[g·hidden + u] (block g's column u, g < gates) and
+// db_hh[g·hidden + u] (the recurrent side's block: a GRU's n is block 3, its block 2 has none).
+// Fixed orders throughout: deterministic. The host (src/cuda/recurrent.rs) sizes the grid.
+#define RNN_BIAS_COLS 32
+#define RNN_BIAS_LANES (REDUCE_THREADS / (RNN_BIAS_COLS / 4))
+extern "C" __global__ void rnn_bias_grad(const float* dgates, float* partials, int rows, int padded, int chunk) {
     after_prior();
-    __shared__ float buf[REDUCE_THREADS];
-    int per_side = gates * hidden;
-    int side = blockIdx.x / per_side, at = blockIdx.x - side * per_side;
-    int g = at / hidden, u = at - g * hidden;
-    int block = (gates == 3 && side == 1 && g == 2) ? 3 : g;
-    const float* col = dgates + block * padded + u;
-    float acc = 0.0f;
-    for (int r = threadIdx.x; r < rows; r += REDUCE_THREADS) acc += col[(long long)r * 4 * padded];
-    float sum = block_sum_f32(acc, buf);
-    if (threadIdx.x == 0) (side == 0 ? db_ih : db_hh)[at] = sum;
+    __shared__ float4 buf[REDUCE_THREADS];
+    const int quad = threadIdx.x % (RNN_BIAS_COLS / 4), lane = threadIdx.x / (RNN_BIAS_COLS / 4), row = 4 * padded;
+    const int col = blockIdx.x * RNN_BIAS_COLS + 4 * quad, k = blockIdx.y;
+    const int first = k * chunk, end = min(rows, first + chunk);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (col < row) {
+        const float* at = dgates + col;
+        if ((reinterpret_cast<unsigned long long>(dgates) & 15) == 0) {
+#pragma unroll 4
+            for (int r = first + lane; r < end; r += RNN_BIAS_LANES) {
+                float4 v = *reinterpret_cast<const float4*>(at + (long long)r * row);
+                acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+            }
+        } else {
+#pragma unroll 4
+            for (int r = first + lane; r < end; r += RNN_BIAS_LANES) {
+                const float* v = at + (long long)r * row;
+                acc.x += v[0], acc.y += v[1], acc.z += v[2], acc.w += v[3];
+            }
+        }
+    }
+    buf[threadIdx.x] = acc;
+    __syncthreads();
+    for (int half = RNN_BIAS_LANES / 2; half > 0; half /= 2) {
+        if (lane < half) {
+            float4 o = buf[threadIdx.x + half * (RNN_BIAS_COLS / 4)];
+            float4& m = buf[threadIdx.x];
+            m.x += o.x, m.y += o.y, m.z += o.z, m.w += o.w;
+        }
+        __syncthreads();
+    }
+    if (lane == 0 && col < row) {
+        float4 v = buf[quad];
+        float* out = partials + (long long)k * row + col;
+        out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+    }
+}
+
+extern "C" __global__ void rnn_bias_join(const float* partials, float* db_ih, float* db_hh, int parts, int gates, int hidden, int padded) {
+    after_prior();
+    const int row = 4 * padded;
+    GRID_STRIDE(col, row) {
+        int block = col / padded, u = col - block * padded;
+        if (u >= hidden) continue;
+        float sum = 0.0f;
+        for (int k = 0; k < parts; k++) sum += partials[(long long)k * row + col];
+        if (block < gates) db_ih[block * hidden + u] = sum;
+        if (gates == 4) db_hh[block * hidden + u] = sum;
+        else if (block != 2) db_hh[(block == 3 ? 2 : block) * hidden + u] = sum;
+    }
 }
 
 // The cuDNN route's states (src/cuda/rnn_dnn.rs): cuDNN takes and gives h and c packed, (batch,

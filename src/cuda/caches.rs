@@ -189,7 +189,7 @@ impl DevGrads {
         // every size checked before the first allocation
         let dacts = plan.acts_len(capacity)?;
         let dcols = batch_len(capacity, max_lowered_len(plan), "lowered convolution gradients")?;
-        let partials = batch_len(capacity, conv_w, "partial weight gradients")?;
+        let partials = batch_len(capacity, conv_w, "partial weight gradients")?.max(super::recurrent::bias_partials_len(plan, capacity));
         let ones = || -> Result<Vec<f32>> {
             let mut ones = zeros(capacity, || format!("a host vector of {capacity} ones"))?;
             ones.fill(1.0);

@@ -168,6 +168,7 @@ kernels! {
     GruStep = "gru_step",
     GruStepBackward = "gru_step_backward",
     RnnBiasGrad = "rnn_bias_grad",
+    RnnBiasJoin = "rnn_bias_join",
     LstmStep = "lstm_step",
     LstmStepBackward = "lstm_step_backward",
     RnnStatesIn = "rnn_states_in",
