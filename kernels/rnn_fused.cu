@@ -24,7 +24,9 @@
 // Not part of the main program: rnn_fused.rs compiles this file on a layer's first need, once per
 // (cell, R) and device, after common.cu and gru.cu's rnn_sigmoid, with RNN_FUSED_CELL (RNN_GRU or
 // RNN_LSTM) and RNN_FUSED_R (0, 32 or 64) defined, which select the 8 kernels (2 directions × 4 S)
-// emitted below.
+// emitted below; with RNN_FUSED_CLUSTERS too (sm_90 and later) the cell's 3 forwards on a cluster
+// of blocks (S = 1, 2, 4; rnn_cluster_forward, which a step's backward by the kernels above may
+// follow like any forward).
 #if !defined(RNN_FUSED_CELL) || !defined(RNN_FUSED_R)
 #error "RNN_FUSED_CELL and RNN_FUSED_R select the kernels (src/cuda/rnn_fused.rs defines them)"
 #endif
@@ -93,6 +95,84 @@ extern __shared__ __align__(16) float rnn_fused_shared[];
         int seq, int batch, int steps, int hidden, int padded, int state_len, int h_final, int c_final
 #define RNN_FUSED_FORWARD_ARGS gates, hprev, cprev, state, w_hh, b_ih, b_hh, y, seq, batch, steps, hidden, padded, state_len, h_final, c_final
 
+// Where a forward's cell writes (the kernels' parameters of those names).
+struct RnnFusedOut {
+    float *gates, *hprev, *cprev, *state, *y;
+    int seq, steps, hidden, padded, state_len, h_final, c_final;
+};
+#define RNN_FUSED_OUT_ARGS gates, hprev, cprev, state, y, seq, steps, hidden, padded, state_len, h_final, c_final
+
+// What sample n's unit u carries into the steps (none where n = batch): pre, step 0's G input
+// products; bi, bh, its biases b_ih[g·H + u], b_hh[g·H + u]; c, an LSTM's c_0.
+template <int CELL>
+__device__ __forceinline__ void rnn_fused_cell_begin(const RnnFusedOut& o, const float* b_ih, const float* b_hh, int batch, int n,
+                                                     int u, float* pre, float* bi, float* bh, float& c) {
+    constexpr int G = CELL == RNN_GRU ? 3 : 4;
+    const int P = o.padded, H = o.hidden;
+    const long long at = (long long)n * o.steps;
+    c = n < batch && CELL == RNN_LSTM ? o.cprev[at * P + u] : 0.0f;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        pre[g] = n < batch ? o.gates[at * 4 * P + g * P + u] : 0.0f;
+        bi[g] = n < batch ? b_ih[g * H + u] : 0.0f;
+        bh[g] = n < batch ? b_hh[g * H + u] : 0.0f;
+    }
+}
+
+// The cell of sample n's unit u at step t, its recurrent products computed: gru_step's or
+// lstm_step's math and writes (the gates row, h_t to the next step's hprev row or the state's
+// final slot, c_t likewise to cprev, y). pre: the unit's G input products at step t, replaced
+// by step t + 1's (loaded while this step's cell runs); bi, bh: its biases b_ih[g·H + u],
+// b_hh[g·H + u]; acc[g·stride]: gate g's recurrent product; hp: h_{t−1}; c: an LSTM's c_{t−1},
+// c_t after. Returns h_t.
+template <int CELL>
+__device__ __forceinline__ float rnn_fused_cell(const RnnFusedOut& o, int n, int u, int t, float* pre, const float* bi,
+                                                const float* bh, const float* acc, int stride, float hp, float& c) {
+    constexpr int G = CELL == RNN_GRU ? 3 : 4;
+    const int P = o.padded, H = o.hidden;
+    const long long at = (long long)n * o.steps + t;
+    const bool last = t + 1 == o.steps;
+    float in[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) in[g] = pre[g];
+    if (!last) {
+#pragma unroll
+        for (int g = 0; g < G; g++) pre[g] = o.gates[(at + 1) * 4 * P + g * P + u];
+    }
+    float* gr = o.gates + at * 4 * P;
+    float h;
+    if constexpr (CELL == RNN_GRU) {
+        float r = rnn_sigmoid(in[0] + acc[0] + bi[0] + bh[0]);
+        float z = rnn_sigmoid(in[1] + acc[stride] + bi[1] + bh[1]);
+        float a_n = acc[2 * stride] + bh[2];
+        float nn = tanhf(in[2] + bi[2] + r * a_n);
+        h = nn + z * (hp - nn);
+        gr[u] = r;
+        gr[P + u] = z;
+        gr[2 * P + u] = nn;
+        gr[3 * P + u] = a_n;
+    } else {
+        float ig = rnn_sigmoid(in[0] + acc[0] + bi[0] + bh[0]);
+        float fg = rnn_sigmoid(in[1] + acc[stride] + bi[1] + bh[1]);
+        float gg = tanhf(in[2] + acc[2 * stride] + bi[2] + bh[2]);
+        float og = rnn_sigmoid(in[3] + acc[3 * stride] + bi[3] + bh[3]);
+        float cc = fg * c + ig * gg;
+        h = og * tanhf(cc);
+        c = cc;
+        gr[u] = ig;
+        gr[P + u] = fg;
+        gr[2 * P + u] = gg;
+        gr[3 * P + u] = og;
+        if (last) o.state[(long long)n * o.state_len + o.c_final + u] = cc;
+        else o.cprev[(at + 1) * P + u] = cc;
+    }
+    if (last) o.state[(long long)n * o.state_len + o.h_final + u] = h;
+    else o.hprev[(at + 1) * P + u] = h;
+    if (o.seq) o.y[at * H + u] = h;
+    else if (last) o.y[(long long)n * H + u] = h;
+    return h;
+}
+
 // The forward of every step: per step t, row i's products a[s] = Σ_k W_hh[i, k]·h_{t−1}[s, k],
 // then gru_step's or lstm_step's math and writes (the gates row, h_t to the next step's hprev
 // row or the state's final slot, c_t likewise to cprev, y), h_t into shared memory.
@@ -118,75 +198,25 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
     }
     // this thread's elements q: e = tid + q·G·H, sample n = first + e / H (batch where e is past
     // the S·H elements: none), unit e % H
+    const RnnFusedOut out{RNN_FUSED_OUT_ARGS};
     int nn_[E], uu[E];
-    // bi, bh: the unit's biases b_ih[g·H + u], b_hh[g·H + u], the same every step
     float c[E], pre[E][G], bi[E][G], bh[E][G];
 #pragma unroll
     for (int q = 0; q < E; q++) {
         int e = tid + q * GH, s = e / H;
         nn_[q] = e < S * H && first + s < batch ? first + s : batch;
         uu[q] = e - s * H;
-        const long long at = (long long)nn_[q] * steps;
-        c[q] = nn_[q] < batch && CELL == RNN_LSTM ? cprev[at * P + uu[q]] : 0.0f;
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            pre[q][g] = nn_[q] < batch ? gates[at * 4 * P + g * P + uu[q]] : 0.0f;
-            bi[q][g] = nn_[q] < batch ? b_ih[g * H + uu[q]] : 0.0f;
-            bh[q][g] = nn_[q] < batch ? b_hh[g * H + uu[q]] : 0.0f;
-        }
+        rnn_fused_cell_begin<CELL>(out, b_ih, b_hh, batch, nn_[q], uu[q], pre[q], bi[q], bh[q], c[q]);
     }
     __syncthreads();
     for (int t = 0; t < steps; t++) {
         rnn_fused_dot<R, S>(w_reg, w_sh + tid, GH, h_sh, P, P, acc_sh + tid, GH);
         __syncthreads();
-        const bool last = t + 1 == steps;
 #pragma unroll
         for (int q = 0; q < E; q++) {
             const int n = nn_[q], s = n - first, u = uu[q];
             if (n >= batch) continue;
-            const long long at = (long long)n * steps + t;
-            float in[G];
-#pragma unroll
-            for (int g = 0; g < G; g++) in[g] = pre[q][g];
-            // the next step's input products, loaded while this step's cell and products run
-            if (!last) {
-#pragma unroll
-                for (int g = 0; g < G; g++) pre[q][g] = gates[(at + 1) * 4 * P + g * P + u];
-            }
-            float* gr = gates + at * 4 * P;
-            const float* acc = acc_sh + s * GH;
-            float h;
-            if (CELL == RNN_GRU) {
-                float r = rnn_sigmoid(in[0] + acc[u] + bi[q][0] + bh[q][0]);
-                float z = rnn_sigmoid(in[1] + acc[H + u] + bi[q][1] + bh[q][1]);
-                float a_n = acc[2 * H + u] + bh[q][2];
-                float nn = tanhf(in[2] + bi[q][2] + r * a_n);
-                float hp = h_sh[s * P + u];
-                h = nn + z * (hp - nn);
-                gr[u] = r;
-                gr[P + u] = z;
-                gr[2 * P + u] = nn;
-                gr[3 * P + u] = a_n;
-            } else {
-                float ig = rnn_sigmoid(in[0] + acc[u] + bi[q][0] + bh[q][0]);
-                float fg = rnn_sigmoid(in[1] + acc[H + u] + bi[q][1] + bh[q][1]);
-                float gg = tanhf(in[2] + acc[2 * H + u] + bi[q][2] + bh[q][2]);
-                float og = rnn_sigmoid(in[3 % G] + acc[3 * H + u] + bi[q][3 % G] + bh[q][3 % G]);
-                float cc = fg * c[q] + ig * gg;
-                h = og * tanhf(cc);
-                c[q] = cc;
-                gr[u] = ig;
-                gr[P + u] = fg;
-                gr[2 * P + u] = gg;
-                gr[3 * P + u] = og;
-                if (last) state[(long long)n * state_len + c_final + u] = cc;
-                else cprev[(at + 1) * P + u] = cc;
-            }
-            if (last) state[(long long)n * state_len + h_final + u] = h;
-            else hprev[(at + 1) * P + u] = h;
-            if (seq) y[at * H + u] = h;
-            else if (last) y[(long long)n * H + u] = h;
-            h_sh[s * P + u] = h;
+            h_sh[s * P + u] = rnn_fused_cell<CELL>(out, n, u, t, pre[q], bi[q], bh[q], acc_sh + s * GH + u, H, h_sh[s * P + u], c[q]);
         }
         __syncthreads();
     }
@@ -307,6 +337,117 @@ __device__ __forceinline__ void rnn_fused_backward(RNN_FUSED_BACKWARD_PARAMS) {
             dh[q] = v;
             dhprev[((long long)n * steps + t) * P + u] = v;
         }
+    }
+}
+
+// The forward on a cluster of C blocks (sm_90 and later; rnn_fused.rs launches it with C, 2 to 8,
+// as a launch attribute), which spreads W_hh over the registers of C SMs where the kernels above
+// keep most of it in one SM's shared memory. Cluster k runs samples k·S ..; its block of rank c
+// the units c·U .. c·U + U − 1 (U = ⌈H / C⌉) and the G·U rows of W_hh that make their gates, each
+// row over `split` threads of RNN_CLUSTER_KW register weights (split·KW = L ≥ padded, zeros past
+// H). A step: the block's products with h_{t−1} (shared memory), a block barrier, the cell of
+// its units (rnn_fused_cell), h_t's values stored into every block's shared memory
+// (st.shared::cluster), a cluster barrier. h_{t−1} and h_t are two buffers, so that one barrier a
+// step keeps a block from overwriting what another still reads. The block's threads, G·U·split
+// rounded up to whole warps, are rnn_fused.rs's to set; the threads past G·U·split compute zeros.
+//
+// Dynamic shared memory, in floats: 2·S·L h (two steps' buffers), S·G·U recurrent products.
+#define RNN_CLUSTER_KW 64
+
+__device__ __forceinline__ int rnn_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+}
+
+__device__ __forceinline__ int rnn_cluster_size() {
+    unsigned n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return (int)n;
+}
+
+// Every thread of the cluster's blocks arrives; its shared-memory stores before are seen by all
+// after.
+__device__ __forceinline__ void rnn_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// Sets the float at `local`'s place in the shared memory of the cluster's block `rank` to v.
+__device__ __forceinline__ void rnn_cluster_store(float* local, int rank, float v) {
+    unsigned at = (unsigned)__cvta_generic_to_shared(local), remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+}
+
+template <int CELL, int S>
+__device__ __forceinline__ void rnn_cluster_forward(RNN_FUSED_FORWARD_PARAMS) {
+    constexpr int G = CELL == RNN_GRU ? 3 : 4, KW = RNN_CLUSTER_KW;
+    // cell elements a thread: S·U (sample, unit) pairs over at least G·U threads
+    constexpr int E = (S + G - 1) / G;
+    const int H = hidden, P = padded, tid = threadIdx.x, threads = blockDim.x;
+    const int C = rnn_cluster_size(), rank = rnn_cluster_rank(), U = (H + C - 1) / C, GU = G * U;
+    int split = 1;
+    while (split * KW < P) split *= 2;
+    const int L = split * KW, first = blockIdx.x / C * S;
+    float* h_sh = rnn_fused_shared;
+    float* acc_sh = h_sh + 2 * S * L;
+    // thread tid: part `part` of local row lrow = g·U + j, W_hh's row g·H + rank·U + j
+    const int lrow = tid / split, part = tid - lrow * split, gate = lrow / U, j = lrow - gate * U;
+    const bool row = lrow < GU && rank * U + j < H;
+    const float* w = w_hh + (long long)(gate * H + rank * U + j) * H + part * KW;
+    float w_reg[KW];
+#pragma unroll
+    for (int k = 0; k < KW; k++) w_reg[k] = row && part * KW + k < H ? w[k] : 0.0f;
+    for (int i = tid; i < 2 * S * L; i += threads) {
+        const int b = i / (S * L), s = (i - b * S * L) / L, k = i - b * S * L - s * L;
+        h_sh[i] = b == 0 && first + s < batch && k < H ? hprev[(long long)(first + s) * steps * P + k] : 0.0f;
+    }
+    const RnnFusedOut out{RNN_FUSED_OUT_ARGS};
+    // this thread's elements q: e = tid + q·threads, sample n = first + e / U (batch where there
+    // is none), local unit e % U
+    int nn_[E], jj[E];
+    float c[E], pre[E][G], bi[E][G], bh[E][G];
+#pragma unroll
+    for (int q = 0; q < E; q++) {
+        const int e = tid + q * threads, s = e / U;
+        jj[q] = e - s * U;
+        nn_[q] = e < S * U && first + s < batch && rank * U + jj[q] < H ? first + s : batch;
+        rnn_fused_cell_begin<CELL>(out, b_ih, b_hh, batch, nn_[q], rank * U + jj[q], pre[q], bi[q], bh[q], c[q]);
+    }
+    // every block of the cluster running, its buffers set, before any block stores into them
+    rnn_cluster_sync();
+    for (int t = 0; t < steps; t++) {
+        const float* h_now = h_sh + (t & 1) * S * L;
+        float* h_next = h_sh + ((t + 1) & 1) * S * L;
+        float acc[S][4];
+#pragma unroll
+        for (int s = 0; s < S; s++) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KW; k += 4) {
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                float4 h = *reinterpret_cast<const float4*>(h_now + s * L + part * KW + k);
+                acc[s][0] = fmaf(w_reg[k], h.x, acc[s][0]);
+                acc[s][1] = fmaf(w_reg[k + 1], h.y, acc[s][1]);
+                acc[s][2] = fmaf(w_reg[k + 2], h.z, acc[s][2]);
+                acc[s][3] = fmaf(w_reg[k + 3], h.w, acc[s][3]);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+            float a = (acc[s][0] + acc[s][1]) + (acc[s][2] + acc[s][3]);
+            for (int m = 1; m < split; m *= 2) a += __shfl_xor_sync(0xffffffffu, a, m);
+            if (part == 0 && lrow < GU) acc_sh[s * GU + lrow] = a;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < E; q++) {
+            const int n = nn_[q], s = n - first, u = rank * U + jj[q];
+            if (n >= batch) continue;
+            const float h = rnn_fused_cell<CELL>(out, n, u, t, pre[q], bi[q], bh[q], acc_sh + s * GU + jj[q], U, h_now[s * L + u], c[q]);
+            for (int r = 0; r < C; r++) rnn_cluster_store(h_next + s * L + u, r, h);
+        }
+        rnn_cluster_sync();
     }
 }
 
@@ -517,5 +658,36 @@ extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_backward_r64
 extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_backward_r64_s8(RNN_FUSED_BACKWARD_PARAMS) {
     after_prior();
     rnn_fused_backward<RNN_LSTM, 64, 8>(RNN_FUSED_BACKWARD_ARGS);
+}
+#endif
+
+// The cluster forwards, rnn_fused_<cell>_cluster_s<S> (RNN_FUSED_CLUSTERS: compiled for sm_90 and
+// later), bounded to 512 threads (128 registers a thread: the 64 weights and the step's values).
+#if defined(RNN_FUSED_CLUSTERS) && RNN_FUSED_CELL == RNN_GRU
+extern "C" __global__ __launch_bounds__(512) void rnn_fused_gru_cluster_s1(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_cluster_forward<RNN_GRU, 1>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(512) void rnn_fused_gru_cluster_s2(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_cluster_forward<RNN_GRU, 2>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(512) void rnn_fused_gru_cluster_s4(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_cluster_forward<RNN_GRU, 4>(RNN_FUSED_FORWARD_ARGS);
+}
+#endif
+#if defined(RNN_FUSED_CLUSTERS) && RNN_FUSED_CELL == RNN_LSTM
+extern "C" __global__ __launch_bounds__(512) void rnn_fused_lstm_cluster_s1(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_cluster_forward<RNN_LSTM, 1>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(512) void rnn_fused_lstm_cluster_s2(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_cluster_forward<RNN_LSTM, 2>(RNN_FUSED_FORWARD_ARGS);
+}
+extern "C" __global__ __launch_bounds__(512) void rnn_fused_lstm_cluster_s4(RNN_FUSED_FORWARD_PARAMS) {
+    after_prior();
+    rnn_cluster_forward<RNN_LSTM, 4>(RNN_FUSED_FORWARD_ARGS);
 }
 #endif

@@ -34,7 +34,7 @@ impl Device {
     pub fn name(self) -> Result<String> {
         match self {
             Device::Cpu => Ok("cpu".into()),
-            Device::Cuda(ordinal) => cuda_info(ordinal).map(|(name, _, _)| name),
+            Device::Cuda(ordinal) => cuda_info(ordinal).map(|(name, ..)| name),
         }
     }
 
@@ -42,7 +42,17 @@ impl Device {
     pub fn memory(self) -> Result<(usize, usize)> {
         match self {
             Device::Cpu => Err(Error::Config("the CPU's memory is not tracked by flatnn".into())),
-            Device::Cuda(ordinal) => cuda_info(ordinal).map(|(_, free, total)| (free, total)),
+            Device::Cuda(ordinal) => cuda_info(ordinal).map(|(_, free, total, _)| (free, total)),
+        }
+    }
+
+    /// A CUDA device's compute capability, (major, minor): (9, 0) for an H100 or H200. Some
+    /// routes need a capability (clusters of blocks and programmatic launches sm_90); an error
+    /// for the CPU.
+    pub fn compute_capability(self) -> Result<(u32, u32)> {
+        match self {
+            Device::Cpu => Err(Error::Config("the CPU has no compute capability".into())),
+            Device::Cuda(ordinal) => cuda_info(ordinal).map(|(.., cc)| cc),
         }
     }
 
@@ -180,12 +190,12 @@ fn usable(_ordinal: usize) -> Result<()> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_info(ordinal: usize) -> Result<(String, usize, usize)> {
-    crate::cuda::device_info(ordinal).map(|info| (info.name, info.free_memory, info.total_memory))
+fn cuda_info(ordinal: usize) -> Result<(String, usize, usize, (u32, u32))> {
+    crate::cuda::device_info(ordinal).map(|info| (info.name, info.free_memory, info.total_memory, info.compute_capability))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_info(_ordinal: usize) -> Result<(String, usize, usize)> {
+fn cuda_info(_ordinal: usize) -> Result<(String, usize, usize, (u32, u32))> {
     Err(Error::Cuda { what: "flatnn was built without its `cuda` feature".into() })
 }
 
@@ -215,5 +225,15 @@ mod tests {
             Err(Error::Cuda { what }) => assert!(what.contains("97") || what.contains("not found") || what.contains("feature"), "{what}"),
             other => panic!("cuda:97 gave {other:?}"),
         }
+    }
+
+    /// The CPU has a name but no tracked memory or compute capability; a device that cannot
+    /// exist has neither, on any machine.
+    #[test]
+    fn what_a_device_reports() {
+        assert_eq!(Device::Cpu.name().unwrap(), "cpu");
+        assert!(matches!(Device::Cpu.memory(), Err(Error::Config(_))));
+        assert!(matches!(Device::Cpu.compute_capability(), Err(Error::Config(_))));
+        assert!(matches!(Device::Cuda(97).compute_capability(), Err(Error::Cuda { .. })));
     }
 }

@@ -212,13 +212,15 @@ fn each_cudnn_rnn_algorithm_matches_the_cpu() {
     }
 }
 
-/// The fused route alone (`FLATNN_RNN_ALGO=fused`, `FLATNN_CUDNN=0`), in a child process: GRU
-/// and LSTM layers whose only fitting variants keep no weights in registers (12 and 8 units,
-/// padded 16) or keep 32 there (an LSTM of 128, the zoo's), blocks padded past the units (12, 40,
-/// 8), sequence and last-step outputs, a recurrent layer's input gradient; forward outputs, final
-/// states and gradients at batches of 13 and 5 in caches of 13 (S = 2, 4, 8 do not divide them),
-/// and training steps in a graph, against the CPU. The report must name the fused route for both
-/// modes of every layer.
+/// The fused route alone, in a child process per kind of its variants (`FLATNN_CUDNN=0`,
+/// `FLATNN_RNN_ALGO=fused`: on one block a sample slice; `cluster`: the forward on a cluster of
+/// blocks, where the device has clusters): GRU and LSTM layers whose only fitting variants keep
+/// no weights in registers (12 and 8 units, padded 16) or keep 32 there (an LSTM of 128, the
+/// zoo's), blocks padded past the units (12, 40, 8), clusters whose last block owns fewer units
+/// (12 and 40 units on 8 blocks: 2 and 5 a block), sequence and last-step outputs, a recurrent
+/// layer's input gradient; forward outputs, final states and gradients at batches of 13 and 5 in
+/// caches of 13 (S = 2, 4, 8 do not divide them), and training steps in a graph, against the
+/// CPU. The report must name a variant of the kind for both modes of every layer.
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn the_fused_recurrent_route_matches_the_cpu() {
@@ -226,8 +228,15 @@ fn the_fused_recurrent_route_matches_the_cpu() {
     let device = cuda_device();
     if !in_child() {
         run_alone(TEST, &[("FLATNN_CUDNN", "0"), ("FLATNN_RNN_ALGO", "fused")]);
+        match device.compute_capability().unwrap() {
+            (major, _) if major >= 9 => {
+                run_alone(TEST, &[("FLATNN_CUDNN", "0"), ("FLATNN_RNN_ALGO", "cluster")]);
+            }
+            cc => println!("{TEST}: the cluster forwards not run (sm_{}{}: no clusters)", cc.0, cc.1),
+        }
         return;
     }
+    let kind = std::env::var("FLATNN_RNN_ALGO").unwrap();
     let mut rng = Rng::new(33);
     for (name, chain, loss) in [
         (
@@ -240,16 +249,22 @@ fn the_fused_recurrent_route_matches_the_cpu() {
     ] {
         let cpu = chain.build().unwrap().init(Init::GlorotUniform, 13).with_threads(1).unwrap();
         for batch in [13, 5] {
-            let what = format!("{name}, batch {batch} of 13 (fused)");
+            let what = format!("{name}, batch {batch} of 13 ({kind})");
             let report = forward_and_gradients_match(&cpu, &device, loss, (13, batch), &mut rng, &what);
             println!("{what}: {report}");
             let lines: Vec<&str> = report.lines().filter(|l| l.starts_with(&format!("batch {batch} ")) && l.contains(" over ")).collect();
             assert!(!lines.is_empty(), "{what}: no recurrent layer reported at this batch: {report}");
             for line in lines {
-                assert!(line.contains("inference fused s") && line.contains("training fused s"), "{what}: not fused: {line}");
+                for mode in ["inference", "training"] {
+                    // the chosen route, as the report names it first: `fused s1 r32 c8 12.3 µs (…`
+                    let chosen = line.split(&format!(" {mode} ")).nth(1).and_then(|rest| rest.split(" (").next()).unwrap_or("");
+                    let clustered = chosen.contains(" c4 ") || chosen.contains(" c8 ");
+                    let fused = chosen.starts_with("fused s") && clustered == (kind == "cluster");
+                    assert!(fused, "{what}: {mode} not by a {kind} variant: {line}");
+                }
             }
         }
-        training_steps_match(&cpu, &device, loss, &format!("{name} (fused)"));
+        training_steps_match(&cpu, &device, loss, &format!("{name} ({kind})"));
     }
 }
 

@@ -122,13 +122,45 @@ pub unsafe fn launch(
     dependent: bool,
     args: &mut [*mut c_void],
 ) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { launch_in_clusters(func, grid, block, shared_bytes, stream, dependent, 1, args) }
+}
+
+/// [`launch`] with the grid's blocks in clusters of `cluster` along x (a launch attribute; 1: no
+/// clusters).
+///
+/// # Safety
+/// As [`launch`]'s; where `cluster` > 1 the device must be sm_90 or later, `grid.0` a multiple of
+/// `cluster`, and `func` a kernel written for clusters of that size.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_in_clusters(
+    func: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_bytes: u32,
+    stream: sys::CUstream,
+    dependent: bool,
+    cluster: u32,
+    args: &mut [*mut c_void],
+) -> Result<()> {
+    // SAFETY: plain data; zero is a valid value for every field of the union.
+    let mut attributes: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut count = 0;
+    if dependent {
+        attributes[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attributes[count].value.programmaticStreamSerializationAllowed = 1;
+        count += 1;
+    }
+    if cluster > 1 {
+        attributes[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attributes[count].value.clusterDim.x = cluster;
+        attributes[count].value.clusterDim.y = 1;
+        attributes[count].value.clusterDim.z = 1;
+        count += 1;
+    }
     // SAFETY (both calls): the caller's contract; the driver copies the argument values (and
     // the launch attributes) before returning.
-    let status = if dependent {
-        // SAFETY: plain data; zero is a valid value for every field of the union.
-        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attribute.value.programmaticStreamSerializationAllowed = 1;
+    let status = if count > 0 {
         let config = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -138,8 +170,8 @@ pub unsafe fn launch(
             blockDimZ: block.2,
             sharedMemBytes: shared_bytes,
             hStream: stream,
-            attrs: &mut attribute,
-            numAttrs: 1,
+            attrs: attributes.as_mut_ptr(),
+            numAttrs: count as u32,
         };
         unsafe { sys::cuLaunchKernelEx(&config, func, args.as_mut_ptr(), std::ptr::null_mut()) }
     } else {

@@ -70,9 +70,11 @@ pub struct Tuning {
     pub convs: Convs,
     /// Which recurrent routes may be measured: `FLATNN_RNN_ALGO`, a list of [`RnnAlgos::NAMES`]
     /// (`,` between; unset or empty: all): cuDNN's algorithms, `fused` (flatnn's fused route,
-    /// every variant that fits) and `per_step` (flatnn's per-step route). The per-step route
-    /// still runs a layer where nothing allowed was measured; `FLATNN_RNN_ALGO=fused` runs every
-    /// layer a fused variant fits by the fused route (for testing it).
+    /// every variant on one block a sample slice that fits), `cluster` (its variants whose
+    /// forward runs on a cluster of blocks) and `per_step` (flatnn's per-step route). The
+    /// per-step route still runs a layer where nothing allowed was measured;
+    /// `FLATNN_RNN_ALGO=fused` runs every layer a fused variant fits by the fused route (for
+    /// testing it).
     pub rnn_algos: RnnAlgos,
     /// Kernels launch as programmatic dependents of the kernel ahead (sm_90 and later, CUDA 12.3
     /// drivers on). `FLATNN_DEPENDENT_LAUNCH=0` turns it off. A device's setting: it is taken
@@ -116,8 +118,8 @@ pub struct RnnAlgos {
 impl RnnAlgos {
     /// The recurrent routes as `FLATNN_RNN_ALGO` names them: cuDNN's algorithms as the route
     /// report names them too (`CUDNN_RNN_ALGO_*` less the prefix, in lower case; in
-    /// `rnn_cudnn::Algo::ALL`'s order), then flatnn's fused and per-step routes.
-    pub const NAMES: [&'static str; 4] = ["standard", "persist_static_small_h", "fused", "per_step"];
+    /// `rnn_cudnn::Algo::ALL`'s order), then flatnn's fused, per-step and cluster routes.
+    pub const NAMES: [&'static str; 5] = ["standard", "persist_static_small_h", "fused", "per_step", "cluster"];
 
     /// Every algorithm (the default).
     pub const ALL: RnnAlgos = RnnAlgos { allowed: [true; RnnAlgos::NAMES.len()] };
@@ -152,6 +154,12 @@ impl RnnAlgos {
     #[cfg(feature = "cuda")]
     pub(crate) fn allows_per_step(self) -> bool {
         self.allows(3)
+    }
+
+    /// Whether flatnn's fused variants with their forward on a cluster are in the set.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn allows_cluster(self) -> bool {
+        self.allows(4)
     }
 }
 
@@ -263,6 +271,7 @@ mod tests {
         assert_eq!(RnnAlgos::named("PERSIST_STATIC"), None);
         assert_eq!(RnnAlgos::named("fused"), Some(set(&[2])));
         assert_eq!(RnnAlgos::named("per_step,fused"), Some(set(&[2, 3])));
+        assert_eq!(RnnAlgos::named("cluster"), Some(set(&[4])));
         for (i, name) in RnnAlgos::NAMES.into_iter().enumerate() {
             assert_eq!(RnnAlgos::named(name), Some(set(&[i])));
         }

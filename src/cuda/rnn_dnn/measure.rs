@@ -167,13 +167,15 @@ impl Inner {
 
     /// The fused variants that may be timed for layer `d` at the step's batch: those that fit
     /// (`rnn_fused::prepare`, which compiles their kernels on first need) where
-    /// `FLATNN_RNN_ALGO` allows the route and cuDNN is not forced. Err (why) where their
-    /// kernels could not be had.
+    /// `FLATNN_RNN_ALGO` allows them (`fused` on one block, `cluster` on clusters) and cuDNN is
+    /// not forced. Err (why) where their kernels could not be had.
     fn fused_candidates(&self, d: &Dims, s: &StepRun) -> std::result::Result<Vec<Fused>, String> {
-        if self.convs == Convs::Cudnn || !self.rnn_algos.allows_fused() {
+        let algos = self.rnn_algos;
+        if self.convs == Convs::Cudnn || !(algos.allows_fused() || algos.allows_cluster()) {
             return Ok(Vec::new());
         }
-        rnn_fused::prepare(s.gpu, d, s.f.batch)
+        let allowed = |v: &Fused| if v.clustered() { algos.allows_cluster() } else { algos.allows_fused() };
+        Ok(rnn_fused::prepare(s.gpu, d, s.f.batch)?.into_iter().filter(allowed).collect())
     }
 
     /// Layer `i`'s cuDNN routes for the mode: one per algorithm set up at the batch.
