@@ -456,209 +456,38 @@ __device__ __forceinline__ void rnn_cluster_forward(RNN_FUSED_FORWARD_PARAMS) {
 // 32, 170 at 384 threads for a GRU, 128 at 512 for an LSTM; rnn_fused.rs offers a variant only
 // where G·H is within the bound). The bounds lose nothing for R = 0: a layer of more threads has
 // more weights than shared memory holds; for R = 32 they leave out GRUs of 129 to ~150 units.
+// One kernel of (CELL, R): rnn_fused_<cell>_<dir>_r<R>_s<S>, bounded to BOUND threads.
+#define RNN_FUSED_KERNEL(cell, CELL, dir, DIR, R, S, BOUND)                                            \
+    extern "C" __global__ __launch_bounds__(BOUND, 1) void rnn_fused_##cell##_##dir##_r##R##_s##S( \
+        RNN_FUSED_##DIR##_PARAMS) { after_prior(); rnn_fused_##dir<CELL, R, S>(RNN_FUSED_##DIR##_ARGS); }
+// The 8 kernels of (CELL, R), in the order rnn_fused.rs looks them up: forward, then backward,
+// each with S = 1, 2, 4, 8.
+#define RNN_FUSED_KERNELS(cell, CELL, R, BOUND)                       \
+    RNN_FUSED_KERNEL(cell, CELL, forward, FORWARD, R, 1, BOUND)       \
+    RNN_FUSED_KERNEL(cell, CELL, forward, FORWARD, R, 2, BOUND)       \
+    RNN_FUSED_KERNEL(cell, CELL, forward, FORWARD, R, 4, BOUND)       \
+    RNN_FUSED_KERNEL(cell, CELL, forward, FORWARD, R, 8, BOUND)       \
+    RNN_FUSED_KERNEL(cell, CELL, backward, BACKWARD, R, 1, BOUND)     \
+    RNN_FUSED_KERNEL(cell, CELL, backward, BACKWARD, R, 2, BOUND)     \
+    RNN_FUSED_KERNEL(cell, CELL, backward, BACKWARD, R, 4, BOUND)     \
+    RNN_FUSED_KERNEL(cell, CELL, backward, BACKWARD, R, 8, BOUND)
 #if RNN_FUSED_CELL == RNN_GRU && RNN_FUSED_R == 0
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r0_s1(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 0, 1>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r0_s2(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 0, 2>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r0_s4(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 0, 4>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r0_s8(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 0, 8>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r0_s1(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 0, 1>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r0_s2(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 0, 2>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r0_s4(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 0, 4>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r0_s8(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 0, 8>(RNN_FUSED_BACKWARD_ARGS);
-}
+RNN_FUSED_KERNELS(gru, RNN_GRU, 0, 384)
 #endif
 #if RNN_FUSED_CELL == RNN_GRU && RNN_FUSED_R == 32
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s1(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 32, 1>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s2(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 32, 2>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s4(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 32, 4>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_forward_r32_s8(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 32, 8>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r32_s1(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 32, 1>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r32_s2(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 32, 2>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r32_s4(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 32, 4>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(384, 1) void rnn_fused_gru_backward_r32_s8(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 32, 8>(RNN_FUSED_BACKWARD_ARGS);
-}
+RNN_FUSED_KERNELS(gru, RNN_GRU, 32, 384)
 #endif
 #if RNN_FUSED_CELL == RNN_GRU && RNN_FUSED_R == 64
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s1(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 64, 1>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s2(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 64, 2>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s4(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 64, 4>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_forward_r64_s8(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_GRU, 64, 8>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_backward_r64_s1(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 64, 1>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_backward_r64_s2(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 64, 2>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_backward_r64_s4(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 64, 4>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_gru_backward_r64_s8(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_GRU, 64, 8>(RNN_FUSED_BACKWARD_ARGS);
-}
+RNN_FUSED_KERNELS(gru, RNN_GRU, 64, 256)
 #endif
 #if RNN_FUSED_CELL == RNN_LSTM && RNN_FUSED_R == 0
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r0_s1(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 0, 1>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r0_s2(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 0, 2>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r0_s4(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 0, 4>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r0_s8(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 0, 8>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r0_s1(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 0, 1>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r0_s2(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 0, 2>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r0_s4(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 0, 4>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r0_s8(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 0, 8>(RNN_FUSED_BACKWARD_ARGS);
-}
+RNN_FUSED_KERNELS(lstm, RNN_LSTM, 0, 512)
 #endif
 #if RNN_FUSED_CELL == RNN_LSTM && RNN_FUSED_R == 32
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s1(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 32, 1>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s2(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 32, 2>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s4(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 32, 4>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_forward_r32_s8(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 32, 8>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r32_s1(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 32, 1>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r32_s2(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 32, 2>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r32_s4(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 32, 4>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void rnn_fused_lstm_backward_r32_s8(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 32, 8>(RNN_FUSED_BACKWARD_ARGS);
-}
+RNN_FUSED_KERNELS(lstm, RNN_LSTM, 32, 512)
 #endif
 #if RNN_FUSED_CELL == RNN_LSTM && RNN_FUSED_R == 64
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s1(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 64, 1>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s2(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 64, 2>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s4(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 64, 4>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_forward_r64_s8(RNN_FUSED_FORWARD_PARAMS) {
-    after_prior();
-    rnn_fused_forward<RNN_LSTM, 64, 8>(RNN_FUSED_FORWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_backward_r64_s1(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 64, 1>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_backward_r64_s2(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 64, 2>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_backward_r64_s4(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 64, 4>(RNN_FUSED_BACKWARD_ARGS);
-}
-extern "C" __global__ __launch_bounds__(256, 1) void rnn_fused_lstm_backward_r64_s8(RNN_FUSED_BACKWARD_PARAMS) {
-    after_prior();
-    rnn_fused_backward<RNN_LSTM, 64, 8>(RNN_FUSED_BACKWARD_ARGS);
-}
+RNN_FUSED_KERNELS(lstm, RNN_LSTM, 64, 256)
 #endif
 
 // The cluster forwards, rnn_fused_<cell>_cluster_s<S> (RNN_FUSED_CLUSTERS: compiled for sm_90 and

@@ -288,12 +288,12 @@ pub(super) fn backward_weights(ctx: &Ctx, step: &Step, d: &Dims) -> Result<()> {
     // H_prev (m × H, rows of `padded`) for a GRU's r, z, then n (block 3), an LSTM's 0..3
     let xm = DevMat { data: acts.at(r.x.clone()), rs: features, cs: 1 };
     let hm = DevMat { data: acts.at(r.hprev.clone()), rs: p, cs: 1 };
-    let gate_blocks = |cell: Cell| match cell {
-        Cell::Gru => [(0, 0), (1, 1), (3, 2)].as_slice(),
-        Cell::Lstm => [(0, 0), (1, 1), (2, 2), (3, 3)].as_slice(),
-    };
     let input_blocks = [(0, 0), (1, 1), (2, 2), (3, 3)];
-    for (blocks, v, width, dw) in [(&input_blocks[..g], xm, features, r.ih.clone()), (gate_blocks(d.cell), hm, h, r.hh.clone())] {
+    let gate_blocks: &[(usize, usize)] = match d.cell {
+        Cell::Gru => &[(0, 0), (1, 1), (3, 2)],
+        Cell::Lstm => &input_blocks,
+    };
+    for (blocks, v, width, dw) in [(&input_blocks[..g], xm, features, r.ih.clone()), (gate_blocks, hm, h, r.hh.clone())] {
         for (block, gate, count) in block_runs(blocks, p == h) {
             let a = DevMat { data: dacts.at(r.gates.start + block * p..r.gates.end), rs: 1, cs: row };
             let c = DevMatMut { data: grads.at_mut(dw.start + gate * h * width..dw.end), rs: width, cs: 1 };

@@ -389,29 +389,34 @@ mod tests {
     const LIMIT: usize = 232_448;
 
     /// The defines of each (cell, R) select exactly its 8 kernels in rnn_fused.cu, the ones
-    /// `load` looks up, each launching its own instantiation; the program has what they call.
+    /// `load` looks up, each launching its own instantiation within the thread bound `fits`
+    /// assumes; the program has what they call.
     #[test]
     fn each_cell_and_r_compiles_its_own_kernels() {
-        // the kernels under each `#if RNN_FUSED_CELL == RNN_<CELL> && RNN_FUSED_R == <R>`
-        let mut blocks = Vec::new();
-        for block in SOURCE.1.split("\n#if RNN_FUSED_CELL == ").skip(1) {
-            let (condition, body) = block.split_once('\n').unwrap();
-            let condition = format!("RNN_FUSED_CELL == {condition}");
-            let body = &body[..body.find("\n#endif").unwrap()];
-            let kernels: Vec<(&str, &str)> = body
-                .split("void ")
-                .skip(1)
-                .map(|k| {
-                    (
-                        &k[..k.find('(').unwrap()],
-                        k[k.find("rnn_fused_forward<").or(k.find("rnn_fused_backward<")).unwrap()..].split_once('>').unwrap().0,
-                    )
-                })
-                .collect();
-            blocks.push((condition, kernels));
+        let text = SOURCE.1;
+        let macro_body = |name: &str| {
+            let body = &text[text.find(&format!("#define {name}(")).unwrap_or_else(|| panic!("rnn_fused.cu defines {name}"))..];
+            body[..body.find("\n#").unwrap_or(body.len())].replace("\\\n", " ")
+        };
+        // a kernel: its name from its arguments (as `kernel_name` forms it), its instantiation,
+        // its bound
+        let kernel = macro_body("RNN_FUSED_KERNEL");
+        assert!(kernel.starts_with("#define RNN_FUSED_KERNEL(cell, CELL, dir, DIR, R, S, BOUND)"), "{kernel}");
+        for part in [
+            "__launch_bounds__(BOUND, 1) void rnn_fused_##cell##_##dir##_r##R##_s##S(",
+            "RNN_FUSED_##DIR##_PARAMS) { after_prior(); rnn_fused_##dir<CELL, R, S>(RNN_FUSED_##DIR##_ARGS); }",
+        ] {
+            assert!(kernel.contains(part), "RNN_FUSED_KERNEL lacks {part:?}: {kernel}");
         }
-        assert_eq!(blocks.len(), 2 * REGISTERS.len());
-        for (cell, cell_const, cell_upper) in [(Cell::Gru, "RNN_GRU", "GRU"), (Cell::Lstm, "RNN_LSTM", "LSTM")] {
+        // a (cell, R)'s 8, in the order `load` looks them up
+        let calls: Vec<String> =
+            macro_body("RNN_FUSED_KERNELS").split("RNN_FUSED_KERNEL(").skip(1).map(|c| c[..c.find(')').unwrap()].to_string()).collect();
+        let expected: Vec<String> = [("forward", "FORWARD"), ("backward", "BACKWARD")]
+            .into_iter()
+            .flat_map(|(dir, upper)| SAMPLES.map(|s| format!("cell, CELL, {dir}, {upper}, R, {s}, BOUND")))
+            .collect();
+        assert_eq!(calls, expected);
+        for (cell, cell_const, name) in [(Cell::Gru, "RNN_GRU", "gru"), (Cell::Lstm, "RNN_LSTM", "lstm")] {
             for (r, registers) in REGISTERS.into_iter().enumerate() {
                 let (source, defines) = program(cell, registers, false).unwrap();
                 assert_eq!(defines, [format!("-DRNN_FUSED_CELL={cell_const}"), format!("-DRNN_FUSED_R={registers}")]);
@@ -419,21 +424,16 @@ mod tests {
                 assert_eq!(with_clusters[..2], defines[..]);
                 assert_eq!(with_clusters[2..], ["-DRNN_FUSED_CLUSTERS"]);
                 assert!(source.contains(COMMON) && source.contains(SOURCE.1) && source.contains("float rnn_sigmoid(float v) {"));
-                let condition = format!("RNN_FUSED_CELL == RNN_{cell_upper} && RNN_FUSED_R == {registers}");
-                let kernels = &blocks.iter().find(|(c, _)| *c == condition).unwrap_or_else(|| panic!("no block {condition}")).1;
-                let expected: Vec<(String, String)> = [false, true]
-                    .into_iter()
-                    .flat_map(|backward| (0..SAMPLES.len()).map(move |s| (backward, Fused { r, s, c: 0 })))
-                    .map(|(backward, v)| {
-                        let dir = if backward { "backward" } else { "forward" };
-                        let instance = format!("rnn_fused_{dir}<{cell_const}, {}, {}", v.registers(), v.samples());
-                        (kernel_name(cell, backward, v), instance)
-                    })
-                    .collect();
-                let found: Vec<(String, String)> = kernels.iter().map(|(n, i)| (n.to_string(), i.to_string())).collect();
-                assert_eq!(found, expected, "{condition}");
+                let v = Fused { r, s: 0, c: 0 };
+                let block = format!(
+                    "\n#if RNN_FUSED_CELL == {cell_const} && RNN_FUSED_R == {registers}\nRNN_FUSED_KERNELS({name}, {cell_const}, {registers}, {})\n#endif\n",
+                    v.max_threads(cell)
+                );
+                assert_eq!(text.matches(&block).count(), 1, "rnn_fused.cu lacks {block:?}");
+                assert_eq!(kernel_name(cell, true, Fused { s: 2, ..v }), format!("rnn_fused_{name}_backward_r{registers}_s4"));
             }
         }
+        assert_eq!(text.matches("\n#if RNN_FUSED_CELL == ").count(), 2 * REGISTERS.len(), "one block a (cell, R)");
         // the cluster forwards: each cell's, under RNN_FUSED_CLUSTERS, each its cell's
         // rnn_cluster_forward with its S
         for (cell, cell_const) in [(Cell::Gru, "RNN_GRU"), (Cell::Lstm, "RNN_LSTM")] {
