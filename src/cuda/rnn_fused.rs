@@ -265,11 +265,12 @@ fn registers_for(d: &Dims, shared_limit: usize) -> Option<usize> {
 
 /// The variants worth timing for `d` at `batch` with `shared_limit` (see [`registers_for`]):
 /// the layer's R with each S that fits, below twice the batch (a larger S runs no more samples
-/// a block), each on one block and, with `clusters`, on each cluster that fits where the
-/// variant on one block does (its backward).
+/// a block), each on one block and, with `clusters`, on each cluster that fits (its `fits`
+/// covers its backward, the block kernel's, whose shared memory is never below the block
+/// forward's).
 fn candidates(d: &Dims, batch: usize, shared_limit: usize, clusters: bool) -> Vec<Fused> {
     let Some(r) = registers_for(d, shared_limit) else { return Vec::new() };
-    let fits = |v: Fused| v.samples() < 2 * batch.max(1) && Fused { c: 0, ..v }.fits(d, shared_limit) && v.fits(d, shared_limit);
+    let fits = |v: Fused| v.samples() < 2 * batch.max(1) && v.fits(d, shared_limit);
     let cs = if clusters { CLUSTERS.len() } else { 1 };
     (0..SAMPLES.len()).flat_map(|s| (0..cs).map(move |c| Fused { r, s, c })).filter(|&v| fits(v)).collect()
 }
@@ -282,7 +283,7 @@ pub(crate) fn prepare(gpu: &Gpu, d: &Dims, batch: usize) -> std::result::Result<
     let Some(r) = fused.first().map(|v| v.r) else { return Ok(fused) };
     let module = gpu.rnn_fused.slot(d.cell, r).get_or_init(|| load(gpu, d.cell, r).map_err(|e| e.to_string()));
     let module = module.as_ref().map_err(|why| format!("the fused kernels r{} could not be had: {why}", REGISTERS[r]))?;
-    Ok(fused.into_iter().filter(|v| v.fits(d, module.shared_limit) && Fused { c: 0, ..*v }.fits(d, module.shared_limit)).collect())
+    Ok(fused.into_iter().filter(|v| v.fits(d, module.shared_limit)).collect())
 }
 
 /// The forward of the step by the fused route with `v` (see the module docs).
