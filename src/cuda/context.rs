@@ -1,8 +1,8 @@
 //! One [`Gpu`] per device per process: the driver context, flatnn's kernels compiled for the
 //! device with NVRTC, and every kernel's handle looked up once.
 
-use super::driver_error;
 use super::options::Tuning;
+use super::{driver_error, kernel_cache};
 use crate::activation::Activation;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -437,18 +437,38 @@ fn compile(cc: (i32, i32)) -> Result<Vec<u8>> {
 
 /// `source` (called `name` in NVRTC's log) compiled by NVRTC to machine code for compute
 /// capability `cc` (a cubin, so no PTX is left to the driver's JIT and a newer NVRTC than the
-/// driver still works), with flatnn's options and `extra` ones (such as `-D` defines).
+/// driver still works), with flatnn's options and `extra` ones (such as `-D` defines); read
+/// from the kernel cache where an earlier process compiled the same ([`kernel_cache`]).
 pub(crate) fn compile_source(name: &CStr, source: String, cc: (i32, i32), extra: &[&str]) -> Result<Vec<u8>> {
     let what = name.to_string_lossy();
-    let source = CString::new(source).map_err(|_| Error::Cuda { what: format!("{what} contains a NUL byte") })?;
     let arch = format!("--gpu-architecture=sm_{}{}", cc.0, cc.1);
     // --fmad=false: a·b + c rounds twice, as on the CPU, so element-wise kernels match it exactly.
     let options: Vec<&str> = [arch.as_str(), "--fmad=false", "--std=c++17"].into_iter().chain(extra.iter().copied()).collect();
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| Error::Cuda { what: format!("NVRTC could not tell its version: {e:?}") })?;
+    let key = kernel_cache::Key {
+        name: what.into_owned(),
+        cc,
+        options: options.iter().map(|o| o.to_string()).collect(),
+        nvrtc: (major, minor),
+        source,
+    };
+    kernel_cache::cached(kernel_cache::directory_from_env().as_deref(), &key, || nvrtc_compile(name, &key.source, cc, &options))
+}
+
+/// `source` compiled by NVRTC with `options` for compute capability `cc` (`name`: the program's
+/// name in NVRTC's log).
+fn nvrtc_compile(name: &CStr, source: &str, cc: (i32, i32), options: &[&str]) -> Result<Vec<u8>> {
+    let what = name.to_string_lossy();
+    let source = CString::new(source).map_err(|_| Error::Cuda { what: format!("{what} contains a NUL byte") })?;
     let nvrtc_err = |what: &str, e: nvrtc::NvrtcError| Error::Cuda { what: format!("NVRTC {what}: {e:?}") };
     let program = nvrtc::create_program(&source, Some(name)).map_err(|e| nvrtc_err("could not create a program", e))?;
     // SAFETY: `program` is live until destroyed below; buffers are sized by NVRTC's own answers.
     let compiled = unsafe {
-        match nvrtc::compile_program(program, &options) {
+        match nvrtc::compile_program(program, options) {
             Ok(()) => cubin(program),
             Err(e) => {
                 let log = nvrtc::get_program_log(program).map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned());

@@ -29,6 +29,7 @@ mod dnn;
 pub(crate) mod exec;
 mod graph;
 pub(crate) mod head;
+mod kernel_cache;
 mod launch;
 pub(crate) mod layers;
 pub(crate) mod nccl;

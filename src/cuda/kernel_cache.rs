@@ -1,0 +1,231 @@
+//! Compiled kernels kept between runs: NVRTC takes seconds to compile flatnn's kernels for a
+//! device (the main program, and each recurrent fused module on first need), so each machine
+//! code it gives is written to a file, and a later process that would compile the same program
+//! reads it instead.
+//!
+//! A file holds a header naming everything that went into the code (the program's name, the
+//! architecture, NVRTC's options and version, the source's length and two 64-bit hashes of it)
+//! and then the code (a cubin: an ELF image). It is used only where its header is the one the
+//! program at hand would have and its code starts as an ELF image does; anything else is
+//! compiled again and the file replaced. Files are written whole under another name and then
+//! renamed, so a process never reads one half written. Nothing here fails a program: a
+//! directory that cannot be made, read or written leaves the kernels to be compiled, as they
+//! would be without it.
+//!
+//! Where: `FLATNN_KERNEL_CACHE` (a directory; `off` for none), else `$XDG_CACHE_HOME/flatnn`,
+//! else `$HOME/.cache/flatnn`. Deleting the directory empties the cache.
+
+use crate::error::Result;
+use std::collections::hash_map::DefaultHasher;
+use std::ffi::OsString;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+
+/// The first bytes of a file of this format.
+const MAGIC: &str = "flatnn kernels 1";
+
+/// The start of every ELF image (a cubin is one).
+const ELF: &[u8] = b"\x7fELF";
+
+/// What a program's machine code is compiled from, as a file's header states it.
+pub(crate) struct Key {
+    /// The program's name (its NVRTC name, `flatnn_kernels.cu`, `rnn_fused.cu`).
+    pub name: String,
+    /// Compute capability.
+    pub cc: (i32, i32),
+    /// NVRTC's options, in order.
+    pub options: Vec<String>,
+    /// NVRTC's version.
+    pub nvrtc: (i32, i32),
+    /// The source text.
+    pub source: String,
+}
+
+impl Key {
+    /// The header line: every part of the key, the source by its length and two hashes.
+    fn header(&self) -> String {
+        let hash = |seed: u64| {
+            let mut h = DefaultHasher::new();
+            seed.hash(&mut h);
+            self.source.hash(&mut h);
+            h.finish()
+        };
+        format!(
+            "{MAGIC}; {}; sm_{}{}; nvrtc {}.{}; {}; source {} bytes {:016x}{:016x}\n",
+            self.name,
+            self.cc.0,
+            self.cc.1,
+            self.nvrtc.0,
+            self.nvrtc.1,
+            self.options.join(" "),
+            self.source.len(),
+            hash(1),
+            hash(2)
+        )
+    }
+
+    /// The file's name: the program's name, the architecture and a hash of the header.
+    fn file_name(&self, header: &str) -> String {
+        let mut h = DefaultHasher::new();
+        header.hash(&mut h);
+        let stem = self.name.trim_end_matches(".cu");
+        format!("{stem}-sm_{}{}-{:016x}.cubin", self.cc.0, self.cc.1, h.finish())
+    }
+}
+
+/// The cache's directory from the environment's values of `FLATNN_KERNEL_CACHE`,
+/// `XDG_CACHE_HOME` and `HOME`, in that order of preference (`off` for the first: none; an
+/// empty value counts as unset).
+pub(crate) fn directory(setting: Option<OsString>, xdg: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    let given = |v: Option<OsString>| v.filter(|v| !v.is_empty());
+    match given(setting) {
+        Some(v) if v == "off" => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => given(xdg).map(|x| PathBuf::from(x).join("flatnn")).or_else(|| given(home).map(|h| PathBuf::from(h).join(".cache/flatnn"))),
+    }
+}
+
+/// [`directory`] from this process's environment.
+pub(crate) fn directory_from_env() -> Option<PathBuf> {
+    directory(std::env::var_os("FLATNN_KERNEL_CACHE"), std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME"))
+}
+
+/// The machine code of `key`: read from its file in `dir` where that holds it, else
+/// `compile()`'s, then written there (`dir` None: compiled, nothing read or written).
+pub(crate) fn cached(dir: Option<&Path>, key: &Key, compile: impl FnOnce() -> Result<Vec<u8>>) -> Result<Vec<u8>> {
+    let Some(dir) = dir else { return compile() };
+    let header = key.header();
+    let path = dir.join(key.file_name(&header));
+    if let Some(code) = read(&path, &header) {
+        return Ok(code);
+    }
+    let code = compile()?;
+    write(dir, &path, &header, &code);
+    Ok(code)
+}
+
+/// The code in `path` where the file starts with `header` and the code as an ELF image does.
+fn read(path: &Path, header: &str) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(path).ok()?;
+    let code = bytes.strip_prefix(header.as_bytes())?;
+    code.starts_with(ELF).then(|| code.to_vec())
+}
+
+/// `header` and `code` into `path`, through a file of another name renamed onto it; a failure
+/// leaves no file behind where it can and is otherwise ignored.
+fn write(dir: &Path, path: &Path, header: &str, code: &[u8]) {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let partial = path.with_extension(format!("partial.{}.{nanos}", std::process::id()));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&partial, [header.as_bytes(), code].concat()))
+        .and_then(|()| std::fs::rename(&partial, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn key(source: &str) -> Key {
+        Key { name: "k.cu".into(), cc: (9, 0), options: vec!["--fmad=false".into()], nvrtc: (13, 0), source: source.into() }
+    }
+
+    /// A fresh directory under the system's temporary one.
+    fn scratch(what: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("flatnn-kernel-cache-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// A compiler that counts its calls and gives an ELF image holding `tag`.
+    fn counting<'a>(calls: &'a Cell<usize>, tag: &'a str) -> impl Fn() -> Result<Vec<u8>> + 'a {
+        move || {
+            calls.set(calls.get() + 1);
+            Ok([ELF, tag.as_bytes()].concat())
+        }
+    }
+
+    /// The first call compiles and writes a file; the next with the same key reads it (no
+    /// compile, the same bytes); a key that differs in any part compiles again into a file of
+    /// its own.
+    #[test]
+    fn a_second_call_reads_what_the_first_compiled() {
+        let dir = scratch("reuse");
+        let calls = Cell::new(0);
+        let first = cached(Some(&dir), &key("a"), counting(&calls, "a")).unwrap();
+        let second = cached(Some(&dir), &key("a"), counting(&calls, "other")).unwrap();
+        assert_eq!((calls.get(), &first), (1, &second));
+        let variants = [
+            key("b"),
+            Key { cc: (8, 0), ..key("a") },
+            Key { options: vec![], ..key("a") },
+            Key { nvrtc: (13, 1), ..key("a") },
+            Key { name: "j.cu".into(), ..key("a") },
+        ];
+        for (i, variant) in variants.iter().enumerate() {
+            let code = cached(Some(&dir), variant, counting(&calls, "v")).unwrap();
+            assert_eq!((calls.get(), code), (2 + i, [ELF, b"v"].concat()), "variant {i}");
+        }
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 6, "a file a key, none left partial");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file whose header is not the key's, cut short, or whose code is not an ELF image is
+    /// compiled again and replaced.
+    #[test]
+    fn a_file_that_does_not_match_is_compiled_again() {
+        let dir = scratch("damaged");
+        let calls = Cell::new(0);
+        let k = key("a");
+        cached(Some(&dir), &k, counting(&calls, "a")).unwrap();
+        let path = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+        let good = std::fs::read(&path).unwrap();
+        let header = k.header().len();
+        let mut other_header = good.clone();
+        other_header[header - 2] ^= 1;
+        let damaged = [other_header, good[..header + 2].to_vec(), [&good[..header], b"not elf"].concat(), Vec::new()];
+        for (i, bytes) in damaged.into_iter().enumerate() {
+            std::fs::write(&path, bytes).unwrap();
+            let code = cached(Some(&dir), &k, counting(&calls, "a")).unwrap();
+            assert_eq!((calls.get(), code), (2 + i, [ELF, b"a"].concat()), "damage {i}");
+            assert_eq!(std::fs::read(&path).unwrap(), good, "damage {i}: the file replaced");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Without a directory every call compiles; a directory that cannot be made (its parent is
+    /// a file) compiles too and fails nothing; a compiler's error is the call's.
+    #[test]
+    fn no_directory_or_an_unusable_one_compiles() {
+        let calls = Cell::new(0);
+        for _ in 0..2 {
+            cached(None, &key("a"), counting(&calls, "a")).unwrap();
+        }
+        assert_eq!(calls.get(), 2);
+        let file = scratch("file");
+        std::fs::write(&file, b"a file").unwrap();
+        let under = file.join("cache");
+        for _ in 0..2 {
+            assert_eq!(cached(Some(&under), &key("a"), counting(&calls, "a")).unwrap(), [ELF, b"a"].concat());
+        }
+        assert_eq!(calls.get(), 4);
+        let failing = || Err(crate::error::Error::Cuda { what: "no compiler".into() });
+        assert!(cached(Some(&scratch("failing")), &key("a"), failing).is_err());
+        std::fs::remove_file(&file).unwrap();
+    }
+
+    /// `FLATNN_KERNEL_CACHE` names the directory (`off`: none), else `$XDG_CACHE_HOME/flatnn`,
+    /// else `$HOME/.cache/flatnn`, else none; an empty value counts as unset.
+    #[test]
+    fn the_directory_comes_from_the_environment() {
+        let os = |s: &str| Some(OsString::from(s));
+        assert_eq!(directory(os("/c"), os("/x"), os("/h")), Some(PathBuf::from("/c")));
+        assert_eq!(directory(os("off"), os("/x"), os("/h")), None);
+        assert_eq!(directory(os(""), os("/x"), os("/h")), Some(PathBuf::from("/x/flatnn")));
+        assert_eq!(directory(None, os(""), os("/h")), Some(PathBuf::from("/h/.cache/flatnn")));
+        assert_eq!(directory(None, None, None), None);
+    }
+}
