@@ -4,25 +4,31 @@
 //! reads it instead.
 //!
 //! A file holds a header naming everything that went into the code (the program's name, the
-//! architecture, NVRTC's options and version, the source's length and two 64-bit hashes of it)
-//! and then the code (a cubin: an ELF image). It is used only where its header is the one the
-//! program at hand would have and its code starts as an ELF image does; anything else is
-//! compiled again and the file replaced. Files are written whole under another name and then
-//! renamed, so a process never reads one half written. Nothing here fails a program: a
-//! directory that cannot be made, read or written leaves the kernels to be compiled, as they
-//! would be without it.
+//! architecture, NVRTC's options and its major.minor version, the source's length and two
+//! 64-bit hashes of it), a line with the code's length and hash, and then the code (a cubin: an
+//! ELF image). It is used only where its header is the one the program at hand would have and
+//! its code has the length and hash its line states and starts as an ELF image does; anything
+//! else (a file cut short, a damaged one, another program's) is compiled again and the file
+//! replaced. Files are written whole under a name of their own (process and call) and then
+//! renamed, so a process never reads one half written. A directory that cannot be made, read
+//! or written leaves the kernels to be compiled, as they would be without it: nothing here
+//! fails a program.
 //!
-//! Where: `FLATNN_KERNEL_CACHE` (a directory; `off` for none), else `$XDG_CACHE_HOME/flatnn`,
-//! else `$HOME/.cache/flatnn`. Deleting the directory empties the cache.
+//! Where: `FLATNN_KERNEL_CACHE` (a directory; `off`, `0`, `no` or `false` for none), else
+//! `$XDG_CACHE_HOME/flatnn`, else `$HOME/.cache/flatnn`; directories it makes are its user's
+//! alone (mode 0700). Files are never removed: deleting the directory empties the cache (do so
+//! after a patch update of NVRTC, whose version the key holds as major.minor only). The code
+//! in a file runs on the GPU as it is: a directory others can write is not one to use.
 
 use crate::error::Result;
 use std::collections::hash_map::DefaultHasher;
 use std::ffi::OsString;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The first bytes of a file of this format.
-const MAGIC: &str = "flatnn kernels 1";
+const MAGIC: &str = "flatnn kernels 2";
 
 /// The start of every ELF image (a cubin is one).
 const ELF: &[u8] = b"\x7fELF";
@@ -51,13 +57,13 @@ impl Key {
             h.finish()
         };
         format!(
-            "{MAGIC}; {}; sm_{}{}; nvrtc {}.{}; {}; source {} bytes {:016x}{:016x}\n",
+            "{MAGIC}; {}; sm_{}{}; nvrtc {}.{}; {:?}; source {} bytes {:016x}{:016x}\n",
             self.name,
             self.cc.0,
             self.cc.1,
             self.nvrtc.0,
             self.nvrtc.1,
-            self.options.join(" "),
+            self.options,
             self.source.len(),
             hash(1),
             hash(2)
@@ -74,12 +80,13 @@ impl Key {
 }
 
 /// The cache's directory from the environment's values of `FLATNN_KERNEL_CACHE`,
-/// `XDG_CACHE_HOME` and `HOME`, in that order of preference (`off` for the first: none; an
-/// empty value counts as unset).
+/// `XDG_CACHE_HOME` and `HOME`, in that order of preference (`off`, `0`, `no` or `false` for the
+/// first, in any case: none; an empty value counts as unset).
 pub(crate) fn directory(setting: Option<OsString>, xdg: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
     let given = |v: Option<OsString>| v.filter(|v| !v.is_empty());
+    let off = |v: &OsString| v.to_str().is_some_and(|v| ["off", "0", "no", "false"].contains(&v.to_ascii_lowercase().as_str()));
     match given(setting) {
-        Some(v) if v == "off" => None,
+        Some(v) if off(&v) => None,
         Some(v) => Some(PathBuf::from(v)),
         None => given(xdg).map(|x| PathBuf::from(x).join("flatnn")).or_else(|| given(home).map(|h| PathBuf::from(h).join(".cache/flatnn"))),
     }
@@ -104,24 +111,44 @@ pub(crate) fn cached(dir: Option<&Path>, key: &Key, compile: impl FnOnce() -> Re
     Ok(code)
 }
 
-/// The code in `path` where the file starts with `header` and the code as an ELF image does.
-fn read(path: &Path, header: &str) -> Option<Vec<u8>> {
-    let bytes = std::fs::read(path).ok()?;
-    let code = bytes.strip_prefix(header.as_bytes())?;
-    code.starts_with(ELF).then(|| code.to_vec())
+/// The line after the header: the code's length and hash.
+fn code_line(code: &[u8]) -> String {
+    let mut h = DefaultHasher::new();
+    code.hash(&mut h);
+    format!("code {} bytes {:016x}\n", code.len(), h.finish())
 }
 
-/// `header` and `code` into `path`, through a file of another name renamed onto it; a failure
-/// leaves no file behind where it can and is otherwise ignored.
+/// The code in `path` where the file starts with `header`, then the code's line, and the code
+/// is an ELF image.
+fn read(path: &Path, header: &str) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(path).ok()?;
+    let rest = bytes.strip_prefix(header.as_bytes())?;
+    let end = rest.iter().position(|&b| b == b'\n')? + 1;
+    let (line, code) = rest.split_at(end);
+    (line == code_line(code).as_bytes() && code.starts_with(ELF)).then(|| code.to_vec())
+}
+
+/// `header`, the code's line and `code` into `path`, through a file of a name of its own
+/// (process and call) renamed onto it; a failure leaves no file behind where it can and is
+/// otherwise ignored.
 fn write(dir: &Path, path: &Path, header: &str, code: &[u8]) {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    let partial = path.with_extension(format!("partial.{}.{nanos}", std::process::id()));
-    let written = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&partial, [header.as_bytes(), code].concat()))
-        .and_then(|()| std::fs::rename(&partial, path));
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let partial = path.with_extension(format!("partial.{}.{call}", std::process::id()));
+    let contents = [header.as_bytes(), code_line(code).as_bytes(), code].concat();
+    let written = make_dir(dir).and_then(|()| std::fs::write(&partial, contents)).and_then(|()| std::fs::rename(&partial, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&partial);
     }
+}
+
+/// `dir` and its missing parents, those it makes its user's alone (mode 0700 on Unix).
+fn make_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
 }
 
 #[cfg(test)]
@@ -148,9 +175,9 @@ mod tests {
         }
     }
 
-    /// The first call compiles and writes a file; the next with the same key reads it (no
-    /// compile, the same bytes); a key that differs in any part compiles again into a file of
-    /// its own.
+    /// The first call compiles and writes a file (in a directory it makes with mode 0700); the
+    /// next with the same key reads it (no compile, the same bytes); a key that differs in any
+    /// part compiles again into a file of its own.
     #[test]
     fn a_second_call_reads_what_the_first_compiled() {
         let dir = scratch("reuse");
@@ -170,11 +197,17 @@ mod tests {
             assert_eq!((calls.get(), code), (2 + i, [ELF, b"v"].concat()), "variant {i}");
         }
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 6, "a file a key, none left partial");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700, "the directory its user's alone");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A file whose header is not the key's, cut short, or whose code is not an ELF image is
-    /// compiled again and replaced.
+    /// A file whose header is not the key's, cut short (by a value, or into its code's line), with
+    /// a value of its code changed, or whose code is not an ELF image is compiled again and
+    /// replaced.
     #[test]
     fn a_file_that_does_not_match_is_compiled_again() {
         let dir = scratch("damaged");
@@ -186,7 +219,20 @@ mod tests {
         let header = k.header().len();
         let mut other_header = good.clone();
         other_header[header - 2] ^= 1;
-        let damaged = [other_header, good[..header + 2].to_vec(), [&good[..header], b"not elf"].concat(), Vec::new()];
+        let mut flipped = good.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        let elf_only = [&good[..header], code_line(ELF).as_bytes(), ELF].concat();
+        let damaged = [
+            other_header,
+            good[..good.len() - 1].to_vec(),
+            flipped,
+            good[..header + 2].to_vec(),
+            [&good[..header], code_line(b"not elf").as_bytes(), b"not elf"].concat(),
+            Vec::new(),
+        ];
+        assert_eq!(read(&path, &k.header()), Some([ELF, b"a"].concat()), "the good file reads");
+        std::fs::write(&path, &elf_only).unwrap();
+        assert_eq!(read(&path, &k.header()), Some(ELF.to_vec()), "any ELF image with its line reads");
         for (i, bytes) in damaged.into_iter().enumerate() {
             std::fs::write(&path, bytes).unwrap();
             let code = cached(Some(&dir), &k, counting(&calls, "a")).unwrap();
@@ -217,13 +263,17 @@ mod tests {
         std::fs::remove_file(&file).unwrap();
     }
 
-    /// `FLATNN_KERNEL_CACHE` names the directory (`off`: none), else `$XDG_CACHE_HOME/flatnn`,
-    /// else `$HOME/.cache/flatnn`, else none; an empty value counts as unset.
+    /// `FLATNN_KERNEL_CACHE` names the directory (`off`, `0`, `no`, `false` in any case: none),
+    /// else `$XDG_CACHE_HOME/flatnn`, else `$HOME/.cache/flatnn`, else none; an empty value
+    /// counts as unset.
     #[test]
     fn the_directory_comes_from_the_environment() {
         let os = |s: &str| Some(OsString::from(s));
         assert_eq!(directory(os("/c"), os("/x"), os("/h")), Some(PathBuf::from("/c")));
-        assert_eq!(directory(os("off"), os("/x"), os("/h")), None);
+        for off in ["off", "OFF", "0", "no", "false", "False"] {
+            assert_eq!(directory(os(off), os("/x"), os("/h")), None, "{off}");
+        }
+        assert_eq!(directory(os("cache"), None, None), Some(PathBuf::from("cache")));
         assert_eq!(directory(os(""), os("/x"), os("/h")), Some(PathBuf::from("/x/flatnn")));
         assert_eq!(directory(None, os(""), os("/h")), Some(PathBuf::from("/h/.cache/flatnn")));
         assert_eq!(directory(None, None, None), None);
