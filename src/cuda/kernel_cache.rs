@@ -1,7 +1,8 @@
-//! Compiled kernels kept between runs: NVRTC takes seconds to compile flatnn's kernels for a
-//! device (the main program, and each recurrent fused module on first need), so each machine
-//! code it gives is written to a file, and a later process that would compile the same program
-//! reads it instead.
+//! Compiled kernels kept between runs: NVRTC takes from a fraction of a second to seconds
+//! (11 s for the main program with NVRTC 13.5 on a development machine) to compile flatnn's
+//! kernels for a device (the main program, and each recurrent fused module on first need), so
+//! each machine code it gives is written to a file, and a later process that would compile the
+//! same program reads it instead.
 //!
 //! A file holds a header naming everything that went into the code (the program's name, the
 //! architecture, NVRTC's options and its major.minor version, the source's length and two
@@ -41,7 +42,7 @@ pub(crate) struct Key {
     pub cc: (i32, i32),
     /// NVRTC's options, in order.
     pub options: Vec<String>,
-    /// NVRTC's version.
+    /// NVRTC's version (major, minor).
     pub nvrtc: (i32, i32),
     /// The source text.
     pub source: String,
