@@ -51,12 +51,6 @@ pub(crate) struct Key {
 impl Key {
     /// The header line: every part of the key, the source by its length and two hashes.
     fn header(&self) -> String {
-        let hash = |seed: u64| {
-            let mut h = DefaultHasher::new();
-            seed.hash(&mut h);
-            self.source.hash(&mut h);
-            h.finish()
-        };
         format!(
             "{MAGIC}; {}; sm_{}{}; nvrtc {}.{}; {:?}; source {} bytes {:016x}{:016x}\n",
             self.name,
@@ -66,18 +60,24 @@ impl Key {
             self.nvrtc.1,
             self.options,
             self.source.len(),
-            hash(1),
-            hash(2)
+            hash(1, &self.source),
+            hash(2, &self.source)
         )
     }
 
     /// The file's name: the program's name, the architecture and a hash of the header.
     fn file_name(&self, header: &str) -> String {
-        let mut h = DefaultHasher::new();
-        header.hash(&mut h);
         let stem = self.name.trim_end_matches(".cu");
-        format!("{stem}-sm_{}{}-{:016x}.cubin", self.cc.0, self.cc.1, h.finish())
+        format!("{stem}-sm_{}{}-{:016x}.cubin", self.cc.0, self.cc.1, hash(0, header))
     }
+}
+
+/// A 64-bit hash of `value`, one of a family chosen by `seed`.
+fn hash<T: Hash + ?Sized>(seed: u64, value: &T) -> u64 {
+    let mut h = DefaultHasher::new();
+    seed.hash(&mut h);
+    value.hash(&mut h);
+    h.finish()
 }
 
 /// The cache's directory from the environment's values of `FLATNN_KERNEL_CACHE`,
@@ -114,9 +114,7 @@ pub(crate) fn cached(dir: Option<&Path>, key: &Key, compile: impl FnOnce() -> Re
 
 /// The line after the header: the code's length and hash.
 fn code_line(code: &[u8]) -> String {
-    let mut h = DefaultHasher::new();
-    code.hash(&mut h);
-    format!("code {} bytes {:016x}\n", code.len(), h.finish())
+    format!("code {} bytes {:016x}\n", code.len(), hash(0, code))
 }
 
 /// The code in `path` where the file starts with `header`, then the code's line, and the code
