@@ -32,6 +32,76 @@ __device__ __forceinline__ void after_prior(bool launch_next = true) {
     if (launch_next) next_may_launch();
 }
 
+// Clusters of blocks (sm_90 and later; launched with a cluster size, or declared with
+// __cluster_dims__). Before sm_90 a block is its own cluster: rank 0 of 1, the barrier the
+// block's, and a remote load a load of the block's own shared memory.
+__device__ __forceinline__ int cluster_rank() {
+    unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return (int)r;
+}
+
+__device__ __forceinline__ int cluster_blocks() {
+    unsigned n = 1;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+#endif
+    return (int)n;
+}
+
+// The cluster's barrier: every block's shared memory writes before it are visible to every
+// block after it. cluster_arrive and cluster_wait are its two halves: a block that has read the
+// others' shared memory for the last time arrives, goes on with work of its own, and waits
+// before it exits (a block's shared memory must outlive the others' reads of it).
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+__device__ __forceinline__ void cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// The float at this block's shared address `at` in block `rank` of the cluster
+__device__ __forceinline__ float cluster_load(unsigned at, unsigned rank) {
+    float v;
+#if __CUDA_ARCH__ >= 900
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+#else
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(at) : "memory");
+#endif
+    return v;
+}
+
+// The double at `local` (this block's shared memory) in block `rank` of the cluster
+__device__ __forceinline__ double cluster_load_f64(const double* local, unsigned rank) {
+    unsigned at = (unsigned)__cvta_generic_to_shared(local);
+    double v;
+#if __CUDA_ARCH__ >= 900
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
+#else
+    v = *local;
+#endif
+    return v;
+}
+
 // Σ of v over the block, in a fixed order; every thread gets the sum. buf: REDUCE_THREADS slots.
 __device__ __forceinline__ float block_sum_f32(float v, float* buf) {
     buf[threadIdx.x] = v;

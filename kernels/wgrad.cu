@@ -32,25 +32,6 @@ struct WgJob {
     int out, in, clusters;
 };
 
-// The cluster's barrier: every block's shared memory writes before it are visible to every
-// block after it
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-// The float at this block's shared address `at` in block `rank` of the cluster
-__device__ __forceinline__ float cluster_load(unsigned at, unsigned rank) {
-    float v = 0.0f;
-#if __CUDA_ARCH__ >= 900
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-#endif
-    return v;
-}
-
 // Stages one chunk's samples first .. of M (rows of `width` floats) into shared memory at `buf`,
 // [sample][W]: columns col0 .. col0 + W, zeros at columns past `width` and samples from `end`;
 // `step` (1, or 4 where rows and M are 16-byte aligned) values a copy

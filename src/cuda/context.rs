@@ -321,6 +321,11 @@ impl Gpu {
         self.compute_capability
     }
 
+    /// Whether the device runs clusters of blocks (sm_90 and later).
+    pub(crate) fn has_clusters(&self) -> bool {
+        self.compute_capability.0 >= 9
+    }
+
     pub fn multiprocessors(&self) -> u32 {
         self.multiprocessors
     }

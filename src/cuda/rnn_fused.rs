@@ -120,16 +120,11 @@ impl Modules {
     }
 }
 
-/// Whether `gpu` runs clusters of blocks (sm_90 and later).
-fn has_clusters(gpu: &Gpu) -> bool {
-    gpu.compute_capability().0 >= 9
-}
-
 /// The kernels of (`cell`, R's place `r`) on `gpu`, compiled and loaded now (NVRTC, then the
 /// module, the shared memory opt-in).
 fn load(gpu: &Gpu, cell: Cell, r: usize) -> Result<Module> {
     let (major, minor) = gpu.compute_capability();
-    let clusters = has_clusters(gpu);
+    let clusters = gpu.has_clusters();
     let (source, defines) = program(cell, REGISTERS[r], clusters)?;
     let defines: Vec<&str> = defines.iter().map(String::as_str).collect();
     let cubin = compile_source(c"rnn_fused.cu", source, (major as i32, minor as i32), &defines)?;
@@ -279,7 +274,7 @@ fn candidates(d: &Dims, batch: usize, shared_limit: usize, clusters: bool) -> Ve
 /// compiled and loaded on the first need of their (cell, R) in the process. Err (why) where
 /// that failed: the layer then has no fused candidates.
 pub(crate) fn prepare(gpu: &Gpu, d: &Dims, batch: usize) -> std::result::Result<Vec<Fused>, String> {
-    let fused = candidates(d, batch, gpu.shared_optin(), has_clusters(gpu));
+    let fused = candidates(d, batch, gpu.shared_optin(), gpu.has_clusters());
     let Some(r) = fused.first().map(|v| v.r) else { return Ok(fused) };
     let module = gpu.rnn_fused.slot(d.cell, r).get_or_init(|| load(gpu, d.cell, r).map_err(|e| e.to_string()));
     let module = module.as_ref().map_err(|why| format!("the fused kernels r{} could not be had: {why}", REGISTERS[r]))?;

@@ -68,7 +68,7 @@ impl Gpu {
     /// The launch limits of [`Gpu::weight_grad_split_fits`], whatever the tuning.
     pub(crate) fn split_launch_fits(&self, layers: &[(usize, usize)]) -> bool {
         let blocks: usize = layers.iter().map(|&(out, inp)| SPLIT * clusters(out, inp)).sum();
-        self.compute_capability().0 >= 9 && (1..=2).contains(&layers.len()) && blocks <= self.multiprocessors() as usize
+        self.has_clusters() && (1..=2).contains(&layers.len()) && blocks <= self.multiprocessors() as usize
     }
 
     /// Runs `jobs` (one or two) over `batch` samples in one launch, where
