@@ -92,15 +92,17 @@ __device__ __forceinline__ void batch_norm_each(BatchNormWalk w, const float* a,
     }
 }
 
-// Σx over a part's values into *sum, and Σ(x − m)² about their mean m into *squares (two passes,
-// f64; the second reads the part again, which its size keeps in L2); the block's threads all get
-// both. `count`: the part's values.
+// Σx over a walk's values (f64); the block's threads all get it.
 template <typename V>
-__device__ __forceinline__ void batch_norm_moments_of(const float* x, BatchNormWalk w, int count, double* buf, double* sum, double* squares) {
+__device__ __forceinline__ double batch_norm_sum_of(const float* x, BatchNormWalk w, double* buf) {
     double s = 0.0;
     batch_norm_each<V>(w, x, x, [&](V v, V) { batch_norm_lanes(v, [&](float e) { s += (double)e; }); });
-    s = block_sum_f64(s, buf);
-    double m = count > 0 ? s / (double)count : 0.0;
+    return block_sum_f64(s, buf);
+}
+
+// Σ(x − m)² over a walk's values (f64); the block's threads all get it.
+template <typename V>
+__device__ __forceinline__ double batch_norm_squares_of(const float* x, BatchNormWalk w, double m, double* buf) {
     double q = 0.0;
     batch_norm_each<V>(w, x, x, [&](V v, V) {
         batch_norm_lanes(v, [&](float e) {
@@ -108,8 +110,18 @@ __device__ __forceinline__ void batch_norm_moments_of(const float* x, BatchNormW
             q += d * d;
         });
     });
+    return block_sum_f64(q, buf);
+}
+
+// Σx over a part's values into *sum, and Σ(x − m)² about their mean m into *squares (two passes,
+// f64; the second reads the part again, which its size keeps in L2); the block's threads all get
+// both. `count`: the part's values.
+template <typename V>
+__device__ __forceinline__ void batch_norm_moments_of(const float* x, BatchNormWalk w, int count, double* buf, double* sum, double* squares) {
+    double s = batch_norm_sum_of<V>(x, w, buf);
+    double m = count > 0 ? s / (double)count : 0.0;
     *sum = s;
-    *squares = block_sum_f64(q, buf);
+    *squares = batch_norm_squares_of<V>(x, w, m, buf);
 }
 
 // Whether a channel's rows may be read as float4 (see BatchNormWalk).
@@ -129,16 +141,21 @@ __device__ __forceinline__ void batch_norm_moments(const float* x, int c, int ch
         batch_norm_moments_of<float>(row, batch_norm_walk(end - first, pixels, stride), count, buf, sum, squares);
 }
 
+// r = 1/√(σ² + eps) of a channel's Σ(x − μ)² over its n values (σ² biased), as every route
+// rounds it.
+__device__ __forceinline__ float batch_norm_inv(double squares, int n, float eps) {
+    float var = (float)(squares / (double)n);
+    return 1.0f / sqrtf(var + eps);
+}
+
 // From channel c's μ and Σ(x − μ)² over its n values: mean[c] = μ and inv[c] = 1/√(σ² + eps)
 // (σ² biased); the running mean and variance (unbiased: Σ(x − μ)²/(n − 1)) moved by `momentum`;
 // count[0] += 1 (channel 0's).
 __device__ __forceinline__ void batch_norm_finish(int c, double mu, double squares, int n, float* mean, float* inv, float* running_mean,
                                                   float* running_var, float* count, float momentum, float eps) {
-    float m = (float)mu;
-    float var = (float)(squares / (double)n);
-    mean[c] = m;
-    inv[c] = 1.0f / sqrtf(var + eps);
-    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * m;
+    mean[c] = (float)mu;
+    inv[c] = batch_norm_inv(squares, n, eps);
+    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * (float)mu;
     running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (float)(squares / (double)(n - 1));
     if (c == 0) count[0] += 1.0f;
 }
@@ -355,4 +372,171 @@ extern "C" __global__ void batch_norm_input_grad(const float* x, const float* dy
         batch_norm_input_grad_row<float4>(x, dy, dx, at, pixels / 4, lanes_log2, m, r, g, dg, db, inv_count);
     else
         batch_norm_input_grad_row<float>(x, dy, dx, at, pixels, lanes_log2, m, r, g, dg, db, inv_count);
+}
+
+// ---- The fused route (src/cuda/bn_route.rs): a training pass's forward, or its backward, in one
+// launch. A cluster of P blocks a channel (grid.x = channels·P in clusters of P along x; P = 1
+// launches no cluster, as before sm_90): block k of channel c's cluster takes part k of the
+// samples (batch_norm_part with `chunk`). Each block's sums go to its shared memory; after the
+// cluster's barrier every block adds the P parts in rank order (the same totals in each, never
+// depending on timing) and goes on over its own part: the forward's z and y, the backward's dx.
+// The sums of squares are taken about the channel's mean (known to every block by then), not a
+// part's own. With P = 1 every value is the bits of the split route with one part (where the
+// same pointers are 16-byte aligned, so that both read float4s): the same walks, sums and
+// expressions.
+
+// Σ over the cluster's blocks, in rank order, of the `mine` each block put in its `slot`; every
+// thread of the block gets it (`total`: one shared slot to hand it round).
+__device__ __forceinline__ double batch_norm_cluster_total(double mine, double* slot, double* total) {
+    if (threadIdx.x == 0) *slot = mine;
+    cluster_sync();
+    if (threadIdx.x == 0) {
+        double t = cluster_load_f64(slot, 0);
+        for (int r = 1; r < cluster_blocks(); r++) t += cluster_load_f64(slot, r);
+        *total = t;
+    }
+    __syncthreads();
+    return *total;
+}
+
+// The forward's last pass over a part: z = ((x − μ)·r)·γ + β (batch_norm_apply's expression),
+// y = act(z) unless y is null.
+template <typename V>
+__device__ __forceinline__ void batch_norm_train_apply(BatchNormWalk w, const float* x, float* z, float* y, float m, float r, float g, float b,
+                                                       int act, float slope) {
+    while (w.row < w.rows) {
+        long long i = batch_norm_next<V>(w);
+        V v = batch_norm_map(batch_norm_load(x + i, V()), [&](float e) { return (e - m) * r * g + b; });
+        batch_norm_store(z + i, v);
+        if (y != nullptr) batch_norm_store(y + i, batch_norm_map(v, [&](float e) { return act_apply(act, slope, e); }));
+    }
+}
+
+// batch_norm_stats then batch_norm_apply (not from the running statistics) in one launch: μ, r
+// into mean, inv; the running statistics and count moved (by rank 0 of each cluster); z, and y
+// = act(z) unless y is null. Grid: see above.
+extern "C" __global__ void batch_norm_train_forward(const float* x, float* z, float* y, float* mean, float* inv, float* running_mean,
+                                                    float* running_var, float* count, const float* gamma, const float* beta, int act,
+                                                    float slope, int channels, int pixels, int batch, int chunk, float momentum,
+                                                    float eps) {
+    after_prior();
+    __shared__ double buf[REDUCE_THREADS];
+    __shared__ double slots[3];
+    const int k = cluster_rank(), c = blockIdx.x / cluster_blocks(), n = batch * pixels;
+    int first, end;
+    batch_norm_part(k, chunk, batch, &first, &end);
+    const long long stride = (long long)channels * pixels, at = (long long)first * stride + (long long)c * pixels;
+    // the sums read x as batch_norm_stats does; the last pass writes z and y too
+    const bool sum4 = batch_norm_fours(pixels, x, x);
+    const bool apply4 = batch_norm_fours(pixels, x, z) && batch_norm_fours(pixels, z, y == nullptr ? z : y);
+    BatchNormWalk ws = batch_norm_walk(end - first, sum4 ? pixels / 4 : pixels, stride);
+    double s = sum4 ? batch_norm_sum_of<float4>(x + at, ws, buf) : batch_norm_sum_of<float>(x + at, ws, buf);
+    double mu = batch_norm_cluster_total(s, &slots[0], &slots[2]) / (double)n;
+    double q = sum4 ? batch_norm_squares_of<float4>(x + at, ws, mu, buf) : batch_norm_squares_of<float>(x + at, ws, mu, buf);
+    double squares = batch_norm_cluster_total(q, &slots[1], &slots[2]);
+    cluster_arrive();
+    if (k == 0 && threadIdx.x == 0) batch_norm_finish(c, mu, squares, n, mean, inv, running_mean, running_var, count, momentum, eps);
+    float m = (float)mu, r = batch_norm_inv(squares, n, eps), g = gamma[c], b = beta[c];
+    float* yp = y == nullptr ? nullptr : y + at;
+    if (apply4)
+        batch_norm_train_apply<float4>(batch_norm_walk(end - first, pixels / 4, stride), x + at, z + at, yp, m, r, g, b, act, slope);
+    else
+        batch_norm_train_apply<float>(batch_norm_walk(end - first, pixels, stride), x + at, z + at, yp, m, r, g, b, act, slope);
+    cluster_wait();
+}
+
+// The gradient of z at offset i of a part: dz[i] as stored where dy is null, else dy ⊙ act'(z)
+// (act_backward's expression, reading z and y as `rz`, `ry` say), stored to dz[i].
+struct BatchNormDz {
+    const float *z, *y, *dy;
+    float* dz;
+    int act;
+    float slope;
+    bool rz, ry;
+    __device__ __forceinline__ float get(long long i, float) const {
+        if (dy == nullptr) return dz[i];
+        float v = act_grad1(act, slope, rz, ry, z, y, dy, i);
+        dz[i] = v;
+        return v;
+    }
+    __device__ __forceinline__ float4 get(long long i, float4) const {
+        if (dy == nullptr) return *reinterpret_cast<const float4*>(dz + i);
+        float4 v = act_grad4(act, slope, *reinterpret_cast<const float4*>(dy + i), act_load4(z + i, 0, rz), act_load4(y + i, 0, ry));
+        *reinterpret_cast<float4*>(dz + i) = v;
+        return v;
+    }
+};
+
+// The backward's first pass over a part: Σ dz and Σ dz·x̂ (batch_norm_grad_sums' order), dz
+// computed and stored on the way where `d` computes it.
+template <typename V>
+__device__ __forceinline__ void batch_norm_train_grad_sums(BatchNormWalk w, const float* x, const BatchNormDz& d, float m, float r,
+                                                           double* buf, double* sum, double* sum_xhat) {
+    double s = 0.0, sx = 0.0;
+    auto add = [&](float xv, float de) {
+        s += (double)de;
+        sx += (double)de * (double)((xv - m) * r);
+    };
+    while (w.row < w.rows) {
+        long long i = batch_norm_next<V>(w);
+        batch_norm_lanes(batch_norm_load(x + i, V()), d.get(i, V()), add);
+    }
+    *sum = block_sum_f64(s, buf);
+    *sum_xhat = block_sum_f64(sx, buf);
+}
+
+// The backward's last pass over a part: batch_norm_input_grad's expression, dz as the first
+// pass left it.
+template <typename V>
+__device__ __forceinline__ void batch_norm_train_input_grad(BatchNormWalk w, const float* x, const float* dz, float* dx, float m, float r,
+                                                            float g, float dg, float db, float inv_count) {
+    while (w.row < w.rows) {
+        long long i = batch_norm_next<V>(w);
+        V xv = batch_norm_load(x + i, V()), d = batch_norm_load(dz + i, V());
+        batch_norm_store(dx + i, batch_norm_map(xv, d, [&](float xe, float de) { return g * r * (de - (db + (xe - m) * r * dg) * inv_count); }));
+    }
+}
+
+// act_backward (where dy is given; else dz holds the gradient of z already), then
+// batch_norm_param_grads (dgamma, dbeta overwritten, by rank 0 of each cluster), then
+// batch_norm_input_grad into dx unless dx is null, in one launch. `reads`: act_backward's.
+// Grid: see above.
+extern "C" __global__ void batch_norm_train_backward(const float* x, const float* z, const float* y, const float* dy, float* dz, float* dx,
+                                                     const float* mean, const float* inv, const float* gamma, float* dgamma, float* dbeta,
+                                                     int act, float slope, int reads, int channels, int pixels, int batch, int chunk,
+                                                     float inv_count) {
+    after_prior();
+    __shared__ double buf[REDUCE_THREADS];
+    __shared__ double slots[3];
+    const int k = cluster_rank(), c = blockIdx.x / cluster_blocks();
+    int first, end;
+    batch_norm_part(k, chunk, batch, &first, &end);
+    const long long stride = (long long)channels * pixels, at = (long long)first * stride + (long long)c * pixels;
+    const bool rz = (reads & 1) != 0, ry = (reads & 2) != 0;
+    const BatchNormDz d{z + at, y + at, dy == nullptr ? nullptr : dy + at, dz + at, act, slope, rz, ry};
+    bool fours = batch_norm_fours(pixels, x, dz) && (dx == nullptr || batch_norm_fours(pixels, dx, dx));
+    if (dy != nullptr) fours = fours && batch_norm_fours(pixels, dy, rz ? z : dy) && batch_norm_fours(pixels, ry ? y : dy, dy);
+    const float m = mean[c], r = inv[c];
+    const int width = fours ? pixels / 4 : pixels;
+    double s, sx;
+    if (fours)
+        batch_norm_train_grad_sums<float4>(batch_norm_walk(end - first, width, stride), x + at, d, m, r, buf, &s, &sx);
+    else
+        batch_norm_train_grad_sums<float>(batch_norm_walk(end - first, width, stride), x + at, d, m, r, buf, &s, &sx);
+    double sum = batch_norm_cluster_total(s, &slots[0], &slots[2]);
+    double sum_xhat = batch_norm_cluster_total(sx, &slots[1], &slots[2]);
+    cluster_arrive();
+    if (k == 0 && threadIdx.x == 0) {
+        dgamma[c] = (float)sum_xhat;
+        dbeta[c] = (float)sum;
+    }
+    if (dx != nullptr) {
+        float g = gamma[c], dg = (float)sum_xhat, db = (float)sum;
+        BatchNormWalk w = batch_norm_walk(end - first, width, stride);
+        if (fours)
+            batch_norm_train_input_grad<float4>(w, x + at, dz + at, dx + at, m, r, g, dg, db, inv_count);
+        else
+            batch_norm_train_input_grad<float>(w, x + at, dz + at, dx + at, m, r, g, dg, db, inv_count);
+    }
+    cluster_wait();
 }

@@ -157,6 +157,8 @@ kernels! {
     BatchNormParamGradsSplit = "batch_norm_param_grads_split",
     BatchNormParamGradsJoin = "batch_norm_param_grads_join",
     BatchNormInputGrad = "batch_norm_input_grad",
+    BatchNormTrainForward = "batch_norm_train_forward",
+    BatchNormTrainBackward = "batch_norm_train_backward",
     LayerNormForward = "layer_norm_forward",
     LayerNormParamGrads = "layer_norm_param_grads",
     LayerNormInputGrad = "layer_norm_input_grad",

@@ -7,10 +7,11 @@
 use super::bias_act::bias_grad_splits;
 use super::buffer::DevBuf;
 use super::context::{Gpu, Kernel};
-use super::exec::{activation_backward, GpuBackward, GpuForward, Raw};
+use super::exec::{activation_backward, dz_pending, Backward, Forward, GpuBackward, GpuForward, Raw};
 use super::launch::{aligned16, blocks, int, kernel_args, View, ViewMut, BLOCK};
+use super::routes::{NormPass, NormRoute};
 use crate::activation::Activation;
-use crate::chain::Step;
+use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::layers::{batch_norm, dropout, layer_norm, Mode};
 use cudarc::driver::CudaStream;
@@ -73,57 +74,133 @@ fn f64_scratch<'v>(scratch: &DevBuf<f32>) -> ViewMut<'v, f64> {
 }
 
 /// A batch-norm step's (μ, r) ranges in the activations: its saved values.
-fn batch_norm_saved(pass_plan: &crate::chain::Plan, step: &Step, capacity: usize, channels: usize) -> (Range<usize>, Range<usize>) {
+fn batch_norm_saved(pass_plan: &Plan, step: &Step, capacity: usize, channels: usize) -> (Range<usize>, Range<usize>) {
     let saved = pass_plan.saved_values(step, capacity);
     (saved.start..saved.start + channels, saved.start + channels..saved.start + 2 * channels)
 }
 
 /// A batch-norm step's forward: in training the batch's statistics (saved for the backward
-/// pass; summed in parts in the convolutions' lowered columns, free between their launches,
-/// where that is worth it) and the running ones moved, then the normalisation; in inference the
-/// normalisation by the running statistics; then y = act(z) where the step has a y of its own.
+/// pass) and the running ones moved, then the normalisation, on the route measured for the
+/// batch (`routes/norm.rs`); in inference the normalisation by the running statistics; then y =
+/// act(z) where the step has a y of its own.
 pub(crate) fn batch_norm_forward(pass: &GpuForward, step: &Step, act: Activation, mode: Mode) -> Result<()> {
-    let GpuForward { gpu, stream, plan, f, .. } = *pass;
+    let GpuForward { gpu, stream, plan, f, index, .. } = *pass;
+    if mode == Mode::Train {
+        let route = f.routes.map_or(NormRoute::Split, |r| r.norm(index, NormPass::Forward));
+        return batch_norm_train_forward(gpu, stream, plan, f, step, act, route);
+    }
     let g = batch_norm::Geometry::of(step, f.batch);
     let [weight, bias] = batch_norm::tensors(step);
     let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
     let buffers = Raw::of(f.buffers.expect("a model with batch norm has buffers"));
-    let [running_mean, running_var, count] = [0, 1, 2].map(|i| step.buffers[i].range.clone());
+    let [running_mean, running_var] = [0, 1].map(|i| buffers.at(step.buffers[i].range.clone()));
     let (x, z, y) = (pass.region(step.input_region), pass.region(step.z_region), pass.region(step.output_region));
-    let (mean, inv) = batch_norm_saved(plan, step, f.capacity, g.channels);
-    let (mean, inv) = match mode {
-        Mode::Train => {
-            let running = [buffers.at_mut(running_mean), buffers.at_mut(running_var), buffers.at_mut(count)];
-            let (stats, partials) = ((acts.at_mut(mean.clone()), acts.at_mut(inv.clone())), Some(f64_scratch(f.cols)));
-            gpu.batch_norm_stats(stream, &g, acts.at(x.clone()), stats, running, partials)?;
-            (acts.at(mean), acts.at(inv))
-        }
-        Mode::Infer => (buffers.at(running_mean), buffers.at(running_var)),
-    };
     let affine = (params.at(weight), params.at(bias));
     let out = (acts.at_mut(z.clone()), (z != y).then(|| (acts.at_mut(y), act)));
-    gpu.batch_norm_apply(stream, &g, acts.at(x), out, (mean, inv), affine, mode == Mode::Infer)
+    gpu.batch_norm_apply(stream, &g, acts.at(x), out, (running_mean, running_var), affine, true)
 }
 
-/// A batch-norm step's backward (after a training forward): its dz (unless written), dγ and dβ
-/// (summed in parts where that is worth it, in the convolutions' scratch of per-sample weight
-/// gradients, as their bias gradients are), then dx where needed.
+/// A batch-norm step's training forward on `route`: split, the statistics (summed in parts in
+/// the convolutions' lowered columns, free between their launches, where that is worth it) then
+/// the normalisation; fused, one launch.
+pub(crate) fn batch_norm_train_forward(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    plan: &Plan,
+    f: &Forward,
+    step: &Step,
+    act: Activation,
+    route: NormRoute,
+) -> Result<()> {
+    let g = batch_norm::Geometry::of(step, f.batch);
+    let [weight, bias] = batch_norm::tensors(step);
+    let (params, acts) = (Raw::of(f.params), Raw::of(f.acts));
+    let buffers = Raw::of(f.buffers.expect("a model with batch norm has buffers"));
+    let running = [0, 1, 2].map(|i| buffers.at_mut(step.buffers[i].range.clone()));
+    let region = |r| crate::layers::region(plan, r, f.capacity, f.batch);
+    let (x, z, y) = (region(step.input_region), region(step.z_region), region(step.output_region));
+    let (mean, inv) = batch_norm_saved(plan, step, f.capacity, g.channels);
+    let stats = (acts.at_mut(mean.clone()), acts.at_mut(inv.clone()));
+    let affine = (params.at(weight), params.at(bias));
+    let out = (acts.at_mut(z.clone()), (z != y).then(|| (acts.at_mut(y), act)));
+    match route {
+        NormRoute::Split => {
+            gpu.batch_norm_stats(stream, &g, acts.at(x.clone()), stats, running, Some(f64_scratch(f.cols)))?;
+            gpu.batch_norm_apply(stream, &g, acts.at(x), out, (acts.at(mean), acts.at(inv)), affine, false)
+        }
+        NormRoute::Fused(parts) => gpu.batch_norm_train_forward(stream, &g, parts, acts.at(x), out, stats, running, affine),
+    }
+}
+
+/// A batch-norm step's backward (after a training forward), on the route measured for the
+/// batch: its dz (unless written), dγ and dβ, then dx where needed.
 pub(crate) fn batch_norm_backward(pass: &mut GpuBackward, step: &Step, act: Activation) -> Result<()> {
-    activation_backward(pass, step, act)?;
-    let GpuBackward { gpu, stream, plan, f, b, need_dx, .. } = *pass;
+    let dz_pending = dz_pending(pass, step);
+    let GpuBackward { gpu, stream, plan, f, b, need_dx, index, .. } = *pass;
+    let route = f.routes.map_or(NormRoute::Split, |r| r.norm(index, NormPass::Backward));
+    batch_norm_train_backward(gpu, stream, plan, (f, b), step, act, route, (dz_pending, need_dx))
+}
+
+/// A batch-norm step's backward on `route`: split, dz = dy ⊙ act'(z) where `dz_pending`, dγ and
+/// dβ (summed in parts where that is worth it, in the convolutions' scratch of per-sample
+/// weight gradients, as their bias gradients are), then dx where `need_dx`; fused, one launch.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_norm_train_backward(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    plan: &Plan,
+    (f, b): (&Forward, &Backward),
+    step: &Step,
+    act: Activation,
+    route: NormRoute,
+    (dz_pending, need_dx): (bool, bool),
+) -> Result<()> {
     let g = batch_norm::Geometry::of(step, f.batch);
     let [weight, bias] = batch_norm::tensors(step);
     let (params, acts, dacts, grads) = (Raw::of(f.params), Raw::of(f.acts), Raw::of(b.dacts), Raw::of(b.grads));
-    let (x, z) = (pass.region(step.input_region), pass.region(step.z_region));
+    let region = |r| crate::layers::region(plan, r, f.capacity, f.batch);
+    let (x, z, y) = (region(step.input_region), region(step.z_region), region(step.output_region));
     let (mean, inv) = batch_norm_saved(plan, step, f.capacity, g.channels);
     let stats = (acts.at(mean), acts.at(inv));
-    let (inputs, param_grads) = ((acts.at(x.clone()), dacts.at(z.clone())), (grads.at_mut(weight.clone()), grads.at_mut(bias.clone())));
-    gpu.batch_norm_param_grads(stream, &g, inputs, stats, param_grads, Some(f64_scratch(b.partials)))?;
-    if need_dx {
-        let param_grads = (grads.at(weight.clone()), grads.at(bias));
-        gpu.batch_norm_input_grad(stream, &g, acts.at(x.clone()), dacts.at(z), dacts.at_mut(x), stats, params.at(weight), param_grads)?;
+    let param_grads = (grads.at_mut(weight.clone()), grads.at_mut(bias.clone()));
+    let from_dy = dz_pending.then(|| (acts.at(z.clone()), acts.at(y.clone()), dacts.at(y.clone()), act));
+    match route {
+        NormRoute::Split => {
+            if let Some((zv, yv, dy, act)) = from_dy {
+                gpu.act_backward(stream, act, z.len(), zv, yv, dy, dacts.at_mut(z.clone()))?;
+            }
+            let inputs = (acts.at(x.clone()), dacts.at(z.clone()));
+            gpu.batch_norm_param_grads(stream, &g, inputs, stats, param_grads, Some(f64_scratch(b.partials)))?;
+            if need_dx {
+                let param_grads = (grads.at(weight.clone()), grads.at(bias));
+                gpu.batch_norm_input_grad(
+                    stream,
+                    &g,
+                    acts.at(x.clone()),
+                    dacts.at(z),
+                    dacts.at_mut(x),
+                    stats,
+                    params.at(weight),
+                    param_grads,
+                )?;
+            }
+            Ok(())
+        }
+        NormRoute::Fused(parts) => {
+            let dx = need_dx.then(|| dacts.at_mut(x.clone()));
+            gpu.batch_norm_train_backward(
+                stream,
+                &g,
+                parts,
+                acts.at(x),
+                (from_dy, dacts.at_mut(z)),
+                dx,
+                stats,
+                params.at(weight),
+                param_grads,
+            )
+        }
     }
-    Ok(())
 }
 
 /// A layer-norm step's forward: every row's μ and r (kept), and y.

@@ -6,7 +6,7 @@
 //! the CPU fast paths take capacity-sized buffers.
 
 use super::context::{Gpu, Kernel};
-use super::launch::{blocks, int, kernel_args, launch, View, ViewMut, BLOCK};
+use super::launch::{blocks, int, kernel_args, launch, launch_in_clusters, View, ViewMut, BLOCK};
 use crate::error::Result;
 use crate::layers::{conv, pool};
 use crate::loss::Loss;
@@ -142,6 +142,38 @@ impl Gpu {
         // holds what the kernel touches.
         unsafe {
             launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), shared, stream.cu_stream(), self.dependent_launch, args)
+        }
+    }
+
+    /// [`Gpu::run_blocks`] on `blocks` blocks along x in clusters of `cluster` (1: none; more
+    /// only where [`Gpu::has_clusters`], `blocks` a multiple of it, and `kernel` written for
+    /// clusters).
+    pub(crate) fn run_clusters<const N: usize>(
+        &self,
+        stream: &CudaStream,
+        kernel: Kernel,
+        blocks: u32,
+        cluster: u32,
+        mut args: [*mut c_void; N],
+    ) -> Result<()> {
+        assert!(
+            cluster == 1 || (self.has_clusters() && blocks.is_multiple_of(cluster)),
+            "run_clusters: {blocks} blocks in clusters of {cluster}"
+        );
+        assert_eq!(stream.context().cu_ctx(), self.ctx.cu_ctx(), "a stream of another device");
+        self.bind()?;
+        // SAFETY: as `launch_args`; the cluster's size was checked against the device above.
+        unsafe {
+            launch_in_clusters(
+                self.function(kernel),
+                (blocks, 1, 1),
+                (BLOCK, 1, 1),
+                0,
+                stream.cu_stream(),
+                self.dependent_launch,
+                cluster,
+                &mut args,
+            )
         }
     }
 

@@ -26,6 +26,9 @@
 //! (`routes/check.rs`).
 
 mod check;
+mod norm;
+
+pub(crate) use norm::{NormPass, NormRoute};
 
 use super::dense::{Dir, Route};
 use super::dense_pass::{
@@ -103,6 +106,8 @@ pub(crate) struct Routes {
     tables: Vec<Table>,
     /// The table the last `prepare` picked: the one the calls of the step being run use.
     current: Option<usize>,
+    /// The batch-norm layers' routes (`routes/norm.rs`).
+    norms: norm::NormRoutes,
 }
 
 /// µs per call of a route: timed as a step runs it, or, for a route far slower than another at
@@ -150,7 +155,7 @@ fn remember(problem: Problem, route: Route, time: Timed) -> Timed {
 
 impl Routes {
     pub fn new() -> Routes {
-        Routes { tables: Vec::new(), current: None }
+        Routes { tables: Vec::new(), current: None, norms: norm::NormRoutes::new() }
     }
 
     /// The route of `dir` of step `index` for the batch [`Routes::prepare`] was last called
@@ -163,11 +168,19 @@ impl Routes {
         }
     }
 
-    /// Readies the dense layers of a step on `f.batch` samples (and their backward with `b`):
+    /// The route of batch-norm step `index`'s training `pass` for the batch
+    /// [`Routes::prepare`] was last called for (`split` where none was measured).
+    pub fn norm(&self, index: usize, pass: NormPass) -> NormRoute {
+        self.norms.route(index, pass)
+    }
+
+    /// Readies the dense layers of a step on `f.batch` samples (and their backward with `b`),
+    /// and its batch-norm layers' training passes (`routes/norm.rs`):
     /// the first time the batch's bucket (or TF32 setting) runs, measures its routes (see the
     /// module doc); later only picks its table. Call it before the step is run or captured, on
     /// the model's stream; it may wait for the device.
     pub fn prepare(&mut self, s: &StepRun) -> Result<()> {
+        self.norms.prepare(s)?;
         let StepRun { plan, f, b, options, .. } = *s;
         let (bucket, tf32, deterministic) = (bucket(f.batch), options.tf32, options.deterministic);
         let index = match self.tables.iter().position(|t| t.bucket == bucket && t.tf32 == tf32 && t.deterministic == deterministic) {
@@ -205,7 +218,8 @@ impl Routes {
 
     /// What runs each dense layer: for each bucket a line with the host time its measuring
     /// took, then one line per layer and direction, with the route chosen and the time per call
-    /// of every route that fits (fastest first).
+    /// of every route that fits (fastest first); then the batch-norm layers' lines
+    /// (`routes/norm.rs`).
     pub fn report(&self) -> String {
         let mut out = String::new();
         for table in self.tables.iter().filter(|t| !t.layers.is_empty()) {
@@ -250,6 +264,11 @@ impl Routes {
                     }
                 }
             }
+        }
+        let norms = self.norms.report();
+        if !norms.is_empty() {
+            out += if out.is_empty() { "" } else { "\n" };
+            out += &norms;
         }
         out
     }
@@ -368,7 +387,7 @@ mod tests {
             },
         ];
         table.measuring = Duration::from_micros(12_340);
-        let routes = Routes { tables: vec![table, new_table(&plan, 1, 100, true, false)], current: None };
+        let routes = Routes { tables: vec![table, new_table(&plan, 1, 100, true, false)], current: None, norms: norm::NormRoutes::new() };
         let want = [
             "batch 65–100 FP32: dense routes measured in 12.3 ms",
             "batch 65–100 FP32, step 0 dense 20→16, forward: dense_skinny4 2.3 µs (others: cublas 9.5)",

@@ -347,7 +347,7 @@ mod tests {
             let times = vec![(alone, t(2.0)), (Route::Split, t(3.0)), (Route::Fused(Kernel::DenseRow), t(50.0))];
             table.layers[layer].choices = [Choice::Pending, Choice::NotNeeded, Choice::Chosen { route: alone, alone, times }];
         }
-        Routes { tables: vec![table], current: Some(0) }
+        Routes { tables: vec![table], current: Some(0), norms: crate::cuda::routes::norm::NormRoutes::new() }
     }
 
     /// Whole steps keep a variant only where the step is faster on it: here both weight
@@ -478,7 +478,7 @@ mod tests {
             Choice::Chosen { route: panel, alone: panel, times: input },
             Choice::Chosen { route: k(Kernel::DenseSkinny4), alone: k(Kernel::DenseSkinny4), times: weight },
         ];
-        let mut routes = Routes { tables: vec![table], current: Some(0) };
+        let mut routes = Routes { tables: vec![table], current: Some(0), norms: crate::cuda::routes::norm::NormRoutes::new() };
         let head_step = routes.tables[0].layers[1].step;
         let step = |r: &Routes| {
             assert_eq!(r.route(1, Dir::InputGrad), Some(panel), "the head's input gradient varied");

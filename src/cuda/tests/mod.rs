@@ -14,6 +14,7 @@ mod dense_mma;
 mod head;
 mod infer;
 mod layers;
+mod norm;
 mod ops;
 
 use super::context::{activation_prelude, source_files, KERNELS};
