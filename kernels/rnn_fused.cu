@@ -102,6 +102,18 @@ struct RnnFusedOut {
 };
 #define RNN_FUSED_OUT_ARGS gates, hprev, cprev, state, y, seq, steps, hidden, padded, state_len, h_final, c_final
 
+// Sample n's unit u's G input products at step t into pre (n = batch: none, nothing read; t past
+// the steps: nothing read, pre left). The forwards load step t + 1's as step t begins, so that
+// the loads have the whole step to arrive, not only its cell.
+template <int CELL>
+__device__ __forceinline__ void rnn_fused_inputs(const RnnFusedOut& o, int batch, int n, int u, int t, float* pre) {
+    constexpr int G = CELL == RNN_GRU ? 3 : 4;
+    if (n >= batch || t >= o.steps) return;
+    const float* row = o.gates + ((long long)n * o.steps + t) * 4 * o.padded + u;
+#pragma unroll
+    for (int g = 0; g < G; g++) pre[g] = row[g * o.padded];
+}
+
 // What sample n's unit u carries into the steps (none where n = batch): pre, step 0's G input
 // products; bi, bh, its biases b_ih[g·H + u], b_hh[g·H + u]; c, an LSTM's c_0.
 template <int CELL>
@@ -113,32 +125,24 @@ __device__ __forceinline__ void rnn_fused_cell_begin(const RnnFusedOut& o, const
     c = n < batch && CELL == RNN_LSTM ? o.cprev[at * P + u] : 0.0f;
 #pragma unroll
     for (int g = 0; g < G; g++) {
-        pre[g] = n < batch ? o.gates[at * 4 * P + g * P + u] : 0.0f;
+        pre[g] = 0.0f;
         bi[g] = n < batch ? b_ih[g * H + u] : 0.0f;
         bh[g] = n < batch ? b_hh[g * H + u] : 0.0f;
     }
+    rnn_fused_inputs<CELL>(o, batch, n, u, 0, pre);
 }
 
 // The cell of sample n's unit u at step t, its recurrent products computed: gru_step's or
 // lstm_step's math and writes (the gates row, h_t to the next step's hprev row or the state's
-// final slot, c_t likewise to cprev, y). pre: the unit's G input products at step t, replaced
-// by step t + 1's (loaded while this step's cell runs); bi, bh: its biases b_ih[g·H + u],
-// b_hh[g·H + u]; acc[g·stride]: gate g's recurrent product; hp: h_{t−1}; c: an LSTM's c_{t−1},
-// c_t after. Returns h_t.
+// final slot, c_t likewise to cprev, y). in: the unit's G input products at step t; bi, bh: its
+// biases b_ih[g·H + u], b_hh[g·H + u]; acc[g·stride]: gate g's recurrent product; hp: h_{t−1};
+// c: an LSTM's c_{t−1}, c_t after. Returns h_t.
 template <int CELL>
-__device__ __forceinline__ float rnn_fused_cell(const RnnFusedOut& o, int n, int u, int t, float* pre, const float* bi,
+__device__ __forceinline__ float rnn_fused_cell(const RnnFusedOut& o, int n, int u, int t, const float* in, const float* bi,
                                                 const float* bh, const float* acc, int stride, float hp, float& c) {
-    constexpr int G = CELL == RNN_GRU ? 3 : 4;
     const int P = o.padded, H = o.hidden;
     const long long at = (long long)n * o.steps + t;
     const bool last = t + 1 == o.steps;
-    float in[G];
-#pragma unroll
-    for (int g = 0; g < G; g++) in[g] = pre[g];
-    if (!last) {
-#pragma unroll
-        for (int g = 0; g < G; g++) pre[g] = o.gates[(at + 1) * 4 * P + g * P + u];
-    }
     float* gr = o.gates + at * 4 * P;
     float h;
     if constexpr (CELL == RNN_GRU) {
@@ -210,6 +214,9 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
     }
     __syncthreads();
     for (int t = 0; t < steps; t++) {
+        float next[E][G];
+#pragma unroll
+        for (int q = 0; q < E; q++) rnn_fused_inputs<CELL>(out, batch, nn_[q], uu[q], t + 1, next[q]);
         rnn_fused_dot<R, S>(w_reg, w_sh + tid, GH, h_sh, P, P, acc_sh + tid, GH);
         __syncthreads();
 #pragma unroll
@@ -217,6 +224,8 @@ __device__ __forceinline__ void rnn_fused_forward(RNN_FUSED_FORWARD_PARAMS) {
             const int n = nn_[q], s = n - first, u = uu[q];
             if (n >= batch) continue;
             h_sh[s * P + u] = rnn_fused_cell<CELL>(out, n, u, t, pre[q], bi[q], bh[q], acc_sh + s * GH + u, H, h_sh[s * P + u], c[q]);
+#pragma unroll
+            for (int g = 0; g < G; g++) pre[q][g] = next[q][g];
         }
         __syncthreads();
     }
@@ -419,6 +428,9 @@ __device__ __forceinline__ void rnn_cluster_forward(RNN_FUSED_FORWARD_PARAMS) {
     for (int t = 0; t < steps; t++) {
         const float* h_now = h_sh + (t & 1) * S * L;
         float* h_next = h_sh + ((t + 1) & 1) * S * L;
+        float next[E][G];
+#pragma unroll
+        for (int q = 0; q < E; q++) rnn_fused_inputs<CELL>(out, batch, nn_[q], rank * U + jj[q], t + 1, next[q]);
         float acc[S][4];
 #pragma unroll
         for (int s = 0; s < S; s++) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
@@ -446,6 +458,8 @@ __device__ __forceinline__ void rnn_cluster_forward(RNN_FUSED_FORWARD_PARAMS) {
             if (n >= batch) continue;
             const float h = rnn_fused_cell<CELL>(out, n, u, t, pre[q], bi[q], bh[q], acc_sh + s * GU + jj[q], U, h_now[s * L + u], c[q]);
             for (int r = 0; r < C; r++) rnn_cluster_store(h_next + s * L + u, r, h);
+#pragma unroll
+            for (int g = 0; g < G; g++) pre[q][g] = next[q][g];
         }
         rnn_cluster_sync();
     }
