@@ -75,13 +75,20 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
+// The shared-memory address `at` of this block's in block `rank` of the cluster (before sm_90,
+// `at` itself: the block is its cluster).
+__device__ __forceinline__ unsigned cluster_map(unsigned at, unsigned rank) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(at) : "r"(at), "r"(rank));
+#endif
+    return at;
+}
+
 // The float at this block's shared address `at` in block `rank` of the cluster
 __device__ __forceinline__ float cluster_load(unsigned at, unsigned rank) {
     float v;
 #if __CUDA_ARCH__ >= 900
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_map(at, rank)) : "memory");
 #else
     asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(at) : "memory");
 #endif
@@ -90,16 +97,13 @@ __device__ __forceinline__ float cluster_load(unsigned at, unsigned rank) {
 
 // The double at `local` (this block's shared memory) in block `rank` of the cluster
 __device__ __forceinline__ double cluster_load_f64(const double* local, unsigned rank) {
-    unsigned at = (unsigned)__cvta_generic_to_shared(local);
-    double v;
 #if __CUDA_ARCH__ >= 900
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
-    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
-#else
-    v = *local;
-#endif
+    double v;
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(cluster_map((unsigned)__cvta_generic_to_shared(local), rank)) : "memory");
     return v;
+#else
+    return *local;
+#endif
 }
 
 // Σ of v over the block, in a fixed order; every thread gets the sum. buf: REDUCE_THREADS slots.

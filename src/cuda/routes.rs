@@ -36,12 +36,11 @@ use super::dense_pass::{
 };
 use super::dnn::StepRun;
 use super::driver_error;
-use super::timing::{time_calls, time_once, SLOW};
+use super::timing::{time_routes, FirstMeasured, Timed};
 use crate::chain::{Plan, Step};
 use crate::error::Result;
 use crate::layers::Mode;
 use std::fmt::Write;
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The bucket of a batch of `batch` samples.
@@ -110,14 +109,6 @@ pub(crate) struct Routes {
     norms: norm::NormRoutes,
 }
 
-/// µs per call of a route: timed as a step runs it, or, for a route far slower than another at
-/// a first look ([`SLOW`]), that one eager call.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Timed {
-    us: f32,
-    one_call: bool,
-}
-
 /// What a time is of: the device, the direction, the layer's (outputs, inputs), the bucket, TF32,
 /// graphs, and whether the epilogue does more than the product's least (a forward's activation
 /// into y, an input gradient's producer's act').
@@ -134,24 +125,7 @@ struct Problem {
 
 /// Every route timed in this process: the first time of a (problem, route) is what every cache
 /// uses.
-static TIMES: Mutex<Vec<(Problem, Route, Timed)>> = Mutex::new(Vec::new());
-
-fn timed(problem: &Problem, route: Route) -> Option<Timed> {
-    let all = TIMES.lock().unwrap_or_else(PoisonError::into_inner);
-    all.iter().find(|(p, r, _)| p == problem && *r == route).map(|&(_, _, t)| t)
-}
-
-/// Keeps `time` for (problem, route) unless another cache got there first; what is kept.
-fn remember(problem: Problem, route: Route, time: Timed) -> Timed {
-    let mut all = TIMES.lock().unwrap_or_else(PoisonError::into_inner);
-    match all.iter().find(|(p, r, _)| *p == problem && *r == route) {
-        Some(&(_, _, first)) => first,
-        None => {
-            all.push((problem, route, time));
-            time
-        }
-    }
-}
+static TIMES: FirstMeasured<(Problem, Route), Timed> = FirstMeasured::new();
 
 impl Routes {
     pub fn new() -> Routes {
@@ -329,23 +303,7 @@ fn choose(s: &StepRun, step: &Step, dir: Dir, bucket: usize, samples: usize) -> 
         // (timed reading X early, as a step does but after a deep head: see dense_pass.rs)
         Dir::WeightGrad => weight_grad_on(&on, backward(), step, route, false, true),
     };
-    // what this process timed already, else a first look: one eager call (NaN where it failed)
-    let first: Vec<(Route, Result<Timed, f32>)> = routes
-        .into_iter()
-        .map(|route| (route, timed(&key, route).ok_or_else(|| time_once(gpu, stream, &|| run(route)).unwrap_or(f32::NAN))))
-        .collect();
-    let fastest = first.iter().map(|(_, t)| t.map_or_else(|once| once, |t| t.us)).filter(|us| !us.is_nan()).fold(f32::INFINITY, f32::min);
-    let times: Vec<(Route, Timed)> = first
-        .into_iter()
-        .map(|(route, t)| {
-            let time = match t {
-                Ok(known) => return (route, known),
-                Err(once) if once.is_nan() || once > SLOW * fastest => Timed { us: once, one_call: true },
-                Err(_) => Timed { us: time_calls(gpu, stream, options.graphs, &|| run(route)).unwrap_or(f32::NAN), one_call: false },
-            };
-            (route, remember(key, route, time))
-        })
-        .collect();
+    let times = time_routes(gpu, stream, options.graphs, routes, |r| TIMES.get(&(key, r)), |r, t| TIMES.keep((key, r), t), &run);
     // cuBLAS where no route could be timed
     let best = times.iter().filter(|t| !t.1.us.is_nan()).min_by(|a, b| a.1.us.total_cmp(&b.1.us)).map_or(Route::Cublas, |t| t.0);
     // Run it eagerly before any capture (timing did, but perhaps in another cache): a first

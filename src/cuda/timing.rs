@@ -136,6 +136,44 @@ impl Drop for TimingEvent {
     }
 }
 
+/// µs per call of a route: timed as a step runs it, or, for a route far slower than another at
+/// a first look ([`SLOW`]), that one eager call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Timed {
+    pub us: f32,
+    pub one_call: bool,
+}
+
+/// Each of `routes` timed as a step runs it (`run` runs one): `known`'s time where this process
+/// timed it already; else a first look, one eager call ([`time_once`]; NaN where it failed),
+/// then, for a route within [`SLOW`] times the fastest first look, [`time_calls`]. Each new time
+/// goes through `keep`, which gives back the time to use (another cache's, where one got there
+/// first).
+pub(super) fn time_routes<R: Copy>(
+    gpu: &Gpu,
+    stream: &CudaStream,
+    graphs: bool,
+    routes: Vec<R>,
+    known: impl Fn(R) -> Option<Timed>,
+    keep: impl Fn(R, Timed) -> Timed,
+    run: &dyn Fn(R) -> Result<()>,
+) -> Vec<(R, Timed)> {
+    let first: Vec<(R, std::result::Result<Timed, f32>)> =
+        routes.into_iter().map(|r| (r, known(r).ok_or_else(|| time_once(gpu, stream, &|| run(r)).unwrap_or(f32::NAN)))).collect();
+    let fastest = first.iter().map(|(_, t)| t.map_or_else(|once| once, |t| t.us)).filter(|us| !us.is_nan()).fold(f32::INFINITY, f32::min);
+    first
+        .into_iter()
+        .map(|(route, t)| {
+            let time = match t {
+                Ok(known) => return (route, known),
+                Err(once) if once.is_nan() || once > SLOW * fastest => Timed { us: once, one_call: true },
+                Err(_) => Timed { us: time_calls(gpu, stream, graphs, &|| run(route)).unwrap_or(f32::NAN), one_call: false },
+            };
+            (route, keep(route, time))
+        })
+        .collect()
+}
+
 /// Measurements kept for the whole process, the first one of a key winning, so that every
 /// cache of a process takes the same path for the same work.
 pub(super) struct FirstMeasured<K, V>(Mutex<Vec<(K, V)>>);

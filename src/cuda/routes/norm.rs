@@ -23,15 +23,13 @@ use super::super::dnn::StepRun;
 use super::super::driver_error;
 use super::super::launch::{int, kernel_args, View, ViewMut};
 use super::super::layers::{batch_norm_train_backward, batch_norm_train_forward};
-use super::super::timing::{time_calls, time_once, SLOW};
-use super::Timed;
+use super::super::timing::{time_routes, FirstMeasured, Timed};
 use crate::activation::Activation;
 use crate::chain::{Layer, Plan, Step};
 use crate::error::Result;
 use crate::layers::batch_norm::{self, Geometry};
 use cudarc::driver::{result, CudaStream};
 use std::fmt::Write;
-use std::sync::{Mutex, PoisonError};
 
 /// How a batch norm's training pass runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,7 +76,7 @@ struct Problem {
 
 /// Every route timed in this process: the first time of a (problem, route) is what every cache
 /// uses.
-static TIMES: Mutex<Vec<(Problem, NormRoute, Timed)>> = Mutex::new(Vec::new());
+static TIMES: FirstMeasured<(Problem, NormRoute), Timed> = FirstMeasured::new();
 
 /// A route chosen, and every route timed.
 #[derive(Clone, Debug)]
@@ -230,35 +228,11 @@ fn choose(s: &StepRun, step: &Step, act: Activation, pass: NormPass) -> Result<C
         NormPass::Forward => batch_norm_train_forward(gpu, stream, plan, f, step, act, route),
         NormPass::Backward => batch_norm_train_backward(gpu, stream, plan, (f, b), step, act, route, (dz, dx)),
     };
-    let known = |route: NormRoute| {
-        let all = TIMES.lock().unwrap_or_else(PoisonError::into_inner);
-        all.iter().find(|(p, r, _)| *p == key && *r == route).map(|&(_, _, t)| t)
-    };
+    let known = |route: NormRoute| TIMES.get(&(key, route));
     let routes = candidates(gpu, f.batch);
     let running =
         if pass == NormPass::Forward && routes.iter().any(|&r| known(r).is_none()) { Some(Running::save(s, step)?) } else { None };
-    // what this process timed already, else a first look: one eager call (NaN where it failed)
-    let first: Vec<_> =
-        routes.into_iter().map(|r| (r, known(r).ok_or_else(|| time_once(gpu, stream, &|| run(r)).unwrap_or(f32::NAN)))).collect();
-    let fastest = first.iter().map(|(_, t)| t.map_or_else(|once| once, |t| t.us)).filter(|us| !us.is_nan()).fold(f32::INFINITY, f32::min);
-    let times: Vec<(NormRoute, Timed)> = first
-        .into_iter()
-        .map(|(route, t)| {
-            let time = match t {
-                Ok(known) => return (route, known),
-                Err(once) if once.is_nan() || once > SLOW * fastest => Timed { us: once, one_call: true },
-                Err(_) => Timed { us: time_calls(gpu, stream, options.graphs, &|| run(route)).unwrap_or(f32::NAN), one_call: false },
-            };
-            let mut all = TIMES.lock().unwrap_or_else(PoisonError::into_inner);
-            match all.iter().find(|(p, r, _)| *p == key && *r == route) {
-                Some(&(_, _, first)) => (route, first),
-                None => {
-                    all.push((key, route, time));
-                    (route, time)
-                }
-            }
-        })
-        .collect();
+    let times = time_routes(gpu, stream, options.graphs, routes, known, |r, t| TIMES.keep((key, r), t), &run);
     if let Some(running) = running {
         running.restore(s)?;
     }
