@@ -245,25 +245,37 @@ impl Cache {
     }
 
     /// Times a forward pass of one sample (zeros: the inputs of a new cache) on the parameters
-    /// `params` of `version` and the model's `buffers` (`draw`: its dropout's, unused in inference), on `pool` and on the calling thread alone, the two taking turns,
-    /// the fastest of several calls each; keeps the faster for every later pass of one sample
-    /// ([`BatchOne`]). Leaves the weights packed for `version`. For a cache on the CPU, before its
-    /// first batch.
+    /// `params` of `version` and the model's `buffers` (`draw`: its dropout's, unused in
+    /// inference), on `pool` and on the calling thread alone, the two taking turns, and keeps
+    /// the faster for every later pass of one sample ([`BatchOne`]); each way's fastest call of
+    /// [`ONE_RUNS`] or more that count, over [`ONE_SPAN`] at least. A call on the pool that
+    /// handed work to its workers counts only where they ran some of it: while another process
+    /// holds the cores for a moment (a peer's threads spinning down after its own calls), the
+    /// caller runs everything and the call times one thread, not the pool. Such calls go on,
+    /// up to [`ONE_MAX_SPAN`]; the calling thread alone where none counted. Leaves the weights
+    /// packed for `version`. For a cache on the CPU, before its first batch.
     pub(crate) fn time_batch_one(&mut self, (params, version): (&[f32], u64), buffers: &[f32], draw: Draw, pool: &Pool) {
-        /// Calls of each way timed, after two warm-up calls each (the second packs the weights).
-        const RUNS: usize = 7;
         if pool.threads() == 1 || self.dev.is_some() {
             return;
         }
-        let mut best = [Duration::MAX; 2];
-        for round in 0..RUNS + 2 {
-            for (way, best) in [&self.one.alone, pool].into_iter().zip(&mut best) {
+        let (mut best, mut counted, began) = ([Duration::MAX; 2], [0; 2], Instant::now());
+        for round in 0.. {
+            for (i, way) in [&self.one.alone, pool].into_iter().enumerate() {
+                let before = way.handed();
                 let start = Instant::now();
                 let (acts, ws) = (&mut self.acts, &mut self.ws);
                 layers::forward(&self.plan, (params, version), acts, self.capacity, 1, way, ws, Buffers::Read(buffers), draw, Mode::Infer);
-                if round >= 2 {
-                    *best = (*best).min(start.elapsed());
+                let (elapsed, after) = (start.elapsed(), way.handed());
+                // two warm-up calls each (the second packs the weights)
+                let helped = after.0 == before.0 || after.1 > before.1;
+                if round >= 2 && helped {
+                    best[i] = best[i].min(elapsed);
+                    counted[i] += 1;
                 }
+            }
+            let span = began.elapsed();
+            if (counted.iter().all(|&n| n >= ONE_RUNS) && span >= ONE_SPAN) || span >= ONE_MAX_SPAN {
+                break;
             }
         }
         self.one.times = Some((best[0], best[1]));
@@ -301,6 +313,13 @@ impl Cache {
     }
 }
 
+/// Calls of each way that must count when [`Cache::time_batch_one`] times a pass of one sample,
+/// over at least [`ONE_SPAN`] (a scheduler's time slice or two), at most [`ONE_MAX_SPAN`] (as a
+/// convolution's split is timed: src/cpu/conv/split.rs).
+const ONE_RUNS: usize = 7;
+const ONE_SPAN: Duration = Duration::from_millis(10);
+const ONE_MAX_SPAN: Duration = Duration::from_millis(100);
+
 /// Where a forward pass of one sample runs: on the model's pool, or on the calling thread alone,
 /// whichever was faster when `Model::preallocate` timed both (the same bits either way). A
 /// layer large enough to be split hands parts to the pool's threads and waits for them; for a
@@ -325,6 +344,10 @@ impl BatchOne {
     fn report(&self, threads: usize) -> String {
         let us = |t: Duration| t.as_secs_f64() * 1e6;
         match self.times {
+            Some((alone, Duration::MAX)) => format!(
+                "\nbatch 1: the whole forward pass on the calling thread, {:.1} µs (on {threads} threads the workers never came while timed)",
+                us(alone)
+            ),
             Some((alone, pooled)) if alone < pooled => {
                 format!(
                     "\nbatch 1: the whole forward pass on the calling thread, {:.1} µs ({threads} threads {:.1} µs)",
@@ -545,5 +568,10 @@ mod tests {
             outputs.push(model.forward(&mut cache).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         }
         assert_eq!(outputs[0], outputs[1]);
+        // a pool whose workers never came while timed: the calling thread, and the report says why
+        cache.one.times = Some((Duration::from_micros(20), Duration::MAX));
+        assert!(std::ptr::eq(cache.one.pool(1, &model.pool), &cache.one.alone));
+        let line = cache.routes().lines().last().unwrap().to_string();
+        assert!(line.ends_with("20.0 µs (on 2 threads the workers never came while timed)"), "{line}");
     }
 }

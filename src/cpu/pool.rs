@@ -60,6 +60,10 @@ pub struct Pool {
     workers: Vec<JoinHandle<()>>,
     /// Guards against two threads using the pool at once (the slot holds one job).
     busy: AtomicBool,
+    /// Runs handed to the workers so far, and how many of those the workers took tasks of
+    /// ([`Pool::handed`]).
+    handed: AtomicUsize,
+    helped_runs: AtomicUsize,
 }
 
 impl Pool {
@@ -95,7 +99,13 @@ impl Pool {
         });
         // Workers join the pool as they start, so that an early return drops it, and its
         // `Drop` stops and joins every worker started so far.
-        let mut pool = Pool { shared: Arc::clone(&shared), workers: Vec::new(), busy: AtomicBool::new(false) };
+        let mut pool = Pool {
+            shared: Arc::clone(&shared),
+            workers: Vec::new(),
+            busy: AtomicBool::new(false),
+            handed: AtomicUsize::new(0),
+            helped_runs: AtomicUsize::new(0),
+        };
         let cannot = |what: String| Error::Config(format!("cannot start {threads} threads: {what}"));
         pool.workers.try_reserve_exact(threads - 1).map_err(|e| cannot(e.to_string()))?;
         for worker in 1..threads {
@@ -114,6 +124,13 @@ impl Pool {
     /// Number of threads, the caller included.
     pub fn threads(&self) -> usize {
         self.workers.len() + 1
+    }
+
+    /// (Runs handed to the workers, runs of which they ran a task), counted since the pool
+    /// began: a timing of work on the pool that handed runs out and got no help timed the
+    /// caller alone (another process held the cores), not the pool.
+    pub(crate) fn handed(&self) -> (usize, usize) {
+        (self.handed.load(Relaxed), self.helped_runs.load(Relaxed))
     }
 
     /// Runs `f(task, worker)` for every `task in 0..tasks` and returns when all have finished.
@@ -167,6 +184,10 @@ impl Pool {
         }
         // (every worker's count was added before it left: the Acquire above sees it)
         let helped = s.helped.load(Relaxed);
+        self.handed.fetch_add(1, Relaxed);
+        if helped > 0 {
+            self.helped_runs.fetch_add(1, Relaxed);
+        }
         self.busy.store(false, Release);
         if mine.is_err() || s.panicked.swap(false, AcqRel) {
             panic!("a flatnn pool task panicked");
@@ -299,6 +320,22 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
     use std::time::Duration;
+
+    /// `handed` counts the runs handed to the workers (not serial ones: one task, one thread)
+    /// and those of them the workers took tasks of: of 100 runs of tasks that sleep, some.
+    #[test]
+    fn handed_counts_runs_given_out_and_those_helped() {
+        let pool = Pool::new(2).unwrap();
+        pool.run(1, &|_, _| {});
+        Pool::new(1).unwrap().run(8, &|_, _| {});
+        assert_eq!(pool.handed(), (0, 0), "serial runs are not handed out");
+        let mut helped = 0;
+        for _ in 0..100 {
+            helped += usize::from(pool.run(16, &|_, _| std::thread::sleep(Duration::from_micros(50))) > 0);
+        }
+        assert_eq!(pool.handed(), (100, helped));
+        assert!(helped > 0, "the worker never took a task in 100 runs");
+    }
 
     #[test]
     fn runs_every_task_once() {
