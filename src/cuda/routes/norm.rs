@@ -189,9 +189,9 @@ fn new_table(plan: &Plan, batch: usize) -> Table {
         .steps
         .iter()
         .enumerate()
-        .filter_map(|(step, s)| match s.layer {
-            Layer::BatchNorm(norm) => Some(NormLayer { step, act: norm.activation, chosen: [None, None] }),
-            _ => None,
+        .filter_map(|(step, s)| {
+            let Layer::BatchNorm(norm) = s.layer else { return None };
+            Some(NormLayer { step, act: norm.activation, chosen: [None, None] })
         })
         .collect();
     Table { batch, layers }
