@@ -7,6 +7,7 @@
 
 use crate::chain::{batch_len, Plan};
 use crate::cpu::pool::Pool;
+use crate::cpu::turns::fastest_in_turns;
 use crate::dev::{DevCache, DevGrads};
 use crate::device::{Device, ToDevice};
 use crate::error::{zeros, Error, Result};
@@ -14,7 +15,7 @@ use crate::layers::{self, region, Buffers, Draw, GradWorkspace, Mode, Workspace}
 use crate::loss::Loss;
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Inputs, targets, activations and forward scratch for up to `capacity` samples, on the
 /// device of the model that made it. On a GPU the host keeps the batch's inputs, labels and
@@ -246,39 +247,26 @@ impl Cache {
 
     /// Times a forward pass of one sample (zeros: the inputs of a new cache) on the parameters
     /// `params` of `version` and the model's `buffers` (`draw`: its dropout's, unused in
-    /// inference), on `pool` and on the calling thread alone, the two taking turns, and keeps
-    /// the faster for every later pass of one sample ([`BatchOne`]); each way's fastest call of
-    /// [`ONE_RUNS`] or more that count, over [`ONE_SPAN`] at least. A call on the pool that
-    /// handed work to its workers counts only where they ran some of it: while another process
-    /// holds the cores for a moment (a peer's threads spinning down after its own calls), the
-    /// caller runs everything and the call times one thread, not the pool. Such calls go on,
-    /// up to [`ONE_MAX_SPAN`]; the calling thread alone where none counted. Leaves the weights
-    /// packed for `version`. For a cache on the CPU, before its first batch.
+    /// inference), on `pool` and on the calling thread alone, and keeps the faster for every
+    /// later pass of one sample ([`BatchOne`]): [`fastest_in_turns`] with [`ONE_RUNS`] calls
+    /// each after two warm-up calls (the second packs the weights), a call on the pool counting
+    /// only where it handed no work to the workers or they ran some of it ([`Pool::handed`]);
+    /// the calling thread alone where none counted. Leaves the weights packed for `version`.
+    /// For a cache on the CPU, before its first batch.
     pub(crate) fn time_batch_one(&mut self, (params, version): (&[f32], u64), buffers: &[f32], draw: Draw, pool: &Pool) {
         if pool.threads() == 1 || self.dev.is_some() {
             return;
         }
-        let (mut best, mut counted, began) = ([Duration::MAX; 2], [0; 2], Instant::now());
-        for round in 0.. {
-            for (i, way) in [&self.one.alone, pool].into_iter().enumerate() {
-                let before = way.handed();
-                let start = Instant::now();
-                let (acts, ws) = (&mut self.acts, &mut self.ws);
-                layers::forward(&self.plan, (params, version), acts, self.capacity, 1, way, ws, Buffers::Read(buffers), draw, Mode::Infer);
-                let (elapsed, after) = (start.elapsed(), way.handed());
-                // two warm-up calls each (the second packs the weights)
-                let helped = after.0 == before.0 || after.1 > before.1;
-                if round >= 2 && helped {
-                    best[i] = best[i].min(elapsed);
-                    counted[i] += 1;
-                }
-            }
-            let span = began.elapsed();
-            if (counted.iter().all(|&n| n >= ONE_RUNS) && span >= ONE_SPAN) || span >= ONE_MAX_SPAN {
-                break;
-            }
-        }
-        self.one.times = Some((best[0], best[1]));
+        let (plan, capacity, acts, ws, alone) = (&self.plan, self.capacity, &mut self.acts, &mut self.ws, &self.one.alone);
+        let [alone_time, pooled] = fastest_in_turns::<2>(ONE_RUNS, 2, |i| {
+            let way = [alone, pool][i];
+            let before = way.handed();
+            layers::forward(plan, (params, version), acts, capacity, 1, way, ws, Buffers::Read(buffers), draw, Mode::Infer);
+            let after = way.handed();
+            after.0 == before.0 || after.1 > before.1
+        });
+        // (the calling thread's calls always count)
+        self.one.times = Some((alone_time.unwrap_or(Duration::MAX), pooled.unwrap_or(Duration::MAX)));
     }
 
     /// Which kernel runs each layer, for logs and benchmarks. On a GPU: for each batch size
@@ -313,12 +301,8 @@ impl Cache {
     }
 }
 
-/// Calls of each way that must count when [`Cache::time_batch_one`] times a pass of one sample,
-/// over at least [`ONE_SPAN`] (a scheduler's time slice or two), at most [`ONE_MAX_SPAN`] (as a
-/// convolution's split is timed: src/cpu/conv/split.rs).
+/// Calls of each way that must count when [`Cache::time_batch_one`] times a pass of one sample.
 const ONE_RUNS: usize = 7;
-const ONE_SPAN: Duration = Duration::from_millis(10);
-const ONE_MAX_SPAN: Duration = Duration::from_millis(100);
 
 /// Where a forward pass of one sample runs: on the model's pool, or on the calling thread alone,
 /// whichever was faster when `Model::preallocate` timed both (the same bits either way). A

@@ -8,6 +8,7 @@ pub(crate) mod isa;
 pub(crate) mod pool;
 pub(crate) mod recurrent;
 pub(crate) mod rowdot;
+pub(crate) mod turns;
 pub(crate) mod vmath;
 
 use pool::Pool;

@@ -8,24 +8,17 @@
 //! The parts never change the bits (see [`super::forward`]), so neither does the choice.
 
 use super::ConvShape;
+use crate::cpu::turns::fastest_in_turns;
 use crate::error::{Error, Result};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Calls of each candidate that must count before the timing at the first call of a batch
-/// ends, the candidates taking turns, over at least [`SPAN`]; the fastest of each is kept. A
-/// candidate's first call warms it up and is not timed, unless it alone took a [`SPAN`] (a
-/// call that long is its own warm-up). A call of more than one task (the split's; one part's
-/// at a batch of several) counts only where the pool's workers ran some of them (as the call
-/// reports): while another process holds the cores, the caller runs them all, and the call
-/// times one thread, which would favour one part against a split or, at a batch of several,
-/// the split against one part. So the timing goes on until each candidate has this many calls
-/// that count, or, once each has had a timed call, for [`MAX_SPAN`] (then the faster of those
-/// that counted; one part where neither did: the workers never came).
+/// Calls of each candidate that must count when the first call of a batch times one part
+/// against the split ([`fastest_in_turns`], a warm-up call each): a call of more than one task
+/// (the split's; one part's at a batch of several) counts only where the pool's workers ran
+/// some of them (as the call reports), which would otherwise favour one part against a split
+/// or, at a batch of several, the split against one part; one part where neither counted (the
+/// workers never came).
 const RUNS: usize = 10;
-/// The least time the calls of a timing span: a scheduler's time slice or two.
-const SPAN: Duration = Duration::from_millis(10);
-/// The most.
-const MAX_SPAN: Duration = Duration::from_millis(100);
 
 /// The parts that fill a pool of `threads` with `batch` samples: ⌈threads / batch⌉, at most OH
 /// (1 where the samples alone fill it).
@@ -110,28 +103,13 @@ impl Splits {
 /// `forward` (see [`Splits::run`]); the last call wrote the output (every call writes the same
 /// values).
 fn time(batch: usize, wide: usize, mut forward: impl FnMut(usize) -> usize) -> Split {
-    // per candidate: the fastest call that counts, how many counted, whether one was timed
-    let (mut best, mut counted, mut tried, began) = ([Duration::MAX; 2], [0; 2], [false; 2], Instant::now());
-    for round in 0.. {
-        for (i, candidate) in [1, wide].into_iter().enumerate() {
-            let start = Instant::now();
-            let helped = forward(candidate);
-            let elapsed = start.elapsed();
-            if round > 0 || elapsed >= SPAN {
-                tried[i] = true;
-                if batch * candidate == 1 || helped > 0 {
-                    best[i] = best[i].min(elapsed);
-                    counted[i] += 1;
-                }
-            }
-        }
-        let span = began.elapsed();
-        if (counted.iter().all(|&n| n >= RUNS) && span >= SPAN) || (tried.iter().all(|&t| t) && span >= MAX_SPAN) {
-            break;
-        }
-    }
-    let times = best.map(|t| Some(t).filter(|&t| t < Duration::MAX));
-    Split { wide, times, parts: if best[1] < best[0] { wide } else { 1 } }
+    let candidates = [1, wide];
+    let times = fastest_in_turns::<2>(RUNS, 1, |i| {
+        let helped = forward(candidates[i]);
+        batch * candidates[i] == 1 || helped > 0
+    });
+    let time = |t: Option<Duration>| t.unwrap_or(Duration::MAX);
+    Split { wide, times, parts: if time(times[1]) < time(times[0]) { wide } else { 1 } }
 }
 
 #[cfg(test)]
@@ -197,7 +175,7 @@ mod tests {
     }
 
     /// A split whose tasks the workers never ran (each call reporting none) is never kept,
-    /// however fast it timed: after [`MAX_SPAN`], one part.
+    /// however fast it timed: after `turns::MAX_SPAN`, one part.
     #[test]
     fn a_split_the_workers_never_ran_is_not_kept() {
         let mut splits = Splits::new(1, 4).unwrap();
@@ -220,7 +198,7 @@ mod tests {
         assert_eq!(splits.chosen(2), Some((2, 2)));
     }
 
-    /// Calls past [`MAX_SPAN`] on their own are timed, not spent on warming up: the faster
+    /// Calls past `turns::MAX_SPAN` on their own are timed, not spent on warming up: the faster
     /// candidate is kept, one call of each after its first at most.
     #[test]
     fn a_slow_call_is_timed_on_its_own() {
