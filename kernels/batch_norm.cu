@@ -374,7 +374,7 @@ extern "C" __global__ void batch_norm_input_grad(const float* x, const float* dy
         batch_norm_input_grad_row<float>(x, dy, dx, at, pixels, lanes_log2, m, r, g, dg, db, inv_count);
 }
 
-// ---- The fused route (src/cuda/bn_route.rs): a training pass's forward, or its backward, in one
+// ---- The fused route (src/cuda/routes/norm.rs): a training pass's forward, or its backward, in one
 // launch. A cluster of P blocks a channel (grid.x = channels·P in clusters of P along x; P = 1
 // launches no cluster, as before sm_90): block k of channel c's cluster takes part k of the
 // samples (batch_norm_part with `chunk`). Each block's sums go to its shared memory; after the
