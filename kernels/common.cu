@@ -106,6 +106,27 @@ __device__ __forceinline__ double cluster_load_f64(const double* local, unsigned
 #endif
 }
 
+// Sets the float at `local` (this block's shared memory) in block `rank` of the cluster to v.
+__device__ __forceinline__ void cluster_store(float* local, unsigned rank, float v) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(cluster_map((unsigned)__cvta_generic_to_shared(local), rank)), "f"(v) : "memory");
+#else
+    *local = v;
+#endif
+}
+
+// 1 / (1 + e^−v) on the SFU's exp2 and reciprocal, the recurrent cells' gates (gru.cu, lstm.cu,
+// rnn_fused.cu): the bits of __fdividef(1, 1 + __expf(−v)) (the exp within 2 + ⌊1.17·|v|⌋ ulp, the
+// reciprocal 2 ulp; 0 past a denominator of 2^126, where the sigmoid is below 1.2e-38), without
+// the checks those make for subnormals, which sit on a cell's critical path: an exp below 2^−126
+// adds nothing to 1, and the denominator is never below 1.
+__device__ __forceinline__ float rnn_sigmoid(float v) {
+    float e, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(v * -1.44269504f));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+    return r;
+}
+
 // Σ of v over the block, in a fixed order; every thread gets the sum. buf: REDUCE_THREADS slots.
 __device__ __forceinline__ float block_sum_f32(float v, float* buf) {
     buf[threadIdx.x] = v;

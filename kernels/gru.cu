@@ -1,5 +1,6 @@
 // GRU (src/layers/gru.rs; launched from src/cuda/recurrent.rs), and what the LSTM's kernels
-// (lstm.cu, compiled after this file) share with it: rnn_sigmoid, rnn_begin and rnn_bias_grad.
+// (lstm.cu, compiled after this file) share with it: rnn_begin and rnn_bias_grad (rnn_sigmoid is
+// common.cu's).
 //
 // Layout per sample (src/layers/recurrent.rs): rows of `padded` values, gate g's unit u at
 // g·padded + u; gates (steps × 4·padded), hprev (steps × padded: h_{t−1} of each step), state
@@ -10,10 +11,6 @@
 //
 // Weights and biases in PyTorch's layout (gate g's unit u at b[g·hidden + u]). Row strides and
 // offsets in floats; every index below is under the host's 2^30.
-
-// 1 / (1 + e^−v) on the SFU's exp2 and reciprocal (__expf: 2 + ⌊1.17·|v|⌋ ulp; __fdividef: 2 ulp,
-// 0 past a denominator of 2^126, where the sigmoid is below 1.2e-38): the cells' critical path.
-__device__ __forceinline__ float rnn_sigmoid(float v) { return __fdividef(1.0f, 1.0f + __expf(-v)); }
 
 // hprev[s, 0, u] = h0[s, u] and, where cprev is not null, cprev[s, 0, u] = c0[s, u] (state
 // offset `padded`), for the batch's samples and units u < hidden.

@@ -1,7 +1,7 @@
-// LSTM (src/layers/lstm.rs; launched from src/cuda/recurrent.rs). The layout, rnn_sigmoid,
-// rnn_begin and rnn_bias_grad are gru.cu's. The products (cuBLAS) leave in a step's gates row the
-// input products plus the recurrent products of i, f, g, o (without biases); one thread a
-// (sample, unit).
+// LSTM (src/layers/lstm.rs; launched from src/cuda/recurrent.rs). The layout, rnn_begin and
+// rnn_bias_grad are gru.cu's, rnn_sigmoid common.cu's. The products (cuBLAS) leave in a step's
+// gates row the input products plus the recurrent products of i, f, g, o (without biases); one
+// thread a (sample, unit).
 
 // LSTM step t: i, f, g, o over the step's gates row; c_t to c_out[s·c_stride + u], h_t to
 // h_out[s·h_stride + u] and to y[s·y_stride + u] where y is not null (the layer's output).

@@ -22,7 +22,7 @@
 #define RNN_LSTM 1
 
 // Not part of the main program: rnn_fused.rs compiles this file on a layer's first need, once per
-// (cell, R) and device, after common.cu and gru.cu's rnn_sigmoid, with RNN_FUSED_CELL (RNN_GRU or
+// (cell, R) and device, after common.cu, with RNN_FUSED_CELL (RNN_GRU or
 // RNN_LSTM) and RNN_FUSED_R (0, 32 or 64) defined, which select the 8 kernels (2 directions × 4 S)
 // emitted below; with RNN_FUSED_CLUSTERS too (sm_90 and later) the cell's 3 forwards on a cluster
 // of blocks (S = 1, 2, 4; rnn_cluster_forward, which a step's backward by the kernels above may
@@ -363,38 +363,13 @@ __device__ __forceinline__ void rnn_fused_backward(RNN_FUSED_BACKWARD_PARAMS) {
 // Dynamic shared memory, in floats: 2·S·L h (two steps' buffers), S·G·U recurrent products.
 #define RNN_CLUSTER_KW 64
 
-__device__ __forceinline__ int rnn_cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return (int)r;
-}
-
-__device__ __forceinline__ int rnn_cluster_size() {
-    unsigned n;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-    return (int)n;
-}
-
-// Every thread of the cluster's blocks arrives; its shared-memory stores before are seen by all
-// after.
-__device__ __forceinline__ void rnn_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-// Sets the float at `local`'s place in the shared memory of the cluster's block `rank` to v.
-__device__ __forceinline__ void rnn_cluster_store(float* local, int rank, float v) {
-    unsigned at = (unsigned)__cvta_generic_to_shared(local), remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
-}
-
 template <int CELL, int S>
 __device__ __forceinline__ void rnn_cluster_forward(RNN_FUSED_FORWARD_PARAMS) {
     constexpr int G = CELL == RNN_GRU ? 3 : 4, KW = RNN_CLUSTER_KW;
     // cell elements a thread: S·U (sample, unit) pairs over at least G·U threads
     constexpr int E = (S + G - 1) / G;
     const int H = hidden, P = padded, tid = threadIdx.x, threads = blockDim.x;
-    const int C = rnn_cluster_size(), rank = rnn_cluster_rank(), U = (H + C - 1) / C, GU = G * U;
+    const int C = cluster_blocks(), rank = cluster_rank(), U = (H + C - 1) / C, GU = G * U;
     int split = 1;
     while (split * KW < P) split *= 2;
     const int L = split * KW, first = blockIdx.x / C * S;
@@ -424,7 +399,7 @@ __device__ __forceinline__ void rnn_cluster_forward(RNN_FUSED_FORWARD_PARAMS) {
         rnn_fused_cell_begin<CELL>(out, b_ih, b_hh, batch, nn_[q], rank * U + jj[q], pre[q], bi[q], bh[q], c[q]);
     }
     // every block of the cluster running, its buffers set, before any block stores into them
-    rnn_cluster_sync();
+    cluster_sync();
     for (int t = 0; t < steps; t++) {
         const float* h_now = h_sh + (t & 1) * S * L;
         float* h_next = h_sh + ((t + 1) & 1) * S * L;
@@ -457,11 +432,11 @@ __device__ __forceinline__ void rnn_cluster_forward(RNN_FUSED_FORWARD_PARAMS) {
             const int n = nn_[q], s = n - first, u = rank * U + jj[q];
             if (n >= batch) continue;
             const float h = rnn_fused_cell<CELL>(out, n, u, t, pre[q], bi[q], bh[q], acc_sh + s * GU + jj[q], U, h_now[s * L + u], c[q]);
-            for (int r = 0; r < C; r++) rnn_cluster_store(h_next + s * L + u, r, h);
+            for (int r = 0; r < C; r++) cluster_store(h_next + s * L + u, r, h);
 #pragma unroll
             for (int g = 0; g < G; g++) pre[q][g] = next[q][g];
         }
-        rnn_cluster_sync();
+        cluster_sync();
     }
 }
 

@@ -45,9 +45,8 @@ pub(crate) const VARIANTS: usize = REGISTERS.len() * SAMPLES.len() * CLUSTERS.le
 /// The file the kernels are in (name, text).
 pub(crate) const SOURCE: (&str, &str) = ("rnn_fused.cu", include_str!("../../kernels/rnn_fused.cu"));
 
-/// What the kernels need of the main program's files: common.cu whole, gru.cu's rnn_sigmoid.
+/// What the kernels need of the main program's files: common.cu.
 const COMMON: &str = include_str!("../../kernels/common.cu");
-const GRU: &str = include_str!("../../kernels/gru.cu");
 
 /// The kernel of `cell`'s forward or backward with `v`'s R and S: `rnn_fused_gru_forward_r32_s4`.
 fn kernel_name(cell: Cell, backward: bool, v: Fused) -> String {
@@ -80,15 +79,10 @@ pub(crate) fn kernel_names() -> Vec<String> {
         .collect()
 }
 
-/// The source of the kernels of (`cell`, R = `registers`): common.cu, rnn_sigmoid, rnn_fused.cu;
-/// with the defines that select them (with `clusters`, the cluster forwards too).
-fn program(cell: Cell, registers: usize, clusters: bool) -> Result<(String, Vec<String>)> {
-    let sigmoid = GRU
-        .lines()
-        .find(|line| line.starts_with("__device__ __forceinline__ float rnn_sigmoid("))
-        .ok_or_else(|| Error::Cuda { what: "kernels/gru.cu defines no rnn_sigmoid on one line".into() })?;
-    let source =
-        format!("// ---- kernels/common.cu\n{COMMON}\n// ---- kernels/gru.cu\n{sigmoid}\n// ---- kernels/rnn_fused.cu\n{}\n", SOURCE.1);
+/// The source of the kernels of (`cell`, R = `registers`): common.cu, then rnn_fused.cu; with the
+/// defines that select them (with `clusters`, the cluster forwards too).
+fn program(cell: Cell, registers: usize, clusters: bool) -> (String, Vec<String>) {
+    let source = format!("// ---- kernels/common.cu\n{COMMON}\n// ---- kernels/rnn_fused.cu\n{}\n", SOURCE.1);
     let cell_define = match cell {
         Cell::Gru => "RNN_GRU",
         Cell::Lstm => "RNN_LSTM",
@@ -97,7 +91,7 @@ fn program(cell: Cell, registers: usize, clusters: bool) -> Result<(String, Vec<
     if clusters {
         defines.push("-DRNN_FUSED_CLUSTERS".into());
     }
-    Ok((source, defines))
+    (source, defines)
 }
 
 /// The kernels of one (cell, R) loaded on a device.
@@ -125,7 +119,7 @@ impl Modules {
 fn load(gpu: &Gpu, cell: Cell, r: usize) -> Result<Module> {
     let (major, minor) = gpu.compute_capability();
     let clusters = gpu.has_clusters();
-    let (source, defines) = program(cell, REGISTERS[r], clusters)?;
+    let (source, defines) = program(cell, REGISTERS[r], clusters);
     let defines: Vec<&str> = defines.iter().map(String::as_str).collect();
     let cubin = compile_source(c"rnn_fused.cu", source, (major as i32, minor as i32), &defines)?;
     let cluster_forwards = if clusters { CLUSTER_SAMPLES } else { 0 };
@@ -414,12 +408,12 @@ mod tests {
         assert_eq!(calls, expected);
         for (cell, cell_const, name) in [(Cell::Gru, "RNN_GRU", "gru"), (Cell::Lstm, "RNN_LSTM", "lstm")] {
             for (r, registers) in REGISTERS.into_iter().enumerate() {
-                let (source, defines) = program(cell, registers, false).unwrap();
+                let (source, defines) = program(cell, registers, false);
                 assert_eq!(defines, [format!("-DRNN_FUSED_CELL={cell_const}"), format!("-DRNN_FUSED_R={registers}")]);
-                let (_, with_clusters) = program(cell, registers, true).unwrap();
+                let (_, with_clusters) = program(cell, registers, true);
                 assert_eq!(with_clusters[..2], defines[..]);
                 assert_eq!(with_clusters[2..], ["-DRNN_FUSED_CLUSTERS"]);
-                assert!(source.contains(COMMON) && source.contains(SOURCE.1) && source.contains("float rnn_sigmoid(float v) {"));
+                assert!(source.contains(COMMON) && source.contains(SOURCE.1));
                 let v = Fused { r, s: 0, c: 0 };
                 let block = format!(
                     "\n#if RNN_FUSED_CELL == {cell_const} && RNN_FUSED_R == {registers}\nRNN_FUSED_KERNELS({name}, {cell_const}, {registers}, {})\n#endif\n",
