@@ -25,6 +25,40 @@ impl Rng {
     }
 }
 
+/// A directory of a test's own under the system's temporary one, `flatnn-NAME-PID`, created
+/// empty (what a killed run left there is removed first) and removed with what it holds when
+/// dropped, also when the test fails: a panic unwinds through it.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("flatnn-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        TempDir(dir)
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TempDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// ‖a − b‖ / ‖b‖ in f64 (NaN where either holds a NaN, so that no comparison with it passes).
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
@@ -221,4 +255,23 @@ pub fn signal_net() -> crate::Chain {
         .conv1d(6, 3, Softplus)
         .flatten()
         .dense(10, Identity)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_temp_dir_starts_empty_and_goes_with_its_files() {
+        let path = {
+            let dir = TempDir::new("testutil-temp-dir");
+            std::fs::write(dir.join("left"), b"x").unwrap();
+            dir.to_path_buf()
+        };
+        assert!(!path.exists(), "{} outlived its TempDir", path.display());
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::write(path.join("left"), b"x").unwrap();
+        let dir = TempDir::new("testutil-temp-dir");
+        assert_eq!(std::fs::read_dir(&*dir).unwrap().count(), 0, "what a killed run left was kept");
+    }
 }

@@ -4,16 +4,9 @@
 //! refused by name and change nothing.
 
 use flatnn::prelude::*;
-use flatnn::testutil::Rng;
+use flatnn::testutil::{Rng, TempDir};
 use safetensors::SafeTensors;
-use std::path::{Path, PathBuf};
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("flatnn-checkpoint-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use std::path::Path;
 
 fn chain() -> Chain {
     Chain::new(Input::image(1, 6, 6)).conv(3, (3, 3), Relu).flatten().dense(10, Tanh).dense(4, Identity)
@@ -81,21 +74,21 @@ fn resume_is_exact(device: &Device, dir: &Path) {
 
 #[test]
 fn a_resumed_run_matches_one_that_never_stopped() {
-    resume_is_exact(&Device::Cpu, &temp_dir("resume"));
+    resume_is_exact(&Device::Cpu, &TempDir::new("checkpoint-resume"));
 }
 
 #[cfg(feature = "cuda")]
 #[ignore = "needs a CUDA device: run with --include-ignored where there is one"]
 #[test]
 fn a_resumed_run_on_the_gpu_matches_one_that_never_stopped() {
-    resume_is_exact(&flatnn::testutil::cuda_device(), &temp_dir("resume-gpu"));
+    resume_is_exact(&flatnn::testutil::cuda_device(), &TempDir::new("checkpoint-resume-gpu"));
 }
 
 /// The optimiser's tensors carry PyTorch's `state_dict` names and shapes, in
 /// `model.parameters()` order, and hold the flat state's values.
 #[test]
 fn the_file_uses_pytorchs_names() {
-    let dir = temp_dir("names");
+    let dir = TempDir::new("checkpoint-names");
     let mut model = chain().build().unwrap().init(Init::HeNormal, 1);
     let (mut fwd, mut bwd) = (model.preallocate(8).unwrap(), model.preallocate_grads(8).unwrap());
     let mut opt = optimiser(&model, Optim::adam(1e-2));
@@ -132,7 +125,7 @@ fn the_file_uses_pytorchs_names() {
 
 #[test]
 fn wrong_checkpoints_are_refused_and_change_nothing() {
-    let dir = temp_dir("wrong");
+    let dir = TempDir::new("checkpoint-wrong");
     let mut model = chain().build().unwrap().init(Init::HeNormal, 1);
     let (mut fwd, mut bwd) = (model.preallocate(8).unwrap(), model.preallocate_grads(8).unwrap());
     let mut adam = optimiser(&model, Optim::adam(1e-2));

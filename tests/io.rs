@@ -1,16 +1,10 @@
 //! Model files: round trip, PyTorch-layout files, and every corrupt-file case.
 
 use flatnn::prelude::*;
+use flatnn::testutil::TempDir;
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("flatnn-io-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use std::path::Path;
 
 fn lenet() -> Chain {
     Chain::new(Input::image(1, 12, 12))
@@ -31,7 +25,7 @@ fn outputs(model: &Model, x: &[f32]) -> Vec<f32> {
 
 #[test]
 fn save_then_load_gives_the_same_outputs_bit_for_bit() {
-    let dir = temp_dir("roundtrip");
+    let dir = TempDir::new("io-roundtrip");
     let model = lenet().build().unwrap().init(Init::GlorotNormal, 3);
     let x = flatnn::testutil::Rng::new(1).uniform(2 * 144);
     let path = dir.join("lenet.safetensors");
@@ -79,7 +73,7 @@ fn tiny_torch_file(path: &Path) {
 
 #[test]
 fn a_pytorch_state_dict_loads_and_computes_what_pytorch_would() {
-    let dir = temp_dir("torch");
+    let dir = TempDir::new("io-torch");
     let path = dir.join("tiny.safetensors");
     tiny_torch_file(&path);
     let mut model = Chain::new(Input::vector(2)).dense(2, Relu).dense(1, Identity).build().unwrap();
@@ -94,7 +88,7 @@ fn a_pytorch_state_dict_loads_and_computes_what_pytorch_would() {
 
 #[test]
 fn corrupt_and_mismatched_files_are_refused_by_name() {
-    let dir = temp_dir("corrupt");
+    let dir = TempDir::new("io-corrupt");
     let good = dir.join("good.safetensors");
     tiny_torch_file(&good);
     let bytes = std::fs::read(&good).unwrap();
@@ -190,7 +184,7 @@ fn corrupt_and_mismatched_files_are_refused_by_name() {
 
 #[test]
 fn saves_from_many_threads_to_one_path_all_succeed() {
-    let dir = temp_dir("threads");
+    let dir = TempDir::new("io-threads");
     let path = dir.join("lenet.safetensors");
     let model = lenet().build().unwrap().init(Init::GlorotNormal, 3);
     let failures: Vec<String> = std::thread::scope(|s| {
@@ -207,7 +201,7 @@ fn saves_from_many_threads_to_one_path_all_succeed() {
 #[test]
 fn a_save_keeps_the_permissions_of_the_file_it_replaces() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = temp_dir("permissions");
+    let dir = TempDir::new("io-permissions");
     let path = dir.join("m.safetensors");
     let model = lenet().build().unwrap();
     model.save(&path).unwrap();
@@ -220,7 +214,7 @@ fn a_save_keeps_the_permissions_of_the_file_it_replaces() {
 
 #[test]
 fn bad_architecture_metadata_is_a_format_error() {
-    let dir = temp_dir("arch");
+    let dir = TempDir::new("io-arch");
     let path = dir.join("m.safetensors");
     let views: Vec<(&str, TensorView)> = vec![];
     for arch in ["vector 0; dense 3 relu", "vector 2; dense 3 swish", "image 2 2 1; dense 3 relu", "nonsense"] {

@@ -4,7 +4,7 @@
 
 use flatnn::models::ts_conv1d;
 use flatnn::prelude::*;
-use flatnn::testutil::{pooling_net, signal_net, Rng};
+use flatnn::testutil::{pooling_net, signal_net, Rng, TempDir};
 
 fn nets() -> Vec<(&'static str, Chain)> {
     vec![
@@ -17,8 +17,7 @@ fn nets() -> Vec<(&'static str, Chain)> {
 
 #[test]
 fn model_files_round_trip_and_summaries_name_every_new_layer() {
-    let dir = std::env::temp_dir().join(format!("flatnn-misc-layers-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("misc-layers");
     for (name, chain) in nets() {
         let model = chain.clone().build().unwrap().init(Init::HeNormal, 7).with_threads(1).unwrap();
         let path = dir.join(format!("{name}.safetensors"));
@@ -37,7 +36,6 @@ fn model_files_round_trip_and_summaries_name_every_new_layer() {
         fresh.load_weights(&path).unwrap();
         assert_eq!(fresh.parameters().unwrap(), model.parameters().unwrap(), "{name}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
     let summary = format!("{}\n{}", pooling_net().build().unwrap(), signal_net().build().unwrap());
     for row in [
         "AvgPool(2×2, stride 2)",

@@ -5,15 +5,7 @@
 //! tests/gpu_layers.rs.)
 
 use flatnn::prelude::*;
-use flatnn::testutil::Rng;
-use std::path::PathBuf;
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("flatnn-norm-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use flatnn::testutil::{Rng, TempDir};
 
 fn bits(values: &[f32]) -> Vec<u32> {
     values.iter().map(|v| v.to_bits()).collect()
@@ -172,7 +164,7 @@ fn train(model: &mut Model, opt: &mut Optimizer, steps: std::ops::Range<u64>) {
 
 #[test]
 fn every_new_kind_round_trips_through_a_model_file() {
-    let dir = temp_dir("file");
+    let dir = TempDir::new("norm-file");
     let mut model = every_kind().build().unwrap().init(Init::HeNormal, 4).with_threads(2).unwrap();
     let mut opt = Optimizer::new(&model, Optim::adam(1e-2)).unwrap();
     train(&mut model, &mut opt, 0..3);
@@ -210,7 +202,7 @@ fn every_new_kind_round_trips_through_a_model_file() {
 /// never stopped (parameters, running statistics and the optimiser's state).
 #[test]
 fn a_resumed_run_draws_the_masks_the_uninterrupted_one_would() {
-    let dir = temp_dir("resume");
+    let dir = TempDir::new("norm-resume");
     let build = |seed| every_kind().build().unwrap().init(Init::HeNormal, seed).with_threads(2).unwrap();
     let (n, m) = (4, 5);
     let mut straight = build(1);

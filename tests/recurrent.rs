@@ -4,7 +4,7 @@
 //! the state setters refuse; and that a GRU and an LSTM learn a sequence task.
 
 use flatnn::prelude::*;
-use flatnn::testutil::Rng;
+use flatnn::testutil::{Rng, TempDir};
 use flatnn::Layer;
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -160,8 +160,7 @@ fn what_a_stream_and_the_state_setters_refuse() {
 
 #[test]
 fn recurrent_models_round_trip_through_model_files() {
-    let dir = std::env::temp_dir().join(format!("flatnn-recurrent-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("recurrent");
     let chain = Chain::new(Shape::sequence(5, 3)).lstm(6, RnnOutput::Sequence).gru(4, RnnOutput::LastStep).dense(2, Identity);
     let model = chain.build().unwrap().init(Init::GlorotNormal, 9);
     let path = dir.join("rnn.safetensors");
@@ -192,7 +191,6 @@ fn recurrent_models_round_trip_through_model_files() {
     b.set_inputs(&x).unwrap();
     assert_eq!(model.forward(&mut a).unwrap(), loaded.forward(&mut b).unwrap());
     println!("{loaded}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Sequences of 12 steps of ±1 noise; the target is the sum of steps 2 and 5 (a memory task a
