@@ -242,17 +242,31 @@ template <typename F> __device__ __forceinline__ float4 batch_norm_map(float4 a,
 
 template <typename V> __device__ __forceinline__ void batch_norm_store(float* p, V v) { *reinterpret_cast<V*>(p) = v; }
 
+// z = ((x − μ)·r)·γ + β at offset i, an item of V, and y = act(z) there unless y is null: the
+// values of batch_norm_apply and of the fused forward's last pass.
+template <typename V>
+__device__ __forceinline__ void batch_norm_apply_at(const float* x, float* z, float* y, long long i, float m, float r, float g, float b,
+                                                    int act, float slope) {
+    V v = batch_norm_map(batch_norm_load(x + i, V()), [&](float e) { return (e - m) * r * g + b; });
+    batch_norm_store(z + i, v);
+    if (y != nullptr) batch_norm_store(y + i, batch_norm_map(v, [&](float e) { return act_apply(act, slope, e); }));
+}
+
+// dx = (γ·r)·(dy − (dβ + x̂·dγ)·(1/count)) at offset i, an item of V: the values of
+// batch_norm_input_grad and of the fused backward's last pass.
+template <typename V>
+__device__ __forceinline__ void batch_norm_input_grad_at(const float* x, const float* dy, float* dx, long long i, float m, float r, float g,
+                                                         float dg, float db, float inv_count) {
+    V xv = batch_norm_load(x + i, V()), d = batch_norm_load(dy + i, V());
+    batch_norm_store(dx + i, batch_norm_map(xv, d, [&](float xe, float de) { return g * r * (de - (db + (xe - m) * r * dg) * inv_count); }));
+}
+
 // batch_norm_apply's values of the thread's row (at `at` floats in) as items of V.
 template <typename V>
 __device__ __forceinline__ void batch_norm_apply_row(const float* x, float* z, float* y, long long at, int width, int lanes_log2, float m,
                                                      float r, float g, float b, int act, float slope) {
     const int floats = sizeof(V) / sizeof(float);
-    batch_norm_items(width, lanes_log2, [&](int item) {
-        long long i = at + (long long)item * floats;
-        V v = batch_norm_map(batch_norm_load(x + i, V()), [&](float e) { return (e - m) * r * g + b; });
-        batch_norm_store(z + i, v);
-        if (y != nullptr) batch_norm_store(y + i, batch_norm_map(v, [&](float e) { return act_apply(act, slope, e); }));
-    });
+    batch_norm_items(width, lanes_log2, [&](int item) { batch_norm_apply_at<V>(x, z, y, at + (long long)item * floats, m, r, g, b, act, slope); });
 }
 
 // z = ((x − μ)·r)·γ + β over `rows` rows of `pixels` values, row s·channels + c of channel c,
@@ -349,11 +363,8 @@ template <typename V>
 __device__ __forceinline__ void batch_norm_input_grad_row(const float* x, const float* dy, float* dx, long long at, int width, int lanes_log2,
                                                           float m, float r, float g, float dg, float db, float inv_count) {
     const int floats = sizeof(V) / sizeof(float);
-    batch_norm_items(width, lanes_log2, [&](int item) {
-        long long i = at + (long long)item * floats;
-        V xv = batch_norm_load(x + i, V()), d = batch_norm_load(dy + i, V());
-        batch_norm_store(dx + i, batch_norm_map(xv, d, [&](float xe, float de) { return g * r * (de - (db + (xe - m) * r * dg) * inv_count); }));
-    });
+    batch_norm_items(width, lanes_log2,
+                     [&](int item) { batch_norm_input_grad_at<V>(x, dy, dx, at + (long long)item * floats, m, r, g, dg, db, inv_count); });
 }
 
 // dx = (γ·r)·(dy − (dβ + x̂·dγ)·(1/count)) over `rows` rows of `pixels` values (as
@@ -399,17 +410,11 @@ __device__ __forceinline__ double batch_norm_cluster_total(double mine, double* 
     return *total;
 }
 
-// The forward's last pass over a part: z = ((x − μ)·r)·γ + β (batch_norm_apply's expression),
-// y = act(z) unless y is null.
+// The forward's last pass over a part: z = ((x − μ)·r)·γ + β, y = act(z) unless y is null.
 template <typename V>
 __device__ __forceinline__ void batch_norm_train_apply(BatchNormWalk w, const float* x, float* z, float* y, float m, float r, float g, float b,
                                                        int act, float slope) {
-    while (w.row < w.rows) {
-        long long i = batch_norm_next<V>(w);
-        V v = batch_norm_map(batch_norm_load(x + i, V()), [&](float e) { return (e - m) * r * g + b; });
-        batch_norm_store(z + i, v);
-        if (y != nullptr) batch_norm_store(y + i, batch_norm_map(v, [&](float e) { return act_apply(act, slope, e); }));
-    }
+    while (w.row < w.rows) batch_norm_apply_at<V>(x, z, y, batch_norm_next<V>(w), m, r, g, b, act, slope);
 }
 
 // batch_norm_stats then batch_norm_apply (not from the running statistics) in one launch: μ, r
@@ -485,16 +490,11 @@ __device__ __forceinline__ void batch_norm_train_grad_sums(BatchNormWalk w, cons
     *sum_xhat = block_sum_f64(sx, buf);
 }
 
-// The backward's last pass over a part: batch_norm_input_grad's expression, dz as the first
-// pass left it.
+// The backward's last pass over a part: dx from dz as the first pass left it.
 template <typename V>
 __device__ __forceinline__ void batch_norm_train_input_grad(BatchNormWalk w, const float* x, const float* dz, float* dx, float m, float r,
                                                             float g, float dg, float db, float inv_count) {
-    while (w.row < w.rows) {
-        long long i = batch_norm_next<V>(w);
-        V xv = batch_norm_load(x + i, V()), d = batch_norm_load(dz + i, V());
-        batch_norm_store(dx + i, batch_norm_map(xv, d, [&](float xe, float de) { return g * r * (de - (db + (xe - m) * r * dg) * inv_count); }));
-    }
+    while (w.row < w.rows) batch_norm_input_grad_at<V>(x, dz, dx, batch_norm_next<V>(w), m, r, g, dg, db, inv_count);
 }
 
 // act_backward (where dy is given; else dz holds the gradient of z already), then
@@ -513,7 +513,9 @@ extern "C" __global__ void batch_norm_train_backward(const float* x, const float
     batch_norm_part(k, chunk, batch, &first, &end);
     const long long stride = (long long)channels * pixels, at = (long long)first * stride + (long long)c * pixels;
     const bool rz = (reads & 1) != 0, ry = (reads & 2) != 0;
-    const BatchNormDz d{z + at, y + at, dy == nullptr ? nullptr : dy + at, dz + at, act, slope, rz, ry};
+    // z, y and dy may be null (dz given, or act' reading neither): no offset from a null
+    auto part = [&](const float* p) { return p == nullptr ? nullptr : p + at; };
+    const BatchNormDz d{part(z), part(y), part(dy), dz + at, act, slope, rz, ry};
     bool fours = batch_norm_fours(pixels, x, dz) && (dx == nullptr || batch_norm_fours(pixels, dx, dx));
     if (dy != nullptr) fours = fours && batch_norm_fours(pixels, dy, rz ? z : dy) && batch_norm_fours(pixels, ry ? y : dy, dy);
     const float m = mean[c], r = inv[c];

@@ -6,7 +6,7 @@
 //! the CPU fast paths take capacity-sized buffers.
 
 use super::context::{Gpu, Kernel};
-use super::launch::{blocks, int, kernel_args, launch, launch_in_clusters, View, ViewMut, BLOCK};
+use super::launch::{blocks, int, kernel_args, launch_in_clusters, View, ViewMut, BLOCK};
 use crate::error::Result;
 use crate::layers::{conv, pool};
 use crate::loss::Loss;
@@ -135,14 +135,7 @@ impl Gpu {
         shared: u32,
         args: &mut [*mut c_void],
     ) -> Result<()> {
-        assert_eq!(stream.context().cu_ctx(), self.ctx.cu_ctx(), "a stream of another device");
-        self.bind()?;
-        // SAFETY: every caller (the wrappers here, the layers' rooms) passes its kernel's
-        // parameters in order with their C types, after checking on the host that each view
-        // holds what the kernel touches.
-        unsafe {
-            launch(self.function(kernel), (grid.0, grid.1, 1), (BLOCK, 1, 1), shared, stream.cu_stream(), self.dependent_launch, args)
-        }
+        self.launch_in(stream, kernel, grid, shared, 1, args)
     }
 
     /// [`Gpu::run_blocks`] on `blocks` blocks along x in clusters of `cluster` (1: none; more
@@ -160,19 +153,35 @@ impl Gpu {
             cluster == 1 || (self.has_clusters() && blocks.is_multiple_of(cluster)),
             "run_clusters: {blocks} blocks in clusters of {cluster}"
         );
+        self.launch_in(stream, kernel, (blocks, 1), 0, cluster, &mut args)
+    }
+
+    /// [`Gpu::launch_args`] with the blocks in clusters of `cluster` along x (checked by the
+    /// caller against the device and the grid).
+    fn launch_in(
+        &self,
+        stream: &CudaStream,
+        kernel: Kernel,
+        grid: (u32, u32),
+        shared: u32,
+        cluster: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
         assert_eq!(stream.context().cu_ctx(), self.ctx.cu_ctx(), "a stream of another device");
         self.bind()?;
-        // SAFETY: as `launch_args`; the cluster's size was checked against the device above.
+        // SAFETY: every caller (the wrappers here, the layers' rooms) passes its kernel's
+        // parameters in order with their C types, after checking on the host that each view
+        // holds what the kernel touches, and a cluster size the device and grid allow.
         unsafe {
             launch_in_clusters(
                 self.function(kernel),
-                (blocks, 1, 1),
+                (grid.0, grid.1, 1),
                 (BLOCK, 1, 1),
-                0,
+                shared,
                 stream.cu_stream(),
                 self.dependent_launch,
                 cluster,
-                &mut args,
+                args,
             )
         }
     }
