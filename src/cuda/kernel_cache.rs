@@ -15,11 +15,18 @@
 //! or written leaves the kernels to be compiled, as they would be without it: nothing here
 //! fails a program.
 //!
+//! The cache keeps [`KEEP`] files of each program as compiled for one device with the same
+//! options and NVRTC (each a version of its source), the most recently used: a file read is
+//! marked used, and writing a new one removes the least recently used past [`KEEP`], and any
+//! file of the same program another process began to write over an hour ago and never renamed
+//! (it died writing). So a new version of flatnn's kernels replaces the old ones as it is used,
+//! and a few versions used in turn on one machine keep theirs.
+//!
 //! Where: `FLATNN_KERNEL_CACHE` (a directory; `off`, `0`, `no` or `false` for none), else
 //! `$XDG_CACHE_HOME/flatnn`, else `$HOME/.cache/flatnn`; directories it makes are its user's
-//! alone (mode 0700). Files are never removed: deleting the directory empties the cache (do so
-//! after a patch update of NVRTC, whose version the key holds as major.minor only). The code
-//! in a file runs on the GPU as it is: a directory others can write is not one to use.
+//! alone (mode 0700). Deleting the directory empties the cache (do so after a patch update of
+//! NVRTC, whose version the key holds as major.minor only: all NVRTC reports). The code in a
+//! file runs on the GPU as it is: a directory others can write is not one to use.
 
 use crate::error::Result;
 use std::collections::hash_map::DefaultHasher;
@@ -30,6 +37,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The first bytes of a file of this format.
 const MAGIC: &str = "flatnn kernels 2";
+
+/// Files kept of each program variant (name, device, options, NVRTC), the most recently used.
+const KEEP: usize = 3;
+
+/// How old a file begun and never renamed must be to count as left by a process that died
+/// writing it (a write takes milliseconds).
+const ABANDONED: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The start of every ELF image (a cubin is one).
 const ELF: &[u8] = b"\x7fELF";
@@ -65,10 +79,17 @@ impl Key {
         )
     }
 
-    /// The file's name: the program's name, the architecture and a hash of the header.
-    fn file_name(&self, header: &str) -> String {
+    /// The start of the names of the files of this program variant (everything in the key but
+    /// the source): the program's name, the architecture and a hash of the rest.
+    fn variant(&self) -> String {
         let stem = self.name.trim_end_matches(".cu");
-        format!("{stem}-sm_{}{}-{:016x}.cubin", self.cc.0, self.cc.1, hash(0, header))
+        let rest = hash(3, &(&self.name, self.cc, &self.options, self.nvrtc));
+        format!("{stem}-sm_{}{}-{rest:016x}-", self.cc.0, self.cc.1)
+    }
+
+    /// The file's name: [`Key::variant`], then a hash of the header.
+    fn file_name(&self, header: &str) -> String {
+        format!("{}{:016x}.cubin", self.variant(), hash(0, header))
     }
 }
 
@@ -105,11 +126,44 @@ pub(crate) fn cached(dir: Option<&Path>, key: &Key, compile: impl FnOnce() -> Re
     let header = key.header();
     let path = dir.join(key.file_name(&header));
     if let Some(code) = read(&path, &header) {
+        mark_used(&path);
         return Ok(code);
     }
     let code = compile()?;
-    write(dir, &path, &header, &code);
+    if write(dir, &path, &header, &code) {
+        prune(dir, &key.variant());
+    }
     Ok(code)
+}
+
+/// The file's modification time set to now (what [`prune`] orders by); a failure is ignored.
+fn mark_used(path: &Path) {
+    if let Ok(file) = std::fs::File::options().write(true).open(path) {
+        let _ = file.set_modified(std::time::SystemTime::now());
+    }
+}
+
+/// Of the files in `dir` whose names start with `variant`, removes the finished ones past the
+/// [`KEEP`] most recently modified and those begun over [`ABANDONED`] ago and never finished;
+/// failures are ignored (another process may be removing them too).
+fn prune(dir: &Path, variant: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let now = std::time::SystemTime::now();
+    let mut finished = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str().filter(|n| n.starts_with(variant)) else { continue };
+        let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else { continue };
+        if name.ends_with(".cubin") {
+            finished.push((modified, entry.path()));
+        } else if name.contains(".partial.") && now.duration_since(modified).is_ok_and(|age| age > ABANDONED) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    finished.sort_by_key(|&(modified, _)| std::cmp::Reverse(modified));
+    for (_, path) in finished.iter().skip(KEEP) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// The line after the header: the code's length and hash.
@@ -128,9 +182,9 @@ fn read(path: &Path, header: &str) -> Option<Vec<u8>> {
 }
 
 /// `header`, the code's line and `code` into `path`, through a file of a name of its own
-/// (process and call) renamed onto it; a failure leaves no file behind where it can and is
-/// otherwise ignored.
-fn write(dir: &Path, path: &Path, header: &str, code: &[u8]) {
+/// (process and call) renamed onto it; whether that was done. A failure leaves no file behind
+/// where it can and is otherwise ignored.
+fn write(dir: &Path, path: &Path, header: &str, code: &[u8]) -> bool {
     static CALLS: AtomicU64 = AtomicU64::new(0);
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
     let partial = path.with_extension(format!("partial.{}.{call}", std::process::id()));
@@ -139,6 +193,7 @@ fn write(dir: &Path, path: &Path, header: &str, code: &[u8]) {
     if written.is_err() {
         let _ = std::fs::remove_file(&partial);
     }
+    written.is_ok()
 }
 
 /// `dir` and its missing parents, those it makes its user's alone (mode 0700 on Unix).
@@ -238,6 +293,47 @@ mod tests {
             assert_eq!((calls.get(), code), (2 + i, [ELF, b"a"].concat()), "damage {i}");
             assert_eq!(std::fs::read(&path).unwrap(), good, "damage {i}: the file replaced");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Writing a new version of a program's code keeps the [`KEEP`] most recently used of its
+    /// variant (a read counts as a use), removes its files begun over [`ABANDONED`] ago and never
+    /// finished, and leaves other variants' files and fresh partial ones alone.
+    #[test]
+    fn a_new_version_replaces_the_least_recently_used() {
+        let dir = scratch("prune");
+        let calls = Cell::new(0);
+        let other = Key { options: vec![], ..key("other") };
+        cached(Some(&dir), &other, counting(&calls, "o")).unwrap();
+        let now = std::time::SystemTime::now();
+        let age = |path: &Path, secs: u64| {
+            std::fs::File::options().write(true).open(path).unwrap().set_modified(now - std::time::Duration::from_secs(secs)).unwrap()
+        };
+        let file = |k: &Key| dir.join(k.file_name(&k.header()));
+        // versions a, b, c of the source, written in turn; then a read again, so b is the least recently used
+        for (i, source) in ["a", "b", "c"].into_iter().enumerate() {
+            cached(Some(&dir), &key(source), counting(&calls, source)).unwrap();
+            age(&file(&key(source)), 30 - 10 * i as u64);
+        }
+        age(&file(&other), 100);
+        cached(Some(&dir), &key("a"), counting(&calls, "a")).unwrap();
+        assert_eq!(calls.get(), 4, "a read from its file");
+        let variant = key("a").variant();
+        let (stale, fresh) = (dir.join(format!("{variant}0.partial.1.0")), dir.join(format!("{variant}0.partial.1.1")));
+        for partial in [&stale, &fresh] {
+            std::fs::write(partial, b"half").unwrap();
+        }
+        age(&stale, ABANDONED.as_secs() + 60);
+        cached(Some(&dir), &key("d"), counting(&calls, "d")).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        let mut expected: Vec<String> = [key("a"), key("c"), key("d"), other]
+            .iter()
+            .map(|k| k.file_name(&k.header()))
+            .chain([fresh.file_name().unwrap().to_str().unwrap().to_string()])
+            .collect();
+        expected.sort();
+        assert_eq!(names, expected, "b and the abandoned partial file removed");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
