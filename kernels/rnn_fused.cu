@@ -22,10 +22,10 @@
 #define RNN_LSTM 1
 
 // Not part of the main program: rnn_fused.rs compiles this file on a layer's first need, once per
-// (cell, R) and device, after common.cu, with RNN_FUSED_CELL (RNN_GRU or
-// RNN_LSTM) and RNN_FUSED_R (0, 32 or 64) defined, which select the 8 kernels (2 directions × 4 S)
-// emitted below; with RNN_FUSED_CLUSTERS too (sm_90 and later) the cell's 3 forwards on a cluster
-// of blocks (S = 1, 2, 4; rnn_cluster_forward, which a step's backward by the kernels above may
+// (cell, R) and device, after common.cu, with RNN_FUSED_CELL (RNN_GRU or RNN_LSTM) and
+// RNN_FUSED_R (0, 32 or 64) defined, which select the 8 kernels (2 directions × 4 S) emitted
+// below; with RNN_FUSED_CLUSTERS too (sm_90 and later) the cell's 3 forwards on a cluster of
+// blocks (S = 1, 2, 4; rnn_cluster_forward, which a step's backward by the kernels above may
 // follow like any forward).
 #if !defined(RNN_FUSED_CELL) || !defined(RNN_FUSED_R)
 #error "RNN_FUSED_CELL and RNN_FUSED_R select the kernels (src/cuda/rnn_fused.rs defines them)"
