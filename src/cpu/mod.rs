@@ -50,6 +50,17 @@ impl<'a, T> SharedMut<'a, T> {
         unsafe { self.ptr.add(at) }
     }
 
+    /// The elements `range` to read.
+    ///
+    /// # Safety
+    /// Nothing writes them while the result lives (no live result of [`SharedMut::slice`]
+    /// overlaps them, and no write through [`SharedMut::ptr_at`]).
+    pub unsafe fn shared(&self, range: Range<usize>) -> &'a [T] {
+        assert!(range.start <= range.end && range.end <= self.len, "range {range:?} outside 0..{}", self.len);
+        // SAFETY: in bounds (checked above); no writer is the caller's promise.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(range.start), range.end - range.start) }
+    }
+
     /// # Safety
     /// No two live results may overlap.
     #[allow(clippy::mut_from_ref)]

@@ -2,11 +2,12 @@
 //! of units (two chains of fused multiply-adds) and the gates in registers, or an LSTM's
 //! pre-activations a gate at a time for four samples or more, then its gates.
 
-use super::sequence::Row;
+use super::sequence::StepRow;
 use super::PANEL;
 use crate::cpu::vmath::kernels::{gate_sigmoid, gate_tanh};
 use crate::cpu::vmath::lanes::Lanes;
 use crate::layers::recurrent::{Dims, Weights};
+use std::ops::Range;
 
 /// The recurrent products of one vector of units (`v` of each panel) in `P` panels from panel
 /// `q0`, for `R` samples: a[gate][n][r] = b_hh + Σ_j h_r[j]·W_hh[gate·H + u, j], summed as two
@@ -18,7 +19,7 @@ use crate::layers::recurrent::{Dims, Weights};
 fn recurrent_product<V: Lanes, const P: usize, const R: usize, const G: usize>(
     d: &Dims,
     w: &Weights,
-    rows: &[Row; R],
+    h: [&[f32]; R],
     q0: usize,
     v: usize,
 ) -> [[[V; R]; P]; G] {
@@ -33,7 +34,7 @@ fn recurrent_product<V: Lanes, const P: usize, const R: usize, const G: usize>(
             even[gate][n] = [bias; R];
         }
     }
-    let mut hs: [_; R] = std::array::from_fn(|r| rows[r].h[..hidden].chunks_exact(2));
+    let mut hs: [_; R] = std::array::from_fn(|r| h[r][..hidden].chunks_exact(2));
     for pair in 0..hidden / 2 {
         let (mut h0, mut h1) = ([V::splat(0.0); R], [V::splat(0.0); R]);
         for r in 0..R {
@@ -58,7 +59,7 @@ fn recurrent_product<V: Lanes, const P: usize, const R: usize, const G: usize>(
             for gate in 0..G {
                 let wj = V::load(&last[gate * PANEL + at..]);
                 for r in 0..R {
-                    even[gate][n][r] = V::splat(rows[r].h[hidden - 1]).mul_add(wj, even[gate][n][r]);
+                    even[gate][n][r] = V::splat(h[r][hidden - 1]).mul_add(wj, even[gate][n][r]);
                 }
             }
         }
@@ -73,21 +74,28 @@ fn recurrent_product<V: Lanes, const P: usize, const R: usize, const G: usize>(
     even
 }
 
-/// One GRU step of `R` samples: h_t from h_{t−1} and the step's input products (the first three
-/// blocks of `g`, overwritten with r, z, n and a_n where `keep`). A single sample takes two panels
-/// at a time with AVX-512.
+/// One GRU step of `R` samples for the units of `panels` (of the packed weights; all of them
+/// unless the step's units are split among threads): h_t from h_{t−1} and the step's input
+/// products (the first three blocks of `g`, overwritten with r, z, n and a_n where `keep`). A
+/// single sample takes two panels at a time with AVX-512.
 #[inline(always)]
-pub(super) fn gru_step<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], keep: bool) {
-    let (panels, mut q) = (d.padded / PANEL, 0);
+pub(super) fn gru_step<V: Lanes, const VPP: usize, const R: usize, S: StepRow>(
+    d: &Dims,
+    w: &Weights,
+    rows: &mut [S; R],
+    keep: bool,
+    panels: Range<usize>,
+) {
+    let (panels, mut q) = (panels.end, panels.start);
     if VPP == 1 && R == 1 {
         while q + 2 <= panels {
-            gru_vector::<V, 2, R>(d, w, rows, keep, q, 0);
+            gru_vector::<V, 2, R, S>(d, w, rows, keep, q, 0);
             q += 2;
         }
     }
     for q in q..panels {
         for v in 0..VPP {
-            gru_vector::<V, 1, R>(d, w, rows, keep, q, v);
+            gru_vector::<V, 1, R, S>(d, w, rows, keep, q, v);
         }
     }
 }
@@ -95,54 +103,70 @@ pub(super) fn gru_step<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: 
 /// [`gru_step`] for vector `v` of the `P` panels from panel `q0`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // panel indices of the accumulators
-fn gru_vector<V: Lanes, const P: usize, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], keep: bool, q0: usize, v: usize) {
+fn gru_vector<V: Lanes, const P: usize, const R: usize, S: StepRow>(
+    d: &Dims,
+    w: &Weights,
+    rows: &mut [S; R],
+    keep: bool,
+    q0: usize,
+    v: usize,
+) {
     let p = d.padded;
-    let a = recurrent_product::<V, P, R, 3>(d, w, rows, q0, v);
-    for (r, s) in rows.iter_mut().enumerate() {
+    let a = recurrent_product::<V, P, R, 3>(d, w, std::array::from_fn(|r| rows[r].h()), q0, v);
+    for r in 0..R {
+        let s = &mut rows[r];
         for n in 0..P {
             let c = (q0 + n) * PANEL + v * V::LANES;
-            let g = &mut *s.g;
-            let rg = gate_sigmoid(V::load(&g[c..]) + a[0][n][r]);
-            let z = gate_sigmoid(V::load(&g[p + c..]) + a[1][n][r]);
-            let nn = gate_tanh(rg.mul_add(a[2][n][r], V::load(&g[2 * p + c..])));
-            z.mul_add(V::load(&s.h[c..]) - nn, nn).store(&mut s.h_out[c..]);
+            let rg = gate_sigmoid(s.load_g::<V>(c) + a[0][n][r]);
+            let z = gate_sigmoid(s.load_g::<V>(p + c) + a[1][n][r]);
+            let nn = gate_tanh(rg.mul_add(a[2][n][r], s.load_g::<V>(2 * p + c)));
+            let h_t = z.mul_add(V::load(&s.h()[c..]) - nn, nn);
+            s.store_h(c, h_t);
             if keep {
-                rg.store(&mut g[c..]);
-                z.store(&mut g[p + c..]);
-                nn.store(&mut g[2 * p + c..]);
-                a[2][n][r].store(&mut g[3 * p + c..]);
+                s.store_g(c, rg);
+                s.store_g(p + c, z);
+                s.store_g(2 * p + c, nn);
+                s.store_g(3 * p + c, a[2][n][r]);
             }
         }
     }
 }
 
-/// One LSTM step of `R` samples: h_t and c_t from h_{t−1}, c_{t−1} and the step's input products
-/// (the four blocks of `g`, overwritten with i, f, g, o where `keep`).
+/// One LSTM step of `R` samples for the units of `panels` (as [`gru_step`]'s): h_t and c_t from
+/// h_{t−1}, c_{t−1} and the step's input products (the four blocks of `g`, overwritten with i, f,
+/// g, o where `keep`). Four samples or more take all the units (`panels` whole).
 #[inline(always)]
-pub(super) fn lstm_step<V: Lanes, const VPP: usize, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], keep: bool) {
-    let (panels, mut q) = (d.padded / PANEL, 0);
+pub(super) fn lstm_step<V: Lanes, const VPP: usize, const R: usize, S: StepRow>(
+    d: &Dims,
+    w: &Weights,
+    rows: &mut [S; R],
+    keep: bool,
+    panels: Range<usize>,
+) {
     if R >= 4 {
-        for q in 0..panels {
+        debug_assert_eq!(panels, 0..d.padded / PANEL);
+        for q in panels {
             for v in 0..VPP {
                 for gate in 0..4 {
-                    preactivation_tile::<V, R>(d, w, rows, q, v, gate);
+                    preactivation_tile::<V, R, S>(d, w, rows, q, v, gate);
                 }
             }
         }
         for s in rows.iter_mut() {
-            lstm_gates::<V>(d, s, keep);
+            lstm_gates::<V, S>(d, s, keep);
         }
         return;
     }
+    let (panels, mut q) = (panels.end, panels.start);
     if VPP == 1 && R == 1 {
         while q + 2 <= panels {
-            lstm_vector::<V, 2, R>(d, w, rows, keep, q, 0);
+            lstm_vector::<V, 2, R, S>(d, w, rows, keep, q, 0);
             q += 2;
         }
     }
     for q in q..panels {
         for v in 0..VPP {
-            lstm_vector::<V, 1, R>(d, w, rows, keep, q, v);
+            lstm_vector::<V, 1, R, S>(d, w, rows, keep, q, v);
         }
     }
 }
@@ -158,13 +182,13 @@ pub(super) const LSTM_TILE: usize = 8;
 /// that g_r holds x + a, the gate's pre-activation, with the bits [`lstm_vector`] gives it. Each
 /// weight vector is loaded once for the R samples (two chains of R accumulators).
 #[inline(always)]
-fn preactivation_tile<V: Lanes, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], q: usize, v: usize, gate: usize) {
+fn preactivation_tile<V: Lanes, const R: usize, S: StepRow>(d: &Dims, w: &Weights, rows: &mut [S; R], q: usize, v: usize, gate: usize) {
     let (p, width, hidden) = (d.padded, 4 * PANEL, d.hidden);
     let panel = &w.hh[q * hidden * width..][..hidden * width];
     let (at, u) = (gate * PANEL + v * V::LANES, gate * p + q * PANEL + v * V::LANES);
     let mut even = [V::load(&w.b_hh[u..]); R];
     let mut odd = [V::splat(0.0); R];
-    let hs: [&[f32]; R] = std::array::from_fn(|r| &rows[r].h[..hidden]);
+    let hs: [&[f32]; R] = std::array::from_fn(|r| &rows[r].h()[..hidden]);
     for (pair, both) in panel.chunks_exact(2 * width).enumerate() {
         let (w0, w1) = (V::load(&both[at..]), V::load(&both[width + at..]));
         for r in 0..R {
@@ -178,11 +202,12 @@ fn preactivation_tile<V: Lanes, const R: usize>(d: &Dims, w: &Weights, rows: &mu
     if hidden % 2 == 1 {
         let wj = V::load(&panel[(hidden - 1) * width + at..]);
         for r in 0..R {
-            even[r] = V::splat(rows[r].h[hidden - 1]).mul_add(wj, even[r]);
+            even[r] = V::splat(rows[r].h()[hidden - 1]).mul_add(wj, even[r]);
         }
     }
-    for (s, (e, o)) in rows.iter_mut().zip(even.into_iter().zip(odd)) {
-        (V::load(&s.g[u..]) + (e + o)).store(&mut s.g[u..]);
+    for r in 0..R {
+        let pre = rows[r].load_g::<V>(u) + (even[r] + odd[r]);
+        rows[r].store_g(u, pre);
     }
 }
 
@@ -190,22 +215,21 @@ fn preactivation_tile<V: Lanes, const R: usize>(d: &Dims, w: &Weights, rows: &mu
 /// by [`preactivation_tile`]), as [`lstm_vector`] computes them: c_t, h_t, and the gates over
 /// their pre-activations where `keep`.
 #[inline(always)]
-fn lstm_gates<V: Lanes>(d: &Dims, s: &mut Row, keep: bool) {
+fn lstm_gates<V: Lanes, S: StepRow>(d: &Dims, s: &mut S, keep: bool) {
     let p = d.padded;
     for u in (0..p).step_by(V::LANES) {
-        let g = &mut *s.g;
-        let ig = gate_sigmoid(V::load(&g[u..]));
-        let fg = gate_sigmoid(V::load(&g[p + u..]));
-        let gg = gate_tanh(V::load(&g[2 * p + u..]));
-        let og = gate_sigmoid(V::load(&g[3 * p + u..]));
-        let ct = fg.mul_add(V::load(&s.c[u..]), ig * gg);
-        ct.store(&mut s.c_out[u..]);
-        (og * gate_tanh(ct)).store(&mut s.h_out[u..]);
+        let ig = gate_sigmoid(s.load_g::<V>(u));
+        let fg = gate_sigmoid(s.load_g::<V>(p + u));
+        let gg = gate_tanh(s.load_g::<V>(2 * p + u));
+        let og = gate_sigmoid(s.load_g::<V>(3 * p + u));
+        let ct = fg.mul_add(V::load(&s.c()[u..]), ig * gg);
+        s.store_c(u, ct);
+        s.store_h(u, og * gate_tanh(ct));
         if keep {
-            ig.store(&mut g[u..]);
-            fg.store(&mut g[p + u..]);
-            gg.store(&mut g[2 * p + u..]);
-            og.store(&mut g[3 * p + u..]);
+            s.store_g(u, ig);
+            s.store_g(p + u, fg);
+            s.store_g(2 * p + u, gg);
+            s.store_g(3 * p + u, og);
         }
     }
 }
@@ -213,25 +237,32 @@ fn lstm_gates<V: Lanes>(d: &Dims, s: &mut Row, keep: bool) {
 /// [`lstm_step`] for vector `v` of the `P` panels from panel `q0`.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // panel indices of the accumulators
-fn lstm_vector<V: Lanes, const P: usize, const R: usize>(d: &Dims, w: &Weights, rows: &mut [Row; R], keep: bool, q0: usize, v: usize) {
+fn lstm_vector<V: Lanes, const P: usize, const R: usize, S: StepRow>(
+    d: &Dims,
+    w: &Weights,
+    rows: &mut [S; R],
+    keep: bool,
+    q0: usize,
+    v: usize,
+) {
     let p = d.padded;
-    let a = recurrent_product::<V, P, R, 4>(d, w, rows, q0, v);
-    for (r, s) in rows.iter_mut().enumerate() {
+    let a = recurrent_product::<V, P, R, 4>(d, w, std::array::from_fn(|r| rows[r].h()), q0, v);
+    for r in 0..R {
+        let s = &mut rows[r];
         for n in 0..P {
             let u = (q0 + n) * PANEL + v * V::LANES;
-            let g = &mut *s.g;
-            let ig = gate_sigmoid(V::load(&g[u..]) + a[0][n][r]);
-            let fg = gate_sigmoid(V::load(&g[p + u..]) + a[1][n][r]);
-            let gg = gate_tanh(V::load(&g[2 * p + u..]) + a[2][n][r]);
-            let og = gate_sigmoid(V::load(&g[3 * p + u..]) + a[3][n][r]);
-            let ct = fg.mul_add(V::load(&s.c[u..]), ig * gg);
-            ct.store(&mut s.c_out[u..]);
-            (og * gate_tanh(ct)).store(&mut s.h_out[u..]);
+            let ig = gate_sigmoid(s.load_g::<V>(u) + a[0][n][r]);
+            let fg = gate_sigmoid(s.load_g::<V>(p + u) + a[1][n][r]);
+            let gg = gate_tanh(s.load_g::<V>(2 * p + u) + a[2][n][r]);
+            let og = gate_sigmoid(s.load_g::<V>(3 * p + u) + a[3][n][r]);
+            let ct = fg.mul_add(V::load(&s.c()[u..]), ig * gg);
+            s.store_c(u, ct);
+            s.store_h(u, og * gate_tanh(ct));
             if keep {
-                ig.store(&mut g[u..]);
-                fg.store(&mut g[p + u..]);
-                gg.store(&mut g[2 * p + u..]);
-                og.store(&mut g[3 * p + u..]);
+                s.store_g(u, ig);
+                s.store_g(p + u, fg);
+                s.store_g(2 * p + u, gg);
+                s.store_g(3 * p + u, og);
             }
         }
     }

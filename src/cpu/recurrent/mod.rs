@@ -24,7 +24,11 @@
 //!   c_t = f·c_{t−1} + i·g (one rounding for the sum, fused), h_t = o·tanh(c_t)
 //! with x = W_ih·x_t + b_ih (the step's input products) and a = W_hh·h_{t−1} + b_hh.
 //!
-//! The files: `sequence` (a group's forward pass: the input products and the loop over steps),
+//! One sample's inference on several threads ([`forward_split`]) splits each step's units among
+//! them, two panels a part, every part the same values as the whole step gives those units.
+//!
+//! The files: `sequence` (a group's forward pass: the input products and the loop over steps; a
+//! split step's parts),
 //! `cells` (one step of a GRU or an LSTM: the recurrent product and the gates), `backprop` (the
 //! backward pass through time: the gate gradients and the product with W_hh), `pack` (the
 //! weights' panels), and here the entry points compiled for each instruction set.
@@ -38,13 +42,17 @@ mod sequence;
 #[cfg(test)]
 mod tests;
 
+use super::pool::Pool;
 #[cfg(target_arch = "x86_64")]
 use super::vmath::lanes::{Avx2, Avx512};
 use super::vmath::Isa;
+use super::SharedMut;
 use crate::layers::recurrent::{Cell, Dims, Weights, LANES};
 use backprop::backward;
 pub(crate) use pack::{pack_panels, transpose};
-use sequence::forward;
+pub(crate) use sequence::split_threads;
+use sequence::{forward, outputs, split_part, split_parts, SharedSample};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 
 /// One sample's part of a recurrent step's regions (see `layers::recurrent`): `x` (T × F) is
 /// read, the rest written (`state`'s initial values read first).
@@ -130,6 +138,106 @@ pub(super) unsafe fn forward_group_on(isa: Isa, d: &Dims, w: &Weights, group: &m
     }
 }
 
+/// The inference forward pass of one sample with each step's units split among
+/// [`split_threads`] of the pool's threads, in [`split_parts`] parts a step (a part: two panels
+/// of the packed weights): the
+/// outputs and final states [`forward_group`] gives it, bit for bit (each unit's values are
+/// computed as the whole step computes them), and the gates not kept. The input products of every
+/// step come first, on the calling thread; then each thread takes the next part of the steps in
+/// order and, before it runs a part of step t, waits until every part of step t − 1 is done. A
+/// thread that never comes costs nothing: the calling thread then takes every part itself.
+pub(crate) fn forward_split(d: &Dims, w: &Weights, s: &mut Sample, pool: &Pool) {
+    let isa = Isa::best();
+    // SAFETY: `Isa::best` is an instruction set this CPU has.
+    unsafe { inputs_on(isa, d, w, s) };
+    let shared = SharedSample {
+        gates: SharedMut::new(&mut *s.gates),
+        hprev: SharedMut::new(&mut *s.hprev),
+        state: SharedMut::new(&mut *s.state),
+        cprev: SharedMut::new(&mut *s.cprev),
+    };
+    let (parts, total) = (split_parts(d), d.steps * split_parts(d));
+    let (next, done, failed) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
+    pool.run(split_threads(d, pool.threads()), &|_, _| {
+        let _unwinding = Unwinding(&failed);
+        loop {
+            let claim = next.fetch_add(1, Relaxed);
+            if claim >= total {
+                return;
+            }
+            let (t, part) = (claim / parts, claim % parts);
+            let mut spins = 0u32;
+            // every part of step t − 1 done (parts are taken in order, and a part of step t
+            // starts only once t·parts are done: those are the parts before it)
+            while done.load(Acquire) < t * parts {
+                if failed.load(Relaxed) {
+                    return;
+                }
+                spins += 1;
+                if spins.is_multiple_of(1 << 12) {
+                    std::thread::yield_now();
+                }
+                std::hint::spin_loop();
+            }
+            // SAFETY: step t − 1 is done (above), no part of step t + 1 starts before this one
+            // is done (the same wait), and this thread alone took (t, part); `isa` is this CPU's.
+            unsafe { part_on(isa, d, w, &shared, t, part) };
+            done.fetch_add(1, Release);
+        }
+    });
+    outputs::<f32>(d, s);
+}
+
+/// Marks a split pass failed when a thread unwinds out of a part, so that the others stop waiting
+/// for a step that will not be done (the pool then raises the panic in the caller).
+struct Unwinding<'a>(&'a AtomicBool);
+
+impl Drop for Unwinding<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Relaxed);
+        }
+    }
+}
+
+/// [`sequence::inputs`] on the kernels of `isa`.
+///
+/// # Safety
+/// This CPU has `isa` ([`Isa::available`]).
+unsafe fn inputs_on(isa: Isa, d: &Dims, w: &Weights, s: &mut Sample) {
+    match isa {
+        Isa::Portable => sequence::inputs::<f32, 16>(d, w, s),
+        // SAFETY: this CPU has the instruction set (the caller's contract).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::inputs(d, w, s) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::inputs(d, w, s) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2 | Isa::Avx512 => unreachable!("available only on x86_64"),
+    }
+}
+
+/// [`split_part`] on the kernels of `isa`.
+///
+/// # Safety
+/// This CPU has `isa`, and [`split_part`]'s contract holds.
+unsafe fn part_on(isa: Isa, d: &Dims, w: &Weights, s: &SharedSample, t: usize, part: usize) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (isa, d.cell) {
+            (Isa::Portable, Cell::Lstm) => split_part::<f32, 16, true>(d, w, s, t, part),
+            (Isa::Portable, Cell::Gru) => split_part::<f32, 16, false>(d, w, s, t, part),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, _) => avx2::part(d, w, s, t, part),
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, _) => avx512::part(d, w, s, t, part),
+            #[cfg(not(target_arch = "x86_64"))]
+            (Isa::Avx2 | Isa::Avx512, _) => unreachable!("available only on x86_64"),
+        }
+    }
+}
+
 /// The backward pass through a group of up to [`GROUP`] samples' steps, from the last to the
 /// first: every step's gate gradients, and ∂L/∂h_{t−1} (∂L/∂c_{t−1}) for each. `rows`: W_hh with
 /// rows padded (G·H × padded). Each sample's values are summed in the same order whatever the
@@ -197,6 +305,43 @@ macro_rules! instantiate {
             #[target_feature(enable = $features)]
             pub(super) fn backward(d: &Dims, rows: &[f32], group: &mut [BackSample]) {
                 super::backward::<$lanes, $vpp>(d, rows, group)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) fn inputs(d: &Dims, w: &Weights, s: &mut Sample) {
+                super::sequence::inputs::<$lanes, $vpp>(d, w, s)
+            }
+
+            /// # Safety
+            /// [`split_part`]'s contract.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn part(d: &Dims, w: &Weights, s: &SharedSample, t: usize, part: usize) {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    if d.cell == Cell::Lstm {
+                        lstm_part(d, w, s, t, part)
+                    } else {
+                        gru_part(d, w, s, t, part)
+                    }
+                }
+            }
+
+            /// # Safety
+            /// [`split_part`]'s contract.
+            #[target_feature(enable = $features)]
+            #[inline(never)]
+            unsafe fn lstm_part(d: &Dims, w: &Weights, s: &SharedSample, t: usize, part: usize) {
+                // SAFETY: the caller's contract.
+                unsafe { super::split_part::<$lanes, $vpp, true>(d, w, s, t, part) }
+            }
+
+            /// # Safety
+            /// [`split_part`]'s contract.
+            #[target_feature(enable = $features)]
+            #[inline(never)]
+            unsafe fn gru_part(d: &Dims, w: &Weights, s: &SharedSample, t: usize, part: usize) {
+                // SAFETY: the caller's contract.
+                unsafe { super::split_part::<$lanes, $vpp, false>(d, w, s, t, part) }
             }
         }
     };

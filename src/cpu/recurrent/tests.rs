@@ -112,3 +112,45 @@ fn every_instruction_set_and_group_gives_the_same_bits() {
     }
     println!("compared {:?}", isas);
 }
+
+/// An inference of one sample with its steps' units split among a pool's threads
+/// ([`forward_split`]) gives the outputs, the h (c) of every step and the final states of the
+/// whole steps ([`forward_group`]), bit for bit: GRUs and LSTMs of 2 to 7 parts a step, on pools
+/// of 1 to 3 threads (more threads than parts too), sequences and last steps.
+#[test]
+fn a_step_split_among_threads_gives_the_whole_steps_bits() {
+    let mut rng = Rng::new(8);
+    let pools: Vec<Pool> = [1, 2, 3].into_iter().map(|threads| Pool::new(threads).unwrap()).collect();
+    for cell in [Cell::Gru, Cell::Lstm] {
+        for (hidden, features, steps) in [(40, 3, 1), (64, 1, 9), (100, 5, 4), (200, 2, 3)] {
+            for output in [RnnOutput::Sequence, RnnOutput::LastStep] {
+                let d = Dims::new(cell, hidden, output, Streaming::No, Shape::sequence(steps, features));
+                assert!(sequence::split_parts(&d) > 1, "{hidden} units: one part");
+                let params = rng.uniform(d.gates() * hidden * (features + hidden + 2));
+                let mut packed = vec![0.0; d.packed_len()];
+                pack(&d, &params, &mut packed);
+                let w = Weights::of(&d, &packed);
+                let (x, state0) = (rng.uniform(steps * features), rng.uniform(d.state_len()));
+                let (p, lstm) = (d.padded, cell == Cell::Lstm);
+                // out, hprev, state, cprev after a pass (the units of each row)
+                let pass = |split: Option<&Pool>| {
+                    let (mut out, mut gates, mut hprev) =
+                        (vec![f32::NAN; d.out_len()], vec![f32::NAN; steps * d.row()], vec![f32::NAN; steps * p]);
+                    let (mut state, mut cprev) = (state0.clone(), vec![f32::NAN; if lstm { steps * p } else { 0 }]);
+                    let mut s = Sample { x: &x, out: &mut out, gates: &mut gates, hprev: &mut hprev, state: &mut state, cprev: &mut cprev };
+                    match split {
+                        Some(pool) => forward_split(&d, &w, &mut s, pool),
+                        None => forward_group(&d, &w, &mut [s], false),
+                    }
+                    let units = |v: &[f32]| -> Vec<u32> { v.chunks(p).flat_map(|r| r[..hidden].iter().map(|v| v.to_bits())).collect() };
+                    [out.iter().map(|v| v.to_bits()).collect(), units(&hprev), units(&state), units(&cprev)]
+                };
+                let want = pass(None);
+                for pool in &pools {
+                    let what = format!("{cell:?} {hidden}×{features}×{steps} {output:?} on {} threads", pool.threads());
+                    assert_eq!(pass(Some(pool)), want, "{what}");
+                }
+            }
+        }
+    }
+}

@@ -7,7 +7,7 @@ use super::param_grads::{parameter_gradients, Side};
 use super::{packed_at, rows_at, Cell, Dims, CPREV, GATES, HPREV, STATE};
 use crate::chain::Step;
 use crate::cpu::gemm::{sgemm, Mat, MatMut};
-use crate::cpu::recurrent::{backward_group, forward_group, BackSample, Sample, GROUP};
+use crate::cpu::recurrent::{backward_group, forward_group, forward_split, split_threads, BackSample, Sample, GROUP};
 use crate::cpu::{for_chunks, SharedMut};
 use crate::layers::kind::Mode;
 use crate::layers::{BackPass, Pass};
@@ -47,7 +47,10 @@ fn part(range: &Range<usize>, s: usize, len: usize) -> Range<usize> {
 
 /// The fast forward: the samples' sequences on the threads of the pool (they are independent),
 /// a group of them at a time: the input products of all their steps first, then one step after
-/// another (`cpu::recurrent`).
+/// another (`cpu::recurrent`). An inference of one sample on a pool of several threads splits each
+/// step's units among them instead where the units are enough (`forward_split`: the same bits);
+/// whether a pass of one sample runs on the pool at all is timed when the cache is made
+/// (`Cache::routes`' batch-1 line).
 pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
     let r = Regions::of(d, step, |i| pass.region(i));
     let params = &pass.params[step.params.clone()];
@@ -70,6 +73,10 @@ pub(crate) fn forward(d: &Dims, step: &Step, pass: &mut Pass, mode: Mode) {
             }
         }
     };
+    if pass.batch == 1 && !keep && split_threads(d, pass.pool.threads()) > 1 {
+        forward_split(d, &weights, &mut sample(0), pass.pool);
+        return;
+    }
     for_chunks(pass.pool, pass.batch, 1, &|_, samples| {
         for first in samples.clone().step_by(GROUP) {
             let n = GROUP.min(samples.end - first);
