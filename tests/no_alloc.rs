@@ -171,6 +171,22 @@ fn count_recurrent(threads: usize) -> ((usize, usize), (usize, usize)) {
     (training, (ALLOCS.load(Relaxed) - a0, DEALLOCS.load(Relaxed) - d0))
 }
 
+/// Allocations and deallocations over 100 inference calls of one sample through an LSTM of 128
+/// units on `threads` threads, after one warm-up call: on several, each step's units are split
+/// among them (`cpu::recurrent::forward_split`) where the batch-1 timing puts the pass on the pool.
+fn count_split_inference(threads: usize) -> (usize, usize) {
+    let model = Chain::new(Shape::sequence(16, 4)).lstm(128, RnnOutput::LastStep).dense(3, Identity).build().unwrap();
+    let model = model.init(Init::GlorotUniform, 2).with_threads(threads).unwrap();
+    let mut cache = model.preallocate(1).unwrap();
+    cache.set_inputs(&Rng::new(5).uniform(64)).unwrap();
+    model.forward(&mut cache).unwrap();
+    let (a0, d0) = (ALLOCS.load(Relaxed), DEALLOCS.load(Relaxed));
+    for _ in 0..100 {
+        assert!(model.forward(&mut cache).unwrap()[0].is_finite());
+    }
+    (ALLOCS.load(Relaxed) - a0, DEALLOCS.load(Relaxed) - d0)
+}
+
 #[test]
 fn a_step_allocates_nothing() {
     // the counter sees what it should: one Vec is one allocation and one deallocation
@@ -215,6 +231,9 @@ fn a_step_allocates_nothing() {
             "lstm + gru threads={threads}: {training:?} allocations, deallocations in 100 steps; {streaming:?} in 100,000 stream steps"
         );
         assert_eq!((training, streaming), ((0, 0), (0, 0)), "a recurrent training step or a stream step allocated");
+        let split = count_split_inference(threads);
+        println!("lstm 128 batch 1 inference threads={threads}: {split:?} allocations, deallocations in 100 calls");
+        assert_eq!(split, (0, 0), "an inference of one sample through an LSTM allocated");
     }
     for threads in [1, 2] {
         let (allocs, deallocs) = count_epoch(threads);
