@@ -263,6 +263,11 @@ impl Cache {
             let before = way.handed();
             layers::forward(plan, (params, version), acts, capacity, 1, way, ws, Buffers::Read(buffers), draw, Mode::Infer);
             let after = way.handed();
+            if i == 0 {
+                // the pool's turn is next: its workers, asleep after a pass longer than they
+                // spin, would otherwise come late to it, as they do not to back-to-back passes
+                pool.wake();
+            }
             after.0 == before.0 || after.1 > before.1
         });
         // (the calling thread's calls always count)

@@ -133,6 +133,21 @@ impl Pool {
         (self.handed.load(Relaxed), self.helped_runs.load(Relaxed))
     }
 
+    /// Wakes the workers that sleep between runs, without a run: they spin for the next one as
+    /// after a run of their own (and sleep again if none comes). Returns at once. A timing that
+    /// alternates work on the pool with longer work elsewhere calls it before the pool's turn,
+    /// so that the turn finds the workers as back-to-back calls would.
+    pub(crate) fn wake(&self) {
+        let s = &*self.shared;
+        // a worker that sees the generation move enters the current run if one is open (a run
+        // of another caller: it takes tasks as usual), else finds it closed and leaves
+        s.generation.fetch_add(1, SeqCst);
+        if s.sleepers.load(SeqCst) > 0 {
+            let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+    }
+
     /// Runs `f(task, worker)` for every `task in 0..tasks` and returns when all have finished.
     /// `worker` is in `0..threads()`, and no two tasks of this run that run at the same time
     /// share one; a run started while another is in progress (from another thread, or from
@@ -352,6 +367,40 @@ mod tests {
                 assert!(hits.iter().all(|h| h.load(Relaxed) == 50));
             }
         }
+    }
+
+    /// Waking the workers without a run, before, between and during runs (from another thread,
+    /// while a run is open), leaves every run's tasks run once; and it wakes workers asleep.
+    #[test]
+    fn waking_without_a_run_leaves_runs_whole_and_wakes_the_sleepers() {
+        let pool = Pool::new(3).unwrap();
+        let hits: Vec<AtomicU64> = (0..7).map(|_| AtomicU64::new(0)).collect();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !stop.load(Relaxed) {
+                    pool.wake();
+                    std::thread::yield_now();
+                }
+            });
+            for _ in 0..200 {
+                pool.wake();
+                pool.run(7, &|task, _| _ = hits[task].fetch_add(1, Relaxed));
+            }
+            stop.store(true, Relaxed);
+        });
+        assert!(hits.iter().all(|h| h.load(Relaxed) == 200));
+        let sleepers = || pool.shared.sleepers.load(SeqCst);
+        let within = |secs: u64, done: &dyn Fn() -> bool| {
+            let start = std::time::Instant::now();
+            while !done() && start.elapsed() < std::time::Duration::from_secs(secs) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            done()
+        };
+        assert!(within(10, &|| sleepers() == 2), "the idle workers never slept");
+        pool.wake();
+        assert!(within(10, &|| sleepers() < 2), "no sleeping worker woke");
     }
 
     /// A run reports the tasks its workers ran: none on one thread or nested in a task, and on
