@@ -140,12 +140,12 @@ pub(super) unsafe fn forward_group_on(isa: Isa, d: &Dims, w: &Weights, group: &m
 
 /// The inference forward pass of one sample with each step's units split among
 /// [`split_threads`] of the pool's threads, in [`split_parts`] parts a step (a part: two panels
-/// of the packed weights): the
-/// outputs and final states [`forward_group`] gives it, bit for bit (each unit's values are
-/// computed as the whole step computes them), and the gates not kept. The input products of every
-/// step come first, on the calling thread; then each thread takes the next part of the steps in
-/// order and, before it runs a part of step t, waits until every part of step t − 1 is done. A
-/// thread that never comes costs nothing: the calling thread then takes every part itself.
+/// of the packed weights): the outputs and final states [`forward_group`] gives it, bit for bit
+/// (each unit's values are computed as the whole step computes them), and the gates not kept.
+/// The input products of every step come first, on the calling thread; then each thread takes
+/// the next part of the steps in order and, before it runs a part of step t, waits until every
+/// part of step t − 1 is done. A thread that never comes costs nothing: the calling thread then
+/// takes every part itself.
 pub(crate) fn forward_split(d: &Dims, w: &Weights, s: &mut Sample, pool: &Pool) {
     let isa = Isa::best();
     // SAFETY: `Isa::best` is an instruction set this CPU has.
