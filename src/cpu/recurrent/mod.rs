@@ -156,7 +156,8 @@ pub(crate) fn forward_split(d: &Dims, w: &Weights, s: &mut Sample, pool: &Pool) 
         state: SharedMut::new(&mut *s.state),
         cprev: SharedMut::new(&mut *s.cprev),
     };
-    let (parts, total) = (split_parts(d), d.steps * split_parts(d));
+    let parts = split_parts(d);
+    let total = d.steps * parts;
     let (next, done, failed) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
     pool.run(split_threads(d, pool.threads()), &|_, _| {
         let _unwinding = Unwinding(&failed);
