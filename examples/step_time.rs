@@ -6,7 +6,7 @@
 //!       [--task train|train-split|train-copy|train-host|backprop|forward|forward-resident|serve|serve-resident]
 //!       [--batch N] [--calls N] [--device cpu|cuda|cuda:N] [--graphs on|off] [--tf32 on|off] [--threads N]
 //!       [--profile N]
-//!       [--conv auto|cudnn|own]
+//!       [--conv auto|cudnn|own] [--flush-subnormals on|off]
 //!
 //! `train-copy` sets the inputs from the host before every step, `train-host` the labels (or
 //! targets) too, as a training loop over host data does; `train` keeps the batch on the device.
@@ -20,7 +20,9 @@
 //! (`ncu --profile-from-start off` then profiles those alone, not the first calls' measuring).
 //! `--conv` sets `FLATNN_CUDNN` (auto, 1, 0) for a model with convolutions on a GPU. The cache's
 //! report (`Cache::routes`: which route each layer and direction took, and the others' times) is
-//! printed before the times.
+//! printed before the times. `--flush-subnormals on` sets flush-to-zero and denormals-are-zero
+//! on this program's thread (x86-64), as a program that wants them does on its own: flatnn's
+//! pool threads take the mode of the thread that calls them.
 
 use flatnn::models;
 use flatnn::prelude::*;
@@ -32,6 +34,24 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(2);
     }
+}
+
+/// Flush-to-zero and denormals-are-zero in this thread's MXCSR (bits 15 and 6).
+fn flush_subnormals() -> Result<(), String> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut csr = 0u32;
+        // SAFETY: stmxcsr and ldmxcsr read and write MXCSR through a local; the value set is
+        // MXCSR's own with two control bits added.
+        unsafe {
+            std::arch::asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack, preserves_flags));
+            csr |= 0x8040;
+            std::arch::asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack, preserves_flags, readonly));
+        }
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Err("--flush-subnormals: x86-64 only".into())
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -52,6 +72,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--device" => device = Device::parse(&value)?,
             "--graphs" => graphs = value == "on",
             "--tf32" => tf32 = value == "on",
+            "--flush-subnormals" => match value.as_str() {
+                "on" => flush_subnormals()?,
+                "off" => {}
+                _ => return Err(format!("--flush-subnormals must be on or off, not {value:?}").into()),
+            },
             "--conv" => {
                 let mode = match value.as_str() {
                     "auto" => "auto",
