@@ -317,7 +317,7 @@ impl Drop for Pool {
 /// nothing. The pool's workers take on the mode of the thread that opens each run, which is the
 /// default one unless the program changed its own: flatnn itself never changes it. Subnormal
 /// values (below 2⁻¹²⁶ ≈ 1.2e-38) cost a microcode assist per operation on Intel cores: a
-/// training step of a model that fits its batch, whose gradients shrink to them, ran 3.5–8×
+/// training step of a model that fits its batch, whose gradients shrink to them, ran 4.7–10×
 /// slower there in the default mode than with flush-to-zero and denormals-are-zero set.
 pub(crate) mod fp_mode {
     /// MXCSR's control bits: denormals-are-zero (6), the exception masks (7–12), rounding
