@@ -24,6 +24,9 @@
 //! on this program's thread (x86-64), as a program that wants them does on its own: flatnn's
 //! pool threads take the mode of the thread that calls them.
 
+#[path = "../benches/common/flush.rs"]
+mod flush;
+
 use flatnn::models;
 use flatnn::prelude::*;
 use flatnn::testutil::Rng;
@@ -34,24 +37,6 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(2);
     }
-}
-
-/// Flush-to-zero and denormals-are-zero in this thread's MXCSR (bits 15 and 6).
-fn flush_subnormals() -> Result<(), String> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut csr = 0u32;
-        // SAFETY: stmxcsr and ldmxcsr read and write MXCSR through a local; the value set is
-        // MXCSR's own with two control bits added.
-        unsafe {
-            std::arch::asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack, preserves_flags));
-            csr |= 0x8040;
-            std::arch::asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack, preserves_flags, readonly));
-        }
-        Ok(())
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    Err("--flush-subnormals: x86-64 only".into())
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -73,7 +58,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--graphs" => graphs = value == "on",
             "--tf32" => tf32 = value == "on",
             "--flush-subnormals" => match value.as_str() {
-                "on" => flush_subnormals()?,
+                "on" => flush::flush_subnormals()?,
                 "off" => {}
                 _ => return Err(format!("--flush-subnormals must be on or off, not {value:?}").into()),
             },

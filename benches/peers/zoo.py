@@ -73,6 +73,11 @@ class Peers:
             import zoo_torch
 
             self.zoo_torch = zoo_torch
+        # flush-to-zero and denormals-are-zero, as flatnn's side runs with them (--flush-subnormals):
+        # PyTorch on this thread, ONNX Runtime on its sessions' threads
+        self.flush_subnormals = bool(config.get("flush_subnormals"))
+        if self.flush_subnormals and self.torch:
+            self.torch.set_flush_denormal(True)
         self.missing, self.onnx_files, self.onnx_source = [], {}, {}
         self.model, self.sessions, self.series = None, {}, {}
 
@@ -147,7 +152,7 @@ class Peers:
     def ort_call(self, name, batch, device, task):
         key = (name, self.threads(device))
         if key not in self.sessions:
-            self.sessions = {key: self.zoo_ort.session(self.onnx_bytes(name), self.threads(device))}
+            self.sessions = {key: self.zoo_ort.session(self.onnx_bytes(name), self.threads(device), flush_subnormals=self.flush_subnormals)}
         sess = self.sessions[key]
         rng = self.np.random.default_rng(SEED)
         x = rng.uniform(-1, 1, size=(batch, *zoo_models.input_shape(name))).astype(self.np.float32)
@@ -330,7 +335,7 @@ def numpy_loss(np, name, y, labels, targets):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", action="store_true", help="answer the bench's requests on stdin")
-    parser.add_argument("--config", help="JSON: timing, threads, latency_max_batch, compile_batches")
+    parser.add_argument("--config", help="JSON: timing, threads, latency_max_batch, compile_batches, flush_subnormals")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--check", metavar="DIR")
     parser.add_argument("--prewarm", action="store_true", help="build the compiled peers into inductor's caches, then exit")

@@ -9,10 +9,13 @@ import numpy as np
 import onnxruntime as ort
 
 
-def session(model_bytes, threads, profile_prefix=None):
+def session(model_bytes, threads, profile_prefix=None, flush_subnormals=False):
     """A session on `threads` threads; with `profile_prefix`, profiling every node of every run
-    into a JSON file of that prefix (`end_profiling` closes it and gives its path)."""
+    into a JSON file of that prefix (`end_profiling` closes it and gives its path); with
+    `flush_subnormals`, flush-to-zero and denormals-are-zero on its threads."""
     options = ort.SessionOptions()
+    if flush_subnormals:
+        options.add_session_config_entry("session.set_denormal_as_zero", "1")
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

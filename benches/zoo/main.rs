@@ -7,11 +7,15 @@
 //!   cargo bench --bench zoo -- [--models a,b] [--tasks train,infer,latency]
 //!       [--devices cpu1,cpu,gpu,gpu-tf32] [--batches 1,8,64] [--peers|--no-peers] [--compile]
 //!       [--quick] [--cpu1-clock wall|cpu] [--out DIR] [--python PATH] [--check] [--from FILE.csv]
-//!       [--nondeterministic]
+//!       [--nondeterministic] [--flush-subnormals]
 //!
 //! `--nondeterministic` runs the GPU devices with `GpuOptions::deterministic` off (cuDNN's
 //! non-deterministic convolution algorithms allowed, as the peers' `cudnn.benchmark` allows
 //! them), named `gpu-nd` and `gpu-tf32-nd` in the tables and the CSV.
+//!
+//! `--flush-subnormals` runs every side with flush-to-zero and denormals-are-zero: flatnn on this
+//! thread (its pool's threads take the caller's floating-point mode), PyTorch through
+//! `torch.set_flush_denormal`, ONNX Runtime through its session option.
 //!
 //! `--from FILE.csv` measures nothing: it writes `zoo.txt` and `zoo.svg` again from a CSV the zoo
 //! wrote, for the models, devices, tasks and batches chosen (all of the file's by default).
@@ -21,6 +25,8 @@
 mod check;
 mod engine;
 mod figures;
+#[path = "../common/flush.rs"]
+mod flush;
 mod peers;
 mod replot;
 mod report;
@@ -62,6 +68,8 @@ struct Args {
     from: Option<PathBuf>,
     /// Which of `--models`, `--tasks`, `--devices`, `--batches` were given.
     chosen: Chosen,
+    /// Flush-to-zero and denormals-are-zero on every side.
+    flush_subnormals: bool,
 }
 
 #[derive(Default)]
@@ -74,10 +82,10 @@ struct Chosen {
 
 const USAGE: &str = "cargo bench --bench zoo -- [--models a,b] [--tasks train,infer,latency] [--devices cpu1,cpu,gpu,gpu-tf32] \
 [--batches 1,8,64] [--peers|--no-peers] [--compile] [--quick] [--cpu1-clock wall|cpu] [--out DIR] [--python PATH] [--check] \
-[--from FILE.csv] [--nondeterministic]\n--from FILE.csv: measure nothing; write zoo.txt and zoo.svg again from a CSV the zoo wrote \
+[--from FILE.csv] [--nondeterministic] [--flush-subnormals]\n--from FILE.csv: measure nothing; write zoo.txt and zoo.svg again from a CSV the zoo wrote \
 (add --quick where that run was quick: the CSV does not hold its per-call limit)\n--nondeterministic: flatnn's GPU devices with \
 GpuOptions::deterministic off (cuDNN's non-deterministic algorithms allowed), named gpu-nd and gpu-tf32-nd \
-(also accepted by --devices)";
+(also accepted by --devices)\n--flush-subnormals: every side with flush-to-zero and denormals-are-zero";
 
 fn list<T>(text: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>> {
     text.split(',').filter(|s| !s.is_empty()).map(|s| parse(s).ok_or_else(|| Error::Config(format!("unknown {what} {s:?}")))).collect()
@@ -102,6 +110,7 @@ fn parse_args() -> Result<Args> {
         python: "python3".into(),
         from: None,
         chosen: Chosen::default(),
+        flush_subnormals: false,
     };
     let mut nondeterministic = false;
     let mut it = std::env::args().skip(1);
@@ -136,6 +145,7 @@ fn parse_args() -> Result<Args> {
             "--python" => args.python = value()?,
             "--from" => args.from = Some(PathBuf::from(value()?)),
             "--nondeterministic" => nondeterministic = true,
+            "--flush-subnormals" => args.flush_subnormals = true,
             "--help" | "-h" => {
                 println!("{USAGE}\nmodels: {}", ZOO.iter().map(|m| m.name).collect::<Vec<_>>().join(", "));
                 std::process::exit(0);
@@ -251,6 +261,9 @@ fn main() -> Result<()> {
         std::process::exit(if ok { 0 } else { 1 });
     }
     let timing = Timing::new(args.quick);
+    if args.flush_subnormals {
+        flush::flush_subnormals().map_err(|e| Error::Config(format!("--flush-subnormals: {e}")))?;
+    }
     let threads = Chain::new(Input::vector(1)).dense(1, Identity).build()?.threads();
     let gpu = if args.places.iter().any(|p| p.is_gpu()) { Some(gpu()) } else { None };
     let mut header = format!("flatnn zoo, commit {}\nCPU: {}\nthreads: cpu1 = 1, cpu = {threads}\n", commit(&manifest_dir()), cpu_line());
@@ -273,11 +286,14 @@ fn main() -> Result<()> {
         }
         None => {}
     }
+    if args.flush_subnormals {
+        header.push_str("flush-to-zero and denormals-are-zero on every side (flatnn: this thread's MXCSR, which its pool follows; PyTorch: torch.set_flush_denormal; ONNX Runtime: session.set_denormal_as_zero)\n");
+    }
     print!("{header}");
     let names: Vec<&str> = args.models.iter().map(|m| m.name).collect();
     let config = serde_json::json!({
         "timing": timing.to_json(), "threads": threads, "latency_max_batch": LATENCY_MAX_BATCH,
-        "compile_batches": COMPILE_BATCHES,
+        "compile_batches": COMPILE_BATCHES, "flush_subnormals": args.flush_subnormals,
     });
     // the peer process, and why it stopped answering (or never started)
     let (mut peer, mut peers_failed) = match (args.peers, places.is_empty()) {
