@@ -3,6 +3,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub(crate) mod conv;
+pub(crate) mod fp_mode;
 pub(crate) mod gemm;
 pub(crate) mod isa;
 pub(crate) mod pool;

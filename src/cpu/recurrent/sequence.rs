@@ -167,8 +167,16 @@ pub(super) struct Row<'a> {
 /// vector at offset `at`, written). [`Row`] holds them as slices; [`PanelRow`] through pointers,
 /// for a step whose units are split among threads.
 pub(super) trait StepRow {
-    fn h(&self) -> &[f32];
-    fn c(&self) -> &[f32];
+    /// h_{t−1} and c_{t−1}.
+    fn prev(&self) -> (&[f32], &[f32]);
+    #[inline(always)]
+    fn h(&self) -> &[f32] {
+        self.prev().0
+    }
+    #[inline(always)]
+    fn c(&self) -> &[f32] {
+        self.prev().1
+    }
     fn load_g<V: Lanes>(&self, at: usize) -> V;
     fn store_g<V: Lanes>(&mut self, at: usize, v: V);
     fn store_h<V: Lanes>(&mut self, at: usize, v: V);
@@ -177,12 +185,8 @@ pub(super) trait StepRow {
 
 impl StepRow for Row<'_> {
     #[inline(always)]
-    fn h(&self) -> &[f32] {
-        self.h
-    }
-    #[inline(always)]
-    fn c(&self) -> &[f32] {
-        self.c
+    fn prev(&self) -> (&[f32], &[f32]) {
+        (self.h, self.c)
     }
     #[inline(always)]
     fn load_g<V: Lanes>(&self, at: usize) -> V {
@@ -247,12 +251,8 @@ fn lanes_at<'b, V: Lanes>(to: (*mut f32, usize), at: usize) -> &'b mut [f32] {
 
 impl StepRow for PanelRow<'_> {
     #[inline(always)]
-    fn h(&self) -> &[f32] {
-        self.h
-    }
-    #[inline(always)]
-    fn c(&self) -> &[f32] {
-        self.c
+    fn prev(&self) -> (&[f32], &[f32]) {
+        (self.h, self.c)
     }
     #[inline(always)]
     fn load_g<V: Lanes>(&self, at: usize) -> V {
